@@ -1,0 +1,41 @@
+"""rose's language library: text -> YAML document -> IR -> analysed graph -> transformed plan.
+
+The public entry points are `load_workflow` (file -> checked IR) and the modules' own small APIs:
+`analysis`, `render`, `serialize`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .build import build_workflow
+from .errors import Diagnostic, SourcePos, WorkflowError
+from .ir import Workflow
+from .loader import Document, load_file, load_text
+from .resolve import check_workflow
+
+__all__ = ["load_workflow", "load_workflow_text", "check", "Workflow", "WorkflowError", "Diagnostic", "SourcePos"]
+
+
+def check(wf: Workflow, text: str | None = None) -> Workflow:
+    """Raise WorkflowError if the IR has cross-reference problems; return it otherwise."""
+    diags = check_workflow(wf)
+    if diags:
+        raise WorkflowError(diags, text)
+    return wf
+
+
+def _from_doc(doc: Document, overrides: Mapping[str, Any] | None) -> Workflow:
+    wf = build_workflow(doc, overrides)
+    return check(wf, doc.text)
+
+
+def load_workflow(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Workflow:
+    """Parse, schema-check, build and check a workflow file."""
+    return _from_doc(load_file(path), overrides)
+
+
+def load_workflow_text(text: str, file: str = "<string>", overrides: Mapping[str, Any] | None = None) -> Workflow:
+    return _from_doc(load_text(text, file), overrides)

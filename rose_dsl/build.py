@@ -1,0 +1,315 @@
+"""Document -> IR: params substituted, expressions parsed, nodes and loops built with positions.
+
+This stage checks what is local to one field (an expression's syntax, a count's value, a state
+object's owner). Cross-references (which node a `node.port` names, program order, cycles, phases'
+effects) are checked by `resolve.py` on the finished IR, so that transformed plans get the same checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import Diagnostic, SourcePos, WorkflowError, did_you_mean, format_path
+from .expr import BinOp, Expr, ExprSyntaxError, Int, Neg, Param, parse_expr, walk
+from .ir import (
+    Access, Carry, Component, ExecutionNode, Item, LoopNode, MergeNode, StateEffect, StateObject, Workflow,
+)
+from .loader import Document, Path_
+from .schema import check_schema
+
+__all__ = ["build_workflow", "eval_int", "substitute"]
+
+MAX_COUNT = 10_000_000
+
+
+@dataclass
+class _Ctx:
+    doc: Document
+    params: dict[str, Any] = field(default_factory=dict)
+    diags: list[Diagnostic] = field(default_factory=list)
+
+    def error(self, path: Path_, message: str, hint: str | None = None, *, key: bool = False,
+              offset: int = 0) -> None:
+        pos = self.doc.key_pos(path) if key else self.doc.pos(path).at(offset)
+        self.diags.append(Diagnostic(pos, format_path(path), message, hint))
+
+    def parse(self, path: Path_, text: Any) -> Expr | None:
+        if isinstance(text, bool) or not isinstance(text, int | str):
+            self.error(path, f"expected an expression string; found {type(text).__name__}")
+            return None
+        if isinstance(text, int):
+            return Int(0, text)
+        try:
+            return parse_expr(text)
+        except ExprSyntaxError as exc:
+            self.error(path, f"in expression {text!r}: {exc.message}", offset=exc.offset)
+            return None
+
+
+class _ParamError(Exception):
+    def __init__(self, offset: int, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.offset, self.message, self.hint = offset, message, hint
+
+
+def eval_int(e: Expr, params: Mapping[str, Any]) -> int:
+    """Evaluate integer arithmetic over params. Raises _ParamError for anything else."""
+    match e:
+        case Int(value=v):
+            return v
+        case Param(name=n):
+            if n not in params:
+                raise _ParamError(e.offset, f"undefined param '{n}'", did_you_mean(n, params) or
+                                  (f"defined params: {', '.join(sorted(params))}" if params else "the workflow defines no params"))
+            v = params[n]
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise _ParamError(e.offset, f"param '{n}' is {v!r}, not an integer")
+            return v
+        case Neg(operand=a):
+            return -eval_int(a, params)
+        case BinOp(op=op, left=a, right=b):
+            x, y = eval_int(a, params), eval_int(b, params)
+            if op in ("//", "%") and y == 0:
+                raise _ParamError(e.offset, "division by zero")
+            result = {"+": x + y, "-": x - y, "*": x * y, "//": x // y if y else 0, "%": x % y if y else 0}[op]
+            if abs(result) > 2**62:
+                raise _ParamError(e.offset, "integer overflow")
+            return result
+    raise _ParamError(e.offset, "expected integer arithmetic over ${params}")
+
+
+def substitute(value: Any, path: Path_, ctx: _Ctx) -> Any:
+    """Replace `${...}` in constructor args. A string that is exactly `${name}` takes the param's value
+    and type; other strings holding `${` are integer expressions; everything else is literal."""
+    if isinstance(value, dict):
+        return {k: substitute(v, path + (k,), ctx) for k, v in value.items()}
+    if isinstance(value, list):
+        return [substitute(v, path + (i,), ctx) for i, v in enumerate(value)]
+    if isinstance(value, str) and "${" in value:
+        expr = ctx.parse(path, value)
+        if expr is None:
+            return value
+        if isinstance(expr, Param):
+            if expr.name in ctx.params:
+                return ctx.params[expr.name]
+            ctx.error(path, f"undefined param '{expr.name}'", did_you_mean(expr.name, ctx.params), offset=expr.offset)
+            return value
+        try:
+            return eval_int(expr, ctx.params)
+        except _ParamError as exc:
+            ctx.error(path, exc.message, exc.hint, offset=exc.offset)
+            return value
+    return value
+
+
+def _params(ctx: _Ctx, raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for name, value in raw.items():
+        if name in overrides:
+            params[name] = overrides[name]
+            continue
+        if isinstance(value, str) and "${" in value:
+            ctx.params = params  # a param may use the params defined before it
+            params[name] = substitute(value, ("params", name), ctx)
+        else:
+            params[name] = value
+    for name, value in overrides.items():
+        if name not in raw:
+            ctx.diags.append(Diagnostic(SourcePos("<command line>", 0, 0), f"params.{name}",
+                                        f"--set names an undefined param '{name}'", did_you_mean(name, raw)))
+        params.setdefault(name, value)
+    return params
+
+
+def _count(ctx: _Ctx, path: Path_, raw: Any) -> int | None:
+    if isinstance(raw, bool):
+        ctx.error(path, "a count must be an integer, found a boolean")
+        return None
+    expr = ctx.parse(path, raw)
+    if expr is None:
+        return None
+    bad = next((x for x in walk(expr) if not isinstance(x, Int | Param | BinOp | Neg)), None)
+    if bad is not None:
+        ctx.error(path, "a count must be static: integer arithmetic over ${params}", offset=bad.offset,
+                  hint="for a loop that ends on a condition, use 'until:'")
+        return None
+    try:
+        value = eval_int(expr, ctx.params)
+    except _ParamError as exc:
+        ctx.error(path, exc.message, exc.hint, offset=exc.offset)
+        return None
+    if value < 0:
+        ctx.error(path, f"a count must not be negative; found {value}" + (f" (from {raw!r})" if isinstance(raw, str) else ""))
+        return None
+    if value > MAX_COUNT:
+        ctx.error(path, f"count {value} is larger than {MAX_COUNT}")
+        return None
+    return value
+
+
+def _component(ctx: _Ctx, name: str, raw: Mapping[str, Any]) -> Component:
+    path: Path_ = ("components", name)
+    decl = raw.get("state", [])
+    state: list[StateObject] = []
+    if isinstance(decl, list):
+        state = [StateObject(name, s, s, ctx.doc.pos(path + ("state", i))) for i, s in enumerate(decl)]
+    elif isinstance(decl, dict):
+        for s, spec in decl.items():
+            attr = (spec or {}).get("attr", s)
+            state.append(StateObject(name, s, attr, ctx.doc.key_pos(path + ("state", s))))
+    env = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in (raw.get("env") or {}).items()}
+    return Component(
+        name=name, impl=raw["impl"], args=substitute(raw.get("args") or {}, path + ("args",), ctx),
+        device=raw.get("device", "cpu"), state=tuple(state), gpu=raw.get("gpu"), mps_quota=raw.get("mps_quota"),
+        replicas=raw.get("replicas", 1), env=env, python_path=tuple(raw.get("python_path", ())),
+        venv=raw.get("venv"), replica_of=raw.get("replica_of"), pos=ctx.doc.key_pos(path),
+    )
+
+
+class _ItemBuilder:
+    def __init__(self, ctx: _Ctx, components: Mapping[str, Component]) -> None:
+        self.ctx = ctx
+        self.components = components
+
+    def body(self, raw: list, path: Path_, parent: tuple[str, ...]) -> tuple[Item, ...]:
+        return tuple(x for x in (self.item(r, path + (i,), parent) for i, r in enumerate(raw)) if x is not None)
+
+    def item(self, raw: Mapping[str, Any], path: Path_, parent: tuple[str, ...]) -> Item | None:
+        if "node" in raw:
+            return self.node(raw, path, parent)
+        if "loop" in raw:
+            return self.loop(raw, path, parent, raw["loop"])
+        return self.merge(raw, path, parent)
+
+    def _fpos(self, path: Path_, raw: Mapping[str, Any], keys: list[str]) -> dict[str, SourcePos]:
+        out = {}
+        for k in keys:
+            if k in raw:
+                out[k] = self.ctx.doc.pos(path + (k,))
+                if isinstance(raw[k], dict):
+                    for sub in raw[k]:
+                        out[f"{k}.{sub}"] = self.ctx.doc.pos(path + (k, sub))
+                        out[f"{k}.{sub}#key"] = self.ctx.doc.key_pos(path + (k, sub))
+        return out
+
+    def node(self, raw: Mapping[str, Any], path: Path_, parent: tuple[str, ...]) -> ExecutionNode | None:
+        ctx = self.ctx
+        comp_name, method = raw["call"].split(".", 1)
+        me = parent + (raw["node"],)
+        comp = self.components.get(comp_name)
+        if comp is None:
+            ctx.error(path + ("call",), f"unknown component '{comp_name}'",
+                      did_you_mean(comp_name, self.components) or f"components: {', '.join(self.components)}")
+        inputs = []
+        for port, text in (raw.get("in") or {}).items():
+            expr = ctx.parse(path + ("in", port), text)
+            if expr is not None:
+                inputs.append((port, expr))
+        effects = []
+        for sname, mode in (raw.get("state") or {}).items():
+            owner, _, short = sname.rpartition(".")
+            owner = owner or comp_name
+            spath = path + ("state", sname)
+            if comp is not None and owner != comp_name:
+                ctx.error(spath, f"node '{raw['node']}' calls component '{comp_name}' but accesses state "
+                          f"'{sname}' of component '{owner}'", "a node may only access the state of the component it calls",
+                          key=True)
+                continue
+            if comp is not None and comp.state_object(short) is None:
+                owners = [c.name for c in self.components.values() if c.state_object(short)]
+                hint = (f"'{short}' is owned by {', '.join(owners)}" if owners else
+                        did_you_mean(short, [s.name for s in comp.state]) or
+                        f"declare it under components.{comp_name}.state")
+                ctx.error(spath, f"component '{comp_name}' does not own a state object '{short}'", hint, key=True)
+                continue
+            effects.append(StateEffect(f"{owner}.{short}", Access(mode), ctx.doc.key_pos(spath)))
+        phases = self.body(raw["phases"], path + ("phases",), me) if raw.get("phases") else None
+        rows = tuple(raw["rows"]) if raw.get("rows") else None
+        if rows is not None and rows[0] >= rows[1]:
+            ctx.error(path + ("rows",), f"an empty row range [{rows[0]}, {rows[1]})")
+        return ExecutionNode(
+            path=me, component=comp_name, method=method, inputs=tuple(inputs), outputs=tuple(raw.get("out") or ()),
+            effects=tuple(effects), batch=raw.get("batch"), phases=phases, expand=bool(raw.get("expand", False)),
+            rows=rows, split_of=raw.get("split_of"), after=tuple(raw.get("after") or ()),
+            priority=raw.get("priority", 0), idempotent=bool(raw.get("idempotent", False)),
+            timeout_s=raw.get("timeout_s"), pos=ctx.doc.pos(path + ("node",)),
+            field_pos=self._fpos(path, raw, ["call", "in", "out", "state", "batch", "phases", "after", "rows"]), src=path,
+        )
+
+    def loop(self, raw: Mapping[str, Any], path: Path_, parent: tuple[str, ...], name: str) -> LoopNode:
+        ctx = self.ctx
+        me = parent + (name,)
+        count = _count(ctx, path + ("count",), raw["count"]) if "count" in raw else None
+        until = ctx.parse(path + ("until",), raw["until"]) if "until" in raw else None
+        iterations = tuple(raw["iterations"]) if raw.get("iterations") else None
+        if iterations is not None and count is None and until is None:
+            count = max(iterations) + 1
+        if iterations is not None and count is not None and max(iterations) >= count:
+            ctx.error(path + ("iterations",), f"iteration {max(iterations)} is outside the loop's count {count}")
+        if iterations is not None and list(iterations) != sorted(set(iterations)):
+            ctx.error(path + ("iterations",), "a temporal group's iterations must be increasing and distinct")
+        carries = []
+        for var, spec in (raw.get("carry") or {}).items():
+            cpath = path + ("carry", var)
+            if "next" not in spec:
+                ctx.error(cpath, f"loop-carried value '{var}' has no 'next'",
+                          "say which value of the body becomes the next iteration's "
+                          f"'{name}.{var}' (next: node.port), or make it a plain input")
+                continue
+            init, nxt = ctx.parse(cpath + ("init",), spec["init"]), ctx.parse(cpath + ("next",), spec["next"])
+            if init is not None and nxt is not None:
+                carries.append(Carry(var, init, nxt, ctx.doc.key_pos(cpath)))
+        collects = []
+        for out_name, text in (raw.get("collect") or {}).items():
+            expr = ctx.parse(path + ("collect", out_name), text)
+            if expr is not None:
+                collects.append((out_name, expr))
+        clash = {c.name for c in carries} & {n for n, _ in collects}
+        for n in sorted(clash):
+            ctx.error(path + ("collect", n), f"'{n}' is both a carried value and a collected output of loop '{name}'", key=True)
+        fpos = self._fpos(path, raw, ["count", "until", "carry", "collect", "after", "iterations"])
+        for var in raw.get("carry") or {}:
+            for sub in ("init", "next"):
+                if sub in (raw["carry"][var] or {}):
+                    fpos[f"carry.{var}.{sub}"] = ctx.doc.pos(path + ("carry", var, sub))
+        return LoopNode(
+            path=me, body=self.body(raw["body"], path + ("body",), me), count=count, until=until,
+            carries=tuple(carries), collects=tuple(collects), iterations=iterations, split_of=raw.get("split_of"),
+            after=tuple(raw.get("after") or ()), priority=raw.get("priority", 0),
+            pos=ctx.doc.pos(path + ("loop",)) if "loop" in raw else ctx.doc.pos(path), field_pos=fpos, src=path,
+        )
+
+    def merge(self, raw: Mapping[str, Any], path: Path_, parent: tuple[str, ...]) -> MergeNode:
+        return MergeNode(
+            path=parent + (raw["merge"],), sources=tuple(raw["from"]), ports=tuple(raw["ports"].items()),
+            after=tuple(raw.get("after") or ()), priority=raw.get("priority", 0), pos=self.ctx.doc.pos(path + ("merge",)),
+            field_pos=self._fpos(path, raw, ["from", "ports", "after"]), src=path,
+        )
+
+
+def build_workflow(doc: Document, overrides: Mapping[str, Any] | None = None) -> Workflow:
+    """Schema-check and build the IR. Raises WorkflowError with every problem found.
+
+    Cross-reference checks are in `resolve.check_workflow`; `rose_dsl.load_workflow` runs both.
+    """
+    diags = check_schema(doc)
+    if diags:
+        raise WorkflowError(diags, doc.text)
+    data = doc.data
+    ctx = _Ctx(doc)
+    ctx.params = _params(ctx, data.get("params") or {}, overrides or {})
+    components = {name: _component(ctx, name, raw) for name, raw in data["components"].items()}
+    it = data["iteration"]
+    root_raw = {"loop": "iteration", "count": it.get("count", 1), "body": it["body"]}
+    if "carry" in it:
+        root_raw["carry"] = it["carry"]
+    builder = _ItemBuilder(ctx, components)
+    # The iteration loop's fields live under `iteration`, not under a `loop:` item.
+    root = builder.loop(root_raw, ("iteration",), (), "iteration")
+    if ctx.diags:
+        raise WorkflowError(ctx.diags, doc.text)
+    seed = ctx.params.get("seed", 0)
+    return Workflow(name=data["name"], version=data["rose"], params=ctx.params, components=components, root=root,
+                    file=doc.file, seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else 0)

@@ -1,0 +1,234 @@
+"""The workflow IR: plain dataclasses with source positions, rooted at the iteration loop.
+
+A Workflow holds Components (each owning StateObjects) and one LoopNode, `iteration`, whose body is
+one RL iteration. Bodies are tuples of Items: ExecutionNodes (a call of a component method), LoopNodes
+(a body repeated `count` times, with loop-carried values and collected outputs) and, in plans only,
+MergeNodes (reassemble split groups). State accesses are *effects* on ExecutionNodes, as in JAX's
+state effects; every ordering rose derives comes from effects and expression references.
+
+IR objects are frozen; transformations build new ones with `dataclasses.replace`. A node's `path`
+(`("iteration", "epoch", "step", "act")`) is its identity within the workflow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Union
+
+from .errors import SourcePos
+from .expr import Expr
+
+__all__ = [
+    "Access", "StateObject", "StateEffect", "Component", "ExecutionNode", "LoopNode", "Carry",
+    "MergeNode", "Item", "Workflow", "NOWHERE", "iter_items",
+]
+
+NOWHERE = SourcePos("<generated>", 0, 0)
+
+
+class Access(str, Enum):
+    """How a node touches a state object."""
+
+    READ = "read"  # uses the current value
+    UPDATE = "update"  # new value computed from the previous one
+    REFRESH = "refresh"  # new value that does not depend on the previous one (reset, weight load)
+
+    @property
+    def writes(self) -> bool:
+        return self is not Access.READ
+
+    @property
+    def reads_previous(self) -> bool:
+        return self is not Access.REFRESH
+
+
+@dataclass(frozen=True)
+class StateObject:
+    component: str
+    name: str
+    attr: str
+    pos: SourcePos = NOWHERE
+
+    @property
+    def key(self) -> str:
+        return f"{self.component}.{self.name}"
+
+
+@dataclass(frozen=True)
+class StateEffect:
+    state: str  # StateObject.key, e.g. "sim.episode"
+    access: Access
+    pos: SourcePos = NOWHERE
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    impl: str  # "package.module:Class"
+    args: dict[str, Any]
+    device: str  # "cpu" | "gpu"
+    state: tuple[StateObject, ...] = ()
+    gpu: int | None = None
+    mps_quota: int | None = None  # percent of SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), plans set this
+    replicas: int = 1
+    env: dict[str, str] = field(default_factory=dict)
+    python_path: tuple[str, ...] = ()
+    venv: str | None = None
+    replica_of: str | None = None  # plan-only: a copy made by a temporal split, same impl and args
+    pos: SourcePos = NOWHERE
+
+    def state_object(self, name: str) -> StateObject | None:
+        return next((s for s in self.state if s.name == name), None)
+
+
+@dataclass(frozen=True)
+class ExecutionNode:
+    """A call of one component method: inputs are expressions, outputs are named ports."""
+
+    path: tuple[str, ...]
+    component: str
+    method: str
+    inputs: tuple[tuple[str, Expr], ...] = ()
+    outputs: tuple[str, ...] = ()
+    effects: tuple[StateEffect, ...] = ()
+    batch: int | None = None  # separable along this dimension of every input/output tensor
+    phases: tuple[Item, ...] | None = None  # an exposed internal graph with the same effect
+    expand: bool = False  # plan-only: run `phases` instead of the entry
+    rows: tuple[int, int] | None = None  # plan-only: this split group's global batch rows
+    split_of: str | None = None  # plan-only: the name of the node this group was split from
+    after: tuple[str, ...] = ()  # extra ordering constraints (sibling names)
+    priority: int = 0
+    idempotent: bool = False
+    timeout_s: float | None = None
+    pos: SourcePos = NOWHERE
+    # Where each field came from ("in.obs" -> position) and the item's path in the YAML document
+    # (("iteration", "body", 0)); empty for items a transformation generated.
+    field_pos: dict[str, SourcePos] = field(default_factory=dict, compare=False, hash=False)
+    src: tuple[str | int, ...] = field(default=(), compare=False, hash=False)
+
+    @property
+    def name(self) -> str:
+        return self.path[-1]
+
+    @property
+    def call(self) -> str:
+        return f"{self.component}.{self.method}"
+
+    def input(self, port: str) -> Expr | None:
+        return dict(self.inputs).get(port)
+
+
+@dataclass(frozen=True)
+class Carry:
+    """A loop-carried value: `init` is evaluated before the first iteration (outside the body),
+    `next` at the end of each iteration (inside it); `loop.var` reads the current value."""
+
+    name: str
+    init: Expr
+    next: Expr
+    pos: SourcePos = NOWHERE
+
+
+@dataclass(frozen=True)
+class LoopNode:
+    path: tuple[str, ...]
+    body: tuple[Item, ...]
+    count: int | None  # None for a dynamic (`until`) loop
+    until: Expr | None = None
+    carries: tuple[Carry, ...] = ()
+    collects: tuple[tuple[str, Expr], ...] = ()  # evaluated after the last iteration
+    iterations: tuple[int, ...] | None = None  # plan-only: the iterations this temporal group runs
+    split_of: str | None = None
+    after: tuple[str, ...] = ()
+    priority: int = 0
+    pos: SourcePos = NOWHERE
+    # Where each field came from ("in.obs" -> position) and the item's path in the YAML document
+    # (("iteration", "body", 0)); empty for items a transformation generated.
+    field_pos: dict[str, SourcePos] = field(default_factory=dict, compare=False, hash=False)
+    src: tuple[str | int, ...] = field(default=(), compare=False, hash=False)
+
+    @property
+    def name(self) -> str:
+        return self.path[-1]
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """What `loop.x` names after the loop: collected outputs and final carried values."""
+        return tuple(n for n, _ in self.collects) + tuple(c.name for c in self.carries)
+
+    @property
+    def dynamic(self) -> bool:
+        return self.until is not None
+
+    def carry(self, name: str) -> Carry | None:
+        return next((c for c in self.carries if c.name == name), None)
+
+    def indices(self) -> tuple[int, ...]:
+        """The iteration numbers this loop runs (a temporal split group runs a subset)."""
+        if self.iterations is not None:
+            return self.iterations
+        return tuple(range(self.count or 0))
+
+
+@dataclass(frozen=True)
+class MergeNode:
+    """Plan-only: reassembles the outputs of split groups, in their order, as the outputs of the
+    original node, so that consumers keep referring to `original.port`."""
+
+    path: tuple[str, ...]
+    sources: tuple[str, ...]  # sibling group names, in batch order
+    ports: tuple[tuple[str, int], ...]  # (port, concatenation dim)
+    after: tuple[str, ...] = ()
+    priority: int = 0
+    pos: SourcePos = NOWHERE
+    # Where each field came from ("in.obs" -> position) and the item's path in the YAML document
+    # (("iteration", "body", 0)); empty for items a transformation generated.
+    field_pos: dict[str, SourcePos] = field(default_factory=dict, compare=False, hash=False)
+    src: tuple[str | int, ...] = field(default=(), compare=False, hash=False)
+
+    @property
+    def name(self) -> str:
+        return self.path[-1]
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return tuple(p for p, _ in self.ports)
+
+
+Item = Union[ExecutionNode, LoopNode, MergeNode]  # noqa: UP007 - a runtime alias
+
+
+@dataclass(frozen=True)
+class Workflow:
+    name: str
+    version: int
+    params: dict[str, Any]
+    components: dict[str, Component]
+    root: LoopNode  # path ("iteration",)
+    file: str = "<string>"
+    seed: int = 0
+
+    def state_objects(self) -> dict[str, StateObject]:
+        return {s.key: s for c in self.components.values() for s in c.state}
+
+    def items(self) -> Iterator[Item]:
+        """Every item, pre-order, phases included."""
+        return iter_items(self.root)
+
+    def find(self, path: tuple[str, ...]) -> Item | None:
+        for item in self.items():
+            if item.path == tuple(path):
+                return item
+        return None
+
+
+def iter_items(item: Item) -> Iterator[Item]:
+    yield item
+    if isinstance(item, LoopNode):
+        for child in item.body:
+            yield from iter_items(child)
+    elif isinstance(item, ExecutionNode) and item.phases:
+        for child in item.phases:
+            yield from iter_items(child)

@@ -1,0 +1,473 @@
+"""Name resolution and the cross-reference checks of a workflow (or plan) IR.
+
+Scoping is lexical. A reference `a.b` at some point of a body looks, from the innermost body out, for
+  * `a` = an enclosing loop: `b` is its index `i` or one of its carried values (the current value);
+  * `a` = the node whose `phases` we are in: `b` is one of that node's inputs;
+  * `a` = an item of the body that runs *before* this point: `b` is one of its outputs (a loop's outputs
+    are its collects and the final values of its carries).
+`loop[index].inner` selects iterations of an earlier loop; `inner` is resolved inside that loop's body
+as if at the end of the body. Carry `next` and `until` are evaluated at the end of the body; carry
+`init` just before the loop; `collect` just after it (and may select the loop's own iterations).
+
+Every use of a name becomes a `Use(expr, binding)`; the analysis and the interpreters work from
+bindings, never from strings.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Union
+
+from .errors import Diagnostic, SourcePos, did_you_mean, format_path
+from .expr import BinOp, Call, Expr, Index, Int, IterRef, Neg, Param, Record, Ref, Slice
+from .ir import Access, ExecutionNode, Item, LoopNode, MergeNode, Workflow
+
+__all__ = [
+    "NodePort", "LoopIndex", "CarryIn", "ParentInput", "IterSelect", "Binding", "Use", "Scope", "Resolver",
+    "ResolveError", "check_workflow", "expr_fields",
+]
+
+Path = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class NodePort:
+    """Output `port` of item `node` (in the iteration of every loop enclosing both)."""
+
+    node: Path
+    port: str
+
+
+@dataclass(frozen=True)
+class LoopIndex:
+    loop: Path
+
+
+@dataclass(frozen=True)
+class CarryIn:
+    """The current value of a loop-carried variable, inside the loop's body."""
+
+    loop: Path
+    var: str
+
+
+@dataclass(frozen=True)
+class ParentInput:
+    """Input `port` of the node whose phases contain the reference."""
+
+    node: Path
+    port: str
+
+
+@dataclass(frozen=True)
+class IterSelect:
+    """`loop[index].inner`: `index_loop` is the loop whose current index selects (kind 'loop')."""
+
+    loop: Path
+    index: Index
+    index_loop: Path | None
+    inner: tuple[Use, ...]
+
+
+Binding = Union[NodePort, LoopIndex, CarryIn, ParentInput, IterSelect]  # noqa: UP007
+
+
+@dataclass(frozen=True)
+class Use:
+    expr: Expr  # the Ref or IterRef
+    binding: Binding
+
+
+class ResolveError(Exception):
+    def __init__(self, offset: int, message: str, hint: str | None = None, target: Path | None = None) -> None:
+        super().__init__(message)
+        self.offset, self.message, self.hint, self.target = offset, message, hint, target
+
+
+@dataclass(frozen=True)
+class Scope:
+    """A body: a loop's body or a node's phases. `index` is the owner's position in the parent scope."""
+
+    owner: LoopNode | ExecutionNode
+    items: tuple[Item, ...]
+    parent: Scope | None
+    index: int
+
+    @functools.cached_property
+    def names(self) -> dict[str, int]:
+        return {item.name: i for i, item in enumerate(self.items)}
+
+
+def expr_fields(item: Item) -> Iterator[tuple[str, Expr]]:
+    """Every expression an item holds, keyed as in `field_pos` ("in.obs", "carry.x.next", ...)."""
+    if isinstance(item, ExecutionNode):
+        for port, e in item.inputs:
+            yield f"in.{port}", e
+    elif isinstance(item, LoopNode):
+        for c in item.carries:
+            yield f"carry.{c.name}.init", c.init
+            yield f"carry.{c.name}.next", c.next
+        if item.until is not None:
+            yield "until", item.until
+        for name, e in item.collects:
+            yield f"collect.{name}", e
+
+
+class Resolver:
+    """Scopes of a workflow and resolution of its expressions to bindings."""
+
+    def __init__(self, wf: Workflow) -> None:
+        self.wf = wf
+        self.items: dict[Path, Item] = {}
+        self.scope_of: dict[Path, tuple[Scope, int]] = {}  # item -> (scope containing it, position)
+        self.body_scope: dict[Path, Scope] = {}  # loop or phased node -> the scope of its body
+        root = Scope(wf.root, wf.root.body, None, 0)
+        self.items[wf.root.path] = wf.root
+        self.body_scope[wf.root.path] = root
+        self._index(root)
+
+    def _index(self, scope: Scope) -> None:
+        for i, item in enumerate(scope.items):
+            self.items[item.path] = item
+            self.scope_of[item.path] = (scope, i)
+            inner = item.body if isinstance(item, LoopNode) else item.phases if isinstance(item, ExecutionNode) else None
+            if inner:
+                sub = Scope(item, inner, scope, i)
+                self.body_scope[item.path] = sub
+                self._index(sub)
+
+    # -- where an expression of an item is evaluated ------------------------------------------
+    def site(self, item: Item, field: str) -> tuple[Scope, float, LoopNode | None]:
+        """(scope, position, loop whose own iterations may be selected) for a field of an item."""
+        if isinstance(item, LoopNode) and (field.endswith(".next") or field == "until"):
+            return self.body_scope[item.path], float(len(item.body)), None
+        if item.path == self.wf.root.path:
+            return self.body_scope[item.path], -1.0, item  # root init/collect: before/after everything
+        scope, i = self.scope_of[item.path]
+        if isinstance(item, LoopNode) and field.startswith("collect."):
+            return scope, i + 0.5, item
+        return scope, float(i), None
+
+    def resolve_field(self, item: Item, field: str, expr: Expr) -> list[Use]:
+        scope, pos, self_loop = self.site(item, field)
+        return self.resolve(expr, scope, pos, self_loop)
+
+    def resolve(self, expr: Expr, scope: Scope, pos: float, self_loop: LoopNode | None = None) -> list[Use]:
+        uses: list[Use] = []
+        self._walk(expr, scope, pos, self_loop, uses)
+        return uses
+
+    def _walk(self, e: Expr, scope: Scope, pos: float, self_loop: LoopNode | None, out: list[Use]) -> None:
+        match e:
+            case Ref():
+                out.append(Use(e, self._ref(e, scope, pos)))
+            case IterRef():
+                out.append(Use(e, self._iterref(e, scope, pos, self_loop)))
+            case BinOp(left=a, right=b):
+                self._walk(a, scope, pos, self_loop, out)
+                self._walk(b, scope, pos, self_loop, out)
+            case Neg(operand=a):
+                self._walk(a, scope, pos, self_loop, out)
+            case Record(fields=fields):
+                for _, v in fields:
+                    self._walk(v, scope, pos, self_loop, out)
+            case Call(args=args):
+                for a in args:
+                    self._walk(a, scope, pos, self_loop, out)
+            case Slice(target=t, start=s, stop=p):
+                for x in (t, s, p):
+                    if x is not None:
+                        self._walk(x, scope, pos, self_loop, out)
+
+    def _ref(self, e: Ref, scope: Scope, pos: float) -> Binding:
+        s: Scope | None = scope
+        while s is not None:
+            owner = s.owner
+            if owner.name == e.head:
+                if isinstance(owner, LoopNode):
+                    if e.attr == "i":
+                        return LoopIndex(owner.path)
+                    if owner.carry(e.attr) is not None:
+                        return CarryIn(owner.path, e.attr)
+                    known = ["i"] + [c.name for c in owner.carries]
+                    raise ResolveError(e.offset, f"loop '{owner.name}' has no index or carried value '{e.attr}'",
+                                       did_you_mean(e.attr, known) or f"inside the loop: {', '.join(f'{owner.name}.{k}' for k in known)}")
+                if e.attr in dict(owner.inputs):
+                    return ParentInput(owner.path, e.attr)
+                raise ResolveError(e.offset, f"node '{owner.name}' has no input '{e.attr}' for its phases",
+                                   did_you_mean(e.attr, dict(owner.inputs)))
+            idx = s.names.get(e.head)
+            if idx is not None:
+                target = s.items[idx]
+                if idx >= pos:
+                    raise ResolveError(e.offset, (f"'{e.head}' runs later in the same iteration" if idx > pos else
+                                                  f"'{e.head}' refers to itself"), target=target.path)
+                outs = target.outputs
+                if e.attr not in outs:
+                    what = "loop" if isinstance(target, LoopNode) else "node"
+                    raise ResolveError(e.offset, f"{what} '{e.head}' has no output '{e.attr}'",
+                                       did_you_mean(e.attr, outs) or (f"its outputs: {', '.join(outs)}" if outs else f"{what} '{e.head}' has no outputs"))
+                return NodePort(target.path, e.attr)
+            pos = float(s.index)
+            s = s.parent
+        raise ResolveError(e.offset, f"unknown name '{e.head}' in '{e.head}.{e.attr}'",
+                           did_you_mean(e.head, self._visible(scope)))
+
+    def _visible(self, scope: Scope) -> list[str]:
+        names: list[str] = []
+        s: Scope | None = scope
+        while s is not None:
+            names += [s.owner.name, *s.names]
+            s = s.parent
+        return names
+
+    def _iterref(self, e: IterRef, scope: Scope, pos: float, self_loop: LoopNode | None) -> Binding:
+        loop = self._find_loop(e, scope, pos, self_loop)
+        index_loop = None
+        if e.index.kind == "loop":
+            b = self._ref(Ref(e.index.offset, e.index.loop, "i"), scope, pos)
+            if not isinstance(b, LoopIndex):
+                raise ResolveError(e.index.offset, f"'{e.index.loop}.i' is not the index of an enclosing loop")
+            index_loop = b.loop
+        elif e.index.kind == "int" and loop.count is not None and e.index.value >= loop.count:
+            raise ResolveError(e.index.offset, f"iteration {e.index.value} of loop '{loop.name}' does not exist "
+                               f"(count {loop.count})")
+        if loop.dynamic and e.index.kind in ("int", "loop"):
+            raise ResolveError(e.index.offset, f"loop '{loop.name}' has a dynamic end: only [-1] or [*] may select its iterations")
+        body = self.body_scope[loop.path]
+        inner: list[Use] = []
+        self._walk(e.inner, body, float(len(body.items)), None, inner)
+        return IterSelect(loop.path, e.index, index_loop, tuple(inner))
+
+    def _find_loop(self, e: IterRef, scope: Scope, pos: float, self_loop: LoopNode | None) -> LoopNode:
+        if self_loop is not None and self_loop.name == e.loop:
+            return self_loop
+        s: Scope | None = scope
+        while s is not None:
+            if s.owner.name == e.loop:
+                raise ResolveError(e.offset, f"'{e.loop}[...]' selects an iteration of the loop this expression is inside",
+                                   f"inside '{e.loop}', use '{e.loop}.<carried value>' to pass values between iterations")
+            idx = s.names.get(e.loop)
+            if idx is not None:
+                target = s.items[idx]
+                if not isinstance(target, LoopNode):
+                    raise ResolveError(e.offset, f"'{e.loop}' is a node, not a loop: '[...]' selects loop iterations")
+                if idx >= pos:
+                    raise ResolveError(e.offset, f"loop '{e.loop}' runs later in the same iteration", target=target.path)
+                return target
+            pos = float(s.index)
+            s = s.parent
+        raise ResolveError(e.offset, f"unknown loop '{e.loop}'", did_you_mean(e.loop, self._visible(scope)))
+
+
+# -- checks -----------------------------------------------------------------------------------
+
+def _kind(e: Expr, uses: dict[int, Binding]) -> str:
+    """'int', 'value' or 'list' (every iteration of a loop, to be stacked or concatenated)."""
+    match e:
+        case Int():
+            return "int"
+        case Param():
+            return "const"
+        case Ref():
+            return "int" if isinstance(uses.get(id(e)), LoopIndex) else "value"
+        case IterRef(index=ix, inner=inner):
+            k = _kind(inner, uses)
+            return "list" if ix.kind == "all" else k
+        case BinOp() | Neg():
+            return "int"
+        case Slice():
+            return "value"
+        case Record() | Call():
+            return "value"
+    return "value"
+
+
+def _type_errors(e: Expr, uses: dict[int, Binding], top: str) -> Iterator[tuple[int, str, str | None]]:
+    from .expr import unparse
+
+    match e:
+        case BinOp(left=a, right=b):
+            for x in (a, b):
+                if _kind(x, uses) in ("value", "list"):
+                    yield x.offset, f"arithmetic applies to integers (params, loop indices); '{unparse(x)}' is a value", None
+        case Neg(operand=a):
+            if _kind(a, uses) in ("value", "list"):
+                yield a.offset, "arithmetic applies to integers (params, loop indices)", None
+        case Slice(target=t, start=s, stop=p):
+            for x in (s, p):
+                if x is not None and _kind(x, uses) not in ("int", "const"):
+                    yield x.offset, "slice bounds must be integers", None
+            if _kind(t, uses) in ("int", "const"):
+                yield t.offset, "only a value (a tensor or record) can be sliced", None
+        case Record(fields=fields):
+            for _, v in fields:
+                if _kind(v, uses) == "list":
+                    yield v.offset, "'[*]' gives every iteration: wrap it in stack(...) or cat(...)", None
+    if top and _kind(e, uses) == "list":
+        yield e.offset, "'[*]' gives every iteration: wrap it in stack(...) or cat(...)", None
+
+
+def check_workflow(wf: Workflow) -> list[Diagnostic]:
+    """Every cross-reference problem of the IR, positioned. [] means the workflow is well formed."""
+    from .expr import walk
+
+    r = Resolver(wf)
+    diags: list[Diagnostic] = []
+    sibling_edges: dict[int, dict[Path, set[Path]]] = {}
+    forward: list[tuple[Item, str, ResolveError, SourcePos]] = []
+
+    def fpos(item: Item, key: str, offset: int = 0) -> SourcePos:
+        p = item.field_pos.get(key) or item.pos
+        return p.at(offset)
+
+    def where(item: Item, key: str) -> str:
+        return format_path(item.src + tuple(key.split("."))) if item.src else ".".join(item.path) + "." + key
+
+    for path, item in r.items.items():
+        for key, expr in expr_fields(item):
+            try:
+                uses = r.resolve_field(item, key, expr)
+            except ResolveError as exc:
+                if exc.target is not None:
+                    forward.append((item, key, exc, fpos(item, key, exc.offset)))
+                else:
+                    diags.append(Diagnostic(fpos(item, key, exc.offset), where(item, key),
+                                            f"in '{_text(expr)}': {exc.message}", exc.hint))
+                continue
+            bound: dict[int, Binding] = {}
+            for u in _all_uses(uses):
+                bound[id(u.expr)] = u.binding
+            for x in walk(expr):
+                for off, msg, hint in _type_errors(x, bound, "top" if x is expr and not key.startswith("collect") else ""):
+                    diags.append(Diagnostic(fpos(item, key, off), where(item, key), f"in '{_text(expr)}': {msg}", hint))
+            if isinstance(item, LoopNode) and key.startswith("collect") and _kind(expr, bound) == "list":
+                diags.append(Diagnostic(fpos(item, key), where(item, key),
+                                        "'[*]' gives every iteration: wrap it in stack(...) or cat(...)"))
+            if item.path != wf.root.path and path in r.scope_of:
+                scope, i = r.scope_of[path]
+                for u in uses:
+                    if isinstance(u.binding, NodePort) and u.binding.node in r.scope_of and r.scope_of[u.binding.node][0] is scope:
+                        sibling_edges.setdefault(id(scope), {}).setdefault(path, set()).add(u.binding.node)
+
+    # Forward references: a cycle among siblings is reported as the cycle, else as "runs later".
+    for item, key, exc, pos in forward:
+        scope, _ = r.scope_of.get(item.path, (None, 0))
+        cycle = _cycle(item.path, exc.target, sibling_edges.get(id(scope), {})) if scope is not None else None
+        if cycle:
+            names = " -> ".join(p[-1] for p in cycle)
+            diags.append(Diagnostic(pos, where(item, key), f"cyclic data dependency: {names}",
+                                    "a value cannot depend on itself within one iteration; carry it across iterations with a loop 'carry'"))
+        else:
+            diags.append(Diagnostic(pos, where(item, key), f"in '{_text(dict(expr_fields(item))[key])}': {exc.message}",
+                                    "an item may only read items that run before it; move it earlier or reorder the body"))
+
+    diags += _check_scopes(r)
+    diags += _check_phases(r)
+    return diags
+
+
+def _all_uses(uses: list[Use] | tuple[Use, ...]) -> Iterator[Use]:
+    for u in uses:
+        yield u
+        if isinstance(u.binding, IterSelect):
+            yield from _all_uses(u.binding.inner)
+
+
+def _cycle(start: Path, target: Path, edges: dict[Path, set[Path]]) -> list[Path] | None:
+    """A path target -> ... -> start through sibling references, closed into a cycle, if one exists."""
+    stack, seen = [(target, [start, target])], {target}
+    while stack:
+        node, trail = stack.pop()
+        for nxt in edges.get(node, ()):
+            if nxt == start:
+                return trail + [start]
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append((nxt, trail + [nxt]))
+    return None
+
+
+def _text(e: Expr) -> str:
+    from .expr import unparse
+
+    return unparse(e)
+
+
+def _check_scopes(r: Resolver) -> list[Diagnostic]:
+    diags = []
+    for scope in r.body_scope.values():
+        seen: dict[str, Item] = {}
+        for i, item in enumerate(scope.items):
+            if item.name in seen:
+                diags.append(Diagnostic(item.pos, format_path(item.src) if item.src else ".".join(item.path),
+                                        f"duplicate name '{item.name}' in this body",
+                                        related=((seen[item.name].pos, "first defined here"),)))
+            seen.setdefault(item.name, item)
+            if item.name == scope.owner.name:
+                diags.append(Diagnostic(item.pos, format_path(item.src), f"'{item.name}' has the name of the "
+                                        f"{'loop' if isinstance(scope.owner, LoopNode) else 'node'} it is inside"))
+            for name in item.after:
+                j = scope.names.get(name)
+                if j is None:
+                    diags.append(Diagnostic(item.field_pos.get("after", item.pos), format_path(item.src + ("after",)),
+                                            f"'after: {name}' names no item of this body", did_you_mean(name, scope.names)))
+                elif j == i:
+                    diags.append(Diagnostic(item.field_pos.get("after", item.pos), format_path(item.src + ("after",)),
+                                            f"'{item.name}' cannot run after itself"))
+            if isinstance(item, MergeNode):
+                for name in item.sources:
+                    j = scope.names.get(name)
+                    if j is None or j >= i:
+                        diags.append(Diagnostic(item.field_pos.get("from", item.pos), format_path(item.src + ("from",)),
+                                                f"merge source '{name}' is not an earlier item of this body",
+                                                did_you_mean(name, scope.names)))
+                    elif not set(dict(item.ports)) <= set(scope.items[j].outputs):
+                        missing = sorted(set(dict(item.ports)) - set(scope.items[j].outputs))
+                        diags.append(Diagnostic(item.field_pos.get("ports", item.pos), format_path(item.src + ("ports",)),
+                                                f"merge source '{name}' has no output {', '.join(map(repr, missing))}"))
+    return diags
+
+
+def _check_phases(r: Resolver) -> list[Diagnostic]:
+    diags = []
+    for path, item in r.items.items():
+        if not isinstance(item, ExecutionNode) or not item.phases:
+            continue
+        where = format_path(item.src + ("phases",)) if item.src else ".".join(path)
+        pos = item.field_pos.get("phases", item.pos)
+        parent = {e.state: e.access for e in item.effects}
+        first: dict[str, Access] = {}
+        writes: set[str] = set()
+        for sub in item.phases:
+            for node in _exec_nodes(sub):
+                for eff in node.effects:
+                    first.setdefault(eff.state, eff.access)
+                    if eff.access.writes:
+                        writes.add(eff.state)
+        for state in sorted(set(parent) | set(first)):
+            if state not in first:
+                diags.append(Diagnostic(pos, where, f"node '{item.name}' declares '{state}: {parent[state].value}' but its phases never access it"))
+            elif state not in parent:
+                diags.append(Diagnostic(pos, where, f"the phases of '{item.name}' access '{state}', which '{item.name}' does not declare",
+                                        "phases must have the same effects as the node"))
+            elif (parent[state] is Access.READ) != (state not in writes) or (
+                    (parent[state] is Access.REFRESH) != (first[state] is Access.REFRESH)):
+                diags.append(Diagnostic(pos, where, f"the phases of '{item.name}' access '{state}' differently "
+                                        f"from the node's '{parent[state].value}'", "phases must have the same effects as the node"))
+        produced = {o for sub in item.phases for o in sub.outputs}
+        for out in item.outputs:
+            if out not in produced:
+                diags.append(Diagnostic(pos, where, f"no phase of '{item.name}' produces its output '{out}'",
+                                        "the last phase item with an output of that name provides it"))
+    return diags
+
+
+def _exec_nodes(item: Item) -> Iterator[ExecutionNode]:
+    from .ir import iter_items
+
+    for x in iter_items(item):
+        if isinstance(x, ExecutionNode):
+            yield x

@@ -1,0 +1,166 @@
+"""Schema check: the YAML document against `schema/rose-workflow-<version>.schema.json`.
+
+jsonschema reports `oneOf` failures as one opaque error; we pick the item kind from its key (`node`,
+`loop`, `merge`) and validate against that branch instead, so the user sees "unknown key 'cal' in a
+node; did you mean 'call'?" at the key's line and column, not a list of every branch that failed.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
+
+from .errors import Diagnostic, did_you_mean, format_path
+from .loader import Document
+
+__all__ = ["SUPPORTED_VERSIONS", "schema_path", "load_schema", "check_schema"]
+
+SUPPORTED_VERSIONS = (1,)
+SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schema"
+_ITEM_KINDS = ("node", "loop", "merge")
+
+
+def schema_path(version: int) -> Path:
+    return SCHEMA_DIR / f"rose-workflow-{version}.schema.json"
+
+
+@functools.cache
+def load_schema(version: int = 1) -> dict[str, Any]:
+    return json.loads(schema_path(version).read_text())
+
+
+@functools.cache
+def _validator(version: int) -> Draft202012Validator:
+    return Draft202012Validator(load_schema(version))
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, int):
+        return f"an integer ({value})"
+    if isinstance(value, float):
+        return f"a number ({value})"
+    if isinstance(value, str):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        return f"a string ({shown!r})"
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
+_TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a string", "object": "a mapping",
+               "array": "a list", "boolean": "true or false", "null": "null"}
+
+
+def check_schema(doc: Document) -> list[Diagnostic]:
+    """Every schema violation in the document, positioned; [] when it conforms."""
+    data = doc.data
+    if not isinstance(data, dict):
+        return [Diagnostic(doc.pos(()), "<document>", f"a workflow is a mapping; found {_describe(data)}",
+                           "start with 'rose: 1'")]
+    version = data.get("rose")
+    if version not in SUPPORTED_VERSIONS:
+        if "rose" not in data:
+            return [Diagnostic(doc.pos(()), "rose", "missing the format version 'rose: 1'",
+                               "the first line of a workflow is 'rose: 1'")]
+        return [Diagnostic(doc.pos(("rose",)), "rose", f"unsupported format version {version!r}",
+                           f"this rose reads version(s) {', '.join(map(str, SUPPORTED_VERSIONS))}")]
+    diags: list[Diagnostic] = []
+    validator = _validator(version)
+    for err in validator.iter_errors(data):
+        diags.extend(_explain(err, doc, validator, ()))
+    # One message per (path, message): jsonschema may reach the same fault through two routes.
+    unique = {(d.path, d.message): d for d in diags}
+    return list(unique.values())
+
+
+def _explain(err: ValidationError, doc: Document, validator: Draft202012Validator,
+             prefix: tuple) -> list[Diagnostic]:
+    path = prefix + tuple(err.absolute_path) if not prefix else prefix + tuple(err.path)
+    where = format_path(path)
+    inst = err.instance
+    kind = err.validator
+    if kind == "oneOf" and isinstance(inst, dict) and _is_item_schema(err.schema):
+        present = [k for k in _ITEM_KINDS if k in inst]
+        if len(present) != 1:
+            msg = ("an item needs exactly one of 'node:', 'loop:' or 'merge:'" if not present
+                   else f"an item has both {' and '.join(repr(p + ':') for p in present)}")
+            return [Diagnostic(doc.pos(path), where, msg)]
+        sub = validator.evolve(schema={"$ref": f"#/$defs/{present[0]}"})
+        out: list[Diagnostic] = []
+        for sub_err in sub.iter_errors(inst):
+            out.extend(_explain(sub_err, doc, validator, path))
+        return out
+    if kind == "oneOf" and isinstance(err.schema, dict):
+        branches = err.schema.get("oneOf", [])
+        wanted = [b.get("type") for b in branches if isinstance(b, dict) and "type" in b]
+        if wanted:
+            words = " or ".join(_TYPE_WORDS.get(w, str(w)) for w in wanted if isinstance(w, str))
+            return [Diagnostic(doc.pos(path), where, f"expected {words}; found {_describe(inst)}")]
+    if kind == "additionalProperties" and isinstance(inst, dict):
+        allowed = list(err.schema.get("properties", {}))
+        out = []
+        for key in inst:
+            if key in allowed or not allowed:
+                continue
+            out.append(Diagnostic(doc.key_pos(path + (key,)), format_path(path + (key,)),
+                                  f"unknown key '{key}'" + (f" in {_what(path, inst)}" if _what(path, inst) else ""),
+                                  did_you_mean(key, allowed) or f"allowed keys: {', '.join(allowed)}"))
+        if out:
+            return out
+        return [Diagnostic(doc.pos(path), where, err.message)]
+    if kind == "required":
+        missing = err.message.split("'")[1] if "'" in err.message else err.message
+        return [Diagnostic(doc.pos(path), where, f"missing required key '{missing}'" +
+                           (f" in {_what(path, inst)}" if _what(path, inst) else ""))]
+    if kind == "type":
+        wanted = err.validator_value if isinstance(err.validator_value, list) else [err.validator_value]
+        words = " or ".join(_TYPE_WORDS.get(w, w) for w in wanted)
+        return [Diagnostic(doc.pos(path), where, f"expected {words}; found {_describe(inst)}")]
+    if kind in ("enum", "const"):
+        options = err.validator_value if kind == "enum" else [err.validator_value]
+        hint = did_you_mean(str(inst), [str(o) for o in options])
+        return [Diagnostic(doc.pos(path), where,
+                           f"{_describe(inst)} is not one of {', '.join(map(repr, options))}", hint)]
+    if kind == "pattern":
+        return [Diagnostic(doc.pos(path), where, f"{_describe(inst)} is not a valid {_pattern_word(path)}")]
+    if kind == "anyOf" and isinstance(inst, dict) and "loop" in inst:
+        return [Diagnostic(doc.pos(path), where, "a loop needs 'count:' (a static count) or 'until:' (a dynamic end)")]
+    if kind in ("minimum", "exclusiveMinimum", "maximum", "minItems", "maxItems", "minProperties",
+                "uniqueItems", "minLength"):
+        return [Diagnostic(doc.pos(path), where, err.message.replace("is less than", "is below"))]
+    return [Diagnostic(doc.pos(path), where, err.message)]
+
+
+def _is_item_schema(schema: Any) -> bool:
+    if not isinstance(schema, dict):
+        return False
+    refs = [b.get("$ref", "") for b in schema.get("oneOf", []) if isinstance(b, dict)]
+    return any(r.endswith("/node") for r in refs)
+
+
+def _what(path: tuple, inst: Any) -> str:
+    if isinstance(inst, dict):
+        for k in _ITEM_KINDS:
+            if k in inst:
+                return f"{k} '{inst[k]}'" if isinstance(inst[k], str) else f"a {k}"
+        if len(path) == 2 and path[0] == "components":
+            return f"component '{path[1]}'"
+        if not path:
+            return "the workflow"
+    return ""
+
+
+def _pattern_word(path: tuple) -> str:
+    last = path[-1] if path else ""
+    return {"call": "call (component.method)", "impl": "impl ('package.module:Class')"}.get(str(last), "name")
