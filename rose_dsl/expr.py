@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lark import Lark, Token, Transformer, Tree, v_args
@@ -26,7 +26,7 @@ FUNCTIONS = {"stack": "stack values along a new leading dimension", "cat": "conc
 
 @dataclass(frozen=True)
 class Expr:
-    offset: int
+    offset: int = field(compare=False)  # where the expression starts in its source string
 
 
 @dataclass(frozen=True)

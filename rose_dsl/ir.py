@@ -49,7 +49,7 @@ class StateObject:
     component: str
     name: str
     attr: str
-    pos: SourcePos = NOWHERE
+    pos: SourcePos = field(default=NOWHERE, compare=False)
 
     @property
     def key(self) -> str:
@@ -60,7 +60,7 @@ class StateObject:
 class StateEffect:
     state: str  # StateObject.key, e.g. "sim.episode"
     access: Access
-    pos: SourcePos = NOWHERE
+    pos: SourcePos = field(default=NOWHERE, compare=False)
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class Component:
     python_path: tuple[str, ...] = ()
     venv: str | None = None
     replica_of: str | None = None  # plan-only: a copy made by a temporal split, same impl and args
-    pos: SourcePos = NOWHERE
+    pos: SourcePos = field(default=NOWHERE, compare=False)
 
     def state_object(self, name: str) -> StateObject | None:
         return next((s for s in self.state if s.name == name), None)
@@ -102,7 +102,7 @@ class ExecutionNode:
     priority: int = 0
     idempotent: bool = False
     timeout_s: float | None = None
-    pos: SourcePos = NOWHERE
+    pos: SourcePos = field(default=NOWHERE, compare=False)
     # Where each field came from ("in.obs" -> position) and the item's path in the YAML document
     # (("iteration", "body", 0)); empty for items a transformation generated.
     field_pos: dict[str, SourcePos] = field(default_factory=dict, compare=False, hash=False)
@@ -128,7 +128,7 @@ class Carry:
     name: str
     init: Expr
     next: Expr
-    pos: SourcePos = NOWHERE
+    pos: SourcePos = field(default=NOWHERE, compare=False)
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ class LoopNode:
     split_of: str | None = None
     after: tuple[str, ...] = ()
     priority: int = 0
-    pos: SourcePos = NOWHERE
+    pos: SourcePos = field(default=NOWHERE, compare=False)
     # Where each field came from ("in.obs" -> position) and the item's path in the YAML document
     # (("iteration", "body", 0)); empty for items a transformation generated.
     field_pos: dict[str, SourcePos] = field(default_factory=dict, compare=False, hash=False)
@@ -182,7 +182,7 @@ class MergeNode:
     ports: tuple[tuple[str, int], ...]  # (port, concatenation dim)
     after: tuple[str, ...] = ()
     priority: int = 0
-    pos: SourcePos = NOWHERE
+    pos: SourcePos = field(default=NOWHERE, compare=False)
     # Where each field came from ("in.obs" -> position) and the item's path in the YAML document
     # (("iteration", "body", 0)); empty for items a transformation generated.
     field_pos: dict[str, SourcePos] = field(default_factory=dict, compare=False, hash=False)
@@ -207,7 +207,7 @@ class Workflow:
     params: dict[str, Any]
     components: dict[str, Component]
     root: LoopNode  # path ("iteration",)
-    file: str = "<string>"
+    file: str = field(default="<string>", compare=False)
     seed: int = 0
 
     def state_objects(self) -> dict[str, StateObject]:

@@ -1,0 +1,327 @@
+"""Legality analysis: data and state dependencies, loop kinds, policy versions.
+
+Two views of the same facts:
+  * `invocation_graph` runs the semantics (`semantics.IterationRunner`) symbolically over two RL
+    iterations: every value is the set of invocations that produced it, every state access is recorded
+    in program order. Its edges are exact, at invocation granularity (a consumer of `epoch[0].traj`
+    depends on iteration 0 of `epoch` only), and they are what transformations must preserve.
+  * `analyze` summarises them per item for people: loop kinds with the reason, item-level edges with
+    the iteration relation and the reason, and which writer each state read sees (the policy-version
+    rule: rollout of iteration k reads the weights synced at the end of k-1).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .expr import IterRef, walk
+from .ir import Access, ExecutionNode, Item, LoopNode, Workflow
+from .resolve import Resolver, expr_fields
+from .semantics import Invocation, IterationRunner, enclosing_loops
+
+__all__ = [
+    "Dep", "InvocationGraph", "invocation_graph", "LoopKind", "ItemEdge", "Analysis", "analyze", "loop_kinds",
+    "state_access_order",
+]
+
+Path = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Dep:
+    """Why `consumer` must run after `producer`. kind: 'data' or 'state'. For state deps `flow` is True
+    when the consumer observes the producer's value (read/update after a write) and False when the order
+    only protects an in-place object (a write after a read, a refresh after a write)."""
+
+    kind: str
+    detail: str
+    flow: bool = True
+
+
+@dataclass
+class InvocationGraph:
+    order: list[Invocation] = field(default_factory=list)  # program order of call invocations
+    node: dict[Invocation, ExecutionNode] = field(default_factory=dict)
+    deps: dict[Invocation, dict[Invocation, set[Dep]]] = field(default_factory=lambda: defaultdict(dict))
+    accesses: dict[str, list[tuple[Invocation, Access]]] = field(default_factory=lambda: defaultdict(list))
+
+    def producers(self, inv: Invocation) -> set[Invocation]:
+        return set(self.deps.get(inv, {}))
+
+    def edges(self) -> Iterable[tuple[Invocation, Invocation, Dep]]:
+        for consumer, prods in self.deps.items():
+            for producer, reasons in prods.items():
+                for r in reasons:
+                    yield producer, consumer, r
+
+
+class _Deps(frozenset):
+    """A symbolic value: the (invocation, port) pairs it was computed from."""
+
+
+class _DepOps:
+    @staticmethod
+    def _u(values: Iterable[Any]) -> _Deps:
+        out: set = set()
+        for v in values:
+            if isinstance(v, frozenset):
+                out |= v
+            elif isinstance(v, list):
+                out |= _DepOps._u(v)
+        return _Deps(out)
+
+    def stack(self, values):
+        return self._u(values)
+
+    def cat(self, values, dim=0):
+        return self._u(values)
+
+    def record(self, fields):
+        return self._u(fields.values())
+
+    def slice(self, value, start, stop):
+        return value
+
+    def truth(self, value):
+        return True  # a dynamic loop is analysed through one representative iteration
+
+
+class _DepBackend:
+    ops = _DepOps()
+
+    def __init__(self, graph: InvocationGraph) -> None:
+        self.g = graph
+        self._last_writer: dict[str, Invocation] = {}
+        self._readers: dict[str, list[Invocation]] = defaultdict(list)
+
+    def call(self, node: ExecutionNode, inv: Invocation, inputs: dict[str, Any]) -> dict[str, Any]:
+        g = self.g
+        g.order.append(inv)
+        g.node[inv] = node
+        for port, value in inputs.items():
+            for producer, out_port in (value if isinstance(value, frozenset) else ()):
+                g.deps[inv].setdefault(producer, set()).add(Dep("data", f"in.{port} <- {producer.path[-1]}.{out_port}"))
+        for eff in node.effects:
+            s, acc = eff.state, eff.access
+            g.accesses[s].append((inv, acc))
+            writer = self._last_writer.get(s)
+            if acc is Access.READ:
+                if writer is not None:
+                    self._add(inv, writer, Dep("state", f"{s}: read after {self._mode(writer, s)}"))
+                self._readers[s].append(inv)
+                continue
+            if writer is not None:
+                flow = acc is Access.UPDATE
+                self._add(inv, writer, Dep("state", f"{s}: {acc.value} after {self._mode(writer, s)}", flow))
+            for reader in self._readers[s]:
+                if reader != inv:
+                    self._add(inv, reader, Dep("state", f"{s}: {acc.value} after read", False))
+            self._last_writer[s] = inv
+            self._readers[s] = []
+        return {port: _Deps({(inv, port)}) for port in node.outputs}
+
+    def _mode(self, inv: Invocation, state: str) -> str:
+        return next(e.access.value for e in self.g.node[inv].effects if e.state == state)
+
+    def _add(self, consumer: Invocation, producer: Invocation, dep: Dep) -> None:
+        self.g.deps[consumer].setdefault(producer, set()).add(dep)
+
+
+def _clamped(wf: Workflow, limit: int | None) -> Workflow:
+    """The workflow with loop counts capped (keeping every iteration an expression names explicitly),
+    so that an explanation of a long workflow stays small. The edges' *relations* are unchanged."""
+    if limit is None:
+        return wf
+    needed: dict[str, int] = defaultdict(int)
+    for item in wf.items():
+        for _, e in expr_fields(item):
+            for x in walk(e):
+                if isinstance(x, IterRef) and x.index.kind == "int":
+                    needed[x.loop] = max(needed[x.loop], x.index.value + 1)
+
+    def clamp(item: Item) -> Item:
+        if isinstance(item, LoopNode):
+            body = tuple(clamp(c) for c in item.body)
+            if item.path == wf.root.path or item.count is None or item.iterations is not None:
+                return replace(item, body=body)
+            return replace(item, body=body, count=min(item.count, max(limit, needed[item.name])))
+        if isinstance(item, ExecutionNode) and item.phases:
+            return replace(item, phases=tuple(clamp(c) for c in item.phases))
+        return item
+
+    return replace(wf, root=clamp(wf.root))  # type: ignore[arg-type]
+
+
+def invocation_graph(wf: Workflow, iterations: int = 2, count_limit: int | None = None,
+                     expand_phases: bool = False) -> InvocationGraph:
+    """Dependencies of every invocation over `iterations` consecutive RL iterations (0..n-1)."""
+    wf = _clamped(wf, count_limit)
+    if expand_phases:
+        wf = replace(wf, root=_expand_all(wf.root))
+    graph = InvocationGraph()
+    runner = IterationRunner(wf, _DepBackend(graph))
+    for k in range(iterations):
+        runner.run_iteration(k)
+    return graph
+
+
+def _expand_all(item: Item) -> Any:
+    if isinstance(item, LoopNode):
+        return replace(item, body=tuple(_expand_all(c) for c in item.body))
+    if isinstance(item, ExecutionNode) and item.phases:
+        return replace(item, expand=True, phases=tuple(_expand_all(c) for c in item.phases))
+    return item
+
+
+# -- loop kinds ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LoopKind:
+    path: Path
+    kind: str  # "free" | "dependent"
+    reasons: tuple[str, ...]
+
+
+def state_access_order(items: Sequence[Item]) -> list[tuple[str, Access, Path]]:
+    """State accesses of one pass over a body, in program order (nested loops: one iteration)."""
+    out: list[tuple[str, Access, Path]] = []
+    for item in items:
+        if isinstance(item, ExecutionNode):
+            if item.expand and item.phases:
+                out += state_access_order(item.phases)
+            else:
+                out += [(e.state, e.access, item.path) for e in item.effects]
+        elif isinstance(item, LoopNode):
+            out += state_access_order(item.body)
+    return out
+
+
+_PAST = {Access.READ: "read", Access.UPDATE: "updated", Access.REFRESH: "refreshed"}
+
+
+def _loop_kind(loop: LoopNode) -> LoopKind:
+    reasons: list[str] = []
+    if loop.dynamic:
+        reasons.append(f"ends on a condition (until: ...): iteration {loop.name}[j+1] runs only if {loop.name}[j] did not end it")
+    for c in loop.carries:
+        reasons.append(f"carries '{c.name}' from one iteration to the next")
+    accesses = state_access_order(loop.body)
+    free_notes = []
+    for state in dict.fromkeys(s for s, _, _ in accesses):
+        seq = [(a, p) for s, a, p in accesses if s == state]
+        writers = [p for a, p in seq if a.writes]
+        if not writers:
+            continue
+        first, first_at = seq[0]
+        if first is Access.REFRESH:
+            free_notes.append(f"'{state}' is refreshed by '{first_at[-1]}' at the start of every iteration")
+        else:
+            reasons.append(f"'{state}' is {_PAST[first]} by '{first_at[-1]}' and written by '{writers[-1][-1]}': "
+                           f"each iteration starts from the previous one's value")
+    if reasons:
+        return LoopKind(loop.path, "dependent", tuple(reasons))
+    if not free_notes:
+        free_notes.append("iterations share no carried value and no written state")
+    return LoopKind(loop.path, "free", tuple(free_notes))
+
+
+def loop_kinds(wf: Workflow) -> dict[Path, LoopKind]:
+    return {item.path: _loop_kind(item) for item in wf.items() if isinstance(item, LoopNode)}
+
+
+# -- the summary --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ItemEdge:
+    producer: Path
+    consumer: Path
+    kind: str  # data | state
+    relation: str  # "same iteration", "previous iteration of step", "iteration update.i of epoch", ...
+    detail: str
+    flow: bool = True
+
+
+@dataclass
+class Analysis:
+    workflow: Workflow
+    loops: dict[Path, LoopKind]
+    edges: list[ItemEdge]
+    versions: list[str]  # the policy-version rule, one line per (state, reader)
+    accessors: dict[str, list[tuple[Path, Access]]]
+
+
+def _relation(pairs: list[tuple[Invocation, Invocation]], loops: Mapping[Path, tuple[Path, ...]],
+              counts: Mapping[Path, int]) -> str:
+    """Describe how a producer's loop iterations relate to its consumer's, over every edge of a group:
+    `same iteration`, `previous iteration of step`, `epoch = update.i`, `every step`, `epoch 0`."""
+    p0, c0 = pairs[0]
+    pl, cl = loops[p0.path], loops[c0.path]
+    parts = []
+    for n, loop in enumerate(pl):
+        name = "RL iteration" if n == 0 else loop[-1]
+        shared = n < len(cl) and cl[n] == loop
+        diffs = {p.indices[n] - c.indices[n] for p, c in pairs} if shared else set()
+        if shared and diffs == {0}:
+            continue
+        if shared and diffs == {-1}:
+            parts.append("previous RL iteration" if n == 0 else f"previous iteration of {name}")
+            continue
+        values = sorted({p.indices[n] for p, _ in pairs})
+        match = next((m for m in range(len(cl)) if (not shared or m != n) and
+                      all(p.indices[n] == c.indices[m] for p, c in pairs)), None)
+        if match is not None and len(values) > 1:
+            parts.append(f"{name} = {cl[match][-1]}.i")
+        elif len(values) == 1 and n > 0 and values[0] == counts.get(loop, -1) - 1 and values[0] > 0:
+            parts.append(f"last {name}")
+        elif len(values) == 1:
+            parts.append(f"{name} {values[0]}")
+        else:
+            parts.append(f"every {name}")
+    return ", ".join(parts) if parts else "same iteration"
+
+
+def analyze(wf: Workflow, explain: bool = False, count_limit: int = 3) -> Analysis:
+    """Loop kinds, accessors and the policy-version rule; with `explain`, also item-level edges."""
+    kinds = loop_kinds(wf)
+    accessors: dict[str, list[tuple[Path, Access]]] = defaultdict(list)
+    for item in wf.items():
+        if isinstance(item, ExecutionNode):
+            for e in item.effects:
+                accessors[e.state].append((item.path, e.access))
+    edges: list[ItemEdge] = []
+    versions: list[str] = []
+    if True:  # the policy-version lines need the invocation graph even without --explain
+        clamped = _clamped(wf, count_limit)
+        counts = {i.path: len(i.indices()) for i in clamped.items() if isinstance(i, LoopNode)}
+        g = invocation_graph(clamped, iterations=2)
+        loops = {p: enclosing_loops(p, Resolver(wf).items) for p in {i.path for i in g.order}}
+        if explain:
+            grouped: dict[tuple, list[tuple[Invocation, Invocation]]] = defaultdict(list)
+            for p, c, dep in g.edges():
+                if c.indices[0] != 1:
+                    continue  # describe the second RL iteration: it has a predecessor
+                cross = p.indices[0] != c.indices[0]
+                grouped[(p.path, c.path, dep.kind, dep.detail, dep.flow, cross)].append((p, c))
+            for (pp, cp, kind, detail, flow, _), pairs in sorted(grouped.items()):
+                edges.append(ItemEdge(pp, cp, kind, _relation(pairs, loops, counts), detail, flow))
+        versions = _versions(g)
+    return Analysis(wf, kinds, edges, versions, dict(accessors))
+
+
+def _versions(g: InvocationGraph) -> list[str]:
+    """For each state read in RL iteration k whose value was written in iteration k-1: who wrote it."""
+    lines: dict[tuple[str, Path], str] = {}
+    for state, seq in g.accesses.items():
+        writer: Invocation | None = None
+        for inv, acc in seq:
+            if inv.indices[0] == 1 and acc.reads_previous and writer is not None and writer.indices[0] == 0:
+                key = (state, inv.path)
+                if key not in lines:
+                    lines[key] = (f"{state}: '{inv.path[-1]}' of RL iteration k {'reads' if acc is Access.READ else 'updates'} "
+                                  f"the value written by '{writer.path[-1]}' ({g.node[writer].call}) of iteration k-1")
+            if acc.writes:
+                writer = inv
+    return list(lines.values())

@@ -1,0 +1,137 @@
+"""IR -> workflow YAML. A plan written by a transformation is itself a workflow file: `rose validate`
+accepts it, `git diff` shows what changed, and loading it gives back the same IR (tested)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from .expr import Expr, Int, unparse
+from .ir import Component, ExecutionNode, Item, LoopNode, MergeNode, Workflow
+
+__all__ = ["to_document", "to_yaml"]
+
+
+def _expr(e: Expr) -> Any:
+    return e.value if isinstance(e, Int) else unparse(e)
+
+
+def _component(c: Component) -> dict[str, Any]:
+    out: dict[str, Any] = {"impl": c.impl}
+    if c.args:
+        out["args"] = c.args
+    out["device"] = c.device
+    if c.gpu is not None:
+        out["gpu"] = c.gpu
+    if c.mps_quota is not None:
+        out["mps_quota"] = c.mps_quota
+    if c.replicas != 1:
+        out["replicas"] = c.replicas
+    if c.state:
+        if all(s.attr == s.name for s in c.state):
+            out["state"] = [s.name for s in c.state]
+        else:
+            out["state"] = {s.name: ({"attr": s.attr} if s.attr != s.name else None) for s in c.state}
+    if c.env:
+        out["env"] = dict(c.env)
+    if c.python_path:
+        out["python_path"] = list(c.python_path)
+    if c.venv:
+        out["venv"] = c.venv
+    if c.replica_of:
+        out["replica_of"] = c.replica_of
+    return out
+
+
+def _plan_fields(item: Item, out: dict[str, Any]) -> None:
+    if item.after:
+        out["after"] = list(item.after)
+    if item.priority:
+        out["priority"] = item.priority
+
+
+def _item(item: Item) -> dict[str, Any]:
+    if isinstance(item, ExecutionNode):
+        out: dict[str, Any] = {"node": item.name, "call": item.call}
+        if item.inputs:
+            out["in"] = {port: _expr(e) for port, e in item.inputs}
+        if item.outputs:
+            out["out"] = list(item.outputs)
+        if item.effects:
+            out["state"] = {e.state.split(".", 1)[1]: e.access.value for e in item.effects}
+        if item.batch is not None:
+            out["batch"] = item.batch
+        if item.phases:
+            out["phases"] = [_item(p) for p in item.phases]
+        if item.expand:
+            out["expand"] = True
+        if item.rows is not None:
+            out["rows"] = list(item.rows)
+        if item.split_of:
+            out["split_of"] = item.split_of
+        if item.idempotent:
+            out["idempotent"] = True
+        if item.timeout_s is not None:
+            out["timeout_s"] = item.timeout_s
+        _plan_fields(item, out)
+        return out
+    if isinstance(item, LoopNode):
+        out = {"loop": item.name}
+        if item.count is not None:
+            out["count"] = item.count
+        if item.until is not None:
+            out["until"] = _expr(item.until)
+        if item.carries:
+            out["carry"] = {c.name: {"init": _expr(c.init), "next": _expr(c.next)} for c in item.carries}
+        if item.iterations is not None:
+            out["iterations"] = list(item.iterations)
+        if item.split_of:
+            out["split_of"] = item.split_of
+        _plan_fields(item, out)
+        out["body"] = [_item(c) for c in item.body]
+        if item.collects:
+            out["collect"] = {name: _expr(e) for name, e in item.collects}
+        return out
+    assert isinstance(item, MergeNode)
+    out = {"merge": item.name, "from": list(item.sources), "ports": dict(item.ports)}
+    _plan_fields(item, out)
+    return out
+
+
+def to_document(wf: Workflow, plan: dict[str, Any] | None = None) -> dict[str, Any]:
+    root: dict[str, Any] = {"count": wf.root.count}
+    if wf.root.carries:
+        root["carry"] = {c.name: {"init": _expr(c.init), "next": _expr(c.next)} for c in wf.root.carries}
+    root["body"] = [_item(c) for c in wf.root.body]
+    doc: dict[str, Any] = {"rose": wf.version, "name": wf.name}
+    if wf.params:
+        doc["params"] = dict(wf.params)
+    doc["components"] = {name: _component(c) for name, c in wf.components.items()}
+    doc["iteration"] = root
+    if plan:
+        doc["plan"] = plan
+    return doc
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _flow_small(dumper: yaml.SafeDumper, data: dict) -> yaml.Node:
+    small = len(data) <= 6 and all(isinstance(v, str | int | float | bool) and len(str(v)) < 40 for v in data.values())
+    return dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=small)
+
+
+def _flow_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
+    small = len(data) <= 8 and all(isinstance(v, str | int | float | bool) and len(str(v)) < 30 for v in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=small)
+
+
+_Dumper.add_representer(dict, _flow_small)
+_Dumper.add_representer(list, _flow_list)
+
+
+def to_yaml(wf: Workflow, plan: dict[str, Any] | None = None, header: str | None = None) -> str:
+    text = yaml.dump(to_document(wf, plan), Dumper=_Dumper, sort_keys=False, width=120, allow_unicode=True)
+    return (header.rstrip() + "\n" if header else "") + text
