@@ -205,9 +205,9 @@ _PAST = {Access.READ: "read", Access.UPDATE: "updated", Access.REFRESH: "refresh
 def _loop_kind(loop: LoopNode) -> LoopKind:
     reasons: list[str] = []
     if loop.dynamic:
-        reasons.append(f"ends on a condition (until: ...): iteration {loop.name}[j+1] runs only if {loop.name}[j] did not end it")
+        reasons.append("ends on a condition (until)")
     for c in loop.carries:
-        reasons.append(f"carries '{c.name}' from one iteration to the next")
+        reasons.append(f"carries '{c.name}'")
     accesses = state_access_order(loop.body)
     free_notes = []
     for state in dict.fromkeys(s for s, _, _ in accesses):
@@ -217,10 +217,9 @@ def _loop_kind(loop: LoopNode) -> LoopKind:
             continue
         first, first_at = seq[0]
         if first is Access.REFRESH:
-            free_notes.append(f"'{state}' is refreshed by '{first_at[-1]}' at the start of every iteration")
+            free_notes.append(f"'{state}' refreshed by {first_at[-1]} at the start")
         else:
-            reasons.append(f"'{state}' is {_PAST[first]} by '{first_at[-1]}' and written by '{writers[-1][-1]}': "
-                           f"each iteration starts from the previous one's value")
+            reasons.append(f"'{state}' {_PAST[first]} by {first_at[-1]}, written by {writers[-1][-1]}")
     if reasons:
         return LoopKind(loop.path, "dependent", tuple(reasons))
     if not free_notes:
@@ -297,7 +296,8 @@ def analyze(wf: Workflow, explain: bool = False, count_limit: int = 3) -> Analys
         clamped = _clamped(wf, count_limit)
         counts = {i.path: len(i.indices()) for i in clamped.items() if isinstance(i, LoopNode)}
         g = invocation_graph(clamped, iterations=2)
-        loops = {p: enclosing_loops(p, Resolver(wf).items) for p in {i.path for i in g.order}}
+        items = Resolver(clamped).items
+        loops = {p: enclosing_loops(p, items) for p in {i.path for i in g.order}}
         if explain:
             grouped: dict[tuple, list[tuple[Invocation, Invocation]]] = defaultdict(list)
             for p, c, dep in g.edges():

@@ -69,7 +69,7 @@ def check_schema(doc: Document) -> list[Diagnostic]:
         return [Diagnostic(doc.pos(()), "<document>", f"a workflow is a mapping; found {_describe(data)}",
                            "start with 'rose: 1'")]
     version = data.get("rose")
-    if version not in SUPPORTED_VERSIONS:
+    if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:  # True == 1 in Python
         if "rose" not in data:
             return [Diagnostic(doc.pos(()), "rose", "missing the format version 'rose: 1'",
                                "the first line of a workflow is 'rose: 1'")]
@@ -119,6 +119,9 @@ def _explain(err: ValidationError, doc: Document, validator: Draft202012Validato
         if out:
             return out
         return [Diagnostic(doc.pos(path), where, err.message)]
+    if kind == "required" and isinstance(inst, dict) and not any(k in inst for k in _ITEM_KINDS) \
+            and _ITEM_KINDS[0] in str(err.validator_value) and "call" not in str(err.validator_value):
+        return [Diagnostic(doc.pos(path), where, "an item needs exactly one of 'node:', 'loop:' or 'merge:'")]
     if kind == "required":
         missing = err.message.split("'")[1] if "'" in err.message else err.message
         return [Diagnostic(doc.pos(path), where, f"missing required key '{missing}'" +

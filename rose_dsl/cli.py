@@ -1,0 +1,172 @@
+"""The `rose` command line: validate, graph (and, as they land, rewrite / optimize / execute).
+
+Exit codes: 0 success, 2 an invalid workflow or bad usage (one clear message each, never a
+traceback), 1 an internal error (a bug: the message says so).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from . import WorkflowError, load_workflow
+from .analysis import analyze
+from .importcheck import DEFAULT_ALLOWED, check_imports, module_allowed
+from .ir import ExecutionNode, LoopNode, MergeNode, Workflow
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="rose: declarative RL workflows, rewritten for overlap and run on Ray.")
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+FileArg = Annotated[Path, typer.Argument(help="workflow (or plan) YAML file", show_default=False)]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="override a param: NAME=VALUE (repeatable)")]
+
+
+def _overrides(items: list[str] | None) -> dict[str, object]:
+    import yaml
+
+    result: dict[str, object] = {}
+    for item in items or []:
+        name, sep, raw = item.partition("=")
+        if not sep or not name.strip():
+            raise typer.BadParameter(f"--set expects NAME=VALUE, got {item!r}")
+        result[name.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+    return result
+
+
+def _load(path: Path, sets: list[str] | None) -> Workflow:
+    try:
+        return load_workflow(path, _overrides(sets))
+    except WorkflowError as exc:
+        n = len(exc.diagnostics)
+        err.print(exc.format(), markup=False)
+        err.print(f"[red]{path}: invalid workflow ({n} problem{'s' if n != 1 else ''})[/red]")
+        raise typer.Exit(2) from None
+
+
+def _summary(wf: Workflow, explain: bool) -> None:
+    a = analyze(wf, explain=explain)
+    items = list(wf.items())
+    nodes = [i for i in items if isinstance(i, ExecutionNode)]
+    loops = [i for i in items if isinstance(i, LoopNode)]
+    merges = [i for i in items if isinstance(i, MergeNode)]
+    out.print(f"[bold]{wf.name}[/bold] ({wf.file}): valid. {len(wf.components)} components, {len(nodes)} nodes, "
+              f"{len(loops)} loops" + (f", {len(merges)} merges" if merges else ""))
+    t = Table(title="components", title_justify="left", show_edge=False)
+    for col in ("name", "impl", "device", "state"):
+        t.add_column(col)
+    for c in wf.components.values():
+        dev = c.device + (f":{c.gpu}" if c.gpu is not None else "") + (f" mps {c.mps_quota}%" if c.mps_quota else "")
+        t.add_row(c.name, c.impl, dev, ", ".join(s.name for s in c.state) or "-")
+    out.print(t)
+    t = Table(title="loops", title_justify="left", show_edge=False)
+    for col in ("loop", "count", "kind", "why"):
+        t.add_column(col)
+    for loop in loops:
+        k = a.loops[loop.path]
+        count = str(loop.count) if loop.count is not None else "until"
+        t.add_row(".".join(loop.path), count, k.kind, "; ".join(k.reasons))
+    out.print(t)
+    t = Table(title="state objects", title_justify="left", show_edge=False)
+    t.add_column("state")
+    t.add_column("accessed by (program order)")
+    for key in wf.state_objects():
+        acc = a.accessors.get(key, [])
+        t.add_row(key, ", ".join(f"{p[-1]} ({m.value})" for p, m in acc) or "never accessed")
+    out.print(t)
+    if a.versions:
+        out.print("[bold]versions across RL iterations[/bold]")
+        for line in a.versions:
+            out.print(f"  {line}")
+    if explain:
+        t = Table(title="dependencies (producer -> consumer)", title_justify="left", show_edge=False)
+        for col in ("producer", "consumer", "kind", "iterations", "reason"):
+            t.add_column(col)
+        for e in a.edges:
+            kind = e.kind if e.flow else f"{e.kind} (order)"
+            t.add_row(".".join(e.producer[1:]), ".".join(e.consumer[1:]), kind, e.relation, e.detail)
+        out.print(t)
+
+
+@app.command()
+def validate(
+    file: FileArg,
+    explain: Annotated[bool, typer.Option("--explain", help="print every derived dependency with its reason")] = False,
+    import_: Annotated[bool, typer.Option("--import", help="also import every impl (in a child process) and check the called methods")] = False,
+    allow_module: Annotated[list[str] | None, typer.Option("--allow-module", help="module prefix components may come from (repeatable; default: examples)")] = None,
+    sets: SetOpt = None,
+) -> None:
+    """Parse, schema-check and legality-check a workflow; print its analysis."""
+    wf = _load(file, sets)
+    if import_:
+        allowed = tuple(allow_module or ()) + DEFAULT_ALLOWED
+        specs: dict[str, tuple[str, list[str]]] = {}
+        problems = []
+        for c in wf.components.values():
+            reason = module_allowed(c.impl.partition(":")[0], allowed)
+            if reason:
+                problems.append(f"{c.pos}: components.{c.name}.impl: {reason}")
+                continue
+            methods = sorted({n.method for n in wf.items() if isinstance(n, ExecutionNode) and n.component == c.name})
+            specs[c.name] = (c.impl, methods)
+        for comp, problem in check_imports(specs).items():
+            if problem:
+                problems.append(f"{wf.components[comp].pos}: components.{comp}.impl: {problem}")
+        if problems:
+            for p in problems:
+                err.print(p, markup=False)
+            err.print(f"[red]{file}: {len(problems)} component(s) failed the import check[/red]")
+            raise typer.Exit(2)
+    _summary(wf, explain)
+
+
+@app.command()
+def graph(
+    file: FileArg,
+    format: Annotated[str, typer.Option("--format", "-f", help="dot or mermaid")] = "dot",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="write here instead of stdout")] = None,
+    sets: SetOpt = None,
+) -> None:
+    """Print the analysed graph: loops as clusters, data edges solid, state edges dashed."""
+    from .render import to_dot, to_mermaid
+
+    if format not in ("dot", "mermaid"):
+        err.print(f"--format must be 'dot' or 'mermaid', not {format!r}")
+        raise typer.Exit(2)
+    wf = _load(file, sets)
+    a = analyze(wf, explain=True)
+    text = to_dot(a) if format == "dot" else to_mermaid(a)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text)
+        out.print(f"wrote {output}")
+
+
+def main() -> None:
+    try:
+        app()
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: a bug, said plainly
+        import traceback
+
+        err.print(f"internal error (a bug in rose, please report it): {type(exc).__name__}: {exc}", markup=False)
+        if "--debug" in sys.argv or __import__("os").environ.get("ROSE_DEBUG"):
+            traceback.print_exc()
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""The table of bad inputs: (name, workflow text or mutation of the PPO workflow, expected first line)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PPO = (Path(__file__).resolve().parents[2] / "workflows" / "embodied_ppo.yaml").read_text()
+
+
+def sub(old: str, new: str) -> str:
+    assert old in PPO, old
+    return PPO.replace(old, new, 1)
+
+
+MINI = """rose: 1
+name: mini
+params: {n: 2}
+components:
+  a: {impl: "examples.x:A", state: [s]}
+iteration:
+  count: 1
+  body:
+    - {node: p, call: a.f, out: [y]}
+"""
+
+
+def mini(body_line: str) -> str:
+    return MINI.replace("    - {node: p, call: a.f, out: [y]}\n", body_line)
+
+
+CASES: list[tuple[str, str, str]] = [
+    ("not_yaml", "rose: 1\nname: [x\n  y: 2\n", "wf.yaml:3:4: <document>: not valid YAML"),
+    ("empty", "", "wf.yaml:1:1: <document>: the file is empty"),
+    ("not_mapping", "- 1\n- 2\n", "wf.yaml:1:1: <document>: a workflow is a mapping; found a list of 2"),
+    ("wrong_version", sub("rose: 1", "rose: 2"), "wf.yaml:7:7: rose: unsupported format version 2"),
+    ("no_version", sub("rose: 1\n", ""), "wf.yaml:7:1: rose: missing the format version 'rose: 1'"),
+    ("misspelled_key", sub("call: sim.step", "cal: sim.step"),
+     "wf.yaml:85:15: iteration.body[0].body[1].body[1].cal: unknown key 'cal' in node 'env'"),
+    ("unknown_top_key", sub("params:", "parms:"), "wf.yaml:9:1: parms: unknown key 'parms' in the workflow"),
+    ("unknown_component", sub("call: sim.step", "call: simm.step"),
+     "wf.yaml:85:21: iteration.body[0].body[1].body[1].call: unknown component 'simm'"),
+    ("unknown_port", sub("in: {action: act.action}", "in: {action: act.actoin}"),
+     "wf.yaml:86:28: iteration.body[0].body[1].body[1].in.action: in 'act.actoin': node 'act' has no output 'actoin'"),
+    ("unknown_node", sub("in: {action: act.action}", "in: {action: actor.action}"),
+     "wf.yaml:86:28: iteration.body[0].body[1].body[1].in.action: in 'actor.action': unknown name 'actor' in 'actor.action'"),
+    ("runs_later", sub("in: {w: publish.w}", "in: {w: publish.w, x: later.y}").replace(
+        "      state: {rollout_weights: refresh}\n", "      state: {rollout_weights: refresh}\n    - {node: later, call: trainer.get_weights, out: [y]}\n"),
+     "wf.yaml:105:29: iteration.body[3].in.x: in 'later.y': 'later' runs later in the same iteration"),
+    ("cycle", sub("in: {obs: step.obs, it: iteration.i, ep: epoch.i, t: step.i}",
+                  "in: {obs: env.obs, it: iteration.i, ep: epoch.i, t: step.i}"),
+     "wf.yaml:56:25: iteration.body[0].body[1].body[0].in.obs: cyclic data dependency: act -> env -> act"),
+    ("carry_without_next", sub("obs: {init: reset.obs, next: env.obs}", "obs: {init: reset.obs}"),
+     "wf.yaml:52:18: iteration.body[0].body[1].carry.obs: loop-carried value 'obs' has no 'next'"),
+    ("state_not_owned", sub("state: {episode: update}", "state: {weights: update}"),
+     "wf.yaml:87:23: iteration.body[0].body[1].body[1].state.weights: component 'sim' does not own a state object 'weights'"),
+    ("state_of_other_component", sub("state: {episode: update}", "state: {trainer.weights: update}"),
+     "wf.yaml:87:23: iteration.body[0].body[1].body[1].state.trainer.weights: node 'env' calls component 'sim' but accesses state 'trainer.weights' of component 'trainer'"),
+    ("duplicate_name", sub("node: env\n", "node: act\n"),
+     "wf.yaml:84:21: iteration.body[0].body[1].body[1]: duplicate name 'act' in this body"),
+    ("negative_count", mini("    - {loop: l, count: -1, body: [{node: p, call: a.f}]}\n"),
+     "wf.yaml:9:24: iteration.body[0].count: a count must not be negative; found -1"),
+    ("non_integer_count", mini("    - {loop: l, count: 2.5, body: [{node: p, call: a.f}]}\n"),
+     "wf.yaml:9:24: iteration.body[0].count: expected an integer or a string; found a number (2.5)"),
+    ("count_from_a_node", mini("    - {node: p, call: a.f, out: [y]}\n    - {loop: l, count: p.y, body: [{node: q, call: a.f}]}\n"),
+     "wf.yaml:10:24: iteration.body[1].count: a count must be static: integer arithmetic over ${params}"),
+    ("undefined_param", sub('count: "${steps}"', 'count: "${stepz}"'),
+     "wf.yaml:50:21: iteration.body[0].body[1].count: undefined param 'stepz'"),
+    ("param_not_int", mini('    - {loop: l, count: "${n} * ${f}", body: [{node: p, call: a.f}]}\n').replace("{n: 2}", "{n: 2, f: 0.5}"),
+     "wf.yaml:9:34: iteration.body[0].count: param 'f' is 0.5, not an integer"),
+    ("bad_expression", sub("in: {action: act.action}", 'in: {action: "act.action[0:"}'),
+     "wf.yaml:86:42: iteration.body[0].body[1].body[1].in.action: in expression 'act.action[0:': expression ends early"),
+    ("unknown_function", sub("in: {action: act.action}", 'in: {action: "mean(act.action)"}'),
+     "wf.yaml:86:29: iteration.body[0].body[1].body[1].in.action: in expression 'mean(act.action)': unknown function 'mean'"),
+    ("all_iterations_unwrapped", sub('in: {traj: "epoch[update.i].step.traj"}', 'in: {traj: "epoch[*].step.traj"}'),
+     "wf.yaml:97:23: iteration.body[1].body[0].in.traj: in 'epoch[*].step.traj': '[*]' gives every iteration: wrap it in stack(...) or cat(...)"),
+    ("iteration_out_of_range", sub('in: {traj: "epoch[update.i].step.traj"}', 'in: {traj: "epoch[7].step.traj"}'),
+     "wf.yaml:97:29: iteration.body[1].body[0].in.traj: in 'epoch[7].step.traj': iteration 7 of loop 'epoch' does not exist (count 2)"),
+    ("phase_effects_differ", sub("                  state: {rollout_weights: read}\n                  out: [prefix, x]",
+                                 "                  out: [prefix, x]").replace(
+        "                      state: {rollout_weights: read}\n                      out: [x]", "                      out: [x]").replace(
+        "                  state: {rollout_weights: read}\n                  out: [action, logp, value]", "                  out: [action, logp, value]"),
+     "wf.yaml:61:17: iteration.body[0].body[1].body[0].phases: node 'act' declares 'policy.rollout_weights: read' but its phases never access it"),
+    ("bad_call_syntax", mini("    - {node: p, call: a-f}\n"),
+     "wf.yaml:9:23: iteration.body[0].call: a string ('a-f') is not a valid call (component.method)"),
+    ("item_without_kind", mini("    - {call: a.f}\n"),
+     "wf.yaml:9:7: iteration.body[0]: an item needs exactly one of 'node:', 'loop:' or 'merge:'"),
+    ("duplicate_key", "rose: 1\nname: a\nname: b\n", "wf.yaml:3:1: name: duplicate key 'name'"),
+    ("billion_laughs", "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+     "e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\nf: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]\n",
+     "the document expands to more than 200000 YAML nodes"),
+    ("too_deep", "x: " + "[" * 100 + "]" * 100 + "\n", "nesting deeper than 64 levels"),
+    ("huge_file", "rose: 1\n" + "#" * (10 * 1024 * 1024) + "\n", "wf.yaml:1:1: <document>: file is larger than 4 MiB"),
+]

@@ -1,0 +1,233 @@
+"""Checkpoints: atomic publication, crash safety (SIGKILL mid-write), tamper detection, weights_only."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from interpreter.checkpoint import (
+    CheckpointError,
+    latest_complete,
+    list_complete,
+    load_checkpoint,
+    save_checkpoint,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _states(k: int = 0):
+    g = torch.Generator().manual_seed(k)
+    return {
+        "policy": {"rollout_weights": {"w": torch.randn(4, 3, generator=g), "b": torch.zeros(3)}},
+        "trainer": {"weights": {"w": torch.randn(4, 3, generator=g)},
+                    "optimizer": {"step": k, "lr": 3e-4, "betas": (0.9, 0.999), "state": [torch.ones(2)]}},
+        "sim": {"episode": {"qpos": torch.randn(8, 2, dtype=torch.float64, generator=g), "t": 0.5 * k,
+                            "rng": torch.Generator().manual_seed(k).get_state(), "name": "reacher",
+                            "done": None}},
+    }
+
+
+def _assert_states_equal(a, b):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _assert_states_equal(a[k], b[k])
+    elif isinstance(a, list | tuple):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _assert_states_equal(x, y)
+    else:
+        assert a == b
+
+
+def test_round_trip(tmp_path):
+    path = save_checkpoint(tmp_path, 7, _states(7), {"env_steps": 1234, "plan": "abc"})
+    assert path.name == "ckpt-000007" and (path / "COMPLETE").is_file()
+    ck = load_checkpoint(path)
+    assert ck.iteration == 7 and ck.meta == {"env_steps": 1234, "plan": "abc"}
+    _assert_states_equal(ck.states, _states(7))
+    assert latest_complete(tmp_path) == path
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp left
+
+
+def test_keep_last(tmp_path):
+    for i in range(1, 6):
+        save_checkpoint(tmp_path, i, _states(i), keep_last=2)
+    assert [p.name for p in list_complete(tmp_path)] == ["ckpt-000004", "ckpt-000005"]
+    save_checkpoint(tmp_path, 5, _states(55), keep_last=2)  # re-saving an iteration replaces it
+    _assert_states_equal(load_checkpoint(tmp_path / "ckpt-000005").states, _states(55))
+    with pytest.raises(ValueError):
+        save_checkpoint(tmp_path, 6, _states(6), keep_last=0)
+
+
+def test_partial_empty_and_temp_dirs_are_ignored(tmp_path):
+    good = save_checkpoint(tmp_path, 1, _states(1))
+    (tmp_path / "ckpt-000002").mkdir()  # empty
+    partial = tmp_path / "ckpt-000003"
+    (partial / "state").mkdir(parents=True)
+    (partial / "meta.json").write_text("{}")  # no COMPLETE marker
+    (tmp_path / ".tmp-ckpt-000004-1-abc").mkdir()
+    assert latest_complete(tmp_path) == good
+    with pytest.raises(CheckpointError, match="empty"):
+        load_checkpoint(tmp_path / "ckpt-000002")
+    with pytest.raises(CheckpointError, match="partial"):
+        load_checkpoint(partial)
+    with pytest.raises(CheckpointError, match="not a checkpoint directory"):
+        load_checkpoint(tmp_path / "nope")
+    assert latest_complete(tmp_path / "missing") is None
+
+
+def test_tampered_file_is_detected(tmp_path):
+    first = save_checkpoint(tmp_path, 1, _states(1))
+    second = save_checkpoint(tmp_path, 2, _states(2))
+    f = second / "state" / "trainer.pt"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0x01  # same size: only the hash can tell
+    f.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"trainer\.pt: content hash mismatch"):
+        load_checkpoint(second)
+    assert latest_complete(tmp_path) == second  # the cheap check cannot see it ...
+    assert latest_complete(tmp_path, verify=True) == first  # ... the verified one skips back
+
+
+def test_tampered_or_truncated_marker_and_files(tmp_path):
+    p = save_checkpoint(tmp_path, 1, _states(1))
+    marker = (p / "COMPLETE").read_text()
+    (p / "COMPLETE").write_text(marker.replace('"iteration": 1', '"iteration": 2'))
+    with pytest.raises(CheckpointError, match="digest mismatch"):
+        load_checkpoint(p)
+    (p / "COMPLETE").write_text(marker[: len(marker) // 2])
+    with pytest.raises(CheckpointError, match="unreadable marker"):
+        load_checkpoint(p)
+    (p / "COMPLETE").write_text(marker)
+    sim = p / "state" / "sim.pt"
+    sim.write_bytes(sim.read_bytes()[:-10])
+    assert latest_complete(tmp_path) is None  # size mismatch: not complete
+    with pytest.raises(CheckpointError, match="hash mismatch"):
+        load_checkpoint(p)
+    sim.unlink()
+    with pytest.raises(CheckpointError, match="missing"):
+        load_checkpoint(p)
+
+
+class _Thing:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("value", "where", "what"),
+    [
+        (np.random.default_rng(0), "states['sim']['episode']", "numpy"),
+        ({"ok": torch.ones(1), "bad": [1, _Thing()]}, r"states['sim']['episode']['bad'][1]", "_Thing"),
+        (collections.namedtuple("P", "x y")(1, 2), "states['sim']['episode']", "P"),
+        (np.zeros(3), "states['sim']['episode']", "torch.from_numpy"),
+        ({_Thing(): 1}, "states['sim']['episode']", "not a plain key"),
+    ],
+)
+def test_not_weights_only_loadable_is_refused_at_save(tmp_path, value, where, what):
+    with pytest.raises(CheckpointError) as e:
+        save_checkpoint(tmp_path, 1, {"sim": {"episode": value}})
+    assert where in str(e.value) and what in str(e.value)
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_everything_the_checker_allows_does_load(tmp_path):
+    value = {"set": {1, 2}, "bytes": b"ab", "complex": 1 + 2j, "device": torch.device("cpu"),
+             "dtype": torch.float16, "size": torch.Size([2, 3]), "param": torch.nn.Parameter(torch.ones(2)),
+             "od": collections.OrderedDict(a=1), "keys": {1: 2, None: 3, 1.5: 4, False: 5}, "none": None}
+    p = save_checkpoint(tmp_path, 1, {"c": {"s": value}})
+    got = load_checkpoint(p).states["c"]["s"]
+    assert got["set"] == {1, 2} and got["size"] == torch.Size([2, 3]) and got["dtype"] is torch.float16
+    assert torch.equal(got["param"], torch.ones(2))
+
+
+def test_bad_meta_and_names(tmp_path):
+    with pytest.raises(CheckpointError, match="JSON"):
+        save_checkpoint(tmp_path, 1, {"c": {}}, {"t": torch.ones(1)})
+    with pytest.raises(CheckpointError, match="file name"):
+        save_checkpoint(tmp_path, 1, {"../evil": {}})
+    with pytest.raises(CheckpointError, match="non-negative"):
+        save_checkpoint(tmp_path, -1, {})
+    assert list_complete(tmp_path) == []
+
+
+_CHILD = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, {root!r})
+    import torch
+    import interpreter.checkpoint as ck
+
+    run_dir, stage = sys.argv[1], sys.argv[2]
+    big = {{"policy": {{"w": torch.arange(2_000_000, dtype=torch.float32)}}, "sim": {{"x": torch.ones(3)}}}}
+    ck.save_checkpoint(run_dir, 1, big, {{"n": 1}})
+
+    def hang():
+        print("HANG", flush=True)
+        time.sleep(60)
+
+    real_write, real_publish, calls = ck._write_file, ck._publish, [0]
+
+    def write(path, data):
+        calls[0] += 1
+        if stage == "mid-file" and calls[0] == 2:  # half of state/policy.pt is on disk
+            with open(path, "wb") as f:
+                f.write(data[: len(data) // 2])
+                f.flush()
+            hang()
+        if stage == "before-marker" and path.name == "COMPLETE":
+            hang()
+        real_write(path, data)
+
+    def publish(tmp, final):
+        if stage == "before-rename":
+            hang()
+        real_publish(tmp, final)
+
+    ck._write_file, ck._publish = write, publish
+    ck.save_checkpoint(run_dir, 2, big, {{"n": 2}})
+    print("FINISHED", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("stage", ["mid-file", "before-marker", "before-rename"])
+def test_sigkill_during_write_leaves_previous_checkpoint_latest(tmp_path, stage):
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD.format(root=str(ROOT)))
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(script), str(run_dir), stage], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline().strip()
+        assert line == "HANG", proc.stderr.read()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    leftovers = [p.name for p in run_dir.iterdir() if p.name.startswith(".tmp-ckpt-000002-")]
+    assert len(leftovers) == 1  # the interrupted write stayed in its temp dir
+    latest = latest_complete(run_dir, verify=True)
+    assert latest is not None and latest.name == "ckpt-000001"
+    ck = load_checkpoint(latest)
+    assert ck.meta == {"n": 1} and torch.equal(ck.states["policy"]["w"], torch.arange(2_000_000,
+                                                                                       dtype=torch.float32))
+    # the next save works and removes the dead writer's temp dir
+    save_checkpoint(run_dir, 2, {"sim": {"x": torch.zeros(1)}})
+    assert latest_complete(run_dir).name == "ckpt-000002"
+    assert not [p for p in run_dir.iterdir() if p.name.startswith(".")]
