@@ -14,7 +14,16 @@ from typing import Any
 from .errors import Diagnostic, SourcePos, WorkflowError, did_you_mean, format_path
 from .expr import BinOp, Expr, ExprSyntaxError, Int, Neg, Param, parse_expr, walk
 from .ir import (
-    Access, Carry, Component, ExecutionNode, Item, LoopNode, MergeNode, StateEffect, StateObject, Workflow,
+    Access,
+    Carry,
+    Component,
+    ExecutionNode,
+    Item,
+    LoopNode,
+    MergeNode,
+    StateEffect,
+    StateObject,
+    Workflow,
 )
 from .loader import Document, Path_
 from .schema import check_schema

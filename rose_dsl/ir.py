@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Union
 
 from .errors import SourcePos
@@ -28,7 +28,7 @@ __all__ = [
 NOWHERE = SourcePos("<generated>", 0, 0)
 
 
-class Access(str, Enum):
+class Access(StrEnum):
     """How a node touches a state object."""
 
     READ = "read"  # uses the current value
