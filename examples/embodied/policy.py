@@ -1,0 +1,181 @@
+"""The rollout policy component: a flow-matching VLA-shaped policy (see `model.py`).
+
+`act` is exposed both whole and as its phases (`backbone` -> `flow_step` x K -> `head`) so rose can
+schedule the low-utilisation denoising loop separately; `act` is literally that composition, so the
+two paths are bit-identical.
+
+Split invariance (see `determinism.py`): the initial flow noise x0 and the exploration noise of row
+r at (it, ep, t) are row r of a draw over all `num_envs` rows from generators seeded by
+(seed, stream, it, ep, t), and on the CPU the network runs on fixed blocks of `row_block` rows
+aligned to global row indices, so calls over any row partition give bit-identical results. That is
+why `flow_step` takes `rows` too.
+
+Exact PPO ratios: the final action is `mean + std * eps` with `mean = flow(obs, x0)`. Given x0 the
+action is Gaussian, so `act` also returns **x0**; the trainer recomputes the flow from the stored x0
+under its current weights (`FlowNet.evaluate`) and gets the exact log-probability. (x0 is
+exogenous noise, independent of everything else, so treating it as part of the observation is a
+valid policy-gradient estimator.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from .determinism import blocked_apply, keyed_normal, resolve_rows
+from .model import FlowNet, FlowNetConfig, Obs, build_model
+
+Record = dict[str, torch.Tensor]
+
+
+def autocast_for(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """bf16 autocast on CUDA; plain fp32 elsewhere (CPU bf16 is slow and changes numerics)."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def obs_rows(obs: Obs) -> int:
+    return (obs["state"] if isinstance(obs, dict) else obs).shape[0]
+
+
+def obs_to(obs: Obs, device: torch.device) -> Obs:
+    if isinstance(obs, dict):
+        return {k: v.to(device) for k, v in obs.items()}
+    return obs.to(device)
+
+
+class FlowPolicy:
+    """Rollout copy of the policy. State object: `rollout_weights` (the parameters).
+
+    Extra keyword arguments (`layers`, `heads`, `expert_layers`, `obs_tokens`, `num_instructions`,
+    `image_size`, `patch`, `init_log_std`, `noise_std`, ...) go to `FlowNetConfig`; the trainer must
+    get the same ones. `row_block` (default: 16 on the CPU, off on CUDA) is the block size of the
+    batch-invariant evaluation; `None` turns it off.
+    """
+
+    def __init__(
+        self,
+        obs_dim: int,
+        act_dim: int,
+        chunk: int,
+        num_envs: int,
+        hidden: int,
+        denoise_steps: int,
+        seed: int = 0,
+        device: str = "cpu",
+        image: bool = False,
+        row_block: int | None | str = "auto",
+        **model_kwargs: Any,
+    ) -> None:
+        self.cfg = FlowNetConfig(
+            obs_dim=obs_dim, act_dim=act_dim, chunk=chunk, hidden=hidden, denoise_steps=denoise_steps,
+            image=image, **model_kwargs,
+        )
+        self.num_envs = int(num_envs)
+        self.seed = int(seed)
+        self.device = torch.device(device)
+        self.model: FlowNet = build_model(self.cfg, self.seed).to(self.device).eval()
+        self.model.requires_grad_(False)
+        if row_block == "auto":
+            row_block = None if self.device.type == "cuda" else 16
+        self.row_block = None if row_block is None else min(int(row_block), self.num_envs)
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _rows(self, rows: slice | None, n: int) -> range:
+        selected = resolve_rows(rows, self.num_envs)
+        if len(selected) != n:
+            raise ValueError(
+                f"FlowPolicy: got {n} rows but rows={rows} covers {len(selected)} of num_envs={self.num_envs}"
+            )
+        return selected
+
+    def _noise(self, stream: str, it: int, ep: int, t: int, rows: slice | None, n: int) -> torch.Tensor:
+        """Keyed per-row standard normal noise `[n, chunk, act_dim]` for the global `rows`."""
+        self._rows(rows, n)
+        shape = (self.cfg.chunk, self.cfg.act_dim)
+        return keyed_normal(shape, self.num_envs, rows, "flow-policy", stream, self.seed, it, ep, t).to(self.device)
+
+    # -- phases -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def backbone(self, obs: Obs, it: int, ep: int, t: int, rows: slice | None = None) -> Record:
+        """Prefix features of `obs` and the initial flow noise x (x0) of these rows."""
+        obs = obs_to(obs, self.device)
+        x0 = self.cfg.noise_std * self._noise("x0", it, ep, t, rows, obs_rows(obs))
+        with autocast_for(self.device):
+            prefix = blocked_apply(self.model.backbone, (obs,), self._rows(rows, obs_rows(obs)), self.row_block)
+        return {"prefix": prefix, "x": x0}
+
+    @torch.no_grad()
+    def flow_step(self, x: torch.Tensor, prefix: torch.Tensor, k: int, rows: slice | None = None) -> Record:
+        """Euler step number `k` (0..denoise_steps-1) of the action flow."""
+        x, prefix, k = x.to(self.device), prefix.to(self.device), int(k)
+        with autocast_for(self.device):
+            x = blocked_apply(lambda x_, p_: self.model.flow_step(x_, p_, k), (x, prefix),
+                              self._rows(rows, x.shape[0]), self.row_block)
+        return {"x": x}
+
+    @torch.no_grad()
+    def head(
+        self,
+        x: torch.Tensor,
+        prefix: torch.Tensor,
+        it: int,
+        ep: int,
+        t: int,
+        rows: slice | None = None,
+        x0: torch.Tensor | None = None,
+    ) -> Record:
+        """Exploration noise on the flow output x -> action, its exact log-prob, and the value.
+
+        Pass `x0` (the backbone's x) to have it returned alongside, so the phased path produces the
+        same record as `act`.
+        """
+        mean = x.to(self.device).float()
+        eps = self._noise("explore", it, ep, t, rows, mean.shape[0])
+        action = mean + torch.exp(self.model.log_std.float()) * eps
+        with autocast_for(self.device):
+            value = blocked_apply(self.model.value, (prefix.to(self.device),), self._rows(rows, mean.shape[0]),
+                                  self.row_block)
+        out = {"action": action, "logp": self.model.log_prob(action, mean), "value": value}
+        if x0 is not None:
+            out["x0"] = x0
+        return out
+
+    @torch.no_grad()
+    def act(self, obs: Obs, it: int, ep: int, t: int, rows: slice | None = None) -> Record:
+        """backbone -> flow_step x denoise_steps -> head, in one call. Returns action
+        `[n, chunk, act_dim]`, logp `[n]`, value `[n]` and x0 `[n, chunk, act_dim]`."""
+        first = self.backbone(obs, it, ep, t, rows)
+        x, prefix = first["x"], first["prefix"]
+        for k in range(self.cfg.denoise_steps):
+            x = self.flow_step(x, prefix, k, rows)["x"]
+        return self.head(x, prefix, it, ep, t, rows, x0=first["x"])
+
+    # -- weights / state --------------------------------------------------------------------
+    def load_weights(self, w: dict[str, torch.Tensor]) -> None:
+        """Refresh `rollout_weights` from a state dict (e.g. `PPOTrainer.get_weights()["w"]`)."""
+        self.model.load_state_dict(w)
+
+    @property
+    def rollout_weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    @rollout_weights.setter
+    def rollout_weights(self, value: dict[str, torch.Tensor]) -> None:
+        self.load_weights(value)
+
+    def get_state(self, name: str) -> dict[str, torch.Tensor]:
+        if name != "rollout_weights":
+            raise KeyError(f"FlowPolicy has no state object {name!r} (it owns 'rollout_weights')")
+        return self.rollout_weights
+
+    def set_state(self, name: str, value: dict[str, torch.Tensor]) -> None:
+        if name != "rollout_weights":
+            raise KeyError(f"FlowPolicy has no state object {name!r} (it owns 'rollout_weights')")
+        self.load_weights(value)
+
+    def pop_metrics(self) -> dict[str, float]:
+        return {"action_std": float(torch.exp(self.model.log_std).mean())}

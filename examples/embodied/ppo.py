@@ -1,0 +1,199 @@
+"""PPO trainer for the flow policy: GAE, clipped objective, value loss, gradient clipping.
+
+The trainer owns its own `FlowNet` built from the same config and seed as `FlowPolicy`, so at
+iteration 0 both hold identical weights. Log-probabilities are recomputed exactly: the trajectory
+carries the initial flow noise `x0` of each step, the trainer re-runs the flow from it under its
+current weights, and scores the stored action under the Gaussian exploration head (see
+`model.FlowNet.evaluate`).
+
+Trajectory record (time first, as the workflow's `collect: stack(...)` builds it):
+obs `[T, N, obs_dim]` (or a record of such), action / x0 `[T, N, chunk, act_dim]`, logp / value /
+reward / done `[T, N]`, next_obs `[T, N, obs_dim]` -- the observation the step ended in *before* any
+automatic reset (the simulator's `final_obs`), which truncated episodes bootstrap from.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from .determinism import keyed_generator
+from .model import FlowNet, FlowNetConfig, Obs, build_model
+from .policy import autocast_for
+
+Traj = dict[str, Any]
+
+
+def flatten_time(tree: Any) -> Any:
+    """`[T, N, ...]` -> `[T*N, ...]` for a tensor or a record of tensors."""
+    if isinstance(tree, dict):
+        return {k: flatten_time(v) for k, v in tree.items()}
+    return tree.reshape(tree.shape[0] * tree.shape[1], *tree.shape[2:])
+
+
+def take(tree: Any, idx: torch.Tensor) -> Any:
+    if isinstance(tree, dict):
+        return {k: take(v, idx) for k, v in tree.items()}
+    return tree[idx]
+
+
+def to_device(tree: Any, device: torch.device) -> Any:
+    if isinstance(tree, dict):
+        return {k: to_device(v, device) for k, v in tree.items()}
+    return tree.to(device)
+
+
+class PPOTrainer:
+    """State objects: `weights` (the trained `FlowNet`) and `optimizer` (Adam's state plus the update
+    counter that keys the minibatch permutations, so a restored trainer repeats the same updates).
+
+    Discounting is per environment step: one decision executes `chunk` steps, so it is discounted
+    by `gamma ** chunk`. Reacher never terminates, so every `done` is a truncation: its TD target
+    bootstraps from V(next_obs) and the GAE recursion stops there. The critic is re-evaluated under
+    the current weights at the start of each update (the workflow's second epoch is trained after
+    the first changed the weights); the stored `value` is not needed for the update.
+    """
+
+    def __init__(
+        self,
+        obs_dim: int,
+        act_dim: int,
+        chunk: int,
+        hidden: int,
+        denoise_steps: int,
+        lr: float,
+        seed: int = 0,
+        device: str = "cpu",
+        ppo_epochs: int = 4,
+        minibatches: int = 4,
+        clip: float = 0.2,
+        gamma: float = 0.99,
+        lam: float = 0.95,
+        vf_coef: float = 0.5,
+        ent_coef: float = 0.0,
+        max_grad_norm: float = 0.5,
+        reward_scale: float = 1.0,
+        image: bool = False,
+        **model_kwargs: Any,
+    ) -> None:
+        self.cfg = FlowNetConfig(
+            obs_dim=obs_dim, act_dim=act_dim, chunk=chunk, hidden=hidden, denoise_steps=denoise_steps,
+            image=image, **model_kwargs,
+        )
+        self.seed, self.device = int(seed), torch.device(device)
+        self.model: FlowNet = build_model(self.cfg, self.seed).to(self.device).train()
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=float(lr), eps=1e-5)
+        self.updates = 0
+        self.ppo_epochs, self.minibatches = int(ppo_epochs), int(minibatches)
+        self.clip, self.gamma, self.lam = float(clip), float(gamma), float(lam)
+        self.vf_coef, self.ent_coef, self.max_grad_norm = float(vf_coef), float(ent_coef), float(max_grad_norm)
+        self.reward_scale = float(reward_scale)
+        self._metrics: dict[str, list[float]] = {}
+
+    # -- advantages -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _values(self, obs: Obs) -> torch.Tensor:
+        """Critic values of `[T, N, ...]` observations under the current weights -> `[T, N]`."""
+        flat = flatten_time(obs)
+        with autocast_for(self.device):
+            values = self.model.value(self.model.backbone(flat))
+        return values.view(*(obs["state"] if isinstance(obs, dict) else obs).shape[:2])
+
+    def _advantages(self, traj: Traj) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """GAE advantages `[T, N]` and value targets `[T, N]`."""
+        reward = traj["reward"].float() * self.reward_scale
+        done = traj["done"].float()
+        value, next_value = self._values(traj["obs"]), self._values(traj["next_obs"])
+        discount = self.gamma ** self.cfg.chunk
+        delta = reward + discount * next_value - value
+        adv = torch.zeros_like(delta)
+        running = torch.zeros_like(delta[0])
+        for t in range(delta.shape[0] - 1, -1, -1):
+            running = delta[t] + discount * self.lam * (1.0 - done[t]) * running
+            adv[t] = running
+        return adv, adv + value
+
+    # -- update -----------------------------------------------------------------------------------
+    def update(self, traj: Traj) -> None:
+        """One PPO update (`ppo_epochs` x `minibatches` gradient steps) on one rollout epoch."""
+        missing = {"obs", "action", "logp", "reward", "done", "next_obs", "x0"} - set(traj)
+        if missing:
+            raise KeyError(f"{type(self).__name__}.update: trajectory lacks {sorted(missing)} "
+                           "(x0 comes from policy.act's 'x0' output, next_obs from sim.step's 'final_obs')")
+        traj = to_device(traj, self.device)
+        adv, returns = self._advantages(traj)
+        batch = {
+            "obs": flatten_time(traj["obs"]),
+            "x0": flatten_time(traj["x0"]).float(),
+            "action": flatten_time(traj["action"]).float(),
+            "logp": flatten_time(traj["logp"]).float(),
+            "adv": self._normalize(flatten_time(adv)),
+        }
+        if returns is not None:
+            batch["ret"] = flatten_time(returns)
+        size = batch["adv"].shape[0]
+        mb_size = max(1, size // self.minibatches)
+        for epoch in range(self.ppo_epochs):
+            gen = keyed_generator("ppo-perm", self.seed, self.updates, epoch)
+            perm = torch.randperm(size, generator=gen).to(self.device)
+            for start in range(0, mb_size * self.minibatches, mb_size):
+                self._step(take(batch, perm[start : start + mb_size]))
+        self.updates += 1
+
+    def _step(self, mb: dict[str, Any]) -> None:
+        with autocast_for(self.device):
+            logp, value = self.model.evaluate(mb["obs"], mb["x0"], mb["action"])
+        log_ratio = logp - mb["logp"]
+        ratio = torch.exp(log_ratio)
+        adv = mb["adv"]
+        policy_loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - self.clip, 1 + self.clip)).mean()
+        value_loss = 0.5 * (value - mb["ret"]).square().mean() if "ret" in mb else torch.zeros(())
+        entropy = self.model.entropy()
+        loss = policy_loss + self.vf_coef * value_loss.to(policy_loss.device) - self.ent_coef * entropy
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        self.opt.step()
+        with torch.no_grad():
+            stats = {
+                "loss": loss, "policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy,
+                "approx_kl": ((ratio - 1) - log_ratio).mean(),
+                "clip_frac": ((ratio - 1).abs() > self.clip).float().mean(),
+                "grad_norm": grad_norm, "action_std": torch.exp(self.model.log_std).mean(),
+            }
+        for name, v in stats.items():
+            self._metrics.setdefault(name, []).append(float(v.detach()))
+
+    def _normalize(self, adv: torch.Tensor) -> torch.Tensor:
+        """Batch advantage normalization (scale-free policy steps whatever the reward scale)."""
+        return (adv - adv.mean()) / (adv.std() + 1e-8)
+
+    # -- weights / state ----------------------------------------------------------------------
+    def get_weights(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The current weights for the rollout policy (`FlowPolicy.load_weights`), cloned."""
+        return {"w": self.get_state("weights")}
+
+    def get_state(self, name: str) -> Any:
+        if name == "weights":
+            return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        if name == "optimizer":
+            return {"adam": copy.deepcopy(self.opt.state_dict()), "updates": self.updates}
+        raise KeyError(f"{type(self).__name__} has no state object {name!r} (it owns 'weights', 'optimizer')")
+
+    def set_state(self, name: str, value: Any) -> None:
+        if name == "weights":
+            self.model.load_state_dict(value)
+        elif name == "optimizer":
+            self.opt.load_state_dict(copy.deepcopy(value["adam"]))
+            self.updates = int(value["updates"])
+        else:
+            raise KeyError(f"{type(self).__name__} has no state object {name!r} (it owns 'weights', 'optimizer')")
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Means over the gradient steps since the previous call."""
+        out = {k: sum(v) / len(v) for k, v in self._metrics.items() if v}
+        self._metrics = {}
+        return out
