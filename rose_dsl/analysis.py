@@ -20,7 +20,7 @@ from typing import Any
 from .expr import IterRef, walk
 from .ir import Access, ExecutionNode, Item, LoopNode, Workflow
 from .resolve import Resolver, expr_fields
-from .semantics import Invocation, IterationRunner, enclosing_loops
+from .semantics import CallSite, Invocation, Program, enclosing_loops, run_sequential
 
 __all__ = [
     "Dep", "InvocationGraph", "invocation_graph", "LoopKind", "ItemEdge", "Analysis", "analyze", "loop_kinds",
@@ -89,7 +89,9 @@ class _DepOps:
         return True  # a dynamic loop is analysed through one representative iteration
 
 
-class _DepBackend:
+class _DepTracker:
+    """Records, for each call in program order, which calls its inputs came from and its state accesses."""
+
     ops = _DepOps()
 
     def __init__(self, graph: InvocationGraph) -> None:
@@ -97,8 +99,8 @@ class _DepBackend:
         self._last_writer: dict[str, Invocation] = {}
         self._readers: dict[str, list[Invocation]] = defaultdict(list)
 
-    def call(self, node: ExecutionNode, inv: Invocation, inputs: dict[str, Any]) -> dict[str, Any]:
-        g = self.g
+    def call(self, site: CallSite, inputs: dict[str, Any]) -> dict[str, Any]:
+        g, node, inv = self.g, site.node, site.inv
         g.order.append(inv)
         g.node[inv] = node
         for port, value in inputs.items():
@@ -162,9 +164,7 @@ def invocation_graph(wf: Workflow, iterations: int = 2, count_limit: int | None 
     if expand_phases:
         wf = replace(wf, root=_expand_all(wf.root))
     graph = InvocationGraph()
-    runner = IterationRunner(wf, _DepBackend(graph))
-    for k in range(iterations):
-        runner.run_iteration(k)
+    run_sequential(Program(wf), _DepTracker(graph), range(iterations))
     return graph
 
 

@@ -1,20 +1,23 @@
-"""The meaning of a workflow: one sequential pass over an RL iteration.
+"""The meaning of a workflow: its call invocations in program order, and how every input is computed
+from earlier calls' outputs.
 
-`IterationRunner` walks the IR in program order, evaluates every expression against the outputs of
-earlier invocations and calls a `Backend` for each ExecutionNode invocation. The *same* walk serves
-three interpretations, as JAX's interpreters share one jaxpr walk:
-  * concrete values (the reference interpreter, `interpreter.reference`),
-  * dependency tracking (`analysis.invocation_graph`: values are sets of producing invocations),
-  * schedule building for the runtime.
-So the dependency analysis cannot disagree with the semantics it claims to preserve.
+`Program` compiles a workflow once (scopes, bindings). `Program.unroll(k)` lists the *call sites* of RL
+iteration k in program order: each ExecutionNode invocation (node path + the iteration number of every
+enclosing loop) with its loop context. `Program.evaluate` computes an expression at a call site
+*lazily* from the outputs of call invocations: carried values, loop collects, merges and phase outputs
+are derived on demand, never stored as separate steps. Values are abstract (`ValueOps`), so the same
+code gives three interpretations, as JAX's interpreters share one walk over a jaxpr:
+  * concrete tensors (`run_sequential`, the reference interpreter, and the runtime backends),
+  * dependency sets (`analysis.invocation_graph`: a value is the set of calls it was computed from),
+  * any order the dependencies allow (`interpreter.reference`), since an input needs only its producers.
 
-An *invocation* is identified by the node's path and the iteration number of every loop around it
-(the RL iteration included): `Invocation(("iteration", "epoch", "step", "act"), (k, 1, 7))`.
+Loops with a dynamic end (`until`) are unrolled while running: `unroll` asks `until_reached` after
+each iteration, so only an executor that runs in program order can drive them (they are kept whole).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -22,9 +25,10 @@ from .expr import BinOp, Call, Expr, Int, IterRef, Neg, Param, Record, Ref, Slic
 from .ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from .resolve import Binding, CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver
 
-__all__ = ["Invocation", "Backend", "ValueOps", "IterationRunner", "SemanticError", "enclosing_loops"]
+__all__ = ["Invocation", "CallSite", "ValueOps", "Program", "SemanticError", "enclosing_loops", "run_sequential"]
 
 Path = tuple[str, ...]
+Ctx = Mapping[Path, int]
 
 
 @dataclass(frozen=True, order=True)
@@ -36,12 +40,23 @@ class Invocation:
         return ".".join(self.path) + "".join(f"[{i}]" for i in self.indices)
 
 
+@dataclass(frozen=True)
+class CallSite:
+    inv: Invocation
+    node: ExecutionNode
+    ctx: tuple[tuple[Path, int], ...]  # (loop path, iteration) for every enclosing loop
+
+    @property
+    def context(self) -> dict[Path, int]:
+        return dict(self.ctx)
+
+
 class SemanticError(Exception):
-    """A fault found while running the semantics (wrong output names, a dynamic loop without bound)."""
+    """A fault found while evaluating (a dynamic loop without end, a missing output)."""
 
 
 class ValueOps(Protocol):
-    """How values combine; concrete tensors in the reference interpreter, dependency sets in analysis."""
+    """How values combine: tensors in the interpreters, dependency sets in the analysis."""
 
     def stack(self, values: Sequence[Any]) -> Any: ...
     def cat(self, values: Sequence[Any], dim: int = 0) -> Any: ...
@@ -50,44 +65,42 @@ class ValueOps(Protocol):
     def truth(self, value: Any) -> bool: ...
 
 
-class Backend(Protocol):
-    ops: ValueOps
-
-    def call(self, node: ExecutionNode, inv: Invocation, inputs: dict[str, Any]) -> dict[str, Any]: ...
-
-
 def enclosing_loops(path: Path, items: Mapping[Path, Item]) -> tuple[Path, ...]:
     """The loops around the item at `path`, outermost first (phased nodes are not loops)."""
     return tuple(path[:n] for n in range(1, len(path)) if isinstance(items.get(path[:n]), LoopNode))
 
 
+Lookup = Callable[[Invocation, str], Any]
+
+
 @dataclass
-class _Env:
-    outputs: dict[tuple[Path, tuple[int, ...]], dict[str, Any]] = field(default_factory=dict)
-    inputs: dict[tuple[Path, tuple[int, ...]], dict[str, Any]] = field(default_factory=dict)
-    carries: dict[tuple[Path, tuple[int, ...]], dict[str, Any]] = field(default_factory=dict)
-    ran: dict[tuple[Path, tuple[int, ...]], list[int]] = field(default_factory=dict)  # loop -> iterations run
+class Frame:
+    """What evaluation needs besides the program: call outputs, the iterations dynamic loops ran, the
+    RL-iteration carry, and a memo of derived values (carries are chains: memoised, they cost O(1))."""
+
+    lookup: Lookup
+    ops: ValueOps
+    dynamic_ran: dict[tuple[Path, tuple[int, ...]], list[int]] = field(default_factory=dict)
+    root_carry: dict[int, dict[str, Any]] = field(default_factory=dict)  # RL iteration -> carried values
+    memo: dict[tuple, Any] = field(default_factory=dict)
 
 
-class IterationRunner:
-    """Runs RL iterations of a workflow in program order against a Backend."""
+class Program:
+    """A workflow compiled for evaluation."""
 
-    def __init__(self, wf: Workflow, backend: Backend, max_dynamic: int = 100_000) -> None:
+    def __init__(self, wf: Workflow) -> None:
         self.wf = wf
-        self.backend = backend
-        self.ops = backend.ops
         self.resolver = Resolver(wf)
         self.items = self.resolver.items
         self.loops_of = {p: enclosing_loops(p, self.items) for p in self.items}
-        self.max_dynamic = max_dynamic
         self._bindings: dict[tuple[Path, str], dict[int, Binding]] = {}
-        self.carry: dict[str, Any] | None = None  # the iteration loop's own carries, between iterations
 
     # -- bindings ---------------------------------------------------------------------------
-    def _bound(self, item: Item, key: str, expr: Expr) -> dict[int, Binding]:
+    def bound(self, item: Item, key: str, expr: Expr) -> dict[int, Binding]:
         cache_key = (item.path, key)
-        if cache_key not in self._bindings:
-            table: dict[int, Binding] = {}
+        table = self._bindings.get(cache_key)
+        if table is None:
+            table = {}
 
             def add(uses):
                 for u in uses:
@@ -97,147 +110,221 @@ class IterationRunner:
 
             add(self.resolver.resolve_field(item, key, expr))
             self._bindings[cache_key] = table
-        return self._bindings[cache_key]
+        return table
+
+    def indices_of(self, path: Path, ctx: Ctx) -> tuple[int, ...]:
+        return tuple(ctx[loop] for loop in self.loops_of[path])
+
+    def ran(self, loop: LoopNode, ctx: Ctx, frame: Frame) -> Sequence[int]:
+        if loop.dynamic:
+            return frame.dynamic_ran.get((loop.path, self.indices_of(loop.path, ctx)), [])
+        return loop.indices()
+
+    # -- program order ----------------------------------------------------------------------
+    def unroll(self, k: int, until_reached: Callable[[LoopNode, dict[Path, int]], bool] | None = None) -> Iterator[CallSite]:
+        """The call sites of RL iteration k, in program order."""
+        yield from self._unroll_body(self.wf.root.body, {self.wf.root.path: k}, until_reached)
+
+    def _unroll_body(self, body: Sequence[Item], ctx: dict[Path, int], until_reached) -> Iterator[CallSite]:
+        for item in body:
+            if isinstance(item, ExecutionNode):
+                if item.expand and item.phases:
+                    yield from self._unroll_body(item.phases, ctx, until_reached)
+                else:
+                    inv = Invocation(item.path, self.indices_of(item.path, ctx))
+                    yield CallSite(inv, item, tuple(ctx.items()))
+            elif isinstance(item, LoopNode):
+                if not item.dynamic:
+                    for j in item.indices():
+                        yield from self._unroll_body(item.body, {**ctx, item.path: j}, until_reached)
+                    continue
+                if until_reached is None:
+                    raise SemanticError(f"loop '{item.name}' ends on a condition: only an in-order executor can run it")
+                limit = item.count if item.count is not None else 1_000_000
+                for j in range(limit):
+                    inner = {**ctx, item.path: j}
+                    yield from self._unroll_body(item.body, inner, until_reached)
+                    if until_reached(item, inner):
+                        break
+                else:
+                    if item.count is None:
+                        raise SemanticError(f"loop '{item.name}' did not end within {limit} iterations")
 
     # -- evaluation -------------------------------------------------------------------------
-    def _key(self, path: Path, ctx: Mapping[Path, int]) -> tuple[Path, tuple[int, ...]]:
-        return path, tuple(ctx[loop] for loop in self.loops_of[path])
+    def inputs(self, site: CallSite, frame: Frame) -> dict[str, Any]:
+        ctx = site.context
+        return {port: self.evaluate(e, self.bound(site.node, f"in.{port}", e), ctx, frame) for port, e in site.node.inputs}
 
-    def eval(self, expr: Expr, bound: Mapping[int, Binding], ctx: Mapping[Path, int], env: _Env) -> Any:
+    def until(self, loop: LoopNode, ctx: Ctx, frame: Frame) -> bool:
+        """Evaluate a dynamic loop's end condition after iteration ctx[loop]; record that it ran."""
+        key = (loop.path, self.indices_of(loop.path, ctx))
+        frame.dynamic_ran.setdefault(key, []).append(ctx[loop.path])
+        assert loop.until is not None
+        return frame.ops.truth(self.evaluate(loop.until, self.bound(loop, "until", loop.until), ctx, frame))
+
+    def evaluate(self, expr: Expr, bound: Mapping[int, Binding], ctx: Ctx, frame: Frame) -> Any:
         match expr:
             case Int(value=v):
                 return v
             case Param(name=n):
                 return self.wf.params[n]
             case Neg(operand=a):
-                return -self.eval(a, bound, ctx, env)
+                return -self.evaluate(a, bound, ctx, frame)
             case BinOp(op=op, left=a, right=b):
-                x, y = self.eval(a, bound, ctx, env), self.eval(b, bound, ctx, env)
-                return {"+": lambda: x + y, "-": lambda: x - y, "*": lambda: x * y,
-                        "//": lambda: x // y, "%": lambda: x % y}[op]()
+                x, y = self.evaluate(a, bound, ctx, frame), self.evaluate(b, bound, ctx, frame)
+                if op == "+":
+                    return x + y
+                if op == "-":
+                    return x - y
+                if op == "*":
+                    return x * y
+                return x // y if op == "//" else x % y
             case Ref() | IterRef():
-                return self._binding(bound[id(expr)], expr, bound, ctx, env)
+                return self._binding(bound[id(expr)], expr, bound, ctx, frame)
             case Record(fields=fields):
-                return self.ops.record({name: self.eval(v, bound, ctx, env) for name, v in fields})
+                return frame.ops.record({name: self.evaluate(v, bound, ctx, frame) for name, v in fields})
             case Call(fn=fn, args=args):
                 values: list[Any] = []
                 for a in args:
-                    v = self.eval(a, bound, ctx, env)
+                    v = self.evaluate(a, bound, ctx, frame)
                     values.extend(v if isinstance(a, IterRef) and a.index.kind == "all" else [v])
-                return self.ops.stack(values) if fn == "stack" else self.ops.cat(values)
+                return frame.ops.stack(values) if fn == "stack" else frame.ops.cat(values)
             case Slice(target=t, start=s, stop=p):
-                start = None if s is None else self.eval(s, bound, ctx, env)
-                stop = None if p is None else self.eval(p, bound, ctx, env)
-                return self.ops.slice(self.eval(t, bound, ctx, env), start, stop)
+                start = None if s is None else self.evaluate(s, bound, ctx, frame)
+                stop = None if p is None else self.evaluate(p, bound, ctx, frame)
+                return frame.ops.slice(self.evaluate(t, bound, ctx, frame), start, stop)
         raise SemanticError(f"cannot evaluate {expr!r}")
 
-    def _binding(self, b: Binding, expr: Expr, bound, ctx, env: _Env) -> Any:
+    def _binding(self, b: Binding, expr: Expr, bound, ctx: Ctx, frame: Frame) -> Any:
         match b:
             case NodePort(node=node, port=port):
-                return env.outputs[self._key(node, ctx)][port]
+                return self.output(node, port, ctx, frame)
             case LoopIndex(loop=loop):
                 return ctx[loop]
             case CarryIn(loop=loop, var=var):
-                return env.carries[(loop, self._key(loop, ctx)[1] + (ctx[loop],))][var]
+                return self.carry(loop, var, ctx, frame)
             case ParentInput(node=node, port=port):
-                return env.inputs[self._key(node, ctx)][port]
-            case IterSelect(loop=loop, index=ix, index_loop=index_loop):
+                parent = self.items[node]
+                assert isinstance(parent, ExecutionNode)
+                e = dict(parent.inputs)[port]
+                return self.evaluate(e, self.bound(parent, f"in.{port}", e), ctx, frame)
+            case IterSelect(loop=loop_path, index=ix, index_loop=index_loop):
                 assert isinstance(expr, IterRef)
-                ran = env.ran[self._key(loop, ctx)]
+                loop = self.items[loop_path]
+                assert isinstance(loop, LoopNode)
+                ran = self.ran(loop, ctx, frame)
                 if ix.kind == "all":
                     picks = list(ran)
                 elif ix.kind == "last":
-                    picks = [ran[-1]]
+                    picks = [ran[-1]] if ran else []
                 elif ix.kind == "int":
                     picks = [ix.value]
                 else:
                     assert index_loop is not None
                     picks = [ctx[index_loop]]
-                results = []
                 for j in picks:
                     if j not in ran:
-                        raise SemanticError(f"iteration {j} of loop '{loop[-1]}' did not run (it ran {len(ran)})")
-                    results.append(self.eval(expr.inner, bound, {**ctx, loop: j}, env))
+                        raise SemanticError(f"iteration {j} of loop '{loop.name}' did not run (it ran {len(ran)})")
+                if not picks and ix.kind != "all":
+                    raise SemanticError(f"loop '{loop.name}' ran no iteration")
+                results = [self.evaluate(expr.inner, bound, {**ctx, loop_path: j}, frame) for j in picks]
                 return results if ix.kind == "all" else results[0]
         raise SemanticError(f"unknown binding {b!r}")
 
-    # -- execution --------------------------------------------------------------------------
-    def run_iteration(self, k: int, on_item: Callable[[Item, Mapping[Path, int]], None] | None = None) -> _Env:
-        """Run RL iteration `k` (the root loop's body once) and return its environment."""
-        env = _Env()
-        root = self.wf.root
-        ctx = {root.path: k}
-        if root.carries:
-            if self.carry is None:
-                self.carry = {c.name: self.eval(c.init, self._bound(root, f"carry.{c.name}.init", c.init), {}, env)
-                              for c in root.carries}
-            env.carries[(root.path, (k,))] = dict(self.carry)
-        self._body(root.body, ctx, env, on_item)
-        if root.carries:
-            self.carry = {c.name: self.eval(c.next, self._bound(root, f"carry.{c.name}.next", c.next), ctx, env)
-                          for c in root.carries}
-        return env
+    def output(self, path: Path, port: str, ctx: Ctx, frame: Frame) -> Any:
+        """Output `port` of item `path` in the iterations `ctx` selects."""
+        item = self.items[path]
+        if isinstance(item, ExecutionNode):
+            if item.expand and item.phases:
+                producer = [sub for sub in item.phases if port in sub.outputs][-1]
+                return self.output(producer.path, port, ctx, frame)
+            return frame.lookup(Invocation(path, self.indices_of(path, ctx)), port)
+        if isinstance(item, MergeNode):
+            parent = path[:-1]
+            dim = dict(item.ports)[port]
+            return frame.ops.cat([self.output(parent + (src,), port, ctx, frame) for src in item.sources], dim)
+        assert isinstance(item, LoopNode)
+        key = ("out", path, port, self.indices_of(path, ctx))
+        if key in frame.memo:
+            return frame.memo[key]
+        collect = dict(item.collects).get(port)
+        if collect is not None:
+            value = self.evaluate(collect, self.bound(item, f"collect.{port}", collect), ctx, frame)
+        else:  # the final value of a carry
+            ran = self.ran(item, ctx, frame)
+            if ran:
+                value = self._next(item, port, {**ctx, item.path: ran[-1]}, frame)
+            else:
+                c = item.carry(port)
+                assert c is not None
+                value = self.evaluate(c.init, self.bound(item, f"carry.{port}.init", c.init), ctx, frame)
+        frame.memo[key] = value
+        return value
 
-    def _body(self, body: Sequence[Item], ctx: dict[Path, int], env: _Env, on_item) -> None:
-        for item in body:
-            if on_item is not None:
-                on_item(item, ctx)
-            if isinstance(item, ExecutionNode):
-                self._node(item, ctx, env, on_item)
-            elif isinstance(item, LoopNode):
-                self._loop(item, ctx, env, on_item)
-            elif isinstance(item, MergeNode):
-                self._merge(item, ctx, env)
+    def _next(self, loop: LoopNode, var: str, ctx: Ctx, frame: Frame) -> Any:
+        c = loop.carry(var)
+        assert c is not None
+        return self.evaluate(c.next, self.bound(loop, f"carry.{var}.next", c.next), ctx, frame)
 
-    def _inputs(self, node: ExecutionNode, ctx, env) -> dict[str, Any]:
-        return {port: self.eval(e, self._bound(node, f"in.{port}", e), ctx, env) for port, e in node.inputs}
-
-    def _node(self, node: ExecutionNode, ctx: dict[Path, int], env: _Env, on_item) -> None:
-        key = self._key(node.path, ctx)
-        inputs = self._inputs(node, ctx, env)
-        if node.expand and node.phases:
-            env.inputs[key] = inputs
-            self._body(node.phases, ctx, env, on_item)
-            outs: dict[str, Any] = {}
-            for sub in node.phases:
-                for port in sub.outputs:
-                    if port in node.outputs:
-                        outs[port] = env.outputs[self._key(sub.path, ctx)][port]
-            env.outputs[key] = outs
-            return
-        result = self.backend.call(node, Invocation(node.path, key[1]), inputs)
-        env.outputs[key] = result
-
-    def _loop(self, loop: LoopNode, ctx: dict[Path, int], env: _Env, on_item) -> None:
-        key = self._key(loop.path, ctx)
-        current = {c.name: self.eval(c.init, self._bound(loop, f"carry.{c.name}.init", c.init), ctx, env)
-                   for c in loop.carries}
-        ran: list[int] = []
-        env.ran[key] = ran
-        indices = loop.indices() if not loop.dynamic else range(loop.count or self.max_dynamic)
-        for j in indices:
-            inner = {**ctx, loop.path: j}
-            env.carries[(loop.path, key[1] + (j,))] = dict(current)
-            self._body(loop.body, inner, env, on_item)
-            ran.append(j)
-            current = {c.name: self.eval(c.next, self._bound(loop, f"carry.{c.name}.next", c.next), inner, env)
-                       for c in loop.carries}
-            if loop.until is not None and self.ops.truth(
-                    self.eval(loop.until, self._bound(loop, "until", loop.until), inner, env)):
-                break
+    def carry(self, loop_path: Path, var: str, ctx: Ctx, frame: Frame) -> Any:
+        """The value of `loop.var` at the start of iteration ctx[loop]."""
+        loop = self.items[loop_path]
+        assert isinstance(loop, LoopNode)
+        j = ctx[loop_path]
+        if loop_path == self.wf.root.path:
+            if j not in frame.root_carry:
+                if j != 0:
+                    raise SemanticError(f"the value carried into RL iteration {j} is not known")
+                frame.root_carry[0] = {c.name: self.evaluate(c.init, self.bound(loop, f"carry.{c.name}.init", c.init), {}, frame)
+                                       for c in loop.carries}
+            return frame.root_carry[j][var]
+        key = ("carry", loop_path, var, self.indices_of(loop_path, ctx), j)
+        if key in frame.memo:
+            return frame.memo[key]
+        order = list(loop.indices()) if not loop.dynamic else list(range(j + 1))
+        pos = order.index(j)
+        outer = {p: i for p, i in ctx.items() if p != loop_path}
+        if pos == 0:
+            c = loop.carry(var)
+            assert c is not None
+            value = self.evaluate(c.init, self.bound(loop, f"carry.{var}.init", c.init), outer, frame)
         else:
-            if loop.dynamic and loop.count is None:
-                raise SemanticError(f"dynamic loop '{loop.name}' did not end within {self.max_dynamic} iterations")
-        outs = dict(current)
-        for name, e in loop.collects:
-            outs[name] = self.eval(e, self._bound(loop, f"collect.{name}", e), ctx, env)
-        env.outputs[key] = outs
+            value = self._next(loop, var, {**outer, loop_path: order[pos - 1]}, frame)
+        frame.memo[key] = value
+        return value
 
-    def _merge(self, merge: MergeNode, ctx: dict[Path, int], env: _Env) -> None:
-        parent = merge.path[:-1]
-        outs = {}
-        for port, dim in merge.ports:
-            parts = [env.outputs[self._key(parent + (src,), ctx)][port] for src in merge.sources]
-            outs[port] = self.ops.cat(parts, dim)
-        env.outputs[self._key(merge.path, ctx)] = outs
+    def end_iteration(self, k: int, frame: Frame) -> None:
+        """Compute the RL-iteration carry for k+1 (if the root loop carries anything)."""
+        root = self.wf.root
+        if root.carries:
+            ctx = {root.path: k}
+            frame.root_carry[k + 1] = {c.name: self._next(root, c.name, ctx, frame) for c in root.carries}
 
+
+class CallBackend(Protocol):
+    ops: ValueOps
+
+    def call(self, site: CallSite, inputs: dict[str, Any]) -> dict[str, Any]: ...
+
+
+def run_sequential(program: Program, backend: CallBackend, iterations: Sequence[int],
+                   on_iteration: Callable[[int, dict[Invocation, dict[str, Any]]], None] | None = None) -> Frame:
+    """Run RL iterations in program order (the reference semantics). Returns the last frame."""
+    outputs: dict[Invocation, dict[str, Any]] = {}
+
+    def lookup(inv: Invocation, port: str) -> Any:
+        try:
+            return outputs[inv][port]
+        except KeyError:
+            raise SemanticError(f"{inv} has not produced '{port}'") from None
+
+    frame = Frame(lookup, backend.ops)
+    for k in iterations:
+        outputs.clear()
+        frame.memo.clear()
+        for site in program.unroll(k, lambda loop, ctx: program.until(loop, ctx, frame)):
+            outputs[site.inv] = backend.call(site, program.inputs(site, frame))
+        program.end_iteration(k, frame)
+        if on_iteration is not None:
+            on_iteration(k, outputs)
+    return frame
