@@ -152,6 +152,8 @@ def send(cmd):
     return out.decode()
 
 if "-d" in sys.argv[1:]:
+    if FAIL == "SILENT":  # claims success but starts nothing
+        sys.exit(0)
     if FAIL:
         print(FAIL, file=sys.stderr)
         sys.exit(1)

@@ -7,7 +7,6 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rt_fakes import FakeClock
 
 from interpreter.chrome_trace import (
     GPU_PID_BASE,
@@ -18,6 +17,7 @@ from interpreter.chrome_trace import (
 )
 from interpreter.gpu_activity import ActivitySample
 from interpreter.trace import ExecutionTrace, InvocationRecord
+from tests.interpreter.rt_fakes import FakeClock
 
 US = 1000
 

@@ -8,7 +8,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rt_fakes import FakeClock, FakeNvml
 
 from interpreter.gpu_activity import (
     ActivitySample,
@@ -17,6 +16,7 @@ from interpreter.gpu_activity import (
     mean_activity,
     merge_intervals,
 )
+from tests.interpreter.rt_fakes import FakeClock, FakeNvml
 
 MS = 1_000_000
 

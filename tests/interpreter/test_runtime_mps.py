@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from rt_fakes import FakeClock, FakeNvml, make_fake_mps_binary, quit_fake_daemon
 
 from interpreter.mps import (
     MpsDaemon,
@@ -24,6 +23,7 @@ from interpreter.mps import (
     probe_sm_count,
     quota_levels,
 )
+from tests.interpreter.rt_fakes import FakeClock, FakeNvml, make_fake_mps_binary, quit_fake_daemon
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = pytest.mark.gpu
@@ -118,6 +118,13 @@ def test_start_failure_degrades(short_tmp, gpu_nvml):
     assert list((short_tmp / "run").iterdir()) == []  # the owned dir was removed
 
 
+def test_daemon_that_never_answers_degrades(short_tmp, gpu_nvml):
+    binary = make_fake_mps_binary(short_tmp, fail="SILENT")
+    with MpsDaemon(short_tmp / "run", binary=str(binary), nvml=gpu_nvml, start_timeout_s=0.5) as mps:
+        assert not mps.active and not mps.owned and "did not answer" in mps.warning
+    assert list((short_tmp / "run").iterdir()) == []
+
+
 def test_unwritable_run_dir_degrades(short_tmp, gpu_nvml):
     binary = make_fake_mps_binary(short_tmp)
     blocker = short_tmp / "file"
@@ -196,8 +203,7 @@ _CHILD = textwrap.dedent(
     """
     import sys, time
     sys.path.insert(0, {root!r})
-    sys.path.insert(0, {tests!r})
-    from rt_fakes import FakeClock, FakeNvml
+    from tests.interpreter.rt_fakes import FakeClock, FakeNvml
     from interpreter.mps import MpsDaemon
     mps = MpsDaemon(sys.argv[1], binary=sys.argv[2], nvml=FakeNvml(FakeClock())).start()
     print(mps.pid, mps.pipe_dir, flush=True)
@@ -212,7 +218,7 @@ _CHILD = textwrap.dedent(
 def test_no_daemon_left_behind(short_tmp, how):
     binary = make_fake_mps_binary(short_tmp)
     script = short_tmp / "child.py"
-    script.write_text(_CHILD.format(root=str(ROOT), tests=str(Path(__file__).parent)))
+    script.write_text(_CHILD.format(root=str(ROOT)))
     proc = subprocess.Popen([sys.executable, str(script), str(short_tmp / "run"), str(binary), how],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 
 import pytest
-from rt_fakes import FakeClock
 
 from interpreter.trace import ExecutionTrace, InvocationRecord, TraceFormatError
+from tests.interpreter.rt_fakes import FakeClock
 
 
 def _small_trace() -> ExecutionTrace:

@@ -1,0 +1,283 @@
+"""Crash-safe checkpoints of component state, for ``rose execute --resume``.
+
+Layout of one checkpoint, ``<run_dir>/ckpt-<iteration:06d>/``::
+
+    meta.json             {"iteration": n, "meta": {...}, "components": [...]}
+    state/<component>.pt  torch.save({state name: value}) per component
+    COMPLETE              {"format": 1, "iteration": n, "files": {path: {sha256, size}}, "digest": ...}
+
+Why this shape: a run may be killed at any instant (SIGKILL, OOM, node loss).  Everything is written
+into ``.tmp-ckpt-...`` first, each file fsynced, the ``COMPLETE`` marker (holding every file's hash)
+last, and only then is the directory renamed into place; so a ``ckpt-*`` directory is either whole or
+absent, and a partial one can never be mistaken for the latest.  Loading verifies the hashes and uses
+``torch.load(weights_only=True)`` only: a checkpoint is data, never code (no pickle of arbitrary
+objects).  State that would not load that way is refused when saving, naming where it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "latest_complete",
+    "list_complete",
+    "load_checkpoint",
+    "save_checkpoint",
+]
+
+FORMAT = 1
+MARKER = "COMPLETE"
+_DIR_RE = re.compile(r"^ckpt-(\d{6,})$")
+_TMP_RE = re.compile(r"^\.tmp-ckpt-\d+-(\d+)-")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_LEAVES = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device, torch.Size)
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be written or trusted; the message says which file and why."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    iteration: int
+    states: dict[str, dict[str, Any]]
+    meta: dict[str, Any]
+
+
+# --- validation --------------------------------------------------------------------------------------
+def _check_loadable(value: Any, where: str) -> None:
+    """Refuse anything ``torch.load(weights_only=True)`` would reject, naming the offending path."""
+    t = type(value)
+    if t in (torch.Tensor, torch.nn.Parameter) or t in _LEAVES:
+        return
+    if t in (dict, OrderedDict):
+        for k, v in value.items():
+            if type(k) not in (str, int, float, bool, type(None)):
+                raise CheckpointError(f"{where}: key {k!r} of type {type(k).__name__} is not a plain key")
+            _check_loadable(v, f"{where}[{k!r}]")
+        return
+    if t in (list, tuple, set):
+        for i, v in enumerate(value):
+            _check_loadable(v, f"{where}[{i}]")
+        return
+    hint = " (convert it to tensors: torch.from_numpy / torch.tensor)" if t.__module__.startswith("numpy") else ""
+    raise CheckpointError(
+        f"{where} is a {t.__module__}.{t.__qualname__}, which torch.load(weights_only=True) cannot load; "
+        f"state must be tensors, dicts, lists, tuples, ints, floats, strings, bools or None{hint}")
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _digest(iteration: int, files: dict[str, dict[str, Any]]) -> str:
+    return _sha256(json.dumps({"iteration": iteration, "files": files}, sort_keys=True).encode())
+
+
+# --- low-level writes (separate functions: the crash tests interrupt them) ----------------------------
+def _write_file(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename the finished temp dir into place (atomic on one filesystem); an existing one is replaced."""
+    old = None
+    if final.exists():
+        old = final.with_name(f".old-{final.name}-{os.getpid()}")
+        os.rename(final, old)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    """True for a live process; a zombie (exited, not yet reaped by its parent) is dead."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: trust kill(0)
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+# --- public API ----------------------------------------------------------------------------------------
+def save_checkpoint(run_dir: str | os.PathLike[str], iteration: int, states: dict[str, dict[str, Any]],
+                    meta: dict[str, Any] | None = None, *, keep_last: int | None = 3) -> Path:
+    """Write ``ckpt-<iteration>`` atomically; keep the newest ``keep_last`` complete ones (None: all).
+
+    ``states`` maps component -> {state name: value}; ``meta`` must be JSON-serialisable (the step
+    counters, RNG seeds and plan hash a resume needs).  Raises :class:`CheckpointError` before writing
+    anything if a value would not load with ``weights_only=True``.
+    """
+    if not isinstance(iteration, int) or iteration < 0:
+        raise CheckpointError(f"iteration must be a non-negative int, got {iteration!r}")
+    if keep_last is not None and keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
+    meta = dict(meta or {})
+    for comp, st in states.items():
+        if not _NAME_RE.match(comp):
+            raise CheckpointError(f"component name {comp!r} cannot be a file name")
+        if not isinstance(st, dict):
+            raise CheckpointError(f"states[{comp!r}] must be a dict of state name -> value, "
+                                  f"got {type(st).__name__}")
+        for name, value in st.items():
+            _check_loadable(value, f"states[{comp!r}][{name!r}]")
+    try:
+        meta_bytes = json.dumps({"iteration": iteration, "meta": meta, "components": sorted(states)},
+                                indent=1, sort_keys=True).encode()
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"checkpoint meta must be JSON-serialisable: {e}") from None
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(run_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-ckpt-{iteration:06d}-{os.getpid()}-", dir=run_dir))
+    try:
+        (tmp / "state").mkdir()
+        files: dict[str, dict[str, Any]] = {}
+        blobs = [("meta.json", meta_bytes)]
+        for comp in sorted(states):
+            buf = io.BytesIO()
+            torch.save(states[comp], buf)
+            blobs.append((f"state/{comp}.pt", buf.getvalue()))
+        for rel, data in blobs:
+            _write_file(tmp / rel, data)
+            files[rel] = {"sha256": _sha256(data), "size": len(data)}
+        _fsync_dir(tmp / "state")
+        marker = {"format": FORMAT, "iteration": iteration, "files": files,
+                  "digest": _digest(iteration, files)}
+        _write_file(tmp / MARKER, json.dumps(marker, indent=1, sort_keys=True).encode())
+        _fsync_dir(tmp)
+        final = run_dir / f"ckpt-{iteration:06d}"
+        _publish(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if keep_last is not None:
+        for old in list_complete(run_dir)[:-keep_last]:
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _remove_stale_temps(run_dir: Path) -> None:
+    """Temp dirs of writers that died (their pid is in the name) are garbage."""
+    for p in run_dir.iterdir():
+        m = _TMP_RE.match(p.name)
+        if m and p.is_dir() and not _pid_alive(int(m.group(1))):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _read_marker(path: Path) -> dict[str, Any]:
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a checkpoint directory")
+    if not any(path.iterdir()):
+        raise CheckpointError(f"{path}: empty checkpoint directory")
+    try:
+        marker = json.loads((path / MARKER).read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no {MARKER} marker, the checkpoint is partial "
+                              "(the writer was interrupted)") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}/{MARKER}: unreadable marker ({e})") from None
+    if not isinstance(marker, dict) or marker.get("format") != FORMAT or not isinstance(marker.get("files"), dict):
+        raise CheckpointError(f"{path}/{MARKER}: not a format-{FORMAT} checkpoint marker")
+    if marker.get("digest") != _digest(marker.get("iteration"), marker["files"]):  # type: ignore[arg-type]
+        raise CheckpointError(f"{path}/{MARKER}: marker digest mismatch (the marker was altered)")
+    return marker
+
+
+def _quick_ok(path: Path) -> bool:
+    try:
+        marker = _read_marker(path)
+        return all((path / rel).stat().st_size == info["size"] for rel, info in marker["files"].items())
+    except (CheckpointError, OSError, KeyError, TypeError):
+        return False
+
+
+def list_complete(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """Complete checkpoint dirs (marker present, file sizes match), oldest first."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    found = []
+    for p in run_dir.iterdir():
+        m = _DIR_RE.match(p.name)
+        if m and _quick_ok(p):
+            found.append((int(m.group(1)), p))
+    return [p for _, p in sorted(found)]
+
+
+def latest_complete(run_dir: str | os.PathLike[str], *, verify: bool = False) -> Path | None:
+    """Newest complete checkpoint, ignoring temporary and partial dirs; ``verify`` also checks hashes
+    (reads everything) and skips back past corrupt ones."""
+    for p in reversed(list_complete(run_dir)):
+        if not verify:
+            return p
+        try:
+            load_checkpoint(p)
+            return p
+        except CheckpointError:
+            continue
+    return None
+
+
+def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> Checkpoint:
+    """Verify the marker and every file's hash, then load with ``weights_only=True``."""
+    path = Path(path)
+    marker = _read_marker(path)
+    blobs: dict[str, bytes] = {}
+    for rel, info in marker["files"].items():
+        try:
+            data = (path / rel).read_bytes()
+        except OSError as e:
+            raise CheckpointError(f"{path}/{rel}: missing or unreadable ({e.strerror})") from None
+        if _sha256(data) != info.get("sha256"):
+            raise CheckpointError(f"{path}/{rel}: content hash mismatch (corrupt or modified file)")
+        blobs[rel] = data
+    try:
+        head = json.loads(blobs["meta.json"])
+    except (KeyError, ValueError) as e:
+        raise CheckpointError(f"{path}/meta.json: missing or not JSON ({e})") from None
+    states: dict[str, dict[str, Any]] = {}
+    for comp in head.get("components", []):
+        rel = f"state/{comp}.pt"
+        if rel not in blobs:
+            raise CheckpointError(f"{path}/{rel}: listed in meta.json but not in {MARKER}")
+        try:
+            states[comp] = torch.load(io.BytesIO(blobs[rel]), map_location=map_location, weights_only=True)
+        except Exception as e:  # noqa: BLE001 - unpickling errors have many types
+            raise CheckpointError(f"{path}/{rel}: cannot be loaded with weights_only=True ({e})") from None
+    return Checkpoint(path=path, iteration=int(head["iteration"]), states=states, meta=head.get("meta", {}))

@@ -1,8 +1,0 @@
-"""Make the repository importable when pytest runs without an installed package."""
-
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
