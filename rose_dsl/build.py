@@ -235,12 +235,19 @@ class _ItemBuilder:
                 continue
             effects.append(StateEffect(f"{owner}.{short}", Access(mode), ctx.doc.key_pos(spath)))
         phases = self.body(raw["phases"], path + ("phases",), me) if raw.get("phases") else None
+        batch, batch_size = raw.get("batch"), None
+        if isinstance(batch, dict):
+            batch, size_raw = batch["dim"], batch.get("size")
+            if size_raw is not None:
+                batch_size = _count(ctx, path + ("batch", "size"), size_raw)
+                if batch_size == 0:
+                    ctx.error(path + ("batch", "size"), "a batch size must be at least 1")
         rows = tuple(raw["rows"]) if raw.get("rows") else None
         if rows is not None and rows[0] >= rows[1]:
             ctx.error(path + ("rows",), f"an empty row range [{rows[0]}, {rows[1]})")
         return ExecutionNode(
             path=me, component=comp_name, method=method, inputs=tuple(inputs), outputs=tuple(raw.get("out") or ()),
-            effects=tuple(effects), batch=raw.get("batch"), phases=phases, expand=bool(raw.get("expand", False)),
+            effects=tuple(effects), batch=batch, batch_size=batch_size, phases=phases, expand=bool(raw.get("expand", False)),
             rows=rows, split_of=raw.get("split_of"), after=tuple(raw.get("after") or ()),
             priority=raw.get("priority", 0), idempotent=bool(raw.get("idempotent", False)),
             timeout_s=raw.get("timeout_s"), pos=ctx.doc.pos(path + ("node",)),

@@ -94,6 +94,7 @@ class ExecutionNode:
     outputs: tuple[str, ...] = ()
     effects: tuple[StateEffect, ...] = ()
     batch: int | None = None  # separable along this dimension of every input/output tensor
+    batch_size: int | None = None  # rows along `batch`, when declared (needed to split)
     phases: tuple[Item, ...] | None = None  # an exposed internal graph with the same effect
     expand: bool = False  # plan-only: run `phases` instead of the entry
     rows: tuple[int, int] | None = None  # plan-only: this split group's global batch rows

@@ -61,7 +61,7 @@ def _item(item: Item) -> dict[str, Any]:
         if item.effects:
             out["state"] = {e.state.split(".", 1)[1]: e.access.value for e in item.effects}
         if item.batch is not None:
-            out["batch"] = item.batch
+            out["batch"] = {"dim": item.batch, "size": item.batch_size} if item.batch_size is not None else item.batch
         if item.phases:
             out["phases"] = [_item(p) for p in item.phases]
         if item.expand:

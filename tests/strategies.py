@@ -20,6 +20,9 @@ class _Gen:
     max_depth: int = 3
     nodes: int = 0
     max_nodes: int = 14
+    batch: int = 6
+    behaviors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    all_separable: bool = False  # inside a loop whose every node is batch-separable
 
     def fresh(self, prefix: str) -> str:
         self.counter += 1
@@ -37,7 +40,7 @@ def _node(g: _Gen, scope: _Scope) -> tuple[dict[str, Any], list[str]]:
     d = g.draw
     name = g.fresh("n")
     comp = d(st.sampled_from(sorted(g.components)))
-    method = d(st.sampled_from(["f", "g", "h"]))
+    method = name  # one method per node: the mock's behaviour is the node's declaration
     outs = [f"o{i}" for i in range(d(st.integers(0, 2)))]
     node: dict[str, Any] = {"node": name, "call": f"{comp}.{method}"}
     ins: dict[str, str] = {}
@@ -58,8 +61,10 @@ def _node(g: _Gen, scope: _Scope) -> tuple[dict[str, Any], list[str]]:
         chosen = d(st.lists(st.sampled_from(states), unique=True, max_size=len(states)))
         if chosen:
             node["state"] = {s: d(st.sampled_from(MODES)) for s in chosen}
-    if d(st.booleans()):
-        node["batch"] = 0
+    separable = g.all_separable or d(st.integers(0, 3)) > 0
+    if separable:
+        node["batch"] = {"dim": 0, "size": g.batch}
+    g.behaviors.setdefault(comp, {})[method] = {"state": dict(node.get("state", {})), "out": outs, "separable": separable}
     g.nodes += 1
     return node, [f"{name}.{o}" for o in outs]
 
@@ -69,10 +74,10 @@ def _body(g: _Gen, scope: _Scope, depth: int) -> tuple[list[dict[str, Any]], lis
     items: list[dict[str, Any]] = []
     local = _Scope(list(scope.values), list(scope.ints), list(scope.loops))
     produced: list[str] = []
-    for _ in range(d(st.integers(1, 3))):
+    for _ in range(d(st.integers(1, 4 if depth == 1 else 3))):
         if g.nodes >= g.max_nodes:
             break
-        if depth < g.max_depth and d(st.integers(0, 3)) == 0:
+        if depth < g.max_depth and d(st.integers(0, 2)) == 0:
             item, outs, inner = _loop(g, local, depth)
             local.loops.append((item["loop"], inner))
         else:
@@ -94,8 +99,11 @@ def _loop(g: _Gen, scope: _Scope, depth: int) -> tuple[dict[str, Any], list[str]
     carry_init = d(st.sampled_from(scope.values)) if scope.values and d(st.booleans()) else None
     if carry_init is not None:
         inner_scope.values.append(f"{name}.v")
+    outer_flag = g.all_separable
+    g.all_separable = outer_flag or d(st.booleans())
     body, produced = _body(g, inner_scope, depth + 1)
-    loop: dict[str, Any] = {"loop": name, "count": d(st.integers(1, 3))}
+    g.all_separable = outer_flag
+    loop: dict[str, Any] = {"loop": name, "count": d(st.sampled_from([1, 2, 2, 3]))}
     outs: list[str] = []
     if carry_init is not None and produced:
         loop["carry"] = {"v": {"init": carry_init, "next": d(st.sampled_from(produced))}}
@@ -131,6 +139,8 @@ def workflows(draw, max_nodes: int = 14, max_depth: int = 3) -> dict[str, Any]:
         "rose": 1,
         "name": "random",
         "params": {"seed": 0},
-        "components": {c: {"impl": f"tests.mocks:Mock{c.upper()}", "state": s} for c, s in components.items()},
+        "components": {c: {"impl": f"tests.mocks:Mock{c.upper()}", "state": s,
+                           "args": {"name": c, "batch": g.batch, "behaviors": g.behaviors.get(c, {}), "states": s}}
+                       for c, s in components.items()},
         "iteration": {"count": draw(st.integers(1, 3)), "body": body},
     }

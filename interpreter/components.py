@@ -1,0 +1,107 @@
+"""Instantiating components and calling them by the component contract (docs/components.md).
+
+Shared by the reference interpreter and the runtime backends: `impl` resolution under allowed module
+prefixes (checking the resolved class, not the string), constructor arguments (`device`, `seed`),
+the `rows=` slice of split groups, and the output contract (a dict with exactly the declared outputs,
+or the bare value of a single output).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import inspect
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rose_dsl.importcheck import DEFAULT_ALLOWED, module_allowed
+from rose_dsl.ir import Component, ExecutionNode, Workflow
+
+__all__ = ["ComponentError", "resolve_impl", "construct", "instantiate", "invoke", "get_state", "set_state"]
+
+
+class ComponentError(Exception):
+    """A component misbehaved (import, construction, a method raising, a broken output contract)."""
+
+
+def resolve_impl(impl: str, allowed: Iterable[str] = DEFAULT_ALLOWED) -> type:
+    module_name, _, qual = impl.partition(":")
+    reason = module_allowed(module_name, tuple(allowed))
+    if reason:
+        raise ComponentError(reason)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ComponentError(f"cannot import '{module_name}': {type(exc).__name__}: {exc}") from exc
+    obj: Any = module
+    for part in qual.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise ComponentError(f"module '{module_name}' has no '{qual}'")
+    if not inspect.isclass(obj):
+        raise ComponentError(f"'{impl}' is not a class")
+    if not (obj.__module__ == module_name or obj.__module__.startswith(module_name.split(".")[0] + ".")):
+        raise ComponentError(f"'{impl}' resolves to '{obj.__module__}.{obj.__qualname__}', outside '{module_name}'")
+    reason = module_allowed(obj.__module__, tuple(allowed))
+    if reason:
+        raise ComponentError(reason)
+    return obj
+
+
+def construct(comp: Component, seed: int, device: str = "cpu", allowed: Iterable[str] = DEFAULT_ALLOWED) -> Any:
+    cls = resolve_impl(comp.impl, allowed)
+    kwargs = dict(comp.args)
+    params = inspect.signature(cls).parameters
+    if "device" in params and "device" not in kwargs:
+        kwargs["device"] = device
+    if "seed" in params and "seed" not in kwargs:
+        kwargs["seed"] = seed
+    try:
+        return cls(**kwargs)
+    except Exception as exc:
+        raise ComponentError(f"constructing component '{comp.name}' ({comp.impl}) failed: {type(exc).__name__}: {exc}") from exc
+
+
+def instantiate(wf: Workflow, allowed: Iterable[str] = DEFAULT_ALLOWED, device: str = "cpu") -> dict[str, Any]:
+    return {name: construct(c, wf.seed, device, allowed) for name, c in wf.components.items()}
+
+
+def invoke(obj: Any, node: ExecutionNode, inputs: Mapping[str, Any], where: str = "") -> dict[str, Any]:
+    """Call `node.method` on `obj` and check the result against the node's declared outputs."""
+    method = getattr(obj, node.method, None)
+    label = where or ".".join(node.path)
+    if method is None or not callable(method):
+        raise ComponentError(f"{label}: component '{node.component}' has no method '{node.method}'")
+    kwargs = dict(inputs)
+    if node.rows is not None:
+        kwargs["rows"] = slice(*node.rows)
+    result = method(**kwargs)
+    outs = node.outputs
+    if not outs:
+        return {}
+    if len(outs) == 1 and not (isinstance(result, Mapping) and set(result) == {outs[0]}):
+        return {outs[0]: result}
+    if not isinstance(result, Mapping):
+        raise ComponentError(f"{label}: {node.call} returned {type(result).__name__}; expected a dict with "
+                             f"{', '.join(outs)}")
+    missing = [o for o in outs if o not in result]
+    if missing:
+        raise ComponentError(f"{label}: {node.call} did not return {', '.join(missing)} (returned {', '.join(map(str, result))})")
+    return {o: result[o] for o in outs}
+
+
+def get_state(obj: Any, comp: Component, name: str) -> Any:
+    hook = getattr(obj, "get_state", None)
+    if callable(hook):
+        return hook(name)
+    so = comp.state_object(name)
+    return copy.deepcopy(getattr(obj, so.attr if so else name))
+
+
+def set_state(obj: Any, comp: Component, name: str, value: Any) -> None:
+    hook = getattr(obj, "set_state", None)
+    if callable(hook):
+        hook(name, value)
+        return
+    so = comp.state_object(name)
+    setattr(obj, so.attr if so else name, copy.deepcopy(value))

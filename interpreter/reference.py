@@ -1,0 +1,112 @@
+"""The reference interpreter: runs a workflow (or a rewritten plan) on real component objects, in
+program order or in a random order that the dependencies allow.
+
+It exists to define and test semantics, not to be fast: every call runs in this thread. The random
+order respects exactly what the runtime respects -- data dependencies between calls, and each
+component's program order (a component is one process executing its calls in order; its state
+accesses are ordered by that) -- so a rewrite that is wrong shows up as a different result here.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rose_dsl.analysis import _DepOps, _Deps
+from rose_dsl.ir import Workflow
+from rose_dsl.semantics import CallSite, Frame, Invocation, Program, SemanticError, run_sequential
+
+from .components import invoke
+from .values import TorchOps
+
+__all__ = ["ReferenceRun", "run_reference", "schedule_dependencies"]
+
+
+@dataclass
+class ReferenceRun:
+    program: Program
+    components: Mapping[str, Any]
+    outputs: dict[int, dict[Invocation, dict[str, Any]]] = field(default_factory=dict)  # per RL iteration
+    frames: dict[int, Frame] = field(default_factory=dict)
+    order: list[Invocation] = field(default_factory=list)
+
+
+class _Caller:
+    ops = TorchOps()
+
+    def __init__(self, components: Mapping[str, Any]) -> None:
+        self.components = components
+
+    def call(self, site: CallSite, inputs: dict[str, Any]) -> dict[str, Any]:
+        return invoke(self.components[site.node.component], site.node, inputs, str(site.inv))
+
+
+def schedule_dependencies(program: Program, sites: list[CallSite]) -> dict[Invocation, set[Invocation]]:
+    """For each call: the calls it must wait for (its data producers and the previous call of its component)."""
+    outputs: dict[Invocation, dict[str, Any]] = {}
+    frame = Frame(lambda inv, port: outputs[inv][port], _DepOps())
+    deps: dict[Invocation, set[Invocation]] = defaultdict(set)
+    last_of: dict[str, Invocation] = {}
+    for site in sites:
+        for value in program.inputs(site, frame).values():
+            if isinstance(value, frozenset):
+                deps[site.inv].update(inv for inv, _ in value)
+        prev = last_of.get(site.node.component)
+        if prev is not None:
+            deps[site.inv].add(prev)
+        last_of[site.node.component] = site.inv
+        outputs[site.inv] = {p: _Deps({(site.inv, p)}) for p in site.node.outputs}
+    return deps
+
+
+def run_reference(wf: Workflow, components: Mapping[str, Any], iterations: Iterable[int],
+                  order: str = "program", seed: int = 0) -> ReferenceRun:
+    """Run RL iterations. order='program' follows program order; 'random' picks any ready call."""
+    program = Program(wf)
+    run = ReferenceRun(program, components)
+    caller = _Caller(components)
+    if order == "program":
+        def keep(k, outs):
+            run.outputs[k] = dict(outs)
+            run.order.extend(outs)
+
+        frame = run_sequential(program, caller, list(iterations), keep)
+        for k in run.outputs:
+            run.frames[k] = frame
+        return run
+    rng = random.Random(seed)
+    for k in iterations:
+        outputs: dict[Invocation, dict[str, Any]] = {}
+        frame = Frame(lambda inv, port, o=outputs: o[inv][port], caller.ops, root_carry=_carry_from(run, k))
+        sites = list(program.unroll(k))
+        deps = schedule_dependencies(program, sites)
+        by_inv = {s.inv: s for s in sites}
+        waiting = {s.inv: set(deps[s.inv]) for s in sites}
+        users: dict[Invocation, list[Invocation]] = defaultdict(list)
+        for inv, ds in waiting.items():
+            for d in ds:
+                users[d].append(inv)
+        ready = [inv for inv, ds in waiting.items() if not ds]
+        while ready:
+            inv = ready.pop(rng.randrange(len(ready)))
+            site = by_inv[inv]
+            outputs[inv] = caller.call(site, program.inputs(site, frame))
+            run.order.append(inv)
+            for u in users[inv]:
+                waiting[u].discard(inv)
+                if not waiting[u]:
+                    ready.append(u)
+        if len(outputs) != len(sites):
+            raise SemanticError("the schedule has a cycle: not every call could run")
+        program.end_iteration(k, frame)
+        run.outputs[k] = outputs
+        run.frames[k] = frame
+    return run
+
+
+def _carry_from(run: ReferenceRun, k: int) -> dict[int, dict[str, Any]]:
+    prev = run.frames.get(k - 1)
+    return dict(prev.root_carry) if prev is not None else {}

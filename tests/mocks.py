@@ -1,0 +1,93 @@
+"""Deterministic mock components for the semantics and rewrite property suites.
+
+A mock's behaviour per method is given at construction (by the test's workflow generator): which
+state objects it reads / updates / refreshes, and whether it is batch-separable. Every value is a
+float64 vector over the batch (the last dimension; stacked values are `[T, ..., B]`), so row r of an
+output depends only on row r of the inputs and of the state for separable methods, and on all rows
+for the others. Every state operation is logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+
+def _const(*parts: str) -> float:
+    h = hashlib.sha256("/".join(parts).encode()).digest()
+    return (int.from_bytes(h[:4], "little") / 2**32) * 2.0 - 1.0
+
+
+class Mock:
+    def __init__(self, name: str = "mock", batch: int = 6, behaviors: Mapping[str, Mapping[str, Any]] | None = None,
+                 states: list[str] | None = None) -> None:
+        self.name = name
+        self.batch = batch
+        self.behaviors = dict(behaviors or {})
+        self.log: list[tuple[str, str, str, tuple[float, ...]]] = []  # (method, state, mode, value seen)
+        for s in states or []:
+            setattr(self, s, torch.tensor([_const(name, s, str(r)) for r in range(batch)], dtype=torch.float64))
+
+    def _reduce(self, value: Any, n: int) -> torch.Tensor:
+        if isinstance(value, Mapping):
+            total = torch.zeros(n, dtype=torch.float64)
+            for k in sorted(value):
+                total = total + self._reduce(value[k], n)
+            return total
+        if isinstance(value, torch.Tensor):
+            v = value.to(torch.float64)
+            if v.ndim == 0:
+                return v.expand(n).clone()
+            if v.shape[-1] != n:
+                raise ValueError(f"{self.name}: value with batch {v.shape[-1]} where {n} rows were expected")
+            return v.reshape(-1, n).sum(0) if v.ndim > 1 else v
+        return torch.full((n,), float(value), dtype=torch.float64)
+
+    def __getattr__(self, method: str):
+        behaviors = self.__dict__.get("behaviors", {})
+        if method not in behaviors:
+            raise AttributeError(method)
+        spec = behaviors[method]
+
+        def call(rows: slice | None = None, **inputs: Any) -> dict[str, torch.Tensor]:
+            idx = rows if rows is not None else slice(0, self.batch)
+            n = len(range(*idx.indices(self.batch)))
+            separable = spec.get("separable", False)
+            if rows is not None and not separable:
+                raise ValueError(f"{self.name}.{method} is not separable but was called on rows {rows}")
+            mix = torch.full((n,), _const(self.name, method), dtype=torch.float64)
+            for port in sorted(inputs):
+                mix = mix + _const(method, port) * self._reduce(inputs[port], n)
+            for state, mode in spec.get("state", {}).items():
+                full = getattr(self, state)
+                old = full[idx]
+                if mode == "read":
+                    mix = mix + 0.5 * old
+                elif mode == "update":
+                    new = torch.tanh(0.9 * old + 0.3 * (mix if separable else mix.cumsum(0)) + _const(method, state))
+                    full[idx] = new
+                    mix = mix + new
+                else:  # refresh
+                    new = torch.tanh(0.7 * (mix if separable else mix.flip(0)) + _const(method, state, "r"))
+                    full[idx] = new
+                    mix = mix - new
+                self.log.append((method, state, mode, tuple(old.tolist())))
+            outs = {}
+            for j, port in enumerate(spec.get("out", [])):
+                base = mix if separable else mix.cumsum(0)
+                outs[port] = torch.tanh(base * (0.5 + 0.1 * j) + _const(method, port))
+            return outs
+
+        return call
+
+    def get_state(self, name: str) -> torch.Tensor:
+        return getattr(self, name).clone()
+
+    def set_state(self, name: str, value: torch.Tensor) -> None:
+        setattr(self, name, value.clone())
+
+
+MockC0 = MockC1 = MockC2 = Mock

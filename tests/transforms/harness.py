@@ -1,0 +1,48 @@
+"""Running a workflow and a rewrite of it on mock components, and comparing what they computed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from interpreter.components import instantiate
+from interpreter.reference import ReferenceRun, run_reference
+from interpreter.values import TorchOps
+from rose_dsl.ir import Workflow
+from rose_dsl.semantics import Frame
+from rose_dsl.transforms.common import Locate
+
+ALLOWED = ("tests.",)
+
+
+def execute(wf: Workflow, order: str = "program", seed: int = 0, iterations: int = 2) -> tuple[ReferenceRun, dict[str, Any]]:
+    comps = instantiate(wf, ALLOWED)
+    return run_reference(wf, comps, range(iterations), order=order, seed=seed), comps
+
+
+def differences(wf_a: Workflow, run_a: ReferenceRun, comps_a: dict[str, Any], wf_b: Workflow, run_b: ReferenceRun,
+                comps_b: dict[str, Any], locate: Locate) -> list[str]:
+    """Where run_b computed something else than run_a: outputs of every original call (located in the
+    rewrite: a split node's outputs are read through its merge) and the final value of every state."""
+    diffs: list[str] = []
+    for k, outs in run_a.outputs.items():
+        frame = Frame(lambda inv, port, o=run_b.outputs[k]: o[inv][port], TorchOps(),
+                      root_carry=run_b.frames[k].root_carry if k in run_b.frames else {})
+        for inv, values in outs.items():
+            loc = locate(inv.path, inv.indices)
+            if loc is None:
+                continue
+            path, idx = loc
+            ctx = dict(zip(run_b.program.loops_of[path], idx, strict=True))
+            for port, value in values.items():
+                other = run_b.program.output(path, port, ctx, frame)
+                if not torch.equal(value, other):
+                    diffs.append(f"{inv}.{port}")
+    for name, comp in wf_a.components.items():
+        for so in comp.state:
+            a = comps_a[name].get_state(so.name)
+            b = comps_b[name].get_state(so.name)
+            if not torch.equal(a, b):
+                diffs.append(f"final {name}.{so.name}")
+    return diffs
