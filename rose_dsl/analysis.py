@@ -98,6 +98,25 @@ class _DepTracker:
         self.g = graph
         self._last_writer: dict[str, Invocation] = {}
         self._readers: dict[str, list[Invocation]] = defaultdict(list)
+        self._pending: list[tuple[str, int, Invocation, Dep]] = []
+
+    def finish(self) -> None:
+        """A refresh must stay after the previous write only if its own value is observed (read or
+        updated before the next refresh, or left as the final value); otherwise the two writes may run
+        in either order and the same value survives."""
+        for state, position, writer, dep in self._pending:
+            seq = self.g.accesses[state]
+            inv = seq[position][0]
+            observed = True
+            for _, later in seq[position + 1:]:
+                if later is Access.REFRESH:
+                    observed = False
+                    break
+                if later.reads_previous:
+                    break
+            if observed:
+                self._add(inv, writer, dep)
+        self._pending.clear()
 
     def call(self, site: CallSite, inputs: dict[str, Any]) -> dict[str, Any]:
         g, node, inv = self.g, site.node, site.inv
@@ -116,8 +135,11 @@ class _DepTracker:
                 self._readers[s].append(inv)
                 continue
             if writer is not None:
-                flow = acc is Access.UPDATE
-                self._add(inv, writer, Dep("state", f"{s}: {acc.value} after {self._mode(writer, s)}", flow))
+                dep = Dep("state", f"{s}: {acc.value} after {self._mode(writer, s)}", acc is Access.UPDATE)
+                if acc is Access.UPDATE:
+                    self._add(inv, writer, dep)
+                else:  # kept only if this refresh's value is observed: see finish()
+                    self._pending.append((s, len(self.g.accesses[s]) - 1, writer, dep))
             for reader in self._readers[s]:
                 if reader != inv:
                     self._add(inv, reader, Dep("state", f"{s}: {acc.value} after read", False))
@@ -164,7 +186,9 @@ def invocation_graph(wf: Workflow, iterations: int = 2, count_limit: int | None 
     if expand_phases:
         wf = replace(wf, root=_expand_all(wf.root))
     graph = InvocationGraph()
-    run_sequential(Program(wf), _DepTracker(graph), range(iterations))
+    tracker = _DepTracker(graph)
+    run_sequential(Program(wf), tracker, range(iterations))
+    tracker.finish()
     return graph
 
 

@@ -210,6 +210,23 @@ def test_trainer_starts_from_policy_weights_and_ratio_is_exact() -> None:
     assert_same(policy.get_state("rollout_weights"), trainer.get_state("weights"))
 
 
+def test_obs_normalizer_changes_only_at_sync_boundaries() -> None:
+    """With sync_every=2 (two updates per weight sync) the second update still evaluates with the
+    normalizer statistics its rollout used; the new statistics appear after it, for publishing."""
+    sim, policy, trainer = build(small_run_config(epochs=2))
+    assert trainer.sync_every == 2
+    trajs = [rollout(sim, policy, it=0, ep=ep, steps=6) for ep in range(2)]
+    initial = trainer.get_state("weights")
+    trainer.update(trajs[0])
+    after_first = trainer.get_state("weights")
+    assert torch.equal(after_first["obs_mean"], initial["obs_mean"])
+    trainer.update(trajs[1])
+    after_second = trainer.get_state("weights")
+    both = torch.cat([flatten_time(t["obs"]) for t in trajs]).double()
+    torch.testing.assert_close(after_second["obs_mean"], both.mean(0).float())
+    torch.testing.assert_close(after_second["obs_var"], both.var(0, unbiased=False).float())
+
+
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
 def test_trainer_state_roundtrip_repeats_updates(algo: str) -> None:
     cfg = small_run_config(algo=algo, group_size=2)
@@ -238,7 +255,8 @@ def test_grpo_advantages_are_group_relative() -> None:
 
 
 def test_ppo_gae_bootstraps_truncation() -> None:
-    trainer = PPOTrainer(obs_dim=10, act_dim=2, chunk=1, hidden=32, denoise_steps=2, lr=1e-3, gamma=0.5, lam=1.0)
+    trainer = PPOTrainer(obs_dim=10, act_dim=2, chunk=1, hidden=32, denoise_steps=2, lr=1e-3, gamma=0.5, lam=1.0,
+                          reward_scale=1.0)
     trainer._values = lambda obs: obs[..., 0]  # a critic that reads obs[0]
     obs = torch.zeros(2, 1, 10)
     next_obs = torch.zeros(2, 1, 10)
@@ -248,6 +266,26 @@ def test_ppo_gae_bootstraps_truncation() -> None:
     # t=0 ends an episode (truncated): 1 + 0.5*7, no recursion across it; t=1: 1 + 0.5*4
     torch.testing.assert_close(adv, torch.tensor([[4.5], [3.0]]))
     torch.testing.assert_close(returns, adv)
+
+
+def test_camera_observations_end_to_end() -> None:
+    """image_size > 0: the sim renders camera images, the policy's vision encoder consumes them, and
+    the phases stay split-invariant on records."""
+    cfg = small_run_config(num_envs=3, steps=3, image_size=16, model={"patch": 4})
+    sim, policy, trainer = build(cfg)
+    try:
+        traj = rollout(sim, policy, it=0, ep=0, steps=3)
+    finally:
+        sim.close()
+    assert traj["obs"]["image"].shape == (3, 3, 3, 16, 16) and traj["obs"]["image"].dtype == torch.uint8
+    assert traj["obs"]["image"].float().std() > 0
+    obs = {k: v[0] for k, v in traj["obs"].items()}
+    ref = policy.act(obs=obs, it=0, ep=0, t=0)
+    groups = [slice(0, 1), slice(1, 3)]
+    parts = [policy.act(obs={k: v[g] for k, v in obs.items()}, it=0, ep=0, t=0, rows=g) for g in groups]
+    assert_same({k: torch.cat([p[k] for p in parts]) for k in ref}, ref)
+    trainer.update(traj)
+    assert torch.isfinite(torch.tensor(trainer.pop_metrics()["loss"]))
 
 
 # -- learning -------------------------------------------------------------------------------------
