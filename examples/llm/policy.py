@@ -1,0 +1,253 @@
+"""The initial policy shared by generator, reference scorer and learner, and the helpers around it.
+
+All three components must start from *identical* weights (the reference is the frozen initial policy;
+the generator samples with the learner's weights). Each builds the policy from the same `PolicySpec`:
+a seeded init followed by a short supervised warm start on the task, so that the initial policy has a
+non-zero but imperfect reward. The warm start is cached on disk under a key derived from the spec and
+guarded by a file lock: components constructed concurrently in separate processes train it once and all
+load the same bytes (their weight hashes are then equal, which `weights_hash` exposes for checking).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from examples.llm.arithmetic import ArithmeticTask
+from examples.llm.model import ModelConfig, TinyLM
+from examples.llm.seeding import mix_seed
+from examples.llm.tokenizer import CharTokenizer
+
+Record = dict[str, torch.Tensor]
+_SFT_STREAM = 0x5F7  # the warm start draws its problems from a stream separate from the prompts'
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """Everything that determines the initial weights: model shape, task and warm-start recipe."""
+
+    layers: int = 2
+    d_model: int = 128
+    heads: int = 4
+    context: int = 32
+    ffn_mult: int = 4
+    digits: int = 2
+    ops: str = "+"
+    reverse: bool = True
+    warm_steps: int = 3000  # upper bound; the warm start stops at `warm_target`
+    warm_target: float = 0.75  # greedy accuracy at which the warm start stops
+    warm_smoothing: float = 0.3  # label smoothing: sampled answers are right much less often than greedy
+    warm_check_every: int = 5
+    warm_batch: int = 64
+    warm_lr: float = 1e-3
+
+    @classmethod
+    def from_args(cls, policy: Mapping[str, Any] | None) -> PolicySpec:
+        """Spec from a workflow `policy:` dict; unknown keys are an error naming the valid ones."""
+        policy = dict(policy or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(policy) - known)
+        if unknown:
+            raise ValueError(f"unknown policy settings {unknown}; valid: {sorted(known)}")
+        return cls(**policy)
+
+    def task(self) -> ArithmeticTask:
+        return ArithmeticTask(digits=self.digits, ops=self.ops, reverse=self.reverse)
+
+    def model_config(self, tokenizer: CharTokenizer) -> ModelConfig:
+        return ModelConfig(
+            vocab_size=tokenizer.vocab_size, context=self.context, layers=self.layers,
+            d_model=self.d_model, heads=self.heads, ffn_mult=self.ffn_mult,
+        )
+
+    def key(self, seed: int, tokenizer: CharTokenizer) -> str:
+        """Cache key: sha256 of the spec, the seed, the tokenizer and the torch version."""
+        blob = json.dumps(
+            {"spec": asdict(self), "seed": seed, "tok": tokenizer.hash(), "torch": torch.__version__},
+            sort_keys=True,
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def param_hash(weights: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over the names, dtypes, shapes and raw bytes of `weights` (any device and dtype)."""
+    h = hashlib.sha256()
+    for name in sorted(weights):
+        t = weights[name].detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def clone_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A detached CPU copy of the model's parameters (what crosses process boundaries on weight sync)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+def sequences(rollouts: Record, max_width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt + completion token rows [P*K, W] (right-padded) and each row's prompt length [P*K].
+
+    Each sequence starts at position 0 with its own prompt, so positions match what the generator saw.
+    The width W = min(prompt width + L, max_width) depends on the record's layout only, never on its
+    contents, so every prompt group is laid out (and computed) the same way whatever batch it is in.
+    """
+    prompt, plen, comp = rollouts["prompt"], rollouts["prompt_len"], rollouts["tokens"]
+    p, k, length = comp.shape
+    plen_rows = plen.repeat_interleave(k)
+    width = prompt.shape[1] + length
+    seq = torch.zeros(p * k, width, dtype=torch.long)
+    seq[:, : prompt.shape[1]] = prompt.repeat_interleave(k, dim=0)
+    cols = plen_rows.unsqueeze(1) + torch.arange(length).unsqueeze(0)
+    seq.scatter_(1, cols, comp.reshape(p * k, length))
+    return seq[:, : min(width, max_width)], plen_rows
+
+
+def completion_logp(model: TinyLM, rollouts: Record, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Per-token log-probs [P, K, L] of the completions under `model`, 0 outside the completion mask.
+
+    Uses the sampling temperature carried in the rollouts, so that these log-probs are comparable to the
+    generator's sampling log-probs (same distribution family: softmax(logits / T)).
+    """
+    p, k, length = rollouts["tokens"].shape
+    if p * k == 0:
+        return torch.zeros(p, k, length)
+    seq, plen = sequences(rollouts, model.cfg.context)
+    seq, plen = seq.to(device), plen.to(device)
+    logits = model(seq).float()  # [N, T, V]
+    cols = plen.unsqueeze(1) - 1 + torch.arange(length, device=device).unsqueeze(0)  # predicting positions
+    cols = cols.clamp(max=seq.shape[1] - 1)
+    picked = logits.gather(1, cols.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))  # [N, L, V]
+    temp = rollouts["temperature"].to(device).repeat_interleave(k).view(-1, 1, 1)
+    logp = F.log_softmax(picked / temp, dim=-1)
+    tok = rollouts["tokens"].to(device).reshape(p * k, length, 1)
+    out = logp.gather(-1, tok).squeeze(-1).view(p, k, length)
+    return out.masked_fill(~rollouts["mask"].to(device), 0.0)
+
+
+def _sft_batch(tok: CharTokenizer, task: ArithmeticTask, stream: int, start: int, n: int) -> Record:
+    """Teacher-forcing rows `BOS prompt answer EOS` and a mask selecting the answer+EOS targets."""
+    rows, targets = [], []
+    for i in range(start, start + n):
+        text, answer = task.problem(stream, i)
+        prompt = tok.encode(text, bos=True)
+        rows.append(prompt + tok.encode(task.answer_text(answer), eos=True))
+        targets.append(len(prompt))
+    width = max(len(r) for r in rows)
+    seq = torch.full((n, width), tok.pad_id, dtype=torch.long)
+    mask = torch.zeros(n, width, dtype=torch.bool)
+    for r, (ids, first) in enumerate(zip(rows, targets, strict=True)):
+        seq[r, : len(ids)] = torch.tensor(ids)
+        mask[r, first : len(ids)] = True
+    return {"seq": seq, "mask": mask}
+
+
+@torch.no_grad()
+def answer_stats(model: TinyLM, batch: Record) -> dict[str, float]:
+    """Teacher-forced competence on `batch`, without sampling noise.
+
+    expected_reward: mean probability of sampling exactly the right answer+EOS at temperature 1.
+    greedy_accuracy: fraction of problems on which greedy decoding is right (every argmax along the
+    right answer is the right token, which is exactly when greedy decoding reproduces it).
+    """
+    logits = model(batch["seq"][:, :-1]).float()
+    target, mask = batch["seq"][:, 1:], batch["mask"][:, 1:]
+    logp = F.log_softmax(logits, dim=-1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    right = (logits.argmax(dim=-1) == target) | ~mask
+    return {
+        "expected_reward": float((logp * mask).sum(dim=1).exp().mean()),
+        "greedy_accuracy": float(right.all(dim=1).float().mean()),
+    }
+
+
+def warm_start(model: TinyLM, tok: CharTokenizer, spec: PolicySpec, seed: int) -> dict[str, float]:
+    """Supervised steps on the task (answer tokens only) until greedy accuracy reaches `warm_target`.
+
+    The label smoothing leaves the policy knowing more than it samples: its greedy answers are mostly
+    right, its temperature-1 samples much less often (the regime of an SFT model before RL, where pass@k
+    is well above pass@1). GRPO then has signal in most groups and a direction to improve in.
+    Stopping on a target rather than after a fixed step count lands every seed in the same regime
+    (small transformers learn this task abruptly, after a plateau whose length depends on the seed).
+    Deterministic for a given (spec, seed) on the CPU.
+    """
+    task = spec.task()
+    opt = torch.optim.Adam(model.parameters(), lr=spec.warm_lr)
+    stream = mix_seed(seed, _SFT_STREAM)
+    val = _sft_batch(tok, task, mix_seed(seed, _SFT_STREAM + 1), 0, 256)
+    loss, stats, step = float("nan"), answer_stats(model, val), 0
+    while step < spec.warm_steps and stats["greedy_accuracy"] < spec.warm_target:
+        batch = _sft_batch(tok, task, stream, step * spec.warm_batch, spec.warm_batch)
+        logits = model(batch["seq"][:, :-1])
+        target = batch["seq"][:, 1:].masked_fill(~batch["mask"][:, 1:], -100)
+        out = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100,
+                              label_smoothing=spec.warm_smoothing)
+        opt.zero_grad(set_to_none=True)
+        out.backward()
+        opt.step()
+        step, loss = step + 1, float(out.detach())
+        if step % spec.warm_check_every == 0:
+            stats = answer_stats(model, val)
+    return {"steps": float(step), "loss": loss, **stats}
+
+
+_MEMO: dict[str, tuple[dict[str, torch.Tensor], dict[str, float]]] = {}
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("ROSE_CACHE_DIR", Path.home() / ".cache" / "rose")) / "llm"
+
+
+def warm_started(
+    spec: PolicySpec, seed: int, cache_dir: str | os.PathLike[str] | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """(initial weights, warm-start stats) for (spec, seed): trained once, then cached in memory and on disk."""
+    tok = CharTokenizer()
+    key = spec.key(seed, tok)
+    if key not in _MEMO:
+        root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        root.mkdir(parents=True, exist_ok=True)
+        path = root / f"warmstart-{key[:20]}.pt"
+        with open(root / f"warmstart-{key[:20]}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one process trains, the others wait and load its bytes
+            if not path.exists():
+                tmp = path.with_suffix(f".tmp{os.getpid()}")
+                torch.save(train_initial(spec, seed, tok), tmp)
+                os.replace(tmp, path)
+            blob = torch.load(path, weights_only=True)
+        _MEMO[key] = (blob["weights"], blob["warm_start"])
+    weights, stats = _MEMO[key]
+    return {k: v.clone() for k, v in weights.items()}, dict(stats)
+
+
+def train_initial(spec: PolicySpec, seed: int, tok: CharTokenizer) -> dict[str, Any]:
+    # One thread: the result then does not depend on the process's thread setting, and a model this
+    # small trains fastest that way. fork_rng leaves the process's global RNG untouched.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(mix_seed(seed, 1))
+            model = TinyLM(spec.model_config(tok))
+            stats = warm_start(model, tok, spec, seed)
+    finally:
+        torch.set_num_threads(threads)
+    return {"weights": clone_weights(model), "spec": asdict(spec), "seed": seed, "warm_start": stats}
+
+
+def build_policy(
+    spec: PolicySpec, seed: int, device: torch.device | str = "cpu",
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> TinyLM:
+    """A TinyLM on `device` holding the warm-started initial weights."""
+    with torch.random.fork_rng(devices=[]):
+        model = TinyLM(spec.model_config(CharTokenizer()))
+    model.load_state_dict(warm_started(spec, seed, cache_dir)[0])
+    return model.to(device)
