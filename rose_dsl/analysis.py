@@ -90,7 +90,18 @@ class _DepOps:
 
 
 class _DepTracker:
-    """Records, for each call in program order, which calls its inputs came from and its state accesses."""
+    """Records, for each call in program order, which calls its inputs came from and the state order.
+
+    Per state object, with `reads` = read or update (both observe the current value) and `writes` =
+    update or refresh:
+      * read-after-write: a reading access follows the last write (the value flows);
+      * write-after-read: a write follows every access that observed the value it replaces (an update
+        observed the value before it, so a later write follows the update too);
+      * write-after-write: a write whose value is *observed* -- read or updated before the next refresh,
+        or still there at the end of the RL iteration (when checkpoints read it) -- follows every write
+        since the last observation, so that none of them can land on top of it. A refresh that is
+        overwritten unobserved may move freely among the writes around it.
+    """
 
     ops = _DepOps()
 
@@ -98,25 +109,8 @@ class _DepTracker:
         self.g = graph
         self._last_writer: dict[str, Invocation] = {}
         self._readers: dict[str, list[Invocation]] = defaultdict(list)
-        self._pending: list[tuple[str, int, Invocation, Dep]] = []
-
-    def finish(self) -> None:
-        """A refresh must stay after the previous write only if its own value is observed (read or
-        updated before the next refresh, or left as the final value); otherwise the two writes may run
-        in either order and the same value survives."""
-        for state, position, writer, dep in self._pending:
-            seq = self.g.accesses[state]
-            inv = seq[position][0]
-            observed = True
-            for _, later in seq[position + 1:]:
-                if later is Access.REFRESH:
-                    observed = False
-                    break
-                if later.reads_previous:
-                    break
-            if observed:
-                self._add(inv, writer, dep)
-        self._pending.clear()
+        self._unobserved_writes: dict[str, list[Invocation]] = defaultdict(list)
+        self._pending: list[tuple[str, int, list[Invocation]]] = []
 
     def call(self, site: CallSite, inputs: dict[str, Any]) -> dict[str, Any]:
         g, node, inv = self.g, site.node, site.inv
@@ -129,23 +123,43 @@ class _DepTracker:
             s, acc = eff.state, eff.access
             g.accesses[s].append((inv, acc))
             writer = self._last_writer.get(s)
+            if acc.reads_previous and writer is not None and writer != inv:
+                self._add(inv, writer, Dep("state", f"{s}: {acc.value} after {self._mode(writer, s)}"))
+            if acc.writes:
+                for reader in self._readers[s]:
+                    if reader != inv and not (acc.reads_previous and reader == writer):  # that one flows already
+                        self._add(inv, reader, Dep("state", f"{s}: {acc.value} after {self._mode(reader, s)}", False))
+                earlier = [w for w in self._unobserved_writes[s] if w != inv]
+                if acc is Access.REFRESH:
+                    self._pending.append((s, len(g.accesses[s]) - 1, earlier))
+                self._last_writer[s] = inv
             if acc is Access.READ:
-                if writer is not None:
-                    self._add(inv, writer, Dep("state", f"{s}: read after {self._mode(writer, s)}"))
                 self._readers[s].append(inv)
-                continue
-            if writer is not None:
-                dep = Dep("state", f"{s}: {acc.value} after {self._mode(writer, s)}", acc is Access.UPDATE)
-                if acc is Access.UPDATE:
-                    self._add(inv, writer, dep)
-                else:  # kept only if this refresh's value is observed: see finish()
-                    self._pending.append((s, len(self.g.accesses[s]) - 1, writer, dep))
-            for reader in self._readers[s]:
-                if reader != inv:
-                    self._add(inv, reader, Dep("state", f"{s}: {acc.value} after read", False))
-            self._last_writer[s] = inv
-            self._readers[s] = []
+                self._unobserved_writes[s] = []
+            elif acc is Access.UPDATE:
+                self._readers[s] = [inv]
+                self._unobserved_writes[s] = [inv]
+            else:
+                self._readers[s] = []
+                self._unobserved_writes[s].append(inv)
         return {port: _Deps({(inv, port)}) for port in node.outputs}
+
+    def finish(self) -> None:
+        """Add the write-after-write edges of the refreshes whose value is observed."""
+        for state, position, earlier in self._pending:
+            seq = self.g.accesses[state]
+            inv = seq[position][0]
+            observed = True
+            for later_inv, later in seq[position + 1:]:
+                if later_inv.indices[0] != inv.indices[0] or later.reads_previous:
+                    break  # the end of the RL iteration (a checkpoint) or a reader observes it
+                if later is Access.REFRESH:
+                    observed = False
+                    break
+            if observed:
+                for w in earlier:
+                    self._add(inv, w, Dep("state", f"{state}: refresh after {self._mode(w, state)}", False))
+        self._pending.clear()
 
     def _mode(self, inv: Invocation, state: str) -> str:
         return next(e.access.value for e in self.g.node[inv].effects if e.state == state)

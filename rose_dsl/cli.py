@@ -23,7 +23,7 @@ __all__ = ["app", "main"]
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="rose: declarative RL workflows, rewritten for overlap and run on Ray.")
-out = Console(highlight=False)
+out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 FileArg = Annotated[Path, typer.Argument(help="workflow (or plan) YAML file", show_default=False)]
@@ -148,6 +148,55 @@ def graph(
         sys.stdout.write(text)
     else:
         output.write_text(text)
+        out.print(f"wrote {output}")
+
+
+@app.command()
+def rewrite(
+    file: FileArg,
+    do: Annotated[list[str], typer.Option("--do", help="a rewrite request, applied in order (repeatable); see --help-requests")] = [],  # noqa: B006
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="write the plan here")] = None,
+    help_requests: Annotated[bool, typer.Option("--help-requests", help="list the rewrite requests")] = False,
+    sets: SetOpt = None,
+) -> None:
+    """Apply rewrites by hand and write the plan (itself a workflow file), or say why one is refused."""
+    from .serialize import to_yaml
+    from .transforms import REQUEST_HELP, Refused, apply_request
+
+    if help_requests or not do:
+        out.print(REQUEST_HELP, markup=False)
+        if not do:
+            raise typer.Exit(0 if help_requests else 2)
+        return
+    wf = _load(file, sets)
+    applied = []
+    for request in do:
+        try:
+            result = apply_request(wf, request)
+        except Refused as exc:
+            err.print(f"refused: {request}: {exc.reason}", markup=False)
+            if applied:
+                err.print(f"(after: {'; '.join(applied)}) -- nothing written", markup=False)
+            raise typer.Exit(2) from None
+        wf = result.workflow
+        applied.append(result.description)
+        out.print(f"applied: {result.description}", markup=False)
+    header = "\n".join([f"# plan written by `rose rewrite` from {file}", *[f"#   {a}" for a in applied]])
+    text = to_yaml(wf, plan={"source": str(file), "rewrites": list(do)}, header=header)
+    from . import load_workflow_text
+
+    try:
+        load_workflow_text(text, str(output or "<plan>"))
+    except WorkflowError as exc:  # a bug: a rewrite produced an invalid plan
+        err.print(exc.format(), markup=False)
+        err.print("internal error: the rewritten plan does not validate (a bug in rose); nothing written")
+        raise typer.Exit(1) from None
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        tmp = output.with_name(output.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(output)
         out.print(f"wrote {output}")
 
 

@@ -95,10 +95,10 @@ def _repath(item: Item, old: Path, new: Path) -> Item:
     path = new + item.path[len(old):]
     if isinstance(item, ExecutionNode):
         phases = tuple(_repath(p, old, new) for p in item.phases) if item.phases else item.phases
-        return replace(item, path=path, phases=phases)
+        return replace(item, path=path, phases=phases, src=())
     if isinstance(item, LoopNode):
-        return replace(item, path=path, body=tuple(_repath(c, old, new) for c in item.body))
-    return replace(item, path=path)
+        return replace(item, path=path, body=tuple(_repath(c, old, new) for c in item.body), src=())
+    return replace(item, path=path, src=())
 
 
 def split_node(wf: Workflow, path: Path, k: int, batch_size: int | None = None) -> Rewritten:

@@ -5,7 +5,7 @@ only outcomes are a Workflow or a WorkflowError whose every diagnostic has a pos
 from __future__ import annotations
 
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rose_dsl import WorkflowError, load_workflow_text
@@ -14,7 +14,7 @@ from rose_dsl.serialize import to_yaml
 from ..strategies import workflows
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings()
 @given(workflows())
 def test_random_workflows_validate_and_round_trip(doc) -> None:
     text = yaml.safe_dump(doc, sort_keys=False)
@@ -33,7 +33,7 @@ def _assert_clean(text: str) -> None:
             d.format(text)  # formatting (with the caret excerpt) must not fail either
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings()
 @given(workflows(), st.data())
 def test_text_mutations_never_crash(doc, data) -> None:
     text = yaml.safe_dump(doc, sort_keys=False)
@@ -81,7 +81,7 @@ def _mutate(node, data):
     return data.draw(st.sampled_from([None, 0, "n1.o0", "l2[5].n3.o0", "stack(", [1], {"a": 1}]))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings()
 @given(workflows(), st.data())
 def test_structural_mutations_never_crash(doc, data) -> None:
     for _ in range(data.draw(st.integers(1, 3))):
@@ -89,7 +89,7 @@ def test_structural_mutations_never_crash(doc, data) -> None:
     _assert_clean(yaml.safe_dump(doc, sort_keys=False))
 
 
-@settings(max_examples=200, deadline=None)
+@settings()
 @given(st.binary(max_size=400))
 def test_random_bytes_never_crash(raw: bytes) -> None:
     _assert_clean(raw.decode("utf-8", errors="replace"))

@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 import torch
@@ -187,6 +188,12 @@ def test_warm_start_is_deterministic_and_cached(tmp_path):
     assert stats["steps"] == 10 and param_hash(w) == again[0]
     assert len(list(tmp_path.glob("*.pt"))) == 1
     assert param_hash(torch.load(next(tmp_path.glob("*.pt")), weights_only=True)["weights"]) == again[0]
+    # processes that build the policy at the same time (Ray actors starting together) train it once
+    # and load the same bytes
+    tiny = PolicySpec(d_model=32, heads=2, warm_steps=40, warm_target=1.0)
+    with ProcessPoolExecutor(2, mp_context=mp.get_context("spawn")) as ex:
+        runs = list(ex.map(warm_started, [tiny, tiny], [3, 3], [tmp_path / "shared"] * 2))
+    assert param_hash(runs[0][0]) == param_hash(runs[1][0])
     # the default spec lands in the intended regime: greedy answers mostly right, samples rarely
     _, default_stats = warm_started(PolicySpec(), seed=0)
     assert default_stats["greedy_accuracy"] >= 0.75

@@ -46,3 +46,23 @@ def differences(wf_a: Workflow, run_a: ReferenceRun, comps_a: dict[str, Any], wf
             if not torch.equal(a, b):
                 diffs.append(f"final {name}.{so.name}")
     return diffs
+
+
+def mockify(wf: Workflow, batch: int) -> Workflow:
+    """The same workflow with every component replaced by a Mock that honours the nodes' declarations
+    (state effects, outputs, separability), so that any workflow's rewrites can be executed and compared."""
+    from dataclasses import replace
+
+    from rose_dsl.ir import ExecutionNode
+
+    behaviors: dict[str, dict[str, dict]] = {name: {} for name in wf.components}
+    for item in wf.items():
+        if isinstance(item, ExecutionNode):
+            spec = {"state": {e.state.split(".", 1)[1]: e.access.value for e in item.effects},
+                    "out": list(item.outputs), "separable": item.batch == 0}
+            known = behaviors[item.component].setdefault(item.method, spec)
+            assert known == spec, f"{item.call} is declared differently by two nodes"
+    comps = {name: replace(c, impl="tests.mocks:Mock", args={"name": name, "batch": batch, "behaviors": behaviors[name],
+                                                              "states": [s.name for s in c.state]})
+             for name, c in wf.components.items()}
+    return replace(wf, components=comps)

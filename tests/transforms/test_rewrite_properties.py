@@ -75,7 +75,7 @@ def _random_rewrite(wf: Workflow, data) -> tuple[str, Rewritten | Refused]:
         return op, exc
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings()
 @given(workflows(max_nodes=10), st.data())
 def test_accepted_rewrites_preserve_results_in_any_legal_order(doc, data) -> None:
     original = load_workflow_text(yaml.safe_dump(doc, sort_keys=False), "wf.yaml")
@@ -95,7 +95,7 @@ def test_accepted_rewrites_preserve_results_in_any_legal_order(doc, data) -> Non
         assert differences(original, ref_run, ref_comps, wf, run, comps, locate) == [], applied
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings()
 @given(workflows(max_nodes=10), st.data())
 def test_refused_reorders_forced_through_break_something(doc, data) -> None:
     wf = load_workflow_text(yaml.safe_dump(doc, sort_keys=False), "wf.yaml")
@@ -136,7 +136,7 @@ def test_the_suite_is_not_vacuous() -> None:
 
     seen: collections.Counter = collections.Counter()
 
-    @settings(max_examples=400, deadline=None, database=None,
+    @settings(max_examples=400, deadline=None, database=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(workflows(max_nodes=10), st.data())
     def collect(doc, data):
