@@ -51,6 +51,7 @@ class DriverConfig:
     eval_prompts: int = 64
     policy: dict[str, Any] = field(default_factory=dict)
     cache_dir: str | None = None
+    device: str = "cpu"  # generator, reference and learner (the workflow places each on its own)
 
 
 def evaluate(gen: Generator, prompts: dict[str, torch.Tensor], reverse: bool = True) -> float:
@@ -69,7 +70,7 @@ def evaluate(gen: Generator, prompts: dict[str, torch.Tensor], reverse: bool = T
 def run(cfg: DriverConfig, log: Callable[[str], None] | None = print) -> dict[str, Any]:
     """Train for `cfg.iterations`; returns the per-iteration history and held-out eval before/after."""
     t_start = time.perf_counter()
-    common = {"seed": cfg.seed, "policy": cfg.policy, "cache_dir": cfg.cache_dir}
+    common = {"seed": cfg.seed, "policy": cfg.policy, "cache_dir": cfg.cache_dir, "device": cfg.device}
     src = PromptSource(batch=cfg.prompts, seed=cfg.seed, digits=cfg.policy.get("digits", 2),
                        ops=cfg.policy.get("ops", "+"))
     gen = Generator(k=cfg.k, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
@@ -125,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("temperature", "top_p", "lr", "kl_coef", "reward_timeout_s"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(defaults, name))
     parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--policy", type=json.loads, default={}, help='JSON overrides, e.g. \'{"warm_steps": 400}\'')
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--json", default=None, help="write the result (history included) to this file")

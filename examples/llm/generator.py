@@ -169,35 +169,34 @@ class Generator:
         cache: KVCache | None = None
         n_prefill = n_steps = occupancy = 0
 
-        def emit(p: int, j: int, t: int, tok: int, lp: float) -> bool:
-            out_tok[p, j, t], out_logp[p, j, t], lengths[p, j] = tok, lp, t + 1
-            finished[p, j] = tok == eos
-            return tok == eos or t + 1 == length
-
         while queue or active:
-            while free and queue:  # admission: refill every free slot from the pending work
-                p, j = queue.popleft()
+            while free and queue:  # admission: refill the free slots from the pending work
+                p, js = queue[0][0], []
+                while queue and queue[0][0] == p and len(js) < len(free):
+                    js.append(queue.popleft()[1])
                 if p not in prefixes:
                     with self._autocast():
                         logits, kv_k, kv_v = self.model.prefill(tokens[p, : plen[p]].to(dev))
                     prefixes[p] = [logits.float().unsqueeze(0), kv_k, kv_v, k]
                     n_prefill += 1
-                entry = prefixes[p]
-                tok, lp = sample_rows(entry[0], u[p, j, :1], self.temperature, self.top_p)
-                entry[3] -= 1
-                if emit(p, j, 0, int(tok), float(lp)):
-                    if entry[3] == 0:
-                        del prefixes[p]
-                    continue  # finished on its first token: the slot stays free
-                slot = free.pop()
-                if cache is None:
-                    cache = KVCache(self.model.cfg, slots, dev, entry[1].dtype)
-                cache.load_prefix(torch.tensor([slot], device=dev), entry[1], entry[2])
+                entry, jt = prefixes[p], torch.tensor(js)
+                # the first token of each sample comes from the shared prefill's logits
+                tok, lp = sample_rows(entry[0].expand(len(js), -1), u[p, jt, 0], self.temperature, self.top_p)
+                tok, lp = tok.cpu(), lp.cpu()
+                out_tok[p, jt, 0], out_logp[p, jt, 0], lengths[p, jt] = tok, lp, 1
+                finished[p, jt] = tok == eos
+                go_on = (tok != eos) & (length > 1)  # the others finished on their first token
+                new = torch.tensor([free.pop() for _ in range(int(go_on.sum()))], dtype=torch.long)
+                if len(new):
+                    if cache is None:
+                        cache = KVCache(self.model.cfg, slots, dev, entry[1].dtype)
+                    cache.load_prefix(new.to(dev), entry[1], entry[2])  # expand the prefix KV, no recompute
+                    s_prompt[new], s_sample[new], s_step[new] = p, jt[go_on], 1
+                    s_token[new], s_pos[new] = tok[go_on], plen[p]
+                    active.update(new.tolist())
+                entry[3] -= len(js)
                 if entry[3] == 0:
-                    del prefixes[p]  # the shared prefix is released when its last sample is admitted
-                s_prompt[slot], s_sample[slot], s_step[slot] = p, j, 1
-                s_token[slot], s_pos[slot] = int(tok), int(plen[p])
-                active.add(slot)
+                    del prefixes[p]  # the shared prefix is released once its last sample is admitted
             if not active:
                 continue
             act = torch.tensor(sorted(active), dtype=torch.long)

@@ -217,10 +217,11 @@ class RewardPool:
         next_deadline = min(w.since + self._limit(w) for w in watched) - now
         wait([w.conn for w in watched] + [w.proc.sentinel for w in watched], max(0.0, min(max_wait, next_deadline)))
         for w in list(watched):
+            msg, broken = None, False
             try:
                 msg = w.conn.recv() if w.conn.poll() else None
-            except (EOFError, OSError):
-                msg = None
+            except (EOFError, OSError):  # the worker is gone (maybe not yet reaped)
+                broken = True
             if msg is not None:
                 ticket, value, err = msg
                 if ticket == "ready":
@@ -230,7 +231,7 @@ class RewardPool:
                 if err is not None:
                     self._add(errors=1.0)
                 w.state, w.ticket = "idle", -1
-            elif w.state == "dead" or not w.proc.is_alive():
+            elif broken or w.state == "dead" or not w.proc.is_alive():
                 self._retire(w, "crashes")
             elif time.monotonic() - w.since > self._limit(w):
                 self._retire(w, "timeouts")
