@@ -133,6 +133,9 @@ class Generator:
                     f"Generator.generate: prompt row {start + r} has {n} tokens; with max_new_tokens="
                     f"{self.max_new_tokens} and context {self.spec.context} a prompt must have 1..{limit}"
                 )
+        bad = ((tokens < 0) | (tokens >= self.tokenizer.vocab_size)).any(dim=1).nonzero().flatten().tolist()
+        if bad:
+            raise ValueError(f"Generator.generate: prompt row {start + bad[0]} has token ids outside the vocabulary")
         t0 = time.perf_counter()
         u = uniform_streams(self.seed, int(it), ids, self.k, self.max_new_tokens)
         out = self._run(tokens, plen, u)

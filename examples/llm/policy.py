@@ -228,8 +228,11 @@ def warm_started(
 
 
 def train_initial(spec: PolicySpec, seed: int, tok: CharTokenizer) -> dict[str, Any]:
-    # One thread: the result then does not depend on the process's thread setting, and a model this
-    # small trains fastest that way. fork_rng leaves the process's global RNG untouched.
+    """Seeded init + warm start, uncached; returns the blob that `warm_started` stores.
+
+    Runs on one thread, so that the bytes do not depend on the process's thread setting (and a model
+    this small trains fastest that way); `fork_rng` leaves the process's global RNG untouched.
+    """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

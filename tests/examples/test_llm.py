@@ -160,6 +160,11 @@ def test_generate_rejects_bad_inputs():
         g.generate(prompts=prompts, it=0, rows=slice(4, 6))
     with pytest.raises(ValueError, match="max_new_tokens"):
         Generator(k=2, max_new_tokens=32)
+    prompts["tokens"][0, 1] = 99
+    with pytest.raises(ValueError, match="row 4 has token ids outside the vocabulary"):
+        Generator(k=2, max_new_tokens=8).generate(prompts=prompts, it=0, rows=slice(4, 6))
+    empty = Generator(k=2, max_new_tokens=8).generate(prompts={k: v[:0] for k, v in prompts.items()}, it=0)
+    assert empty["rollouts"]["tokens"].shape == (0, 2, 8)
 
 
 def test_load_weights_checks_the_hash(gen):
