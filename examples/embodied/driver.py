@@ -39,6 +39,7 @@ class RunConfig:
     hidden: int = 64
     lr: float = 3e-4
     group_size: int = 1
+    image_size: int = 0  # > 0: camera images in the observation and a vision encoder in the policy
     threads: int | None = None
     model: dict[str, Any] = field(default_factory=dict)  # extra FlowNetConfig args (policy and trainer)
     trainer: dict[str, Any] = field(default_factory=dict)  # extra trainer args (ppo_epochs, ...)
@@ -46,24 +47,28 @@ class RunConfig:
 
 def build(cfg: RunConfig) -> tuple[ReacherVecSim, FlowPolicy, PPOTrainer]:
     """The three components, constructed with the workflow's arguments."""
-    sim = ReacherVecSim(num_envs=cfg.num_envs, chunk=cfg.chunk, seed=cfg.seed, group_size=cfg.group_size)
+    sim = ReacherVecSim(num_envs=cfg.num_envs, chunk=cfg.chunk, seed=cfg.seed, group_size=cfg.group_size,
+                        image_size=cfg.image_size)
+    model = dict(cfg.model)
+    if cfg.image_size:
+        model.update(image=True, image_size=cfg.image_size)
     common = dict(obs_dim=sim.obs_dim, act_dim=sim.act_dim, chunk=cfg.chunk, hidden=cfg.hidden,
-                  denoise_steps=cfg.denoise_steps, seed=cfg.seed, **cfg.model)
+                  denoise_steps=cfg.denoise_steps, seed=cfg.seed, **model)
     policy = FlowPolicy(num_envs=cfg.num_envs, **common)
     trainer: PPOTrainer
     if cfg.algo == "ppo":
-        trainer = PPOTrainer(lr=cfg.lr, **common, **cfg.trainer)
+        trainer = PPOTrainer(lr=cfg.lr, sync_every=cfg.epochs, **common, **cfg.trainer)
     elif cfg.algo == "grpo":
-        trainer = GRPOTrainer(lr=cfg.lr, group_size=cfg.group_size, **common, **cfg.trainer)
+        trainer = GRPOTrainer(lr=cfg.lr, group_size=cfg.group_size, sync_every=cfg.epochs, **common, **cfg.trainer)
     else:
         raise ValueError(f"unknown algo {cfg.algo!r} (ppo or grpo)")
     return sim, policy, trainer
 
 
-def rollout(sim: ReacherVecSim, policy: FlowPolicy, it: int, ep: int, steps: int) -> dict[str, torch.Tensor]:
+def rollout(sim: ReacherVecSim, policy: FlowPolicy, it: int, ep: int, steps: int) -> dict[str, Any]:
     """One rollout epoch: reset, then `steps` x (act, step); returns the stacked trajectory."""
     obs = sim.reset(it=it, ep=ep)["obs"]
-    records: list[dict[str, torch.Tensor]] = []
+    records: list[dict[str, Any]] = []
     for t in range(steps):
         act = policy.act(obs=obs, it=it, ep=ep, t=t)
         env = sim.step(action=act["action"])
@@ -71,7 +76,14 @@ def rollout(sim: ReacherVecSim, policy: FlowPolicy, it: int, ep: int, steps: int
                         "x0": act["x0"], "reward": env["reward"], "done": env["done"],
                         "next_obs": env["final_obs"]})
         obs = env["obs"]
-    return {k: torch.stack([r[k] for r in records]) for k in records[0]}
+    return {k: stack([r[k] for r in records]) for k in records[0]}
+
+
+def stack(items: list[Any]) -> Any:
+    """Stack tensors (or records of tensors, field by field) along a new time dimension."""
+    if isinstance(items[0], dict):
+        return {k: stack([item[k] for item in items]) for k in items[0]}
+    return torch.stack(items)
 
 
 def run(cfg: RunConfig, log: Callable[[str], None] | None = print) -> list[dict[str, float]]:
@@ -94,6 +106,7 @@ def run(cfg: RunConfig, log: Callable[[str], None] | None = print) -> list[dict[
         if log is not None:
             ret = row.get("sim/episode_return", float("nan"))
             log(f"it {it:4d}  {row['seconds']:7.1f}s (cpu {row['cpu_seconds']:6.1f}s)  return {ret:8.2f}  "
+                f"dist {row.get('sim/episode_dist_return', float('nan')):7.2f}  "
                 f"kl {row.get('trainer/approx_kl', 0.0):.4f}  std {row.get('trainer/action_std', 0.0):.3f}")
     return history
 

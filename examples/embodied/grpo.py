@@ -34,6 +34,7 @@ class GRPOTrainer(PPOTrainer):
         clip: float = 0.2,
         ent_coef: float = 0.0,
         max_grad_norm: float = 0.5,
+        sync_every: int = 1,
         eps: float = 1e-6,
         image: bool = False,
         **model_kwargs: Any,
@@ -43,7 +44,7 @@ class GRPOTrainer(PPOTrainer):
         super().__init__(
             obs_dim, act_dim, chunk, hidden, denoise_steps, lr, seed=seed, device=device,
             ppo_epochs=ppo_epochs, minibatches=minibatches, clip=clip, vf_coef=0.0, ent_coef=ent_coef,
-            max_grad_norm=max_grad_norm, image=image, **model_kwargs,
+            max_grad_norm=max_grad_norm, sync_every=sync_every, image=image, **model_kwargs,
         )
         self.group_size, self.eps = int(group_size), float(eps)
 

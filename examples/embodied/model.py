@@ -15,6 +15,10 @@ Shape of the computation (pi0-like, scaled down by default):
   x1-prediction), so the last Euler step lands exactly on `x1_hat`. With the output layer
   zero-initialised the initial policy mean is 0 -- a calm start that RL fine-tuning needs.
 * **value head** -- an MLP on the mean-pooled prefix.
+* **observation normalization** -- the proprioceptive state is standardized with running statistics
+  kept as buffers (part of the weights, so the rollout policy gets them with every weight sync; the
+  trainer updates them, see `ppo.PPOTrainer`). Reacher's target offsets are ~50x smaller than its
+  joint velocities; without this the backbone barely sees them.
 * **exploration** -- a learned, state-independent log-std per action dimension; the final action is
   `mean + std * eps`, so its log-probability given the flow output is an exact Gaussian.
 """
@@ -55,6 +59,7 @@ class FlowNetConfig:
     num_instructions: int = 0
     init_log_std: float = -0.5
     noise_std: float = 1.0
+    obs_norm: bool = True
 
     def __post_init__(self) -> None:
         if self.hidden % self.heads:
@@ -140,6 +145,8 @@ class FlowNet(nn.Module):
         super().__init__()
         self.cfg = cfg
         d = cfg.hidden
+        self.register_buffer("obs_mean", torch.zeros(cfg.obs_dim))
+        self.register_buffer("obs_var", torch.ones(cfg.obs_dim))
         self.proprio = nn.Linear(cfg.obs_dim, cfg.obs_tokens * d)
         self.vision = VisionEncoder(cfg) if cfg.image else None
         self.instruction = nn.Embedding(cfg.num_instructions, d) if cfg.num_instructions else None
@@ -180,7 +187,10 @@ class FlowNet(nn.Module):
             if image is None:
                 raise ValueError("this FlowNet has image=True: obs must be a record with an 'image' tensor")
             tokens.append(self.vision(image))
-        tokens.append(self.proprio(state.float()).view(n, self.cfg.obs_tokens, self.cfg.hidden))
+        state = state.float()
+        if self.cfg.obs_norm:
+            state = ((state - self.obs_mean) * torch.rsqrt(self.obs_var + 1e-8)).clamp(-10.0, 10.0)
+        tokens.append(self.proprio(state).view(n, self.cfg.obs_tokens, self.cfg.hidden))
         x = torch.cat(tokens, dim=1) + self.pos
         for block in self.blocks:
             x = block(x)

@@ -55,6 +55,11 @@ class PPOTrainer:
     bootstraps from V(next_obs) and the GAE recursion stops there. The critic is re-evaluated under
     the current weights at the start of each update (the workflow's second epoch is trained after
     the first changed the weights); the stored `value` is not needed for the update.
+
+    Observation normalization stays exact too: the trainer accumulates running statistics of every
+    observation it trains on, but copies them into the model's normalizer buffers only at the end of
+    every `sync_every`-th update -- set it to the number of updates between weight syncs (the
+    workflow's `epochs`), so each update evaluates with the statistics its rollout used.
     """
 
     def __init__(
@@ -75,7 +80,8 @@ class PPOTrainer:
         vf_coef: float = 0.5,
         ent_coef: float = 0.0,
         max_grad_norm: float = 0.5,
-        reward_scale: float = 1.0,
+        reward_scale: float = 0.1,
+        sync_every: int = 1,
         image: bool = False,
         **model_kwargs: Any,
     ) -> None:
@@ -85,12 +91,14 @@ class PPOTrainer:
         )
         self.seed, self.device = int(seed), torch.device(device)
         self.model: FlowNet = build_model(self.cfg, self.seed).to(self.device).train()
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=float(lr), eps=1e-5)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=float(lr), eps=1e-5, foreach=True)
         self.updates = 0
         self.ppo_epochs, self.minibatches = int(ppo_epochs), int(minibatches)
         self.clip, self.gamma, self.lam = float(clip), float(gamma), float(lam)
         self.vf_coef, self.ent_coef, self.max_grad_norm = float(vf_coef), float(ent_coef), float(max_grad_norm)
-        self.reward_scale = float(reward_scale)
+        self.reward_scale, self.sync_every = float(reward_scale), int(sync_every)
+        self.obs_stats = {"mean": torch.zeros(obs_dim, dtype=torch.float64),
+                          "var": torch.ones(obs_dim, dtype=torch.float64), "count": 0.0}
         self._metrics: dict[str, list[float]] = {}
 
     # -- advantages -------------------------------------------------------------------------------
@@ -142,6 +150,24 @@ class PPOTrainer:
             for start in range(0, mb_size * self.minibatches, mb_size):
                 self._step(take(batch, perm[start : start + mb_size]))
         self.updates += 1
+        self._track_obs(batch["obs"])
+        if self.updates % self.sync_every == 0 and self.cfg.obs_norm:
+            self.model.obs_mean.copy_(self.obs_stats["mean"])
+            self.model.obs_var.copy_(self.obs_stats["var"])
+
+    @torch.no_grad()
+    def _track_obs(self, obs: Obs) -> None:
+        """Fold a batch's state statistics into the running ones (Chan et al.'s parallel update)."""
+        state = (obs["state"] if isinstance(obs, dict) else obs).detach().to("cpu", torch.float64)
+        n_b, mean_b, var_b = float(state.shape[0]), state.mean(0), state.var(0, unbiased=False)
+        n_a, mean_a, var_a = self.obs_stats["count"], self.obs_stats["mean"], self.obs_stats["var"]
+        total = n_a + n_b
+        delta = mean_b - mean_a
+        self.obs_stats = {
+            "mean": mean_a + delta * (n_b / total),
+            "var": (var_a * n_a + var_b * n_b + delta.square() * (n_a * n_b / total)) / total,
+            "count": total,
+        }
 
     def _step(self, mb: dict[str, Any]) -> None:
         with autocast_for(self.device):
@@ -180,7 +206,8 @@ class PPOTrainer:
         if name == "weights":
             return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         if name == "optimizer":
-            return {"adam": copy.deepcopy(self.opt.state_dict()), "updates": self.updates}
+            return {"adam": copy.deepcopy(self.opt.state_dict()), "updates": self.updates,
+                    "obs_stats": copy.deepcopy(self.obs_stats)}
         raise KeyError(f"{type(self).__name__} has no state object {name!r} (it owns 'weights', 'optimizer')")
 
     def set_state(self, name: str, value: Any) -> None:
@@ -189,6 +216,7 @@ class PPOTrainer:
         elif name == "optimizer":
             self.opt.load_state_dict(copy.deepcopy(value["adam"]))
             self.updates = int(value["updates"])
+            self.obs_stats = copy.deepcopy(value["obs_stats"])
         else:
             raise KeyError(f"{type(self).__name__} has no state object {name!r} (it owns 'weights', 'optimizer')")
 
