@@ -200,6 +200,31 @@ def rewrite(
         out.print(f"wrote {output}")
 
 
+@app.command()
+def execute(
+    file: FileArg,
+    plan: Annotated[Path | None, typer.Option("--plan", help="run this plan (a rewritten workflow) instead of FILE")] = None,
+    backend: Annotated[str, typer.Option("--backend", help="local (threads in this process) or ray (one actor per component)")] = "local",
+    iterations: Annotated[int | None, typer.Option("--iterations", "-n", help="RL iterations (default: the workflow's count)")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="run directory: metrics.jsonl, tb/, trace.json, checkpoints/")] = None,
+    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="checkpoint every N iterations (0: never)")] = 0,
+    resume: Annotated[bool, typer.Option("--resume", help="continue from the last complete checkpoint in --out")] = False,
+    address: Annotated[str | None, typer.Option("--address", help="join this Ray cluster instead of starting one")] = None,
+    call_timeout: Annotated[float, typer.Option("--call-timeout", help="watchdog: seconds an iteration's calls may take")] = 900.0,
+    allow_module: Annotated[list[str] | None, typer.Option("--allow-module", help="extra module prefix for impl (repeatable)")] = None,
+    mps: Annotated[bool, typer.Option("--mps/--no-mps", help="run GPU components under NVIDIA MPS with their quotas")] = True,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no per-iteration lines")] = False,
+    sets: SetOpt = None,
+) -> None:
+    """Train: run RL iterations of a workflow (or plan) on the local or Ray backend."""
+    from .run_cli import execute_command
+
+    code = execute_command(out, err, _load(plan or file, sets), backend=backend, iterations=iterations, out_dir=out_dir,
+                           checkpoint_every=checkpoint_every, resume=resume, address=address, call_timeout=call_timeout,
+                           allowed=tuple(allow_module or ()), mps=mps, quiet=quiet)
+    raise typer.Exit(code)
+
+
 def main() -> None:
     try:
         app()

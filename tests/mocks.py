@@ -91,3 +91,26 @@ class Mock:
 
 
 MockC0 = MockC1 = MockC2 = Mock
+
+
+class Sleeper:
+    """Sleeps, then returns its input plus one: for overlap and fault tests of the runtime."""
+
+    def __init__(self, seconds: float = 0.2, fail_at: int = -1, bad_output: bool = False) -> None:
+        self.seconds = seconds
+        self.fail_at = fail_at
+        self.bad_output = bad_output
+        self.calls = 0
+        self.count = torch.zeros(1)
+
+    def work(self, x: Any = 0) -> dict[str, Any]:
+        import time
+
+        self.calls += 1
+        if self.calls - 1 == self.fail_at:
+            raise RuntimeError(f"planted failure at call {self.fail_at}")
+        time.sleep(self.seconds)
+        self.count = self.count + 1
+        if self.bad_output:
+            return {"wrong": 1}
+        return {"y": torch.as_tensor(x) + 1}

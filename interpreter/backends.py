@@ -1,0 +1,219 @@
+"""Execution backends: where component workers live and how calls reach them.
+
+Both backends take the steps of an iteration in program order and return, for each, one handle per
+output port without waiting; a worker runs its calls in submission order and waits for the handles
+its recipe needs. That is the whole scheduling rule -- each component runs its calls in program
+order, calls of different components overlap as far as their data allow -- and it needs no central
+loop: the futures (local) or ObjectRefs (Ray) carry the dependencies.
+
+* `LocalBackend`: one thread per component in this process (tests, one GPU without MPS).
+* `RayBackend`: one actor per component; GPU actors get their MPS quota and the component's own
+  environment through the actor's runtime environment.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from rose_dsl.ir import Component, ExecutionNode, Workflow
+
+from .schedule import Step
+from .worker import CallFailed, ComponentWorker
+
+__all__ = ["Backend", "LocalBackend", "RayBackend", "CallFailed", "WatchdogTimeout", "group_of"]
+
+PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+class WatchdogTimeout(Exception):
+    def __init__(self, label: str, seconds: float) -> None:
+        super().__init__(f"{label} did not finish within {seconds:.0f} s")
+        self.label, self.seconds = label, seconds
+
+
+def group_of(node: ExecutionNode) -> int | None:
+    name = node.path[-1]
+    for part in reversed(node.path):
+        if "@" in part:
+            return int(part.rsplit("@", 1)[1])
+    return int(name.rsplit("@", 1)[1]) if "@" in name else None
+
+
+def _loop_indices(step: Step, loops_of) -> tuple:
+    return tuple((loop[-1], i) for loop, i in zip(loops_of[step.node.path], step.inv.indices, strict=False))
+
+
+class Backend:
+    name = "?"
+
+    def submit(self, step: Step) -> Sequence[Any]: ...
+    def result(self, handle: Any, timeout: float | None) -> Any: ...
+    def control(self, component: str, method: str, *args: Any) -> Any: ...
+    def components(self) -> list[str]: ...
+    def shutdown(self) -> None: ...
+
+
+class _Port:
+    __slots__ = ("future", "index")
+
+    def __init__(self, future: Future, index: int) -> None:
+        self.future, self.index = future, index
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(self, wf: Workflow, allowed: Sequence[str], loops_of, device: str = "cpu") -> None:
+        self.workers: dict[str, ComponentWorker] = {}
+        self.pools: dict[str, ThreadPoolExecutor] = {}
+        self.loops_of = loops_of
+        try:
+            for name, comp in wf.components.items():
+                dev = device if comp.device == "gpu" else "cpu"
+                self.workers[name] = ComponentWorker(comp, wf.seed, dev, allowed)
+                self.pools[name] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rose-{name}")
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def components(self) -> list[str]:
+        return list(self.workers)
+
+    def submit(self, step: Step) -> Sequence[Any]:
+        worker = self.workers[step.node.component]
+        indices = _loop_indices(step, self.loops_of)
+        group = group_of(step.node)
+
+        def run() -> tuple[Any, ...]:
+            leaves = [h.future.result()[h.index] for h in step.handles]
+            return worker.call(step.label, step.node, step.recipe, leaves, group, indices)
+
+        fut = self.pools[step.node.component].submit(run)
+        return tuple(_Port(fut, i) for i in range(max(1, len(step.node.outputs))))
+
+    def result(self, handle: _Port, timeout: float | None) -> Any:
+        from concurrent.futures import TimeoutError as FutTimeout
+
+        try:
+            return handle.future.result(timeout)[handle.index]
+        except FutTimeout:
+            raise TimeoutError from None
+
+    def control(self, component: str, method: str, *args: Any) -> Any:
+        # through the component's own thread: after every call already submitted to it
+        return self.pools[component].submit(getattr(self.workers[component], method), *args).result()
+
+    def shutdown(self) -> None:
+        for pool in self.pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)
+        for w in self.workers.values():
+            try:
+                w.close()
+            except Exception:  # noqa: BLE001 - best effort at teardown
+                pass
+
+
+class RayBackend(Backend):
+    name = "ray"
+
+    def __init__(self, wf: Workflow, allowed: Sequence[str], loops_of, address: str | None = None,
+                 mps_env: dict[str, dict[str, str]] | None = None, gpus: int | None = None,
+                 start_timeout_s: float = 300.0) -> None:
+        import ray
+
+        self.ray = ray
+        self.loops_of = loops_of
+        self.started_cluster = False
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": "ERROR", "log_to_driver": True}
+            if address:
+                kwargs["address"] = address
+            else:
+                kwargs["num_cpus"] = max(2, len(wf.components) + 1)
+                if gpus is not None:
+                    kwargs["num_gpus"] = gpus
+            ray.init(**kwargs)
+            self.started_cluster = not address
+        self.actors: dict[str, Any] = {}
+        worker_cls = ray.remote(ComponentWorker)
+        nodes_by_comp: dict[str, dict] = {name: {} for name in wf.components}
+        for item in wf.items():
+            if isinstance(item, ExecutionNode):
+                nodes_by_comp[item.component][item.path] = item
+        gpu_comps = [c for c in wf.components.values() if c.device == "gpu"]
+        has_gpu = bool(ray.cluster_resources().get("GPU", 0))
+        for name, comp in wf.components.items():
+            env = self._env(comp, (mps_env or {}).get(name, {}))
+            options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1, "max_restarts": 0,
+                                       "runtime_env": {"env_vars": env}, "name": None}
+            if comp.device == "gpu" and has_gpu:
+                options["num_gpus"] = 1.0 / max(1, len(gpu_comps))  # colocated: all share the GPU
+            device = "cuda" if comp.device == "gpu" and has_gpu else "cpu"
+            self.actors[name] = worker_cls.options(**options).remote(comp, wf.seed, device, list(allowed), True,
+                                                                    comp.gpu if comp.device == "gpu" else None)
+        # construction errors surface here, named by component
+        pending = {name: actor.register_nodes.remote(nodes_by_comp[name]) for name, actor in self.actors.items()}
+        for name, ref in pending.items():
+            try:
+                ray.get(ref, timeout=start_timeout_s)
+            except Exception as exc:
+                self.shutdown()
+                raise CallFailed(f"starting component '{name}'", name, _unwrap(exc)) from None
+
+    @staticmethod
+    def _env(comp: Component, mps: dict[str, str]) -> dict[str, str]:
+        env = {k: str(v) for k, v in comp.env.items()}
+        env.update(mps)
+        paths = [*comp.python_path, PROJECT_ROOT, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def components(self) -> list[str]:
+        return list(self.actors)
+
+    def submit(self, step: Step) -> Sequence[Any]:
+        n = max(1, len(step.node.outputs))
+        actor = self.actors[step.node.component]
+        refs = actor.call_flat.options(num_returns=n).remote(
+            step.label, step.node.path, step.recipe, group_of(step.node), _loop_indices(step, self.loops_of), *step.handles)
+        return (refs,) if n == 1 else tuple(refs)
+
+    def result(self, handle: Any, timeout: float | None) -> Any:
+        try:
+            return self.ray.get(handle, timeout=timeout)
+        except self.ray.exceptions.GetTimeoutError:
+            raise TimeoutError from None
+        except self.ray.exceptions.RayTaskError as exc:
+            cause = exc.cause if isinstance(getattr(exc, "cause", None), CallFailed) else None
+            if cause is not None:
+                raise cause from None
+            raise CallFailed("a call", "?", _unwrap(exc)) from None
+        except self.ray.exceptions.RayActorError as exc:
+            raise CallFailed("a call", "?", f"a component process died: {_unwrap(exc)}") from None
+
+    def control(self, component: str, method: str, *args: Any) -> Any:
+        return self.ray.get(getattr(self.actors[component], method).remote(*args), timeout=600)
+
+    def shutdown(self) -> None:
+        for actor in self.actors.values():
+            try:
+                self.ray.kill(actor)
+            except Exception:  # noqa: BLE001
+                pass
+        self.actors = {}
+        if self.started_cluster and self.ray.is_initialized():
+            self.ray.shutdown()
+
+
+def _unwrap(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[-1] if text else type(exc).__name__
+
+
+def _unused() -> None:
+    del sys

@@ -1,0 +1,198 @@
+"""`rose execute`: RL iterations on a backend, with metrics, traces, checkpoints and resume.
+
+Per iteration: submit every call in program order (the backend returns handles at once), wait for
+them in program order (so the first failure reported is the root cause, not a consumer of it),
+collect the workers' invocation records and metrics, write a metrics line, and checkpoint every N
+iterations. Everything is flushed on every exit path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rose_dsl.ir import Workflow
+
+from .backends import Backend, WatchdogTimeout
+from .checkpoint import CheckpointError, latest_complete, load_checkpoint, save_checkpoint
+from .schedule import Schedule
+from .trace import ExecutionTrace, InvocationRecord
+
+__all__ = ["RunConfig", "Runner", "IterationResult"]
+
+
+@dataclass
+class RunConfig:
+    iterations: int
+    out_dir: Path | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    call_timeout_s: float = 900.0
+    tensorboard: bool = True
+
+
+@dataclass
+class IterationResult:
+    iteration: int
+    seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Runner:
+    def __init__(self, wf: Workflow, backend: Backend, config: RunConfig, schedule: Schedule | None = None,
+                 on_iteration: Callable[[IterationResult], None] | None = None, sampler: Any = None) -> None:
+        self.wf = wf
+        self.backend = backend
+        self.config = config
+        self.schedule = schedule or Schedule(wf)
+        self.on_iteration = on_iteration
+        self.sampler = sampler
+        self.trace = ExecutionTrace(meta={"workflow": wf.name})
+        self.results: list[IterationResult] = []
+        self._metrics_file = None
+        self._tb = None
+        out = config.out_dir
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            self._metrics_file = (out / "metrics.jsonl").open("a")
+            if config.tensorboard:
+                try:
+                    from torch.utils.tensorboard import SummaryWriter
+
+                    self._tb = SummaryWriter(str(out / "tb"))
+                except Exception:  # noqa: BLE001 - TensorBoard is optional output
+                    self._tb = None
+
+    # -- resume -----------------------------------------------------------------------------
+    def restore(self) -> int:
+        """Load the latest complete checkpoint into the workers; return the first iteration to run."""
+        if not self.config.resume:
+            return 0
+        if self.config.out_dir is None:
+            raise CheckpointError("--resume needs --out (the run directory holding checkpoints)")
+        ckpt_dir = self.config.out_dir / "checkpoints"
+        path = latest_complete(ckpt_dir, verify=True)
+        if path is None:
+            raise CheckpointError(f"no complete checkpoint under {ckpt_dir} to resume from")
+        ckpt = load_checkpoint(path)
+        for comp, states in ckpt.states.items():
+            if comp in self.wf.components and states:
+                self.backend.control(comp, "set_states", states)
+        return ckpt.iteration + 1
+
+    def checkpoint(self, k: int) -> Path | None:
+        if self.config.out_dir is None:
+            return None
+        states = {c: self.backend.control(c, "get_states") for c in self.backend.components()}
+        return save_checkpoint(self.config.out_dir / "checkpoints", k, states,
+                               meta={"workflow": self.wf.name, "params": {p: v for p, v in self.wf.params.items()
+                                                                         if isinstance(v, int | float | str | bool)}})
+
+    # -- iterations -------------------------------------------------------------------------
+    def run_iteration(self, k: int) -> IterationResult:
+        t0 = time.perf_counter_ns()
+        submitted = self.schedule.steps(k, self.backend.submit)
+        deadline = time.monotonic() + self.config.call_timeout_s
+        try:
+            for step, handles in submitted:
+                remaining = max(0.0, deadline - time.monotonic())
+                try:
+                    self.backend.result(handles[0], timeout=remaining)
+                except TimeoutError:
+                    raise WatchdogTimeout(step.label, self.config.call_timeout_s) from None
+        finally:
+            self._collect_records()
+        t1 = time.perf_counter_ns()
+        seconds = (t1 - t0) / 1e9
+        metrics: dict[str, float] = {"iteration_s": seconds}
+        for comp in self.backend.components():
+            for name, value in self.backend.control(comp, "pop_metrics").items():
+                metrics[f"{comp}/{name}"] = value
+        steps = sum(v for n, v in metrics.items() if n.endswith("/env_steps"))
+        if steps:
+            metrics["env_steps_per_s"] = steps / seconds
+        tokens = sum(v for n, v in metrics.items() if n.endswith("/tokens"))
+        if tokens:
+            metrics["tokens_per_s"] = tokens / seconds
+        for node, ns in self._time_by_node(t0, t1).items():
+            metrics[f"time/{node}"] = ns / 1e9
+        if self.sampler is not None:
+            act = self.sampler.mean_activity([(t0, t1)])
+            if act is not None:
+                metrics["sm_activity"] = act
+        result = IterationResult(k, seconds, metrics)
+        self.results.append(result)
+        self._log(result)
+        return result
+
+    def _collect_records(self) -> None:
+        for comp in self.backend.components():
+            for r in self.backend.control(comp, "pop_records"):
+                end = max(r["host_end_ns"], r["device_end_ns"] or 0)
+                self.trace.append(InvocationRecord(
+                    call_id=self.trace.new_call_id(), node=r["node"], component=r["component"],
+                    host_start_ns=r["host_start_ns"], host_end_ns=r["host_end_ns"],
+                    device_start_ns=r["host_start_ns"] if r["device_end_ns"] else None,
+                    device_end_ns=end if r["device_end_ns"] else None,
+                    loop_indices=tuple(tuple(x) for x in r["loop_indices"]), group=r["group"],
+                    state=tuple(tuple(x) for x in r["state"]), pid=r["pid"], gpu=r["gpu"], status=r["status"],
+                    error=r["error"]))
+
+    def _time_by_node(self, t0: int, t1: int) -> dict[str, int]:
+        """Busy time per top-level item of the iteration (rollout, training, sync...), groups merged."""
+        out: dict[str, int] = defaultdict(int)
+        for r in self.trace.records():
+            if r.host_start_ns >= t0 and (r.end_ns or 0) <= t1 and r.duration_ns:
+                top = r.node.split(".")[1].split("@")[0] if "." in r.node else r.node
+                out[top] += r.duration_ns
+        return dict(out)
+
+    def _log(self, result: IterationResult) -> None:
+        line = {"iteration": result.iteration, **{k: (None if isinstance(v, float) and math.isnan(v) else v)
+                                                    for k, v in result.metrics.items()}}
+        if self._metrics_file is not None:
+            self._metrics_file.write(json.dumps(line) + "\n")
+            self._metrics_file.flush()
+        if self._tb is not None:
+            for name, value in result.metrics.items():
+                self._tb.add_scalar(name, value, result.iteration)
+        if self.on_iteration is not None:
+            self.on_iteration(result)
+
+    def run(self) -> list[IterationResult]:
+        start = self.restore()
+        try:
+            for k in range(start, self.config.iterations):
+                self.run_iteration(k)
+                every = self.config.checkpoint_every
+                if every and ((k + 1) % every == 0 or k + 1 == self.config.iterations):
+                    self.checkpoint(k)
+        finally:
+            self.close()
+        return self.results
+
+    def close(self) -> None:
+        if self._metrics_file is not None:
+            self._metrics_file.flush()
+            self._metrics_file.close()
+            self._metrics_file = None
+        if self._tb is not None:
+            self._tb.flush()
+            self._tb.close()
+            self._tb = None
+        if self.config.out_dir is not None and len(self.trace):
+            from .chrome_trace import write_chrome_trace
+
+            self.trace.dump_jsonl(self.config.out_dir / "trace.jsonl")
+            activity = {0: self.sampler.samples()} if self.sampler is not None else None
+            write_chrome_trace(self.config.out_dir / "trace.json", self.trace, activity)
+
+
+def _unused(*_: Any) -> None:
+    del CallFailed

@@ -1,0 +1,150 @@
+"""The static per-iteration schedule: every call of an RL iteration in program order, each with a
+*recipe* for its inputs.
+
+A recipe is a small tree (stack / cat / record / slice over leaves) that says how to build the call's
+inputs from earlier calls' outputs; its leaves are backend handles (futures, Ray ObjectRefs). The
+driver computes recipes with the semantics' lazy evaluator (`rose_dsl.semantics.Program`) and never
+touches the data; the worker that runs the call evaluates the recipe with the resolved leaves. So
+data moves producer -> consumer directly, and a value is freed when the last recipe holding it is done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rose_dsl.ir import ExecutionNode, Workflow
+from rose_dsl.semantics import CallSite, Frame, Invocation, Program
+
+from .values import TorchOps
+
+__all__ = ["Leaf", "RecipeOps", "Step", "Schedule", "evaluate_recipe"]
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """A placeholder for the i-th handle passed along with the recipe."""
+
+    index: int
+
+
+class RecipeOps:
+    """ValueOps that build recipe trees instead of values."""
+
+    def stack(self, values: Sequence[Any]) -> Any:
+        return ("stack", tuple(values))
+
+    def cat(self, values: Sequence[Any], dim: int = 0) -> Any:
+        return ("cat", tuple(values), dim)
+
+    def record(self, fields: Mapping[str, Any]) -> Any:
+        return ("record", tuple(fields.items()))
+
+    def slice(self, value: Any, start: int | None, stop: int | None) -> Any:
+        return ("slice", value, start, stop)
+
+    def truth(self, value: Any) -> bool:
+        raise RuntimeError("a loop with a dynamic end cannot be scheduled statically")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One call: where it runs, what it calls, and how its inputs are built."""
+
+    inv: Invocation
+    node: ExecutionNode
+    recipe: tuple[tuple[str, Any], ...]  # (port, recipe) with Leaf placeholders
+    handles: tuple[Any, ...]  # the backend handles the Leaf placeholders stand for
+
+    @property
+    def label(self) -> str:
+        return str(self.inv)
+
+
+class _Handle:
+    """A lookup result during scheduling: an (opaque) backend handle for one output port."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+
+def _flatten(recipe: Any, handles: list[Any], seen: dict[int, int]) -> Any:
+    if isinstance(recipe, _Handle):
+        key = id(recipe.handle)
+        if key not in seen:
+            seen[key] = len(handles)
+            handles.append(recipe.handle)
+        return Leaf(seen[key])
+    if isinstance(recipe, tuple) and recipe and recipe[0] in ("stack", "cat", "record", "slice"):
+        tag = recipe[0]
+        if tag == "stack":
+            return ("stack", tuple(_flatten(v, handles, seen) for v in recipe[1]))
+        if tag == "cat":
+            return ("cat", tuple(_flatten(v, handles, seen) for v in recipe[1]), recipe[2])
+        if tag == "record":
+            return ("record", tuple((k, _flatten(v, handles, seen)) for k, v in recipe[1]))
+        return ("slice", _flatten(recipe[1], handles, seen), recipe[2], recipe[3])
+    if isinstance(recipe, list):
+        return ("list", tuple(_flatten(v, handles, seen) for v in recipe))
+    return ("const", recipe)
+
+
+def evaluate_recipe(recipe: Any, leaves: Sequence[Any], ops: Any = None) -> Any:
+    """Build a value from a recipe and the resolved leaf values (runs in the worker)."""
+    ops = ops or _TORCH
+    if isinstance(recipe, Leaf):
+        return leaves[recipe.index]
+    tag = recipe[0]
+    if tag == "const":
+        return recipe[1]
+    if tag == "stack":
+        return ops.stack([evaluate_recipe(v, leaves, ops) for v in recipe[1]])
+    if tag == "cat":
+        return ops.cat([evaluate_recipe(v, leaves, ops) for v in recipe[1]], recipe[2])
+    if tag == "record":
+        return ops.record({k: evaluate_recipe(v, leaves, ops) for k, v in recipe[1]})
+    if tag == "slice":
+        return ops.slice(evaluate_recipe(recipe[1], leaves, ops), recipe[2], recipe[3])
+    if tag == "list":
+        return [evaluate_recipe(v, leaves, ops) for v in recipe[1]]
+    raise ValueError(f"unknown recipe {tag!r}")
+
+
+_TORCH = TorchOps()
+
+
+class Schedule:
+    """A workflow compiled for execution: call sites per iteration and their input recipes."""
+
+    def __init__(self, wf: Workflow) -> None:
+        self.program = Program(wf)
+        self.workflow = wf
+        dynamic = [i for i in wf.items() if getattr(i, "until", None) is not None]
+        if dynamic:
+            raise ValueError(f"loop '{dynamic[0].name}' ends on a condition; the runtime schedules static loops only")
+        self._root_carry: dict[int, dict[str, Any]] = {}  # values the iteration loop carries (as recipes)
+
+    def sites(self, k: int) -> list[CallSite]:
+        return list(self.program.unroll(k))
+
+    def steps(self, k: int, submit: Callable[[Step], Sequence[Any]]) -> list[tuple[Step, Sequence[Any]]]:
+        """Build every step of iteration k in program order and `submit` it; `submit` returns one handle
+        per output port (in `node.outputs` order), which later recipes then refer to."""
+        handles: dict[Invocation, dict[str, Any]] = {}
+        frame = Frame(lambda inv, port: _Handle(handles[inv][port]), RecipeOps(), root_carry=self._root_carry)
+        out = []
+        for site in self.sites(k):
+            raw = self.program.inputs(site, frame)
+            leaves: list[Any] = []
+            seen: dict[int, int] = {}
+            recipe = tuple((port, _flatten(value, leaves, seen)) for port, value in raw.items())
+            step = Step(site.inv, site.node, recipe, tuple(leaves))
+            result = submit(step)
+            handles[site.inv] = dict(zip(site.node.outputs, result, strict=False))
+            out.append((step, result))
+        self.program.end_iteration(k, frame)
+        self._root_carry = {j: v for j, v in frame.root_carry.items() if j > k}
+        return out

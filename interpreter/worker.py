@@ -1,0 +1,154 @@
+"""A component worker: one component object and the calls the schedule sends it, in order.
+
+The same class runs in a thread (local backend) and as a Ray actor (ray backend). A call builds its
+inputs from a recipe, invokes the component method, waits for the device when the process uses CUDA
+(host return is not GPU readiness), records an invocation record on the shared clock, and returns
+one value per output port.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from rose_dsl.ir import Component, ExecutionNode
+
+from .components import ComponentError, construct, get_state, invoke, set_state
+from .schedule import evaluate_recipe
+
+__all__ = ["ComponentWorker", "CallFailed"]
+
+
+class CallFailed(Exception):
+    """A component call raised: carries the invocation label and the component's traceback text."""
+
+    def __init__(self, label: str, component: str, message: str, detail: str = "") -> None:
+        super().__init__(f"{label} ({component}): {message}")
+        self.label, self.component, self.message, self.detail = label, component, message, detail
+
+    def __reduce__(self):
+        return (CallFailed, (self.label, self.component, self.message, self.detail))
+
+
+def _to_cpu(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu() if value.device.type != "cpu" else value
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+class ComponentWorker:
+    def __init__(self, comp: Component, seed: int, device: str, allowed: Sequence[str], outputs_to_cpu: bool = False,
+                 gpu_index: int | None = None) -> None:
+        self.comp = comp
+        self.name = comp.name
+        self.device = device
+        self.gpu_index = gpu_index
+        self.outputs_to_cpu = outputs_to_cpu
+        self.records: list[dict[str, Any]] = []
+        self.nodes: dict[tuple[str, ...], ExecutionNode] = {}
+        self.obj = construct(comp, seed, device, allowed)
+
+    def register_nodes(self, nodes: dict[tuple[str, ...], ExecutionNode]) -> int:
+        """The nodes this worker will be asked to run (sent once, not with every call)."""
+        self.nodes.update(nodes)
+        return len(self.nodes)
+
+    def call_flat(self, label: str, path: tuple[str, ...], recipe: tuple, group: int | None, loop_indices: tuple,
+                  *leaves: Any) -> Any:
+        """The Ray entry point: leaves arrive as top-level arguments, so Ray resolves them first."""
+        values = self.call(label, self.nodes[path], recipe, leaves, group, loop_indices)
+        return values[0] if len(values) == 1 else values
+
+    # -- calls ------------------------------------------------------------------------------
+    def call(self, label: str, node: ExecutionNode, recipe: tuple, leaves: Sequence[Any], group: int | None,
+             loop_indices: tuple) -> tuple[Any, ...]:
+        start = time.perf_counter_ns()
+        try:
+            inputs = {port: evaluate_recipe(r, leaves) for port, r in recipe}
+            outs = invoke(self.obj, node, inputs, label)
+            device_end = self._wait_device(outs)
+        except ComponentError as exc:
+            self._record(label, node, start, time.perf_counter_ns(), None, group, loop_indices, "error", str(exc))
+            raise CallFailed(label, self.name, str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - reported with the node path, not swallowed
+            self._record(label, node, start, time.perf_counter_ns(), None, group, loop_indices, "error", repr(exc))
+            raise CallFailed(label, self.name, f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=8)) from None
+        end = time.perf_counter_ns()
+        self._record(label, node, start, end, device_end, group, loop_indices, "ok", None)
+        values = tuple(outs[o] for o in node.outputs)
+        if self.outputs_to_cpu:
+            values = tuple(_to_cpu(v) for v in values)
+        return values if values else (None,)
+
+    def _wait_device(self, outs: dict[str, Any]) -> int | None:
+        """Block until the device work behind the outputs is done; return the host time it was."""
+        waited = False
+        try:
+            import torch
+
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+                waited = True
+        except Exception:  # noqa: BLE001 - no CUDA in this process
+            pass
+        for v in outs.values():
+            ready = getattr(v, "block_until_ready", None)  # JAX arrays
+            if callable(ready):
+                ready()
+                waited = True
+        return time.perf_counter_ns() if waited else None
+
+    def _record(self, label, node, start, end, device_end, group, loop_indices, status, error) -> None:
+        self.records.append({
+            "node": ".".join(node.path), "label": label, "component": self.name, "host_start_ns": start,
+            "host_end_ns": end, "device_end_ns": device_end, "group": group, "loop_indices": loop_indices,
+            "state": tuple((e.state, e.access.value) for e in node.effects), "pid": os.getpid(),
+            "gpu": self.gpu_index, "status": status, "error": error,
+        })
+
+    # -- control ----------------------------------------------------------------------------
+    def pop_records(self) -> list[dict[str, Any]]:
+        out, self.records = self.records, []
+        return out
+
+    def pop_metrics(self) -> dict[str, float]:
+        hook = getattr(self.obj, "pop_metrics", None)
+        if not callable(hook):
+            return {}
+        metrics = hook() or {}
+        return {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+
+    def get_states(self) -> dict[str, Any]:
+        return {so.name: _to_cpu(get_state(self.obj, self.comp, so.name)) for so in self.comp.state}
+
+    def set_states(self, states: dict[str, Any]) -> None:
+        for name, value in states.items():
+            set_state(self.obj, self.comp, name, value)
+
+    def info(self) -> dict[str, Any]:
+        """What this process sees: its pid and, on a GPU, the SM count its MPS quota leaves it."""
+        info: dict[str, Any] = {"pid": os.getpid(), "component": self.name,
+                                "mps_quota": os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")}
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                info["sm_count"] = torch.cuda.get_device_properties(0).multi_processor_count
+                info["gpu_name"] = torch.cuda.get_device_name(0)
+        except Exception as exc:  # noqa: BLE001
+            info["cuda_error"] = repr(exc)
+        return info
+
+    def close(self) -> None:
+        hook = getattr(self.obj, "close", None)
+        if callable(hook):
+            hook()

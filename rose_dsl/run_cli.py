@@ -1,0 +1,142 @@
+"""The body of `rose execute`: set up MPS, the backend, GPU sampling and the runner; report failures as
+one message naming the node path and iteration, tear everything down on every exit path.
+
+Exit codes: 0 done, 1 internal error, 2 invalid input, 3 a component failed, 4 the watchdog fired,
+5 a checkpoint problem.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .importcheck import DEFAULT_ALLOWED
+from .ir import Workflow
+
+__all__ = ["execute_command", "EXIT_COMPONENT", "EXIT_WATCHDOG", "EXIT_CHECKPOINT"]
+
+EXIT_COMPONENT, EXIT_WATCHDOG, EXIT_CHECKPOINT = 3, 4, 5
+
+
+def _fmt(metrics: dict[str, float]) -> str:
+    keys = ["iteration_s", "env_steps_per_s", "tokens_per_s", "sm_activity"]
+    shown = [f"{k.replace('_per_s', '/s')} {metrics[k]:.4g}" for k in keys if k in metrics]
+    shown += [f"{k} {v:.4g}" for k, v in metrics.items() if "/" in k and not k.startswith("time/")][:8]
+    return "  ".join(shown)
+
+
+def execute_command(out: Console, err: Console, wf: Workflow, *, backend: str, iterations: int | None,
+                    out_dir: Path | None, checkpoint_every: int, resume: bool, address: str | None,
+                    call_timeout: float, allowed: tuple[str, ...], mps: bool, quiet: bool) -> int:
+    from interpreter.backends import CallFailed, LocalBackend, RayBackend, WatchdogTimeout
+    from interpreter.checkpoint import CheckpointError
+    from interpreter.components import ComponentError
+    from interpreter.runner import RunConfig, Runner
+    from interpreter.schedule import Schedule
+
+    if backend not in ("local", "ray"):
+        err.print(f"--backend must be 'local' or 'ray', not {backend!r}")
+        return 2
+    try:
+        schedule = Schedule(wf)
+    except ValueError as exc:
+        err.print(f"{wf.file}: {exc}")
+        return 2
+    n = iterations if iterations is not None else (wf.root.count or 1)
+    allowed_all = allowed + DEFAULT_ALLOWED
+    gpu_components = [c for c in wf.components.values() if c.device == "gpu"]
+    daemon, sampler, be = None, None, None
+    started = time.perf_counter()
+    try:
+        if gpu_components:
+            daemon, sampler = _gpu_setup(err, wf, mps, out_dir)
+        mps_env: dict[str, dict[str, str]] = {}
+        if daemon is not None and daemon.active:
+            mps_env = {c.name: daemon.client_env(c.mps_quota) for c in gpu_components}
+        device = "cuda" if gpu_components and _cuda() else "cpu"
+        if gpu_components and device == "cpu":
+            names = ", ".join(c.name for c in gpu_components)
+            err.print(f"error: component(s) {names} need a GPU (device: gpu) and none is available here; "
+                      "use a CPU configuration of the workflow (device: cpu)", markup=False)
+            return 2
+        if backend == "local":
+            be = LocalBackend(wf, allowed_all, schedule.program.loops_of, device)
+        else:
+            be = RayBackend(wf, allowed_all, schedule.program.loops_of, address=address, mps_env=mps_env)
+        for name in be.components():
+            info = be.control(name, "info") if backend == "ray" else None
+            if info and info.get("sm_count"):
+                out.print(f"component {name}: pid {info['pid']}, {info['sm_count']} SMs visible"
+                          f"{' (MPS quota ' + str(info['mps_quota']) + '%)' if info.get('mps_quota') else ''}")
+        config = RunConfig(iterations=n, out_dir=out_dir, checkpoint_every=checkpoint_every, resume=resume,
+                           call_timeout_s=call_timeout)
+        progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                            TimeElapsedColumn(), console=out, transient=True, disable=quiet)
+
+        def on_iteration(result: Any) -> None:
+            progress.update(task, completed=result.iteration + 1)
+            if not quiet:
+                progress.console.print(f"it {result.iteration:>4}  {_fmt(result.metrics)}", markup=False)
+
+        runner = Runner(wf, be, config, schedule, on_iteration, sampler)
+        with progress:
+            task = progress.add_task(wf.name, total=n)
+            results = runner.run()
+        total = time.perf_counter() - started
+        out.print(f"done: {len(results)} iterations in {total:.1f} s" + (f"; outputs in {out_dir}" if out_dir else ""))
+        return 0
+    except (CallFailed, ComponentError) as exc:
+        err.print(f"error: {exc}", markup=False)
+        detail = getattr(exc, "detail", "")
+        if detail:
+            err.print(detail.rstrip(), markup=False)
+        err.print("stopped; the last complete checkpoint (if any) is intact", markup=False)
+        return EXIT_COMPONENT
+    except WatchdogTimeout as exc:
+        err.print(f"error: watchdog: {exc}; raise --call-timeout if this call is legitimately slow", markup=False)
+        return EXIT_WATCHDOG
+    except CheckpointError as exc:
+        err.print(f"error: checkpoint: {exc}", markup=False)
+        return EXIT_CHECKPOINT
+    except KeyboardInterrupt:
+        err.print("interrupted; stopping components")
+        return 130
+    finally:
+        if be is not None:
+            be.shutdown()
+        if sampler is not None:
+            sampler.close()
+        if daemon is not None:
+            daemon.stop()
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _gpu_setup(err: Console, wf: Workflow, mps: bool, out_dir: Path | None):
+    from interpreter.gpu_activity import ActivitySampler
+    from interpreter.mps import MpsDaemon
+
+    daemon = None
+    if mps:
+        daemon = MpsDaemon(base_dir=(out_dir / "mps") if out_dir else None)
+        daemon.start()
+        if daemon.warning:
+            err.print(f"warning: {daemon.warning}", markup=False)
+    sampler = ActivitySampler(0)
+    try:
+        sampler.open()
+        sampler.start()
+    except Exception:  # noqa: BLE001 - no NVML: run without activity
+        sampler = None
+    return daemon, sampler

@@ -1,0 +1,164 @@
+"""The runtime executes what the semantics define: the local and Ray backends give the reference
+interpreter's final state; independent components overlap in time; a rewritten plan runs to the same
+result as its source on Ray; faults stop the run with the node path and iteration."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from interpreter.backends import CallFailed, LocalBackend, RayBackend
+from interpreter.components import instantiate
+from interpreter.reference import run_reference
+from interpreter.runner import RunConfig, Runner
+from interpreter.schedule import Schedule
+from rose_dsl import load_workflow, load_workflow_text
+from rose_dsl.transforms import apply_request, compose
+from tests.transforms.harness import mockify
+
+ROOT = Path(__file__).resolve().parents[2]
+ALLOWED = ("tests.",)
+
+
+def _ppo():
+    wf = load_workflow(ROOT / "workflows" / "embodied_ppo.yaml", {"num_envs": 6, "steps": 3, "epochs": 2, "denoise_steps": 2})
+    return mockify(wf, batch=6)
+
+
+def _reference_states(wf, iterations=3):
+    comps = instantiate(wf, ALLOWED)
+    run_reference(wf, comps, range(iterations))
+    return {n: {s.name: comps[n].get_state(s.name) for s in c.state} for n, c in wf.components.items()}
+
+
+def _run(wf, backend_cls, iterations=3, **kw):
+    sch = Schedule(wf)
+    be = backend_cls(wf, ALLOWED, sch.program.loops_of, **kw)
+    try:
+        runner = Runner(wf, be, RunConfig(iterations=iterations, tensorboard=False), sch)
+        runner.run()
+        states = {n: be.control(n, "get_states") for n in be.components()}
+        return states, runner
+    finally:
+        be.shutdown()
+
+
+def _assert_same(a, b):
+    assert a.keys() == b.keys()
+    for comp in a:
+        for name in a[comp]:
+            assert torch.equal(a[comp][name], b[comp][name]), (comp, name)
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
+    yield ray
+    ray.shutdown()
+
+
+def test_local_backend_matches_reference() -> None:
+    wf = _ppo()
+    states, _ = _run(wf, LocalBackend)
+    _assert_same(_reference_states(wf), states)
+
+
+def test_ray_backend_matches_reference_and_plan_matches_source(ray_session) -> None:
+    wf = _ppo()
+    ref = _reference_states(wf)
+    states, _ = _run(wf, RayBackend)
+    _assert_same(ref, states)
+    plan = apply_request(wf, "split step 2")
+    plan = compose(plan, apply_request(plan.workflow, "interleave step"))
+    plan = compose(plan, apply_request(plan.workflow, "fuse epoch update"))
+    plan_states, _ = _run(plan.workflow, RayBackend)
+    _assert_same(ref, plan_states)
+
+
+SLEEPERS = """
+rose: 1
+name: two-sleepers
+components:
+  a: {impl: "tests.mocks:Sleeper", args: {seconds: 0.3}}
+  b: {impl: "tests.mocks:Sleeper", args: {seconds: 0.3}}
+iteration:
+  count: 2
+  body:
+    - {node: wa, call: a.work, in: {x: iteration.i}, out: [y]}
+    - {node: wb, call: b.work, in: {x: iteration.i}, out: [y]}
+"""
+
+
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_independent_components_overlap_in_the_trace(backend, request) -> None:
+    if backend == "ray":
+        request.getfixturevalue("ray_session")
+    wf = load_workflow_text(SLEEPERS, "sleepers.yaml")
+    _, runner = _run(wf, LocalBackend if backend == "local" else RayBackend, iterations=2)
+    recs = runner.trace.records()
+    for k in range(2):
+        a = next(r for r in recs if r.node == "iteration.wa" and r.loop_indices[0][1] == k)
+        b = next(r for r in recs if r.node == "iteration.wb" and r.loop_indices[0][1] == k)
+        overlap = min(a.host_end_ns, b.host_end_ns) - max(a.host_start_ns, b.host_start_ns)
+        assert overlap > 0.2e9, f"iteration {k}: overlap {overlap / 1e9:.3f} s"
+    assert {r.pid for r in recs if r.node == "iteration.wa"} != {r.pid for r in recs if r.node == "iteration.wb"} \
+        or backend == "local"
+
+
+def test_a_failing_call_is_reported_with_its_node_and_iteration() -> None:
+    wf = load_workflow_text(SLEEPERS.replace("args: {seconds: 0.3}}\n  b:", "args: {seconds: 0.0, fail_at: 1}}\n  b:"), "f.yaml")
+    with pytest.raises(CallFailed) as info:
+        _run(wf, LocalBackend, iterations=2)
+    assert "iteration.wa[1]" in str(info.value) and "planted failure at call 1" in str(info.value)
+
+
+def _cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "rose_dsl.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+@pytest.mark.parametrize(("change", "expected", "code"), [
+    ("args: {seconds: 0.0, fail_at: 0}", "iteration.wa[0] (a): RuntimeError: planted failure at call 0", 3),
+    ("args: {seconds: 0.0, bad_output: true}", "iteration.wa[0]: a.work did not return y, z (returned wrong)", 3),
+    ("args: {seconds: 0.0, nope: 1}", "constructing component 'a' (tests.mocks:Sleeper) failed", 3),
+])
+def test_cli_faults(tmp_path, change, expected, code) -> None:
+    text = SLEEPERS.replace("args: {seconds: 0.3}}\n  b:", change + "}\n  b:")
+    text = text.replace("call: a.work, in: {x: iteration.i}, out: [y]", "call: a.work, in: {x: iteration.i}, out: [y, z]")
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(text)
+    proc = _cli("execute", str(wf), "--allow-module", "tests", "-n", "2", "--out", str(tmp_path / "run"))
+    assert proc.returncode == code, proc.stderr
+    assert expected in proc.stderr
+    assert (tmp_path / "run" / "metrics.jsonl").exists() or code == 3
+
+
+def test_cli_gpu_component_without_gpu(tmp_path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(SLEEPERS.replace('a: {impl: "tests.mocks:Sleeper"', 'a: {device: gpu, impl: "tests.mocks:Sleeper"'))
+    proc = _cli("execute", str(wf), "--allow-module", "tests", "-n", "1")
+    assert proc.returncode == 2 and "need a GPU (device: gpu)" in proc.stderr
+
+
+def test_checkpoint_and_resume_continue_the_same_run(tmp_path) -> None:
+    wf = _ppo()
+    straight, _ = _run(wf, LocalBackend, iterations=4)
+    sch = Schedule(wf)
+    be = LocalBackend(wf, ALLOWED, sch.program.loops_of)
+    Runner(wf, be, RunConfig(iterations=2, out_dir=tmp_path, checkpoint_every=1, tensorboard=False), sch).run()
+    be.shutdown()
+    sch = Schedule(wf)
+    be = LocalBackend(wf, ALLOWED, sch.program.loops_of)
+    runner = Runner(wf, be, RunConfig(iterations=4, out_dir=tmp_path, checkpoint_every=1, resume=True, tensorboard=False), sch)
+    results = runner.run()
+    resumed = {n: be.control(n, "get_states") for n in be.components()}
+    be.shutdown()
+    assert [r.iteration for r in results] == [2, 3]
+    _assert_same(straight, resumed)
