@@ -214,6 +214,3 @@ def _unwrap(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[-1] if text else type(exc).__name__
 
-
-def _unused() -> None:
-    del sys

@@ -193,6 +193,3 @@ class Runner:
             activity = {0: self.sampler.samples()} if self.sampler is not None else None
             write_chrome_trace(self.config.out_dir / "trace.json", self.trace, activity)
 
-
-def _unused(*_: Any) -> None:
-    del CallFailed

@@ -249,6 +249,3 @@ def unique_name(name: str, taken: set[str]) -> str:
         n += 1
     return f"{name}_{n}"
 
-
-def _unused(*_: Any) -> None:  # keep linters quiet about helper re-exports
-    return None
