@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from ..expr import BinOp, Call, Expr, Int, IterRef, Neg, Param, Record, Ref, Slice
 from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
