@@ -87,6 +87,7 @@ def execute_command(out: Console, err: Console, wf: Workflow, *, backend: str, i
             task = progress.add_task(wf.name, total=n)
             results = runner.run()
         total = time.perf_counter() - started
+        _print_curve(out, results)
         out.print(f"done: {len(results)} iterations in {total:.1f} s" + (f"; outputs in {out_dir}" if out_dir else ""))
         return 0
     except (CallFailed, ComponentError) as exc:
@@ -112,6 +113,29 @@ def execute_command(out: Console, err: Console, wf: Workflow, *, backend: str, i
             sampler.close()
         if daemon is not None:
             daemon.stop()
+
+
+CURVE_METRICS = ("episode_return", "reward", "mean_reward")
+
+
+def _print_curve(out: Console, results: list) -> None:
+    """The learning curve at the end of a run: the first reward-like metric, averaged over windows."""
+    if len(results) < 2:
+        return
+    name = next((k for k in results[-1].metrics for m in CURVE_METRICS if k.endswith("/" + m)), None)
+    if name is None:
+        return
+    values = [(r.iteration, r.metrics[name]) for r in results if name in r.metrics]
+    windows = min(10, len(values))
+    size = max(1, len(values) // windows)
+    blocks = "▁▂▃▄▅▆▇█"
+    means = []
+    for w in range(0, len(values), size):
+        chunk = values[w:w + size]
+        means.append((chunk[0][0], chunk[-1][0], sum(v for _, v in chunk) / len(chunk)))
+    lo, hi = min(m for *_, m in means), max(m for *_, m in means)
+    spark = "".join(blocks[int((m - lo) / (hi - lo + 1e-12) * (len(blocks) - 1))] for *_, m in means)
+    out.print(f"{name}: {spark}  " + "  ".join(f"[{a}-{b}] {m:.3g}" for a, b, m in means), markup=False)
 
 
 def _cuda() -> bool:
