@@ -40,20 +40,27 @@ iteration:
 
 
 def rose_runner(backend: str, calls: int):
-    from interpreter.backends import LocalBackend, RayBackend
-    from interpreter.runner import RunConfig, Runner
+    from interpreter.backends import LocalBackend, RayBackend, RayCompiledBackend
     from interpreter.schedule import Schedule
     from rose_dsl import load_workflow_text
 
     wf = load_workflow_text(CHAIN.format(half=calls // 2), "chain.yaml")
     sch = Schedule(wf)
-    be = (LocalBackend if backend == "local" else RayBackend)(wf, ("examples.",), sch.program.loops_of)
-    runner = Runner(wf, be, RunConfig(iterations=1, tensorboard=False), sch)
+    cls = {"local": LocalBackend, "ray": RayBackend, "ray-compiled": RayCompiledBackend}[backend]
+    be = cls(wf, ("examples.",), sch.program.loops_of)
+    if backend == "ray-compiled":
+        be.compile(sch)
     k = [0]
 
     def once() -> float:
+        # the calls of one iteration, without the per-iteration bookkeeping (metrics, trace collection)
         t = time.perf_counter()
-        runner.run_iteration(k[0])
+        if backend == "ray-compiled":
+            be.execute_iteration(k[0], 600)
+        else:
+            submitted = sch.steps(k[0], be.submit)
+            for _, handles in submitted:
+                be.result(handles[0], 600)
         k[0] += 1
         return (time.perf_counter() - t) / calls
 
@@ -123,6 +130,7 @@ def main() -> None:
     methods, closers, errors = {}, [], {}
     for name, make in [("rose_local", lambda: rose_runner("local", args.calls)),
                        ("rose_ray", lambda: rose_runner("ray", args.calls)),
+                       ("rose_ray_compiled", lambda: rose_runner("ray-compiled", args.cg_calls)),
                        ("ray_remote_get_each", lambda: plain_ray(args.calls, False)),
                        ("ray_remote_pipelined", lambda: plain_ray(args.calls, True)),
                        ("ray_compiled_graph", lambda: compiled_graph(args.cg_calls))]:

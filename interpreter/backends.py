@@ -24,7 +24,7 @@ from rose_dsl.ir import Component, ExecutionNode, Workflow
 from .schedule import Step
 from .worker import CallFailed, ComponentWorker
 
-__all__ = ["Backend", "LocalBackend", "RayBackend", "CallFailed", "WatchdogTimeout", "group_of"]
+__all__ = ["Backend", "LocalBackend", "RayBackend", "RayCompiledBackend", "CallFailed", "WatchdogTimeout", "group_of"]
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -156,7 +156,8 @@ class RayBackend(Backend):
             self.actors[name] = worker_cls.options(**options).remote(comp, wf.seed, device, list(allowed), True,
                                                                     comp.gpu if comp.device == "gpu" else None)
         # construction errors surface here, named by component
-        pending = {name: actor.register_nodes.remote(nodes_by_comp[name]) for name, actor in self.actors.items()}
+        loops = {p: tuple(v) for p, v in loops_of.items()}
+        pending = {name: actor.register_nodes.remote(nodes_by_comp[name], loops) for name, actor in self.actors.items()}
         for name, ref in pending.items():
             try:
                 ray.get(ref, timeout=start_timeout_s)
@@ -214,3 +215,86 @@ def _unwrap(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[-1] if text else type(exc).__name__
 
+
+
+class _CGPort:
+    __slots__ = ("node", "index")
+
+    def __init__(self, node: Any, index: int) -> None:
+        self.node, self.index = node, index
+
+
+class RayCompiledBackend(RayBackend):
+    """The Ray backend with the iteration compiled once into a Ray Compiled Graph: one DAG node per
+    call, bound in program order, with the previous call of the same component as an ordering input
+    (each component still runs its calls in program order), the RL iteration number as the DAG input.
+    Each iteration is then one `execute(k)`: no per-call scheduling by the driver or Ray's scheduler."""
+
+    name = "ray-compiled"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.dag = None
+        self.steps: list[Step] = []
+
+    def compile(self, schedule: Any) -> None:
+        from ray.dag import InputNode, MultiOutputNode
+
+        from .iteration_var import K
+
+        last_on: dict[str, Any] = {}
+        consumed: set[int] = set()
+        nodes: list[Any] = []
+        with InputNode() as inp:
+            def bind(step: Step) -> Sequence[Any]:
+                unique: list[Any] = []
+                index: dict[int, int] = {}
+                ports = []
+                for h in step.handles:
+                    key = id(h.node)
+                    if key not in index:
+                        index[key] = len(unique)
+                        unique.append(h.node)
+                    ports.append((index[key], h.index))
+                    consumed.add(key)
+                comp = step.node.component
+                # order after this component's previous call, unless a data input already does
+                tokens = [last_on[comp]] if comp in last_on and id(last_on[comp]) not in index else []
+                for t in tokens:
+                    consumed.add(id(t))
+                node = self.actors[comp].call_compiled.bind(
+                    step.node.path, step.recipe, group_of(step.node), step.inv.indices, tuple(ports), len(tokens),
+                    inp, *tokens, *unique)
+                last_on[comp] = node
+                nodes.append(node)
+                self.steps.append(step)
+                return tuple(_CGPort(node, i) for i in range(max(1, len(step.node.outputs))))
+
+            schedule.steps(K, bind)
+            sinks = [n for n in nodes if id(n) not in consumed]
+            out = MultiOutputNode(sinks)
+        self.dag = out.experimental_compile()
+
+    def execute_iteration(self, k: int, timeout: float | None) -> None:
+        assert self.dag is not None
+        refs = self.dag.execute(k)
+        try:
+            self.ray.get(refs, timeout=timeout)
+        except self.ray.exceptions.RayChannelTimeoutError:
+            raise TimeoutError from None
+        except self.ray.exceptions.GetTimeoutError:
+            raise TimeoutError from None
+        except self.ray.exceptions.RayTaskError as exc:
+            cause = exc.cause if isinstance(getattr(exc, "cause", None), CallFailed) else None
+            if cause is not None:
+                raise cause from None
+            raise CallFailed("a call", "?", _unwrap(exc)) from None
+
+    def shutdown(self) -> None:
+        if self.dag is not None:
+            try:
+                self.dag.teardown()
+            except Exception:  # noqa: BLE001
+                pass
+            self.dag = None
+        super().shutdown()

@@ -97,6 +97,15 @@ class Runner:
     # -- iterations -------------------------------------------------------------------------
     def run_iteration(self, k: int) -> IterationResult:
         t0 = time.perf_counter_ns()
+        if hasattr(self.backend, "execute_iteration"):
+            try:
+                try:
+                    self.backend.execute_iteration(k, self.config.call_timeout_s)
+                except TimeoutError:
+                    raise WatchdogTimeout(f"iteration {k}", self.config.call_timeout_s) from None
+            finally:
+                self._collect_records()
+            return self._finish(k, t0, time.perf_counter_ns())
         submitted = self.schedule.steps(k, self.backend.submit)
         deadline = time.monotonic() + self.config.call_timeout_s
         try:
@@ -108,7 +117,9 @@ class Runner:
                     raise WatchdogTimeout(step.label, self.config.call_timeout_s) from None
         finally:
             self._collect_records()
-        t1 = time.perf_counter_ns()
+        return self._finish(k, t0, time.perf_counter_ns())
+
+    def _finish(self, k: int, t0: int, t1: int) -> IterationResult:
         seconds = (t1 - t0) / 1e9
         metrics: dict[str, float] = {"iteration_s": seconds}
         for comp in self.backend.components():

@@ -17,6 +17,7 @@ from typing import Any
 from rose_dsl.ir import ExecutionNode, Workflow
 from rose_dsl.semantics import CallSite, Frame, Invocation, Program
 
+from .iteration_var import KExpr, resolve_k
 from .values import TorchOps
 
 __all__ = ["Leaf", "RecipeOps", "Step", "Schedule", "evaluate_recipe"]
@@ -72,6 +73,8 @@ class _Handle:
 
 
 def _flatten(recipe: Any, handles: list[Any], seen: dict[int, int]) -> Any:
+    if isinstance(recipe, KExpr):
+        return ("k", recipe)
     if isinstance(recipe, _Handle):
         key = id(recipe.handle)
         if key not in seen:
@@ -92,24 +95,29 @@ def _flatten(recipe: Any, handles: list[Any], seen: dict[int, int]) -> Any:
     return ("const", recipe)
 
 
-def evaluate_recipe(recipe: Any, leaves: Sequence[Any], ops: Any = None) -> Any:
-    """Build a value from a recipe and the resolved leaf values (runs in the worker)."""
+def evaluate_recipe(recipe: Any, leaves: Sequence[Any], ops: Any = None, k: int | None = None) -> Any:
+    """Build a value from a recipe and the resolved leaf values (runs in the worker). `k` is the RL
+    iteration when the recipe was compiled for a symbolic one."""
     ops = ops or _TORCH
     if isinstance(recipe, Leaf):
         return leaves[recipe.index]
     tag = recipe[0]
     if tag == "const":
         return recipe[1]
+    if tag == "k":
+        assert k is not None, "a compiled recipe needs the iteration number"
+        return resolve_k(recipe[1], k)
     if tag == "stack":
-        return ops.stack([evaluate_recipe(v, leaves, ops) for v in recipe[1]])
+        return ops.stack([evaluate_recipe(v, leaves, ops, k) for v in recipe[1]])
     if tag == "cat":
-        return ops.cat([evaluate_recipe(v, leaves, ops) for v in recipe[1]], recipe[2])
+        return ops.cat([evaluate_recipe(v, leaves, ops, k) for v in recipe[1]], recipe[2])
     if tag == "record":
-        return ops.record({k: evaluate_recipe(v, leaves, ops) for k, v in recipe[1]})
+        return ops.record({name: evaluate_recipe(v, leaves, ops, k) for name, v in recipe[1]})
     if tag == "slice":
-        return ops.slice(evaluate_recipe(recipe[1], leaves, ops), recipe[2], recipe[3])
+        start, stop = resolve_k(recipe[2], k) if k is not None else recipe[2], resolve_k(recipe[3], k) if k is not None else recipe[3]
+        return ops.slice(evaluate_recipe(recipe[1], leaves, ops, k), start, stop)
     if tag == "list":
-        return [evaluate_recipe(v, leaves, ops) for v in recipe[1]]
+        return [evaluate_recipe(v, leaves, ops, k) for v in recipe[1]]
     raise ValueError(f"unknown recipe {tag!r}")
 
 
@@ -130,7 +138,7 @@ class Schedule:
     def sites(self, k: int) -> list[CallSite]:
         return list(self.program.unroll(k))
 
-    def steps(self, k: int, submit: Callable[[Step], Sequence[Any]]) -> list[tuple[Step, Sequence[Any]]]:
+    def steps(self, k: Any, submit: Callable[[Step], Sequence[Any]]) -> list[tuple[Step, Sequence[Any]]]:
         """Build every step of iteration k in program order and `submit` it; `submit` returns one handle
         per output port (in `node.outputs` order), which later recipes then refer to."""
         handles: dict[Invocation, dict[str, Any]] = {}

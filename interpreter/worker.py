@@ -45,6 +45,10 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
+def _loop_names(path: tuple[str, ...], indices: tuple, loops: dict) -> list[tuple[str, Any]]:
+    return [(loop[-1], i) for loop, i in zip(loops.get(path, ()), indices, strict=False)]
+
+
 class ComponentWorker:
     def __init__(self, comp: Component, seed: int, device: str, allowed: Sequence[str], outputs_to_cpu: bool = False,
                  gpu_index: int | None = None) -> None:
@@ -55,11 +59,14 @@ class ComponentWorker:
         self.outputs_to_cpu = outputs_to_cpu
         self.records: list[dict[str, Any]] = []
         self.nodes: dict[tuple[str, ...], ExecutionNode] = {}
+        self.loops: dict[tuple[str, ...], tuple[tuple[str, ...], ...]] = {}
         self.obj = construct(comp, seed, device, allowed)
 
-    def register_nodes(self, nodes: dict[tuple[str, ...], ExecutionNode]) -> int:
-        """The nodes this worker will be asked to run (sent once, not with every call)."""
+    def register_nodes(self, nodes: dict[tuple[str, ...], ExecutionNode],
+                       loops: dict[tuple[str, ...], tuple[tuple[str, ...], ...]] | None = None) -> int:
+        """The nodes this worker will be asked to run, and the loops around each (sent once)."""
         self.nodes.update(nodes)
+        self.loops.update(loops or {})
         return len(self.nodes)
 
     def call_flat(self, label: str, path: tuple[str, ...], recipe: tuple, group: int | None, loop_indices: tuple,
@@ -69,11 +76,25 @@ class ComponentWorker:
         return values[0] if len(values) == 1 else values
 
     # -- calls ------------------------------------------------------------------------------
+    def call_compiled(self, path: tuple[str, ...], recipe: tuple, group: int | None, indices: tuple,
+                      ports: tuple[tuple[int, int], ...], tokens: int, k: int, *values: Any) -> tuple[Any, ...]:
+        """The Compiled Graph entry point: `values` are this call's ordering tokens followed by the whole
+        outputs of its producers; `ports` picks each leaf as (producer, port). `indices` and the recipe
+        hold the RL iteration symbolically; `k` is its value for this execution."""
+        from .iteration_var import resolve_k
+
+        producers = values[tokens:]
+        leaves = [producers[n][p] for n, p in ports]
+        concrete = tuple(resolve_k(i, k) for i in indices)
+        label = ".".join(path) + "".join(f"[{i}]" for i in concrete)
+        loop_indices = tuple((name, resolve_k(i, k)) for name, i in _loop_names(path, concrete, self.loops))
+        return self.call(label, self.nodes[path], recipe, leaves, group, loop_indices, k)
+
     def call(self, label: str, node: ExecutionNode, recipe: tuple, leaves: Sequence[Any], group: int | None,
-             loop_indices: tuple) -> tuple[Any, ...]:
+             loop_indices: tuple, k: int | None = None) -> tuple[Any, ...]:
         start = time.perf_counter_ns()
         try:
-            inputs = {port: evaluate_recipe(r, leaves) for port, r in recipe}
+            inputs = {port: evaluate_recipe(r, leaves, None, k) for port, r in recipe}
             outs = invoke(self.obj, node, inputs, label)
             device_end = self._wait_device(outs)
         except ComponentError as exc:

@@ -214,6 +214,7 @@ def execute(
     allow_module: Annotated[list[str] | None, typer.Option("--allow-module", help="extra module prefix for impl (repeatable)")] = None,
     mps: Annotated[bool, typer.Option("--mps/--no-mps", help="run GPU components under NVIDIA MPS with their quotas")] = True,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no per-iteration lines")] = False,
+    compiled: Annotated[bool, typer.Option("--compiled/--no-compiled", help="ray: compile each iteration into a Ray Compiled Graph")] = True,
     sets: SetOpt = None,
 ) -> None:
     """Train: run RL iterations of a workflow (or plan) on the local or Ray backend."""
@@ -221,7 +222,7 @@ def execute(
 
     code = execute_command(out, err, _load(plan or file, sets), backend=backend, iterations=iterations, out_dir=out_dir,
                            checkpoint_every=checkpoint_every, resume=resume, address=address, call_timeout=call_timeout,
-                           allowed=tuple(allow_module or ()), mps=mps, quiet=quiet)
+                           allowed=tuple(allow_module or ()), mps=mps, quiet=quiet, compiled=compiled)
     raise typer.Exit(code)
 
 

@@ -31,8 +31,8 @@ def _fmt(metrics: dict[str, float]) -> str:
 
 def execute_command(out: Console, err: Console, wf: Workflow, *, backend: str, iterations: int | None,
                     out_dir: Path | None, checkpoint_every: int, resume: bool, address: str | None,
-                    call_timeout: float, allowed: tuple[str, ...], mps: bool, quiet: bool) -> int:
-    from interpreter.backends import CallFailed, LocalBackend, RayBackend, WatchdogTimeout
+                    call_timeout: float, allowed: tuple[str, ...], mps: bool, quiet: bool, compiled: bool = True) -> int:
+    from interpreter.backends import CallFailed, LocalBackend, RayBackend, RayCompiledBackend, WatchdogTimeout
     from interpreter.checkpoint import CheckpointError
     from interpreter.components import ComponentError
     from interpreter.runner import RunConfig, Runner
@@ -65,6 +65,15 @@ def execute_command(out: Console, err: Console, wf: Workflow, *, backend: str, i
             return 2
         if backend == "local":
             be = LocalBackend(wf, allowed_all, schedule.program.loops_of, device)
+        elif compiled:
+            be = RayCompiledBackend(wf, allowed_all, schedule.program.loops_of, address=address, mps_env=mps_env)
+            try:
+                be.compile(schedule)
+            except Exception as exc:  # noqa: BLE001 - fall back to per-call dispatch, said plainly
+                err.print(f"warning: cannot compile the iteration into a Ray Compiled Graph ({type(exc).__name__}: "
+                          f"{exc}); dispatching call by call", markup=False)
+                be.dag = None
+                be.__class__ = RayBackend
         else:
             be = RayBackend(wf, allowed_all, schedule.program.loops_of, address=address, mps_env=mps_env)
         for name in be.components():

@@ -149,9 +149,10 @@ def test_sim_fault_handling(on_nan: str) -> None:
 
 
 # -- policy ---------------------------------------------------------------------------------------
-def make_policy(num_envs: int = 6) -> FlowPolicy:
+def make_policy(num_envs: int = 6, row_block: int | str = "auto") -> FlowPolicy:
     """A policy with randomized weights (the zero-initialized action head would hide mismatches)."""
-    policy = FlowPolicy(obs_dim=10, act_dim=2, chunk=3, num_envs=num_envs, hidden=32, denoise_steps=3, seed=4)
+    policy = FlowPolicy(obs_dim=10, act_dim=2, chunk=3, num_envs=num_envs, hidden=32, denoise_steps=3, seed=4,
+                        row_block=row_block)
     gen = torch.Generator().manual_seed(0)
     policy.load_weights({k: v + 0.2 * torch.randn(v.shape, generator=gen) for k, v in policy.rollout_weights.items()})
     return policy
@@ -166,8 +167,9 @@ def phased(policy: FlowPolicy, obs: torch.Tensor, rows: slice | None = None, **k
     return policy.head(x=x, prefix=first["prefix"], rows=rows, x0=first["x"], **keys)
 
 
-def test_policy_act_equals_phases_and_is_split_invariant() -> None:
-    policy = make_policy()
+@pytest.mark.parametrize("row_block", ["auto", 4])  # one padded block / several blocks
+def test_policy_act_equals_phases_and_is_split_invariant(row_block: int | str) -> None:
+    policy = make_policy(row_block=row_block)
     obs = torch.randn(6, 10, generator=torch.Generator().manual_seed(1))
     keys = {"it": 3, "ep": 1, "t": 7}
     ref = policy.act(obs=obs, **keys)

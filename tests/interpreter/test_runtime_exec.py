@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from interpreter.backends import CallFailed, LocalBackend, RayBackend
+from interpreter.backends import CallFailed, LocalBackend, RayBackend, RayCompiledBackend
 from interpreter.components import instantiate
 from interpreter.reference import run_reference
 from interpreter.runner import RunConfig, Runner
@@ -38,6 +38,8 @@ def _reference_states(wf, iterations=3):
 def _run(wf, backend_cls, iterations=3, **kw):
     sch = Schedule(wf)
     be = backend_cls(wf, ALLOWED, sch.program.loops_of, **kw)
+    if isinstance(be, RayCompiledBackend):
+        be.compile(sch)
     try:
         runner = Runner(wf, be, RunConfig(iterations=iterations, tensorboard=False), sch)
         runner.run()
@@ -78,6 +80,8 @@ def test_ray_backend_matches_reference_and_plan_matches_source(ray_session) -> N
     plan = compose(plan, apply_request(plan.workflow, "fuse epoch update"))
     plan_states, _ = _run(plan.workflow, RayBackend)
     _assert_same(ref, plan_states)
+    compiled_states, _ = _run(plan.workflow, RayCompiledBackend)
+    _assert_same(ref, compiled_states)
 
 
 SLEEPERS = """
@@ -94,12 +98,13 @@ iteration:
 """
 
 
-@pytest.mark.parametrize("backend", ["local", "ray"])
+@pytest.mark.parametrize("backend", ["local", "ray", "ray-compiled"])
 def test_independent_components_overlap_in_the_trace(backend, request) -> None:
-    if backend == "ray":
+    if backend != "local":
         request.getfixturevalue("ray_session")
     wf = load_workflow_text(SLEEPERS, "sleepers.yaml")
-    _, runner = _run(wf, LocalBackend if backend == "local" else RayBackend, iterations=2)
+    cls = {"local": LocalBackend, "ray": RayBackend, "ray-compiled": RayCompiledBackend}[backend]
+    _, runner = _run(wf, cls, iterations=2)
     recs = runner.trace.records()
     for k in range(2):
         a = next(r for r in recs if r.node == "iteration.wa" and r.loop_indices[0][1] == k)
