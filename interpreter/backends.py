@@ -138,32 +138,61 @@ class RayBackend(Backend):
                     kwargs["num_gpus"] = gpus
             ray.init(**kwargs)
             self.started_cluster = not address
+        self.wf = wf
+        self.allowed = list(allowed)
+        self.mps_env = dict(mps_env or {})
+        self.start_timeout_s = start_timeout_s
         self.actors: dict[str, Any] = {}
-        worker_cls = ray.remote(ComponentWorker)
-        nodes_by_comp: dict[str, dict] = {name: {} for name in wf.components}
+        self._worker_cls = ray.remote(ComponentWorker)
+        self._nodes_by_comp: dict[str, dict] = {name: {} for name in wf.components}
         for item in wf.items():
             if isinstance(item, ExecutionNode):
-                nodes_by_comp[item.component][item.path] = item
-        gpu_comps = [c for c in wf.components.values() if c.device == "gpu"]
-        has_gpu = bool(ray.cluster_resources().get("GPU", 0))
+                self._nodes_by_comp[item.component][item.path] = item
+        self._loops = {p: tuple(v) for p, v in loops_of.items()}
+        self._has_gpu = bool(ray.cluster_resources().get("GPU", 0))
+        self._gpu_share = 1.0 / max(1, sum(1 for c in wf.components.values() if c.device == "gpu"))
         for name, comp in wf.components.items():
-            env = self._env(comp, (mps_env or {}).get(name, {}))
-            options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1, "max_restarts": 0,
-                                       "runtime_env": {"env_vars": env}, "name": None}
-            if comp.device == "gpu" and has_gpu:
-                options["num_gpus"] = 1.0 / max(1, len(gpu_comps))  # colocated: all share the GPU
-            device = "cuda" if comp.device == "gpu" and has_gpu else "cpu"
-            self.actors[name] = worker_cls.options(**options).remote(comp, wf.seed, device, list(allowed), True,
-                                                                    comp.gpu if comp.device == "gpu" else None)
+            self.actors[name] = self._launch(comp)
         # construction errors surface here, named by component
-        loops = {p: tuple(v) for p, v in loops_of.items()}
-        pending = {name: actor.register_nodes.remote(nodes_by_comp[name], loops) for name, actor in self.actors.items()}
-        for name, ref in pending.items():
-            try:
-                ray.get(ref, timeout=start_timeout_s)
-            except Exception as exc:
-                self.shutdown()
-                raise CallFailed(f"starting component '{name}'", name, _unwrap(exc)) from None
+        for name in list(self.actors):
+            self._await_ready(name)
+
+    def _launch(self, comp: Component) -> Any:
+        env = self._env(comp, self.mps_env.get(comp.name, {}))
+        options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1, "max_restarts": 0,
+                                   "runtime_env": {"env_vars": env}}
+        if comp.venv:
+            options["runtime_env"]["py_executable"] = str(Path(comp.venv) / "bin" / "python")
+        if comp.device == "gpu" and self._has_gpu:
+            options["num_gpus"] = self._gpu_share  # colocated: the GPU components share it
+        device = "cuda" if comp.device == "gpu" and self._has_gpu else "cpu"
+        actor = self._worker_cls.options(**options).remote(comp, self.wf.seed, device, self.allowed, True,
+                                                           comp.gpu if comp.device == "gpu" else None)
+        actor.register_nodes.remote(self._nodes_by_comp[comp.name], self._loops)
+        return actor
+
+    def _await_ready(self, name: str) -> None:
+        try:
+            self.ray.get(self.actors[name].info.remote(), timeout=self.start_timeout_s)
+        except Exception as exc:
+            self.shutdown()
+            raise CallFailed(f"starting component '{name}'", name, _unwrap(exc)) from None
+
+    def replace_actor(self, name: str, quota: int | None, mps_env: dict[str, str] | None = None) -> dict[str, Any]:
+        """Move a component to a new process (e.g. under another MPS quota, which is fixed for a process's
+        lifetime): its declared state is read from the old actor, the old one is stopped, and the new one
+        starts from that state -- no training progress is lost. Returns the new process's info."""
+        from dataclasses import replace as dc_replace
+
+        states = self.control(name, "get_states")
+        comp = dc_replace(self.wf.components[name], mps_quota=quota)
+        if mps_env is not None:
+            self.mps_env[name] = mps_env
+        self.ray.kill(self.actors[name])
+        self.actors[name] = self._launch(comp)
+        self._await_ready(name)
+        self.control(name, "set_states", states)
+        return self.control(name, "info")
 
     @staticmethod
     def _env(comp: Component, mps: dict[str, str]) -> dict[str, str]:

@@ -17,7 +17,7 @@ from typing import Any
 from rose_dsl.importcheck import DEFAULT_ALLOWED, module_allowed
 from rose_dsl.ir import Component, ExecutionNode, Workflow
 
-__all__ = ["ComponentError", "resolve_impl", "construct", "instantiate", "invoke", "get_state", "set_state"]
+__all__ = ["ComponentError", "resolve_impl", "construct", "instantiate", "invoke", "check_batch", "get_state", "set_state"]
 
 
 class ComponentError(Exception):
@@ -88,6 +88,29 @@ def invoke(obj: Any, node: ExecutionNode, inputs: Mapping[str, Any], where: str 
     if missing:
         raise ComponentError(f"{label}: {node.call} did not return {', '.join(missing)} (returned {', '.join(map(str, result))})")
     return {o: result[o] for o in outs}
+
+
+def check_batch(node: ExecutionNode, outputs: Mapping[str, Any], label: str) -> None:
+    """A batch-separable node with a declared batch size must return that many rows (its group's rows)."""
+    if node.batch is None or node.batch_size is None:
+        return
+    rows = node.rows[1] - node.rows[0] if node.rows else node.batch_size
+    for port, value in outputs.items():
+        for leaf_name, leaf in _leaves(port, value):
+            shape = getattr(leaf, "shape", None)
+            if shape is None or len(shape) <= node.batch:
+                continue
+            if shape[node.batch] != rows:
+                raise ComponentError(f"{label}: output '{leaf_name}' of {node.call} has {shape[node.batch]} rows along "
+                                     f"dim {node.batch}; the node declares a batch of {rows}")
+
+
+def _leaves(name: str, value: Any):
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _leaves(f"{name}.{k}", v)
+    else:
+        yield name, value
 
 
 def get_state(obj: Any, comp: Component, name: str) -> Any:

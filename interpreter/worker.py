@@ -16,7 +16,7 @@ from typing import Any
 
 from rose_dsl.ir import Component, ExecutionNode
 
-from .components import ComponentError, construct, get_state, invoke, set_state
+from .components import ComponentError, check_batch, construct, get_state, invoke, set_state
 from .schedule import evaluate_recipe
 
 __all__ = ["ComponentWorker", "CallFailed"]
@@ -96,6 +96,7 @@ class ComponentWorker:
         try:
             inputs = {port: evaluate_recipe(r, leaves, None, k) for port, r in recipe}
             outs = invoke(self.obj, node, inputs, label)
+            check_batch(node, outs, label)
             device_end = self._wait_device(outs)
         except ComponentError as exc:
             self._record(label, node, start, time.perf_counter_ns(), None, group, loop_indices, "error", str(exc))

@@ -75,10 +75,8 @@ CASES: list[tuple[str, str, str]] = [
      "wf.yaml:97:23: iteration.body[1].body[0].in.traj: in 'epoch[*].step.traj': '[*]' gives every iteration: wrap it in stack(...) or cat(...)"),
     ("iteration_out_of_range", sub('in: {traj: "epoch[update.i].step.traj"}', 'in: {traj: "epoch[7].step.traj"}'),
      "wf.yaml:97:29: iteration.body[1].body[0].in.traj: in 'epoch[7].step.traj': iteration 7 of loop 'epoch' does not exist (count 2)"),
-    ("phase_effects_differ", sub("                  state: {rollout_weights: read}\n                  out: [prefix, x]",
-                                 "                  out: [prefix, x]").replace(
-        "                      state: {rollout_weights: read}\n                      out: [x]", "                      out: [x]").replace(
-        "                  state: {rollout_weights: read}\n                  out: [action, logp, value]", "                  out: [action, logp, value]"),
+    ("phase_effects_differ", PPO.replace("                      state: {rollout_weights: read}\n", "").replace(
+        "                  state: {rollout_weights: read}\n", ""),
      "wf.yaml:61:17: iteration.body[0].body[1].body[0].phases: node 'act' declares 'policy.rollout_weights: read' but its phases never access it"),
     ("bad_call_syntax", mini("    - {node: p, call: a-f}\n"),
      "wf.yaml:9:23: iteration.body[0].call: a string ('a-f') is not a valid call (component.method)"),

@@ -110,7 +110,8 @@ def test_independent_components_overlap_in_the_trace(backend, request) -> None:
         a = next(r for r in recs if r.node == "iteration.wa" and r.loop_indices[0][1] == k)
         b = next(r for r in recs if r.node == "iteration.wb" and r.loop_indices[0][1] == k)
         overlap = min(a.host_end_ns, b.host_end_ns) - max(a.host_start_ns, b.host_start_ns)
-        assert overlap > 0.2e9, f"iteration {k}: overlap {overlap / 1e9:.3f} s"
+        shorter = min(a.duration_ns, b.duration_ns)
+        assert overlap > 0.5 * shorter, f"iteration {k}: overlap {overlap / 1e9:.3f} s of {shorter / 1e9:.3f} s"
     assert {r.pid for r in recs if r.node == "iteration.wa"} != {r.pid for r in recs if r.node == "iteration.wb"} \
         or backend == "local"
 
@@ -167,3 +168,24 @@ def test_checkpoint_and_resume_continue_the_same_run(tmp_path) -> None:
     be.shutdown()
     assert [r.iteration for r in results] == [2, 3]
     _assert_same(straight, resumed)
+
+
+def test_replacing_an_actor_keeps_its_state_and_applies_the_new_environment(ray_session) -> None:
+    """A quota change moves the component to a new process; training continues from the same state."""
+    wf = _ppo()
+    straight, _ = _run(wf, LocalBackend, iterations=4)
+    sch = Schedule(wf)
+    be = RayBackend(wf, ALLOWED, sch.program.loops_of)
+    try:
+        runner = Runner(wf, be, RunConfig(iterations=4, tensorboard=False), sch)
+        runner.run_iteration(0)
+        runner.run_iteration(1)
+        old_pid = be.control("sim", "info")["pid"]
+        info = be.replace_actor("sim", 40, {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40"})
+        assert info["pid"] != old_pid and info["mps_quota"] == "40"
+        runner.run_iteration(2)
+        runner.run_iteration(3)
+        states = {n: be.control(n, "get_states") for n in be.components()}
+    finally:
+        be.shutdown()
+    _assert_same(straight, states)
