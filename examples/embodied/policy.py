@@ -52,7 +52,7 @@ class FlowPolicy:
 
     Extra keyword arguments (`layers`, `heads`, `expert_layers`, `obs_tokens`, `num_instructions`,
     `image_size`, `patch`, `init_log_std`, `noise_std`, ...) go to `FlowNetConfig`; the trainer must
-    get the same ones. `row_block` (default: 16 on the CPU, off on CUDA) is the block size of the
+    get the same ones. `row_block` (default: 64 on the CPU, off on CUDA) is the block size of the
     batch-invariant evaluation; `None` turns it off.
     """
 
@@ -80,7 +80,7 @@ class FlowPolicy:
         self.model: FlowNet = build_model(self.cfg, self.seed).to(self.device).eval()
         self.model.requires_grad_(False)
         if row_block == "auto":
-            row_block = None if self.device.type == "cuda" else 16
+            row_block = None if self.device.type == "cuda" else 64
         self.row_block = None if row_block is None else min(int(row_block), self.num_envs)
 
     # -- helpers ------------------------------------------------------------------------------

@@ -99,6 +99,7 @@ class PPOTrainer:
         self.reward_scale, self.sync_every = float(reward_scale), int(sync_every)
         self.obs_stats = {"mean": torch.zeros(obs_dim, dtype=torch.float64),
                           "var": torch.ones(obs_dim, dtype=torch.float64), "count": 0.0}
+        self.value_batch = 4096
         self._metrics: dict[str, list[float]] = {}
 
     # -- advantages -------------------------------------------------------------------------------
@@ -106,9 +107,13 @@ class PPOTrainer:
     def _values(self, obs: Obs) -> torch.Tensor:
         """Critic values of `[T, N, ...]` observations under the current weights -> `[T, N]`."""
         flat = flatten_time(obs)
+        size = (flat["state"] if isinstance(flat, dict) else flat).shape[0]
+        parts = []
         with autocast_for(self.device):
-            values = self.model.value(self.model.backbone(flat))
-        return values.view(*(obs["state"] if isinstance(obs, dict) else obs).shape[:2])
+            for start in range(0, size, self.value_batch):  # bounded activation memory for big models
+                chunk = take(flat, torch.arange(start, min(size, start + self.value_batch), device=self.device))
+                parts.append(self.model.value(self.model.backbone(chunk)))
+        return torch.cat(parts).view(*(obs["state"] if isinstance(obs, dict) else obs).shape[:2])
 
     def _advantages(self, traj: Traj) -> tuple[torch.Tensor, torch.Tensor | None]:
         """GAE advantages `[T, N]` and value targets `[T, N]`."""

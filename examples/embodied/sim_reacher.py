@@ -162,9 +162,9 @@ class ReacherVecSim:
             for j in range(self.chunk):
                 result = self._substep(r, act[i, j])
                 if isinstance(result, str):
-                    self._render_into(final_images, i, r)
                     if self.on_nan == "stop":
                         raise EnvFault(f"ReacherVecSim: env {r} faulted at episode step {self.steps[r]}: {result}")
+                    self._render_into(final_images, i, r)
                     self._faults += 1
                     last = obs if obs is not None else self._current_obs(r)
                     final_out[i], obs = last, self._end_episode(r, record=False)
