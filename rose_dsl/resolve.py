@@ -63,12 +63,15 @@ class ParentInput:
 
 @dataclass(frozen=True)
 class IterSelect:
-    """`loop[index].inner`: `index_loop` is the loop whose current index selects (kind 'loop')."""
+    """`loop[index].inner`: `index_loop` is the loop whose current index selects (kind 'loop').
+    When the loop was split in time, `family` lists its groups (each runs some of the iterations);
+    `loop` and `inner` then refer to the first group."""
 
     loop: Path
     index: Index
     index_loop: Path | None
     inner: tuple[Use, ...]
+    family: tuple[Path, ...] = ()
 
 
 Binding = Union[NodePort, LoopIndex, CarryIn, ParentInput, IterSelect]  # noqa: UP007
@@ -224,14 +227,20 @@ class Resolver:
         return names
 
     def _iterref(self, e: IterRef, scope: Scope, pos: float, self_loop: LoopNode | None) -> Binding:
-        loop = self._find_loop(e, scope, pos, self_loop)
+        found = self._find_loop(e, scope, pos, self_loop)
+        family: tuple[Path, ...] = ()
+        if isinstance(found, tuple):
+            family = tuple(m.path for m in found)
+            loop = found[0]
+        else:
+            loop = found
         index_loop = None
         if e.index.kind == "loop":
             b = self._ref(Ref(e.index.offset, e.index.loop, "i"), scope, pos)
             if not isinstance(b, LoopIndex):
                 raise ResolveError(e.index.offset, f"'{e.index.loop}.i' is not the index of an enclosing loop")
             index_loop = b.loop
-        elif e.index.kind == "int" and loop.count is not None and e.index.value >= loop.count:
+        elif e.index.kind == "int" and loop.count is not None and e.index.value >= loop.count and not family:
             raise ResolveError(e.index.offset, f"iteration {e.index.value} of loop '{loop.name}' does not exist "
                                f"(count {loop.count})")
         if loop.dynamic and e.index.kind in ("int", "loop"):
@@ -239,9 +248,16 @@ class Resolver:
         body = self.body_scope[loop.path]
         inner: list[Use] = []
         self._walk(e.inner, body, float(len(body.items)), None, inner)
-        return IterSelect(loop.path, e.index, index_loop, tuple(inner))
+        return IterSelect(loop.path, e.index, index_loop, tuple(inner), family)
 
-    def _find_loop(self, e: IterRef, scope: Scope, pos: float, self_loop: LoopNode | None) -> LoopNode:
+    def resolve_in_body(self, expr: Expr, loop: Path) -> list[Use]:
+        """Resolve `expr` as if at the end of `loop`'s body (the inner part of an iteration reference)."""
+        body = self.body_scope[loop]
+        uses: list[Use] = []
+        self._walk(expr, body, float(len(body.items)), None, uses)
+        return uses
+
+    def _find_loop(self, e: IterRef, scope: Scope, pos: float, self_loop: LoopNode | None) -> LoopNode | tuple[LoopNode, ...]:
         if self_loop is not None and self_loop.name == e.loop:
             return self_loop
         s: Scope | None = scope
@@ -257,6 +273,12 @@ class Resolver:
                 if idx >= pos:
                     raise ResolveError(e.offset, f"loop '{e.loop}' runs later in the same iteration", target=target.path)
                 return target
+            members = [(i, it) for i, it in enumerate(s.items)
+                       if isinstance(it, LoopNode) and it.split_of == e.loop and it.iterations is not None]
+            if members:
+                if any(i >= pos for i, _ in members):
+                    raise ResolveError(e.offset, f"loop '{e.loop}' runs later in the same iteration", target=members[0][1].path)
+                return tuple(it for _, it in members)
             pos = float(s.index)
             s = s.parent
         raise ResolveError(e.offset, f"unknown loop '{e.loop}'", did_you_mean(e.loop, self._visible(scope)))

@@ -94,6 +94,7 @@ class Program:
         self.items = self.resolver.items
         self.loops_of = {p: enclosing_loops(p, self.items) for p in self.items}
         self._bindings: dict[tuple[Path, str], dict[int, Binding]] = {}
+        self._family_tables: dict[tuple[int, Path], dict[int, Binding]] = {}
 
     # -- bindings ---------------------------------------------------------------------------
     def bound(self, item: Item, key: str, expr: Expr) -> dict[int, Binding]:
@@ -208,6 +209,9 @@ class Program:
                 assert isinstance(parent, ExecutionNode)
                 e = dict(parent.inputs)[port]
                 return self.evaluate(e, self.bound(parent, f"in.{port}", e), ctx, frame)
+            case IterSelect(family=family) if family:
+                assert isinstance(expr, IterRef)
+                return self._family(b, expr, ctx, frame)
             case IterSelect(loop=loop_path, index=ix, index_loop=index_loop):
                 assert isinstance(expr, IterRef)
                 loop = self.items[loop_path]
@@ -230,6 +234,46 @@ class Program:
                 results = [self.evaluate(expr.inner, bound, {**ctx, loop_path: j}, frame) for j in picks]
                 return results if ix.kind == "all" else results[0]
         raise SemanticError(f"unknown binding {b!r}")
+
+    def _family(self, b: IterSelect, expr: IterRef, ctx: Ctx, frame: Frame) -> Any:
+        """An iteration reference to a loop split in time: each iteration is in one group's body."""
+        owner: dict[int, Path] = {}
+        for member in b.family:
+            loop = self.items[member]
+            assert isinstance(loop, LoopNode)
+            for j in self.ran(loop, ctx, frame):
+                owner[j] = member
+        ran = sorted(owner)
+        ix = b.index
+        if ix.kind == "all":
+            picks = ran
+        elif ix.kind == "last":
+            picks = ran[-1:]
+        elif ix.kind == "int":
+            picks = [ix.value]
+        else:
+            assert b.index_loop is not None
+            picks = [ctx[b.index_loop]]
+        results = []
+        for j in picks:
+            if j not in owner:
+                raise SemanticError(f"iteration {j} of loop '{expr.loop}' did not run")
+            member = owner[j]
+            key = (id(expr), member)
+            table = self._family_tables.get(key)
+            if table is None:
+                table = {}
+
+                def add(uses, table=table):
+                    for u in uses:
+                        table[id(u.expr)] = u.binding
+                        if isinstance(u.binding, IterSelect):
+                            add(u.binding.inner)
+
+                add(self.resolver.resolve_in_body(expr.inner, member))
+                self._family_tables[key] = table
+            results.append(self.evaluate(expr.inner, table, {**ctx, member: j}, frame))
+        return results if ix.kind == "all" else results[0]
 
     def output(self, path: Path, port: str, ctx: Ctx, frame: Frame) -> Any:
         """Output `port` of item `path` in the iterations `ctx` selects."""

@@ -17,12 +17,14 @@ from ..ir import ExecutionNode, LoopNode, Workflow
 from .common import Refused, Rewritten, item_paths
 from .reorder import expand, fuse_loops, interleave, rewire
 from .split import split_loop_body, split_node
+from .temporal import split_temporal
 
-__all__ = ["Refused", "Rewritten", "split_node", "split_loop_body", "rewire", "fuse_loops", "interleave", "expand",
+__all__ = ["Refused", "Rewritten", "split_node", "split_loop_body", "split_temporal", "rewire", "fuse_loops", "interleave", "expand",
            "apply_request", "compose", "REQUEST_HELP"]
 
 REQUEST_HELP = """rewrite requests (names are item names, or dotted paths below `iteration` when a name is ambiguous):
   split NAME K               split a batch-separable node, or every item of a loop body, into K row groups
+  split-time LOOP K          split the iterations of a free loop into K groups (round robin) that may overlap
   interleave LOOP [STAGGER]  stagger the groups of a split loop body
   fuse LOOP_A LOOP_B         run iteration j of LOOP_B right after iteration j of LOOP_A
   rewire NAME before|after SIBLING
@@ -66,6 +68,8 @@ def apply_request(wf: Workflow, request: str) -> Rewritten:
         if isinstance(item, LoopNode):
             return split_loop_body(wf, path, k)
         return split_node(wf, path, k)
+    if op == "split-time" and len(args) == 2:
+        return split_temporal(wf, resolve_name(wf, args[0]), _int(args[1], "K"))
     if op == "interleave" and len(args) in (1, 2):
         return interleave(wf, resolve_name(wf, args[0]), _int(args[1], "STAGGER") if len(args) == 2 else 1)
     if op == "fuse" and len(args) == 2:

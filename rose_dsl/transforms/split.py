@@ -101,11 +101,13 @@ def _repath(item: Item, old: Path, new: Path) -> Item:
     return replace(item, path=path, src=())
 
 
-def split_node(wf: Workflow, path: Path, k: int, batch_size: int | None = None) -> Rewritten:
+def split_node(wf: Workflow, path: Path, k: int, batch_size: int | None = None, *, force: bool = False) -> Rewritten:
+    """`force` skips the separability check (only to show, in tests, what the check prevents)."""
     node = find(wf, path)
     if not isinstance(node, ExecutionNode):
         raise Refused(f"'{node.name}' is a loop: split its body (split_loop_body) or its iterations (temporal split)")
-    _check_separable(node)
+    if not force:
+        _check_separable(node)
     groups = row_groups(_batch_size(node, batch_size), k, f"'{node.name}'")
     resolver = Resolver(wf)
     parent = path[:-1]

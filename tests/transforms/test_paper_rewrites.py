@@ -20,7 +20,7 @@ PPO = Path(__file__).resolve().parents[2] / "workflows" / "embodied_ppo.yaml"
 
 @pytest.fixture(scope="module")
 def ppo():
-    wf = load_workflow(PPO, {"num_envs": 6, "steps": 3, "epochs": 2, "denoise_steps": 2})
+    wf = load_workflow(PPO, {"num_envs": 6, "steps": 3, "epochs": 4, "denoise_steps": 2})
     return mockify(wf, batch=6)
 
 
@@ -46,6 +46,8 @@ def _same(original, rewritten, seeds=(0, 1, 2)):
     ("split step 2", "rewire env@0 before act@1"),  # Figure 9c: a rewire inside the interaction step
     ("split act 2",),  # the policy call split by rows (its phases go with each group)
     ("split reset 2",),
+    ("split-time epoch 2",),  # Figure 9b: rollout epochs in two groups, each with its own simulator copy
+    ("split-time epoch 2", "split epoch@0.step 2", "split epoch@1.step 2"),
 ])
 def test_paper_rewrites_preserve_results(ppo, requests) -> None:
     result = _apply(ppo, *requests)
@@ -61,6 +63,8 @@ def test_paper_rewrites_preserve_results(ppo, requests) -> None:
     (("split step 5",), "does not divide the batch"),
     (("split step 2", "rewire act@1 after env@1"), "'act@1' runs later"),
     (("fuse update epoch",), "runs after"),
+    (("split-time update 2",), "is dependent"),
+    (("split-time step 2",), "is dependent"),
 ])
 def test_illegal_rewrites_are_refused_with_the_dependency(ppo, requests, reason) -> None:
     with pytest.raises(Refused) as info:

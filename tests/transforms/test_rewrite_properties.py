@@ -8,6 +8,7 @@ something that now runs later) or a different result -- the checker is not vacuo
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
@@ -19,6 +20,7 @@ from rose_dsl.serialize import to_yaml
 from rose_dsl.transforms.common import Refused, Rewritten
 from rose_dsl.transforms.reorder import fuse_loops, interleave, rewire
 from rose_dsl.transforms.split import split_loop_body, split_node
+from rose_dsl.transforms.temporal import split_temporal
 
 from ..strategies import workflows
 from .harness import differences, execute
@@ -41,7 +43,7 @@ def _random_rewrite(wf: Workflow, data) -> tuple[str, Rewritten | Refused]:
     items = _candidates(wf)
     loops = [i for i in items if isinstance(i, LoopNode)]
     nodes = [i for i in items if isinstance(i, ExecutionNode)]
-    ops = ["rewire", "split_node"] + (["split_loop", "interleave", "fuse"] if loops else [])
+    ops = ["rewire", "split_node"] + (["split_loop", "interleave", "fuse", "split_time"] if loops else [])
     op = data.draw(st.sampled_from(ops))
     try:
         if op == "rewire":
@@ -64,6 +66,8 @@ def _random_rewrite(wf: Workflow, data) -> tuple[str, Rewritten | Refused]:
             return op, split_loop_body(wf, loop.path, data.draw(st.sampled_from([2, 3])))
         if op == "interleave":
             return op, interleave(wf, loop.path, data.draw(st.integers(1, 2)))
+        if op == "split_time":
+            return op, split_temporal(wf, loop.path, data.draw(st.sampled_from([2, 3])))
         parent = wf.find(loop.path[:-1])
         body = list(parent.body) if isinstance(parent, LoopNode) else []
         names = [i.name for i in body]
@@ -149,4 +153,39 @@ def test_the_suite_is_not_vacuous() -> None:
 
     collect()
     del find
-    assert {op for op, n in seen.items() if n > 0} >= {"rewire", "split_node", "split_loop", "interleave", "fuse"}, seen
+    assert {op for op, n in seen.items() if n > 0} >= {"rewire", "split_node", "split_loop", "interleave", "fuse",
+                                                       "split_time"}, seen
+
+
+FORCED = """
+rose: 1
+name: forced
+components:
+  c: {impl: "tests.mocks:Mock", state: [s],
+      args: {name: c, batch: 6, states: [s], behaviors: {
+        p: {state: {}, out: [y], separable: true},
+        q: {state: {s: update}, out: [z], separable: false}}}}
+iteration:
+  count: 2
+  body:
+    - {node: p, call: c.p, in: {i: iteration.i}, out: [y], batch: {dim: 0, size: 6}}
+    - loop: l
+      count: 3
+      body:
+        - {node: q, call: c.q, in: {x: p.y, j: l.i}, state: {s: update}, out: [z]}
+"""
+
+
+def test_forced_splits_of_what_the_checker_refuses_change_the_result() -> None:
+    """Property 2 for the split refusals: a node whose rows mix (no batch: declaration) split by rows,
+    and a dependent loop split in time, compute something else when forced through."""
+    wf = load_workflow_text(FORCED, "forced.yaml")
+    q, loop = ("iteration", "l", "q"), ("iteration", "l")
+    with pytest.raises(Refused, match="not batch-separable"):
+        split_node(wf, q, 2, batch_size=6)
+    with pytest.raises(Refused, match="is dependent"):
+        split_temporal(wf, loop, 3)
+    ref_run, ref_comps = execute(wf, "program")
+    for forced in (split_node(wf, q, 2, batch_size=6, force=True), split_temporal(wf, loop, 3, force=True, check=False)):
+        run, comps = execute(forced.workflow, "program")
+        assert differences(wf, ref_run, ref_comps, forced.workflow, run, comps, forced.locate), forced.description
