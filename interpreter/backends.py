@@ -71,6 +71,12 @@ class LocalBackend(Backend):
         self.workers: dict[str, ComponentWorker] = {}
         self.pools: dict[str, ThreadPoolExecutor] = {}
         self.loops_of = loops_of
+        if device == "cpu":
+            # the components run in parallel threads of one process: one intra-op thread each keeps them
+            # from fighting over the cores (and keeps CPU results independent of the core count)
+            import torch
+
+            torch.set_num_threads(1)
         try:
             for name, comp in wf.components.items():
                 dev = device if comp.device == "gpu" else "cpu"

@@ -44,6 +44,11 @@ class IterationResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+def _structural(node: str) -> str:
+    """`iteration.epoch@1.step.act@0` -> `iteration.epoch.step.act`: a split group is its node."""
+    return ".".join(part.split("@")[0] for part in node.split("."))
+
+
 class Runner:
     def __init__(self, wf: Workflow, backend: Backend, config: RunConfig, schedule: Schedule | None = None,
                  on_iteration: Callable[[IterationResult], None] | None = None, sampler: Any = None) -> None:
@@ -188,6 +193,24 @@ class Runner:
             self.close()
         return self.results
 
+    def node_summary(self) -> list[dict[str, Any]]:
+        """Per structural node (split groups merged): invocations, mean and total duration, and the
+        time-weighted mean SM activity over its invocations when a sampler ran (paper §4.3.2's D_v, a_v)."""
+        by_node: dict[str, list[InvocationRecord]] = defaultdict(list)
+        for r in self.trace.records():
+            if r.duration_ns:
+                by_node[_structural(r.node)].append(r)
+        iterations = max(1, len(self.results))
+        rows = []
+        for node, recs in by_node.items():
+            total = sum(r.duration_ns or 0 for r in recs)
+            row: dict[str, Any] = {"node": node, "invocations": len(recs), "mean_s": total / len(recs) / 1e9,
+                                   "per_iteration_s": total / iterations / 1e9}
+            if self.sampler is not None:
+                row["sm_activity"] = self.sampler.mean_activity([r.interval for r in recs if r.interval])
+            rows.append(row)
+        return sorted(rows, key=lambda r: -r["per_iteration_s"])
+
     def close(self) -> None:
         if self._metrics_file is not None:
             self._metrics_file.flush()
@@ -203,4 +226,5 @@ class Runner:
             self.trace.dump_jsonl(self.config.out_dir / "trace.jsonl")
             activity = {0: self.sampler.samples()} if self.sampler is not None else None
             write_chrome_trace(self.config.out_dir / "trace.json", self.trace, activity)
+            (self.config.out_dir / "nodes.json").write_text(json.dumps(self.node_summary(), indent=1) + "\n")
 

@@ -242,7 +242,10 @@ class _ItemBuilder:
                 batch_size = _count(ctx, path + ("batch", "size"), size_raw)
                 if batch_size == 0:
                     ctx.error(path + ("batch", "size"), "a batch size must be at least 1")
-        rows = tuple(raw["rows"]) if raw.get("rows") else None
+        rows = None
+        if raw.get("rows"):
+            bounds = [_count(ctx, path + ("rows", i), r) for i, r in enumerate(raw["rows"])]
+            rows = (bounds[0], bounds[1]) if None not in bounds else None
         if rows is not None and rows[0] >= rows[1]:
             ctx.error(path + ("rows",), f"an empty row range [{rows[0]}, {rows[1]})")
         return ExecutionNode(

@@ -96,6 +96,8 @@ def execute_command(out: Console, err: Console, wf: Workflow, *, backend: str, i
             task = progress.add_task(wf.name, total=n)
             results = runner.run()
         total = time.perf_counter() - started
+        if not quiet:
+            _print_nodes(out, runner.node_summary())
         _print_curve(out, results)
         out.print(f"done: {len(results)} iterations in {total:.1f} s" + (f"; outputs in {out_dir}" if out_dir else ""))
         return 0
@@ -125,6 +127,19 @@ def execute_command(out: Console, err: Console, wf: Workflow, *, backend: str, i
 
 
 CURVE_METRICS = ("episode_return", "reward", "mean_reward")
+
+
+def _print_nodes(out: Console, rows: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    t = Table(title="time per node (per iteration; split groups merged)", title_justify="left", show_edge=False)
+    for col in ("node", "calls", "mean", "per iteration", "SM activity"):
+        t.add_column(col, justify="left" if col == "node" else "right")
+    for r in rows[:12]:
+        act = r.get("sm_activity")
+        t.add_row(r["node"].removeprefix("iteration."), str(r["invocations"]), f"{r['mean_s'] * 1e3:.2f} ms",
+                  f"{r['per_iteration_s']:.3f} s", "-" if act is None else f"{act:.0%}")
+    out.print(t)
 
 
 def _print_curve(out: Console, results: list) -> None:
