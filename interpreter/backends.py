@@ -268,9 +268,9 @@ class RayCompiledBackend(RayBackend):
     name = "ray-compiled"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.dag = None
+        self.dag = None  # before the actors start: a failed start calls shutdown()
         self.steps: list[Step] = []
+        super().__init__(*args, **kwargs)
 
     def compile(self, schedule: Any) -> None:
         from ray.dag import InputNode, MultiOutputNode
