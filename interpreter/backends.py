@@ -184,6 +184,26 @@ class RayBackend(Backend):
             self.shutdown()
             raise CallFailed(f"starting component '{name}'", name, _unwrap(exc)) from None
 
+    def dead_components(self, timeout: float = 10.0) -> list[str]:
+        """Components whose process does not answer."""
+        dead = []
+        for name, actor in self.actors.items():
+            try:
+                self.ray.get(actor.info.remote(), timeout=timeout)
+            except Exception:  # noqa: BLE001 - any failure to answer counts
+                dead.append(name)
+        return dead
+
+    def restart(self, names: Sequence[str]) -> None:
+        """Start fresh processes for these components (their state is restored by the caller)."""
+        for name in names:
+            try:
+                self.ray.kill(self.actors[name])
+            except Exception:  # noqa: BLE001
+                pass
+            self.actors[name] = self._launch(self.wf.components[name])
+            self._await_ready(name)
+
     def replace_actor(self, name: str, quota: int | None, mps_env: dict[str, str] | None = None) -> dict[str, Any]:
         """Move a component to a new process (e.g. under another MPS quota, which is fixed for a process's
         lifetime): its declared state is read from the old actor, the old one is stopped, and the new one
@@ -230,7 +250,9 @@ class RayBackend(Backend):
                 raise cause from None
             raise CallFailed("a call", "?", _unwrap(exc)) from None
         except self.ray.exceptions.RayActorError as exc:
-            raise CallFailed("a call", "?", f"a component process died: {_unwrap(exc)}") from None
+            dead = self.dead_components()
+            who = ", ".join(dead) or "?"
+            raise CallFailed("a call", who, f"the process of component {who} died: {_unwrap(exc)}", died=True) from None
 
     def control(self, component: str, method: str, *args: Any) -> Any:
         return self.ray.get(getattr(self.actors[component], method).remote(*args), timeout=600)
@@ -269,6 +291,7 @@ class RayCompiledBackend(RayBackend):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.dag = None  # before the actors start: a failed start calls shutdown()
+        self._schedule: Any = None
         self.steps: list[Step] = []
         super().__init__(*args, **kwargs)
 
@@ -277,6 +300,8 @@ class RayCompiledBackend(RayBackend):
 
         from .iteration_var import K
 
+        self._schedule = schedule
+        self.steps = []
         last_on: dict[str, Any] = {}
         consumed: set[int] = set()
         nodes: list[Any] = []
@@ -310,11 +335,32 @@ class RayCompiledBackend(RayBackend):
             out = MultiOutputNode(sinks)
         self.dag = out.experimental_compile()
 
+    def restart(self, names: Sequence[str]) -> None:
+        """Compiled graphs hold channels to every actor: tear down, restart, compile again."""
+        if self.dag is not None:
+            try:
+                self.dag.teardown()
+            except Exception:  # noqa: BLE001
+                pass
+            self.dag = None
+        super().restart(names)
+        if self._schedule is not None:
+            self.compile(self._schedule)
+
     def execute_iteration(self, k: int, timeout: float | None) -> None:
         assert self.dag is not None
-        refs = self.dag.execute(k)
+        try:
+            refs = self.dag.execute(k)
+        except self.ray.exceptions.RayActorError as exc:
+            dead = self.dead_components()
+            raise CallFailed(f"iteration {k}", ", ".join(dead) or "?", f"a component process died: {_unwrap(exc)}",
+                             died=True) from None
         try:
             self.ray.get(refs, timeout=timeout)
+        except self.ray.exceptions.RayActorError as exc:
+            dead = self.dead_components()
+            raise CallFailed(f"iteration {k}", ", ".join(dead) or "?", f"a component process died: {_unwrap(exc)}",
+                             died=True) from None
         except self.ray.exceptions.RayChannelTimeoutError:
             raise TimeoutError from None
         except self.ray.exceptions.GetTimeoutError:

@@ -19,7 +19,7 @@ from typing import Any
 
 from rose_dsl.ir import Workflow
 
-from .backends import Backend, WatchdogTimeout
+from .backends import Backend, CallFailed, WatchdogTimeout
 from .checkpoint import CheckpointError, latest_complete, load_checkpoint, save_checkpoint
 from .schedule import Schedule
 from .trace import ExecutionTrace, InvocationRecord
@@ -35,6 +35,7 @@ class RunConfig:
     resume: bool = False
     call_timeout_s: float = 900.0
     tensorboard: bool = True
+    max_restarts: int = 2  # a component process that dies is restarted this often, then the run stops
 
 
 @dataclass
@@ -60,6 +61,7 @@ class Runner:
         self.sampler = sampler
         self.trace = ExecutionTrace(meta={"workflow": wf.name})
         self.results: list[IterationResult] = []
+        self.recoveries: list[dict[str, Any]] = []
         self._metrics_file = None
         self._tb = None
         out = config.out_dir
@@ -149,7 +151,11 @@ class Runner:
 
     def _collect_records(self) -> None:
         for comp in self.backend.components():
-            for r in self.backend.control(comp, "pop_records"):
+            try:
+                records = self.backend.control(comp, "pop_records")
+            except Exception:  # noqa: BLE001 - a dead process has no records; the failure is reported elsewhere
+                continue
+            for r in records:
                 end = max(r["host_end_ns"], r["device_end_ns"] or 0)
                 self.trace.append(InvocationRecord(
                     call_id=self.trace.new_call_id(), node=r["node"], component=r["component"],
@@ -182,16 +188,47 @@ class Runner:
             self.on_iteration(result)
 
     def run(self) -> list[IterationResult]:
-        start = self.restore()
+        k = self.restore()
+        restarts = 0
         try:
-            for k in range(start, self.config.iterations):
-                self.run_iteration(k)
+            while k < self.config.iterations:
+                try:
+                    self.run_iteration(k)
+                except CallFailed as exc:
+                    if not exc.died or not hasattr(self.backend, "restart"):
+                        raise
+                    restarts += 1
+                    if restarts > self.config.max_restarts:
+                        raise CallFailed(exc.label, exc.component, f"{exc.message}; gave up after "
+                                         f"{self.config.max_restarts} restart(s)", died=True) from None
+                    k = self._recover(exc, restarts)
+                    continue
                 every = self.config.checkpoint_every
                 if every and ((k + 1) % every == 0 or k + 1 == self.config.iterations):
                     self.checkpoint(k)
+                k += 1
         finally:
             self.close()
         return self.results
+
+    def _recover(self, exc: CallFailed, attempt: int) -> int:
+        """Restart dead component processes and put every component back at the last checkpoint, so that
+        no component is ahead of the others; return the iteration to continue from."""
+        ckpt_dir = self.config.out_dir / "checkpoints" if self.config.out_dir else None
+        path = latest_complete(ckpt_dir, verify=True) if ckpt_dir else None
+        if path is None:
+            raise CallFailed(exc.label, exc.component, f"{exc.message}; no checkpoint to restart from "
+                             "(use --checkpoint-every)", died=True) from None
+        time.sleep(min(30.0, 0.5 * 2 ** (attempt - 1)))  # back off before starting processes again
+        dead = self.backend.dead_components()
+        self.backend.restart(dead)
+        ckpt = load_checkpoint(path)
+        for comp, states in ckpt.states.items():
+            if comp in self.wf.components and states:
+                self.backend.control(comp, "set_states", states)
+        self.recoveries.append({"failed": str(exc), "restarted": dead, "from_checkpoint": ckpt.iteration})
+        self.results = [r for r in self.results if r.iteration <= ckpt.iteration]
+        return ckpt.iteration + 1
 
     def node_summary(self) -> list[dict[str, Any]]:
         """Per structural node (split groups merged): invocations, mean and total duration, and the

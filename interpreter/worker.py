@@ -25,12 +25,13 @@ __all__ = ["ComponentWorker", "CallFailed"]
 class CallFailed(Exception):
     """A component call raised: carries the invocation label and the component's traceback text."""
 
-    def __init__(self, label: str, component: str, message: str, detail: str = "") -> None:
+    def __init__(self, label: str, component: str, message: str, detail: str = "", died: bool = False) -> None:
         super().__init__(f"{label} ({component}): {message}")
         self.label, self.component, self.message, self.detail = label, component, message, detail
+        self.died = died  # the component's process is gone (not an exception inside a call)
 
     def __reduce__(self):
-        return (CallFailed, (self.label, self.component, self.message, self.detail))
+        return (CallFailed, (self.label, self.component, self.message, self.detail, self.died))
 
 
 def _to_cpu(value: Any) -> Any:
@@ -51,13 +52,15 @@ def _loop_names(path: tuple[str, ...], indices: tuple, loops: dict) -> list[tupl
 
 class ComponentWorker:
     def __init__(self, comp: Component, seed: int, device: str, allowed: Sequence[str], outputs_to_cpu: bool = False,
-                 gpu_index: int | None = None) -> None:
+                 gpu_index: int | None = None, retries: int = 2) -> None:
         self.comp = comp
         self.name = comp.name
         self.device = device
         self.gpu_index = gpu_index
         self.outputs_to_cpu = outputs_to_cpu
         self.records: list[dict[str, Any]] = []
+        self.retries = retries
+        self.retried: list[str] = []  # what was retried (reported with the metrics)
         self.nodes: dict[tuple[str, ...], ExecutionNode] = {}
         self.loops: dict[tuple[str, ...], tuple[tuple[str, ...], ...]] = {}
         self.obj = construct(comp, seed, device, allowed)
@@ -95,7 +98,17 @@ class ComponentWorker:
         start = time.perf_counter_ns()
         try:
             inputs = {port: evaluate_recipe(r, leaves, None, k) for port, r in recipe}
-            outs = invoke(self.obj, node, inputs, label)
+            attempt = 0
+            while True:
+                try:
+                    outs = invoke(self.obj, node, inputs, label)
+                    break
+                except Exception as exc:  # noqa: BLE001 - retried only where the workflow allows it
+                    attempt += 1
+                    if not node.idempotent or attempt > self.retries:
+                        raise
+                    self.retried.append(f"{label}: attempt {attempt} failed ({type(exc).__name__}: {exc}); retrying")
+                    time.sleep(min(2.0, 0.05 * 2**attempt))
             check_batch(node, outs, label)
             device_end = self._wait_device(outs)
         except ComponentError as exc:
@@ -144,10 +157,12 @@ class ComponentWorker:
 
     def pop_metrics(self) -> dict[str, float]:
         hook = getattr(self.obj, "pop_metrics", None)
-        if not callable(hook):
-            return {}
-        metrics = hook() or {}
-        return {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+        metrics = (hook() or {}) if callable(hook) else {}
+        out = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+        if self.retried:
+            out["rose_retries"] = float(len(self.retried))
+            self.retried = []
+        return out
 
     def get_states(self) -> dict[str, Any]:
         return {so.name: _to_cpu(get_state(self.obj, self.comp, so.name)) for so in self.comp.state}

@@ -388,6 +388,22 @@ def check_workflow(wf: Workflow) -> list[Diagnostic]:
 
     diags += _check_scopes(r)
     diags += _check_phases(r)
+    diags += _check_idempotent(r)
+    return diags
+
+
+def _check_idempotent(r: Resolver) -> list[Diagnostic]:
+    """A call may be retried only if running it twice is the same as running it once: no state update."""
+    diags = []
+    for item in r.items.values():
+        if isinstance(item, ExecutionNode) and item.idempotent:
+            for eff in item.effects:
+                if eff.access is Access.UPDATE:
+                    where = format_path(item.src + ("idempotent",)) if item.src else ".".join(item.path)
+                    diags.append(Diagnostic(item.field_pos.get("state", item.pos), where,
+                                            f"node '{item.name}' is declared idempotent but updates '{eff.state}': "
+                                            "a retry would apply the update twice",
+                                            "only calls that read or refresh state may be retried"))
     return diags
 
 

@@ -112,3 +112,46 @@ class Sleeper:
         if self.bad_output:
             return {"wrong": 1}
         return {"y": torch.as_tensor(x) + 1}
+
+
+class Flaky:
+    """Fails its first `failures` calls, then works: for the retry policy of idempotent nodes."""
+
+    def __init__(self, failures: int = 1) -> None:
+        self.failures = failures
+        self.calls = 0
+
+    def work(self, x: Any = 0) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise ConnectionError(f"transient failure {self.calls}")
+        return {"y": torch.as_tensor(x) + 1}
+
+
+class DiesOnce:
+    """Kills its own process (SIGKILL) at one call, once per `marker` file: a crashed component."""
+
+    def __init__(self, marker: str, at_call: int = 3) -> None:
+        self.marker = marker
+        self.at_call = at_call
+        self.calls = 0
+        self.total = torch.zeros(1)
+
+    def work(self, x: Any = 0) -> dict[str, Any]:
+        import os
+        import signal
+        from pathlib import Path
+
+        self.calls += 1
+        if self.calls == self.at_call and not Path(self.marker).exists():
+            Path(self.marker).write_text("died")
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.total = self.total + torch.as_tensor(x, dtype=torch.float32)
+        return {"y": self.total.clone()}
+
+    def get_state(self, name: str) -> Any:
+        return {"total": self.total.clone(), "calls": self.calls}
+
+    def set_state(self, name: str, value: Any) -> None:
+        self.total = value["total"].clone()
+        self.calls = value["calls"]

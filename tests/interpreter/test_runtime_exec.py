@@ -189,3 +189,71 @@ def test_replacing_an_actor_keeps_its_state_and_applies_the_new_environment(ray_
     finally:
         be.shutdown()
     _assert_same(straight, states)
+
+
+FLAKY = """
+rose: 1
+name: flaky
+components:
+  f: {impl: "tests.mocks:Flaky", args: {failures: 2}}
+iteration:
+  count: 2
+  body:
+    - {node: w, call: f.work, in: {x: iteration.i}, out: [y], idempotent: IDEM}
+"""
+
+
+def test_idempotent_calls_are_retried_and_others_are_not() -> None:
+    wf = load_workflow_text(FLAKY.replace("IDEM", "true"), "flaky.yaml")
+    states, runner = _run(wf, LocalBackend, iterations=2)
+    assert [r.metrics.get("f/rose_retries") for r in runner.results] == [2.0, None]
+    wf = load_workflow_text(FLAKY.replace("IDEM", "false"), "flaky.yaml")
+    with pytest.raises(CallFailed, match="transient failure 1"):
+        _run(wf, LocalBackend, iterations=2)
+
+
+def test_an_idempotent_update_is_refused() -> None:
+    from rose_dsl import WorkflowError
+
+    text = SLEEPERS.replace('{node: wa, call: a.work, in: {x: iteration.i}, out: [y]}',
+                            '{node: wa, call: a.work, in: {x: iteration.i}, out: [y], idempotent: true, state: {count: update}}')
+    text = text.replace('a: {impl: "tests.mocks:Sleeper", args: {seconds: 0.3}}',
+                        'a: {impl: "tests.mocks:Sleeper", args: {seconds: 0.3}, state: [count]}')
+    with pytest.raises(WorkflowError, match="a retry would apply the update twice"):
+        load_workflow_text(text, "idem.yaml")
+
+
+DYING = """
+rose: 1
+name: dying
+components:
+  d: {impl: "tests.mocks:DiesOnce", args: {marker: "MARKER", at_call: 3}, state: [acc]}
+  e: {impl: "tests.mocks:Sleeper", args: {seconds: 0.0}}
+iteration:
+  count: 5
+  body:
+    - {node: w, call: d.work, in: {x: iteration.i}, out: [y], state: {acc: update}}
+    - {node: v, call: e.work, in: {x: w.y}, out: [y]}
+"""
+
+
+@pytest.mark.parametrize("backend", ["ray", "ray-compiled"])
+def test_a_killed_component_is_restarted_from_the_last_checkpoint(tmp_path, backend, ray_session) -> None:
+    """SIGKILL inside a call: the run reports it, restarts the process, restores every component from
+    the last checkpoint and finishes with the state an uninterrupted run has."""
+    wf = load_workflow_text(DYING.replace("MARKER", str(tmp_path / "died")), "dying.yaml")
+    cls = RayBackend if backend == "ray" else RayCompiledBackend
+    sch = Schedule(wf)
+    be = cls(wf, ALLOWED, sch.program.loops_of)
+    if isinstance(be, RayCompiledBackend):
+        be.compile(sch)
+    try:
+        runner = Runner(wf, be, RunConfig(iterations=5, out_dir=tmp_path / "run", checkpoint_every=1, tensorboard=False), sch)
+        results = runner.run()
+        state = be.control("d", "get_states")["acc"]
+    finally:
+        be.shutdown()
+    assert (tmp_path / "died").exists() and len(runner.recoveries) == 1
+    assert runner.recoveries[0]["restarted"] == ["d"] and runner.recoveries[0]["from_checkpoint"] == 1
+    assert [r.iteration for r in results] == [0, 1, 2, 3, 4]
+    assert float(state["total"]) == float(sum(range(5)))
