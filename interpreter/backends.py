@@ -134,6 +134,7 @@ class RayBackend(Backend):
         self.ray = ray
         self.loops_of = loops_of
         self.started_cluster = False
+        self._reaper = None
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": "ERROR", "log_to_driver": True}
             if address:
@@ -144,6 +145,14 @@ class RayBackend(Backend):
                     kwargs["num_gpus"] = gpus
             ray.init(**kwargs)
             self.started_cluster = not address
+            if self.started_cluster:
+                from .reaper import start_reaper
+
+                try:
+                    session = ray._private.worker.global_worker.node.get_session_dir_path()
+                except Exception:  # noqa: BLE001 - no session dir known: no reaper
+                    session = ""
+                self._reaper = start_reaper(session)
         self.wf = wf
         self.allowed = list(allowed)
         self.mps_env = dict(mps_env or {})
