@@ -101,6 +101,20 @@ class LocalBackend(Backend):
         fut = self.pools[step.node.component].submit(run)
         return tuple(_Port(fut, i) for i in range(max(1, len(step.node.outputs))))
 
+    def dump_stacks(self) -> dict[str, str]:
+        """The current Python stack of every component thread (for a watchdog report)."""
+        import sys as _sys
+        import threading
+        import traceback as _tb
+
+        frames = _sys._current_frames()
+        out = {}
+        for t in threading.enumerate():
+            if t.name.startswith("rose-") and t.ident in frames:
+                comp = t.name[len("rose-"):].rsplit("_", 1)[0]
+                out[comp] = "".join(_tb.format_stack(frames[t.ident]))
+        return out
+
     def result(self, handle: _Port, timeout: float | None) -> Any:
         from concurrent.futures import TimeoutError as FutTimeout
 
@@ -156,6 +170,10 @@ class RayBackend(Backend):
         self.wf = wf
         self.allowed = list(allowed)
         self.mps_env = dict(mps_env or {})
+        import tempfile
+
+        self.stack_dir = tempfile.mkdtemp(prefix="rose-stacks-")
+        self.pids: dict[str, int] = {}
         self.start_timeout_s = start_timeout_s
         self.actors: dict[str, Any] = {}
         self._worker_cls = ray.remote(ComponentWorker)
@@ -188,10 +206,27 @@ class RayBackend(Backend):
 
     def _await_ready(self, name: str) -> None:
         try:
-            self.ray.get(self.actors[name].info.remote(), timeout=self.start_timeout_s)
+            info = self.ray.get(self.actors[name].info.remote(), timeout=self.start_timeout_s)
         except Exception as exc:
             self.shutdown()
             raise CallFailed(f"starting component '{name}'", name, _unwrap(exc)) from None
+        self.pids[name] = info["pid"]
+
+    def dump_stacks(self) -> dict[str, str]:
+        """Ask every component process for its Python stacks (SIGUSR1 -> faulthandler) and read them."""
+        import signal
+        import time as _time
+
+        files = {}
+        for name, pid in self.pids.items():
+            path = Path(self.stack_dir) / f"stack-{name}-{pid}.txt"
+            try:
+                os.kill(pid, signal.SIGUSR1)
+                files[name] = path
+            except OSError:
+                continue
+        _time.sleep(0.5)
+        return {name: path.read_text() for name, path in files.items() if path.exists()}
 
     def dead_components(self, timeout: float = 10.0) -> list[str]:
         """Components whose process does not answer."""
@@ -229,10 +264,10 @@ class RayBackend(Backend):
         self.control(name, "set_states", states)
         return self.control(name, "info")
 
-    @staticmethod
-    def _env(comp: Component, mps: dict[str, str]) -> dict[str, str]:
+    def _env(self, comp: Component, mps: dict[str, str]) -> dict[str, str]:
         env = {k: str(v) for k, v in comp.env.items()}
         env.update(mps)
+        env["ROSE_STACK_DIR"] = self.stack_dir
         paths = [*comp.python_path, PROJECT_ROOT, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         env.setdefault("PYTHONUNBUFFERED", "1")

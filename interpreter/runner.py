@@ -109,7 +109,7 @@ class Runner:
                 try:
                     self.backend.execute_iteration(k, self.config.call_timeout_s)
                 except TimeoutError:
-                    raise WatchdogTimeout(f"iteration {k}", self.config.call_timeout_s) from None
+                    raise self._watchdog(f"iteration {k}") from None
             finally:
                 self._collect_records()
             return self._finish(k, t0, time.perf_counter_ns())
@@ -121,7 +121,7 @@ class Runner:
                 try:
                     self.backend.result(handles[0], timeout=remaining)
                 except TimeoutError:
-                    raise WatchdogTimeout(step.label, self.config.call_timeout_s) from None
+                    raise self._watchdog(step.label) from None
         finally:
             self._collect_records()
         return self._finish(k, t0, time.perf_counter_ns())
@@ -148,6 +148,17 @@ class Runner:
         self.results.append(result)
         self._log(result)
         return result
+
+    def _watchdog(self, label: str) -> WatchdogTimeout:
+        """The watchdog fired: dump every component's stack (to stacks.txt in the run directory)."""
+        exc = WatchdogTimeout(label, self.config.call_timeout_s)
+        dump = getattr(self.backend, "dump_stacks", None)
+        stacks = dump() if callable(dump) else {}
+        exc.stacks = stacks  # type: ignore[attr-defined]
+        if self.config.out_dir is not None and stacks:
+            text = "\n".join(f"== {comp}\n{stack}" for comp, stack in stacks.items())
+            (self.config.out_dir / "stacks.txt").write_text(text)
+        return exc
 
     def _collect_records(self) -> None:
         for comp in self.backend.components():

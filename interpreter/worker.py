@@ -61,6 +61,14 @@ class ComponentWorker:
         self.records: list[dict[str, Any]] = []
         self.retries = retries
         self.retried: list[str] = []  # what was retried (reported with the metrics)
+        self._stack_file = None
+        if os.environ.get("ROSE_STACK_DIR"):  # a process of its own (Ray): dump stacks on SIGUSR1
+            import faulthandler
+            import signal
+
+            path = os.path.join(os.environ["ROSE_STACK_DIR"], f"stack-{comp.name}-{os.getpid()}.txt")
+            self._stack_file = open(path, "w")  # noqa: SIM115 - kept open for the handler
+            faulthandler.register(signal.SIGUSR1, file=self._stack_file, all_threads=True, chain=False)
         self.nodes: dict[tuple[str, ...], ExecutionNode] = {}
         self.loops: dict[tuple[str, ...], tuple[tuple[str, ...], ...]] = {}
         self.obj = construct(comp, seed, device, allowed)

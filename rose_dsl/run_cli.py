@@ -110,6 +110,16 @@ def execute_command(out: Console, err: Console, wf: Workflow, *, backend: str, i
         return EXIT_COMPONENT
     except WatchdogTimeout as exc:
         err.print(f"error: watchdog: {exc}; raise --call-timeout if this call is legitimately slow", markup=False)
+        for comp, stack in getattr(exc, "stacks", {}).items():
+            lines = [ln for ln in stack.strip().splitlines() if ln.strip()]
+            if "most recent call first" in stack:  # faulthandler's order (a component process)
+                current = stack.split("Current thread", 1)[-1].splitlines()
+                lines = [ln for ln in current if ln.strip().startswith("File")][:6][::-1]
+            err.print(f"  stack of {comp} (innermost last):", markup=False)
+            for ln in lines[-6:]:
+                err.print(f"    {ln}", markup=False)
+        if out_dir is not None:
+            err.print(f"  full stacks in {out_dir / 'stacks.txt'}", markup=False)
         return EXIT_WATCHDOG
     except CheckpointError as exc:
         err.print(f"error: checkpoint: {exc}", markup=False)

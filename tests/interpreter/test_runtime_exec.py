@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -257,3 +258,17 @@ def test_a_killed_component_is_restarted_from_the_last_checkpoint(tmp_path, back
     assert runner.recoveries[0]["restarted"] == ["d"] and runner.recoveries[0]["from_checkpoint"] == 1
     assert [r.iteration for r in results] == [0, 1, 2, 3, 4]
     assert float(state["total"]) == float(sum(range(5)))
+
+
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_a_hanging_call_fires_the_watchdog_with_stacks(tmp_path, backend) -> None:
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(SLEEPERS.replace("args: {seconds: 0.3}}\n  b:", "args: {seconds: 60}}\n  b:"))
+    start = time.time()
+    proc = _cli("execute", str(wf), "--allow-module", "tests", "-n", "2", "--call-timeout", "3", "--backend", backend,
+                "--no-compiled", "--out", str(tmp_path / "run"))
+    assert proc.returncode == 4, proc.stderr
+    assert "raise --call-timeout" in proc.stderr and "stack of a" in proc.stderr
+    assert "mocks.py" in proc.stderr and "work" in proc.stderr  # the stuck frame: Sleeper.work
+    assert time.time() - start < 150
+    assert "mocks.py" in (tmp_path / "run" / "stacks.txt").read_text()
