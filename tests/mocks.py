@@ -155,3 +155,13 @@ class DiesOnce:
     def set_state(self, name: str, value: Any) -> None:
         self.total = value["total"].clone()
         self.calls = value["calls"]
+
+
+class WrongRows:
+    """A batch-separable method that returns the wrong number of rows."""
+
+    def __init__(self, n: int = 6) -> None:
+        self.n = n
+
+    def act(self, x: Any = 0) -> dict[str, Any]:
+        return {"y": torch.zeros(self.n - 1)}
