@@ -331,7 +331,8 @@ def analyze(wf: Workflow, explain: bool = False, count_limit: int = 3) -> Analys
     edges: list[ItemEdge] = []
     versions: list[str] = []
     if True:  # the policy-version lines need the invocation graph even without --explain
-        clamped = _clamped(wf, count_limit)
+        # without --explain only the version lines need the graph: one iteration of each loop shows them
+        clamped = _clamped(wf, count_limit if explain else 1)
         counts = {i.path: len(i.indices()) for i in clamped.items() if isinstance(i, LoopNode)}
         g = invocation_graph(clamped, iterations=2)
         items = Resolver(clamped).items
