@@ -8,6 +8,8 @@ node; did you mean 'call'?" at the key's line and column, not a list of every br
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,36 @@ def load_schema(version: int = 1) -> dict[str, Any]:
 @functools.cache
 def _validator(version: int) -> Draft202012Validator:
     return Draft202012Validator(load_schema(version))
+
+
+FAST_MODULE = "rose_dsl._schema_v1_fast"
+
+
+def fast_validator_source(version: int = 1) -> str:
+    """The schema compiled to Python by fastjsonschema (checked in as `_schema_v1_fast.py`, regenerated
+    by `python -m rose_dsl.schema` when the schema changes; a test checks it is current)."""
+    import fastjsonschema
+
+    schema = dict(load_schema(version))
+    schema["$schema"] = "http://json-schema.org/draft-07/schema#"  # the draft fastjsonschema compiles
+    digest = hashlib.sha256(json.dumps(load_schema(version), sort_keys=True).encode()).hexdigest()
+    header = (f"# Generated from schema/rose-workflow-{version}.schema.json (sha256 {digest}) by\n"
+              "# `python -m rose_dsl.schema`. Do not edit.\n# ruff: noqa\n")
+    code = fastjsonschema.compile_to_code(schema)
+    entry = code.split("\ndef ", 1)[1].split("(", 1)[0]  # the first function validates the whole document
+    return header + code + f"\n\nvalidate = {entry}\n"
+
+
+@functools.cache
+def _fast(version: int):
+    """The generated validator, or None (not generated, or fastjsonschema missing): jsonschema then."""
+    if version != 1:
+        return None
+    try:
+        module = importlib.import_module(FAST_MODULE)
+    except ImportError:
+        return None
+    return module.validate
 
 
 def _describe(value: Any) -> str:
@@ -75,6 +107,13 @@ def check_schema(doc: Document) -> list[Diagnostic]:
                                "the first line of a workflow is 'rose: 1'")]
         return [Diagnostic(doc.pos(("rose",)), "rose", f"unsupported format version {version!r}",
                            f"this rose reads version(s) {', '.join(map(str, SUPPORTED_VERSIONS))}")]
+    fast = _fast(version)
+    if fast is not None:
+        try:
+            fast(data)
+            return []  # valid: the (slow, precise) jsonschema pass is only needed to explain errors
+        except Exception:  # noqa: BLE001 - any complaint: let jsonschema say exactly what and where
+            pass
     diags: list[Diagnostic] = []
     validator = _validator(version)
     for err in validator.iter_errors(data):
@@ -167,3 +206,8 @@ def _what(path: tuple, inst: Any) -> str:
 def _pattern_word(path: tuple) -> str:
     last = path[-1] if path else ""
     return {"call": "call (component.method)", "impl": "impl ('package.module:Class')"}.get(str(last), "name")
+
+
+if __name__ == "__main__":
+    (Path(__file__).parent / "_schema_v1_fast.py").write_text(fast_validator_source(1))
+    print("wrote rose_dsl/_schema_v1_fast.py")

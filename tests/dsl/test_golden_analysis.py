@@ -75,3 +75,11 @@ def test_refresh_breaks_the_chain() -> None:
     reset1 = Invocation(("iteration", "epoch", "reset"), (0, 1))
     deps = [d for ds in g.deps[reset1].values() for d in ds]
     assert deps and all(d.kind == "state" and not d.flow for d in deps)
+
+
+def test_the_generated_schema_validator_is_current() -> None:
+    """rose_dsl/_schema_v1_fast.py is the schema compiled by fastjsonschema (the fast path of validation);
+    regenerate it with `python -m rose_dsl.schema` after changing the schema."""
+    from rose_dsl.schema import fast_validator_source
+
+    assert (ROOT / "rose_dsl" / "_schema_v1_fast.py").read_text() == fast_validator_source(1)

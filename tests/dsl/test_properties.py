@@ -93,3 +93,20 @@ def test_structural_mutations_never_crash(doc, data) -> None:
 @given(st.binary(max_size=400))
 def test_random_bytes_never_crash(raw: bytes) -> None:
     _assert_clean(raw.decode("utf-8", errors="replace"))
+
+
+@settings()
+@given(workflows(), st.data())
+def test_fast_and_precise_schema_validators_agree(doc, data) -> None:
+    """The generated fast validator decides validity; jsonschema explains errors. They must agree."""
+    from rose_dsl.schema import _fast, _validator
+
+    for _ in range(data.draw(st.integers(0, 3))):
+        doc = _mutate(doc, data)
+    fast_ok = True
+    try:
+        _fast(1)(doc)
+    except Exception:  # noqa: BLE001
+        fast_ok = False
+    precise_ok = not any(True for _ in _validator(1).iter_errors(doc)) if isinstance(doc, dict) else False
+    assert fast_ok == precise_ok
