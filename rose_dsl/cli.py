@@ -117,9 +117,16 @@ def validate(
                 continue
             methods = sorted({n.method for n in wf.items() if isinstance(n, ExecutionNode) and n.component == c.name})
             specs[c.name] = (c.impl, methods)
-        for comp, problem in check_imports(specs).items():
+        import os
+
+        root = str(Path(__file__).resolve().parent.parent)
+        for name, spec in specs.items():  # one child per component: each with its own environment
+            c = wf.components[name]
+            paths = [*c.python_path, root, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+            env = {**{k: str(v) for k, v in c.env.items()}, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+            problem = check_imports({name: spec}, env=env).get(name)
             if problem:
-                problems.append(f"{wf.components[comp].pos}: components.{comp}.impl: {problem}")
+                problems.append(f"{c.pos}: components.{name}.impl: {problem}")
         if problems:
             for p in problems:
                 err.print(p, markup=False)

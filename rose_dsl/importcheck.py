@@ -60,12 +60,16 @@ def _check_in_child(specs: Mapping[str, tuple[str, list[str]]]) -> dict[str, str
     return results
 
 
-def check_imports(specs: Mapping[str, tuple[str, list[str]]], timeout_s: float = 120.0) -> dict[str, str | None]:
-    """Import each component class in a child process; {component: error or None}."""
+def check_imports(specs: Mapping[str, tuple[str, list[str]]], timeout_s: float = 120.0,
+                  env: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """Import each component class in a child process (with the components' own environment, e.g. a
+    PYTHONPATH with another MuJoCo); {component: error or None}."""
+    import os
+
     code = "import json,sys; from rose_dsl.importcheck import _check_in_child as c; print(json.dumps(c(json.load(sys.stdin))))"
     try:
         proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(specs), capture_output=True, text=True,
-                              timeout=timeout_s)
+                              timeout=timeout_s, env={**os.environ, **(env or {})})
     except subprocess.TimeoutExpired:
         return {comp: f"importing took longer than {timeout_s:.0f} s" for comp in specs}
     if proc.returncode != 0:
