@@ -364,11 +364,14 @@ class RayCompiledBackend(RayBackend):
                 comp = step.node.component
                 # order after this component's previous call, unless a data input already does
                 tokens = [last_on[comp]] if comp in last_on and id(last_on[comp]) not in index else []
+                # only a component's first call reads the iteration number from the DAG input; its later
+                # calls (in order, in the same process) reuse it -- one reader of the input per actor
+                k_arg = inp if comp not in last_on else None
                 for t in tokens:
                     consumed.add(id(t))
                 node = self.actors[comp].call_compiled.bind(
                     step.node.path, step.recipe, group_of(step.node), step.inv.indices, tuple(ports), len(tokens),
-                    inp, *tokens, *unique)
+                    k_arg, *tokens, *unique)
                 last_on[comp] = node
                 nodes.append(node)
                 self.steps.append(step)

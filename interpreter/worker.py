@@ -17,6 +17,7 @@ from typing import Any
 from rose_dsl.ir import Component, ExecutionNode
 
 from .components import ComponentError, check_batch, construct, get_state, invoke, set_state
+from .iteration_var import resolve_k
 from .schedule import evaluate_recipe
 
 __all__ = ["ComponentWorker", "CallFailed"]
@@ -60,6 +61,7 @@ class ComponentWorker:
         self.outputs_to_cpu = outputs_to_cpu
         self.records: list[dict[str, Any]] = []
         self.retries = retries
+        self._k = 0  # the RL iteration being executed (compiled graphs pass it to the first call only)
         self.retried: list[str] = []  # what was retried (reported with the metrics)
         self._stack_file = None
         if os.environ.get("ROSE_STACK_DIR"):  # a process of its own (Ray): dump stacks on SIGUSR1
@@ -88,12 +90,15 @@ class ComponentWorker:
 
     # -- calls ------------------------------------------------------------------------------
     def call_compiled(self, path: tuple[str, ...], recipe: tuple, group: int | None, indices: tuple,
-                      ports: tuple[tuple[int, int], ...], tokens: int, k: int, *values: Any) -> tuple[Any, ...]:
+                      ports: tuple[tuple[int, int], ...], tokens: int, k: int | None, *values: Any) -> tuple[Any, ...]:
         """The Compiled Graph entry point: `values` are this call's ordering tokens followed by the whole
         outputs of its producers; `ports` picks each leaf as (producer, port). `indices` and the recipe
-        hold the RL iteration symbolically; `k` is its value for this execution."""
-        from .iteration_var import resolve_k
-
+        hold the RL iteration symbolically; `k` is its value for this execution (given to a component's
+        first call of the iteration; None for the later ones, which run after it in this process)."""
+        if k is None:
+            k = self._k
+        else:
+            self._k = k
         producers = values[tokens:]
         leaves = [producers[n][p] for n, p in ports]
         concrete = tuple(resolve_k(i, k) for i in indices)
