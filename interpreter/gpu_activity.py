@@ -104,9 +104,14 @@ def fraction_below(samples: Sequence[ActivitySample], threshold: float,
 
 # --- readers over an NVML-like object -------------------------------------------------------------
 class _GpmReader:
-    """Two alternating GPM sample buffers; each poll reports SM_UTIL since the previous poll."""
+    """Two alternating GPM sample buffers; each poll reports SM_UTIL since the previous poll.
+
+    GPM counters advance in steps of about 100 ms: over a 20 ms window SM_UTIL reads 0 during a
+    full-GPU matmul, over 0.1-2 s windows it reads 93% (H200, benchmarks/results/gpm_probe.json). So GPM
+    is polled no faster than `min_window_s`."""
 
     name = "gpm"
+    min_window_s = 0.1
 
     def __init__(self, nvml: Any, handle: Any) -> None:
         self.nvml, self.handle = nvml, handle
@@ -146,6 +151,7 @@ class _GpmReader:
 
 class _UtilReader:
     name = "utilization"
+    min_window_s = 0.0
 
     def __init__(self, nvml: Any, handle: Any) -> None:
         self.nvml, self.handle = nvml, handle
@@ -328,9 +334,10 @@ class ActivitySampler:
 
     def _run(self) -> None:
         next_t = time.monotonic()
+        interval = max(self.interval_s, getattr(self._reader, "min_window_s", 0.0))
         while not self._stop.is_set():
             self.poll_once()
-            next_t += self.interval_s
+            next_t += interval
             delay = next_t - time.monotonic()
             if delay < 0:  # fell behind (a slow NVML call): resynchronise instead of bursting
                 next_t, delay = time.monotonic(), 0.0
