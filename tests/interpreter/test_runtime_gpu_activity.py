@@ -130,12 +130,15 @@ def test_cpu_machine_has_no_source_and_never_raises():
 
 
 def test_background_thread_samples_every_interval():
+    """GPM is polled every max(interval, 100 ms): its counters advance in ~100 ms steps, and shorter
+    windows read 0 under full load (measured on the H200, benchmarks/results/gpm_probe.json)."""
     nvml = FakeNvml(time.perf_counter_ns, [(0, 0.3)])
     s = ActivitySampler(0, interval_s=0.01, nvml=nvml)
     with s:
-        time.sleep(0.25)
+        time.sleep(0.55)
     got = s.samples()
-    assert s.source == "gpm" and 10 <= len(got) <= 30
+    assert s.source == "gpm" and 3 <= len(got) <= 7
+    assert all(b.t_end_ns - b.t_start_ns >= 90_000_000 for b in got)
     assert all(a.t_end_ns == b.t_start_ns for a, b in zip(got, got[1:], strict=False))
     assert all(v.value == pytest.approx(0.3) for v in got)
     n = len(got)
