@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 __all__ = ["SourcePos", "Diagnostic", "WorkflowError", "did_you_mean", "format_path", "excerpt"]
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class SourcePos:
     """A position in a workflow file. `line` and `col` are 1-based (as editors show them)."""
 

@@ -37,21 +37,24 @@ class Document:
     file: str
     text: str
     data: Any
-    positions: dict[Path_, SourcePos] = field(default_factory=dict)
-    key_positions: dict[Path_, SourcePos] = field(default_factory=dict)
-    inline_scalars: dict[Path_, bool] = field(default_factory=dict)  # one-line scalars (see SourcePos.at)
+    # (line, col, one-line scalar) per value and per mapping key; SourcePos objects are made on demand
+    positions: dict[Path_, tuple[int, int, bool]] = field(default_factory=dict)
+    key_positions: dict[Path_, tuple[int, int, bool]] = field(default_factory=dict)
 
     def pos(self, path: Path_) -> SourcePos:
         """The position of the value at `path`, or of its nearest ancestor that has one."""
         p = tuple(path)
         while p:
             if p in self.positions:
-                return self.positions[p]
+                return SourcePos(self.file, *self.positions[p])
             p = p[:-1]
-        return self.positions.get((), SourcePos(self.file, 1, 1))
+        if () in self.positions:
+            return SourcePos(self.file, *self.positions[()])
+        return SourcePos(self.file, 1, 1)
 
     def key_pos(self, path: Path_) -> SourcePos:
-        return self.key_positions.get(tuple(path)) or self.pos(path)
+        at = self.key_positions.get(tuple(path))
+        return SourcePos(self.file, *at) if at else self.pos(path)
 
 
 
@@ -69,10 +72,10 @@ class _Builder:
         self.file = file
         self.limits = limits
         self.nodes = 0
-        self.doc_positions: dict[Path_, SourcePos] = {}
-        self.key_positions: dict[Path_, SourcePos] = {}
-        self.inline: dict[Path_, bool] = {}
+        self.doc_positions: dict[Path_, tuple[int, int, bool]] = {}
+        self.key_positions: dict[Path_, tuple[int, int, bool]] = {}
         self.constructor = SafeConstructor()
+        self.scalar = self.constructor.yaml_constructors
 
     def fail(self, node: yaml.Node, path: Path_, message: str, hint: str | None = None) -> WorkflowError:
         from .errors import format_path
@@ -92,15 +95,15 @@ class _Builder:
             raise self.fail(node, path, f"nesting deeper than {self.limits.max_depth} levels")
         if id(node) in active:
             raise self.fail(node, path, "recursive YAML alias (a node that contains itself)")
-        self.doc_positions[path] = _mark(self.file, node.start_mark)
+        m = node.start_mark
         if isinstance(node, yaml.ScalarNode):
-            inline = node.start_mark.line == node.end_mark.line and node.style in (None, "", "'", '"')
-            self.inline[path] = inline
-            m = node.start_mark
+            inline = m.line == node.end_mark.line and node.style in (None, "", "'", '"')
             # Quoted scalars: point at the first character inside the quotes.
             shift = 2 if node.style in ("'", '"') else 1
-            self.doc_positions[path] = SourcePos(self.file, m.line + 1, m.column + shift, inline)
-            return self.constructor.construct_object(node, deep=True)
+            self.doc_positions[path] = (m.line + 1, m.column + shift, inline)
+            make = self.scalar.get(node.tag)
+            return make(self.constructor, node) if make is not None else self.constructor.construct_object(node, deep=True)
+        self.doc_positions[path] = (m.line + 1, m.column + 1, False)
         inner = active | {id(node)}
         if isinstance(node, yaml.SequenceNode):
             return [self.build(child, path + (i,), inner) for i, child in enumerate(node.value)]
@@ -111,12 +114,14 @@ class _Builder:
                     raise self.fail(key_node, path, "mapping keys must be plain strings")
                 if key_node.tag == "tag:yaml.org,2002:merge":
                     raise self.fail(key_node, path, "YAML merge keys ('<<') are not supported", "write the keys out")
-                key = self.constructor.construct_object(key_node, deep=True)
+                make = self.scalar.get(key_node.tag)
+                key = make(self.constructor, key_node) if make else self.constructor.construct_object(key_node, deep=True)
                 if not isinstance(key, str):
                     key = str(key)
                 if key in out:
                     raise self.fail(key_node, path + (key,), f"duplicate key '{key}'")
-                self.key_positions[path + (key,)] = _mark(self.file, key_node.start_mark)
+                km = key_node.start_mark
+                self.key_positions[path + (key,)] = (km.line + 1, km.column + 1, False)
                 out[key] = self.build(value_node, path + (key,), inner)
             return out
         raise self.fail(node, path, f"unsupported YAML node {type(node).__name__}")
@@ -157,7 +162,7 @@ def load_text(text: str, file: str = "<string>", limits: Limits = Limits()) -> D
         raise WorkflowError([Diagnostic(top, "<document>", "document nested too deeply")], text) from None
     except yaml.YAMLError as exc:
         raise WorkflowError([Diagnostic(top, "<document>", f"not valid YAML: {exc}")], text) from None
-    return Document(file, text, data, builder.doc_positions, builder.key_positions, builder.inline)
+    return Document(file, text, data, builder.doc_positions, builder.key_positions)
 
 
 def load_file(path: str | Path, limits: Limits = Limits()) -> Document:
