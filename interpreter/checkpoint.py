@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from .procs import pid_alive
+
 __all__ = [
     "Checkpoint",
     "CheckpointError",
@@ -117,19 +119,7 @@ def _publish(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _pid_alive(pid: int) -> bool:
-    """True for a live process; a zombie (exited, not yet reaped by its parent) is dead."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc: trust kill(0)
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+_pid_alive = pid_alive  # kept under the old name for the tests' monkeypatching
 
 
 # --- public API ----------------------------------------------------------------------------------------

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .procs import pid_alive
+
 __all__ = [
     "CONTROL_BINARY",
     "MpsAvailability",
@@ -209,19 +211,7 @@ def probe_sm_count(percent: int | None, env: dict[str, str] | None = None,
 
 
 # --- the daemon ------------------------------------------------------------------------------------
-def _pid_alive(pid: int) -> bool:
-    """True for a live process; a zombie (exited, not yet reaped by its parent) is dead."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc: trust kill(0)
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+_pid_alive = pid_alive  # kept under the old name for the tests' monkeypatching
 
 
 class MpsDaemon:

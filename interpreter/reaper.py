@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from interpreter.procs import pid_alive
+
 __all__ = ["start_reaper", "session_processes"]
 
 
@@ -35,20 +37,10 @@ def session_processes(session_dir: str) -> list[int]:
     return pids
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def main() -> None:
     driver, session = int(sys.argv[1]), sys.argv[2]
     os.setsid()  # not in the driver's process group: a Ctrl-C or group kill of the driver leaves us to clean up
-    while _alive(driver):
+    while pid_alive(driver):
         time.sleep(0.5)
     time.sleep(1.0)  # a clean shutdown may still be stopping things itself
     for sig in (signal.SIGTERM, signal.SIGKILL):
