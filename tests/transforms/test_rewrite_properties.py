@@ -136,8 +136,6 @@ def test_the_suite_is_not_vacuous() -> None:
     """Every kind of rewrite is accepted on some generated workflows (else property 1 checks nothing)."""
     import collections
 
-    from hypothesis import find
-
     seen: collections.Counter = collections.Counter()
 
     @settings(max_examples=400, deadline=None, database=None, derandomize=True,
@@ -152,7 +150,6 @@ def test_the_suite_is_not_vacuous() -> None:
                 wf = result.workflow
 
     collect()
-    del find
     assert {op for op, n in seen.items() if n > 0} >= {"rewire", "split_node", "split_loop", "interleave", "fuse",
                                                        "split_time"}, seen
 
