@@ -52,7 +52,7 @@ class Backend:
 
     def submit(self, step: Step) -> Sequence[Any]: ...
     def result(self, handle: Any, timeout: float | None) -> Any: ...
-    def control(self, component: str, method: str, *args: Any) -> Any: ...
+    def control(self, component: str, method: str, *args: Any, timeout: float | None = None) -> Any: ...
     def components(self) -> list[str]: ...
     def shutdown(self) -> None: ...
 
@@ -123,9 +123,9 @@ class LocalBackend(Backend):
         except FutTimeout:
             raise TimeoutError from None
 
-    def control(self, component: str, method: str, *args: Any) -> Any:
+    def control(self, component: str, method: str, *args: Any, timeout: float | None = None) -> Any:
         # through the component's own thread: after every call already submitted to it
-        return self.pools[component].submit(getattr(self.workers[component], method), *args).result()
+        return self.pools[component].submit(getattr(self.workers[component], method), *args).result(timeout)
 
     def shutdown(self) -> None:
         for pool in self.pools.values():
@@ -298,8 +298,8 @@ class RayBackend(Backend):
             who = ", ".join(dead) or "?"
             raise CallFailed("a call", who, f"the process of component {who} died: {_unwrap(exc)}", died=True) from None
 
-    def control(self, component: str, method: str, *args: Any) -> Any:
-        return self.ray.get(getattr(self.actors[component], method).remote(*args), timeout=600)
+    def control(self, component: str, method: str, *args: Any, timeout: float | None = 600) -> Any:
+        return self.ray.get(getattr(self.actors[component], method).remote(*args), timeout=timeout)
 
     def shutdown(self) -> None:
         for actor in self.actors.values():

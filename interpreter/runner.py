@@ -62,6 +62,7 @@ class Runner:
         self.trace = ExecutionTrace(meta={"workflow": wf.name})
         self.results: list[IterationResult] = []
         self.recoveries: list[dict[str, Any]] = []
+        self._stuck = False  # the watchdog fired: components may not answer
         self._metrics_file = None
         self._tb = None
         out = config.out_dir
@@ -151,6 +152,7 @@ class Runner:
 
     def _watchdog(self, label: str) -> WatchdogTimeout:
         """The watchdog fired: dump every component's stack (to stacks.txt in the run directory)."""
+        self._stuck = True
         exc = WatchdogTimeout(label, self.config.call_timeout_s)
         dump = getattr(self.backend, "dump_stacks", None)
         stacks = dump() if callable(dump) else {}
@@ -161,10 +163,12 @@ class Runner:
         return exc
 
     def _collect_records(self) -> None:
+        # best effort and bounded: a stuck component (the watchdog fired) must not hold up the report
+        timeout = 5.0 if self._stuck else 120.0
         for comp in self.backend.components():
             try:
-                records = self.backend.control(comp, "pop_records")
-            except Exception:  # noqa: BLE001 - a dead process has no records; the failure is reported elsewhere
+                records = self.backend.control(comp, "pop_records", timeout=timeout)
+            except Exception:  # noqa: BLE001 - a dead or stuck process has no records; the failure is reported elsewhere
                 continue
             for r in records:
                 end = max(r["host_end_ns"], r["device_end_ns"] or 0)

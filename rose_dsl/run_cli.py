@@ -120,6 +120,21 @@ def execute_command(out: Console, err: Console, wf: Workflow, *, backend: str, i
                 err.print(f"    {ln}", markup=False)
         if out_dir is not None:
             err.print(f"  full stacks in {out_dir / 'stacks.txt'}", markup=False)
+        if backend == "local":
+            # a stuck thread cannot be stopped, and the interpreter would wait for it at exit: tear down
+            # what can be, then leave at once
+            import os
+            import sys
+
+            if be is not None:
+                be.shutdown()
+            if sampler is not None:
+                sampler.close()
+            if daemon is not None:
+                daemon.stop()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_WATCHDOG)
         return EXIT_WATCHDOG
     except CheckpointError as exc:
         err.print(f"error: checkpoint: {exc}", markup=False)

@@ -270,5 +270,5 @@ def test_a_hanging_call_fires_the_watchdog_with_stacks(tmp_path, backend) -> Non
     assert proc.returncode == 4, proc.stderr
     assert "raise --call-timeout" in proc.stderr and "stack of a" in proc.stderr
     assert "mocks.py" in proc.stderr and "work" in proc.stderr  # the stuck frame: Sleeper.work
-    assert time.time() - start < 150
+    assert time.time() - start < 90  # the stuck 60 s call is not waited for
     assert "mocks.py" in (tmp_path / "run" / "stacks.txt").read_text()
