@@ -104,10 +104,14 @@ def to_chrome_trace(trace: ExecutionTrace | Iterable[InvocationRecord],
     by_pid: dict[int, list[InvocationRecord]] = {}
     for r in done:
         by_pid.setdefault(r.pid if r.pid is not None else 0, []).append(r)
+    processes = (metadata or {}).get("processes", {})  # pid -> what the process saw (SMs under its MPS quota)
     for pid, recs in sorted(by_pid.items()):
         comps = list(dict.fromkeys(r.component for r in recs))
+        seen = processes.get(pid) or processes.get(str(pid)) or {}
+        extra = f", {seen['sm_count']} SMs" if seen.get("sm_count") else ""
+        extra += f", MPS {seen['mps_quota']}%" if seen.get("mps_quota") else ""
         events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                       "args": {"name": f"{', '.join(comps)} (pid {pid})"}})
+                       "args": {"name": f"{', '.join(comps)} (pid {pid}{extra})"}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
                        "args": {"sort_index": min(r.host_start_ns for r in recs) - origin_ns}})
         tid_base = 1

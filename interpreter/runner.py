@@ -63,6 +63,7 @@ class Runner:
         self.results: list[IterationResult] = []
         self.recoveries: list[dict[str, Any]] = []
         self._stuck = False  # the watchdog fired: components may not answer
+        self.processes: dict[int, dict[str, Any]] = {}  # pid -> the process's own view (SM count, quota)
         self._metrics_file = None
         self._tb = None
         out = config.out_dir
@@ -78,6 +79,15 @@ class Runner:
                     self._tb = None
 
     # -- resume -----------------------------------------------------------------------------
+    def describe_processes(self) -> None:
+        """Ask every component process what it sees (pid, SMs under its MPS quota) for the trace."""
+        for comp in self.backend.components():
+            try:
+                info = self.backend.control(comp, "info", timeout=60)
+            except Exception:  # noqa: BLE001 - descriptive only
+                continue
+            self.processes[info["pid"]] = info
+
     def restore(self) -> int:
         """Load the latest complete checkpoint into the workers; return the first iteration to run."""
         if not self.config.resume:
@@ -203,6 +213,7 @@ class Runner:
             self.on_iteration(result)
 
     def run(self) -> list[IterationResult]:
+        self.describe_processes()
         k = self.restore()
         restarts = 0
         try:
@@ -277,6 +288,7 @@ class Runner:
 
             self.trace.dump_jsonl(self.config.out_dir / "trace.jsonl")
             activity = {0: self.sampler.samples()} if self.sampler is not None else None
-            write_chrome_trace(self.config.out_dir / "trace.json", self.trace, activity)
+            write_chrome_trace(self.config.out_dir / "trace.json", self.trace, activity,
+                               metadata={"processes": self.processes})
             (self.config.out_dir / "nodes.json").write_text(json.dumps(self.node_summary(), indent=1) + "\n")
 
