@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 
 from ..expr import BinOp, Call, Expr, Int, IterRef, Neg, Param, Record, Ref, Slice
 from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
-from ..resolve import Binding, CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver, expr_fields
+from ..resolve import Binding, CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver
 
 __all__ = [
     "Refused", "Rewritten", "Locate", "find", "replace_item", "replace_body", "rewrite_expr", "uses_by_id",
@@ -234,10 +234,6 @@ def _binding_dim(resolver: Resolver, expr: Expr, b: Binding | None, bound, depth
 
 def _field_dim(resolver: Resolver, item: Item, key: str, expr: Expr, depth: int) -> int | None | str:
     return batch_dim(resolver, expr, uses_by_id(resolver, item, key, expr), depth + 1)
-
-
-def all_fields(item: Item) -> list[tuple[str, Expr]]:
-    return list(expr_fields(item))
 
 
 def unique_name(name: str, taken: set[str]) -> str:
