@@ -35,6 +35,25 @@ class WatchdogTimeout(Exception):
         self.label, self.seconds = label, seconds
 
 
+def replica_name(component: str, replica: int) -> str:
+    """Data-parallel replica r of a component is the process `name#r` (replica 0 keeps the name)."""
+    return component if replica == 0 else f"{component}#{replica}"
+
+
+def _free_tcp() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def _wants_replicas(comp: Component, allowed: Sequence[str]) -> bool:
+    from .components import wants_replicas
+
+    return wants_replicas(comp, allowed)
+
+
 def group_of(node: ExecutionNode) -> int | None:
     name = node.path[-1]
     for part in reversed(node.path):
@@ -184,13 +203,16 @@ class RayBackend(Backend):
         self._loops = {p: tuple(v) for p, v in loops_of.items()}
         self._has_gpu = bool(ray.cluster_resources().get("GPU", 0))
         self._gpu_share = 1.0 / max(1, sum(1 for c in wf.components.values() if c.device == "gpu"))
+        self.replicas = max((c.replicas for c in wf.components.values()), default=1)
         for name, comp in wf.components.items():
-            self.actors[name] = self._launch(comp)
+            init = _free_tcp() if comp.replicas > 1 and _wants_replicas(comp, self.allowed) else None
+            for r in range(comp.replicas):
+                self.actors[replica_name(name, r)] = self._launch(comp, r, init)
         # construction errors surface here, named by component
         for name in list(self.actors):
             self._await_ready(name)
 
-    def _launch(self, comp: Component) -> Any:
+    def _launch(self, comp: Component, replica: int = 0, dist_init: str | None = None) -> Any:
         env = self._env(comp, self.mps_env.get(comp.name, {}))
         options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1, "max_restarts": 0,
                                    "runtime_env": {"env_vars": env}}
@@ -200,7 +222,8 @@ class RayBackend(Backend):
             options["num_gpus"] = self._gpu_share  # colocated: the GPU components share it
         device = "cuda" if comp.device == "gpu" and self._has_gpu else "cpu"
         actor = self._worker_cls.options(**options).remote(comp, self.wf.seed, device, self.allowed, True,
-                                                           comp.gpu if comp.device == "gpu" else None)
+                                                           comp.gpu if comp.device == "gpu" else None, 2, replica,
+                                                           dist_init)
         actor.register_nodes.remote(self._nodes_by_comp[comp.name], self._loops)
         return actor
 
@@ -245,7 +268,12 @@ class RayBackend(Backend):
                 self.ray.kill(self.actors[name])
             except Exception:  # noqa: BLE001
                 pass
-            self.actors[name] = self._launch(self.wf.components[name])
+            base, _, r = name.partition("#")
+            comp = self.wf.components[base]
+            if comp.replicas > 1 and _wants_replicas(comp, self.allowed):
+                raise CallFailed(f"restarting '{name}'", name, "a data-parallel replica cannot rejoin its process "
+                                 "group alone; restart the run with --resume", died=True)
+            self.actors[name] = self._launch(comp, int(r or 0))
             self._await_ready(name)
 
     def replace_actor(self, name: str, quota: int | None, mps_env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -276,9 +304,9 @@ class RayBackend(Backend):
     def components(self) -> list[str]:
         return list(self.actors)
 
-    def submit(self, step: Step) -> Sequence[Any]:
+    def submit(self, step: Step, replica: int = 0) -> Sequence[Any]:
         n = max(1, len(step.node.outputs))
-        actor = self.actors[step.node.component]
+        actor = self.actors[replica_name(step.node.component, replica)]
         refs = actor.call_flat.options(num_returns=n).remote(
             step.label, step.node.path, step.recipe, group_of(step.node), _loop_indices(step, self.loops_of), *step.handles)
         return (refs,) if n == 1 else tuple(refs)
@@ -350,7 +378,7 @@ class RayCompiledBackend(RayBackend):
         consumed: set[int] = set()
         nodes: list[Any] = []
         with InputNode() as inp:
-            def bind(step: Step) -> Sequence[Any]:
+            def bind(step: Step, replica: int = 0) -> Sequence[Any]:
                 unique: list[Any] = []
                 index: dict[int, int] = {}
                 ports = []
@@ -361,7 +389,7 @@ class RayCompiledBackend(RayBackend):
                         unique.append(h.node)
                     ports.append((index[key], h.index))
                     consumed.add(key)
-                comp = step.node.component
+                comp = replica_name(step.node.component, replica)
                 # order after this component's previous call, unless a data input already does
                 tokens = [last_on[comp]] if comp in last_on and id(last_on[comp]) not in index else []
                 # only a component's first call reads the iteration number from the DAG input; its later
@@ -377,7 +405,8 @@ class RayCompiledBackend(RayBackend):
                 self.steps.append(step)
                 return tuple(_CGPort(node, i) for i in range(max(1, len(step.node.outputs))))
 
-            schedule.steps(K, bind)
+            for r in range(self.replicas):
+                schedule.steps(K, lambda step, r=r: bind(step, r))
             sinks = [n for n in nodes if id(n) not in consumed]
             out = MultiOutputNode(sinks)
         self.dag = out.experimental_compile()

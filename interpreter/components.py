@@ -48,7 +48,13 @@ def resolve_impl(impl: str, allowed: Iterable[str] = DEFAULT_ALLOWED) -> type:
     return obj
 
 
-def construct(comp: Component, seed: int, device: str = "cpu", allowed: Iterable[str] = DEFAULT_ALLOWED) -> Any:
+def wants_replicas(comp: Component, allowed: Iterable[str] = DEFAULT_ALLOWED) -> bool:
+    """Does the class take `replicas` (is it data-parallel aware)? Then rose sets up torch.distributed."""
+    return "replicas" in inspect.signature(resolve_impl(comp.impl, allowed)).parameters
+
+
+def construct(comp: Component, seed: int, device: str = "cpu", allowed: Iterable[str] = DEFAULT_ALLOWED,
+              replica: int = 0) -> Any:
     cls = resolve_impl(comp.impl, allowed)
     kwargs = dict(comp.args)
     params = inspect.signature(cls).parameters
@@ -56,6 +62,10 @@ def construct(comp: Component, seed: int, device: str = "cpu", allowed: Iterable
         kwargs["device"] = device
     if "seed" in params and "seed" not in kwargs:
         kwargs["seed"] = seed
+    if "replica" in params:
+        kwargs["replica"] = replica
+    if "replicas" in params:
+        kwargs["replicas"] = comp.replicas
     try:
         return cls(**kwargs)
     except Exception as exc:

@@ -100,7 +100,7 @@ class Runner:
             raise CheckpointError(f"no complete checkpoint under {ckpt_dir} to resume from")
         ckpt = load_checkpoint(path)
         for comp, states in ckpt.states.items():
-            if comp in self.wf.components and states:
+            if comp in self.backend.components() and states:
                 self.backend.control(comp, "set_states", states)
         return ckpt.iteration + 1
 
@@ -124,7 +124,13 @@ class Runner:
             finally:
                 self._collect_records()
             return self._finish(k, t0, time.perf_counter_ns())
-        submitted = self.schedule.steps(k, self.backend.submit)
+        replicas = getattr(self.backend, "replicas", 1)
+        if replicas == 1:
+            submitted = self.schedule.steps(k, self.backend.submit)
+        else:  # data parallel: the whole iteration once per replica, each on its own processes
+            submitted = []
+            for r in range(replicas):
+                submitted += self.schedule.steps(k, lambda step, r=r: self.backend.submit(step, replica=r))
         deadline = time.monotonic() + self.config.call_timeout_s
         try:
             for step, handles in submitted:
@@ -250,7 +256,7 @@ class Runner:
         self.backend.restart(dead)
         ckpt = load_checkpoint(path)
         for comp, states in ckpt.states.items():
-            if comp in self.wf.components and states:
+            if comp in self.backend.components() and states:
                 self.backend.control(comp, "set_states", states)
         self.recoveries.append({"failed": str(exc), "restarted": dead, "from_checkpoint": ckpt.iteration})
         self.results = [r for r in self.results if r.iteration <= ckpt.iteration]

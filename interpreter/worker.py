@@ -53,7 +53,7 @@ def _loop_names(path: tuple[str, ...], indices: tuple, loops: dict) -> list[tupl
 
 class ComponentWorker:
     def __init__(self, comp: Component, seed: int, device: str, allowed: Sequence[str], outputs_to_cpu: bool = False,
-                 gpu_index: int | None = None, retries: int = 2) -> None:
+                 gpu_index: int | None = None, retries: int = 2, replica: int = 0, dist_init: str | None = None) -> None:
         self.comp = comp
         self.name = comp.name
         self.device = device
@@ -73,7 +73,14 @@ class ComponentWorker:
             faulthandler.register(signal.SIGUSR1, file=self._stack_file, all_threads=True, chain=False)
         self.nodes: dict[tuple[str, ...], ExecutionNode] = {}
         self.loops: dict[tuple[str, ...], tuple[tuple[str, ...], ...]] = {}
-        self.obj = construct(comp, seed, device, allowed)
+        self.replica = replica
+        if dist_init is not None:
+            # a data-parallel replica: the component's replicas form one torch.distributed group
+            import torch.distributed as dist
+
+            backend = "nccl" if device.startswith("cuda") else "gloo"
+            dist.init_process_group(backend, init_method=dist_init, rank=replica, world_size=comp.replicas)
+        self.obj = construct(comp, seed, device, allowed, replica)
 
     def register_nodes(self, nodes: dict[tuple[str, ...], ExecutionNode],
                        loops: dict[tuple[str, ...], tuple[tuple[str, ...], ...]] | None = None) -> int:

@@ -47,6 +47,14 @@ def execute_command(out: Console, err: Console, wf: Workflow, *, backend: str, i
         err.print(f"{wf.file}: {exc}")
         return 2
     n = iterations if iterations is not None else (wf.root.count or 1)
+    counts = {c.replicas for c in wf.components.values()}
+    if len(counts) > 1:
+        err.print(f"{wf.file}: components have different replica counts ({', '.join(f'{c.name}: {c.replicas}' for c in wf.components.values())}); "
+                  "data-parallel replication runs the whole iteration per replica, so all must match", markup=False)
+        return 2
+    if max(counts) > 1 and backend != "ray":
+        err.print(f"{wf.file}: replicas: {max(counts)} needs --backend ray (one process per replica)", markup=False)
+        return 2
     allowed_all = allowed + DEFAULT_ALLOWED
     gpu_components = [c for c in wf.components.values() if c.device == "gpu"]
     daemon, sampler, be = None, None, None

@@ -165,3 +165,41 @@ class WrongRows:
 
     def act(self, x: Any = 0) -> dict[str, Any]:
         return {"y": torch.zeros(self.n - 1)}
+
+
+class DataShard:
+    """Replica r's share of a global regression batch: rows [r*n, (r+1)*n) of n*replicas rows."""
+
+    def __init__(self, n: int = 4, seed: int = 0, replica: int = 0, replicas: int = 1) -> None:
+        self.n, self.seed, self.replica, self.replicas = n, seed, replica, replicas
+
+    def batch(self, it: int) -> dict[str, Any]:
+        g = torch.Generator().manual_seed(self.seed * 1000 + int(it))
+        x = torch.randn(self.n * self.replicas, 3, generator=g, dtype=torch.float64)
+        y = x @ torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64) + 0.1
+        rows = slice(self.replica * self.n, (self.replica + 1) * self.n)
+        return {"x": x[rows], "y": y[rows]}
+
+
+class DPRegressor:
+    """Least squares by SGD; with replicas > 1 the gradient is averaged over the process group, so every
+    replica ends with the weights one process gets from the concatenated batch."""
+
+    def __init__(self, lr: float = 0.1, replica: int = 0, replicas: int = 1) -> None:
+        self.lr, self.replicas = lr, replicas
+        self.w = torch.zeros(3, dtype=torch.float64)
+
+    def update(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        grad = 2 * x.T @ (x @ self.w - y) / x.shape[0]
+        if self.replicas > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(grad)
+            grad /= self.replicas
+        self.w = self.w - self.lr * grad
+
+    def get_state(self, name: str) -> torch.Tensor:
+        return self.w.clone()
+
+    def set_state(self, name: str, value: torch.Tensor) -> None:
+        self.w = value.clone()
