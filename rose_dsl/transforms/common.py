@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ..expr import BinOp, Call, Expr, Int, IterRef, Neg, Param, Record, Ref, Slice
 from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
@@ -210,7 +211,7 @@ def _binding_dim(resolver: Resolver, expr: Expr, b: Binding | None, bound, depth
             assert isinstance(item, LoopNode)
             c = item.carry(port)
             if c is not None:
-                return _field_dim(resolver, item, f"carry.{port}.init", c.init, depth)
+                return _carry_dim(resolver, item, c, depth)
             e = dict(item.collects)[port]
             return _field_dim(resolver, item, f"collect.{port}", e, depth)
         case CarryIn(loop=loop, var=var):
@@ -218,7 +219,7 @@ def _binding_dim(resolver: Resolver, expr: Expr, b: Binding | None, bound, depth
             assert isinstance(item, LoopNode)
             c = item.carry(var)
             assert c is not None
-            return _field_dim(resolver, item, f"carry.{var}.init", c.init, depth)
+            return _carry_dim(resolver, item, c, depth)
         case ParentInput(node=node, port=port):
             parent = resolver.items[node]
             assert isinstance(parent, ExecutionNode)
@@ -230,6 +231,13 @@ def _binding_dim(resolver: Resolver, expr: Expr, b: Binding | None, bound, depth
                 return inner
             return inner
     return "unknown"
+
+
+def _carry_dim(resolver: Resolver, loop: LoopNode, c: Any, depth: int) -> int | None | str:
+    """A carried value has a batch dimension only if its first value and every next one agree on it."""
+    first = _field_dim(resolver, loop, f"carry.{c.name}.init", c.init, depth)
+    later = _field_dim(resolver, loop, f"carry.{c.name}.next", c.next, depth)
+    return first if first == later else "unknown"
 
 
 def _field_dim(resolver: Resolver, item: Item, key: str, expr: Expr, depth: int) -> int | None | str:

@@ -170,7 +170,12 @@ def split_loop_body(wf: Workflow, path: Path, k: int, batch_size: int | None = N
     top_names = {item.name for item in loop.body}
     carries = {c.name for c in loop.carries}
     for c in loop.carries:
-        dim = batch_dim(resolver, c.init, uses_by_id(resolver, loop, f"carry.{c.name}.init", c.init))
+        dims = {batch_dim(resolver, c.init, uses_by_id(resolver, loop, f"carry.{c.name}.init", c.init)),
+                batch_dim(resolver, c.next, uses_by_id(resolver, loop, f"carry.{c.name}.next", c.next))}
+        if len(dims) > 1:
+            raise Refused(f"carried value '{c.name}' of loop '{loop.name}' does not keep its batch dimension "
+                          f"(init and next give {sorted(map(str, dims))}): its groups could not be merged")
+        dim = dims.pop()
         if dim not in (0, None):
             raise Refused(f"carried value '{c.name}' of loop '{loop.name}' has its batch on dim {dim}; rose slices dim 0 only")
     inside = path  # items whose path starts with this are inside the loop
