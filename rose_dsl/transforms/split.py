@@ -150,11 +150,14 @@ def split_loop_body(wf: Workflow, path: Path, k: int, batch_size: int | None = N
         raise Refused(f"'{loop.name}' is not a loop inside the iteration")
     if loop.dynamic:
         raise Refused(f"loop '{loop.name}' ends on a condition; its iterations are kept whole")
+    if "@" in loop.name:
+        raise Refused(f"loop '{loop.name}' is already a split group")
     sizes = set()
     for item in iter_items(loop):
         if item is loop:
             continue
-        if isinstance(item, MergeNode) or (isinstance(item, ExecutionNode) and (item.rows or item.split_of)):
+        if isinstance(item, MergeNode) or (isinstance(item, ExecutionNode) and (item.rows or item.split_of)) or \
+                (isinstance(item, LoopNode) and (item.split_of or item.iterations is not None)):
             raise Refused(f"loop '{loop.name}' already contains split groups ('{item.name}')")
         if isinstance(item, ExecutionNode):
             _check_separable(item)

@@ -35,8 +35,8 @@ def split_temporal(wf: Workflow, path: Path, k: int, blocks: bool = False, *, ch
         raise Refused(f"'{loop.name}' is not a loop inside the iteration")
     if loop.dynamic:
         raise Refused(f"loop '{loop.name}' ends on a condition; its iterations are kept whole")
-    if loop.iterations is not None or loop.split_of is not None:
-        raise Refused(f"loop '{loop.name}' is already a temporal group")
+    if loop.iterations is not None or loop.split_of is not None or "@" in loop.name:
+        raise Refused(f"loop '{loop.name}' is already a split group")
     kind = loop_kinds(wf)[path]
     if kind.kind != "free" and not force:
         raise Refused(f"loop '{loop.name}' is dependent ({'; '.join(kind.reasons)}): its iterations must run in order, "
