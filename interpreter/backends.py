@@ -314,17 +314,21 @@ class RayBackend(Backend):
     def result(self, handle: Any, timeout: float | None) -> Any:
         try:
             return self.ray.get(handle, timeout=timeout)
-        except self.ray.exceptions.GetTimeoutError:
-            raise TimeoutError from None
-        except self.ray.exceptions.RayTaskError as exc:
-            cause = exc.cause if isinstance(getattr(exc, "cause", None), CallFailed) else None
-            if cause is not None:
-                raise cause from None
-            raise CallFailed("a call", "?", _unwrap(exc)) from None
-        except self.ray.exceptions.RayActorError as exc:
-            dead = self.dead_components()
-            who = ", ".join(dead) or "?"
-            raise CallFailed("a call", who, f"the process of component {who} died: {_unwrap(exc)}", died=True) from None
+        except Exception as exc:  # noqa: BLE001 - translated into rose's own failures
+            raise self._failure(exc, "a call") from None
+
+    def _failure(self, exc: BaseException, label: str) -> BaseException:
+        """A Ray error as rose sees it: a timeout, a component's call failure, or a dead process."""
+        errors = self.ray.exceptions
+        if isinstance(exc, errors.GetTimeoutError | getattr(errors, "RayChannelTimeoutError", errors.GetTimeoutError)):
+            return TimeoutError()
+        if isinstance(exc, errors.RayActorError):
+            who = ", ".join(self.dead_components()) or "?"
+            return CallFailed(label, who, f"the process of component {who} died: {_unwrap(exc)}", died=True)
+        if isinstance(exc, errors.RayTaskError):
+            cause = getattr(exc, "cause", None)
+            return cause if isinstance(cause, CallFailed) else CallFailed(label, "?", _unwrap(exc))
+        return exc
 
     def control(self, component: str, method: str, *args: Any, timeout: float | None = 600) -> Any:
         return self.ray.get(getattr(self.actors[component], method).remote(*args), timeout=timeout)
@@ -426,26 +430,9 @@ class RayCompiledBackend(RayBackend):
     def execute_iteration(self, k: int, timeout: float | None) -> None:
         assert self.dag is not None
         try:
-            refs = self.dag.execute(k)
-        except self.ray.exceptions.RayActorError as exc:
-            dead = self.dead_components()
-            raise CallFailed(f"iteration {k}", ", ".join(dead) or "?", f"a component process died: {_unwrap(exc)}",
-                             died=True) from None
-        try:
-            self.ray.get(refs, timeout=timeout)
-        except self.ray.exceptions.RayActorError as exc:
-            dead = self.dead_components()
-            raise CallFailed(f"iteration {k}", ", ".join(dead) or "?", f"a component process died: {_unwrap(exc)}",
-                             died=True) from None
-        except self.ray.exceptions.RayChannelTimeoutError:
-            raise TimeoutError from None
-        except self.ray.exceptions.GetTimeoutError:
-            raise TimeoutError from None
-        except self.ray.exceptions.RayTaskError as exc:
-            cause = exc.cause if isinstance(getattr(exc, "cause", None), CallFailed) else None
-            if cause is not None:
-                raise cause from None
-            raise CallFailed("a call", "?", _unwrap(exc)) from None
+            self.ray.get(self.dag.execute(k), timeout=timeout)
+        except Exception as exc:  # noqa: BLE001 - translated into rose's own failures
+            raise self._failure(exc, f"iteration {k}") from None
 
     def shutdown(self) -> None:
         if self.dag is not None:
