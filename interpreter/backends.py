@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +49,10 @@ def _free_tcp() -> str:
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
-def _wants_replicas(comp: Component, allowed: Sequence[str]) -> bool:
-    from .components import wants_replicas
+def _wants_process_group(comp: Component, allowed: Sequence[str]) -> bool:
+    from .components import wants_process_group
 
-    return wants_replicas(comp, allowed)
+    return wants_process_group(comp, allowed)
 
 
 def group_of(node: ExecutionNode) -> int | None:
@@ -156,12 +157,49 @@ class LocalBackend(Backend):
                 pass
 
 
+@dataclass(frozen=True)
+class GpuPlacement:
+    """Which GPU slot each GPU process runs on: replica r of a component on slot `gpu + r` (`gpu`
+    defaults to 0). All components on the same slots is the colocated mode; components on disjoint
+    slots (e.g. the simulator on `gpu: 0`, policy and trainer on `gpu: ${replicas}`) the disaggregated
+    one. Slots are the bundles of one placement group, i.e. distinct physical GPUs."""
+
+    slot_of: dict[str, int]  # process name (`name#r`) -> slot
+
+    @classmethod
+    def of(cls, wf: Workflow) -> GpuPlacement:
+        return cls({replica_name(name, r): (comp.gpu or 0) + r
+                    for name, comp in wf.components.items() if comp.device == "gpu"
+                    for r in range(comp.replicas)})
+
+    @property
+    def slots(self) -> int:
+        return max(self.slot_of.values(), default=-1) + 1
+
+    def slot(self, component: str, replica: int) -> int | None:
+        return self.slot_of.get(replica_name(component, replica))
+
+    def share(self, slot: int) -> float:
+        return 1.0 / sum(1 for s in self.slot_of.values() if s == slot)
+
+    def distinct(self, component: str) -> bool:
+        """Do the component's replicas run on distinct GPUs (what NCCL requires)?"""
+        mine = [s for p, s in self.slot_of.items() if p.partition("#")[0] == component]
+        return len(set(mine)) == len(mine)
+
+    def describe(self) -> str:
+        by_slot: dict[int, list[str]] = {}
+        for process, slot in sorted(self.slot_of.items(), key=lambda kv: kv[1]):
+            by_slot.setdefault(slot, []).append(process)
+        return "; ".join(f"GPU {s}: {', '.join(ps)}" for s, ps in by_slot.items())
+
+
 class RayBackend(Backend):
     name = "ray"
 
     def __init__(self, wf: Workflow, allowed: Sequence[str], loops_of, address: str | None = None,
                  mps_env: dict[str, dict[str, str]] | None = None, gpus: int | None = None,
-                 start_timeout_s: float = 300.0) -> None:
+                 start_timeout_s: float = 300.0, gpu_device: str = "cuda") -> None:
         import ray
 
         self.ray = ray
@@ -195,6 +233,7 @@ class RayBackend(Backend):
         self.pids: dict[str, int] = {}
         self.start_timeout_s = start_timeout_s
         self.actors: dict[str, Any] = {}
+        self._placement_group: Any = None
         self._worker_cls = ray.remote(ComponentWorker)
         self._nodes_by_comp: dict[str, dict] = {name: {} for name in wf.components}
         for item in wf.items():
@@ -202,28 +241,56 @@ class RayBackend(Backend):
                 self._nodes_by_comp[item.component][item.path] = item
         self._loops = {p: tuple(v) for p, v in loops_of.items()}
         self._has_gpu = bool(ray.cluster_resources().get("GPU", 0))
-        self._gpu_share = 1.0 / max(1, sum(1 for c in wf.components.values() if c.device == "gpu"))
+        self.gpu_device = gpu_device  # "cpu" lets tests place processes on a cluster's logical GPUs
+        self.placement = GpuPlacement.of(wf)
+        self._placement_group = self._reserve_gpus() if self._has_gpu and self.placement.slots else None
         self.replicas = max((c.replicas for c in wf.components.values()), default=1)
+        self._dist: dict[str, tuple[str, str]] = {}
         for name, comp in wf.components.items():
-            init = _free_tcp() if comp.replicas > 1 and _wants_replicas(comp, self.allowed) else None
+            if comp.replicas > 1 and _wants_process_group(comp, self.allowed):
+                on_gpu = comp.device == "gpu" and self._has_gpu and self.gpu_device != "cpu"
+                # NCCL needs one GPU per rank; replicas sharing a GPU talk through gloo
+                self._dist[name] = (_free_tcp(), "nccl" if on_gpu and self.placement.distinct(name) else "gloo")
             for r in range(comp.replicas):
-                self.actors[replica_name(name, r)] = self._launch(comp, r, init)
+                self.actors[replica_name(name, r)] = self._launch(comp, r)
         # construction errors surface here, named by component
         for name in list(self.actors):
             self._await_ready(name)
 
-    def _launch(self, comp: Component, replica: int = 0, dist_init: str | None = None) -> Any:
+    def _reserve_gpus(self) -> Any:
+        """One placement-group bundle per GPU slot the workflow uses (`gpu:` + replica), so a replica's
+        processes land on the GPU the workflow gave them; the bundle's processes share that GPU."""
+        from ray.util.placement_group import placement_group
+
+        have = int(self.ray.cluster_resources().get("GPU", 0))
+        if self.placement.slots > have:
+            raise CallFailed("placing components", "?", f"the workflow places processes on {self.placement.slots} "
+                             f"GPUs ({self.placement.describe()}) but the Ray cluster has {have}")
+        group = placement_group([{"GPU": 1.0}] * self.placement.slots, strategy="PACK")
+        try:
+            self.ray.get(group.ready(), timeout=self.start_timeout_s)
+        except Exception as exc:  # noqa: BLE001
+            raise CallFailed("placing components", "?", f"could not reserve {self.placement.slots} GPUs: "
+                             f"{_unwrap(exc)}") from None
+        return group
+
+    def _launch(self, comp: Component, replica: int = 0) -> Any:
         env = self._env(comp, self.mps_env.get(comp.name, {}))
         options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1, "max_restarts": 0,
                                    "runtime_env": {"env_vars": env}}
         if comp.venv:
             options["runtime_env"]["py_executable"] = str(Path(comp.venv) / "bin" / "python")
-        if comp.device == "gpu" and self._has_gpu:
-            options["num_gpus"] = self._gpu_share  # colocated: the GPU components share it
-        device = "cuda" if comp.device == "gpu" and self._has_gpu else "cpu"
+        slot = self.placement.slot(comp.name, replica)
+        if slot is not None and self._placement_group is not None:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            options["num_gpus"] = self.placement.share(slot)  # the processes on one GPU split it
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=self._placement_group, placement_group_bundle_index=slot)
+        device = self.gpu_device if slot is not None and self._has_gpu else "cpu"
+        dist_init, dist_backend = self._dist.get(comp.name, (None, "gloo"))
         actor = self._worker_cls.options(**options).remote(comp, self.wf.seed, device, self.allowed, True,
-                                                           comp.gpu if comp.device == "gpu" else None, 2, replica,
-                                                           dist_init)
+                                                           slot, 2, replica, dist_init, dist_backend)
         actor.register_nodes.remote(self._nodes_by_comp[comp.name], self._loops)
         return actor
 
@@ -261,20 +328,53 @@ class RayBackend(Backend):
                 dead.append(name)
         return dead
 
+    def fault_domain(self, names: Sequence[str], gpu_fatal: bool) -> list[str]:
+        """The processes to restart with these: after a fatal GPU error in an MPS client, every MPS
+        client on the same GPU (the server fails them all, and admits new clients only once all have
+        exited); otherwise just these."""
+        out = set(names)
+        if gpu_fatal:
+            under_mps = {p for p in self.placement.slot_of if self.mps_env.get(p.partition("#")[0])}
+            for name in names:
+                slot = self.placement.slot_of.get(name)
+                if name in under_mps and slot is not None:
+                    out |= {p for p in under_mps if self.placement.slot_of[p] == slot}
+        return sorted(out)
+
     def restart(self, names: Sequence[str]) -> None:
-        """Start fresh processes for these components (their state is restored by the caller)."""
+        """Start fresh processes for these components (their state is restored by the caller). All are
+        stopped before any starts: an MPS server recovering from a fatal error waits for that."""
+        for name in names:
+            base, _, r = name.partition("#")
+            comp = self.wf.components[base]
+            if comp.replicas > 1 and _wants_process_group(comp, self.allowed):
+                raise CallFailed(f"restarting '{name}'", name, "a data-parallel replica cannot rejoin its process "
+                                 "group alone; restart the run with --resume", died=True)
         for name in names:
             try:
                 self.ray.kill(self.actors[name])
             except Exception:  # noqa: BLE001
                 pass
+        self._wait_gone([self.pids[n] for n in names if n in self.pids])
+        for name in names:
             base, _, r = name.partition("#")
-            comp = self.wf.components[base]
-            if comp.replicas > 1 and _wants_replicas(comp, self.allowed):
-                raise CallFailed(f"restarting '{name}'", name, "a data-parallel replica cannot rejoin its process "
-                                 "group alone; restart the run with --resume", died=True)
-            self.actors[name] = self._launch(comp, int(r or 0))
+            self.actors[name] = self._launch(self.wf.components[base], int(r or 0))
+        for name in names:
             self._await_ready(name)
+
+    @staticmethod
+    def _wait_gone(pids: Sequence[int], timeout: float = 30.0) -> None:
+        """Wait (bounded) until these processes have exited."""
+        import time as _time
+
+        deadline = _time.monotonic() + timeout
+        for pid in pids:
+            while _time.monotonic() < deadline:
+                try:
+                    os.kill(pid, 0)
+                except OSError:
+                    break
+                _time.sleep(0.05)
 
     def replace_actor(self, name: str, quota: int | None, mps_env: dict[str, str] | None = None) -> dict[str, Any]:
         """Move a component to a new process (e.g. under another MPS quota, which is fixed for a process's
@@ -299,6 +399,7 @@ class RayBackend(Backend):
         paths = [*comp.python_path, PROJECT_ROOT, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off (required on the multi-GPU hosts)
         return env
 
     def components(self) -> list[str]:
@@ -340,6 +441,14 @@ class RayBackend(Backend):
             except Exception:  # noqa: BLE001
                 pass
         self.actors = {}
+        if self._placement_group is not None:  # give the GPUs back (a cluster may host further runs)
+            from ray.util.placement_group import remove_placement_group
+
+            try:
+                remove_placement_group(self._placement_group)
+            except Exception:  # noqa: BLE001
+                pass
+            self._placement_group = None
         if self.started_cluster and self.ray.is_initialized():
             self.ray.shutdown()
 

@@ -48,9 +48,13 @@ def resolve_impl(impl: str, allowed: Iterable[str] = DEFAULT_ALLOWED) -> type:
     return obj
 
 
-def wants_replicas(comp: Component, allowed: Iterable[str] = DEFAULT_ALLOWED) -> bool:
-    """Does the class take `replicas` (is it data-parallel aware)? Then rose sets up torch.distributed."""
-    return "replicas" in inspect.signature(resolve_impl(comp.impl, allowed)).parameters
+def wants_process_group(comp: Component, allowed: Iterable[str] = DEFAULT_ALLOWED) -> bool:
+    """Does the class ask for a torch.distributed group over its replicas (`data_parallel_group = True`,
+    e.g. a trainer that all-reduces gradients)? Then rose initialises one before constructing it.
+
+    Only classes that communicate ask: a replica in a group cannot be restarted alone, while a
+    replica-aware simulator or rollout policy (which only needs its replica index) can."""
+    return bool(getattr(resolve_impl(comp.impl, allowed), "data_parallel_group", False))
 
 
 def construct(comp: Component, seed: int, device: str = "cpu", allowed: Iterable[str] = DEFAULT_ALLOWED,

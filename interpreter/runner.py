@@ -50,6 +50,23 @@ def _structural(node: str) -> str:
     return ".".join(part.split("@")[0] for part in node.split("."))
 
 
+
+# metrics that add up over data-parallel replicas (the rest are averaged)
+ADDITIVE_METRICS = ("env_steps", "tokens", "episodes", "env_faults", "errors", "retried")
+
+
+def merge_replica_metrics(per_process: dict[str, dict[str, float]]) -> dict[str, float]:
+    """`{process: {metric: value}}` -> `{"component/metric": value}`, replicas (`name#r`) folded into
+    their component: counts summed, everything else the mean over the replicas that reported it."""
+    values: dict[str, list[float]] = {}
+    for process, metrics in per_process.items():
+        comp = process.partition("#")[0]
+        for name, value in metrics.items():
+            values.setdefault(f"{comp}/{name}", []).append(float(value))
+    return {key: sum(vs) if key.rsplit("/", 1)[-1].endswith(ADDITIVE_METRICS) else sum(vs) / len(vs)
+            for key, vs in values.items()}
+
+
 class Runner:
     def __init__(self, wf: Workflow, backend: Backend, config: RunConfig, schedule: Schedule | None = None,
                  on_iteration: Callable[[IterationResult], None] | None = None, sampler: Any = None) -> None:
@@ -146,9 +163,8 @@ class Runner:
     def _finish(self, k: int, t0: int, t1: int) -> IterationResult:
         seconds = (t1 - t0) / 1e9
         metrics: dict[str, float] = {"iteration_s": seconds}
-        for comp in self.backend.components():
-            for name, value in self.backend.control(comp, "pop_metrics").items():
-                metrics[f"{comp}/{name}"] = value
+        per_process = {comp: self.backend.control(comp, "pop_metrics") for comp in self.backend.components()}
+        metrics.update(merge_replica_metrics(per_process))
         steps = sum(v for n, v in metrics.items() if n.endswith("/env_steps"))
         if steps:
             metrics["env_steps_per_s"] = steps / seconds
@@ -227,7 +243,7 @@ class Runner:
                 try:
                     self.run_iteration(k)
                 except CallFailed as exc:
-                    if not exc.died or not hasattr(self.backend, "restart"):
+                    if not (exc.died or exc.gpu_fatal) or not hasattr(self.backend, "restart"):
                         raise
                     restarts += 1
                     if restarts > self.config.max_restarts:
@@ -252,13 +268,18 @@ class Runner:
             raise CallFailed(exc.label, exc.component, f"{exc.message}; no checkpoint to restart from "
                              "(use --checkpoint-every)", died=True) from None
         time.sleep(min(30.0, 0.5 * 2 ** (attempt - 1)))  # back off before starting processes again
-        dead = self.backend.dead_components()
-        self.backend.restart(dead)
+        broken = set(self.backend.dead_components())
+        if exc.gpu_fatal:  # alive but its CUDA context is gone
+            broken.add(exc.component)
+        domain = getattr(self.backend, "fault_domain", None)
+        restart = domain(sorted(broken), exc.gpu_fatal) if callable(domain) else sorted(broken)
+        self.backend.restart(restart)
         ckpt = load_checkpoint(path)
         for comp, states in ckpt.states.items():
             if comp in self.backend.components() and states:
                 self.backend.control(comp, "set_states", states)
-        self.recoveries.append({"failed": str(exc), "restarted": dead, "from_checkpoint": ckpt.iteration})
+        self.recoveries.append({"failed": str(exc), "restarted": restart, "from_checkpoint": ckpt.iteration,
+                                "gpu_fatal": exc.gpu_fatal})
         self.results = [r for r in self.results if r.iteration <= ckpt.iteration]
         return ckpt.iteration + 1
 

@@ -26,13 +26,30 @@ __all__ = ["ComponentWorker", "CallFailed"]
 class CallFailed(Exception):
     """A component call raised: carries the invocation label and the component's traceback text."""
 
-    def __init__(self, label: str, component: str, message: str, detail: str = "", died: bool = False) -> None:
+    def __init__(self, label: str, component: str, message: str, detail: str = "", died: bool = False,
+                 gpu_fatal: bool = False) -> None:
         super().__init__(f"{label} ({component}): {message}")
         self.label, self.component, self.message, self.detail = label, component, message, detail
         self.died = died  # the component's process is gone (not an exception inside a call)
+        self.gpu_fatal = gpu_fatal  # alive, but its CUDA context is lost (and, under MPS, its GPU's other clients')
 
     def __reduce__(self):
-        return (CallFailed, (self.label, self.component, self.message, self.detail, self.died))
+        return (CallFailed, (self.label, self.component, self.message, self.detail, self.died, self.gpu_fatal))
+
+
+# CUDA errors after which a process's context is unusable ("sticky"); under MPS the server also fails every
+# client on that GPU and accepts new ones only after all of them exited (CUDA MPS docs, error containment)
+FATAL_GPU_ERRORS = (
+    "illegal memory access", "device-side assert", "unspecified launch failure", "misaligned address",
+    "illegal instruction", "uncorrectable ECC", "hardware stack error", "MPS client has been terminated",
+    "MPS server is not ready", "cudaErrorMps", "CUDA_ERROR_MPS",
+)
+
+
+def is_fatal_gpu_error(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__}: {exc}"
+    return ("CUDA" in text or "cuda" in text or type(exc).__name__ == "AcceleratorError") and any(
+        p in text for p in FATAL_GPU_ERRORS)
 
 
 def _to_cpu(value: Any) -> Any:
@@ -53,7 +70,8 @@ def _loop_names(path: tuple[str, ...], indices: tuple, loops: dict) -> list[tupl
 
 class ComponentWorker:
     def __init__(self, comp: Component, seed: int, device: str, allowed: Sequence[str], outputs_to_cpu: bool = False,
-                 gpu_index: int | None = None, retries: int = 2, replica: int = 0, dist_init: str | None = None) -> None:
+                 gpu_index: int | None = None, retries: int = 2, replica: int = 0, dist_init: str | None = None,
+                 dist_backend: str = "gloo") -> None:
         self.comp = comp
         self.name = comp.name
         self.device = device
@@ -74,12 +92,12 @@ class ComponentWorker:
         self.nodes: dict[tuple[str, ...], ExecutionNode] = {}
         self.loops: dict[tuple[str, ...], tuple[tuple[str, ...], ...]] = {}
         self.replica = replica
+        self.process = comp.name if replica == 0 else f"{comp.name}#{replica}"  # as backends.replica_name
         if dist_init is not None:
             # a data-parallel replica: the component's replicas form one torch.distributed group
             import torch.distributed as dist
 
-            backend = "nccl" if device.startswith("cuda") else "gloo"
-            dist.init_process_group(backend, init_method=dist_init, rank=replica, world_size=comp.replicas)
+            dist.init_process_group(dist_backend, init_method=dist_init, rank=replica, world_size=comp.replicas)
         self.obj = construct(comp, seed, device, allowed, replica)
 
     def register_nodes(self, nodes: dict[tuple[str, ...], ExecutionNode],
@@ -125,7 +143,7 @@ class ComponentWorker:
                     break
                 except Exception as exc:  # noqa: BLE001 - retried only where the workflow allows it
                     attempt += 1
-                    if not node.idempotent or attempt > self.retries:
+                    if not node.idempotent or attempt > self.retries or is_fatal_gpu_error(exc):
                         raise
                     self.retried.append(f"{label}: attempt {attempt} failed ({type(exc).__name__}: {exc}); retrying")
                     time.sleep(min(2.0, 0.05 * 2**attempt))
@@ -136,7 +154,8 @@ class ComponentWorker:
             raise CallFailed(label, self.name, str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - reported with the node path, not swallowed
             self._record(label, node, start, time.perf_counter_ns(), None, group, loop_indices, "error", repr(exc))
-            raise CallFailed(label, self.name, f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=8)) from None
+            raise CallFailed(label, self.process, f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=8),
+                             gpu_fatal=is_fatal_gpu_error(exc)) from None
         end = time.perf_counter_ns()
         self._record(label, node, start, end, device_end, group, loop_indices, "ok", None)
         values = tuple(outs[o] for o in node.outputs)
@@ -193,8 +212,9 @@ class ComponentWorker:
 
     def info(self) -> dict[str, Any]:
         """What this process sees: its pid and, on a GPU, the SM count its MPS quota leaves it."""
-        info: dict[str, Any] = {"pid": os.getpid(), "component": self.name,
-                                "mps_quota": os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")}
+        info: dict[str, Any] = {"pid": os.getpid(), "component": self.name, "process": self.process,
+                                "mps_quota": os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+                                "visible_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpu_slot": self.gpu_index}
         try:
             import torch
 

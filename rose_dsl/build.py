@@ -158,6 +158,17 @@ def _count(ctx: _Ctx, path: Path_, raw: Any) -> int | None:
     return value
 
 
+def _placement_int(ctx: _Ctx, path: Path_, raw: Any, minimum: int) -> int | None:
+    """`replicas:` / `gpu:`: an integer or static integer arithmetic over ${params} (`"${replicas}"`)."""
+    if raw is None or isinstance(raw, int):
+        return raw
+    value = _count(ctx, path, raw)
+    if value is not None and value < minimum:
+        ctx.error(path, f"must be at least {minimum}; found {value} (from {raw!r})")
+        return None
+    return value
+
+
 def _component(ctx: _Ctx, name: str, raw: Mapping[str, Any]) -> Component:
     path: Path_ = ("components", name)
     decl = raw.get("state", [])
@@ -171,8 +182,9 @@ def _component(ctx: _Ctx, name: str, raw: Mapping[str, Any]) -> Component:
     env = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in (raw.get("env") or {}).items()}
     return Component(
         name=name, impl=raw["impl"], args=substitute(raw.get("args") or {}, path + ("args",), ctx),
-        device=raw.get("device", "cpu"), state=tuple(state), gpu=raw.get("gpu"), mps_quota=raw.get("mps_quota"),
-        replicas=raw.get("replicas", 1), env=env, python_path=tuple(raw.get("python_path", ())),
+        device=raw.get("device", "cpu"), state=tuple(state), gpu=_placement_int(ctx, path + ("gpu",), raw.get("gpu"), 0),
+        mps_quota=raw.get("mps_quota"), replicas=_placement_int(ctx, path + ("replicas",), raw.get("replicas", 1), 1) or 1,
+        env=env, python_path=tuple(raw.get("python_path", ())),
         venv=raw.get("venv"), replica_of=raw.get("replica_of"), pos=ctx.doc.key_pos(path),
     )
 

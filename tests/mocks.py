@@ -185,6 +185,8 @@ class DPRegressor:
     """Least squares by SGD; with replicas > 1 the gradient is averaged over the process group, so every
     replica ends with the weights one process gets from the concatenated batch."""
 
+    data_parallel_group = True  # rose sets up torch.distributed over the replicas
+
     def __init__(self, lr: float = 0.1, replica: int = 0, replicas: int = 1) -> None:
         self.lr, self.replicas = lr, replicas
         self.w = torch.zeros(3, dtype=torch.float64)
@@ -203,3 +205,19 @@ class DPRegressor:
 
     def set_state(self, name: str, value: torch.Tensor) -> None:
         self.w = value.clone()
+
+
+class GpuFaultOnce(DiesOnce):
+    """Raises CUDA's sticky 'illegal memory access' error at one call, once per `marker` file: what a
+    kernel fault looks like to a component (its process lives on, its CUDA context does not)."""
+
+    def work(self, x: Any = 0) -> dict[str, Any]:
+        from pathlib import Path
+
+        self.calls += 1
+        if self.calls == self.at_call and not Path(self.marker).exists():
+            Path(self.marker).write_text("faulted")
+            raise RuntimeError("CUDA error: an illegal memory access was encountered\n"
+                               "CUDA kernel errors might be asynchronously reported at some other API call")
+        self.total = self.total + torch.as_tensor(x, dtype=torch.float32)
+        return {"y": self.total.clone()}

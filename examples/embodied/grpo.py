@@ -37,6 +37,8 @@ class GRPOTrainer(PPOTrainer):
         sync_every: int = 1,
         eps: float = 1e-6,
         image: bool = False,
+        replica: int = 0,
+        replicas: int = 1,
         **model_kwargs: Any,
     ) -> None:
         if group_size < 2:
@@ -44,7 +46,8 @@ class GRPOTrainer(PPOTrainer):
         super().__init__(
             obs_dim, act_dim, chunk, hidden, denoise_steps, lr, seed=seed, device=device,
             ppo_epochs=ppo_epochs, minibatches=minibatches, clip=clip, vf_coef=0.0, ent_coef=ent_coef,
-            max_grad_norm=max_grad_norm, sync_every=sync_every, image=image, **model_kwargs,
+            max_grad_norm=max_grad_norm, sync_every=sync_every, image=image, replica=replica,
+            replicas=replicas, **model_kwargs,
         )
         self.group_size, self.eps = int(group_size), float(eps)
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from .data_parallel import ReplicaRows
 from .determinism import blocked_apply, keyed_normal, resolve_rows
 from .model import FlowNet, FlowNetConfig, Obs, build_model
 
@@ -54,6 +55,10 @@ class FlowPolicy:
     `image_size`, `patch`, `init_log_std`, `noise_std`, ...) go to `FlowNetConfig`; the trainer must
     get the same ones. `row_block` (default: 64 on the CPU, off on CUDA) is the block size of the
     batch-invariant evaluation; `None` turns it off.
+
+    Data parallel (`replicas: R`): replica r's `num_envs` rows are the global rows
+    `[r * num_envs, (r + 1) * num_envs)` of an `R * num_envs` batch; noise and evaluation blocks are
+    keyed by global rows, so the replicas act exactly as one policy over all rows would.
     """
 
     def __init__(
@@ -68,6 +73,8 @@ class FlowPolicy:
         device: str = "cpu",
         image: bool = False,
         row_block: int | None | str = "auto",
+        replica: int = 0,
+        replicas: int = 1,
         **model_kwargs: Any,
     ) -> None:
         self.cfg = FlowNetConfig(
@@ -75,28 +82,31 @@ class FlowPolicy:
             image=image, **model_kwargs,
         )
         self.num_envs = int(num_envs)
+        self.replica_rows = ReplicaRows(self.num_envs, int(replica), int(replicas))
         self.seed = int(seed)
         self.device = torch.device(device)
         self.model: FlowNet = build_model(self.cfg, self.seed).to(self.device).eval()
         self.model.requires_grad_(False)
         if row_block == "auto":
             row_block = None if self.device.type == "cuda" else 64
-        self.row_block = None if row_block is None else min(int(row_block), self.num_envs)
+        self.row_block = None if row_block is None else min(int(row_block), self.replica_rows.total)
 
     # -- helpers ------------------------------------------------------------------------------
     def _rows(self, rows: slice | None, n: int) -> range:
+        """The global rows of a call over this replica's `rows` (None = all of them)."""
         selected = resolve_rows(rows, self.num_envs)
         if len(selected) != n:
             raise ValueError(
                 f"FlowPolicy: got {n} rows but rows={rows} covers {len(selected)} of num_envs={self.num_envs}"
             )
-        return selected
+        return self.replica_rows.to_global(selected)
 
     def _noise(self, stream: str, it: int, ep: int, t: int, rows: slice | None, n: int) -> torch.Tensor:
-        """Keyed per-row standard normal noise `[n, chunk, act_dim]` for the global `rows`."""
-        self._rows(rows, n)
+        """Keyed per-row standard normal noise `[n, chunk, act_dim]` for these rows (by global row)."""
+        selected = self._rows(rows, n)
         shape = (self.cfg.chunk, self.cfg.act_dim)
-        return keyed_normal(shape, self.num_envs, rows, "flow-policy", stream, self.seed, it, ep, t).to(self.device)
+        return keyed_normal(shape, self.replica_rows.total, slice(selected.start, selected.stop), "flow-policy",
+                            stream, self.seed, it, ep, t).to(self.device)
 
     # -- phases -------------------------------------------------------------------------------
     @torch.no_grad()

@@ -20,6 +20,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from .data_parallel import (
+    ReplicaRows,
+    all_gather_rows,
+    all_reduce_sum,
+    global_mean_std,
+    is_distributed,
+    local_minibatch,
+)
 from .determinism import keyed_generator
 from .model import FlowNet, FlowNetConfig, Obs, build_model
 from .policy import autocast_for
@@ -60,7 +68,14 @@ class PPOTrainer:
     observation it trains on, but copies them into the model's normalizer buffers only at the end of
     every `sync_every`-th update -- set it to the number of updates between weight syncs (the
     workflow's `epochs`), so each update evaluates with the statistics its rollout used.
+
+    Data parallel (`replicas: R`, see `data_parallel.py`): the R trainer replicas, each given its
+    replica's `[T, n]` trajectories, train exactly as one trainer on the concatenated `[T, R * n]`
+    batch (global minibatch permutation, summed gradients, global advantage and observation moments),
+    so they hold the same weights after every update.
     """
+
+    data_parallel_group = True  # rose sets up torch.distributed over the replicas
 
     def __init__(
         self,
@@ -83,8 +98,11 @@ class PPOTrainer:
         reward_scale: float = 0.1,
         sync_every: int = 1,
         image: bool = False,
+        replica: int = 0,
+        replicas: int = 1,
         **model_kwargs: Any,
     ) -> None:
+        self.replica, self.replicas = int(replica), int(replicas)
         self.cfg = FlowNetConfig(
             obs_dim=obs_dim, act_dim=act_dim, chunk=chunk, hidden=hidden, denoise_steps=denoise_steps,
             image=image, **model_kwargs,
@@ -147,13 +165,19 @@ class PPOTrainer:
         }
         if returns is not None:
             batch["ret"] = flatten_time(returns)
-        size = batch["adv"].shape[0]
+        steps, local = traj["reward"].shape[:2]
+        rows = ReplicaRows(local, self.replica, self.replicas)
+        size = steps * rows.total  # rows of the global batch (all replicas)
         mb_size = max(1, size // self.minibatches)
+        distributed = is_distributed(self.replicas)
         for epoch in range(self.ppo_epochs):
             gen = keyed_generator("ppo-perm", self.seed, self.updates, epoch)
-            perm = torch.randperm(size, generator=gen).to(self.device)
+            perm = torch.randperm(size, generator=gen)
             for start in range(0, mb_size * self.minibatches, mb_size):
-                self._step(take(batch, perm[start : start + mb_size]))
+                chosen = perm[start : start + mb_size]
+                if distributed:
+                    chosen = local_minibatch(chosen, rows)
+                self._step(take(batch, chosen.to(self.device)), mb_size if distributed else None)
         self.updates += 1
         self._track_obs(batch["obs"])
         if self.updates % self.sync_every == 0 and self.cfg.obs_norm:
@@ -163,7 +187,10 @@ class PPOTrainer:
     @torch.no_grad()
     def _track_obs(self, obs: Obs) -> None:
         """Fold a batch's state statistics into the running ones (Chan et al.'s parallel update)."""
-        state = (obs["state"] if isinstance(obs, dict) else obs).detach().to("cpu", torch.float64)
+        state = (obs["state"] if isinstance(obs, dict) else obs).detach()
+        if is_distributed(self.replicas):  # the moments of every replica's observations
+            state = all_gather_rows(state.to(torch.float64))
+        state = state.to("cpu", torch.float64)
         n_b, mean_b, var_b = float(state.shape[0]), state.mean(0), state.var(0, unbiased=False)
         n_a, mean_a, var_a = self.obs_stats["count"], self.obs_stats["mean"], self.obs_stats["var"]
         total = n_a + n_b
@@ -174,18 +201,32 @@ class PPOTrainer:
             "count": total,
         }
 
-    def _step(self, mb: dict[str, Any]) -> None:
+    def _step(self, mb: dict[str, Any], global_size: int | None = None) -> None:
+        """One gradient step. `global_size`: data parallel, `mb` holds this replica's part of a minibatch
+        of that many rows -- per-row losses are summed and divided by it, gradients summed over replicas."""
+        if global_size is not None and mb["adv"].shape[0] == 0:
+            self._empty_step()
+            return
         with autocast_for(self.device):
             logp, value = self.model.evaluate(mb["obs"], mb["x0"], mb["action"])
         log_ratio = logp - mb["logp"]
         ratio = torch.exp(log_ratio)
         adv = mb["adv"]
-        policy_loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - self.clip, 1 + self.clip)).mean()
-        value_loss = 0.5 * (value - mb["ret"]).square().mean() if "ret" in mb else torch.zeros(())
+        per_row = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - self.clip, 1 + self.clip))
+        value_rows = 0.5 * (value - mb["ret"]).square() if "ret" in mb else None
         entropy = self.model.entropy()
-        loss = policy_loss + self.vf_coef * value_loss.to(policy_loss.device) - self.ent_coef * entropy
+        if global_size is None:
+            policy_loss = per_row.mean()
+            value_loss = value_rows.mean() if value_rows is not None else torch.zeros(())
+            loss = policy_loss + self.vf_coef * value_loss.to(policy_loss.device) - self.ent_coef * entropy
+        else:  # this replica's share of the global minibatch's mean loss (entropy: 1/R of it each)
+            policy_loss = per_row.sum() / global_size
+            value_loss = value_rows.sum() / global_size if value_rows is not None else torch.zeros(())
+            loss = policy_loss + self.vf_coef * value_loss.to(policy_loss.device) - self.ent_coef * entropy / self.replicas
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
+        if global_size is not None:
+            self._sum_gradients()
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self.opt.step()
         with torch.no_grad():
@@ -195,11 +236,34 @@ class PPOTrainer:
                 "clip_frac": ((ratio - 1).abs() > self.clip).float().mean(),
                 "grad_norm": grad_norm, "action_std": torch.exp(self.model.log_std).mean(),
             }
+            if global_size is not None:  # a share of the minibatch loss: scaled so the replicas' mean is the loss
+                for name in ("loss", "policy_loss", "value_loss"):
+                    stats[name] = stats[name] * self.replicas
         for name, v in stats.items():
             self._metrics.setdefault(name, []).append(float(v.detach()))
 
+    def _empty_step(self) -> None:
+        """A replica holding no row of this minibatch still joins the gradient sum (and the entropy term)."""
+        loss = -self.ent_coef * self.model.entropy() / self.replicas
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self._sum_gradients()
+        nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        self.opt.step()
+
+    def _sum_gradients(self) -> None:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        all_reduce_sum([p.grad for p in params])
+
     def _normalize(self, adv: torch.Tensor) -> torch.Tensor:
-        """Batch advantage normalization (scale-free policy steps whatever the reward scale)."""
+        """Batch advantage normalization (scale-free policy steps whatever the reward scale); over every
+        replica's advantages when data parallel."""
+        if is_distributed(self.replicas):
+            mean, std = global_mean_std(adv)
+            return (adv - mean) / (std + 1e-8)
         return (adv - adv.mean()) / (adv.std() + 1e-8)
 
     # -- weights / state ----------------------------------------------------------------------

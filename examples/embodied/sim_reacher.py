@@ -63,6 +63,8 @@ class ReacherVecSim:
         max_episode_steps: int = 50,
         env_id: str = "Reacher-v5",
         image_size: int = 0,
+        replica: int = 0,
+        replicas: int = 1,
     ) -> None:
         if on_nan not in ("reset", "stop"):
             raise ValueError(f"on_nan must be 'reset' or 'stop', got {on_nan!r}")
@@ -73,6 +75,10 @@ class ReacherVecSim:
         self.num_envs, self.chunk, self.seed = int(num_envs), int(chunk), int(seed)
         self.group_size, self.on_nan, self.max_episode_steps = int(group_size), on_nan, int(max_episode_steps)
         self.image_size = int(image_size)
+        # data parallel: this replica's envs are the global rows [row_offset, row_offset + num_envs)
+        self.row_offset = int(replica) * self.num_envs
+        if not 0 <= int(replica) < int(replicas):
+            raise ValueError(f"replica {replica} of {replicas} is out of range")
         render: dict[str, Any] = {}
         if self.image_size:
             os.environ.setdefault("MUJOCO_GL", "egl")  # headless offscreen rendering
@@ -97,7 +103,8 @@ class ReacherVecSim:
     def _reset_row(self, r: int) -> np.ndarray:
         """Reset env r from its keys (origin, group, episode count); returns the observation."""
         it, ep = (int(v) for v in self.origin[r])
-        seed = derive_seed("reacher", self.seed, it, ep, r // self.group_size, int(self.count[r]))
+        group = (self.row_offset + r) // self.group_size  # by global row: replicas reset as one batch would
+        seed = derive_seed("reacher", self.seed, it, ep, group, int(self.count[r]))
         obs, _ = self.envs[r].reset(seed=seed % (2**63))
         self.steps[r] = 0
         self.ep_return[r] = 0.0
