@@ -79,6 +79,7 @@ class Runner:
         self.trace = ExecutionTrace(meta={"workflow": wf.name})
         self.results: list[IterationResult] = []
         self.recoveries: list[dict[str, Any]] = []
+        self.on_recovery: Callable[[dict[str, Any]], None] | None = None  # told of each restart
         self._stuck = False  # the watchdog fired: components may not answer
         self.processes: dict[int, dict[str, Any]] = {}  # pid -> the process's own view (SM count, quota)
         self._metrics_file = None
@@ -278,8 +279,14 @@ class Runner:
         for comp, states in ckpt.states.items():
             if comp in self.backend.components() and states:
                 self.backend.control(comp, "set_states", states)
-        self.recoveries.append({"failed": str(exc), "restarted": restart, "from_checkpoint": ckpt.iteration,
-                                "gpu_fatal": exc.gpu_fatal})
+        recovery = {"failed": str(exc), "restarted": restart, "from_checkpoint": ckpt.iteration,
+                    "gpu_fatal": exc.gpu_fatal, "attempt": attempt}
+        self.recoveries.append(recovery)
+        if self.config.out_dir is not None:  # the run directory keeps a record of every recovery
+            with (self.config.out_dir / "recoveries.jsonl").open("a") as f:
+                f.write(json.dumps(recovery) + "\n")
+        if self.on_recovery is not None:
+            self.on_recovery(recovery)
         self.results = [r for r in self.results if r.iteration <= ckpt.iteration]
         return ckpt.iteration + 1
 

@@ -158,13 +158,15 @@ def _count(ctx: _Ctx, path: Path_, raw: Any) -> int | None:
     return value
 
 
-def _placement_int(ctx: _Ctx, path: Path_, raw: Any, minimum: int) -> int | None:
-    """`replicas:` / `gpu:`: an integer or static integer arithmetic over ${params} (`"${replicas}"`)."""
+def _placement_int(ctx: _Ctx, path: Path_, raw: Any, minimum: int, maximum: int | None = None) -> int | None:
+    """`replicas:` / `gpu:` / `mps_quota:`: an integer or static integer arithmetic over ${params}
+    (`"${replicas}"`); literal integers were range-checked by the schema."""
     if raw is None or isinstance(raw, int):
         return raw
     value = _count(ctx, path, raw)
-    if value is not None and value < minimum:
-        ctx.error(path, f"must be at least {minimum}; found {value} (from {raw!r})")
+    if value is not None and (value < minimum or (maximum is not None and value > maximum)):
+        bounds = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
+        ctx.error(path, f"must be {bounds}; found {value} (from {raw!r})")
         return None
     return value
 
@@ -183,7 +185,7 @@ def _component(ctx: _Ctx, name: str, raw: Mapping[str, Any]) -> Component:
     return Component(
         name=name, impl=raw["impl"], args=substitute(raw.get("args") or {}, path + ("args",), ctx),
         device=raw.get("device", "cpu"), state=tuple(state), gpu=_placement_int(ctx, path + ("gpu",), raw.get("gpu"), 0),
-        mps_quota=raw.get("mps_quota"), replicas=_placement_int(ctx, path + ("replicas",), raw.get("replicas", 1), 1) or 1,
+        mps_quota=_placement_int(ctx, path + ("mps_quota",), raw.get("mps_quota"), 1, 100), replicas=_placement_int(ctx, path + ("replicas",), raw.get("replicas", 1), 1) or 1,
         env=env, python_path=tuple(raw.get("python_path", ())),
         venv=raw.get("venv"), replica_of=raw.get("replica_of"), pos=ctx.doc.key_pos(path),
     )

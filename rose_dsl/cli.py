@@ -64,7 +64,10 @@ def _summary(wf: Workflow, explain: bool) -> None:
     for col in ("name", "impl", "device", "state"):
         t.add_column(col)
     for c in wf.components.values():
-        dev = c.device + (f":{c.gpu}" if c.gpu is not None else "") + (f" mps {c.mps_quota}%" if c.mps_quota else "")
+        first = c.gpu or 0
+        gpus = (f":{first}" if c.replicas == 1 else f":{first}-{first + c.replicas - 1}") if c.device == "gpu" else ""
+        dev = (c.device + gpus + (f" ×{c.replicas}" if c.replicas > 1 else "")
+               + (f" mps {c.mps_quota}%" if c.mps_quota else ""))
         t.add_row(c.name, c.impl, dev, ", ".join(s.name for s in c.state) or "-")
     out.print(t)
     t = Table(title="loops", title_justify="left", show_edge=False)
@@ -227,6 +230,10 @@ def execute(
     """Train: run RL iterations of a workflow (or plan) on the local or Ray backend."""
     from .run_cli import execute_command
 
+    if plan is not None and sets:
+        err.print(f"error: --set does not apply to a plan ({plan}): a plan holds its params resolved (args, counts, "
+                  "quotas); pass --set to `rose rewrite` when writing the plan", markup=False)
+        raise typer.Exit(2)
     code = execute_command(out, err, _load(plan or file, sets), backend=backend, iterations=iterations, out_dir=out_dir,
                            checkpoint_every=checkpoint_every, resume=resume, address=address, call_timeout=call_timeout,
                            allowed=tuple(allow_module or ()), mps=mps, quiet=quiet, compiled=compiled)

@@ -100,6 +100,14 @@ def execute_command(out: Console, err: Console, wf: Workflow, *, backend: str, i
                 progress.console.print(f"it {result.iteration:>4}  {_fmt(result.metrics)}", markup=False)
 
         runner = Runner(wf, be, config, schedule, on_iteration, sampler)
+
+        def on_recovery(rec: dict[str, Any]) -> None:
+            err.print(f"warning: {rec['failed'].splitlines()[0]}\n  restarted {', '.join(rec['restarted'])}"
+                      f"{' (the GPU fault domain under MPS)' if rec['gpu_fatal'] and len(rec['restarted']) > 1 else ''}"
+                      f" and continued from the checkpoint of iteration {rec['from_checkpoint']} "
+                      f"(restart {rec['attempt']})", markup=False)
+
+        runner.on_recovery = on_recovery
         with progress:
             task = progress.add_task(wf.name, total=n)
             results = runner.run()
