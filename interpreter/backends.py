@@ -230,6 +230,7 @@ class RayBackend(Backend):
         import tempfile
 
         self.stack_dir = tempfile.mkdtemp(prefix="rose-stacks-")
+        self.stuck = False  # set when the watchdog fired: shutdown does not wait for calls
         self.pids: dict[str, int] = {}
         self.start_timeout_s = start_timeout_s
         self.actors: dict[str, Any] = {}
@@ -453,6 +454,21 @@ class RayBackend(Backend):
             self.ray.shutdown()
 
 
+def _bounded(fn: Any, seconds: float) -> None:
+    """Run a teardown step, giving up on it (it runs on in a daemon thread) after `seconds`."""
+    import threading
+
+    def run() -> None:
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - best effort at teardown
+            pass
+
+    t = threading.Thread(target=run, name="rose-teardown", daemon=True)
+    t.start()
+    t.join(seconds)
+
+
 def _unwrap(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[-1] if text else type(exc).__name__
@@ -545,9 +561,12 @@ class RayCompiledBackend(RayBackend):
 
     def shutdown(self) -> None:
         if self.dag is not None:
-            try:
-                self.dag.teardown()
-            except Exception:  # noqa: BLE001
-                pass
+            if self.stuck:  # a call never returned: its actor's loop would hold the teardown forever
+                for actor in self.actors.values():
+                    try:
+                        self.ray.kill(actor)
+                    except Exception:  # noqa: BLE001
+                        pass
+            _bounded(self.dag.teardown, 30.0)
             self.dag = None
         super().shutdown()

@@ -342,6 +342,11 @@ class MpsDaemon:
 
     def _install_cleanup(self) -> None:
         atexit.register(self.stop)
+        if self._root is not None and self.availability is not None and self.availability.binary:
+            # a SIGKILLed driver runs no atexit: a watcher process stops the daemon then
+            from .reaper import start_mps_reaper
+
+            start_mps_reaper(str(self.availability.binary), self.pipe_dir or _DEFAULT_PIPE_DIR, str(self._root))
         if not self.handle_signals or threading.current_thread() is not threading.main_thread():
             return
         for sig in (signal.SIGTERM, signal.SIGHUP):

@@ -126,11 +126,12 @@ def execute_command(out: Console, err: Console, wf: Workflow, *, backend: str, i
         return EXIT_COMPONENT
     except WatchdogTimeout as exc:
         err.print(f"error: watchdog: {exc}; raise --call-timeout if this call is legitimately slow", markup=False)
+        if be is not None:
+            be.stuck = True  # shutdown must not wait for the stuck call
         for comp, stack in getattr(exc, "stacks", {}).items():
             lines = [ln for ln in stack.strip().splitlines() if ln.strip()]
             if "most recent call first" in stack:  # faulthandler's order (a component process)
-                current = stack.split("Current thread", 1)[-1].splitlines()
-                lines = [ln for ln in current if ln.strip().startswith("File")][:6][::-1]
+                lines = [ln for ln in _call_thread(stack) if ln.strip().startswith("File")][:6][::-1]
             err.print(f"  stack of {comp} (innermost last):", markup=False)
             for ln in lines[-6:]:
                 err.print(f"    {ln}", markup=False)
@@ -165,6 +166,18 @@ def execute_command(out: Console, err: Console, wf: Workflow, *, backend: str, i
             sampler.close()
         if daemon is not None:
             daemon.stop()
+
+
+def _call_thread(stack: str) -> list[str]:
+    """The lines of the thread running the component's call in a faulthandler dump: the one inside
+    rose's worker (a compiled graph runs calls off the main thread), else the current thread."""
+    blocks = [b for b in stack.replace("Current thread", "\0Current thread").replace("Thread 0x", "\0Thread 0x")
+              .split("\0") if b.strip()]
+    for block in blocks:
+        if "interpreter/worker.py" in block:
+            return block.splitlines()
+    current = [b for b in blocks if b.startswith("Current thread")]
+    return (current or blocks or [""])[0].splitlines()
 
 
 CURVE_METRICS = ("episode_return", "reward", "mean_reward")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from interpreter.reaper import session_processes
+from interpreter.reaper import _identity, session_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,10 +49,15 @@ def test_killing_the_driver_leaves_no_processes(tmp_path) -> None:
     assert new, "the run did not start a Ray session"
     session = f"/tmp/ray/{sorted(new)[-1]}"
     time.sleep(1.0)
-    assert session_processes(session), "no process of the session found while running"
+    running = {pid: _identity(pid) for pid in session_processes(session)}
+    assert running, "no process of the session found while running"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+
+    def left() -> list[int]:  # what ran before (same pid and start time: pids are reused) or matches now
+        return sorted({p for p, ident in running.items() if ident and _identity(p) == ident} | set(session_processes(session)))
+
     deadline = time.time() + 60
-    while time.time() < deadline and session_processes(session):
+    while time.time() < deadline and left():
         time.sleep(1.0)
-    assert session_processes(session) == []
+    assert left() == []
