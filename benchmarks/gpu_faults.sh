@@ -5,19 +5,19 @@
 #   kill        SIGKILL of a GPU process mid-call under MPS -> restarted from the last checkpoint
 #   hang        a call that never returns -> watchdog, exit 4, stacks
 #   driver-kill the driver SIGKILLed mid-run -> no Ray/MPS/GPU process left behind
-# Writes $OUT/gpu_faults/<case>/ (stdout+stderr, exit code, wall time, recoveries.jsonl, metrics.jsonl).
+# Writes $OUT/gpu_faults.tgz: <case>/ with stdout+stderr, exit code, wall time, recoveries.jsonl, metrics.jsonl.
 set -u
 mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site
 export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; R="$OUT/gpu_faults"; mkdir -p "$R"
+OUT=${OUT:-/tmp/out}; R=/tmp/gpu_faults; mkdir -p "$R" "$OUT"
 run_case() {  # name, extra args...
   local name=$1; shift
   local dir="$R/$name"; mkdir -p "$dir"; rm -f /tmp/rose-fault-$name
-  local t0=$(date +%s.%N)
+  local t0=$(date +%s%N)
   timeout 120 python3 -m rose_dsl.cli execute workflows/gpu_fault.yaml --backend ray --checkpoint-every 1 \
       --out /tmp/runs/fault_$name --set marker=/tmp/rose-fault-$name "$@" > "$dir/log.txt" 2>&1
   local rc=$?
-  echo "{\"case\": \"$name\", \"exit_code\": $rc, \"wall_s\": $(echo "$(date +%s.%N) - $t0" | bc)}" > "$dir/result.json"
+  echo "{\"case\": \"$name\", \"exit_code\": $rc, \"wall_ms\": $(( ($(date +%s%N) - t0) / 1000000 ))}" > "$dir/result.json"
   cp /tmp/runs/fault_$name/recoveries.jsonl /tmp/runs/fault_$name/metrics.jsonl "$dir/" 2>/dev/null
   echo "== $name: exit $rc"; tail -8 "$dir/log.txt"
 }
@@ -38,3 +38,4 @@ nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader > "$dir/g
 ps -eo pid,args | grep -E "ray::|raylet|gcs_server|nvidia-cuda-mps" | grep -v grep > "$dir/procs_after.txt"
 echo "== driver-kill: before $(wc -l < "$dir/procs_before.txt") procs / $(wc -l < "$dir/gpu_procs_before.txt") GPU procs; after $(wc -l < "$dir/procs_after.txt") / $(wc -l < "$dir/gpu_procs_after.txt")"
 cat "$dir/procs_after.txt" "$dir/gpu_procs_after.txt"
+(cd /tmp && tar czf "$OUT/gpu_faults.tgz" gpu_faults)
