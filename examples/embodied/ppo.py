@@ -228,6 +228,9 @@ class PPOTrainer:
         if global_size is not None:
             self._sum_gradients()
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        if not bool(torch.isfinite(loss) & torch.isfinite(grad_norm)):  # never step into NaN weights
+            raise FloatingPointError(f"{type(self).__name__}: non-finite loss ({float(loss)}) or gradient norm "
+                                     f"({float(grad_norm)}) at update {self.updates}; the weights were not changed")
         self.opt.step()
         with torch.no_grad():
             stats = {

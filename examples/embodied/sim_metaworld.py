@@ -62,6 +62,17 @@ _STATE_SPEC = mujoco.mjtState.mjSTATE_INTEGRATION
 _PREV = 18  # Meta-World observations are [current 18, previous 18, goal 3]
 
 
+def _release_egl(context: Any) -> None:
+    """Leave no EGL context current in this thread: an EGL context is current in one thread at a time,
+    and a Ray actor may construct the sim in one thread and call it from another (EGL_BAD_ACCESS)."""
+    if type(context).__module__ != "mujoco.egl":
+        return
+    import mujoco.egl
+    from OpenGL import EGL
+
+    EGL.eglMakeCurrent(mujoco.egl.EGL_DISPLAY, EGL.EGL_NO_SURFACE, EGL.EGL_NO_SURFACE, EGL.EGL_NO_CONTEXT)
+
+
 class EnvFault(FloatingPointError):
     """An environment's physics went non-finite or unstable (raised with on_nan="stop")."""
 
@@ -264,8 +275,10 @@ class MetaWorldVecSim:
         if images is not None:
             env = self.envs[r]
             # Every env owns a GL context and gymnasium makes it current only when it is created.
-            env.mujoco_renderer._get_viewer("rgb_array").make_context_current()
+            viewer = env.mujoco_renderer._get_viewer("rgb_array")
+            viewer.make_context_current()
             frame = env.render()
+            _release_egl(viewer.opengl_context)
             images[i] = (frame[::-1] if self.flip else frame).transpose(2, 0, 1)
 
     @staticmethod

@@ -1,4 +1,4 @@
-"""Data-parallel embodied PPO (issue 8, CPU side): `workflows/embodied_ppo.yaml` with `replicas: 2` and
+"""Data-parallel embodied PPO (issue 8, CPU side) and the trainer's NaN guard: `workflows/embodied_ppo.yaml` with `replicas: 2` and
 half the envs per replica, on the Ray backend with gloo, rolls out exactly the envs and noise of the
 one-replica run with all envs (global rows), and trains to the same weights up to float summation order
 (gradients summed over the replicas, global minibatches and moments); the replicas stay bit-identical."""
@@ -77,3 +77,17 @@ def test_two_replicas_train_like_one_with_all_envs(ray_session) -> None:
 
     init = construct(wf.components["trainer"], wf.seed).get_state("weights")
     assert max(float((init[k].float() - single[k].float()).abs().max()) for k in single) > 1e-3
+
+
+def test_a_non_finite_loss_stops_the_update_without_touching_the_weights() -> None:
+    from examples.embodied.ppo import PPOTrainer
+
+    tr = PPOTrainer(obs_dim=10, act_dim=2, chunk=2, hidden=16, denoise_steps=2, lr=1e-3)
+    before = tr.get_state("weights")
+    T, N = 3, 4
+    traj = {"obs": torch.randn(T, N, 10), "next_obs": torch.randn(T, N, 10), "x0": torch.randn(T, N, 2, 2),
+            "action": torch.randn(T, N, 2, 2), "logp": torch.full((T, N), float("nan")),
+            "reward": torch.randn(T, N), "done": torch.zeros(T, N)}
+    with pytest.raises(FloatingPointError, match="non-finite loss"):
+        tr.update(traj)
+    assert all(torch.equal(before[k], v) for k, v in tr.get_state("weights").items())
