@@ -168,12 +168,13 @@ class PPOTrainer:
         steps, local = traj["reward"].shape[:2]
         rows = ReplicaRows(local, self.replica, self.replicas)
         size = steps * rows.total  # rows of the global batch (all replicas)
-        mb_size = max(1, size // self.minibatches)
+        minibatches = min(self.minibatches, size)  # a batch smaller than that: one row per minibatch
+        mb_size = size // minibatches
         distributed = is_distributed(self.replicas)
         for epoch in range(self.ppo_epochs):
             gen = keyed_generator("ppo-perm", self.seed, self.updates, epoch)
             perm = torch.randperm(size, generator=gen)
-            for start in range(0, mb_size * self.minibatches, mb_size):
+            for start in range(0, mb_size * minibatches, mb_size):
                 chosen = perm[start : start + mb_size]
                 if distributed:
                     chosen = local_minibatch(chosen, rows)
