@@ -535,7 +535,7 @@ class RayCompiledBackend(RayBackend):
                 return tuple(_CGPort(node, i) for i in range(max(1, len(step.node.outputs))))
 
             for r in range(self.replicas):
-                schedule.steps(K, lambda step, r=r: bind(step, r))
+                schedule.steps(K, lambda step, r=r: bind(step, r), replica=r)
             sinks = [n for n in nodes if id(n) not in consumed]
             out = MultiOutputNode(sinks)
         self.dag = out.experimental_compile()

@@ -148,7 +148,7 @@ class Runner:
         else:  # data parallel: the whole iteration once per replica, each on its own processes
             submitted = []
             for r in range(replicas):
-                submitted += self.schedule.steps(k, lambda step, r=r: self.backend.submit(step, replica=r))
+                submitted += self.schedule.steps(k, lambda step, r=r: self.backend.submit(step, replica=r), replica=r)
         deadline = time.monotonic() + self.config.call_timeout_s
         try:
             for step, handles in submitted:

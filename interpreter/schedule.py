@@ -133,16 +133,20 @@ class Schedule:
         dynamic = [i for i in wf.items() if getattr(i, "until", None) is not None]
         if dynamic:
             raise ValueError(f"loop '{dynamic[0].name}' ends on a condition; the runtime schedules static loops only")
-        self._root_carry: dict[int, dict[str, Any]] = {}  # values the iteration loop carries (as recipes)
+        # values the iteration loop carries (as recipes), per data-parallel replica: replica r's next
+        # iteration continues from replica r's own outputs
+        self._root_carry: dict[int, dict[int, dict[str, Any]]] = {}
 
     def sites(self, k: int) -> list[CallSite]:
         return list(self.program.unroll(k))
 
-    def steps(self, k: Any, submit: Callable[[Step], Sequence[Any]]) -> list[tuple[Step, Sequence[Any]]]:
+    def steps(self, k: Any, submit: Callable[[Step], Sequence[Any]], replica: int = 0) -> list[tuple[Step, Sequence[Any]]]:
         """Build every step of iteration k in program order and `submit` it; `submit` returns one handle
-        per output port (in `node.outputs` order), which later recipes then refer to."""
+        per output port (in `node.outputs` order), which later recipes then refer to. `replica`: which
+        data-parallel replica's iteration this is (each carries its own values between iterations)."""
         handles: dict[Invocation, dict[str, Any]] = {}
-        frame = Frame(lambda inv, port: _Handle(handles[inv][port]), RecipeOps(), root_carry=self._root_carry)
+        frame = Frame(lambda inv, port: _Handle(handles[inv][port]), RecipeOps(),
+                      root_carry=self._root_carry.get(replica, {}))
         out = []
         for site in self.sites(k):
             raw = self.program.inputs(site, frame)
@@ -154,5 +158,5 @@ class Schedule:
             handles[site.inv] = dict(zip(site.node.outputs, result, strict=False))
             out.append((step, result))
         self.program.end_iteration(k, frame)
-        self._root_carry = {j: v for j, v in frame.root_carry.items() if j > k}
+        self._root_carry[replica] = {j: v for j, v in frame.root_carry.items() if j > k}
         return out

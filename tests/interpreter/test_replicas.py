@@ -74,3 +74,31 @@ def test_mixed_replica_counts_and_local_backend_are_refused(tmp_path) -> None:
     proc = subprocess.run([sys.executable, "-m", "rose_dsl.cli", "execute", str(wf), "--allow-module", "tests", "-n", "1",
                            "--backend", "ray"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 2 and "different replica counts" in proc.stderr
+
+
+CARRY = """
+rose: 1
+name: carry
+components:
+  m: {impl: "tests.mocks:Sleeper", args: {seconds: 0.0}, replicas: 2}
+iteration:
+  count: 3
+  carry: {s: {init: "1", next: a.y}}
+  body:
+    - {node: a, call: m.work, in: {x: iteration.s}, out: [y]}
+"""
+
+
+def test_each_replica_carries_its_own_values_between_iterations() -> None:
+    """The iteration loop's carry of replica r comes from replica r's previous iteration (found: the
+    schedule kept one carry for all replicas, so replica 0 read replica 1's value and replica 1 failed)."""
+    sch = Schedule(load_workflow_text(CARRY, "carry.yaml"))
+    seen = {}
+    for k in range(3):
+        for r in range(2):
+            def submit(step, r=r, k=k):
+                seen[(k, r)] = step.handles
+                return (f"y{k}.{r}",)
+
+            sch.steps(k, submit, replica=r)
+    assert seen == {(0, 0): (), (0, 1): (), (1, 0): ("y0.0",), (1, 1): ("y0.1",), (2, 0): ("y1.0",), (2, 1): ("y1.1",)}
