@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 __all__ = [
+    "GpuActivity",
     "ActivitySample",
     "ActivitySampler",
     "fraction_below",
@@ -356,3 +357,43 @@ class ActivitySampler:
 
     def fraction_below(self, threshold: float, window: tuple[int, int] | None = None) -> float | None:
         return fraction_below(self.samples(), threshold, window)
+
+
+class GpuActivity:
+    """SM activity of every GPU a run uses: one `ActivitySampler` per GPU (NVML index), on one clock.
+
+    `mean_activity(intervals)` is the mean over the GPUs that reported (a run's device-wide activity on
+    several GPUs); `mean_activity(intervals, gpu=i)` one GPU's, which is what a node running on GPU i
+    is charged with."""
+
+    def __init__(self, samplers: dict[int, ActivitySampler]) -> None:
+        self.per_gpu = dict(samplers)
+
+    @classmethod
+    def open_all(cls, count: int, **kwargs: Any) -> GpuActivity:
+        """Start a sampler on GPUs 0..count-1 (those that fail to open are left out)."""
+        samplers = {}
+        for i in range(max(1, count)):
+            sampler = ActivitySampler(i, **kwargs)
+            try:
+                sampler.open()
+                sampler.start()
+            except Exception:  # noqa: BLE001 - no NVML / no such GPU: not sampled
+                continue
+            samplers[i] = sampler
+        return cls(samplers)
+
+    def mean_activity(self, intervals: Iterable[tuple[int, int]], gpu: int | None = None) -> float | None:
+        intervals = list(intervals)
+        if gpu is not None:
+            sampler = self.per_gpu.get(gpu)
+            return sampler.mean_activity(intervals) if sampler is not None else None
+        values = [v for v in (s.mean_activity(intervals) for s in self.per_gpu.values()) if v is not None]
+        return sum(values) / len(values) if values else None
+
+    def samples_by_gpu(self) -> dict[int, list[ActivitySample]]:
+        return {i: s.samples() for i, s in self.per_gpu.items()}
+
+    def close(self) -> None:
+        for sampler in self.per_gpu.values():
+            sampler.close()

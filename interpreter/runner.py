@@ -51,6 +51,15 @@ def _structural(node: str) -> str:
 
 
 
+def _as_gpu_activity(sampler: Any) -> Any:
+    """One `ActivitySampler` (one GPU) or a `GpuActivity` (several): always a `GpuActivity`."""
+    from .gpu_activity import ActivitySampler, GpuActivity
+
+    if isinstance(sampler, ActivitySampler):
+        return GpuActivity({sampler.gpu_index: sampler})
+    return sampler
+
+
 # metrics that add up over data-parallel replicas (the rest are averaged)
 ADDITIVE_METRICS = ("env_steps", "tokens", "episodes", "env_faults", "errors", "retried")
 
@@ -75,7 +84,7 @@ class Runner:
         self.config = config
         self.schedule = schedule or Schedule(wf)
         self.on_iteration = on_iteration
-        self.sampler = sampler
+        self.sampler = _as_gpu_activity(sampler)
         self.trace = ExecutionTrace(meta={"workflow": wf.name})
         self.results: list[IterationResult] = []
         self.recoveries: list[dict[str, Any]] = []
@@ -105,6 +114,15 @@ class Runner:
             except Exception:  # noqa: BLE001 - descriptive only
                 continue
             self.processes[info["pid"]] = info
+
+    def _gpu_of(self, pid: int | None) -> int | None:
+        """The NVML index of the GPU a component process runs on, when one GPU is visible to it and
+        sampled (several GPUs); None: charge the mean over the sampled GPUs."""
+        if self.sampler is None or len(self.sampler.per_gpu) < 2:
+            return None
+        visible = str((self.processes.get(pid) or {}).get("visible_gpus") or "")
+        first = visible.split(",")[0].strip()
+        return int(first) if first.isdigit() and "," not in visible and int(first) in self.sampler.per_gpu else None
 
     def restore(self) -> int:
         """Load the latest complete checkpoint into the workers; return the first iteration to run."""
@@ -177,7 +195,12 @@ class Runner:
         if self.sampler is not None:
             act = self.sampler.mean_activity([(t0, t1)])
             if act is not None:
-                metrics["sm_activity"] = act
+                metrics["sm_activity"] = act  # the mean over the sampled GPUs
+            if len(self.sampler.per_gpu) > 1:
+                for gpu in self.sampler.per_gpu:
+                    one = self.sampler.mean_activity([(t0, t1)], gpu=gpu)
+                    if one is not None:
+                        metrics[f"sm_activity/gpu{gpu}"] = one
         result = IterationResult(k, seconds, metrics)
         self.results.append(result)
         self._log(result)
@@ -303,8 +326,10 @@ class Runner:
             total = sum(r.duration_ns or 0 for r in recs)
             row: dict[str, Any] = {"node": node, "invocations": len(recs), "mean_s": total / len(recs) / 1e9,
                                    "per_iteration_s": total / iterations / 1e9}
-            if self.sampler is not None:
-                row["sm_activity"] = self.sampler.mean_activity([r.interval for r in recs if r.interval])
+            if self.sampler is not None:  # each invocation is charged with the activity of its process's GPU
+                gpus = {self._gpu_of(r.pid) for r in recs}
+                gpu = gpus.pop() if len(gpus) == 1 else None
+                row["sm_activity"] = self.sampler.mean_activity([r.interval for r in recs if r.interval], gpu=gpu)
             rows.append(row)
         return sorted(rows, key=lambda r: -r["per_iteration_s"])
 
@@ -321,7 +346,7 @@ class Runner:
             from .chrome_trace import write_chrome_trace
 
             self.trace.dump_jsonl(self.config.out_dir / "trace.jsonl")
-            activity = {0: self.sampler.samples()} if self.sampler is not None else None
+            activity = self.sampler.samples_by_gpu() if self.sampler is not None else None
             write_chrome_trace(self.config.out_dir / "trace.json", self.trace, activity,
                                metadata={"processes": self.processes})
             (self.config.out_dir / "nodes.json").write_text(json.dumps(self.node_summary(), indent=1) + "\n")

@@ -226,7 +226,7 @@ def _cuda() -> bool:
 
 
 def _gpu_setup(err: Console, wf: Workflow, mps: bool, out_dir: Path | None):
-    from interpreter.gpu_activity import ActivitySampler
+    from interpreter.gpu_activity import GpuActivity
     from interpreter.mps import MpsDaemon
 
     daemon = None
@@ -235,10 +235,16 @@ def _gpu_setup(err: Console, wf: Workflow, mps: bool, out_dir: Path | None):
         daemon.start()
         if daemon.warning:
             err.print(f"warning: {daemon.warning}", markup=False)
-    sampler = ActivitySampler(0)
-    try:
-        sampler.open()
-        sampler.start()
-    except Exception:  # noqa: BLE001 - no NVML: run without activity
+    sampler = GpuActivity.open_all(_gpu_count())  # every GPU of this machine (NVML index)
+    if not sampler.per_gpu:  # no NVML: run without activity
         sampler = None
     return daemon, sampler
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001
+        return 1

@@ -227,3 +227,29 @@ def test_real_gpu_sees_a_matmul():
         time.sleep(0.1)
     assert s.source in ("gpm", "utilization"), s.reason
     assert s.mean_activity([(t0, t1)]) > 0.5
+
+
+def test_several_gpus_are_sampled_and_charged_separately():
+    """Issue 8: with several GPUs the run's activity is the mean over them, each GPU has its own figure,
+    and a node is charged with its own GPU's activity."""
+    from interpreter.gpu_activity import GpuActivity
+    from interpreter.runner import Runner
+
+    clock = FakeClock(0)
+    busy, idle = FakeNvml(clock, [(0, 0.8)]), FakeNvml(clock, [(0, 0.2)])
+    samplers = {0: ActivitySampler(0, clock=clock, nvml=busy), 1: ActivitySampler(0, clock=clock, nvml=idle)}  # (each fake NVML has one GPU)
+    for s in samplers.values():
+        s.open()
+    for _ in range(6):
+        for s in samplers.values():
+            s.poll_once()
+        clock.advance(100 * MS)
+    act = GpuActivity(samplers)
+    window = [(100 * MS, 500 * MS)]
+    assert act.mean_activity(window, gpu=0) == pytest.approx(0.8)
+    assert act.mean_activity(window, gpu=1) == pytest.approx(0.2)
+    assert act.mean_activity(window) == pytest.approx(0.5)
+    assert set(act.samples_by_gpu()) == {0, 1}
+    runner = Runner.__new__(Runner)  # only what _gpu_of reads
+    runner.sampler, runner.processes = act, {11: {"visible_gpus": "1"}, 12: {"visible_gpus": ""}, 13: {"visible_gpus": "0,1"}}
+    assert runner._gpu_of(11) == 1 and runner._gpu_of(12) is None and runner._gpu_of(13) is None
