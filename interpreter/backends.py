@@ -22,7 +22,7 @@ from typing import Any
 
 from rose_dsl.ir import Component, ExecutionNode, Workflow
 
-from .schedule import Step
+from .schedule import Step, replicated
 from .worker import CallFailed, ComponentWorker
 
 __all__ = ["Backend", "LocalBackend", "RayBackend", "RayCompiledBackend", "CallFailed", "WatchdogTimeout", "group_of"]
@@ -534,8 +534,10 @@ class RayCompiledBackend(RayBackend):
                 self.steps.append(step)
                 return tuple(_CGPort(node, i) for i in range(max(1, len(step.node.outputs))))
 
-            for r in range(self.replicas):
-                schedule.steps(K, lambda step, r=r: bind(step, r), replica=r)
+            if self.replicas == 1:
+                schedule.steps(K, bind)
+            else:  # every call once per replica of its component
+                schedule.steps(K, replicated(bind, {c.name: c.replicas for c in self.wf.components.values()}))
             sinks = [n for n in nodes if id(n) not in consumed]
             out = MultiOutputNode(sinks)
         self.dag = out.experimental_compile()

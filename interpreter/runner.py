@@ -21,7 +21,7 @@ from rose_dsl.ir import Workflow
 
 from .backends import Backend, CallFailed, WatchdogTimeout
 from .checkpoint import CheckpointError, latest_complete, load_checkpoint, save_checkpoint
-from .schedule import Schedule
+from .schedule import ReplicaSet, Schedule, replicated
 from .trace import ExecutionTrace, InvocationRecord
 
 __all__ = ["RunConfig", "Runner", "IterationResult"]
@@ -163,18 +163,20 @@ class Runner:
         replicas = getattr(self.backend, "replicas", 1)
         if replicas == 1:
             submitted = self.schedule.steps(k, self.backend.submit)
-        else:  # data parallel: the whole iteration once per replica, each on its own processes
-            submitted = []
-            for r in range(replicas):
-                submitted += self.schedule.steps(k, lambda step, r=r: self.backend.submit(step, replica=r), replica=r)
+        else:  # data parallel: every call once per replica of its component, each on its own process
+            replicas_of = {c.name: c.replicas for c in self.wf.components.values()}
+            submitted = self.schedule.steps(k, replicated(lambda step, r: self.backend.submit(step, replica=r),
+                                                          replicas_of))
         deadline = time.monotonic() + self.config.call_timeout_s
         try:
             for step, handles in submitted:
-                remaining = max(0.0, deadline - time.monotonic())
-                try:
-                    self.backend.result(handles[0], timeout=remaining)
-                except TimeoutError:
-                    raise self._watchdog(step.label) from None
+                first = handles[0]
+                for handle in first.handles if isinstance(first, ReplicaSet) else (first,):
+                    remaining = max(0.0, deadline - time.monotonic())
+                    try:
+                        self.backend.result(handle, timeout=remaining)
+                    except TimeoutError:
+                        raise self._watchdog(step.label) from None
         finally:
             self._collect_records()
         return self._finish(k, t0, time.perf_counter_ns())

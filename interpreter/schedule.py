@@ -20,7 +20,7 @@ from rose_dsl.semantics import CallSite, Frame, Invocation, Program
 from .iteration_var import KExpr, resolve_k
 from .values import TorchOps
 
-__all__ = ["Leaf", "RecipeOps", "Step", "Schedule", "evaluate_recipe"]
+__all__ = ["Leaf", "RecipeOps", "ReplicaSet", "Step", "Schedule", "evaluate_recipe", "for_replica", "replicated", "check_replica_edges"]
 
 
 @dataclass(frozen=True)
@@ -118,10 +118,95 @@ def evaluate_recipe(recipe: Any, leaves: Sequence[Any], ops: Any = None, k: int 
         return ops.slice(evaluate_recipe(recipe[1], leaves, ops, k), start, stop)
     if tag == "list":
         return [evaluate_recipe(v, leaves, ops, k) for v in recipe[1]]
+    if tag == "part":
+        return ops.part(evaluate_recipe(recipe[1], leaves, ops, k), recipe[2], recipe[3], recipe[4])
     raise ValueError(f"unknown recipe {tag!r}")
 
 
 _TORCH = TorchOps()
+
+
+@dataclass(frozen=True)
+class ReplicaSet:
+    """The handles of one output port on every data-parallel replica of its component (replica order)."""
+
+    handles: tuple[Any, ...]
+    component: str
+
+
+def for_replica(step: Step, replica: int, replicas: int) -> Step:
+    """Step `step` (whose handles are `ReplicaSet`s) as replica `replica` of `replicas` runs it.
+
+    Per input port: values from a component with the same replica count come from the same replica.
+    With fewer producer replicas (R_c = m R_p, the hybrid placement: e.g. 2 rollout replicas feeding 4
+    trainer replicas), replica j builds the port from producer replica j // m and takes shard j % m of
+    it along the node's `shard:` dimension. With more (R_p = m R_c), replica j concatenates the port as
+    built from producer replicas j m ... j m + m - 1 along `shard:`, or, for a node without `shard:`,
+    takes replica j m's -- the data-parallel contract: a replicated component's replicas hold the same
+    value (e.g. weights after an all-reduced step). A port may not mix replica counts.
+    """
+    leaves: list[Any] = []
+    where = f"{step.label} ({step.node.component}, {replicas} replica{'s' if replicas > 1 else ''})"
+
+    def remap(recipe: Any, pick: int) -> Any:
+        if isinstance(recipe, Leaf):
+            h = step.handles[recipe.index]
+            leaves.append(h.handles[pick] if isinstance(h, ReplicaSet) else h)
+            return Leaf(len(leaves) - 1)
+        if not isinstance(recipe, tuple) or not recipe:
+            return recipe
+        tag = recipe[0]
+        if tag in ("stack", "list"):
+            return (tag, tuple(remap(v, pick) for v in recipe[1]))
+        if tag == "cat":
+            return ("cat", tuple(remap(v, pick) for v in recipe[1]), recipe[2])
+        if tag == "record":
+            return ("record", tuple((k, remap(v, pick)) for k, v in recipe[1]))
+        if tag == "slice":
+            return ("slice", remap(recipe[1], pick), recipe[2], recipe[3])
+        return recipe  # const, k
+
+    ports = []
+    for port, recipe in step.recipe:
+        sets = [step.handles[i] for i in _leaf_indices(recipe) if isinstance(step.handles[i], ReplicaSet)]
+        counts = {len(h.handles) for h in sets}
+        if len(counts) > 1:
+            raise ValueError(f"{where}: input '{port}' mixes values from components with different replica counts "
+                             f"({', '.join(sorted({f'{h.component}: {len(h.handles)}' for h in sets}))})")
+        have, dim = (counts.pop() if counts else replicas), step.node.shard
+        source = next((h.component for h in sets), "?")
+        if have == replicas:
+            ports.append((port, remap(recipe, replica)))
+        elif replicas % have == 0:
+            m = replicas // have
+            if dim is None:
+                raise ValueError(f"{where} takes '{port}' from '{source}' ({have} replicas): declare `shard: DIM` on "
+                                 f"'{step.node.name}' so that each of its replicas takes a shard")
+            ports.append((port, ("part", remap(recipe, replica // m), dim, replica % m, m)))
+        elif have % replicas == 0:
+            m = have // replicas
+            group = range(replica * m, (replica + 1) * m)
+            ports.append((port, remap(recipe, group[0]) if dim is None
+                          else ("cat", tuple(remap(recipe, g) for g in group), dim)))
+        else:
+            raise ValueError(f"{where} takes '{port}' from '{source}' ({have} replicas): one replica count must "
+                             "divide the other")
+    return Step(step.inv, step.node, tuple(ports), tuple(leaves))
+
+
+def _leaf_indices(recipe: Any) -> list[int]:
+    if isinstance(recipe, Leaf):
+        return [recipe.index]
+    if not isinstance(recipe, tuple) or not recipe:
+        return []
+    tag = recipe[0]
+    if tag in ("stack", "list", "cat"):
+        return [i for v in recipe[1] for i in _leaf_indices(v)]
+    if tag == "record":
+        return [i for _, v in recipe[1] for i in _leaf_indices(v)]
+    if tag == "slice":
+        return _leaf_indices(recipe[1])
+    return []
 
 
 class Schedule:
@@ -160,3 +245,26 @@ class Schedule:
         self.program.end_iteration(k, frame)
         self._root_carry[replica] = {j: v for j, v in frame.root_carry.items() if j > k}
         return out
+
+
+def replicated(submit: Callable[[Step, int], Sequence[Any]],
+               replicas_of: Mapping[str, int]) -> Callable[[Step], tuple[ReplicaSet, ...]]:
+    """A `Schedule.steps` submit function for data-parallel replicas: each step is submitted once per
+    replica of its component (`for_replica`), and each output port becomes a `ReplicaSet`."""
+    def lifted(step: Step) -> tuple[ReplicaSet, ...]:
+        n = replicas_of[step.node.component]
+        per = [submit(for_replica(step, r, n), r) for r in range(n)]
+        return tuple(ReplicaSet(tuple(p[i] for p in per), step.node.component)
+                     for i in range(max(1, len(step.node.outputs))))
+
+    return lifted
+
+
+def check_replica_edges(wf: Workflow) -> None:
+    """Raise ValueError naming the first call whose inputs cannot be mapped between replica counts
+    (two RL iterations, so values carried from one iteration to the next are checked too)."""
+    schedule = Schedule(wf)
+    replicas_of = {c.name: c.replicas for c in wf.components.values()}
+    submit = replicated(lambda step, r: (None,) * max(1, len(step.node.outputs)), replicas_of)
+    for k in range(2):
+        schedule.steps(k, submit)

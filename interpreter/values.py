@@ -45,6 +45,15 @@ class TorchOps:
             return {k: self.slice(v, start, stop) for k, v in value.items()}
         return value[start:stop]
 
+    def part(self, value: Any, dim: int, index: int, parts: int) -> Any:
+        """Shard `index` of `parts` equal shards along `dim` (a data-parallel replica's share)."""
+        if isinstance(value, Mapping):
+            return {k: self.part(v, dim, index, parts) for k, v in value.items()}
+        t = _as_tensor(value)
+        if t.shape[dim] % parts:
+            raise ValueError(f"cannot shard {t.shape[dim]} rows along dim {dim} into {parts} equal parts")
+        return t.tensor_split(parts, dim=dim)[index]
+
     def truth(self, value: Any) -> bool:
         if isinstance(value, torch.Tensor):
             return bool(value.all())

@@ -267,7 +267,7 @@ class _ItemBuilder:
             effects=tuple(effects), batch=batch, batch_size=batch_size, phases=phases, expand=bool(raw.get("expand", False)),
             rows=rows, split_of=raw.get("split_of"), after=tuple(raw.get("after") or ()),
             priority=raw.get("priority", 0), idempotent=bool(raw.get("idempotent", False)),
-            timeout_s=raw.get("timeout_s"), pos=ctx.doc.pos(path + ("node",)),
+            timeout_s=raw.get("timeout_s"), shard=raw.get("shard"), pos=ctx.doc.pos(path + ("node",)),
             field_pos=self._fpos(path, raw, ["call", "in", "out", "state", "batch", "phases", "after", "rows"]), src=path,
         )
 

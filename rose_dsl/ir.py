@@ -103,6 +103,10 @@ class ExecutionNode:
     priority: int = 0
     idempotent: bool = False
     timeout_s: float | None = None
+    # with replicas: this node's replicas may each take a shard of inputs from fewer producer replicas
+    # along this dimension (not a separable split: the component's replicas must act as one, e.g. a
+    # trainer that all-reduces its gradients)
+    shard: int | None = None
     pos: SourcePos = field(default=NOWHERE, compare=False)
     # Where each field came from ("in.obs" -> position) and the item's path in the YAML document
     # (("iteration", "body", 0)); empty for items a transformation generated.

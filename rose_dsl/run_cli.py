@@ -48,10 +48,14 @@ def execute_command(out: Console, err: Console, wf: Workflow, *, backend: str, i
         return 2
     n = iterations if iterations is not None else (wf.root.count or 1)
     counts = {c.replicas for c in wf.components.values()}
-    if len(counts) > 1:
-        err.print(f"{wf.file}: components have different replica counts ({', '.join(f'{c.name}: {c.replicas}' for c in wf.components.values())}); "
-                  "data-parallel replication runs the whole iteration per replica, so all must match", markup=False)
-        return 2
+    if len(counts) > 1:  # the hybrid placement: check that every input maps between replica counts
+        from interpreter.schedule import check_replica_edges
+
+        try:
+            check_replica_edges(wf)
+        except ValueError as exc:
+            err.print(f"{wf.file}: {exc}", markup=False)
+            return 2
     if max(counts) > 1 and backend != "ray":
         err.print(f"{wf.file}: replicas: {max(counts)} needs --backend ray (one process per replica)", markup=False)
         return 2

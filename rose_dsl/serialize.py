@@ -74,6 +74,8 @@ def _item(item: Item) -> dict[str, Any]:
             out["idempotent"] = True
         if item.timeout_s is not None:
             out["timeout_s"] = item.timeout_s
+        if item.shard is not None:
+            out["shard"] = item.shard
         _plan_fields(item, out)
         return out
     if isinstance(item, LoopNode):

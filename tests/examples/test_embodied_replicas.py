@@ -44,9 +44,10 @@ def ray_session():
     ray.shutdown()
 
 
-def _run(replicas: int, num_envs: int) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, float]]]:
+def _run(replicas: int, num_envs: int, trainer_replicas: int | None = None
+         ) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, float]]]:
     wf = load_workflow(ROOT / "workflows" / "embodied_ppo.yaml",
-                       {**SMALL, "replicas": replicas, "num_envs": num_envs})
+                       {**SMALL, "replicas": replicas, "num_envs": num_envs, "trainer_replicas": trainer_replicas or replicas})
     sch = Schedule(wf)
     be = RayBackend(wf, ("examples.",), sch.program.loops_of)
     try:
@@ -77,6 +78,18 @@ def test_two_replicas_train_like_one_with_all_envs(ray_session) -> None:
 
     init = construct(wf.components["trainer"], wf.seed).get_state("weights")
     assert max(float((init[k].float() - single[k].float()).abs().max()) for k in single) > 1e-3
+
+
+def test_hybrid_one_rollout_two_trainer_replicas_train_like_one(ray_session) -> None:
+    """Hybrid placement: one simulator/policy process with all 8 envs, two trainer replicas each taking
+    a shard of 4 envs of every trajectory (`shard: 1`), the weights published back from trainer
+    replica 0 -- the same training as one trainer on all envs."""
+    (single,), _ = _run(1, 8)
+    pair, metrics = _run(1, 8, trainer_replicas=2)
+    assert len(pair) == 2 and all(torch.equal(pair[0][k], pair[1][k]) for k in single)
+    worst = max(float((pair[0][k].float() - single[k].float()).abs().max()) for k in single)
+    assert worst < 1e-4, f"hybrid weights drift from the single-process run by {worst}"
+    assert metrics[0]["sim/env_steps"] == 8 * SMALL["steps"] * 2 * SMALL["epochs"]  # chunk 2
 
 
 def test_a_non_finite_loss_stops_the_update_without_touching_the_weights() -> None:
