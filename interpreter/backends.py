@@ -22,8 +22,9 @@ from typing import Any
 
 from rose_dsl.ir import Component, ExecutionNode, Workflow
 
+from .procs import pid_alive
 from .schedule import Step, replicated
-from .worker import CallFailed, ComponentWorker
+from .worker import CallFailed, ComponentWorker, replica_name
 
 __all__ = ["Backend", "LocalBackend", "RayBackend", "RayCompiledBackend", "CallFailed", "WatchdogTimeout", "group_of"]
 
@@ -34,11 +35,6 @@ class WatchdogTimeout(Exception):
     def __init__(self, label: str, seconds: float) -> None:
         super().__init__(f"{label} did not finish within {seconds:.0f} s")
         self.label, self.seconds = label, seconds
-
-
-def replica_name(component: str, replica: int) -> str:
-    """Data-parallel replica r of a component is the process `name#r` (replica 0 keeps the name)."""
-    return component if replica == 0 else f"{component}#{replica}"
 
 
 def _free_tcp() -> str:
@@ -369,13 +365,8 @@ class RayBackend(Backend):
         import time as _time
 
         deadline = _time.monotonic() + timeout
-        for pid in pids:
-            while _time.monotonic() < deadline:
-                try:
-                    os.kill(pid, 0)
-                except OSError:
-                    break
-                _time.sleep(0.05)
+        while any(pid_alive(p) for p in pids) and _time.monotonic() < deadline:
+            _time.sleep(0.05)
 
     def replace_actor(self, name: str, quota: int | None, mps_env: dict[str, str] | None = None) -> dict[str, Any]:
         """Move a component to a new process (e.g. under another MPS quota, which is fixed for a process's
@@ -537,7 +528,7 @@ class RayCompiledBackend(RayBackend):
             if self.replicas == 1:
                 schedule.steps(K, bind)
             else:  # every call once per replica of its component
-                schedule.steps(K, replicated(bind, {c.name: c.replicas for c in self.wf.components.values()}))
+                schedule.steps(K, replicated(bind, self.wf))
             sinks = [n for n in nodes if id(n) not in consumed]
             out = MultiOutputNode(sinks)
         self.dag = out.experimental_compile()

@@ -61,7 +61,7 @@ def _as_gpu_activity(sampler: Any) -> Any:
 
 
 # metrics that add up over data-parallel replicas (the rest are averaged)
-ADDITIVE_METRICS = ("env_steps", "tokens", "episodes", "env_faults", "errors", "retried")
+ADDITIVE_METRICS = ("env_steps", "tokens", "episodes", "env_faults", "errors", "retries")
 
 
 def merge_replica_metrics(per_process: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -164,9 +164,7 @@ class Runner:
         if replicas == 1:
             submitted = self.schedule.steps(k, self.backend.submit)
         else:  # data parallel: every call once per replica of its component, each on its own process
-            replicas_of = {c.name: c.replicas for c in self.wf.components.values()}
-            submitted = self.schedule.steps(k, replicated(lambda step, r: self.backend.submit(step, replica=r),
-                                                          replicas_of))
+            submitted = self.schedule.steps(k, replicated(lambda step, r: self.backend.submit(step, replica=r), self.wf))
         deadline = time.monotonic() + self.config.call_timeout_s
         try:
             for step, handles in submitted:

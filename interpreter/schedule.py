@@ -218,20 +218,18 @@ class Schedule:
         dynamic = [i for i in wf.items() if getattr(i, "until", None) is not None]
         if dynamic:
             raise ValueError(f"loop '{dynamic[0].name}' ends on a condition; the runtime schedules static loops only")
-        # values the iteration loop carries (as recipes), per data-parallel replica: replica r's next
-        # iteration continues from replica r's own outputs
-        self._root_carry: dict[int, dict[int, dict[str, Any]]] = {}
+        # values the iteration loop carries (as recipes; with replicas their leaves are `ReplicaSet`s)
+        self._root_carry: dict[int, dict[str, Any]] = {}
 
     def sites(self, k: int) -> list[CallSite]:
         return list(self.program.unroll(k))
 
-    def steps(self, k: Any, submit: Callable[[Step], Sequence[Any]], replica: int = 0) -> list[tuple[Step, Sequence[Any]]]:
+    def steps(self, k: Any, submit: Callable[[Step], Sequence[Any]]) -> list[tuple[Step, Sequence[Any]]]:
         """Build every step of iteration k in program order and `submit` it; `submit` returns one handle
-        per output port (in `node.outputs` order), which later recipes then refer to. `replica`: which
-        data-parallel replica's iteration this is (each carries its own values between iterations)."""
+        per output port (in `node.outputs` order), which later recipes then refer to (data-parallel
+        replicas: see `replicated`)."""
         handles: dict[Invocation, dict[str, Any]] = {}
-        frame = Frame(lambda inv, port: _Handle(handles[inv][port]), RecipeOps(),
-                      root_carry=self._root_carry.get(replica, {}))
+        frame = Frame(lambda inv, port: _Handle(handles[inv][port]), RecipeOps(), root_carry=self._root_carry)
         out = []
         for site in self.sites(k):
             raw = self.program.inputs(site, frame)
@@ -243,14 +241,16 @@ class Schedule:
             handles[site.inv] = dict(zip(site.node.outputs, result, strict=False))
             out.append((step, result))
         self.program.end_iteration(k, frame)
-        self._root_carry[replica] = {j: v for j, v in frame.root_carry.items() if j > k}
+        self._root_carry = {j: v for j, v in frame.root_carry.items() if j > k}
         return out
 
 
-def replicated(submit: Callable[[Step, int], Sequence[Any]],
-               replicas_of: Mapping[str, int]) -> Callable[[Step], tuple[ReplicaSet, ...]]:
+def replicated(submit: Callable[[Step, int], Sequence[Any]], wf: Workflow) -> Callable[[Step], tuple[ReplicaSet, ...]]:
     """A `Schedule.steps` submit function for data-parallel replicas: each step is submitted once per
-    replica of its component (`for_replica`), and each output port becomes a `ReplicaSet`."""
+    replica of its component (`for_replica`), and each output port becomes a `ReplicaSet` (so values
+    carried to the next iteration stay per replica too)."""
+    replicas_of = {c.name: c.replicas for c in wf.components.values()}
+
     def lifted(step: Step) -> tuple[ReplicaSet, ...]:
         n = replicas_of[step.node.component]
         per = [submit(for_replica(step, r, n), r) for r in range(n)]
@@ -264,7 +264,6 @@ def check_replica_edges(wf: Workflow) -> None:
     """Raise ValueError naming the first call whose inputs cannot be mapped between replica counts
     (two RL iterations, so values carried from one iteration to the next are checked too)."""
     schedule = Schedule(wf)
-    replicas_of = {c.name: c.replicas for c in wf.components.values()}
-    submit = replicated(lambda step, r: (None,) * max(1, len(step.node.outputs)), replicas_of)
+    submit = replicated(lambda step, r: (None,) * max(1, len(step.node.outputs)), wf)
     for k in range(2):
         schedule.steps(k, submit)

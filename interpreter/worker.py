@@ -20,7 +20,12 @@ from .components import ComponentError, check_batch, construct, get_state, invok
 from .iteration_var import resolve_k
 from .schedule import evaluate_recipe
 
-__all__ = ["ComponentWorker", "CallFailed"]
+__all__ = ["ComponentWorker", "CallFailed", "replica_name"]
+
+
+def replica_name(component: str, replica: int) -> str:
+    """Data-parallel replica r of a component is the process `name#r` (replica 0 keeps the name)."""
+    return component if replica == 0 else f"{component}#{replica}"
 
 
 class CallFailed(Exception):
@@ -92,7 +97,7 @@ class ComponentWorker:
         self.nodes: dict[tuple[str, ...], ExecutionNode] = {}
         self.loops: dict[tuple[str, ...], tuple[tuple[str, ...], ...]] = {}
         self.replica = replica
-        self.process = comp.name if replica == 0 else f"{comp.name}#{replica}"  # as backends.replica_name
+        self.process = replica_name(comp.name, replica)
         if dist_init is not None:
             # a data-parallel replica: the component's replicas form one torch.distributed group
             import torch.distributed as dist

@@ -224,15 +224,7 @@ class PPOTrainer:
             policy_loss = per_row.sum() / global_size
             value_loss = value_rows.sum() / global_size if value_rows is not None else torch.zeros(())
             loss = policy_loss + self.vf_coef * value_loss.to(policy_loss.device) - self.ent_coef * entropy / self.replicas
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if global_size is not None:
-            self._sum_gradients()
-        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        if not bool(torch.isfinite(loss) & torch.isfinite(grad_norm)):  # never step into NaN weights
-            raise FloatingPointError(f"{type(self).__name__}: non-finite loss ({float(loss)}) or gradient norm "
-                                     f"({float(grad_norm)}) at update {self.updates}; the weights were not changed")
-        self.opt.step()
+        grad_norm = self._apply(loss, summed=global_size is not None)
         with torch.no_grad():
             stats = {
                 "loss": loss, "policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy,
@@ -248,19 +240,25 @@ class PPOTrainer:
 
     def _empty_step(self) -> None:
         """A replica holding no row of this minibatch still joins the gradient sum (and the entropy term)."""
-        loss = -self.ent_coef * self.model.entropy() / self.replicas
+        self._apply(-self.ent_coef * self.model.entropy() / self.replicas, summed=True)
+
+    def _apply(self, loss: torch.Tensor, summed: bool) -> torch.Tensor:
+        """Backward, gradients summed over the replicas (`summed`), clip, and step -- never into NaN
+        weights. Returns the gradient norm before clipping."""
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        self._sum_gradients()
-        nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        if summed:
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            all_reduce_sum([p.grad for p in params])
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        if not bool(torch.isfinite(loss) & torch.isfinite(grad_norm)):
+            raise FloatingPointError(f"{type(self).__name__}: non-finite loss ({float(loss)}) or gradient norm "
+                                     f"({float(grad_norm)}) at update {self.updates}; the weights were not changed")
         self.opt.step()
-
-    def _sum_gradients(self) -> None:
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        all_reduce_sum([p.grad for p in params])
+        return grad_norm
 
     def _normalize(self, adv: torch.Tensor) -> torch.Tensor:
         """Batch advantage normalization (scale-free policy steps whatever the reward scale); over every

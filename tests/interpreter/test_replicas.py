@@ -94,17 +94,19 @@ iteration:
 
 
 def test_each_replica_carries_its_own_values_between_iterations() -> None:
-    """The iteration loop's carry of replica r comes from replica r's previous iteration (found: the
-    schedule kept one carry for all replicas, so replica 0 read replica 1's value and replica 1 failed)."""
-    sch = Schedule(load_workflow_text(CARRY, "carry.yaml"))
+    """The iteration loop's carry of replica r comes from replica r's previous iteration (found: when the
+    runner scheduled each replica in turn on one schedule, replica 0 read replica 1's carried value)."""
+    from interpreter.schedule import replicated
+
+    wf = load_workflow_text(CARRY, "carry.yaml")
+    sch = Schedule(wf)
     seen = {}
     for k in range(3):
-        for r in range(2):
-            def submit(step, r=r, k=k):
-                seen[(k, r)] = step.handles
-                return (f"y{k}.{r}",)
+        def submit(step, r, k=k):
+            seen[(k, r)] = step.handles
+            return (f"y{k}.{r}",)
 
-            sch.steps(k, submit, replica=r)
+        sch.steps(k, replicated(submit, wf))
     assert seen == {(0, 0): (), (0, 1): (), (1, 0): ("y0.0",), (1, 1): ("y0.1",), (2, 0): ("y1.0",), (2, 1): ("y1.1",)}
 
 
