@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from .expr import IterRef, walk
 from .ir import Access, ExecutionNode, Item, LoopNode, Workflow
@@ -23,18 +23,18 @@ from .resolve import Resolver, expr_fields
 from .semantics import CallSite, Invocation, Program, enclosing_loops, run_sequential
 
 __all__ = [
-    "Dep", "InvocationGraph", "invocation_graph", "LoopKind", "ItemEdge", "Analysis", "analyze", "loop_kinds",
-    "state_access_order",
+    "Dep", "Deps", "DepOps", "InvocationGraph", "invocation_graph", "LoopKind", "ItemEdge", "Analysis", "analyze",
+    "loop_kinds", "state_access_order",
 ]
 
 Path = tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class Dep:
+class Dep(NamedTuple):
     """Why `consumer` must run after `producer`. kind: 'data' or 'state'. For state deps `flow` is True
     when the consumer observes the producer's value (read/update after a write) and False when the order
-    only protects an in-place object (a write after a read, a refresh after a write)."""
+    only protects an in-place object (a write after a read, a refresh after a write). A named tuple:
+    graphs hold thousands, and the tracker interns them."""
 
     kind: str
     detail: str
@@ -58,35 +58,39 @@ class InvocationGraph:
                     yield producer, consumer, r
 
 
-class _Deps(frozenset):
+class Deps(frozenset):
     """A symbolic value: the (invocation, port) pairs it was computed from."""
 
 
-class _DepOps:
-    @staticmethod
-    def _u(values: Iterable[Any]) -> _Deps:
-        out: set = set()
-        for v in values:
-            if isinstance(v, frozenset):
-                out |= v
-            elif isinstance(v, list):
-                out |= _DepOps._u(v)
-        return _Deps(out)
+def _union(values: Iterable[Any]) -> frozenset:
+    sets = [v if isinstance(v, frozenset) else _union(v) for v in values if isinstance(v, frozenset | list)]
+    return _NOTHING.union(*sets)  # a list: every iteration of a loop
+
+
+_NOTHING = Deps()
+
+
+class DepOps:
+    """The dependency interpretation of values (`semantics.ValueOps`): whatever combines values
+    depends on all of them; a slice depends on what it slices."""
 
     def stack(self, values):
-        return self._u(values)
+        return _union(values)
 
     def cat(self, values, dim=0):
-        return self._u(values)
+        return _union(values)
 
     def record(self, fields):
-        return self._u(fields.values())
+        return _union(fields.values())
 
     def slice(self, value, start, stop):
         return value
 
     def truth(self, value):
         return True  # a dynamic loop is analysed through one representative iteration
+
+
+_Deps, _DepOps = Deps, DepOps  # the names interpreter/reference.py imports
 
 
 class _DepTracker:
@@ -101,71 +105,107 @@ class _DepTracker:
         or still there at the end of the RL iteration (when checkpoints read it) -- follows every write
         since the last observation, so that none of them can land on top of it. A refresh that is
         overwritten unobserved may move freely among the writes around it.
+
+    Costs are linear in calls plus edges: a `Dep` is made once per distinct reason (interned), and a
+    refresh remembers only where its run of unobserved writes ends, not a copy of it.
     """
 
-    ops = _DepOps()
+    ops = DepOps()
 
     def __init__(self, graph: InvocationGraph) -> None:
         self.g = graph
-        self._last_writer: dict[str, Invocation] = {}
-        self._readers: dict[str, list[Invocation]] = defaultdict(list)
-        self._unobserved_writes: dict[str, list[Invocation]] = defaultdict(list)
-        self._pending: list[tuple[str, int, list[Invocation]]] = []
+        self._last_writer: dict[str, tuple[Invocation, str]] = {}  # state -> (call, its access mode)
+        self._readers: dict[str, list[tuple[Invocation, str]]] = defaultdict(list)  # since the last write
+        self._unobserved_writes: dict[str, list[tuple[Invocation, str]]] = defaultdict(list)
+        # a refresh to check at the end: (state, its position in accesses[state], the unobserved writes
+        # before it = the first `n` of that list)
+        self._pending: list[tuple[str, int, list[tuple[Invocation, str]], int]] = []
+        self._reasons: dict[tuple, Dep] = {}
+        self._effects: dict[Path, tuple[tuple[str, Access, str], ...]] = {}
 
     def call(self, site: CallSite, inputs: dict[str, Any]) -> dict[str, Any]:
         g, node, inv = self.g, site.node, site.inv
         g.order.append(inv)
         g.node[inv] = node
+        reasons, deps = self._reasons, None
         for port, value in inputs.items():
-            for producer, out_port in (value if isinstance(value, frozenset) else ()):
-                g.deps[inv].setdefault(producer, set()).add(Dep("data", f"in.{port} <- {producer.path[-1]}.{out_port}"))
-        for eff in node.effects:
-            s, acc = eff.state, eff.access
-            g.accesses[s].append((inv, acc))
-            writer = self._last_writer.get(s)
-            if acc.reads_previous and writer is not None and writer != inv:
-                self._add(inv, writer, Dep("state", f"{s}: {acc.value} after {self._mode(writer, s)}"))
-            if acc.writes:
-                for reader in self._readers[s]:
-                    if reader != inv and not (acc.reads_previous and reader == writer):  # that one flows already
-                        self._add(inv, reader, Dep("state", f"{s}: {acc.value} after {self._mode(reader, s)}", False))
-                earlier = [w for w in self._unobserved_writes[s] if w != inv]
-                if acc is Access.REFRESH:
-                    self._pending.append((s, len(g.accesses[s]) - 1, earlier))
-                self._last_writer[s] = inv
-            if acc is Access.READ:
-                self._readers[s].append(inv)
-                self._unobserved_writes[s] = []
-            elif acc is Access.UPDATE:
-                self._readers[s] = [inv]
-                self._unobserved_writes[s] = [inv]
-            else:
-                self._readers[s] = []
-                self._unobserved_writes[s].append(inv)
-        return {port: _Deps({(inv, port)}) for port in node.outputs}
+            if not isinstance(value, frozenset):
+                continue  # an integer (a loop index, a param)
+            for producer, out_port in value:
+                if deps is None:
+                    deps = g.deps[inv]
+                key = ("data", port, producer.path[-1], out_port)
+                self._add_to(deps, producer, reasons.get(key) or self._reason(key))
+        effects = self._effects.get(node.path)
+        if effects is None:  # access modes as plain strings: Enum properties cost a Python call each
+            effects = self._effects[node.path] = tuple((e.state, e.access, e.access.value) for e in node.effects)
+        for state, access, mode in effects:
+            self._access(inv, state, access, mode)
+        return {port: Deps(((inv, port),)) for port in node.outputs}
+
+    def _access(self, inv: Invocation, s: str, access: Access, mode: str) -> None:
+        seq = self.g.accesses[s]
+        seq.append((inv, access))
+        last = self._last_writer.get(s)
+        reads_previous = mode != "refresh"
+        if reads_previous and last is not None and last[0] != inv:
+            self._add(inv, last[0], self._reason(("state", s, mode, last[1], True)))
+        if mode != "read":  # a write
+            for reader, reader_mode in self._readers[s]:
+                if reader != inv and not (reads_previous and last is not None and reader == last[0]):  # that one flows already
+                    self._add(inv, reader, self._reason(("state", s, mode, reader_mode, False)))
+            if mode == "refresh":
+                unobserved = self._unobserved_writes[s]
+                self._pending.append((s, len(seq) - 1, unobserved, len(unobserved)))
+            self._last_writer[s] = (inv, mode)
+        if mode == "read":
+            self._readers[s].append((inv, mode))
+            self._unobserved_writes[s] = []
+        elif mode == "update":
+            self._readers[s] = [(inv, mode)]
+            self._unobserved_writes[s] = [(inv, mode)]
+        else:
+            self._readers[s] = []
+            self._unobserved_writes[s].append((inv, mode))
 
     def finish(self) -> None:
         """Add the write-after-write edges of the refreshes whose value is observed."""
-        for state, position, earlier in self._pending:
+        for state, position, unobserved, n in self._pending:
             seq = self.g.accesses[state]
             inv = seq[position][0]
-            observed = True
-            for later_inv, later in seq[position + 1:]:
-                if later_inv.indices[0] != inv.indices[0] or later.reads_previous:
-                    break  # the end of the RL iteration (a checkpoint) or a reader observes it
-                if later is Access.REFRESH:
-                    observed = False
-                    break
-            if observed:
-                for w in earlier:
-                    self._add(inv, w, Dep("state", f"{state}: refresh after {self._mode(w, state)}", False))
+            # observed unless the next access overwrites it in the same RL iteration (a reader observes
+            # it; at the end of the RL iteration a checkpoint does)
+            after = seq[position + 1] if position + 1 < len(seq) else None
+            if after is None or after[0].indices[0] != inv.indices[0] or after[1] is not Access.REFRESH:
+                for w, w_mode in unobserved[:n]:
+                    if w != inv:
+                        self._add(inv, w, self._reason(("state", state, "refresh", w_mode, False)))
         self._pending.clear()
 
-    def _mode(self, inv: Invocation, state: str) -> str:
-        return next(e.access.value for e in self.g.node[inv].effects if e.state == state)
+    def _reason(self, key: tuple) -> Dep:
+        """The `Dep` for a reason, made once: ("data", port, producer, its port) or
+        ("state", state, access, the other call's access, flow)."""
+        dep = self._reasons.get(key)
+        if dep is None:
+            if key[0] == "data":
+                _, port, producer, out_port = key
+                dep = Dep("data", f"in.{port} <- {producer}.{out_port}")
+            else:
+                _, state, access, mode, flow = key
+                dep = Dep("state", f"{state}: {access} after {mode}", flow)
+            self._reasons[key] = dep
+        return dep
 
     def _add(self, consumer: Invocation, producer: Invocation, dep: Dep) -> None:
-        self.g.deps[consumer].setdefault(producer, set()).add(dep)
+        self._add_to(self.g.deps[consumer], producer, dep)
+
+    @staticmethod
+    def _add_to(deps: dict[Invocation, set[Dep]], producer: Invocation, dep: Dep) -> None:
+        why = deps.get(producer)
+        if why is None:
+            deps[producer] = {dep}
+        else:
+            why.add(dep)
 
 
 def _clamped(wf: Workflow, limit: int | None) -> Workflow:

@@ -26,7 +26,7 @@ from .ir import Access, ExecutionNode, Item, LoopNode, MergeNode, Workflow
 
 __all__ = [
     "NodePort", "LoopIndex", "CarryIn", "ParentInput", "IterSelect", "Binding", "Use", "Scope", "Resolver",
-    "ResolveError", "check_workflow", "expr_fields",
+    "ResolveError", "check_workflow", "expr_fields", "BindingTables", "binding_table",
 ]
 
 Path = tuple[str, ...]
@@ -282,6 +282,41 @@ class Resolver:
             pos = float(s.index)
             s = s.parent
         raise ResolveError(e.offset, f"unknown loop '{e.loop}'", did_you_mean(e.loop, self._visible(scope)))
+
+
+def binding_table(uses: list[Use] | tuple[Use, ...]) -> dict[int, Binding]:
+    """id(Ref or IterRef) -> its binding, for every name of a field, inner parts of iteration
+    references included. Keyed by object identity: an expression is looked up by the node itself, so
+    two equal references in different scopes keep their own bindings."""
+    table: dict[int, Binding] = {}
+    for u in _all_uses(uses):
+        table[id(u.expr)] = u.binding
+    return table
+
+
+class BindingTables:
+    """The binding tables of a workflow's fields, each resolved once. Evaluating every call of two RL
+    iterations reads the same few fields thousands of times; resolving them each time was the cost."""
+
+    def __init__(self, resolver: Resolver) -> None:
+        self.resolver = resolver
+        self._fields: dict[tuple[Path, str], dict[int, Binding]] = {}
+        self._bodies: dict[tuple[int, Path], dict[int, Binding]] = {}
+
+    def field(self, item: Item, key: str, expr: Expr) -> dict[int, Binding]:
+        """The table of field `key` ("in.obs", "carry.x.next", ...) of `item`, whose expression is `expr`."""
+        table = self._fields.get((item.path, key))
+        if table is None:
+            table = self._fields[item.path, key] = binding_table(self.resolver.resolve_field(item, key, expr))
+        return table
+
+    def in_body(self, expr: Expr, loop: Path) -> dict[int, Binding]:
+        """The table of `expr` resolved at the end of `loop`'s body (an iteration reference's inner part
+        read in one group of a loop split in time)."""
+        table = self._bodies.get((id(expr), loop))
+        if table is None:
+            table = self._bodies[id(expr), loop] = binding_table(self.resolver.resolve_in_body(expr, loop))
+        return table
 
 
 # -- checks -----------------------------------------------------------------------------------
