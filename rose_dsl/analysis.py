@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
+from .bulk import in_bulk
 from .expr import IterRef, walk
 from .ir import Access, ExecutionNode, Item, LoopNode, Workflow
 from .resolve import Resolver, expr_fields
@@ -233,17 +234,34 @@ def _clamped(wf: Workflow, limit: int | None) -> Workflow:
     return replace(wf, root=clamp(wf.root))  # type: ignore[arg-type]
 
 
+@in_bulk
 def invocation_graph(wf: Workflow, iterations: int = 2, count_limit: int | None = None,
-                     expand_phases: bool = False) -> InvocationGraph:
-    """Dependencies of every invocation over `iterations` consecutive RL iterations (0..n-1)."""
+                     expand_phases: bool = False, edges: bool = True) -> InvocationGraph:
+    """Dependencies of every invocation over `iterations` consecutive RL iterations (0..n-1).
+
+    With `edges=False` only program order and the state accesses are recorded (what the policy-version
+    lines need): no input is evaluated, which is most of the cost."""
     wf = _clamped(wf, count_limit)
     if expand_phases:
         wf = replace(wf, root=_expand_all(wf.root))
     graph = InvocationGraph()
+    program = Program(wf)
+    if not edges:
+        for k in range(iterations):
+            for site in program.unroll(k, _one_iteration):  # as the dependency run: truth() is always True
+                graph.order.append(site.inv)
+                graph.node[site.inv] = site.node
+                for eff in site.node.effects:
+                    graph.accesses[eff.state].append((site.inv, eff.access))
+        return graph
     tracker = _DepTracker(graph)
-    run_sequential(Program(wf), tracker, range(iterations))
+    run_sequential(program, tracker, range(iterations))
     tracker.finish()
     return graph
+
+
+def _one_iteration(loop: LoopNode, ctx: Mapping[Path, int]) -> bool:
+    return True
 
 
 def _expand_all(item: Item) -> Any:
@@ -374,7 +392,7 @@ def analyze(wf: Workflow, explain: bool = False, count_limit: int = 3) -> Analys
         # without --explain only the version lines need the graph: one iteration of each loop shows them
         clamped = _clamped(wf, count_limit if explain else 1)
         counts = {i.path: len(i.indices()) for i in clamped.items() if isinstance(i, LoopNode)}
-        g = invocation_graph(clamped, iterations=2)
+        g = invocation_graph(clamped, iterations=2, edges=explain)
         items = Resolver(clamped).items
         loops = {p: enclosing_loops(p, items) for p in {i.path for i in g.order}}
         if explain:

@@ -36,9 +36,10 @@ from yaml.events import (
     StreamEndEvent,
 )
 
+from .bulk import in_bulk
 from .errors import Diagnostic, SourcePos, WorkflowError
 
-__all__ = ["Document", "Limits", "load_file", "load_text", "Path_"]
+__all__ = ["Document", "FieldPositions", "Limits", "load_file", "load_text", "Path_"]
 
 Path_ = tuple[str | int, ...]
 
@@ -65,7 +66,10 @@ class Document:
 
     def pos(self, path: Path_) -> SourcePos:
         """The position of the value at `path`, or of its nearest ancestor that has one."""
-        p = tuple(path)
+        p = path if type(path) is tuple else tuple(path)
+        hit = self.positions.get(p)
+        if hit is not None:
+            return SourcePos(self.file, *hit)
         while p:
             if p in self.positions:
                 return SourcePos(self.file, *self.positions[p])
@@ -74,10 +78,56 @@ class Document:
             return SourcePos(self.file, *self.positions[()])
         return SourcePos(self.file, 1, 1)
 
+    def pos_tuple(self, path: Path_) -> tuple[int, int, bool]:
+        """`pos` as (line, col, inline), without making a SourcePos."""
+        hit = self.positions.get(path)
+        if hit is not None:
+            return hit
+        p = self.pos(path)
+        return (p.line, p.col, p.inline)
+
     def key_pos(self, path: Path_) -> SourcePos:
-        at = self.key_positions.get(tuple(path))
+        at = self.key_positions.get(path if type(path) is tuple else tuple(path))
         return SourcePos(self.file, *at) if at else self.pos(path)
 
+
+
+class FieldPositions(dict):
+    """Field -> SourcePos of one IR item ("in.obs" -> where its expression is), made on demand.
+
+    Only diagnostics read them, yet building them eagerly was a third of building a 10,000-node
+    workflow (a frozen SourcePos costs 2 us); this stores the loader's (line, col, inline) and makes the
+    SourcePos when asked."""
+
+    __slots__ = ("file",)
+
+    def __init__(self, file: str, raw: dict[str, tuple[int, int, bool]] | None = None) -> None:
+        super().__init__(raw or {})
+        self.file = file
+
+    def __setitem__(self, key: str, value: SourcePos | tuple[int, int, bool]) -> None:
+        if isinstance(value, SourcePos):
+            value = (value.line, value.col, value.inline)
+        dict.__setitem__(self, key, value)
+
+    def __getitem__(self, key: str) -> SourcePos:
+        return SourcePos(self.file, *dict.__getitem__(self, key))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        hit = dict.get(self, key)
+        return default if hit is None else SourcePos(self.file, *hit)
+
+    def values(self) -> Any:
+        return [self[k] for k in self]
+
+    def items(self) -> Any:
+        return [(k, self[k]) for k in self]
+
+    def __repr__(self) -> str:
+        return f"FieldPositions({dict(self.items())!r})"
+
+    def __reduce__(self) -> Any:
+        return (FieldPositions, (self.file, dict(dict.items(self))))
 
 
 # libyaml's parser when PyYAML was built with it (about 10x faster); the same events either way.
@@ -132,6 +182,13 @@ class _Events:
             self._open.append((anchor, [ev], [1]))
         return ev
 
+    def target(self, alias: AliasEvent) -> tuple[Event, list[Event] | None]:
+        """The anchored node an alias names: its first event, and all its events once read."""
+        hit = self.anchors.get(alias.anchor)
+        if hit is None:
+            raise ComposerError(None, None, "found undefined alias", alias.start_mark)
+        return hit
+
     def _keep(self, ev: Event) -> None:
         step = 1 if isinstance(ev, CollectionStartEvent) else -1 if isinstance(ev, CollectionEndEvent) else 0
         for entry in list(self._open):
@@ -158,6 +215,7 @@ class _Builder:
     def __init__(self, file: str, limits: Limits, events: _Events, resolve: Callable[..., str]) -> None:
         self.file = file
         self.limits = limits
+        self.max_depth = limits.max_depth
         self.events = events
         self.nodes = 0
         self.doc_positions: dict[Path_, tuple[int, int, bool]] = {}
@@ -165,6 +223,9 @@ class _Builder:
         self.constructor = SafeConstructor()
         self._resolve = resolve
         self._tags: dict[tuple[str, tuple[bool, bool]], str] = {}  # the implicit tags of plain scalars, cached
+        resolvers = yaml.SafeLoader.yaml_implicit_resolvers  # first character -> [(tag, regexp)]
+        # a plain scalar whose first character starts no resolver is a string (unless one matches anything)
+        self._resolved_first = frozenset(resolvers) if None not in resolvers else None
 
     def fail(self, mark: yaml.Mark, path: Path_, message: str, hint: str | None = None) -> _BuildError:
         from .errors import format_path
@@ -176,7 +237,7 @@ class _Builder:
         replay: list[Event] | None = None
         alias = type(ev) is AliasEvent
         if alias:  # the anchored node once more: its events again
-            ev, replay = self.events.anchors[ev.anchor]
+            ev, replay = self.events.target(ev)
         self.nodes += 1
         if self.nodes > self.limits.max_nodes:
             raise self.fail(
@@ -185,8 +246,8 @@ class _Builder:
                 f"the document expands to more than {self.limits.max_nodes} YAML nodes",
                 "anchors/aliases that multiply content are refused; write the workflow out",
             )
-        if len(path) > self.limits.max_depth:
-            raise self.fail(ev.start_mark, path, f"nesting deeper than {self.limits.max_depth} levels")
+        if len(path) > self.max_depth:
+            raise self.fail(ev.start_mark, path, f"nesting deeper than {self.max_depth} levels")
         if alias:
             if replay is None:
                 raise self.fail(ev.start_mark, path, "recursive YAML alias (a node that contains itself)")
@@ -198,7 +259,7 @@ class _Builder:
             inline = m.line == ev.end_mark.line and style in _INLINE_STYLES
             # Quoted scalars: point at the first character inside the quotes.
             self.doc_positions[path] = (m.line + 1, m.column + (2 if style in ("'", '"') else 1), inline)
-            return self.scalar(ev, self.tag(ev))
+            return ev.value if self.is_string(ev) else self.scalar(ev, self.tag(ev))
         self.doc_positions[path] = (m.line + 1, m.column + 1, False)
         if kind is SequenceStartEvent:
             out: list[Any] = []
@@ -211,21 +272,32 @@ class _Builder:
         out: dict[str, Any] = {}
         while type(key_ev := nxt()) is not MappingEndEvent:
             if type(key_ev) is AliasEvent:
-                key_ev = self.events.anchors[key_ev.anchor][0]
+                key_ev = self.events.target(key_ev)[0]
             if type(key_ev) is not ScalarEvent:
                 raise self.fail(key_ev.start_mark, path, "mapping keys must be plain strings")
-            tag = self.tag(key_ev)
-            if tag == _MERGE:
-                raise self.fail(key_ev.start_mark, path, "YAML merge keys ('<<') are not supported", "write the keys out")
-            key = self.scalar(key_ev, tag)
-            if not isinstance(key, str):
-                key = str(key)
+            if self.is_string(key_ev):
+                key = key_ev.value
+            else:
+                tag = self.tag(key_ev)
+                if tag == _MERGE:
+                    raise self.fail(key_ev.start_mark, path, "YAML merge keys ('<<') are not supported", "write the keys out")
+                key = self.scalar(key_ev, tag)
+                if not isinstance(key, str):
+                    key = str(key)
             if key in out:
                 raise self.fail(key_ev.start_mark, path + (key,), f"duplicate key '{key}'")
             km = key_ev.start_mark
             self.key_positions[path + (key,)] = (km.line + 1, km.column + 1, False)
             out[key] = self.build(nxt(), path + (key,), nxt)
         return out
+
+    def is_string(self, ev: ScalarEvent) -> bool:
+        """Whether a scalar is a string without asking the resolver (most are): no tag, and quoted or
+        starting with a character that starts no implicit resolver."""
+        if ev.tag is not None:
+            return ev.tag == _STR
+        first = self._resolved_first
+        return not ev.implicit[0] or (first is not None and ev.value != "" and ev.value[0] not in first)
 
     def tag(self, ev: ScalarEvent) -> str:
         """The scalar's tag: explicit, or resolved from a plain scalar's text as PyYAML's composer does."""
@@ -252,7 +324,7 @@ class _Builder:
             raise self.fail(ev.start_mark, (), f"not valid YAML: {ev.value!r} is not a valid {what}") from None
 
 
-def _read(file: str, limits: Limits, loader: Any) -> Document:
+def _read(file: str, text: str, limits: Limits, loader: Any) -> Document:
     """The one document of the stream. Raises WorkflowError, or yaml's error for bad syntax."""
     top = SourcePos(file, 1, 1)
     events = _Events(loader)
@@ -261,8 +333,10 @@ def _read(file: str, limits: Limits, loader: Any) -> Document:
         raise WorkflowError([Diagnostic(top, "<document>", "the file holds no YAML document")])
     root = events.next()
     builder = _Builder(file, limits, events, loader.resolve)
+    # Without '&' in the text there is no anchor to record: read the parser's events directly (an alias
+    # can then only be undefined, which the builder reports).
     try:
-        data = builder.build(root, (), events.next)
+        data = builder.build(root, (), events.next if "&" in text else loader.get_event)
     except _BuildError as exc:
         failure = exc.error
     except RecursionError:
@@ -281,6 +355,7 @@ def _read(file: str, limits: Limits, loader: Any) -> Document:
     return Document(file, "", data, builder.doc_positions, builder.key_positions)
 
 
+@in_bulk
 def load_text(text: str, file: str = "<string>", limits: Limits = Limits()) -> Document:
     """Parse YAML text into a Document or raise WorkflowError with one positioned message."""
     top = SourcePos(file, 1, 1)
@@ -294,7 +369,7 @@ def load_text(text: str, file: str = "<string>", limits: Limits = Limits()) -> D
     try:
         loader = _SafeLoader(text)
         try:
-            doc = _read(file, limits, loader)
+            doc = _read(file, text, limits, loader)
         finally:
             loader.dispose()
     except WorkflowError as exc:

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Union
 
+from .bulk import in_bulk
 from .errors import Diagnostic, SourcePos, did_you_mean, format_path
 from .expr import BinOp, Call, Expr, Index, Int, IterRef, Neg, Param, Record, Ref, Slice
 from .ir import Access, ExecutionNode, Item, LoopNode, MergeNode, Workflow
@@ -367,6 +368,7 @@ def _type_errors(e: Expr, uses: dict[int, Binding], top: str) -> Iterator[tuple[
         yield e.offset, "'[*]' gives every iteration: wrap it in stack(...) or cat(...)", None
 
 
+@in_bulk
 def check_workflow(wf: Workflow) -> list[Diagnostic]:
     """Every cross-reference problem of the IR, positioned. [] means the workflow is well formed."""
     from .expr import walk
