@@ -109,7 +109,7 @@ class Program:
         self.wf = wf
         self.resolver = Resolver(wf)
         self.items = self.resolver.items
-        self.loops_of = {p: enclosing_loops(p, self.items) for p in self.items}
+        self.loops_of = self.resolver.loops_of
         self.tables = BindingTables(self.resolver)
         self._inputs: dict[Path, tuple[tuple[str, Expr, Table], ...]] = {}
         self._indices: dict[Path, Sequence[int]] = {}
