@@ -51,8 +51,7 @@ class Invocation(NamedTuple):
         return ".".join(self.path) + "".join(f"[{i}]" for i in self.indices)
 
 
-@dataclass(frozen=True, eq=False, slots=True)
-class CallSite:
+class CallSite(NamedTuple):
     """A call in program order: the invocation, its node, and the loop context its inputs are
     evaluated in (shared by the calls of one loop iteration; never mutated)."""
 
@@ -138,33 +137,7 @@ class Program:
     # -- program order ----------------------------------------------------------------------
     def unroll(self, k: int, until_reached: Callable[[LoopNode, dict[Path, int]], bool] | None = None) -> Iterator[CallSite]:
         """The call sites of RL iteration k, in program order."""
-        yield from self._unroll_body(self.wf.root.body, {self.wf.root.path: k}, until_reached)
-
-    def _unroll_body(self, body: Sequence[Item], ctx: dict[Path, int], until_reached) -> Iterator[CallSite]:
-        for item in body:
-            if isinstance(item, ExecutionNode):
-                if item.expand and item.phases:
-                    yield from self._unroll_body(item.phases, ctx, until_reached)
-                else:
-                    yield CallSite(Invocation(item.path, self.indices_of(item.path, ctx)), item, ctx)
-            elif isinstance(item, LoopNode):
-                if not item.dynamic:
-                    for j in self.iterations(item):
-                        yield from self._unroll_body(item.body, {**ctx, item.path: j}, until_reached)
-                else:
-                    yield from self._unroll_dynamic(item, ctx, until_reached)
-
-    def _unroll_dynamic(self, loop: LoopNode, ctx: dict[Path, int], until_reached) -> Iterator[CallSite]:
-        if until_reached is None:
-            raise SemanticError(f"loop '{loop.name}' ends on a condition: only an in-order executor can run it")
-        limit = loop.count if loop.count is not None else 1_000_000
-        for j in range(limit):
-            inner = {**ctx, loop.path: j}
-            yield from self._unroll_body(loop.body, inner, until_reached)
-            if until_reached(loop, inner):
-                return
-        if loop.count is None:
-            raise SemanticError(f"loop '{loop.name}' did not end within {limit} iterations")
+        yield from _unroll_body(self, self.wf.root.body, {self.wf.root.path: k}, until_reached)
 
     # -- evaluation -------------------------------------------------------------------------
     def inputs(self, site: CallSite, frame: Frame) -> dict[str, Any]:
@@ -204,85 +177,52 @@ class Program:
     def output(self, path: Path, port: str, ctx: Ctx, frame: Frame) -> Any:
         """Output `port` of item `path` in the iterations `ctx` selects."""
         item = self.items[path]
-        if isinstance(item, ExecutionNode):
-            if item.expand and item.phases:
-                producer = [sub for sub in item.phases if port in sub.outputs][-1]
-                return self.output(producer.path, port, ctx, frame)
-            return frame.lookup(Invocation(path, self.indices_of(path, ctx)), port)
-        if isinstance(item, MergeNode):
-            parent = path[:-1]
-            dim = dict(item.ports)[port]
-            return frame.ops.cat([self.output(parent + (src,), port, ctx, frame) for src in item.sources], dim)
-        assert isinstance(item, LoopNode)
-        key = ("out", path, port, self.indices_of(path, ctx))
-        if key in frame.memo:
-            return frame.memo[key]
-        collect = dict(item.collects).get(port)
-        if collect is not None:
-            value = self.evaluate(collect, self.bound(item, f"collect.{port}", collect), ctx, frame)
-        else:  # the final value of a carry
-            ran = self.ran(item, ctx, frame)
-            if ran:
-                value = self._next(item, port, {**ctx, item.path: ran[-1]}, frame)
-            else:
-                value = self._init(item, port, ctx, frame)
-        frame.memo[key] = value
-        return value
+        return _OUTPUT_RULES[type(item)](self, item, port, ctx, frame)
 
     def carry(self, loop_path: Path, var: str, ctx: Ctx, frame: Frame) -> Any:
-        """The value of `loop.var` at the start of iteration ctx[loop]: the loop's `init` before its
-        first iteration, else `next` at the end of the iteration before (in the iterations it runs)."""
+        """The value of `loop.var` at the start of iteration ctx[loop]."""
         loop = self.items[loop_path]
         assert isinstance(loop, LoopNode)
-        j = ctx[loop_path]
         if loop_path == self.wf.root.path:
-            return self._root_carry(loop, var, j, frame)
-        key = ("carry", loop_path, var, self.indices_of(loop_path, ctx), j)
-        if key in frame.memo:
-            return frame.memo[key]
-        outer = {p: i for p, i in ctx.items() if p != loop_path}
-        before = self._previous_iteration(loop, j)
-        if before is None:
-            value = self._init(loop, var, outer, frame)
-        else:
-            outer[loop_path] = before
-            value = self._next(loop, var, outer, frame)
-        frame.memo[key] = value
-        return value
-
-    def _previous_iteration(self, loop: LoopNode, j: int) -> int | None:
-        """The iteration of `loop` that runs before j (a temporal group runs only some), or None."""
-        if loop.dynamic or loop.iterations is None:
-            return j - 1 if j > 0 else None
-        order = loop.iterations  # increasing (checked when the plan is built)
-        pos = bisect_left(order, j)
-        if pos == len(order) or order[pos] != j:
-            raise SemanticError(f"loop '{loop.name}' does not run iteration {j}")
-        return order[pos - 1] if pos > 0 else None
-
-    def _root_carry(self, root: LoopNode, var: str, k: int, frame: Frame) -> Any:
-        if k not in frame.root_carry:
-            if k != 0:
-                raise SemanticError(f"the value carried into RL iteration {k} is not known")
-            frame.root_carry[0] = {c.name: self._init(root, c.name, {}, frame) for c in root.carries}
-        return frame.root_carry[k][var]
-
-    def _init(self, loop: LoopNode, var: str, ctx: Ctx, frame: Frame) -> Any:
-        c = loop.carry(var)
-        assert c is not None
-        return self.evaluate(c.init, self.bound(loop, f"carry.{var}.init", c.init), ctx, frame)
-
-    def _next(self, loop: LoopNode, var: str, ctx: Ctx, frame: Frame) -> Any:
-        c = loop.carry(var)
-        assert c is not None
-        return self.evaluate(c.next, self.bound(loop, f"carry.{var}.next", c.next), ctx, frame)
+            return _root_carry(self, loop, var, ctx[loop_path], frame)
+        return _carry(self, loop, var, ctx, frame)
 
     def end_iteration(self, k: int, frame: Frame) -> None:
         """Compute the RL-iteration carry for k+1 (if the root loop carries anything)."""
         root = self.wf.root
         if root.carries:
             ctx = {root.path: k}
-            frame.root_carry[k + 1] = {c.name: self._next(root, c.name, ctx, frame) for c in root.carries}
+            frame.root_carry[k + 1] = {c.name: _next(self, root, c.name, ctx, frame) for c in root.carries}
+
+
+# -- program order --------------------------------------------------------------------------------
+
+def _unroll_body(p: Program, body: Sequence[Item], ctx: dict[Path, int], until_reached) -> Iterator[CallSite]:
+    for item in body:
+        if isinstance(item, ExecutionNode):
+            if item.expand and item.phases:
+                yield from _unroll_body(p, item.phases, ctx, until_reached)
+            else:
+                yield CallSite(Invocation(item.path, p.indices_of(item.path, ctx)), item, ctx)
+        elif isinstance(item, LoopNode):
+            if not item.dynamic:
+                for j in p.iterations(item):
+                    yield from _unroll_body(p, item.body, {**ctx, item.path: j}, until_reached)
+            else:
+                yield from _unroll_dynamic(p, item, ctx, until_reached)
+
+
+def _unroll_dynamic(p: Program, loop: LoopNode, ctx: dict[Path, int], until_reached) -> Iterator[CallSite]:
+    if until_reached is None:
+        raise SemanticError(f"loop '{loop.name}' ends on a condition: only an in-order executor can run it")
+    limit = loop.count if loop.count is not None else 1_000_000
+    for j in range(limit):
+        inner = {**ctx, loop.path: j}
+        yield from _unroll_body(p, loop.body, inner, until_reached)
+        if until_reached(loop, inner):
+            return
+    if loop.count is None:
+        raise SemanticError(f"loop '{loop.name}' did not end within {limit} iterations")
 
 
 # -- what each kind of expression computes ------------------------------------------------------
@@ -390,6 +330,93 @@ _BINDING_RULES: dict[type, Callable[..., Any]] = {
     ParentInput: _parent_input,
     IterSelect: _select,
 }
+
+
+# -- what each kind of item outputs ---------------------------------------------------------------
+
+def _call_output(p: Program, item: ExecutionNode, port: str, ctx: Ctx, frame: Frame) -> Any:
+    """A call's output; a node running its phases gives the last phase item's output of that name."""
+    if item.expand and item.phases:
+        producer = [sub for sub in item.phases if port in sub.outputs][-1]
+        return p.output(producer.path, port, ctx, frame)
+    return frame.lookup(Invocation(item.path, p.indices_of(item.path, ctx)), port)
+
+
+def _merge_output(p: Program, item: MergeNode, port: str, ctx: Ctx, frame: Frame) -> Any:
+    """The split groups' outputs, concatenated along the port's dimension."""
+    parent = item.path[:-1]
+    dim = dict(item.ports)[port]
+    return frame.ops.cat([p.output(parent + (src,), port, ctx, frame) for src in item.sources], dim)
+
+
+def _loop_output(p: Program, loop: LoopNode, port: str, ctx: Ctx, frame: Frame) -> Any:
+    """A collect, or the final value of a carry (its init if the loop ran no iteration); memoised."""
+    key = ("out", loop.path, port, p.indices_of(loop.path, ctx))
+    if key in frame.memo:
+        return frame.memo[key]
+    collect = dict(loop.collects).get(port)
+    if collect is not None:
+        value = p.evaluate(collect, p.bound(loop, f"collect.{port}", collect), ctx, frame)
+    else:
+        ran = p.ran(loop, ctx, frame)
+        value = _next(p, loop, port, {**ctx, loop.path: ran[-1]}, frame) if ran else _init(p, loop, port, ctx, frame)
+    frame.memo[key] = value
+    return value
+
+
+_OUTPUT_RULES: dict[type, Callable[..., Any]] = {ExecutionNode: _call_output, MergeNode: _merge_output, LoopNode: _loop_output}
+
+
+# -- carried values -------------------------------------------------------------------------------
+
+def _carry(p: Program, loop: LoopNode, var: str, ctx: Ctx, frame: Frame) -> Any:
+    """`init` before the loop's first iteration, else `next` at the end of the iteration before (in
+    the iterations it runs); memoised, so a chain of N iterations costs N evaluations in all."""
+    j = ctx[loop.path]
+    key = ("carry", loop.path, var, p.indices_of(loop.path, ctx), j)
+    if key in frame.memo:
+        return frame.memo[key]
+    outer = {path: i for path, i in ctx.items() if path != loop.path}
+    before = _previous_iteration(loop, j)
+    if before is None:
+        value = _init(p, loop, var, outer, frame)
+    else:
+        outer[loop.path] = before
+        value = _next(p, loop, var, outer, frame)
+    frame.memo[key] = value
+    return value
+
+
+def _previous_iteration(loop: LoopNode, j: int) -> int | None:
+    """The iteration of `loop` that runs before j (a temporal group runs only some), or None."""
+    if loop.dynamic or loop.iterations is None:
+        return j - 1 if j > 0 else None
+    order = loop.iterations  # increasing (checked when the plan is built)
+    pos = bisect_left(order, j)
+    if pos == len(order) or order[pos] != j:
+        raise SemanticError(f"loop '{loop.name}' does not run iteration {j}")
+    return order[pos - 1] if pos > 0 else None
+
+
+def _root_carry(p: Program, root: LoopNode, var: str, k: int, frame: Frame) -> Any:
+    """What the RL-iteration loop carries into iteration k (from `end_iteration` of k-1)."""
+    if k not in frame.root_carry:
+        if k != 0:
+            raise SemanticError(f"the value carried into RL iteration {k} is not known")
+        frame.root_carry[0] = {c.name: _init(p, root, c.name, {}, frame) for c in root.carries}
+    return frame.root_carry[k][var]
+
+
+def _init(p: Program, loop: LoopNode, var: str, ctx: Ctx, frame: Frame) -> Any:
+    c = loop.carry(var)
+    assert c is not None
+    return p.evaluate(c.init, p.bound(loop, f"carry.{var}.init", c.init), ctx, frame)
+
+
+def _next(p: Program, loop: LoopNode, var: str, ctx: Ctx, frame: Frame) -> Any:
+    c = loop.carry(var)
+    assert c is not None
+    return p.evaluate(c.next, p.bound(loop, f"carry.{var}.next", c.next), ctx, frame)
 
 
 class CallBackend(Protocol):
