@@ -105,7 +105,8 @@ class _DepTracker:
       * write-after-write: a write whose value is *observed* -- read or updated before the next refresh,
         or still there at the end of the RL iteration (when checkpoints read it) -- follows every write
         since the last observation, so that none of them can land on top of it. A refresh that is
-        overwritten unobserved may move freely among the writes around it.
+        overwritten unobserved may move freely among the writes around it; a split group's refresh
+        (a node with `rows`) overwrites only its rows, so it hides nothing.
 
     Costs are linear in calls plus edges: a `Dep` is made once per distinct reason (interned), and a
     refresh remembers only where its run of unobserved writes ends, not a copy of it.
@@ -174,10 +175,12 @@ class _DepTracker:
         for state, position, unobserved, n in self._pending:
             seq = self.g.accesses[state]
             inv = seq[position][0]
-            # observed unless the next access overwrites it in the same RL iteration (a reader observes
-            # it; at the end of the RL iteration a checkpoint does)
+            # observed unless the next access overwrites all of it in the same RL iteration (a reader
+            # observes it; at the end of the RL iteration a checkpoint does; a split group's refresh
+            # writes only its rows, so the value around them survives)
             after = seq[position + 1] if position + 1 < len(seq) else None
-            if after is None or after[0].indices[0] != inv.indices[0] or after[1] is not Access.REFRESH:
+            if after is None or after[0].indices[0] != inv.indices[0] or after[1] is not Access.REFRESH \
+                    or self.g.node[after[0]].rows is not None:
                 for w, w_mode in unobserved[:n]:
                     if w != inv:
                         self._add(inv, w, self._reason(("state", state, "refresh", w_mode, False)))

@@ -18,7 +18,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 __all__ = [
     "Expr", "Int", "Param", "BinOp", "Neg", "Ref", "Index", "IterRef", "Record", "Call", "Slice",
-    "ExprSyntaxError", "parse_expr", "unparse", "walk", "FUNCTIONS",
+    "ExprSyntaxError", "parse_expr", "parse_with_grammar", "unparse", "walk", "FUNCTIONS",
 ]
 
 FUNCTIONS = {"stack": "stack values along a new leading dimension", "cat": "concatenate along dim 0"}
@@ -217,6 +217,11 @@ def parse_expr(text: str) -> Expr:
     plain = _PLAIN_REF.fullmatch(text)
     if plain is not None:
         return Ref(0, plain[1], plain[2])
+    return parse_with_grammar(text)
+
+
+def parse_with_grammar(text: str) -> Expr:
+    """`parse_expr` through the lark grammar always (no shortcut, no cache): the reference."""
     if not text.strip():
         raise ExprSyntaxError(0, "empty expression")
     try:
