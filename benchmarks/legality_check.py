@@ -3,8 +3,10 @@ for every candidate, thousands of times, in one warm process).
 
 For each request (`rose rewrite --do` syntax) it times `transforms.apply_request`: the rewrite and every
 check it runs (well-formedness, and the order oracle on the invocation graphs of two RL iterations), in
-a warm process, requests round-robin; and, for where the time goes, the pieces alone: the invocation
-graph of the original and of the rewritten workflow, and `check_workflow` of the rewritten one. With
+a warm process, requests round-robin: `rewrite_cold` with no graph kept, `rewrite` right after (the
+original's graph kept, as for an optimizer's second and later candidates), `rewrite_cpu` the latter's
+process CPU time. For where the time goes, the pieces alone: the invocation graph of the original and
+of the rewritten workflow, and `check_workflow` of the rewritten one. With
 `--baseline REV` the same is timed with the language library of that git revision, alternating A/B
 process by process. Writes raw timings, medians and spread, machine and versions to JSON.
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -34,17 +37,19 @@ REQUESTS = [
     ("interleave step (after split step 2)", "interleave step", "split step 2"),
     ("rewire publish before update (refused)", "rewire publish before update", None),
 ]
-PIECES = ("graph_original", "graph_rewritten", "check_rewritten")
+PIECES = ("rewrite_cold", "graph_original", "graph_rewritten", "check_rewritten")
 
 
 def child(workflow: Path, inner: int) -> dict[str, object]:
     """Time every request `inner` times (round-robin, after one warm-up each) with the `rose_dsl` first
     on sys.path."""
     import rose_dsl
-    from rose_dsl import load_workflow
+    from rose_dsl import analysis, load_workflow
     from rose_dsl.analysis import invocation_graph
     from rose_dsl.resolve import check_workflow
     from rose_dsl.transforms import Refused, apply_request
+
+    forget = getattr(analysis, "clear_graph_cache", lambda: None)  # graphs kept by workflow (newer versions)
 
     wf = load_workflow(workflow)
     cases = []
@@ -57,20 +62,29 @@ def child(workflow: Path, inner: int) -> dict[str, object]:
             new, outcome = None, "refused"
         cases.append((label, request, base, new, outcome))
 
-    def timed(fn) -> float:
-        t = time.perf_counter()
+    def timed(fn, cpu: list[float] | None = None) -> float:
+        t, c = time.perf_counter(), time.process_time()
         try:
             fn()
         except Refused:
             pass
+        if cpu is not None:
+            cpu.append(time.process_time() - c)
         return time.perf_counter() - t
 
-    out: dict[str, dict[str, list[float]]] = {label: {"rewrite": [], **{p: [] for p in PIECES}} for label, *_ in cases}
+    out: dict[str, dict[str, list[float]]] = {label: {"rewrite": [], "rewrite_cpu": [], **{p: [] for p in PIECES}}
+                                              for label, *_ in cases}
     for rep in range(inner + 1):
         for label, request, base, new, _ in cases:
-            samples = {"rewrite": timed(lambda b=base, r=request: apply_request(b, r)),
-                       "graph_original": timed(lambda b=base: invocation_graph(b, 2))}
+            cpu: list[float] = []
+            forget()
+            samples = {"rewrite_cold": timed(lambda b=base, r=request: apply_request(b, r)),
+                       "rewrite": timed(lambda b=base, r=request: apply_request(b, r), cpu)}
+            samples["rewrite_cpu"] = cpu[0]
+            forget()
+            samples["graph_original"] = timed(lambda b=base: invocation_graph(b, 2))
             if new is not None:
+                forget()
                 samples["graph_rewritten"] = timed(lambda n=new: invocation_graph(n, 2))
                 samples["check_rewritten"] = timed(lambda n=new: check_workflow(n))
             if rep:  # the first round warms up
@@ -113,7 +127,7 @@ def main() -> None:
         summary[v] = {}
         for label in labels:
             entry = {}
-            for piece in ("rewrite", *PIECES):
+            for piece in ("rewrite", "rewrite_cpu", *PIECES):
                 samples = [t for run in runs[v] for t in run["times"][label][piece]]
                 if samples:
                     entry[piece + "_s"] = spread(samples)
@@ -126,20 +140,21 @@ def main() -> None:
         "invocations_two_iterations": runs["current"][0]["invocations"], "edges": runs["current"][0]["edges"],
         "config": {"rounds": args.rounds, "inner": args.inner, "order": "interleaved A/B processes, requests round-robin"},
         "variants": {v: (git_rev(args.baseline) if v == "baseline" else versions()["rose"]) for v in variants},
-        "machine": machine(), "versions": versions(), "summary": summary,
+        "machine": machine(), "loadavg_at_end": os.getloadavg(), "versions": versions(), "summary": summary,
         "raw": {v: [run["times"] for run in runs[v]] for v in variants},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}  ({result['invocations_two_iterations']} invocations, {result['edges']} edges over two iterations)")
-    print(f"{'variant':>9} {'request':<40} {'median ms':>9} {'q1':>6} {'q3':>6} {'max':>6}  pieces (median ms)")
+    print(f"load average {result['machine']['loadavg_at_start']} at start, {result['loadavg_at_end']} at end")
+    print(f"{'variant':>9} {'request':<40} {'median ms':>9} {'q1':>6} {'q3':>6} {'max':>6} {'cpu ms':>6}  pieces (median ms)")
     for v in variants:
         for label in labels:
             e = summary[v][label]
             t = e["rewrite_s"]
             pieces = " ".join(f"{p} {1e3 * e[p + '_s']['median']:.1f}" for p in PIECES if p + "_s" in e)
             print(f"{v:>9} {label:<40} {1e3 * t['median']:>9.1f} {1e3 * t['q1']:>6.1f} {1e3 * t['q3']:>6.1f} "
-                  f"{1e3 * t['max']:>6.1f}  {pieces}")
+                  f"{1e3 * t['max']:>6.1f} {1e3 * e['rewrite_cpu_s']['median']:>6.1f}  {pieces}")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ Two views of the same facts:
 
 from __future__ import annotations
 
-from collections import defaultdict
+import threading
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
@@ -24,8 +25,8 @@ from .resolve import Resolver, expr_fields
 from .semantics import CallSite, Invocation, Program, enclosing_loops, run_sequential
 
 __all__ = [
-    "Dep", "Deps", "DepOps", "InvocationGraph", "invocation_graph", "LoopKind", "ItemEdge", "Analysis", "analyze",
-    "loop_kinds", "state_access_order",
+    "Dep", "Deps", "DepOps", "InvocationGraph", "invocation_graph", "clear_graph_cache", "LoopKind", "ItemEdge",
+    "Analysis", "analyze", "loop_kinds", "state_access_order",
 ]
 
 Path = tuple[str, ...]
@@ -237,13 +238,44 @@ def _clamped(wf: Workflow, limit: int | None) -> Workflow:
     return replace(wf, root=clamp(wf.root))  # type: ignore[arg-type]
 
 
-@in_bulk
+_RECENT: OrderedDict[tuple, tuple[Workflow, InvocationGraph]] = OrderedDict()  # see invocation_graph
+_RECENT_KEPT = 4
+_RECENT_LOCK = threading.Lock()
+
+
 def invocation_graph(wf: Workflow, iterations: int = 2, count_limit: int | None = None,
                      expand_phases: bool = False, edges: bool = True) -> InvocationGraph:
     """Dependencies of every invocation over `iterations` consecutive RL iterations (0..n-1).
 
     With `edges=False` only program order and the state accesses are recorded (what the policy-version
-    lines need): no input is evaluated, which is most of the cost."""
+    lines need): no input is evaluated, which is most of the cost.
+
+    The last few graphs are kept, by workflow identity: an optimizer checks thousands of candidate
+    rewrites of one plan, each against the graph of that same plan. A graph may thus be shared between
+    callers: treat it as read-only (`clear_graph_cache` drops them)."""
+    key = (id(wf), iterations, count_limit, expand_phases, edges)
+    with _RECENT_LOCK:
+        hit = _RECENT.get(key)
+        if hit is not None and hit[0] is wf:  # the entry holds `wf`, so its id cannot have been reused
+            _RECENT.move_to_end(key)
+            return hit[1]
+    graph = _invocation_graph(wf, iterations, count_limit, expand_phases, edges)
+    with _RECENT_LOCK:
+        _RECENT[key] = (wf, graph)
+        while len(_RECENT) > _RECENT_KEPT:
+            _RECENT.popitem(last=False)
+    return graph
+
+
+def clear_graph_cache() -> None:
+    """Forget the graphs `invocation_graph` keeps (benchmarks time the cold path this way)."""
+    with _RECENT_LOCK:
+        _RECENT.clear()
+
+
+@in_bulk
+def _invocation_graph(wf: Workflow, iterations: int, count_limit: int | None, expand_phases: bool,
+                      edges: bool) -> InvocationGraph:
     wf = _clamped(wf, count_limit)
     if expand_phases:
         wf = replace(wf, root=_expand_all(wf.root))

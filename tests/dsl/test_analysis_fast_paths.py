@@ -130,3 +130,16 @@ def test_the_embodied_graph_is_unchanged_in_size() -> None:
     iterations (the golden analyses check the edges themselves)."""
     g = invocation_graph(load_workflow("workflows/embodied_ppo.yaml"), 2)
     assert (len(g.order), sum(1 for _ in g.edges())) == (212, 1264)
+
+
+def test_graphs_are_kept_by_workflow_identity() -> None:
+    from rose_dsl.analysis import clear_graph_cache
+
+    wf = load_workflow("workflows/embodied_ppo.yaml")
+    same = load_workflow("workflows/embodied_ppo.yaml")  # equal, but another object
+    g = invocation_graph(wf, 2)
+    assert invocation_graph(wf, 2) is g
+    assert invocation_graph(same, 2) is not g and invocation_graph(wf, 3) is not g
+    assert invocation_graph(wf, 2, edges=False) is not g
+    clear_graph_cache()
+    assert invocation_graph(wf, 2) is not g
