@@ -22,7 +22,7 @@ from .bulk import in_bulk
 from .expr import IterRef, walk
 from .ir import Access, ExecutionNode, Item, LoopNode, Workflow
 from .resolve import Resolver, expr_fields
-from .semantics import CallSite, Invocation, Program, enclosing_loops, run_sequential
+from .semantics import CallSite, Invocation, Program, ValueOps, enclosing_loops, run_sequential
 
 __all__ = [
     "Dep", "Deps", "DepOps", "InvocationGraph", "invocation_graph", "clear_graph_cache", "LoopKind", "ItemEdge",
@@ -76,19 +76,19 @@ class DepOps:
     """The dependency interpretation of values (`semantics.ValueOps`): whatever combines values
     depends on all of them; a slice depends on what it slices."""
 
-    def stack(self, values):
+    def stack(self, values: Sequence[Any]) -> Any:
         return _union(values)
 
-    def cat(self, values, dim=0):
+    def cat(self, values: Sequence[Any], dim: int = 0) -> Any:
         return _union(values)
 
-    def record(self, fields):
+    def record(self, fields: Mapping[str, Any]) -> Any:
         return _union(fields.values())
 
-    def slice(self, value, start, stop):
+    def slice(self, value: Any, start: int | None, stop: int | None) -> Any:
         return value
 
-    def truth(self, value):
+    def truth(self, value: Any) -> bool:
         return True  # a dynamic loop is analysed through one representative iteration
 
 
@@ -113,7 +113,7 @@ class _DepTracker:
     refresh remembers only where its run of unobserved writes ends, not a copy of it.
     """
 
-    ops = DepOps()
+    ops: ValueOps = DepOps()
 
     def __init__(self, graph: InvocationGraph) -> None:
         self.g = graph

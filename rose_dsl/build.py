@@ -180,7 +180,7 @@ def _component(ctx: _Ctx, name: str, raw: Mapping[str, Any]) -> Component:
         state = [StateObject(name, s, s, ctx.doc.pos(path + ("state", i))) for i, s in enumerate(decl)]
     elif isinstance(decl, dict):
         for s, spec in decl.items():
-            attr = (spec or {}).get("attr", s)
+            attr = str((spec or {}).get("attr", s))
             state.append(StateObject(name, s, attr, ctx.doc.key_pos(path + ("state", s))))
     env = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in (raw.get("env") or {}).items()}
     return Component(
@@ -267,8 +267,8 @@ class _ItemBuilder:
                     ctx.error(path + ("batch", "size"), "a batch size must be at least 1")
         rows = None
         if raw.get("rows"):
-            bounds = [_count(ctx, path + ("rows", i), r) for i, r in enumerate(raw["rows"])]
-            rows = (bounds[0], bounds[1]) if None not in bounds else None
+            start, stop = (_count(ctx, path + ("rows", i), r) for i, r in enumerate(raw["rows"]))
+            rows = (start, stop) if start is not None and stop is not None else None
         if rows is not None and rows[0] >= rows[1]:
             ctx.error(path + ("rows",), f"an empty row range [{rows[0]}, {rows[1]})")
         return ExecutionNode(

@@ -130,7 +130,7 @@ class _ToAst(Transformer):
     def param(self, meta, inner):
         return inner
 
-    def _bin(op):  # noqa: N805 - a factory evaluated in the class body
+    def _bin(op: str):  # type: ignore[misc]  # noqa: N805 - a factory evaluated in the class body
         def method(self, meta, left, right):
             return BinOp(_off(meta), op, left, right)
 
@@ -232,7 +232,8 @@ def parse_with_grammar(text: str) -> Expr:
             raise exc.orig_exc from None
         raise
     except UnexpectedCharacters as exc:
-        raise ExprSyntaxError(exc.pos_in_stream or 0, f"unexpected character {text[exc.pos_in_stream]!r}; expected {_expected(exc)}") from None
+        at = exc.pos_in_stream or 0
+        raise ExprSyntaxError(at, f"unexpected character {text[at]!r}; expected {_expected(exc)}") from None
     except UnexpectedEOF as exc:
         raise ExprSyntaxError(len(text), f"expression ends early; expected {_expected(exc)}") from None
     except UnexpectedToken as exc:

@@ -27,7 +27,6 @@ from yaml.events import (
     CollectionEndEvent,
     CollectionStartEvent,
     DocumentStartEvent,
-    Event,
     MappingEndEvent,
     MappingStartEvent,
     ScalarEvent,
@@ -136,9 +135,12 @@ _STR = "tag:yaml.org,2002:str"
 _MERGE = "tag:yaml.org,2002:merge"
 _INLINE_STYLES = (None, "", "'", '"')
 _NODE_EVENTS = (ScalarEvent, MappingStartEvent, SequenceStartEvent, AliasEvent)
+# PyYAML's events as the C parser makes them: the stubs type their marks as optional and the base class
+# without the attributes each kind has; here every event comes from the parser, marks included.
+Event = Any
 
 
-def _mark(file: str, mark: yaml.Mark) -> SourcePos:
+def _mark(file: str, mark: Any) -> SourcePos:
     return SourcePos(file, mark.line + 1, mark.column + 1)
 
 
@@ -182,7 +184,7 @@ class _Events:
             self._open.append((anchor, [ev], [1]))
         return ev
 
-    def target(self, alias: AliasEvent) -> tuple[Event, list[Event] | None]:
+    def target(self, alias: Event) -> tuple[Event, list[Event] | None]:
         """The anchored node an alias names: its first event, and all its events once read."""
         hit = self.anchors.get(alias.anchor)
         if hit is None:
@@ -203,10 +205,14 @@ class _Events:
         """Read the rest of the stream, raising its syntax or composition error if it has one."""
         self._record = False
         self._open.clear()
-        while not isinstance(ev := self.next(), StreamEndEvent):
+        while True:
+            ev: Event = self.next()
+            if isinstance(ev, StreamEndEvent):
+                return
             if isinstance(ev, DocumentStartEvent):
+                second: Any = ev.start_mark
                 raise ComposerError("expected a single document in the stream", root.start_mark,
-                                    "but found another document", ev.start_mark)
+                                    "but found another document", second)
 
 
 class _Builder:
@@ -227,7 +233,7 @@ class _Builder:
         # a plain scalar whose first character starts no resolver is a string (unless one matches anything)
         self._resolved_first = frozenset(resolvers) if None not in resolvers else None
 
-    def fail(self, mark: yaml.Mark, path: Path_, message: str, hint: str | None = None) -> _BuildError:
+    def fail(self, mark: Any, path: Path_, message: str, hint: str | None = None) -> _BuildError:
         from .errors import format_path
 
         return _BuildError(WorkflowError([Diagnostic(_mark(self.file, mark), format_path(path), message, hint)]))
@@ -286,12 +292,12 @@ class _Builder:
                     key = str(key)
             if key in out:
                 raise self.fail(key_ev.start_mark, path + (key,), f"duplicate key '{key}'")
-            km = key_ev.start_mark
+            km: Any = key_ev.start_mark
             self.key_positions[path + (key,)] = (km.line + 1, km.column + 1, False)
             out[key] = self.build(nxt(), path + (key,), nxt)
         return out
 
-    def is_string(self, ev: ScalarEvent) -> bool:
+    def is_string(self, ev: Event) -> bool:
         """Whether a scalar is a string without asking the resolver (most are): no tag, and quoted or
         starting with a character that starts no implicit resolver."""
         if ev.tag is not None:
@@ -299,7 +305,7 @@ class _Builder:
         first = self._resolved_first
         return not ev.implicit[0] or (first is not None and ev.value != "" and ev.value[0] not in first)
 
-    def tag(self, ev: ScalarEvent) -> str:
+    def tag(self, ev: Event) -> str:
         """The scalar's tag: explicit, or resolved from a plain scalar's text as PyYAML's composer does."""
         tag = ev.tag
         if tag is None or tag == "!":
@@ -309,7 +315,7 @@ class _Builder:
                 tag = self._tags[key] = self._resolve(yaml.ScalarNode, ev.value, ev.implicit)
         return tag
 
-    def scalar(self, ev: ScalarEvent, tag: str) -> Any:
+    def scalar(self, ev: Event, tag: str) -> Any:
         if tag == _STR:
             return ev.value
         node = yaml.ScalarNode(tag, ev.value, ev.start_mark, ev.end_mark, ev.style)
@@ -335,14 +341,13 @@ def _read(file: str, text: str, limits: Limits, loader: Any) -> Document:
     builder = _Builder(file, limits, events, loader.resolve)
     # Without '&' in the text there is no anchor to record: read the parser's events directly (an alias
     # can then only be undefined, which the builder reports).
+    failure: WorkflowError | None = None
     try:
         data = builder.build(root, (), events.next if "&" in text else loader.get_event)
     except _BuildError as exc:
         failure = exc.error
     except RecursionError:
         failure = WorkflowError([Diagnostic(top, "<document>", "document nested too deeply")])
-    else:
-        failure = None
     if failure is not None:
         # a syntax or composition error later in the file is reported first, as the composer did
         events.drain(root)

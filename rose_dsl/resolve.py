@@ -147,11 +147,12 @@ class Scopes:
             self.items[item.path] = item
             self.scope_of[item.path] = (scope, i)
             self.loops_of[item.path] = loops
-            inner = item.body if isinstance(item, LoopNode) else item.phases if isinstance(item, ExecutionNode) else None
-            if inner:
-                sub = Scope(item, inner, scope, i)
-                self.body_scope[item.path] = sub
-                self._index(sub, loops + (item.path,) if isinstance(item, LoopNode) else loops)
+            if isinstance(item, LoopNode | ExecutionNode):
+                inner = item.body if isinstance(item, LoopNode) else item.phases
+                if inner:
+                    sub = Scope(item, inner, scope, i)
+                    self.body_scope[item.path] = sub
+                    self._index(sub, loops + (item.path,) if isinstance(item, LoopNode) else loops)
 
     def site(self, item: Item, field: str) -> tuple[Scope, float, LoopNode | None]:
         """Where a field of an item is evaluated: (scope, position in it, the loop whose own iterations
@@ -160,7 +161,7 @@ class Scopes:
         if isinstance(item, LoopNode) and (field.endswith(".next") or field == "until"):
             return self.body_scope[item.path], float(len(item.body)), None
         if item.path == self.wf.root.path:
-            return self.body_scope[item.path], -1.0, item
+            return self.body_scope[item.path], -1.0, self.wf.root
         scope, i = self.scope_of[item.path]
         if isinstance(item, LoopNode) and field.startswith("collect."):
             return scope, i + 0.5, item
@@ -378,9 +379,9 @@ def _type_errors(e: Expr, uses: dict[int, Binding], top: str) -> Iterator[tuple[
             if _kind(a, uses) in ("value", "list"):
                 yield a.offset, "arithmetic applies to integers (params, loop indices)", None
         case Slice(target=t, start=s, stop=p):
-            for x in (s, p):
-                if x is not None and _kind(x, uses) not in ("int", "const"):
-                    yield x.offset, "slice bounds must be integers", None
+            for bound in (s, p):
+                if bound is not None and _kind(bound, uses) not in ("int", "const"):
+                    yield bound.offset, "slice bounds must be integers", None
             if _kind(t, uses) in ("int", "const"):
                 yield t.offset, "only a value (a tensor or record) can be sliced", None
         case Record(fields=fields):

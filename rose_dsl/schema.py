@@ -200,7 +200,7 @@ def _explain(err: ValidationError, doc: Document, validator: Draft202012Validato
                            (f" in {_what(path, inst)}" if _what(path, inst) else ""))]
     if kind == "type":
         wanted = err.validator_value if isinstance(err.validator_value, list) else [err.validator_value]
-        words = " or ".join(_TYPE_WORDS.get(w, w) for w in wanted)
+        words = " or ".join(_TYPE_WORDS.get(str(w), str(w)) for w in wanted)
         return [Diagnostic(doc.pos(path), where, f"expected {words}; found {_describe(inst)}")]
     if kind in ("enum", "const"):
         options = err.validator_value if kind == "enum" else [err.validator_value]
