@@ -63,10 +63,9 @@ def spread(samples: list[float]) -> dict[str, float]:
 
 
 def machine() -> dict[str, Any]:
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return {"platform": platform.platform(), "python": platform.python_version(),
             "implementation": platform.python_implementation(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "loadavg_at_start": load}
+            "cpus": os.cpu_count()}
 
 
 def versions() -> dict[str, str]:

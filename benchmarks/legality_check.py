@@ -117,6 +117,7 @@ def main() -> None:
     if args.baseline:
         variants = {"baseline": checkout(args.baseline), "current": ROOT}
     names = list(variants)
+    load_at_start = os.getloadavg()
     runs: dict[str, list[dict]] = {v: [] for v in variants}
     for r in range(args.rounds):
         for v in (names if r % 2 == 0 else names[::-1]):
@@ -140,7 +141,8 @@ def main() -> None:
         "invocations_two_iterations": runs["current"][0]["invocations"], "edges": runs["current"][0]["edges"],
         "config": {"rounds": args.rounds, "inner": args.inner, "order": "interleaved A/B processes, requests round-robin"},
         "variants": {v: (git_rev(args.baseline) if v == "baseline" else versions()["rose"]) for v in variants},
-        "machine": machine(), "loadavg_at_end": os.getloadavg(), "versions": versions(), "summary": summary,
+        "machine": {**machine(), "loadavg_at_start": load_at_start}, "loadavg_at_end": os.getloadavg(),
+        "versions": versions(), "summary": summary,
         "raw": {v: [run["times"] for run in runs[v]] for v in variants},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -118,6 +118,7 @@ def main() -> None:
     for n in sizes:
         files[n] = tmp / f"scale-{n}.yaml"
         files[n].write_text(make_workflow(n))
+    load_at_start = os.getloadavg()
     raw: dict[str, dict[int, list[dict[str, float]]]] = {v: {n: [] for n in sizes} for v in variants}
     names = list(variants)
     for r in range(args.rounds):
@@ -134,7 +135,8 @@ def main() -> None:
         "what": "load + schema + build + check + analysis of a generated workflow, one fresh process per sample",
         "config": {"sizes": sizes, "rounds": args.rounds, "per_loop": 50, "order": "interleaved A/B, alternating"},
         "variants": {v: (git_rev(args.baseline) if v == "baseline" else versions()["rose"]) for v in variants},
-        "machine": machine(), "loadavg_at_end": os.getloadavg(), "versions": versions(),
+        "machine": {**machine(), "loadavg_at_start": load_at_start}, "loadavg_at_end": os.getloadavg(),
+        "versions": versions(),
         "summary": summary,
         "raw": {v: {str(n): raw[v][n] for n in sizes} for v in variants},
     }

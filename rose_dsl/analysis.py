@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from .bulk import in_bulk
-from .expr import IterRef, walk
+from .expr import IterRef, Ref, walk
 from .ir import Access, ExecutionNode, Item, LoopNode, Workflow
 from .resolve import Resolver, expr_fields
 from .semantics import CallSite, Invocation, Program, ValueOps, enclosing_loops, run_sequential
@@ -221,6 +221,8 @@ def _clamped(wf: Workflow, limit: int | None) -> Workflow:
     needed: dict[str, int] = defaultdict(int)
     for item in wf.items():
         for _, e in expr_fields(item):
+            if type(e) is Ref:
+                continue  # most inputs: no iteration reference inside
             for x in walk(e):
                 if isinstance(x, IterRef) and x.index.kind == "int":
                     needed[x.loop] = max(needed[x.loop], x.index.value + 1)

@@ -290,11 +290,12 @@ class _Builder:
                 key = self.scalar(key_ev, tag)
                 if not isinstance(key, str):
                     key = str(key)
+            at = path + (key,)
             if key in out:
-                raise self.fail(key_ev.start_mark, path + (key,), f"duplicate key '{key}'")
+                raise self.fail(key_ev.start_mark, at, f"duplicate key '{key}'")
             km: Any = key_ev.start_mark
-            self.key_positions[path + (key,)] = (km.line + 1, km.column + 1, False)
-            out[key] = self.build(nxt(), path + (key,), nxt)
+            self.key_positions[at] = (km.line + 1, km.column + 1, False)
+            out[key] = self.build(nxt(), at, nxt)
         return out
 
     def is_string(self, ev: Event) -> bool:
