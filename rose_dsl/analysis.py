@@ -12,29 +12,31 @@ Two views of the same facts:
 
 from __future__ import annotations
 
-from collections import defaultdict
+import threading
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
-from .expr import IterRef, walk
+from .bulk import in_bulk
+from .expr import IterRef, Ref, walk
 from .ir import Access, ExecutionNode, Item, LoopNode, Workflow
 from .resolve import Resolver, expr_fields
-from .semantics import CallSite, Invocation, Program, enclosing_loops, run_sequential
+from .semantics import CallSite, Invocation, Program, ValueOps, enclosing_loops, run_sequential
 
 __all__ = [
-    "Dep", "InvocationGraph", "invocation_graph", "LoopKind", "ItemEdge", "Analysis", "analyze", "loop_kinds",
-    "state_access_order",
+    "Dep", "Deps", "DepOps", "InvocationGraph", "invocation_graph", "clear_graph_cache", "LoopKind", "ItemEdge",
+    "Analysis", "analyze", "loop_kinds", "state_access_order",
 ]
 
 Path = tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class Dep:
+class Dep(NamedTuple):
     """Why `consumer` must run after `producer`. kind: 'data' or 'state'. For state deps `flow` is True
     when the consumer observes the producer's value (read/update after a write) and False when the order
-    only protects an in-place object (a write after a read, a refresh after a write)."""
+    only protects an in-place object (a write after a read, a refresh after a write). A named tuple:
+    graphs hold thousands, and the tracker interns them."""
 
     kind: str
     detail: str
@@ -58,35 +60,39 @@ class InvocationGraph:
                     yield producer, consumer, r
 
 
-class _Deps(frozenset):
+class Deps(frozenset):
     """A symbolic value: the (invocation, port) pairs it was computed from."""
 
 
-class _DepOps:
-    @staticmethod
-    def _u(values: Iterable[Any]) -> _Deps:
-        out: set = set()
-        for v in values:
-            if isinstance(v, frozenset):
-                out |= v
-            elif isinstance(v, list):
-                out |= _DepOps._u(v)
-        return _Deps(out)
+def _union(values: Iterable[Any]) -> frozenset:
+    sets = [v if isinstance(v, frozenset) else _union(v) for v in values if isinstance(v, frozenset | list)]
+    return _NOTHING.union(*sets)  # a list: every iteration of a loop
 
-    def stack(self, values):
-        return self._u(values)
 
-    def cat(self, values, dim=0):
-        return self._u(values)
+_NOTHING = Deps()
 
-    def record(self, fields):
-        return self._u(fields.values())
 
-    def slice(self, value, start, stop):
+class DepOps:
+    """The dependency interpretation of values (`semantics.ValueOps`): whatever combines values
+    depends on all of them; a slice depends on what it slices."""
+
+    def stack(self, values: Sequence[Any]) -> Any:
+        return _union(values)
+
+    def cat(self, values: Sequence[Any], dim: int = 0) -> Any:
+        return _union(values)
+
+    def record(self, fields: Mapping[str, Any]) -> Any:
+        return _union(fields.values())
+
+    def slice(self, value: Any, start: int | None, stop: int | None) -> Any:
         return value
 
-    def truth(self, value):
+    def truth(self, value: Any) -> bool:
         return True  # a dynamic loop is analysed through one representative iteration
+
+
+_Deps, _DepOps = Deps, DepOps  # the names interpreter/reference.py imports
 
 
 class _DepTracker:
@@ -100,72 +106,111 @@ class _DepTracker:
       * write-after-write: a write whose value is *observed* -- read or updated before the next refresh,
         or still there at the end of the RL iteration (when checkpoints read it) -- follows every write
         since the last observation, so that none of them can land on top of it. A refresh that is
-        overwritten unobserved may move freely among the writes around it.
+        overwritten unobserved may move freely among the writes around it; a split group's refresh
+        (a node with `rows`) overwrites only its rows, so it hides nothing.
+
+    Costs are linear in calls plus edges: a `Dep` is made once per distinct reason (interned), and a
+    refresh remembers only where its run of unobserved writes ends, not a copy of it.
     """
 
-    ops = _DepOps()
+    ops: ValueOps = DepOps()
 
     def __init__(self, graph: InvocationGraph) -> None:
         self.g = graph
-        self._last_writer: dict[str, Invocation] = {}
-        self._readers: dict[str, list[Invocation]] = defaultdict(list)
-        self._unobserved_writes: dict[str, list[Invocation]] = defaultdict(list)
-        self._pending: list[tuple[str, int, list[Invocation]]] = []
+        self._last_writer: dict[str, tuple[Invocation, str]] = {}  # state -> (call, its access mode)
+        self._readers: dict[str, list[tuple[Invocation, str]]] = defaultdict(list)  # since the last write
+        self._unobserved_writes: dict[str, list[tuple[Invocation, str]]] = defaultdict(list)
+        # a refresh to check at the end: (state, its position in accesses[state], the unobserved writes
+        # before it = the first `n` of that list)
+        self._pending: list[tuple[str, int, list[tuple[Invocation, str]], int]] = []
+        self._reasons: dict[tuple, Dep] = {}
+        self._effects: dict[Path, tuple[tuple[str, Access, str], ...]] = {}
 
     def call(self, site: CallSite, inputs: dict[str, Any]) -> dict[str, Any]:
         g, node, inv = self.g, site.node, site.inv
         g.order.append(inv)
         g.node[inv] = node
+        reasons, deps = self._reasons, None
         for port, value in inputs.items():
-            for producer, out_port in (value if isinstance(value, frozenset) else ()):
-                g.deps[inv].setdefault(producer, set()).add(Dep("data", f"in.{port} <- {producer.path[-1]}.{out_port}"))
-        for eff in node.effects:
-            s, acc = eff.state, eff.access
-            g.accesses[s].append((inv, acc))
-            writer = self._last_writer.get(s)
-            if acc.reads_previous and writer is not None and writer != inv:
-                self._add(inv, writer, Dep("state", f"{s}: {acc.value} after {self._mode(writer, s)}"))
-            if acc.writes:
-                for reader in self._readers[s]:
-                    if reader != inv and not (acc.reads_previous and reader == writer):  # that one flows already
-                        self._add(inv, reader, Dep("state", f"{s}: {acc.value} after {self._mode(reader, s)}", False))
-                earlier = [w for w in self._unobserved_writes[s] if w != inv]
-                if acc is Access.REFRESH:
-                    self._pending.append((s, len(g.accesses[s]) - 1, earlier))
-                self._last_writer[s] = inv
-            if acc is Access.READ:
-                self._readers[s].append(inv)
-                self._unobserved_writes[s] = []
-            elif acc is Access.UPDATE:
-                self._readers[s] = [inv]
-                self._unobserved_writes[s] = [inv]
-            else:
-                self._readers[s] = []
-                self._unobserved_writes[s].append(inv)
-        return {port: _Deps({(inv, port)}) for port in node.outputs}
+            if not isinstance(value, frozenset):
+                continue  # an integer (a loop index, a param)
+            for producer, out_port in value:
+                if deps is None:
+                    deps = g.deps[inv]
+                key = ("data", port, producer.path[-1], out_port)
+                self._add_to(deps, producer, reasons.get(key) or self._reason(key))
+        effects = self._effects.get(node.path)
+        if effects is None:  # access modes as plain strings: Enum properties cost a Python call each
+            effects = self._effects[node.path] = tuple((e.state, e.access, e.access.value) for e in node.effects)
+        for state, access, mode in effects:
+            self._access(inv, state, access, mode)
+        return {port: Deps(((inv, port),)) for port in node.outputs}
+
+    def _access(self, inv: Invocation, s: str, access: Access, mode: str) -> None:
+        seq = self.g.accesses[s]
+        seq.append((inv, access))
+        last = self._last_writer.get(s)
+        reads_previous = mode != "refresh"
+        if reads_previous and last is not None and last[0] != inv:
+            self._add(inv, last[0], self._reason(("state", s, mode, last[1], True)))
+        if mode != "read":  # a write
+            for reader, reader_mode in self._readers[s]:
+                if reader != inv and not (reads_previous and last is not None and reader == last[0]):  # that one flows already
+                    self._add(inv, reader, self._reason(("state", s, mode, reader_mode, False)))
+            if mode == "refresh":
+                unobserved = self._unobserved_writes[s]
+                self._pending.append((s, len(seq) - 1, unobserved, len(unobserved)))
+            self._last_writer[s] = (inv, mode)
+        if mode == "read":
+            self._readers[s].append((inv, mode))
+            self._unobserved_writes[s] = []
+        elif mode == "update":
+            self._readers[s] = [(inv, mode)]
+            self._unobserved_writes[s] = [(inv, mode)]
+        else:
+            self._readers[s] = []
+            self._unobserved_writes[s].append((inv, mode))
 
     def finish(self) -> None:
         """Add the write-after-write edges of the refreshes whose value is observed."""
-        for state, position, earlier in self._pending:
+        for state, position, unobserved, n in self._pending:
             seq = self.g.accesses[state]
             inv = seq[position][0]
-            observed = True
-            for later_inv, later in seq[position + 1:]:
-                if later_inv.indices[0] != inv.indices[0] or later.reads_previous:
-                    break  # the end of the RL iteration (a checkpoint) or a reader observes it
-                if later is Access.REFRESH:
-                    observed = False
-                    break
-            if observed:
-                for w in earlier:
-                    self._add(inv, w, Dep("state", f"{state}: refresh after {self._mode(w, state)}", False))
+            # observed unless the next access overwrites all of it in the same RL iteration (a reader
+            # observes it; at the end of the RL iteration a checkpoint does; a split group's refresh
+            # writes only its rows, so the value around them survives)
+            after = seq[position + 1] if position + 1 < len(seq) else None
+            if after is None or after[0].indices[0] != inv.indices[0] or after[1] is not Access.REFRESH \
+                    or self.g.node[after[0]].rows is not None:
+                for w, w_mode in unobserved[:n]:
+                    if w != inv:
+                        self._add(inv, w, self._reason(("state", state, "refresh", w_mode, False)))
         self._pending.clear()
 
-    def _mode(self, inv: Invocation, state: str) -> str:
-        return next(e.access.value for e in self.g.node[inv].effects if e.state == state)
+    def _reason(self, key: tuple) -> Dep:
+        """The `Dep` for a reason, made once: ("data", port, producer, its port) or
+        ("state", state, access, the other call's access, flow)."""
+        dep = self._reasons.get(key)
+        if dep is None:
+            if key[0] == "data":
+                _, port, producer, out_port = key
+                dep = Dep("data", f"in.{port} <- {producer}.{out_port}")
+            else:
+                _, state, access, mode, flow = key
+                dep = Dep("state", f"{state}: {access} after {mode}", flow)
+            self._reasons[key] = dep
+        return dep
 
     def _add(self, consumer: Invocation, producer: Invocation, dep: Dep) -> None:
-        self.g.deps[consumer].setdefault(producer, set()).add(dep)
+        self._add_to(self.g.deps[consumer], producer, dep)
+
+    @staticmethod
+    def _add_to(deps: dict[Invocation, set[Dep]], producer: Invocation, dep: Dep) -> None:
+        why = deps.get(producer)
+        if why is None:
+            deps[producer] = {dep}
+        else:
+            why.add(dep)
 
 
 def _clamped(wf: Workflow, limit: int | None) -> Workflow:
@@ -176,6 +221,8 @@ def _clamped(wf: Workflow, limit: int | None) -> Workflow:
     needed: dict[str, int] = defaultdict(int)
     for item in wf.items():
         for _, e in expr_fields(item):
+            if type(e) is Ref:
+                continue  # most inputs: no iteration reference inside
             for x in walk(e):
                 if isinstance(x, IterRef) and x.index.kind == "int":
                     needed[x.loop] = max(needed[x.loop], x.index.value + 1)
@@ -193,17 +240,65 @@ def _clamped(wf: Workflow, limit: int | None) -> Workflow:
     return replace(wf, root=clamp(wf.root))  # type: ignore[arg-type]
 
 
+_RECENT: OrderedDict[tuple, tuple[Workflow, InvocationGraph]] = OrderedDict()  # see invocation_graph
+_RECENT_KEPT = 4
+_RECENT_LOCK = threading.Lock()
+
+
 def invocation_graph(wf: Workflow, iterations: int = 2, count_limit: int | None = None,
-                     expand_phases: bool = False) -> InvocationGraph:
-    """Dependencies of every invocation over `iterations` consecutive RL iterations (0..n-1)."""
+                     expand_phases: bool = False, edges: bool = True) -> InvocationGraph:
+    """Dependencies of every invocation over `iterations` consecutive RL iterations (0..n-1).
+
+    With `edges=False` only program order and the state accesses are recorded (what the policy-version
+    lines need): no input is evaluated, which is most of the cost.
+
+    The last few graphs are kept, by workflow identity: an optimizer checks thousands of candidate
+    rewrites of one plan, each against the graph of that same plan. A graph may thus be shared between
+    callers: treat it as read-only (`clear_graph_cache` drops them)."""
+    key = (id(wf), iterations, count_limit, expand_phases, edges)
+    with _RECENT_LOCK:
+        hit = _RECENT.get(key)
+        if hit is not None and hit[0] is wf:  # the entry holds `wf`, so its id cannot have been reused
+            _RECENT.move_to_end(key)
+            return hit[1]
+    graph = _invocation_graph(wf, iterations, count_limit, expand_phases, edges)
+    with _RECENT_LOCK:
+        _RECENT[key] = (wf, graph)
+        while len(_RECENT) > _RECENT_KEPT:
+            _RECENT.popitem(last=False)
+    return graph
+
+
+def clear_graph_cache() -> None:
+    """Forget the graphs `invocation_graph` keeps (benchmarks time the cold path this way)."""
+    with _RECENT_LOCK:
+        _RECENT.clear()
+
+
+@in_bulk
+def _invocation_graph(wf: Workflow, iterations: int, count_limit: int | None, expand_phases: bool,
+                      edges: bool) -> InvocationGraph:
     wf = _clamped(wf, count_limit)
     if expand_phases:
         wf = replace(wf, root=_expand_all(wf.root))
     graph = InvocationGraph()
+    program = Program(wf)
+    if not edges:
+        for k in range(iterations):
+            for site in program.unroll(k, _one_iteration):  # as the dependency run: truth() is always True
+                graph.order.append(site.inv)
+                graph.node[site.inv] = site.node
+                for eff in site.node.effects:
+                    graph.accesses[eff.state].append((site.inv, eff.access))
+        return graph
     tracker = _DepTracker(graph)
-    run_sequential(Program(wf), tracker, range(iterations))
+    run_sequential(program, tracker, range(iterations))
     tracker.finish()
     return graph
+
+
+def _one_iteration(loop: LoopNode, ctx: Mapping[Path, int]) -> bool:
+    return True
 
 
 def _expand_all(item: Item) -> Any:
@@ -334,7 +429,7 @@ def analyze(wf: Workflow, explain: bool = False, count_limit: int = 3) -> Analys
         # without --explain only the version lines need the graph: one iteration of each loop shows them
         clamped = _clamped(wf, count_limit if explain else 1)
         counts = {i.path: len(i.indices()) for i in clamped.items() if isinstance(i, LoopNode)}
-        g = invocation_graph(clamped, iterations=2)
+        g = invocation_graph(clamped, iterations=2, edges=explain)
         items = Resolver(clamped).items
         loops = {p: enclosing_loops(p, items) for p in {i.path for i in g.order}}
         if explain:

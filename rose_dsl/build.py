@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .bulk import in_bulk
 from .errors import Diagnostic, SourcePos, WorkflowError, did_you_mean, format_path
 from .expr import BinOp, Expr, ExprSyntaxError, Int, Neg, Param, parse_expr, walk
 from .ir import (
@@ -25,7 +26,7 @@ from .ir import (
     StateObject,
     Workflow,
 )
-from .loader import Document, Path_
+from .loader import Document, FieldPositions, Path_
 from .schema import check_schema
 
 __all__ = ["build_workflow", "eval_int", "substitute"]
@@ -179,7 +180,7 @@ def _component(ctx: _Ctx, name: str, raw: Mapping[str, Any]) -> Component:
         state = [StateObject(name, s, s, ctx.doc.pos(path + ("state", i))) for i, s in enumerate(decl)]
     elif isinstance(decl, dict):
         for s, spec in decl.items():
-            attr = (spec or {}).get("attr", s)
+            attr = str((spec or {}).get("attr", s))
             state.append(StateObject(name, s, attr, ctx.doc.key_pos(path + ("state", s))))
     env = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in (raw.get("env") or {}).items()}
     return Component(
@@ -189,6 +190,12 @@ def _component(ctx: _Ctx, name: str, raw: Mapping[str, Any]) -> Component:
         env=env, python_path=tuple(raw.get("python_path", ())),
         venv=raw.get("venv"), replica_of=raw.get("replica_of"), pos=ctx.doc.key_pos(path),
     )
+
+
+_NODE_FIELDS = ("call", "in", "out", "state", "batch", "phases", "after", "rows")
+_LOOP_FIELDS = ("count", "until", "carry", "collect", "after", "iterations")
+_MERGE_FIELDS = ("from", "ports", "after")
+_ACCESS = {a.value: a for a in Access}  # the schema allows only these
 
 
 class _ItemBuilder:
@@ -206,16 +213,18 @@ class _ItemBuilder:
             return self.loop(raw, path, parent, raw["loop"])
         return self.merge(raw, path, parent)
 
-    def _fpos(self, path: Path_, raw: Mapping[str, Any], keys: list[str]) -> dict[str, SourcePos]:
+    def _fpos(self, path: Path_, raw: Mapping[str, Any], keys: tuple[str, ...]) -> FieldPositions:
+        """Where each field (and each entry of a mapping field: "in.obs") is, for later diagnostics."""
+        pos = self.ctx.doc.pos_tuple
         out = {}
         for k in keys:
             if k in raw:
-                out[k] = self.ctx.doc.pos(path + (k,))
+                at = path + (k,)
+                out[k] = pos(at)
                 if isinstance(raw[k], dict):
                     for sub in raw[k]:
-                        out[f"{k}.{sub}"] = self.ctx.doc.pos(path + (k, sub))
-                        out[f"{k}.{sub}#key"] = self.ctx.doc.key_pos(path + (k, sub))
-        return out
+                        out[f"{k}.{sub}"] = pos(at + (sub,))
+        return FieldPositions(self.ctx.doc.file, out)
 
     def node(self, raw: Mapping[str, Any], path: Path_, parent: tuple[str, ...]) -> ExecutionNode | None:
         ctx = self.ctx
@@ -247,7 +256,7 @@ class _ItemBuilder:
                         f"declare it under components.{comp_name}.state")
                 ctx.error(spath, f"component '{comp_name}' does not own a state object '{short}'", hint, key=True)
                 continue
-            effects.append(StateEffect(f"{owner}.{short}", Access(mode), ctx.doc.key_pos(spath)))
+            effects.append(StateEffect(f"{owner}.{short}", _ACCESS[mode], ctx.doc.key_pos(spath)))
         phases = self.body(raw["phases"], path + ("phases",), me) if raw.get("phases") else None
         batch, batch_size = raw.get("batch"), None
         if isinstance(batch, dict):
@@ -258,8 +267,8 @@ class _ItemBuilder:
                     ctx.error(path + ("batch", "size"), "a batch size must be at least 1")
         rows = None
         if raw.get("rows"):
-            bounds = [_count(ctx, path + ("rows", i), r) for i, r in enumerate(raw["rows"])]
-            rows = (bounds[0], bounds[1]) if None not in bounds else None
+            start, stop = (_count(ctx, path + ("rows", i), r) for i, r in enumerate(raw["rows"]))
+            rows = (start, stop) if start is not None and stop is not None else None
         if rows is not None and rows[0] >= rows[1]:
             ctx.error(path + ("rows",), f"an empty row range [{rows[0]}, {rows[1]})")
         return ExecutionNode(
@@ -268,7 +277,7 @@ class _ItemBuilder:
             rows=rows, split_of=raw.get("split_of"), after=tuple(raw.get("after") or ()),
             priority=raw.get("priority", 0), idempotent=bool(raw.get("idempotent", False)),
             timeout_s=raw.get("timeout_s"), shard=raw.get("shard"), pos=ctx.doc.pos(path + ("node",)),
-            field_pos=self._fpos(path, raw, ["call", "in", "out", "state", "batch", "phases", "after", "rows"]), src=path,
+            field_pos=self._fpos(path, raw, _NODE_FIELDS), src=path,
         )
 
     def loop(self, raw: Mapping[str, Any], path: Path_, parent: tuple[str, ...], name: str) -> LoopNode:
@@ -302,11 +311,11 @@ class _ItemBuilder:
         clash = {c.name for c in carries} & {n for n, _ in collects}
         for n in sorted(clash):
             ctx.error(path + ("collect", n), f"'{n}' is both a carried value and a collected output of loop '{name}'", key=True)
-        fpos = self._fpos(path, raw, ["count", "until", "carry", "collect", "after", "iterations"])
+        fpos = self._fpos(path, raw, _LOOP_FIELDS)
         for var in raw.get("carry") or {}:
             for sub in ("init", "next"):
                 if sub in (raw["carry"][var] or {}):
-                    fpos[f"carry.{var}.{sub}"] = ctx.doc.pos(path + ("carry", var, sub))
+                    fpos[f"carry.{var}.{sub}"] = ctx.doc.pos(path + ("carry", var, sub))  # type: ignore[assignment]
         return LoopNode(
             path=me, body=self.body(raw["body"], path + ("body",), me), count=count, until=until,
             carries=tuple(carries), collects=tuple(collects), iterations=iterations, split_of=raw.get("split_of"),
@@ -318,10 +327,11 @@ class _ItemBuilder:
         return MergeNode(
             path=parent + (raw["merge"],), sources=tuple(raw["from"]), ports=tuple(raw["ports"].items()),
             after=tuple(raw.get("after") or ()), priority=raw.get("priority", 0), pos=self.ctx.doc.pos(path + ("merge",)),
-            field_pos=self._fpos(path, raw, ["from", "ports", "after"]), src=path,
+            field_pos=self._fpos(path, raw, _MERGE_FIELDS), src=path,
         )
 
 
+@in_bulk
 def build_workflow(doc: Document, overrides: Mapping[str, Any] | None = None) -> Workflow:
     """Schema-check and build the IR. Raises WorkflowError with every problem found.
 

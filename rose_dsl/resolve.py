@@ -20,13 +20,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Union
 
+from .bulk import in_bulk
 from .errors import Diagnostic, SourcePos, did_you_mean, format_path
-from .expr import BinOp, Call, Expr, Index, Int, IterRef, Neg, Param, Record, Ref, Slice
-from .ir import Access, ExecutionNode, Item, LoopNode, MergeNode, Workflow
+from .expr import BinOp, Call, Expr, Index, Int, IterRef, Neg, Param, Record, Ref, Slice, unparse, walk
+from .ir import Access, ExecutionNode, Item, LoopNode, MergeNode, Workflow, iter_items
 
 __all__ = [
-    "NodePort", "LoopIndex", "CarryIn", "ParentInput", "IterSelect", "Binding", "Use", "Scope", "Resolver",
-    "ResolveError", "check_workflow", "expr_fields",
+    "NodePort", "LoopIndex", "CarryIn", "ParentInput", "IterSelect", "Binding", "Use", "Scope", "Scopes", "Resolver",
+    "ResolveError", "check_workflow", "expr_fields", "BindingTables", "binding_table",
 ]
 
 Path = tuple[str, ...]
@@ -102,6 +103,15 @@ class Scope:
     def names(self) -> dict[str, int]:
         return {item.name: i for i, item in enumerate(self.items)}
 
+    @functools.cached_property
+    def groups(self) -> dict[str, list[tuple[int, LoopNode]]]:
+        """Loop name -> the temporal split groups of that loop in this body, with their positions."""
+        out: dict[str, list[tuple[int, LoopNode]]] = {}
+        for i, it in enumerate(self.items):
+            if isinstance(it, LoopNode) and it.split_of is not None and it.iterations is not None:
+                out.setdefault(it.split_of, []).append((i, it))
+        return out
+
 
 def expr_fields(item: Item) -> Iterator[tuple[str, Expr]]:
     """Every expression an item holds, keyed as in `field_pos` ("in.obs", "carry.x.next", ...)."""
@@ -118,107 +128,47 @@ def expr_fields(item: Item) -> Iterator[tuple[str, Expr]]:
             yield f"collect.{name}", e
 
 
-class Resolver:
-    """Scopes of a workflow and resolution of its expressions to bindings."""
+class Scopes:
+    """The bodies of a workflow, indexed: every item by path, the body holding it, the body it owns,
+    and the loops around it. Built once per workflow in one walk."""
 
     def __init__(self, wf: Workflow) -> None:
         self.wf = wf
-        self.items: dict[Path, Item] = {}
+        self.items: dict[Path, Item] = {wf.root.path: wf.root}
         self.scope_of: dict[Path, tuple[Scope, int]] = {}  # item -> (scope containing it, position)
         self.body_scope: dict[Path, Scope] = {}  # loop or phased node -> the scope of its body
+        self.loops_of: dict[Path, tuple[Path, ...]] = {wf.root.path: ()}  # item -> enclosing loops, outermost first
         root = Scope(wf.root, wf.root.body, None, 0)
-        self.items[wf.root.path] = wf.root
         self.body_scope[wf.root.path] = root
-        self._index(root)
+        self._index(root, (wf.root.path,))
 
-    def _index(self, scope: Scope) -> None:
+    def _index(self, scope: Scope, loops: tuple[Path, ...]) -> None:
         for i, item in enumerate(scope.items):
             self.items[item.path] = item
             self.scope_of[item.path] = (scope, i)
-            inner = item.body if isinstance(item, LoopNode) else item.phases if isinstance(item, ExecutionNode) else None
-            if inner:
-                sub = Scope(item, inner, scope, i)
-                self.body_scope[item.path] = sub
-                self._index(sub)
+            self.loops_of[item.path] = loops
+            if isinstance(item, LoopNode | ExecutionNode):
+                inner = item.body if isinstance(item, LoopNode) else item.phases
+                if inner:
+                    sub = Scope(item, inner, scope, i)
+                    self.body_scope[item.path] = sub
+                    self._index(sub, loops + (item.path,) if isinstance(item, LoopNode) else loops)
 
-    # -- where an expression of an item is evaluated ------------------------------------------
     def site(self, item: Item, field: str) -> tuple[Scope, float, LoopNode | None]:
-        """(scope, position, loop whose own iterations may be selected) for a field of an item."""
+        """Where a field of an item is evaluated: (scope, position in it, the loop whose own iterations
+        the field may select). `next` and `until` are at the end of the loop's body, `init` just before
+        the loop, `collect` just after it; the root's init and collect before and after everything."""
         if isinstance(item, LoopNode) and (field.endswith(".next") or field == "until"):
             return self.body_scope[item.path], float(len(item.body)), None
         if item.path == self.wf.root.path:
-            return self.body_scope[item.path], -1.0, item  # root init/collect: before/after everything
+            return self.body_scope[item.path], -1.0, self.wf.root
         scope, i = self.scope_of[item.path]
         if isinstance(item, LoopNode) and field.startswith("collect."):
             return scope, i + 0.5, item
         return scope, float(i), None
 
-    def resolve_field(self, item: Item, field: str, expr: Expr) -> list[Use]:
-        scope, pos, self_loop = self.site(item, field)
-        return self.resolve(expr, scope, pos, self_loop)
-
-    def resolve(self, expr: Expr, scope: Scope, pos: float, self_loop: LoopNode | None = None) -> list[Use]:
-        uses: list[Use] = []
-        self._walk(expr, scope, pos, self_loop, uses)
-        return uses
-
-    def _walk(self, e: Expr, scope: Scope, pos: float, self_loop: LoopNode | None, out: list[Use]) -> None:
-        match e:
-            case Ref():
-                out.append(Use(e, self._ref(e, scope, pos)))
-            case IterRef():
-                out.append(Use(e, self._iterref(e, scope, pos, self_loop)))
-            case BinOp(left=a, right=b):
-                self._walk(a, scope, pos, self_loop, out)
-                self._walk(b, scope, pos, self_loop, out)
-            case Neg(operand=a):
-                self._walk(a, scope, pos, self_loop, out)
-            case Record(fields=fields):
-                for _, v in fields:
-                    self._walk(v, scope, pos, self_loop, out)
-            case Call(args=args):
-                for a in args:
-                    self._walk(a, scope, pos, self_loop, out)
-            case Slice(target=t, start=s, stop=p):
-                for x in (t, s, p):
-                    if x is not None:
-                        self._walk(x, scope, pos, self_loop, out)
-
-    def _ref(self, e: Ref, scope: Scope, pos: float) -> Binding:
-        s: Scope | None = scope
-        while s is not None:
-            owner = s.owner
-            if owner.name == e.head:
-                if isinstance(owner, LoopNode):
-                    if e.attr == "i":
-                        return LoopIndex(owner.path)
-                    if owner.carry(e.attr) is not None:
-                        return CarryIn(owner.path, e.attr)
-                    known = ["i"] + [c.name for c in owner.carries]
-                    raise ResolveError(e.offset, f"loop '{owner.name}' has no index or carried value '{e.attr}'",
-                                       did_you_mean(e.attr, known) or f"inside the loop: {', '.join(f'{owner.name}.{k}' for k in known)}")
-                if e.attr in dict(owner.inputs):
-                    return ParentInput(owner.path, e.attr)
-                raise ResolveError(e.offset, f"node '{owner.name}' has no input '{e.attr}' for its phases",
-                                   did_you_mean(e.attr, dict(owner.inputs)))
-            idx = s.names.get(e.head)
-            if idx is not None:
-                target = s.items[idx]
-                if idx >= pos:
-                    raise ResolveError(e.offset, (f"'{e.head}' runs later in the same iteration" if idx > pos else
-                                                  f"'{e.head}' refers to itself"), target=target.path)
-                outs = target.outputs
-                if e.attr not in outs:
-                    what = "loop" if isinstance(target, LoopNode) else "node"
-                    raise ResolveError(e.offset, f"{what} '{e.head}' has no output '{e.attr}'",
-                                       did_you_mean(e.attr, outs) or (f"its outputs: {', '.join(outs)}" if outs else f"{what} '{e.head}' has no outputs"))
-                return NodePort(target.path, e.attr)
-            pos = float(s.index)
-            s = s.parent
-        raise ResolveError(e.offset, f"unknown name '{e.head}' in '{e.head}.{e.attr}'",
-                           did_you_mean(e.head, self._visible(scope)))
-
-    def _visible(self, scope: Scope) -> list[str]:
+    def visible(self, scope: Scope) -> list[str]:
+        """Every name a reference in `scope` could mean (for did-you-mean hints)."""
         names: list[str] = []
         s: Scope | None = scope
         while s is not None:
@@ -226,14 +176,48 @@ class Resolver:
             s = s.parent
         return names
 
+
+class Resolver(Scopes):
+    """Resolution of a workflow's expressions to bindings, by the lexical rules of the module docstring:
+    every `Ref` and `IterRef` of an expression becomes a `Use`, or a `ResolveError` says why not."""
+
+    def resolve_field(self, item: Item, field: str, expr: Expr) -> list[Use]:
+        scope, pos, self_loop = self.site(item, field)
+        return self.resolve(expr, scope, pos, self_loop)
+
+    def resolve_in_body(self, expr: Expr, loop: Path) -> list[Use]:
+        """Resolve `expr` as if at the end of `loop`'s body (the inner part of an iteration reference)."""
+        body = self.body_scope[loop]
+        return self.resolve(expr, body, float(len(body.items)))
+
+    def resolve(self, expr: Expr, scope: Scope, pos: float, self_loop: LoopNode | None = None) -> list[Use]:
+        uses: list[Use] = []
+        for e in _names(expr):
+            binding = self._ref(e, scope, pos) if isinstance(e, Ref) else self._iterref(e, scope, pos, self_loop)
+            uses.append(Use(e, binding))
+        return uses
+
+    # -- a name: node.port, loop.i, loop.var, parent.input ---------------------------------------
+    def _ref(self, e: Ref, scope: Scope, pos: float) -> Binding:
+        """From the innermost body out: the body's owner (a loop or a phased node), else an item of the
+        body that runs before `pos`."""
+        s: Scope | None = scope
+        while s is not None:
+            if s.owner.name == e.head:
+                return _owner_ref(e, s.owner)
+            idx = s.names.get(e.head)
+            if idx is not None:
+                return _sibling_ref(e, s.items[idx], idx, pos)
+            pos = float(s.index)
+            s = s.parent
+        raise ResolveError(e.offset, f"unknown name '{e.head}' in '{e.head}.{e.attr}'",
+                           did_you_mean(e.head, self.visible(scope)))
+
+    # -- an iteration reference: loop[index].inner ------------------------------------------------
     def _iterref(self, e: IterRef, scope: Scope, pos: float, self_loop: LoopNode | None) -> Binding:
         found = self._find_loop(e, scope, pos, self_loop)
-        family: tuple[Path, ...] = ()
-        if isinstance(found, tuple):
-            family = tuple(m.path for m in found)
-            loop = found[0]
-        else:
-            loop = found
+        family = tuple(m.path for m in found) if isinstance(found, tuple) else ()
+        loop = found[0] if isinstance(found, tuple) else found
         index_loop = None
         if e.index.kind == "loop":
             b = self._ref(Ref(e.index.offset, e.index.loop, "i"), scope, pos)
@@ -245,19 +229,11 @@ class Resolver:
                                f"(count {loop.count})")
         if loop.dynamic and e.index.kind in ("int", "loop"):
             raise ResolveError(e.index.offset, f"loop '{loop.name}' has a dynamic end: only [-1] or [*] may select its iterations")
-        body = self.body_scope[loop.path]
-        inner: list[Use] = []
-        self._walk(e.inner, body, float(len(body.items)), None, inner)
+        inner = self.resolve_in_body(e.inner, loop.path)
         return IterSelect(loop.path, e.index, index_loop, tuple(inner), family)
 
-    def resolve_in_body(self, expr: Expr, loop: Path) -> list[Use]:
-        """Resolve `expr` as if at the end of `loop`'s body (the inner part of an iteration reference)."""
-        body = self.body_scope[loop]
-        uses: list[Use] = []
-        self._walk(expr, body, float(len(body.items)), None, uses)
-        return uses
-
     def _find_loop(self, e: IterRef, scope: Scope, pos: float, self_loop: LoopNode | None) -> LoopNode | tuple[LoopNode, ...]:
+        """The earlier loop `e` selects iterations of (or, for a loop split in time, its groups)."""
         if self_loop is not None and self_loop.name == e.loop:
             return self_loop
         s: Scope | None = scope
@@ -273,15 +249,101 @@ class Resolver:
                 if idx >= pos:
                     raise ResolveError(e.offset, f"loop '{e.loop}' runs later in the same iteration", target=target.path)
                 return target
-            members = [(i, it) for i, it in enumerate(s.items)
-                       if isinstance(it, LoopNode) and it.split_of == e.loop and it.iterations is not None]
+            members = s.groups.get(e.loop)
             if members:
                 if any(i >= pos for i, _ in members):
                     raise ResolveError(e.offset, f"loop '{e.loop}' runs later in the same iteration", target=members[0][1].path)
                 return tuple(it for _, it in members)
             pos = float(s.index)
             s = s.parent
-        raise ResolveError(e.offset, f"unknown loop '{e.loop}'", did_you_mean(e.loop, self._visible(scope)))
+        raise ResolveError(e.offset, f"unknown loop '{e.loop}'", did_you_mean(e.loop, self.visible(scope)))
+
+
+def _names(e: Expr) -> Iterator[Ref | IterRef]:
+    """The references of an expression, in order (not those inside an iteration reference's inner
+    part: that is resolved in the selected loop's body)."""
+    match e:
+        case Ref() | IterRef():
+            yield e
+        case BinOp(left=a, right=b):
+            yield from _names(a)
+            yield from _names(b)
+        case Neg(operand=a):
+            yield from _names(a)
+        case Record(fields=fields):
+            for _, v in fields:
+                yield from _names(v)
+        case Call(args=args):
+            for a in args:
+                yield from _names(a)
+        case Slice(target=t, start=start, stop=stop):
+            for x in (t, start, stop):
+                if x is not None:
+                    yield from _names(x)
+
+
+def _owner_ref(e: Ref, owner: LoopNode | ExecutionNode) -> Binding:
+    """`loop.i` or `loop.var` inside the loop; `node.input` inside the node's phases."""
+    if isinstance(owner, LoopNode):
+        if e.attr == "i":
+            return LoopIndex(owner.path)
+        if owner.carry(e.attr) is not None:
+            return CarryIn(owner.path, e.attr)
+        known = ["i"] + [c.name for c in owner.carries]
+        raise ResolveError(e.offset, f"loop '{owner.name}' has no index or carried value '{e.attr}'",
+                           did_you_mean(e.attr, known) or f"inside the loop: {', '.join(f'{owner.name}.{k}' for k in known)}")
+    if e.attr in dict(owner.inputs):
+        return ParentInput(owner.path, e.attr)
+    raise ResolveError(e.offset, f"node '{owner.name}' has no input '{e.attr}' for its phases",
+                       did_you_mean(e.attr, dict(owner.inputs)))
+
+
+def _sibling_ref(e: Ref, target: Item, idx: int, pos: float) -> Binding:
+    """`item.port` of an item at position `idx` of the body, read from position `pos`."""
+    if idx >= pos:
+        raise ResolveError(e.offset, (f"'{e.head}' runs later in the same iteration" if idx > pos else
+                                      f"'{e.head}' refers to itself"), target=target.path)
+    outs = target.outputs
+    if e.attr not in outs:
+        what = "loop" if isinstance(target, LoopNode) else "node"
+        raise ResolveError(e.offset, f"{what} '{e.head}' has no output '{e.attr}'",
+                           did_you_mean(e.attr, outs) or (f"its outputs: {', '.join(outs)}" if outs else f"{what} '{e.head}' has no outputs"))
+    return NodePort(target.path, e.attr)
+
+
+def binding_table(uses: list[Use] | tuple[Use, ...]) -> dict[int, Binding]:
+    """id(Ref or IterRef) -> its binding, for every name of a field, inner parts of iteration
+    references included. Keyed by object identity: an expression is looked up by the node itself, so
+    two equal references in different scopes keep their own bindings."""
+    table: dict[int, Binding] = {}
+    for u in _all_uses(uses):
+        table[id(u.expr)] = u.binding
+    return table
+
+
+class BindingTables:
+    """The binding tables of a workflow's fields, each resolved once. Evaluating every call of two RL
+    iterations reads the same few fields thousands of times; resolving them each time was the cost."""
+
+    def __init__(self, resolver: Resolver) -> None:
+        self.resolver = resolver
+        self._fields: dict[tuple[Path, str], dict[int, Binding]] = {}
+        self._bodies: dict[tuple[int, Path], dict[int, Binding]] = {}
+
+    def field(self, item: Item, key: str, expr: Expr) -> dict[int, Binding]:
+        """The table of field `key` ("in.obs", "carry.x.next", ...) of `item`, whose expression is `expr`."""
+        table = self._fields.get((item.path, key))
+        if table is None:
+            table = self._fields[item.path, key] = binding_table(self.resolver.resolve_field(item, key, expr))
+        return table
+
+    def in_body(self, expr: Expr, loop: Path) -> dict[int, Binding]:
+        """The table of `expr` resolved at the end of `loop`'s body (an iteration reference's inner part
+        read in one group of a loop split in time)."""
+        table = self._bodies.get((id(expr), loop))
+        if table is None:
+            table = self._bodies[id(expr), loop] = binding_table(self.resolver.resolve_in_body(expr, loop))
+        return table
 
 
 # -- checks -----------------------------------------------------------------------------------
@@ -308,8 +370,6 @@ def _kind(e: Expr, uses: dict[int, Binding]) -> str:
 
 
 def _type_errors(e: Expr, uses: dict[int, Binding], top: str) -> Iterator[tuple[int, str, str | None]]:
-    from .expr import unparse
-
     match e:
         case BinOp(left=a, right=b):
             for x in (a, b):
@@ -319,9 +379,9 @@ def _type_errors(e: Expr, uses: dict[int, Binding], top: str) -> Iterator[tuple[
             if _kind(a, uses) in ("value", "list"):
                 yield a.offset, "arithmetic applies to integers (params, loop indices)", None
         case Slice(target=t, start=s, stop=p):
-            for x in (s, p):
-                if x is not None and _kind(x, uses) not in ("int", "const"):
-                    yield x.offset, "slice bounds must be integers", None
+            for bound in (s, p):
+                if bound is not None and _kind(bound, uses) not in ("int", "const"):
+                    yield bound.offset, "slice bounds must be integers", None
             if _kind(t, uses) in ("int", "const"):
                 yield t.offset, "only a value (a tensor or record) can be sliced", None
         case Record(fields=fields):
@@ -332,64 +392,85 @@ def _type_errors(e: Expr, uses: dict[int, Binding], top: str) -> Iterator[tuple[
         yield e.offset, "'[*]' gives every iteration: wrap it in stack(...) or cat(...)", None
 
 
+@in_bulk
 def check_workflow(wf: Workflow) -> list[Diagnostic]:
     """Every cross-reference problem of the IR, positioned. [] means the workflow is well formed."""
-    from .expr import walk
-
     r = Resolver(wf)
+    diags, forward, siblings = _check_expressions(r)
+    diags += _check_forward(r, forward, siblings)
+    diags += _check_scopes(r)
+    diags += _check_phases(r)
+    diags += _check_idempotent(r)
+    return diags
+
+
+_Forward = tuple[Item, str, ResolveError]  # a reference to something that runs later
+
+
+def _check_expressions(r: Resolver) -> tuple[list[Diagnostic], list[_Forward], dict[int, dict[Path, set[Path]]]]:
+    """Resolve and type-check every expression. Returns the problems, the forward references (told
+    apart from cycles once every reference is known) and, per body, which sibling each item reads."""
     diags: list[Diagnostic] = []
-    sibling_edges: dict[int, dict[Path, set[Path]]] = {}
-    forward: list[tuple[Item, str, ResolveError, SourcePos]] = []
-
-    def fpos(item: Item, key: str, offset: int = 0) -> SourcePos:
-        p = item.field_pos.get(key) or item.pos
-        return p.at(offset)
-
-    def where(item: Item, key: str) -> str:
-        return format_path(item.src + tuple(key.split("."))) if item.src else ".".join(item.path) + "." + key
-
+    forward: list[_Forward] = []
+    siblings: dict[int, dict[Path, set[Path]]] = {}  # id(scope) -> item -> the siblings it reads
     for path, item in r.items.items():
         for key, expr in expr_fields(item):
             try:
                 uses = r.resolve_field(item, key, expr)
             except ResolveError as exc:
                 if exc.target is not None:
-                    forward.append((item, key, exc, fpos(item, key, exc.offset)))
+                    forward.append((item, key, exc))
                 else:
-                    diags.append(Diagnostic(fpos(item, key, exc.offset), where(item, key),
-                                            f"in '{_text(expr)}': {exc.message}", exc.hint))
+                    diags.append(Diagnostic(_field_pos(item, key, exc.offset), _where(item, key),
+                                            f"in '{unparse(expr)}': {exc.message}", exc.hint))
                 continue
-            bound: dict[int, Binding] = {}
-            for u in _all_uses(uses):
-                bound[id(u.expr)] = u.binding
-            for x in walk(expr):
-                for off, msg, hint in _type_errors(x, bound, "top" if x is expr and not key.startswith("collect") else ""):
-                    diags.append(Diagnostic(fpos(item, key, off), where(item, key), f"in '{_text(expr)}': {msg}", hint))
-            if isinstance(item, LoopNode) and key.startswith("collect") and _kind(expr, bound) == "list":
-                diags.append(Diagnostic(fpos(item, key), where(item, key),
-                                        "'[*]' gives every iteration: wrap it in stack(...) or cat(...)"))
-            if item.path != wf.root.path and path in r.scope_of:
-                scope, i = r.scope_of[path]
+            diags += _type_diagnostics(item, key, expr, binding_table(uses))
+            if path != r.wf.root.path:
+                scope = r.scope_of[path][0]
                 for u in uses:
-                    if isinstance(u.binding, NodePort) and u.binding.node in r.scope_of and r.scope_of[u.binding.node][0] is scope:
-                        sibling_edges.setdefault(id(scope), {}).setdefault(path, set()).add(u.binding.node)
+                    if isinstance(u.binding, NodePort) and r.scope_of.get(u.binding.node, (None,))[0] is scope:
+                        siblings.setdefault(id(scope), {}).setdefault(path, set()).add(u.binding.node)
+    return diags, forward, siblings
 
-    # Forward references: a cycle among siblings is reported as the cycle, else as "runs later".
-    for item, key, exc, pos in forward:
-        scope, _ = r.scope_of.get(item.path, (None, 0))
-        cycle = _cycle(item.path, exc.target, sibling_edges.get(id(scope), {})) if scope is not None else None
+
+def _type_diagnostics(item: Item, key: str, expr: Expr, bound: dict[int, Binding]) -> list[Diagnostic]:
+    if type(expr) is Ref:
+        return []  # most inputs: a reference alone is always well typed
+    out = []
+    collect = key.startswith("collect")
+    for x in walk(expr):
+        for off, msg, hint in _type_errors(x, bound, "top" if x is expr and not collect else ""):
+            out.append(Diagnostic(_field_pos(item, key, off), _where(item, key), f"in '{unparse(expr)}': {msg}", hint))
+    if isinstance(item, LoopNode) and collect and _kind(expr, bound) == "list":
+        out.append(Diagnostic(_field_pos(item, key), _where(item, key),
+                              "'[*]' gives every iteration: wrap it in stack(...) or cat(...)"))
+    return out
+
+
+def _check_forward(r: Resolver, forward: list[_Forward], siblings: dict[int, dict[Path, set[Path]]]) -> list[Diagnostic]:
+    """A reference to an item that runs later: reported as the cycle among siblings if there is one
+    (`act -> env -> act`), else as "runs later"."""
+    diags = []
+    for item, key, exc in forward:
+        pos = _field_pos(item, key, exc.offset)
+        scope = r.scope_of[item.path][0] if item.path in r.scope_of else None
+        cycle = _cycle(item.path, exc.target, siblings.get(id(scope), {})) if scope is not None and exc.target else None
         if cycle:
             names = " -> ".join(p[-1] for p in cycle)
-            diags.append(Diagnostic(pos, where(item, key), f"cyclic data dependency: {names}",
+            diags.append(Diagnostic(pos, _where(item, key), f"cyclic data dependency: {names}",
                                     "a value cannot depend on itself within one iteration; carry it across iterations with a loop 'carry'"))
         else:
-            diags.append(Diagnostic(pos, where(item, key), f"in '{_text(dict(expr_fields(item))[key])}': {exc.message}",
+            diags.append(Diagnostic(pos, _where(item, key), f"in '{unparse(dict(expr_fields(item))[key])}': {exc.message}",
                                     "an item may only read items that run before it; move it earlier or reorder the body"))
-
-    diags += _check_scopes(r)
-    diags += _check_phases(r)
-    diags += _check_idempotent(r)
     return diags
+
+
+def _field_pos(item: Item, key: str, offset: int = 0) -> SourcePos:
+    return (item.field_pos.get(key) or item.pos).at(offset)
+
+
+def _where(item: Item, key: str) -> str:
+    return format_path(item.src + tuple(key.split("."))) if item.src else ".".join(item.path) + "." + key
 
 
 def _check_idempotent(r: Resolver) -> list[Diagnostic]:
@@ -426,12 +507,6 @@ def _cycle(start: Path, target: Path, edges: dict[Path, set[Path]]) -> list[Path
                 seen.add(nxt)
                 stack.append((nxt, trail + [nxt]))
     return None
-
-
-def _text(e: Expr) -> str:
-    from .expr import unparse
-
-    return unparse(e)
 
 
 def _check_scopes(r: Resolver) -> list[Diagnostic]:
@@ -504,8 +579,6 @@ def _check_phases(r: Resolver) -> list[Diagnostic]:
 
 
 def _exec_nodes(item: Item) -> Iterator[ExecutionNode]:
-    from .ir import iter_items
-
     for x in iter_items(item):
         if isinstance(x, ExecutionNode):
             yield x

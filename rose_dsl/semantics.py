@@ -1,15 +1,22 @@
 """The meaning of a workflow: its call invocations in program order, and how every input is computed
 from earlier calls' outputs.
 
-`Program` compiles a workflow once (scopes, bindings). `Program.unroll(k)` lists the *call sites* of RL
-iteration k in program order: each ExecutionNode invocation (node path + the iteration number of every
-enclosing loop) with its loop context. `Program.evaluate` computes an expression at a call site
-*lazily* from the outputs of call invocations: carried values, loop collects, merges and phase outputs
-are derived on demand, never stored as separate steps. Values are abstract (`ValueOps`), so the same
-code gives three interpretations, as JAX's interpreters share one walk over a jaxpr:
+`Program` compiles a workflow once (scopes, binding tables). `Program.unroll(k)` lists the *call
+sites* of RL iteration k in program order: each ExecutionNode invocation (node path + the iteration
+number of every enclosing loop) with its loop context. `Program.evaluate` computes an expression at a
+call site *lazily* from the outputs of call invocations: carried values, loop collects, merges and
+phase outputs are derived on demand, never stored as separate steps. Values are abstract (`ValueOps`),
+so the same code gives three interpretations, as JAX's interpreters share one walk over a jaxpr:
   * concrete tensors (`run_sequential`, the reference interpreter, and the runtime backends),
   * dependency sets (`analysis.invocation_graph`: a value is the set of calls it was computed from),
   * any order the dependencies allow (`interpreter.reference`), since an input needs only its producers.
+
+As in JAX's `eval_jaxpr`, the evaluator is one small function over rule tables: `_EXPR_RULES` says what
+each kind of expression computes, `_BINDING_RULES` what each kind of resolved name reads (a call's
+output, a loop index, a carried value, a parent's input, selected iterations of an earlier loop).
+Derived values that many calls share -- a carry is a chain through every iteration, a collect reads
+every iteration -- are memoised in the `Frame`, so evaluating all the calls of an iteration costs
+time linear in their number (the optimizer evaluates thousands of candidate plans this way).
 
 Loops with a dynamic end (`until`) are unrolled while running: `unroll` asks `until_reached` after
 each iteration, so only an executor that runs in program order can drive them (they are kept whole).
@@ -17,34 +24,40 @@ each iteration, so only an executor that runs in program order can drive them (t
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from .expr import BinOp, Call, Expr, Int, IterRef, Neg, Param, Record, Ref, Slice
 from .ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
-from .resolve import Binding, CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver
+from .resolve import Binding, BindingTables, CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver
 
-__all__ = ["Invocation", "CallSite", "ValueOps", "Program", "SemanticError", "enclosing_loops", "run_sequential"]
+__all__ = ["Invocation", "CallSite", "ValueOps", "Frame", "Program", "SemanticError", "enclosing_loops",
+           "run_sequential"]
 
 Path = tuple[str, ...]
-Ctx = Mapping[Path, int]
+Ctx = Mapping[Path, int]  # the iteration of every enclosing loop, by loop path
 
 
-@dataclass(frozen=True, order=True)
-class Invocation:
+class Invocation(NamedTuple):
+    """One call of a node: its path and the iteration number of each enclosing loop, outermost (the RL
+    iteration) first. A named tuple because analyses hash and compare millions of them."""
+
     path: Path
-    indices: tuple[int, ...]  # iteration number of each enclosing loop, outermost (the RL iteration) first
+    indices: tuple[int, ...]
 
     def __str__(self) -> str:
         return ".".join(self.path) + "".join(f"[{i}]" for i in self.indices)
 
 
-@dataclass(frozen=True)
-class CallSite:
+class CallSite(NamedTuple):
+    """A call in program order: the invocation, its node, and the loop context its inputs are
+    evaluated in (shared by the calls of one loop iteration; never mutated)."""
+
     inv: Invocation
     node: ExecutionNode
-    ctx: tuple[tuple[Path, int], ...]  # (loop path, iteration) for every enclosing loop
+    ctx: Ctx
 
     @property
     def context(self) -> dict[Path, int]:
@@ -85,76 +98,56 @@ class Frame:
     memo: dict[tuple, Any] = field(default_factory=dict)
 
 
+Table = Mapping[int, Binding]  # id(Ref or IterRef) -> what it names, for one field (see resolve.BindingTables)
+
+
 class Program:
-    """A workflow compiled for evaluation."""
+    """A workflow compiled for evaluation: the items, each one's enclosing loops, binding tables."""
 
     def __init__(self, wf: Workflow) -> None:
         self.wf = wf
         self.resolver = Resolver(wf)
         self.items = self.resolver.items
-        self.loops_of = {p: enclosing_loops(p, self.items) for p in self.items}
-        self._bindings: dict[tuple[Path, str], dict[int, Binding]] = {}
-        self._family_tables: dict[tuple[int, Path], dict[int, Binding]] = {}
+        self.loops_of = self.resolver.loops_of
+        self.tables = BindingTables(self.resolver)
+        self._inputs: dict[Path, tuple[tuple[str, Expr, Table], ...]] = {}
+        self._indices: dict[Path, Sequence[int]] = {}
 
-    # -- bindings ---------------------------------------------------------------------------
-    def bound(self, item: Item, key: str, expr: Expr) -> dict[int, Binding]:
-        cache_key = (item.path, key)
-        table = self._bindings.get(cache_key)
-        if table is None:
-            table = {}
-
-            def add(uses):
-                for u in uses:
-                    table[id(u.expr)] = u.binding
-                    if isinstance(u.binding, IterSelect):
-                        add(u.binding.inner)
-
-            add(self.resolver.resolve_field(item, key, expr))
-            self._bindings[cache_key] = table
-        return table
+    def bound(self, item: Item, key: str, expr: Expr) -> Table:
+        """The binding table of field `key` ("in.obs", "carry.x.next", ...) of `item`."""
+        return self.tables.field(item, key, expr)
 
     def indices_of(self, path: Path, ctx: Ctx) -> tuple[int, ...]:
-        return tuple(ctx[loop] for loop in self.loops_of[path])
+        return tuple(map(ctx.__getitem__, self.loops_of[path]))
+
+    def iterations(self, loop: LoopNode) -> Sequence[int]:
+        """The iterations a static loop runs: a `range` (constant-time membership) unless it is a
+        temporal split group, which runs the increasing subset `loop.iterations`."""
+        its = self._indices.get(loop.path)
+        if its is None:
+            its = self._indices[loop.path] = loop.iterations if loop.iterations is not None else range(loop.count or 0)
+        return its
 
     def ran(self, loop: LoopNode, ctx: Ctx, frame: Frame) -> Sequence[int]:
+        """The iterations `loop` ran in context `ctx` (a dynamic loop: those recorded so far)."""
         if loop.dynamic:
             return frame.dynamic_ran.get((loop.path, self.indices_of(loop.path, ctx)), [])
-        return loop.indices()
+        return self.iterations(loop)
 
     # -- program order ----------------------------------------------------------------------
     def unroll(self, k: int, until_reached: Callable[[LoopNode, dict[Path, int]], bool] | None = None) -> Iterator[CallSite]:
         """The call sites of RL iteration k, in program order."""
-        yield from self._unroll_body(self.wf.root.body, {self.wf.root.path: k}, until_reached)
-
-    def _unroll_body(self, body: Sequence[Item], ctx: dict[Path, int], until_reached) -> Iterator[CallSite]:
-        for item in body:
-            if isinstance(item, ExecutionNode):
-                if item.expand and item.phases:
-                    yield from self._unroll_body(item.phases, ctx, until_reached)
-                else:
-                    inv = Invocation(item.path, self.indices_of(item.path, ctx))
-                    yield CallSite(inv, item, tuple(ctx.items()))
-            elif isinstance(item, LoopNode):
-                if not item.dynamic:
-                    for j in item.indices():
-                        yield from self._unroll_body(item.body, {**ctx, item.path: j}, until_reached)
-                    continue
-                if until_reached is None:
-                    raise SemanticError(f"loop '{item.name}' ends on a condition: only an in-order executor can run it")
-                limit = item.count if item.count is not None else 1_000_000
-                for j in range(limit):
-                    inner = {**ctx, item.path: j}
-                    yield from self._unroll_body(item.body, inner, until_reached)
-                    if until_reached(item, inner):
-                        break
-                else:
-                    if item.count is None:
-                        raise SemanticError(f"loop '{item.name}' did not end within {limit} iterations")
+        yield from _unroll_body(self, self.wf.root.body, {self.wf.root.path: k}, until_reached)
 
     # -- evaluation -------------------------------------------------------------------------
     def inputs(self, site: CallSite, frame: Frame) -> dict[str, Any]:
-        ctx = site.context
-        return {port: self.evaluate(e, self.bound(site.node, f"in.{port}", e), ctx, frame) for port, e in site.node.inputs}
+        """The value of every input of a call."""
+        plan = self._inputs.get(site.node.path)
+        if plan is None:
+            node = site.node
+            plan = self._inputs[node.path] = tuple((port, e, self.bound(node, f"in.{port}", e)) for port, e in node.inputs)
+        ctx = site.ctx
+        return {port: self.evaluate(e, table, ctx, frame) for port, e, table in plan}
 
     def until(self, loop: LoopNode, ctx: Ctx, frame: Frame) -> bool:
         """Evaluate a dynamic loop's end condition after iteration ctx[loop]; record that it ran."""
@@ -163,186 +156,267 @@ class Program:
         assert loop.until is not None
         return frame.ops.truth(self.evaluate(loop.until, self.bound(loop, "until", loop.until), ctx, frame))
 
-    def evaluate(self, expr: Expr, bound: Mapping[int, Binding], ctx: Ctx, frame: Frame) -> Any:
-        match expr:
-            case Int(value=v):
-                return v
-            case Param(name=n):
-                return self.wf.params[n]
-            case Neg(operand=a):
-                return -self.evaluate(a, bound, ctx, frame)
-            case BinOp(op=op, left=a, right=b):
-                x, y = self.evaluate(a, bound, ctx, frame), self.evaluate(b, bound, ctx, frame)
-                if op == "+":
-                    return x + y
-                if op == "-":
-                    return x - y
-                if op == "*":
-                    return x * y
-                return x // y if op == "//" else x % y
-            case Ref() | IterRef():
-                return self._binding(bound[id(expr)], expr, bound, ctx, frame)
-            case Record(fields=fields):
-                return frame.ops.record({name: self.evaluate(v, bound, ctx, frame) for name, v in fields})
-            case Call(fn=fn, args=args):
-                values: list[Any] = []
-                for a in args:
-                    v = self.evaluate(a, bound, ctx, frame)
-                    values.extend(v if isinstance(a, IterRef) and a.index.kind == "all" else [v])
-                return frame.ops.stack(values) if fn == "stack" else frame.ops.cat(values)
-            case Slice(target=t, start=s, stop=p):
-                start = None if s is None else self.evaluate(s, bound, ctx, frame)
-                stop = None if p is None else self.evaluate(p, bound, ctx, frame)
-                return frame.ops.slice(self.evaluate(t, bound, ctx, frame), start, stop)
-        raise SemanticError(f"cannot evaluate {expr!r}")
+    def evaluate(self, expr: Expr, table: Table, ctx: Ctx, frame: Frame) -> Any:
+        """The value of `expr` in context `ctx`; `table` resolves its names (see `bound`): a name reads
+        what it is bound to, any other expression follows its rule."""
+        b = table.get(id(expr))
+        if b is not None:
+            return self.read(b, expr, table, ctx, frame)  # type: ignore[arg-type]
+        rule = _EXPR_RULES.get(type(expr))
+        if rule is None:
+            raise SemanticError(f"cannot evaluate {expr!r}")
+        return rule(self, expr, table, ctx, frame)
 
-    def _binding(self, b: Binding, expr: Expr, bound, ctx: Ctx, frame: Frame) -> Any:
-        match b:
-            case NodePort(node=node, port=port):
-                return self.output(node, port, ctx, frame)
-            case LoopIndex(loop=loop):
-                return ctx[loop]
-            case CarryIn(loop=loop, var=var):
-                return self.carry(loop, var, ctx, frame)
-            case ParentInput(node=node, port=port):
-                parent = self.items[node]
-                assert isinstance(parent, ExecutionNode)
-                e = dict(parent.inputs)[port]
-                return self.evaluate(e, self.bound(parent, f"in.{port}", e), ctx, frame)
-            case IterSelect(family=family) if family:
-                assert isinstance(expr, IterRef)
-                return self._family(b, expr, ctx, frame)
-            case IterSelect(loop=loop_path, index=ix, index_loop=index_loop):
-                assert isinstance(expr, IterRef)
-                loop = self.items[loop_path]
-                assert isinstance(loop, LoopNode)
-                ran = self.ran(loop, ctx, frame)
-                if ix.kind == "all":
-                    picks = list(ran)
-                elif ix.kind == "last":
-                    picks = [ran[-1]] if ran else []
-                elif ix.kind == "int":
-                    picks = [ix.value]
-                else:
-                    assert index_loop is not None
-                    picks = [ctx[index_loop]]
-                for j in picks:
-                    if j not in ran:
-                        raise SemanticError(f"iteration {j} of loop '{loop.name}' did not run (it ran {len(ran)})")
-                if not picks and ix.kind != "all":
-                    raise SemanticError(f"loop '{loop.name}' ran no iteration")
-                results = [self.evaluate(expr.inner, bound, {**ctx, loop_path: j}, frame) for j in picks]
-                return results if ix.kind == "all" else results[0]
-        raise SemanticError(f"unknown binding {b!r}")
-
-    def _family(self, b: IterSelect, expr: IterRef, ctx: Ctx, frame: Frame) -> Any:
-        """An iteration reference to a loop split in time: each iteration is in one group's body."""
-        owner: dict[int, Path] = {}
-        for member in b.family:
-            loop = self.items[member]
-            assert isinstance(loop, LoopNode)
-            for j in self.ran(loop, ctx, frame):
-                owner[j] = member
-        ran = sorted(owner)
-        ix = b.index
-        if ix.kind == "all":
-            picks = ran
-        elif ix.kind == "last":
-            picks = ran[-1:]
-        elif ix.kind == "int":
-            picks = [ix.value]
-        else:
-            assert b.index_loop is not None
-            picks = [ctx[b.index_loop]]
-        results = []
-        for j in picks:
-            if j not in owner:
-                raise SemanticError(f"iteration {j} of loop '{expr.loop}' did not run")
-            member = owner[j]
-            key = (id(expr), member)
-            table = self._family_tables.get(key)
-            if table is None:
-                table = {}
-
-                def add(uses, table=table):
-                    for u in uses:
-                        table[id(u.expr)] = u.binding
-                        if isinstance(u.binding, IterSelect):
-                            add(u.binding.inner)
-
-                add(self.resolver.resolve_in_body(expr.inner, member))
-                self._family_tables[key] = table
-            results.append(self.evaluate(expr.inner, table, {**ctx, member: j}, frame))
-        return results if ix.kind == "all" else results[0]
+    def read(self, b: Binding, expr: Ref | IterRef, table: Table, ctx: Ctx, frame: Frame) -> Any:
+        """The value a resolved name stands for."""
+        rule = _BINDING_RULES.get(type(b))
+        if rule is None:
+            raise SemanticError(f"unknown binding {b!r}")
+        return rule(self, b, expr, table, ctx, frame)
 
     def output(self, path: Path, port: str, ctx: Ctx, frame: Frame) -> Any:
         """Output `port` of item `path` in the iterations `ctx` selects."""
         item = self.items[path]
-        if isinstance(item, ExecutionNode):
-            if item.expand and item.phases:
-                producer = [sub for sub in item.phases if port in sub.outputs][-1]
-                return self.output(producer.path, port, ctx, frame)
-            return frame.lookup(Invocation(path, self.indices_of(path, ctx)), port)
-        if isinstance(item, MergeNode):
-            parent = path[:-1]
-            dim = dict(item.ports)[port]
-            return frame.ops.cat([self.output(parent + (src,), port, ctx, frame) for src in item.sources], dim)
-        assert isinstance(item, LoopNode)
-        key = ("out", path, port, self.indices_of(path, ctx))
-        if key in frame.memo:
-            return frame.memo[key]
-        collect = dict(item.collects).get(port)
-        if collect is not None:
-            value = self.evaluate(collect, self.bound(item, f"collect.{port}", collect), ctx, frame)
-        else:  # the final value of a carry
-            ran = self.ran(item, ctx, frame)
-            if ran:
-                value = self._next(item, port, {**ctx, item.path: ran[-1]}, frame)
-            else:
-                c = item.carry(port)
-                assert c is not None
-                value = self.evaluate(c.init, self.bound(item, f"carry.{port}.init", c.init), ctx, frame)
-        frame.memo[key] = value
-        return value
-
-    def _next(self, loop: LoopNode, var: str, ctx: Ctx, frame: Frame) -> Any:
-        c = loop.carry(var)
-        assert c is not None
-        return self.evaluate(c.next, self.bound(loop, f"carry.{var}.next", c.next), ctx, frame)
+        return _OUTPUT_RULES[type(item)](self, item, port, ctx, frame)
 
     def carry(self, loop_path: Path, var: str, ctx: Ctx, frame: Frame) -> Any:
         """The value of `loop.var` at the start of iteration ctx[loop]."""
         loop = self.items[loop_path]
         assert isinstance(loop, LoopNode)
-        j = ctx[loop_path]
         if loop_path == self.wf.root.path:
-            if j not in frame.root_carry:
-                if j != 0:
-                    raise SemanticError(f"the value carried into RL iteration {j} is not known")
-                frame.root_carry[0] = {c.name: self.evaluate(c.init, self.bound(loop, f"carry.{c.name}.init", c.init), {}, frame)
-                                       for c in loop.carries}
-            return frame.root_carry[j][var]
-        key = ("carry", loop_path, var, self.indices_of(loop_path, ctx), j)
-        if key in frame.memo:
-            return frame.memo[key]
-        order = list(loop.indices()) if not loop.dynamic else list(range(j + 1))
-        pos = order.index(j)
-        outer = {p: i for p, i in ctx.items() if p != loop_path}
-        if pos == 0:
-            c = loop.carry(var)
-            assert c is not None
-            value = self.evaluate(c.init, self.bound(loop, f"carry.{var}.init", c.init), outer, frame)
-        else:
-            value = self._next(loop, var, {**outer, loop_path: order[pos - 1]}, frame)
-        frame.memo[key] = value
-        return value
+            return _root_carry(self, loop, var, ctx[loop_path], frame)
+        return _carry(self, loop, var, ctx, frame)
 
     def end_iteration(self, k: int, frame: Frame) -> None:
         """Compute the RL-iteration carry for k+1 (if the root loop carries anything)."""
         root = self.wf.root
         if root.carries:
             ctx = {root.path: k}
-            frame.root_carry[k + 1] = {c.name: self._next(root, c.name, ctx, frame) for c in root.carries}
+            frame.root_carry[k + 1] = {c.name: _next(self, root, c.name, ctx, frame) for c in root.carries}
+
+
+# -- program order --------------------------------------------------------------------------------
+
+def _unroll_body(p: Program, body: Sequence[Item], ctx: dict[Path, int], until_reached) -> Iterator[CallSite]:
+    for item in body:
+        if isinstance(item, ExecutionNode):
+            if item.expand and item.phases:
+                yield from _unroll_body(p, item.phases, ctx, until_reached)
+            else:
+                yield CallSite(Invocation(item.path, p.indices_of(item.path, ctx)), item, ctx)
+        elif isinstance(item, LoopNode):
+            if not item.dynamic:
+                for j in p.iterations(item):
+                    yield from _unroll_body(p, item.body, {**ctx, item.path: j}, until_reached)
+            else:
+                yield from _unroll_dynamic(p, item, ctx, until_reached)
+
+
+def _unroll_dynamic(p: Program, loop: LoopNode, ctx: dict[Path, int], until_reached) -> Iterator[CallSite]:
+    if until_reached is None:
+        raise SemanticError(f"loop '{loop.name}' ends on a condition: only an in-order executor can run it")
+    limit = loop.count if loop.count is not None else 1_000_000
+    for j in range(limit):
+        inner = {**ctx, loop.path: j}
+        yield from _unroll_body(p, loop.body, inner, until_reached)
+        if until_reached(loop, inner):
+            return
+    if loop.count is None:
+        raise SemanticError(f"loop '{loop.name}' did not end within {limit} iterations")
+
+
+# -- what each kind of expression computes ------------------------------------------------------
+
+def _arith(x: Any, op: str, y: Any) -> Any:
+    if op == "+":
+        return x + y
+    if op == "-":
+        return x - y
+    if op == "*":
+        return x * y
+    return x // y if op == "//" else x % y
+
+
+def _call(p: Program, e: Call, table: Table, ctx: Ctx, frame: Frame) -> Any:
+    values: list[Any] = []
+    for a in e.args:
+        v = p.evaluate(a, table, ctx, frame)
+        if isinstance(a, IterRef) and a.index.kind == "all":
+            values.extend(v)  # every iteration of a loop: one value each
+        else:
+            values.append(v)
+    return frame.ops.stack(values) if e.fn == "stack" else frame.ops.cat(values)
+
+
+def _slice(p: Program, e: Slice, table: Table, ctx: Ctx, frame: Frame) -> Any:
+    start = None if e.start is None else p.evaluate(e.start, table, ctx, frame)
+    stop = None if e.stop is None else p.evaluate(e.stop, table, ctx, frame)
+    return frame.ops.slice(p.evaluate(e.target, table, ctx, frame), start, stop)
+
+
+_EXPR_RULES: dict[type, Callable[..., Any]] = {
+    Int: lambda p, e, table, ctx, frame: e.value,
+    Param: lambda p, e, table, ctx, frame: p.wf.params[e.name],
+    Neg: lambda p, e, table, ctx, frame: -p.evaluate(e.operand, table, ctx, frame),
+    BinOp: lambda p, e, table, ctx, frame: _arith(p.evaluate(e.left, table, ctx, frame), e.op,
+                                                  p.evaluate(e.right, table, ctx, frame)),
+    Record: lambda p, e, table, ctx, frame: frame.ops.record({n: p.evaluate(v, table, ctx, frame) for n, v in e.fields}),
+    Call: _call,
+    Slice: _slice,
+}
+
+
+# -- what each kind of resolved name reads ------------------------------------------------------
+
+def _parent_input(p: Program, b: ParentInput, expr: Expr, table: Table, ctx: Ctx, frame: Frame) -> Any:
+    parent = p.items[b.node]
+    assert isinstance(parent, ExecutionNode)
+    e = dict(parent.inputs)[b.port]
+    return p.evaluate(e, p.bound(parent, f"in.{b.port}", e), ctx, frame)
+
+
+def _picks(b: IterSelect, ran: Sequence[int], ctx: Ctx) -> Sequence[int]:
+    """The iterations an iteration reference selects among those that ran."""
+    kind = b.index.kind
+    if kind == "all":
+        return ran
+    if kind == "last":
+        return ran[-1:]
+    if kind == "int":
+        return [b.index.value]
+    assert b.index_loop is not None
+    return [ctx[b.index_loop]]
+
+
+def _select(p: Program, b: IterSelect, expr: IterRef, table: Table, ctx: Ctx, frame: Frame) -> Any:
+    """`loop[index].inner`: `inner` evaluated in the selected iteration(s) of an earlier loop (or, for
+    a loop split in time, of the group that ran each iteration)."""
+    if b.family:
+        return _select_family(p, b, expr, ctx, frame)
+    loop = p.items[b.loop]
+    assert isinstance(loop, LoopNode)
+    ran = p.ran(loop, ctx, frame)
+    picks = _picks(b, ran, ctx)
+    if b.index.kind != "all":
+        if not picks:
+            raise SemanticError(f"loop '{loop.name}' ran no iteration")
+        if picks[0] not in ran:
+            raise SemanticError(f"iteration {picks[0]} of loop '{loop.name}' did not run (it ran {len(ran)})")
+        return p.evaluate(expr.inner, table, {**ctx, b.loop: picks[0]}, frame)
+    return [p.evaluate(expr.inner, table, {**ctx, b.loop: j}, frame) for j in picks]
+
+
+def _select_family(p: Program, b: IterSelect, expr: IterRef, ctx: Ctx, frame: Frame) -> Any:
+    owner: dict[int, Path] = {}
+    for member in b.family:
+        loop = p.items[member]
+        assert isinstance(loop, LoopNode)
+        for j in p.ran(loop, ctx, frame):
+            owner[j] = member
+    results = []
+    for j in _picks(b, sorted(owner), ctx):
+        if j not in owner:
+            raise SemanticError(f"iteration {j} of loop '{expr.loop}' did not run")
+        member = owner[j]
+        table = p.tables.in_body(expr.inner, member)
+        results.append(p.evaluate(expr.inner, table, {**ctx, member: j}, frame))
+    return results if b.index.kind == "all" else results[0]
+
+
+_BINDING_RULES: dict[type, Callable[..., Any]] = {
+    NodePort: lambda p, b, expr, table, ctx, frame: p.output(b.node, b.port, ctx, frame),
+    LoopIndex: lambda p, b, expr, table, ctx, frame: ctx[b.loop],
+    CarryIn: lambda p, b, expr, table, ctx, frame: p.carry(b.loop, b.var, ctx, frame),
+    ParentInput: _parent_input,
+    IterSelect: _select,
+}
+
+
+# -- what each kind of item outputs ---------------------------------------------------------------
+
+def _call_output(p: Program, item: ExecutionNode, port: str, ctx: Ctx, frame: Frame) -> Any:
+    """A call's output; a node running its phases gives the last phase item's output of that name."""
+    if item.expand and item.phases:
+        producer = [sub for sub in item.phases if port in sub.outputs][-1]
+        return p.output(producer.path, port, ctx, frame)
+    return frame.lookup(Invocation(item.path, p.indices_of(item.path, ctx)), port)
+
+
+def _merge_output(p: Program, item: MergeNode, port: str, ctx: Ctx, frame: Frame) -> Any:
+    """The split groups' outputs, concatenated along the port's dimension."""
+    parent = item.path[:-1]
+    dim = dict(item.ports)[port]
+    return frame.ops.cat([p.output(parent + (src,), port, ctx, frame) for src in item.sources], dim)
+
+
+def _loop_output(p: Program, loop: LoopNode, port: str, ctx: Ctx, frame: Frame) -> Any:
+    """A collect, or the final value of a carry (its init if the loop ran no iteration); memoised."""
+    key = ("out", loop.path, port, p.indices_of(loop.path, ctx))
+    if key in frame.memo:
+        return frame.memo[key]
+    collect = dict(loop.collects).get(port)
+    if collect is not None:
+        value = p.evaluate(collect, p.bound(loop, f"collect.{port}", collect), ctx, frame)
+    else:
+        ran = p.ran(loop, ctx, frame)
+        value = _next(p, loop, port, {**ctx, loop.path: ran[-1]}, frame) if ran else _init(p, loop, port, ctx, frame)
+    frame.memo[key] = value
+    return value
+
+
+_OUTPUT_RULES: dict[type, Callable[..., Any]] = {ExecutionNode: _call_output, MergeNode: _merge_output, LoopNode: _loop_output}
+
+
+# -- carried values -------------------------------------------------------------------------------
+
+def _carry(p: Program, loop: LoopNode, var: str, ctx: Ctx, frame: Frame) -> Any:
+    """`init` before the loop's first iteration, else `next` at the end of the iteration before (in
+    the iterations it runs); memoised, so a chain of N iterations costs N evaluations in all."""
+    j = ctx[loop.path]
+    key = ("carry", loop.path, var, p.indices_of(loop.path, ctx), j)
+    if key in frame.memo:
+        return frame.memo[key]
+    outer = {path: i for path, i in ctx.items() if path != loop.path}
+    before = _previous_iteration(loop, j)
+    if before is None:
+        value = _init(p, loop, var, outer, frame)
+    else:
+        outer[loop.path] = before
+        value = _next(p, loop, var, outer, frame)
+    frame.memo[key] = value
+    return value
+
+
+def _previous_iteration(loop: LoopNode, j: int) -> int | None:
+    """The iteration of `loop` that runs before j (a temporal group runs only some), or None."""
+    if loop.dynamic or loop.iterations is None:
+        return j - 1 if j > 0 else None
+    order = loop.iterations  # increasing (checked when the plan is built)
+    pos = bisect_left(order, j)
+    if pos == len(order) or order[pos] != j:
+        raise SemanticError(f"loop '{loop.name}' does not run iteration {j}")
+    return order[pos - 1] if pos > 0 else None
+
+
+def _root_carry(p: Program, root: LoopNode, var: str, k: int, frame: Frame) -> Any:
+    """What the RL-iteration loop carries into iteration k (from `end_iteration` of k-1)."""
+    if k not in frame.root_carry:
+        if k != 0:
+            raise SemanticError(f"the value carried into RL iteration {k} is not known")
+        frame.root_carry[0] = {c.name: _init(p, root, c.name, {}, frame) for c in root.carries}
+    return frame.root_carry[k][var]
+
+
+def _init(p: Program, loop: LoopNode, var: str, ctx: Ctx, frame: Frame) -> Any:
+    c = loop.carry(var)
+    assert c is not None
+    return p.evaluate(c.init, p.bound(loop, f"carry.{var}.init", c.init), ctx, frame)
+
+
+def _next(p: Program, loop: LoopNode, var: str, ctx: Ctx, frame: Frame) -> Any:
+    c = loop.carry(var)
+    assert c is not None
+    return p.evaluate(c.next, p.bound(loop, f"carry.{var}.next", c.next), ctx, frame)
 
 
 class CallBackend(Protocol):

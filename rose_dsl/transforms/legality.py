@@ -38,13 +38,16 @@ def check_order_preserved(orig: Workflow, new: Workflow, locate: Locate, what: s
             raise Refused(f"{what}: internal error: {inv} has no counterpart")
         return Invocation(*loc)
 
+    moved: dict[Invocation, int] = {}  # original invocation -> position of its image in the rewrite
     for inv in g0.order:
-        if image(inv) not in position:
+        at = position.get(image(inv))
+        if at is None:
             raise Refused(f"{what}: internal error: {inv} is not run by the rewritten workflow")
+        moved[inv] = at
     if len(g0.order) != len(g1.order):
         raise Refused(f"{what}: internal error: it runs {len(g1.order)} calls instead of {len(g0.order)}")
-    for producer, consumer, dep in sorted(g0.edges(), key=lambda e: (str(e[1]), str(e[0]))):
-        a, b = image(producer), image(consumer)
-        if position[a] > position[b]:
-            kind = "data dependency" if dep.kind == "data" else "state dependency"
-            raise Refused(f"{what} would run {b} before {a}, breaking the {kind} {dep.detail}")
+    broken = [e for e in g0.edges() if moved[e[0]] > moved[e[1]]]
+    if broken:  # name the first by consumer, then producer (sorting only the broken ones: refusals are rare)
+        producer, consumer, dep = min(broken, key=lambda e: (str(e[1]), str(e[0])))
+        kind = "data dependency" if dep.kind == "data" else "state dependency"
+        raise Refused(f"{what} would run {image(consumer)} before {image(producer)}, breaking the {kind} {dep.detail}")
