@@ -40,13 +40,13 @@ iteration:
 
 
 def rose_runner(backend: str, calls: int):
-    from interpreter.backends import LocalBackend, RayBackend, RayCompiledBackend
+    from interpreter.backends import LocalBackend, RayBackend
     from interpreter.schedule import Schedule
     from rose_dsl import load_workflow_text
 
     wf = load_workflow_text(CHAIN.format(half=calls // 2), "chain.yaml")
     sch = Schedule(wf)
-    cls = {"local": LocalBackend, "ray": RayBackend, "ray-compiled": RayCompiledBackend}[backend]
+    cls = {"local": LocalBackend, "ray": RayBackend, "ray-compiled": RayBackend}[backend]
     be = cls(wf, ("examples.",), sch.program.loops_of)
     if backend == "ray-compiled":
         be.compile(sch)

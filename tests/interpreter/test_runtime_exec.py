@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from interpreter.backends import CallFailed, LocalBackend, RayBackend, RayCompiledBackend
+from interpreter.backends import CallFailed, LocalBackend, RayBackend
 from interpreter.components import instantiate
 from interpreter.reference import run_reference
 from interpreter.runner import RunConfig, Runner
@@ -36,10 +36,10 @@ def _reference_states(wf, iterations=3):
     return {n: {s.name: comps[n].get_state(s.name) for s in c.state} for n, c in wf.components.items()}
 
 
-def _run(wf, backend_cls, iterations=3, **kw):
+def _run(wf, backend_cls, iterations=3, compiled=False, **kw):
     sch = Schedule(wf)
     be = backend_cls(wf, ALLOWED, sch.program.loops_of, **kw)
-    if isinstance(be, RayCompiledBackend):
+    if compiled:
         be.compile(sch)
     try:
         runner = Runner(wf, be, RunConfig(iterations=iterations, tensorboard=False), sch)
@@ -81,7 +81,7 @@ def test_ray_backend_matches_reference_and_plan_matches_source(ray_session) -> N
     plan = compose(plan, apply_request(plan.workflow, "fuse epoch update"))
     plan_states, _ = _run(plan.workflow, RayBackend)
     _assert_same(ref, plan_states)
-    compiled_states, _ = _run(plan.workflow, RayCompiledBackend)
+    compiled_states, _ = _run(plan.workflow, RayBackend, compiled=True)
     _assert_same(ref, compiled_states)
 
 
@@ -104,8 +104,8 @@ def test_independent_components_overlap_in_the_trace(backend, request) -> None:
     if backend != "local":
         request.getfixturevalue("ray_session")
     wf = load_workflow_text(SLEEPERS, "sleepers.yaml")
-    cls = {"local": LocalBackend, "ray": RayBackend, "ray-compiled": RayCompiledBackend}[backend]
-    _, runner = _run(wf, cls, iterations=2)
+    cls = {"local": LocalBackend, "ray": RayBackend, "ray-compiled": RayBackend}[backend]
+    _, runner = _run(wf, cls, iterations=2, compiled=backend == "ray-compiled")
     recs = runner.trace.records()
     for k in range(2):
         a = next(r for r in recs if r.node == "iteration.wa" and r.loop_indices[0][1] == k)
@@ -243,10 +243,9 @@ def test_a_killed_component_is_restarted_from_the_last_checkpoint(tmp_path, back
     """SIGKILL inside a call: the run reports it, restarts the process, restores every component from
     the last checkpoint and finishes with the state an uninterrupted run has."""
     wf = load_workflow_text(DYING.replace("MARKER", str(tmp_path / "died")), "dying.yaml")
-    cls = RayBackend if backend == "ray" else RayCompiledBackend
     sch = Schedule(wf)
-    be = cls(wf, ALLOWED, sch.program.loops_of)
-    if isinstance(be, RayCompiledBackend):
+    be = RayBackend(wf, ALLOWED, sch.program.loops_of)
+    if backend != "ray":
         be.compile(sch)
     try:
         runner = Runner(wf, be, RunConfig(iterations=5, out_dir=tmp_path / "run", checkpoint_every=1, tensorboard=False), sch)
