@@ -21,24 +21,28 @@ from rose_dsl.ir import ExecutionNode, Workflow
 
 from .schedule import Step
 
-__all__ = ["Backend", "Capabilities", "Unsupported", "CompileError", "WatchdogTimeout", "Overdue", "nodes_by_component"]
+__all__ = ["Backend", "Capabilities", "Unsupported", "CompileError", "WatchdogTimeout", "Overdue", "NODE_LIMIT",
+           "nodes_by_component"]
 
 
 class WatchdogTimeout(Exception):
-    """A call did not finish in time (its node's `timeout_s`, or the run's call timeout)."""
+    """A call did not finish in time: its node's `timeout_s`, or the run's call timeout (`limit` says which)."""
 
-    def __init__(self, label: str, seconds: float) -> None:
-        super().__init__(f"{label} did not finish within {seconds:g} s")
-        self.label, self.seconds = label, seconds
+    def __init__(self, label: str, seconds: float, limit: str = "the run's call timeout") -> None:
+        super().__init__(f"{label} did not finish within {seconds:g} s ({limit})")
+        self.label, self.seconds, self.limit = label, seconds, limit
         self.stacks: dict[str, str] = {}  # the component processes' Python stacks when it fired
+
+
+NODE_LIMIT = "the node's timeout_s"
 
 
 class Overdue(TimeoutError):
     """Raised by a backend when a call ran past its limit: which call, and the limit it exceeded."""
 
-    def __init__(self, label: str, seconds: float) -> None:
-        super().__init__(f"{label} did not finish within {seconds:g} s")
-        self.label, self.seconds = label, seconds
+    def __init__(self, label: str, seconds: float, limit: str = "the run's call timeout") -> None:
+        super().__init__(f"{label} did not finish within {seconds:g} s ({limit})")
+        self.label, self.seconds, self.limit = label, seconds, limit
 
 
 class Unsupported(NotImplementedError):

@@ -18,7 +18,7 @@ from typing import Any
 
 from rose_dsl.ir import Component, Workflow
 
-from .backend_base import Backend, Capabilities, CompileError, Overdue, nodes_by_component
+from .backend_base import NODE_LIMIT, Backend, Capabilities, CompileError, Overdue, nodes_by_component
 from .procs import pid_alive
 from .schedule import Schedule, Step, replicated
 from .worker import CallFailed, ComponentWorker, replica_name
@@ -419,7 +419,7 @@ class RayBackend(Backend):
         while not done.wait(self._poll_s):
             late = self._overdue()
             if late is not None:
-                raise Overdue(*late)
+                raise Overdue(*late, NODE_LIMIT)
         if failure:
             raise failure[0]
 

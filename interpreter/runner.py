@@ -19,7 +19,7 @@ from typing import Any
 
 from rose_dsl.ir import Workflow
 
-from .backend_base import Backend, Overdue, WatchdogTimeout
+from .backend_base import NODE_LIMIT, Backend, Overdue, WatchdogTimeout
 from .checkpoint import CheckpointError, latest_complete, load_checkpoint, save_checkpoint
 from .schedule import ReplicaSet, Schedule, replicated
 from .trace import ExecutionTrace, InvocationRecord
@@ -161,7 +161,7 @@ class Runner:
             else:
                 self._dispatch(k)
         except Overdue as late:
-            raise self._watchdog(late.label, late.seconds) from None
+            raise self._watchdog(late) from None
         finally:
             self._collect_records()
         return self._finish(k, t0, time.perf_counter_ns())
@@ -188,7 +188,8 @@ class Runner:
                 try:
                     self.backend.result(handle, timeout=remaining if limit is None else limit)
                 except TimeoutError:
-                    raise Overdue(step.label, self.config.call_timeout_s if limit is None else limit) from None
+                    raise (Overdue(step.label, self.config.call_timeout_s) if limit is None
+                           else Overdue(step.label, limit, NODE_LIMIT)) from None
 
     def _finish(self, k: int, t0: int, t1: int) -> IterationResult:
         seconds = (t1 - t0) / 1e9
@@ -217,11 +218,11 @@ class Runner:
         self._log(result)
         return result
 
-    def _watchdog(self, label: str, seconds: float) -> WatchdogTimeout:
+    def _watchdog(self, late: Overdue) -> WatchdogTimeout:
         """The watchdog fired: dump every component's stack (to stacks.txt in the run directory)."""
         self._stuck = True
         self.backend.stuck = True  # its shutdown must not wait for the stuck call
-        exc = WatchdogTimeout(label, seconds)
+        exc = WatchdogTimeout(late.label, late.seconds, late.limit)
         stacks = self.backend.dump_stacks()
         exc.stacks = stacks
         if self.config.out_dir is not None and stacks:
@@ -231,7 +232,7 @@ class Runner:
 
     def _collect_records(self) -> None:
         # best effort and bounded: a stuck component (the watchdog fired) must not hold up the report
-        timeout = 5.0 if self._stuck else 120.0
+        timeout = 1.0 if self._stuck else 120.0  # (idle components answer at once)
         for comp in self.backend.components():
             try:
                 records = self.backend.control(comp, "pop_records", timeout=timeout)

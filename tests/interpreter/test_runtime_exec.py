@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from interpreter.backends import CallFailed, LocalBackend, RayBackend
+from interpreter.backends import CallFailed, LocalBackend, RayBackend, WatchdogTimeout
 from interpreter.components import instantiate
 from interpreter.reference import run_reference
 from interpreter.runner import RunConfig, Runner
@@ -272,3 +272,36 @@ def test_a_hanging_call_fires_the_watchdog_with_stacks(tmp_path, backend) -> Non
     assert "mocks.py" in proc.stderr and "work" in proc.stderr  # the stuck frame: Sleeper.work
     assert time.time() - start < 90  # the stuck call is not waited for
     assert "mocks.py" in (tmp_path / "run" / "stacks.txt").read_text()
+
+
+SLOW_NODE = """
+rose: 1
+name: slow-node
+components:
+  a: {impl: "tests.mocks:Sleeper", args: {seconds: 0.05}}
+  b: {impl: "tests.mocks:Sleeper", args: {seconds: 4}}
+iteration:
+  count: 1
+  body:
+    - {node: quick, call: a.work, in: {x: iteration.i}, out: [y], timeout_s: 30}
+    - {node: slow, call: b.work, in: {x: quick.y}, out: [y], timeout_s: 0.5}
+"""
+
+
+@pytest.mark.parametrize("backend", ["local", "ray", "ray-compiled"])
+def test_a_node_timeout_fires_the_watchdog_for_that_node(backend, request) -> None:
+    """`timeout_s` of a node bounds each of its calls (the run's call timeout is 900 s here)."""
+    if backend != "local":
+        request.getfixturevalue("ray_session")
+    wf = load_workflow_text(SLOW_NODE, "slow.yaml")
+    sch = Schedule(wf)
+    be = (LocalBackend if backend == "local" else RayBackend)(wf, ALLOWED, sch.program.loops_of)
+    if backend == "ray-compiled":
+        be.compile(sch)
+    start = time.monotonic()
+    try:
+        with pytest.raises(WatchdogTimeout, match=r"iteration.slow\[0\] did not finish within 0.5 s \(the node's timeout_s\)"):
+            Runner(wf, be, RunConfig(iterations=1, tensorboard=False), sch).run()
+        assert time.monotonic() - start < 3.0  # not the 4 s the call takes
+    finally:
+        be.shutdown()
