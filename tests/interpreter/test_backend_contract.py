@@ -11,7 +11,15 @@ import pytest
 
 import interpreter.backends as backends
 from interpreter.backends import (
-    Backend, Capabilities, CallFailed, CompileError, LocalBackend, Overdue, Unsupported, WatchdogTimeout, make_backend,
+    Backend,
+    CallFailed,
+    Capabilities,
+    CompileError,
+    LocalBackend,
+    Overdue,
+    Unsupported,
+    WatchdogTimeout,
+    make_backend,
 )
 from interpreter.components import instantiate, invoke
 from interpreter.recipe import evaluate
