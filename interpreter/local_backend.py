@@ -66,9 +66,11 @@ class LocalBackend(Backend):
             raise Unsupported("the local backend runs no data-parallel replicas")
         worker = self.workers[step.node.component]
         info = worker.nodes[step.node.path]
-        label, indices, recipe, handles = step.label, step.inv.indices, step.recipe, step.handles
+        label, indices, recipe, handles, after = step.label, step.inv.indices, step.recipe, step.handles, step.after
 
         def run() -> tuple[Any, ...]:
+            for h in after:
+                h.future.result()
             leaves = [h.future.result()[h.index] for h in handles]
             return worker.call(info, label, indices, recipe, leaves)
 

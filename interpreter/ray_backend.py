@@ -307,8 +307,9 @@ class RayBackend(Backend):
     def submit(self, step: Step, replica: int = 0) -> Sequence[Any]:
         n = max(1, len(step.node.outputs))
         actor = self.actors[replica_name(step.node.component, replica)]
+        # `after` handles travel inside a tuple, so Ray does not fetch their values (the worker waits for them)
         refs = actor.call_flat.options(num_returns=n).remote(step.label, step.node.path, step.recipe,
-                                                             step.inv.indices, *step.handles)
+                                                             step.inv.indices, step.after, *step.handles)
         return (refs,) if n == 1 else tuple(refs)
 
     def result(self, handle: Any, timeout: float | None) -> Any:
@@ -376,9 +377,11 @@ class RayBackend(Backend):
                     consumed.add(key)
                 comp = replica_name(step.node.component, replica)
                 previous = last_on.get(comp)
-                # (a call without data inputs also needs one: every graph node must lead back to the input)
-                lonely = previous is not None and (id(previous) not in consumed or not unique)
-                tokens = [previous] if lonely else []
+                # an `after:` is an input nobody reads (it carries the earlier call's outputs to this process)
+                tokens = list({id(h.node): h.node for h in step.after if id(h.node) not in index}.values())
+                # (a call without inputs also needs one: every graph node must lead back to the graph's input)
+                if previous is not None and (id(previous) not in consumed or not (unique or tokens)):
+                    tokens += [] if any(t is previous for t in tokens) else [previous]
                 consumed.update(id(t) for t in tokens)
                 # only a component's first call reads the iteration number from the graph's input; its
                 # later calls (in order, in the same process) reuse it -- one reader of the input per actor

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rose_dsl.analysis import AfterOrder
 from rose_dsl.ir import Workflow
 from rose_dsl.semantics import CallSite, Frame, Invocation, Program, SemanticError, run_sequential
 
@@ -45,14 +46,17 @@ class _Caller:
 
 
 def schedule_dependencies(program: Program, sites: list[CallSite]) -> dict[Invocation, set[Invocation]]:
-    """For each call: the calls it must wait for (its data producers and the previous call of its
-    component) -- its inputs' recipes, built as the runtime's schedule builds them, name its producers."""
+    """For each call: the calls it must wait for (its data producers, the previous call of its component
+    and what an `after:` names) -- its inputs' recipes, built as the runtime's schedule builds them, name
+    its producers."""
     frame = Frame(lambda inv, port: Ref(inv), RecipeOps())
     deps: dict[Invocation, set[Invocation]] = defaultdict(set)
     last_of: dict[str, Invocation] = {}
+    order = AfterOrder(program.items)
     for site in sites:
         for value in program.inputs(site, frame).values():
             deps[site.inv].update(leaf.handle for leaf in leaves_of(lift(value)) if isinstance(leaf, Ref))
+        deps[site.inv].update(inv for inv, _ in order.visit(site))
         prev = last_of.get(site.node.component)
         if prev is not None:
             deps[site.inv].add(prev)

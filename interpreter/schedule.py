@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rose_dsl.analysis import AfterOrder
 from rose_dsl.ir import ExecutionNode, Workflow
 from rose_dsl.semantics import CallSite, Frame, Invocation, Program
 
@@ -24,12 +25,14 @@ __all__ = ["ReplicaSet", "Step", "Schedule", "for_replica", "replicated", "check
 @dataclass(frozen=True)
 class Step:
     """One call: where it runs, what it calls, and how its inputs are built (`recipe`: one recipe per
-    input port, whose `Leaf(i)` stands for the value behind `handles[i]`)."""
+    input port, whose `Leaf(i)` stands for the value behind `handles[i]`). `after` holds handles of
+    calls that must finish first although no input comes from them (an `after:` in the workflow)."""
 
     inv: Invocation
     node: ExecutionNode
     recipe: tuple[tuple[str, Recipe], ...]
     handles: tuple[Any, ...]
+    after: tuple[Any, ...] = ()
 
     @property
     def label(self) -> str:
@@ -93,7 +96,8 @@ def for_replica(step: Step, replica: int, replicas: int) -> Step:
         else:
             raise ValueError(f"{where} takes '{port}' from '{source}' ({have} replicas): one replica count must "
                              "divide the other")
-    return Step(step.inv, step.node, tuple(ports), tuple(leaves))
+    after = tuple(x for h in step.after for x in (h.handles if isinstance(h, ReplicaSet) else (h,)))  # every replica
+    return Step(step.inv, step.node, tuple(ports), tuple(leaves), after)
 
 
 class Schedule:
@@ -115,15 +119,25 @@ class Schedule:
         """Build every step of iteration k in program order and `submit` it; `submit` returns one handle
         per output port (in `node.outputs` order), which later recipes then refer to (data-parallel
         replicas: see `replicated`)."""
-        handles: dict[Invocation, dict[str, Any]] = {}
-        frame = Frame(lambda inv, port: Ref(handles[inv][port]), RecipeOps(), root_carry=self._root_carry)
+        handles: dict[Invocation, tuple[Any, ...]] = {}
+        component: dict[Invocation, str] = {}
+        ports = {p: {port: i for i, port in enumerate(item.outputs)} for p, item in self.program.items.items()
+                 if isinstance(item, ExecutionNode)}
+        frame = Frame(lambda inv, port: Ref(handles[inv][ports[inv.path][port]]), RecipeOps(),
+                      root_carry=self._root_carry)
+        order = AfterOrder(self.program.items)
         out = []
         for site in self.sites(k):
             raw = self.program.inputs(site, frame)
             recipe, leaves = number_leaves([(port, lift(value)) for port, value in raw.items()])
-            step = Step(site.inv, site.node, recipe, leaves)
+            # an `after:` waits for the last such call on each other component (a component runs its
+            # calls in order, so that one finishing means its earlier ones did; its own are earlier still)
+            last = {component[inv]: inv for inv, _ in order.visit(site)}
+            after = tuple(handles[inv][0] for comp, inv in last.items() if comp != site.node.component)
+            step = Step(site.inv, site.node, recipe, leaves, after)
             result = submit(step)
-            handles[site.inv] = dict(zip(site.node.outputs, result, strict=False))
+            handles[site.inv] = tuple(result)
+            component[site.inv] = site.node.component
             out.append((step, result))
         self.program.end_iteration(k, frame)
         self._root_carry = {j: v for j, v in frame.root_carry.items() if j > k}

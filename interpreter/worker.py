@@ -139,8 +139,14 @@ class ComponentWorker:
         return len(self.nodes)
 
     # -- calls ------------------------------------------------------------------------------
-    def call_flat(self, label: str, path: tuple[str, ...], recipe: tuple, indices: tuple, *leaves: Any) -> Any:
-        """The Ray entry point: leaves arrive as top-level arguments, so Ray resolves them first."""
+    def call_flat(self, label: str, path: tuple[str, ...], recipe: tuple, indices: tuple, after: tuple,
+                  *leaves: Any) -> Any:
+        """The Ray entry point: leaves arrive as top-level arguments, so Ray resolves them first; `after`
+        holds ObjectRefs of calls to wait for without fetching their values (`after:` in the workflow)."""
+        if after:
+            import ray
+
+            ray.wait(list(after), num_returns=len(after), fetch_local=False)
         values = self.call(self.nodes[path], label, indices, recipe, leaves)
         return values[0] if len(values) == 1 else values
 

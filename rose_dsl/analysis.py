@@ -18,13 +18,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .expr import IterRef, walk
-from .ir import Access, ExecutionNode, Item, LoopNode, Workflow
+from .ir import Access, ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from .resolve import Resolver, expr_fields
 from .semantics import CallSite, Invocation, Program, enclosing_loops, run_sequential
 
 __all__ = [
     "Dep", "InvocationGraph", "invocation_graph", "LoopKind", "ItemEdge", "Analysis", "analyze", "loop_kinds",
-    "state_access_order",
+    "state_access_order", "AfterOrder",
 ]
 
 Path = tuple[str, ...]
@@ -32,9 +32,10 @@ Path = tuple[str, ...]
 
 @dataclass(frozen=True)
 class Dep:
-    """Why `consumer` must run after `producer`. kind: 'data' or 'state'. For state deps `flow` is True
-    when the consumer observes the producer's value (read/update after a write) and False when the order
-    only protects an in-place object (a write after a read, a refresh after a write)."""
+    """Why `consumer` must run after `producer`. kind: 'data', 'state' or 'after' (an `after:`). For
+    state deps `flow` is True when the consumer observes the producer's value (read/update after a write)
+    and False when the order only protects an in-place object (a write after a read, a refresh after a
+    write); an `after:` observes nothing (False)."""
 
     kind: str
     detail: str
@@ -89,6 +90,41 @@ class _DepOps:
         return True  # a dynamic loop is analysed through one representative iteration
 
 
+class AfterOrder:
+    """What `after:` adds to program order: an item with `after: [s]` runs every call inside it after
+    every call inside its earlier sibling `s`, in the same iterations of the loops around both (a merge
+    stands for the groups it merges). Feed it the call sites in program order (`visit`); it answers
+    with the earlier calls each one must follow. The analysis, the runtime's schedule and the
+    reference interpreter all ask this one place."""
+
+    def __init__(self, items: Mapping[Path, Item]) -> None:
+        def expand(path: Path) -> list[Path]:
+            item = items.get(path)
+            if isinstance(item, MergeNode):
+                return [p for src in item.sources for p in expand(path[:-1] + (src,))]
+            return [path]
+
+        self._after = {path: tuple((name, target) for name in item.after for target in expand(path[:-1] + (name,)))
+                       for path, item in items.items() if item.after}
+        self._targets = {target for pairs in self._after.values() for _, target in pairs}
+        self._inside: dict[tuple[Path, tuple], list[Invocation]] = defaultdict(list)
+
+    def visit(self, site: CallSite) -> list[tuple[Invocation, str]]:
+        """Record a call and return the earlier calls it must follow, each with the reason (`after: s`)."""
+        if not self._after:
+            return []
+        out: list[tuple[Invocation, str]] = []
+        path = site.inv.path
+        for n in range(2, len(path) + 1):  # the items around the call, and the call's node
+            prefix = path[:n]
+            outer = tuple(i for loop, i in site.ctx if len(loop) < n)  # the iterations of the loops around it
+            for name, target in self._after.get(prefix, ()):
+                out.extend((inv, f"{prefix[-1]}: after {name}") for inv in self._inside.get((target, outer), ()))
+            if prefix in self._targets:
+                self._inside[(prefix, outer)].append(site.inv)
+        return out
+
+
 class _DepTracker:
     """Records, for each call in program order, which calls its inputs came from and the state order.
 
@@ -105,8 +141,9 @@ class _DepTracker:
 
     ops = _DepOps()
 
-    def __init__(self, graph: InvocationGraph) -> None:
+    def __init__(self, graph: InvocationGraph, items: Mapping[Path, Item]) -> None:
         self.g = graph
+        self._order = AfterOrder(items)
         self._last_writer: dict[str, Invocation] = {}
         self._readers: dict[str, list[Invocation]] = defaultdict(list)
         self._unobserved_writes: dict[str, list[Invocation]] = defaultdict(list)
@@ -119,6 +156,8 @@ class _DepTracker:
         for port, value in inputs.items():
             for producer, out_port in (value if isinstance(value, frozenset) else ()):
                 g.deps[inv].setdefault(producer, set()).add(Dep("data", f"in.{port} <- {producer.path[-1]}.{out_port}"))
+        for earlier, reason in self._order.visit(site):
+            self._add(inv, earlier, Dep("after", reason, False))
         for eff in node.effects:
             s, acc = eff.state, eff.access
             g.accesses[s].append((inv, acc))
@@ -200,8 +239,9 @@ def invocation_graph(wf: Workflow, iterations: int = 2, count_limit: int | None 
     if expand_phases:
         wf = replace(wf, root=_expand_all(wf.root))
     graph = InvocationGraph()
-    tracker = _DepTracker(graph)
-    run_sequential(Program(wf), tracker, range(iterations))
+    program = Program(wf)
+    tracker = _DepTracker(graph, program.items)
+    run_sequential(program, tracker, range(iterations))
     tracker.finish()
     return graph
 

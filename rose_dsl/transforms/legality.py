@@ -46,5 +46,5 @@ def check_order_preserved(orig: Workflow, new: Workflow, locate: Locate, what: s
     for producer, consumer, dep in sorted(g0.edges(), key=lambda e: (str(e[1]), str(e[0]))):
         a, b = image(producer), image(consumer)
         if position[a] > position[b]:
-            kind = "data dependency" if dep.kind == "data" else "state dependency"
+            kind = {"data": "data dependency", "after": "ordering constraint"}.get(dep.kind, "state dependency")
             raise Refused(f"{what} would run {b} before {a}, breaking the {kind} {dep.detail}")
