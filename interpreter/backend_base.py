@@ -76,7 +76,8 @@ class Backend(ABC):
 
     Control calls (`control(component, method)`) run on the component's worker after every call
     already submitted to it: `get_states` / `set_states` (checkpoints), `pop_records` (the invocation
-    records since the last pop), `pop_metrics`, `info` (pid, SMs under the MPS quota).
+    records since the last pop), `pop_metrics`, `info` (pid, SMs under the MPS quota), `overdue`.
+    Failures reach the caller as CallFailed (the method raised, or the process is gone) or TimeoutError.
     """
 
     name: str = "?"

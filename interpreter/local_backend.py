@@ -15,7 +15,7 @@ from rose_dsl.ir import Workflow
 
 from .backend_base import Backend, Capabilities, Unsupported, nodes_by_component
 from .schedule import Step
-from .worker import ComponentWorker
+from .worker import CallFailed, ComponentWorker
 
 __all__ = ["LocalBackend"]
 
@@ -50,7 +50,7 @@ class LocalBackend(Backend):
                 self.workers[name] = ComponentWorker(comp, wf.seed, dev, allowed)
                 self.workers[name].register_nodes(nodes[name], loops_of)
                 self.pools[name] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rose-{name}")
-        except BaseException:
+        except BaseException:  # not a suppression: stop the threads already started, then re-raise
             self.shutdown()
             raise
 
@@ -99,7 +99,15 @@ class LocalBackend(Backend):
 
     def control(self, component: str, method: str, *args: Any, timeout: float | None = None) -> Any:
         # through the component's own thread: after every call already submitted to it
-        return self.pools[component].submit(getattr(self.workers[component], method), *args).result(timeout)
+        future = self.pools[component].submit(getattr(self.workers[component], method), *args)
+        try:
+            return future.result(timeout)
+        except FutureTimeout:
+            raise TimeoutError(f"{method} of {component} did not answer within {timeout} s") from None
+        except (CallFailed, TimeoutError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the component's own code raised: reported as its failure
+            raise CallFailed(f"{method} of {component}", component, f"{type(exc).__name__}: {exc}") from None
 
     def shutdown(self) -> None:
         for pool in self.pools.values():

@@ -108,7 +108,7 @@ class RayBackend(Backend):
 
                 try:
                     session = ray._private.worker.global_worker.node.get_session_dir_path()
-                except Exception:  # noqa: BLE001 - no session dir known: no reaper
+                except (AttributeError, RuntimeError, OSError):  # a private Ray API: no session dir known, no reaper
                     session = ""
                 self._reaper = start_reaper(session)
         self.wf = wf
@@ -153,7 +153,7 @@ class RayBackend(Backend):
         group = placement_group([{"GPU": 1.0}] * self.placement.slots, strategy="PACK")
         try:
             self.ray.get(group.ready(), timeout=self.start_timeout_s)
-        except Exception as exc:  # noqa: BLE001
+        except self.ray.exceptions.RayError as exc:  # (a timeout too)
             raise CallFailed("placing components", "?", f"could not reserve {self.placement.slots} GPUs: "
                              f"{_unwrap(exc)}") from None
         return group
@@ -181,7 +181,7 @@ class RayBackend(Backend):
     def _await_ready(self, name: str) -> None:
         try:
             info = self.ray.get(self.actors[name].info.remote(), timeout=self.start_timeout_s)
-        except Exception as exc:
+        except self.ray.exceptions.RayError as exc:  # the constructor raised, the process died, or a timeout
             self.shutdown()
             raise CallFailed(f"starting component '{name}'", name, _unwrap(exc)) from None
         self.pids[name] = info["pid"]
@@ -208,7 +208,7 @@ class RayBackend(Backend):
         for name, actor in self.actors.items():
             try:
                 self.ray.get(actor.info.remote(), timeout=timeout)
-            except Exception:  # noqa: BLE001 - any failure to answer counts
+            except self.ray.exceptions.RayError:  # no answer (dead, or a timeout)
                 dead.append(name)
         return dead
 
@@ -332,7 +332,10 @@ class RayBackend(Backend):
         return exc
 
     def control(self, component: str, method: str, *args: Any, timeout: float | None = 600) -> Any:
-        return self.ray.get(getattr(self.actors[component], method).remote(*args), timeout=timeout)
+        try:
+            return self.ray.get(getattr(self.actors[component], method).remote(*args), timeout=timeout)
+        except self.ray.exceptions.RayError as exc:
+            raise self._failure(exc, f"{method} of {component}") from None
 
     # -- compiled iterations ----------------------------------------------------------------
     def compile(self, schedule: Schedule) -> None:
@@ -373,7 +376,7 @@ class RayBackend(Backend):
                     if key not in index:
                         index[key] = len(unique)
                         unique.append(h.node)
-                    ports.append((index[key], h.index))
+                    ports.append((index[key], -1 if h.whole else h.index))
                     consumed.add(key)
                 comp = replica_name(step.node.component, replica)
                 previous = last_on.get(comp)
@@ -390,7 +393,8 @@ class RayBackend(Backend):
                                                             tuple(ports), k_arg, *unique, *tokens)
                 last_on[comp] = node
                 nodes.append(node)
-                return tuple(_CGPort(node, i) for i in range(max(1, len(step.node.outputs))))
+                whole = len(step.node.outputs) <= 1  # such a call returns its value, not a 1-tuple (cheaper)
+                return tuple(_CGPort(node, i, whole) for i in range(max(1, len(step.node.outputs))))
 
             replicas = max((c.replicas for c in self.wf.components.values()), default=1)
             schedule.steps(K, bind if replicas == 1 else replicated(bind, self.wf))
@@ -482,8 +486,8 @@ def _bounded(fn: Any, seconds: float) -> None:
     def run() -> None:
         try:
             fn()
-        except Exception:  # noqa: BLE001 - best effort at teardown
-            pass
+        except Exception:  # noqa: BLE001 - a teardown after the run's outcome is decided (e.g. of a graph whose actors
+            pass  # were killed after a watchdog, which raises): its failure must not replace that outcome
 
     t = threading.Thread(target=run, name="rose-teardown", daemon=True)
     t.start()
@@ -497,7 +501,9 @@ def _unwrap(exc: BaseException) -> str:
 
 
 class _CGPort:
-    __slots__ = ("node", "index")
+    """Output `index` of a compiled-graph node (`whole`: the node's value is that one output)."""
 
-    def __init__(self, node: Any, index: int) -> None:
-        self.node, self.index = node, index
+    __slots__ = ("node", "index", "whole")
+
+    def __init__(self, node: Any, index: int, whole: bool) -> None:
+        self.node, self.index, self.whole = node, index, whole

@@ -285,11 +285,13 @@ def number_leaves(recipes: Sequence[tuple[str, Recipe]]) -> tuple[tuple[tuple[st
     return tuple((port, map_leaves(r, number)) for port, r in recipes), tuple(handles)
 
 
-@dataclass(frozen=True, slots=True)
 class _Env:
-    leaves: Sequence[Any]
-    ops: Any
-    k: int | None
+    """What evaluation needs besides the recipe (a plain class: made once per call, on the hot path)."""
+
+    __slots__ = ("leaves", "ops", "k")
+
+    def __init__(self, leaves: Sequence[Any], ops: Any, k: int | None) -> None:
+        self.leaves, self.ops, self.k = leaves, ops, k
 
 
 def evaluate(recipe: Recipe, leaves: Sequence[Any] = (), ops: Any = None, k: int | None = None) -> Any:

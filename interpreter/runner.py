@@ -94,6 +94,7 @@ class Runner:
         self.recoveries: list[dict[str, Any]] = []
         self.on_recovery: Callable[[dict[str, Any]], None] | None = None  # told of each restart
         self._stuck = False  # the watchdog fired: components may not answer
+        self._fresh: list[InvocationRecord] = []
         self.processes: dict[int, dict[str, Any]] = {}  # pid -> the process's own view (SM count, quota)
         self._metrics_file = None
         self._tb = None
@@ -115,7 +116,7 @@ class Runner:
         for comp in self.backend.components():
             try:
                 info = self.backend.control(comp, "info", timeout=60)
-            except Exception:  # noqa: BLE001 - descriptive only
+            except (CallFailed, TimeoutError):  # descriptive only: a failing process is reported by its calls
                 continue
             self.processes[info["pid"]] = info
 
@@ -232,19 +233,20 @@ class Runner:
 
     def _collect_records(self) -> None:
         # best effort and bounded: a stuck component (the watchdog fired) must not hold up the report
+        self._fresh = []  # this iteration's records (the trace keeps them all)
         timeout = 1.0 if self._stuck else 120.0  # (idle components answer at once)
         for comp in self.backend.components():
             try:
                 records = self.backend.control(comp, "pop_records", timeout=timeout)
-            except Exception:  # noqa: BLE001 - a dead or stuck process has no records; its failure is reported elsewhere
+            except (CallFailed, TimeoutError):  # a dead or stuck process has no records; its failure is reported elsewhere
                 continue
-            for r in records:
-                self.trace.add(r)
+            self._fresh.extend(self.trace.add(r) for r in records)
 
     def _time_by_node(self, t0: int, t1: int) -> dict[str, int]:
-        """Busy time per top-level item of the iteration (rollout, training, sync...), groups merged."""
+        """Busy time per top-level item of the iteration (rollout, training, sync...), groups merged.
+        (From this iteration's records: a scan of the whole trace every iteration grew with the run.)"""
         out: dict[str, int] = defaultdict(int)
-        for r in self.trace.records():
+        for r in self._fresh:
             if r.host_start_ns >= t0 and (r.end_ns or 0) <= t1 and r.duration_ns:
                 top = r.node.split(".")[1].split("@")[0] if "." in r.node else r.node
                 out[top] += r.duration_ns

@@ -85,6 +85,11 @@ def _torch() -> Any:
     return sys.modules.get("torch")
 
 
+def _cuda_initialized() -> bool:
+    torch = _torch()
+    return torch is not None and torch.cuda.is_initialized()
+
+
 @dataclass(frozen=True)
 class _NodeInfo:
     """What a worker needs about a node on every call, computed once at registration."""
@@ -94,6 +99,9 @@ class _NodeInfo:
     loops: tuple[str, ...]  # the names of the loops around it, outermost (the RL iteration) first
     state: tuple[tuple[str, str], ...]  # (state object, access) pairs for the trace
     group: int | None  # the split group, when the node is one
+
+    def label(self, indices: tuple[int, ...]) -> str:
+        return self.name + "".join(f"[{i}]" for i in indices)
 
 
 class ComponentWorker:
@@ -109,7 +117,8 @@ class ComponentWorker:
         self.retries = retries
         self._k = 0  # the RL iteration being executed (compiled graphs pass it to the first call only)
         self.retried: list[str] = []  # what was retried (reported with the metrics)
-        self.current: tuple[str, int, float] | None = None  # (label, start ns, timeout s) of the call running now
+        # the call running now: (node info, indices, label, start ns), read by `overdue`
+        self.current: tuple[_NodeInfo, tuple[int, ...], str, int] | None = None
         self._stack_file = None
         if os.environ.get("ROSE_STACK_DIR"):  # a process of its own (Ray): dump stacks on SIGUSR1
             import faulthandler
@@ -151,26 +160,33 @@ class ComponentWorker:
         return values[0] if len(values) == 1 else values
 
     def call_compiled(self, path: tuple[str, ...], recipe: tuple, indices: tuple, ports: tuple[tuple[int, int], ...],
-                      k: int | None, *producers: Any) -> tuple[Any, ...]:
-        """The Compiled Graph entry point: `producers` are the whole outputs of this call's producers;
-        `ports` picks each leaf as (producer, port). `indices` and the recipe hold the RL iteration
-        symbolically; `k` is its value for this execution (given to a component's first call of the
-        iteration; None for the later ones, which run after it in this process: a compiled graph runs
-        an actor's calls in the order they were bound)."""
+                      k: int | None, *producers: Any) -> Any:
+        """The Compiled Graph entry point: `producers` are the values of this call's producers (a call
+        with one output returns that value, one with several the tuple of them); `ports` picks each leaf
+        as (producer, port), port -1 for a producer's whole value. `indices` and the recipe hold the RL
+        iteration symbolically; `k` is its value for this execution (given to a component's first call
+        of the iteration; None for the later ones, which run after it in this process: a compiled graph
+        runs an actor's calls in the order they were bound)."""
         if k is None:
             k = self._k
         else:
             self._k = k
         info = self.nodes[path]
-        concrete = tuple(resolve_k(i, k) for i in indices)
-        label = info.name + "".join(f"[{i}]" for i in concrete)
-        return self.call(info, label, concrete, recipe, [producers[n][p] for n, p in ports], k)
+        concrete = tuple(i if type(i) is int else resolve_k(i, k) for i in indices)
+        leaves = [producers[n] if p < 0 else producers[n][p] for n, p in ports]
+        values = self.call(info, None, concrete, recipe, leaves, k)
+        return values[0] if len(values) == 1 else values
 
-    def call(self, info: _NodeInfo, label: str, indices: tuple[int, ...], recipe: tuple, leaves: Sequence[Any],
+    def call(self, info: _NodeInfo, label: str | None, indices: tuple[int, ...], recipe: tuple, leaves: Sequence[Any],
              k: int | None = None) -> tuple[Any, ...]:
+        """Run one call: build its inputs, invoke the method (retrying an idempotent node), wait for the
+        device, record it. `label` (the invocation, `node[i][j]`, for messages) is built from `indices`
+        when not given."""
         node = info.node
         start = time.perf_counter_ns()
-        self.current = (label, start, node.timeout_s or 0.0)
+        if label is None:
+            label = info.label(indices)
+        self.current = (info, indices, label, start)
         try:
             inputs = {port: evaluate(r, leaves, None, k) for port, r in recipe}
             attempt = 0
@@ -182,49 +198,54 @@ class ComponentWorker:
                     attempt += 1
                     if not node.idempotent or attempt > self.retries or is_fatal_gpu_error(exc):
                         raise
-                    self.retried.append(f"{label}: attempt {attempt} failed ({type(exc).__name__}: {exc}); retrying")
+                    self.retried.append(f"{label}: attempt {attempt} failed "
+                                        f"({type(exc).__name__}: {exc}); retrying")
                     time.sleep(min(2.0, 0.05 * 2**attempt))
-            check_batch(node, outs, label)
+            if node.batch is not None:
+                check_batch(node, outs, label)
             device_end = self._wait_device(outs)
         except ComponentError as exc:
             self._record(info, indices, start, time.perf_counter_ns(), None, str(exc))
             raise CallFailed(label, self.name, str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - reported with the node path, not swallowed
             self._record(info, indices, start, time.perf_counter_ns(), None, repr(exc))
-            raise CallFailed(label, self.process, f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=8),
-                             gpu_fatal=is_fatal_gpu_error(exc)) from None
+            raise CallFailed(label, self.process, f"{type(exc).__name__}: {exc}",
+                             traceback.format_exc(limit=8), gpu_fatal=is_fatal_gpu_error(exc)) from None
         finally:
             self.current = None
         self._record(info, indices, start, time.perf_counter_ns(), device_end, None)
         values = tuple(outs[o] for o in node.outputs)
-        if self.outputs_to_cpu:
-            values = tuple(_to_cpu(v) for v in values)
+        if self.outputs_to_cpu and _cuda_initialized():
+            values = tuple(_to_cpu(v) for v in values)  # (no CUDA in this process: no CUDA tensors either)
         return values if values else (None,)
 
     def overdue(self) -> tuple[str, float] | None:
         """The running call, when it has run longer than its node's `timeout_s`: (label, timeout)."""
         current = self.current
-        if current is None or not current[2]:
+        if current is None:
             return None
-        label, start, timeout = current
-        return (label, timeout) if time.perf_counter_ns() - start > timeout * 1e9 else None
+        info, indices, label, start = current
+        timeout = info.node.timeout_s
+        if not timeout or time.perf_counter_ns() - start <= timeout * 1e9:
+            return None
+        return (label, timeout)
 
     def _wait_device(self, outs: dict[str, Any]) -> int | None:
         """Block until the device work behind the outputs is done; return the host time it was.
 
         Why wait: host return is not GPU readiness (kernels run asynchronously), so a call's duration
         and its outputs' readiness both need the device done -- torch's CUDA work (when this process
-        initialised CUDA) and JAX arrays (`block_until_ready`)."""
+        initialised CUDA) and JAX arrays (`block_until_ready`, when this process imported JAX)."""
         waited = False
-        torch = _torch()
-        if torch is not None and torch.cuda.is_initialized():
-            torch.cuda.synchronize()
+        if _cuda_initialized():
+            sys.modules["torch"].cuda.synchronize()
             waited = True
-        for v in outs.values():
-            ready = getattr(v, "block_until_ready", None)  # JAX arrays
-            if callable(ready):
-                ready()
-                waited = True
+        if "jax" in sys.modules:
+            for v in outs.values():
+                ready = getattr(v, "block_until_ready", None)
+                if callable(ready):
+                    ready()
+                    waited = True
         return time.perf_counter_ns() if waited else None
 
     def _record(self, info: _NodeInfo, indices: tuple[int, ...], start: int, end: int, device_end: int | None,
@@ -266,14 +287,17 @@ class ComponentWorker:
         """What this process sees: its pid and, on a GPU, the SM count its MPS quota leaves it."""
         info: dict[str, Any] = {"pid": os.getpid(), "component": self.name, "process": self.process,
                                 "mps_quota": os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
-                                "visible_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpu_slot": self.gpu_index}
+                                "visible_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpu_slot": self.gpu_index,
+                                "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+        if _torch() is not None:
+            info["torch_threads"] = _torch().get_num_threads()
         try:
             import torch
 
             if torch.cuda.is_available():
                 info["sm_count"] = torch.cuda.get_device_properties(0).multi_processor_count
                 info["gpu_name"] = torch.cuda.get_device_name(0)
-        except Exception as exc:  # noqa: BLE001
+        except (RuntimeError, AssertionError) as exc:  # a broken CUDA set-up is described here; calls fail with it
             info["cuda_error"] = repr(exc)
         return info
 

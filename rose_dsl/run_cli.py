@@ -32,12 +32,14 @@ def _fmt(metrics: dict[str, float]) -> str:
 def execute_command(out: Console, err: Console, wf: Workflow, *, backend: str, iterations: int | None,
                     out_dir: Path | None, checkpoint_every: int, resume: bool, address: str | None,
                     call_timeout: float, allowed: tuple[str, ...], mps: bool, quiet: bool, compiled: bool = True) -> int:
-    from interpreter.backends import CallFailed, WatchdogTimeout, make_backend
+    from interpreter.backends import CallFailed, WatchdogTimeout, default_backend, make_backend
     from interpreter.checkpoint import CheckpointError
     from interpreter.components import ComponentError
     from interpreter.runner import RunConfig, Runner
     from interpreter.schedule import Schedule
 
+    if backend == "auto":
+        backend = default_backend(wf)
     if backend not in ("local", "ray"):
         err.print(f"--backend must be 'local' or 'ray', not {backend!r}")
         return 2

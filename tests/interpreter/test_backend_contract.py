@@ -201,3 +201,13 @@ def test_the_local_backend_declares_no_processes() -> None:
             be.submit(next(iter(Schedule(wf).steps(0, lambda s: (None,))))[0], replica=1)
     finally:
         be.shutdown()
+
+
+def test_gpu_workflows_default_to_the_ray_backend() -> None:
+    from interpreter.backends import default_backend
+
+    assert default_backend(_wf()) == "local"
+    assert default_backend(load_workflow_text(CHAIN.replace('args: {seconds: 0}}\n  b:', 'args: {seconds: 0}, device: gpu}\n  b:'),
+                                              "g.yaml")) == "ray"
+    assert default_backend(load_workflow_text(CHAIN.replace('args: {seconds: 0}}\n  b:', 'args: {seconds: 0}, replicas: 2}\n  b:'),
+                                              "r.yaml")) == "ray"

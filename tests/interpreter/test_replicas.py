@@ -67,8 +67,9 @@ def test_unmappable_replica_counts_and_local_backend_are_refused(tmp_path) -> No
     text = DP.replace("__R__", "2").replace("__N__", "4")
     wf = tmp_path / "dp.yaml"
     wf.write_text(text)
-    proc = subprocess.run([sys.executable, "-m", "rose_dsl.cli", "execute", str(wf), "--allow-module", "tests", "-n", "1"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    # (without --backend, a replicated workflow runs on Ray: the local backend is refused only when asked for)
+    proc = subprocess.run([sys.executable, "-m", "rose_dsl.cli", "execute", str(wf), "--allow-module", "tests", "-n", "1",
+                           "--backend", "local"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 2 and "needs --backend ray" in proc.stderr
     wf.write_text(text.replace("replicas: 2}\n  model", "replicas: 1}\n  model"))
     proc = subprocess.run([sys.executable, "-m", "rose_dsl.cli", "execute", str(wf), "--allow-module", "tests", "-n", "1",
