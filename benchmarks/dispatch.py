@@ -9,6 +9,7 @@ against the bare compiled graph (`ratio_to_bare_compiled_graph`).
 
     python benchmarks/dispatch.py --calls 200 --rounds 7 --out benchmarks/results/dispatch.json
     python benchmarks/dispatch.py --smoke        # a quick check that every method runs
+    python benchmarks/dispatch.py --baseline DIR # also DIR/interpreter's compiled backend (before/after)
 """
 
 from __future__ import annotations
@@ -44,16 +45,24 @@ iteration:
 """
 
 
-def rose_runner(backend: str, calls: int):
+def rose_runner(backend: str, calls: int, package: str = "interpreter"):
     """One iteration of the chain workflow through rose's backend (without the runner's per-iteration
-    bookkeeping: metrics, trace collection), per call."""
-    from interpreter.backends import LocalBackend, RayBackend
-    from interpreter.schedule import Schedule
+    bookkeeping: metrics, trace collection), per call. `package`: another copy of the runtime to
+    measure side by side (`--baseline`)."""
+    import importlib
+
     from rose_dsl import load_workflow_text
 
+    backends = importlib.import_module(f"{package}.backends")
+    schedule = importlib.import_module(f"{package}.schedule")
     wf = load_workflow_text(CHAIN.format(half=calls // 2), "chain.yaml")
-    sch = Schedule(wf)
-    be = (LocalBackend if backend == "local" else RayBackend)(wf, ("examples.",), sch.program.loops_of)
+    sch = schedule.Schedule(wf)
+    if backend == "local":
+        be = backends.LocalBackend(wf, ("examples.",), sch.program.loops_of)
+    elif backend == "ray-compiled" and hasattr(backends, "RayCompiledBackend"):  # a baseline from before compile()
+        be = backends.RayCompiledBackend(wf, ("examples.",), sch.program.loops_of)
+    else:
+        be = backends.RayBackend(wf, ("examples.",), sch.program.loops_of)
     if backend == "ray-compiled":
         be.compile(sch)
     k = [0]
@@ -125,6 +134,19 @@ def compiled_graph(calls: int):
     return once, close
 
 
+def _baseline(directory: Path) -> str:
+    """Make `directory/interpreter` importable as `interpreter_baseline` (its imports are relative) --
+    in Ray's workers too, through PYTHONPATH -- and return that name."""
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="rose-baseline-"))
+    shutil.copytree(directory / "interpreter", root / "interpreter_baseline")
+    sys.path.insert(0, str(root))
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
+    return "interpreter_baseline"
+
+
 def machine() -> dict:
     info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
     try:
@@ -165,6 +187,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--methods", default="all", help="comma-separated subset of the methods")
     ap.add_argument("--smoke", action="store_true", help="short chains, 2 rounds (checks that everything runs)")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="a directory holding another version's `interpreter/` package (e.g. `git archive REV "
+                         "interpreter | tar -x -C DIR`): its compiled backend is measured in the same rounds")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "dispatch.json")
     args = ap.parse_args()
     if args.smoke:
@@ -180,6 +205,8 @@ def main() -> None:
         "ray_remote_pipelined": lambda: plain_ray(args.calls, True),
         "ray_compiled_graph": lambda: compiled_graph(args.cg_calls),
     }
+    if args.baseline is not None:
+        makers["rose_ray_compiled_baseline"] = lambda: rose_runner("ray-compiled", args.cg_calls, _baseline(args.baseline))
     chosen = list(makers) if args.methods == "all" else args.methods.split(",")
     methods, closers, errors = {}, [], {}
     for name in chosen:
