@@ -12,7 +12,8 @@ Variants (each round runs every variant once; per-call medians over the rounds' 
                    what threads of the local backend suffer when components overlap)
   rose_local       one RL iteration of the workflow through `Runner` on the local backend (from the trace)
   rose_ray         the same on the Ray backend, compiled (one process per component)
-  rose_ray_mps     (GPU, MPS available) the same with every GPU process an MPS client at its quota
+  rose_ray_mps     (GPU, MPS available) the same with every GPU process an MPS client at its quota --
+                   in a second phase, interleaved with `direct_phase2` (one Ray backend holds the GPU at a time)
 Also measured: pickling act's inputs and outputs (what Ray does to them between processes) and the
 cost of one trace record (worker tuple -> InvocationRecord -> trace).
 
@@ -247,44 +248,59 @@ def main() -> None:
                 thread.join()
 
         variants["direct_gil"] = with_neighbour
-    closers: list[Callable[[], None]] = []
     errors: dict[str, str] = {}
     processes: dict[str, dict[str, Any]] = {}
-    daemon = None
-    rose = [("rose_local", "local", None), ("rose_ray", "ray", None)]
+    timed: dict[str, dict[str, list[float]]] = {}
+
+    def measure(phase: dict[str, Callable[[dict[str, list[float]]], None]]) -> None:
+        """Warm every variant up once, then run them round by round (interleaved)."""
+        for v, fn in phase.items():
+            fn({"act": [], "step": []})
+            timed.setdefault(v, {"act": [], "step": []})
+        for _ in range(args.rounds):
+            for v, fn in phase.items():
+                fn(timed[v])
+
+    def with_rose(phase: dict, name: str, kind: str, mps_env: dict | None, closers: list) -> None:
+        if not want(name):
+            return
+        try:
+            once, close, processes[name] = rose_variant(wf, kind, allowed, device, mps_env)
+            phase[name] = once
+            closers.append(close)
+        except Exception as exc:  # noqa: BLE001 - recorded in the results; the other variants still run
+            errors[name] = f"{type(exc).__name__}: {exc}"
+
+    # phase 1: everything but MPS, interleaved
+    closers: list[Callable[[], None]] = []
+    try:
+        with_rose(variants, "rose_local", "local", None, closers)
+        with_rose(variants, "rose_ray", "ray", None, closers)
+        measure(variants)
+        extras = {"trace_record_us": record_cost(workers), **pickle_cost(direct)}
+    finally:
+        for close in closers:
+            close()
+    # phase 2 (GPU): Ray's GPU components as MPS clients at their quotas, interleaved with `direct` again
+    # (a second Ray backend cannot hold the GPU while the first does: one phase after the other)
     if gpu and want("rose_ray_mps"):
         from interpreter.mps import MpsDaemon
 
         daemon = MpsDaemon()
         daemon.start()
-        if daemon.active:
-            rose.append(("rose_ray_mps", "ray", {c.name: daemon.client_env(c.mps_quota)
-                                                 for c in wf.components.values() if c.device == "gpu"}))
-        else:
-            errors["rose_ray_mps"] = f"MPS not available: {daemon.warning}"
-    try:
-        for name, kind, mps_env in rose:
-            if not want(name):
-                continue
-            try:
-                once, close, processes[name] = rose_variant(wf, kind, allowed, device, mps_env)
-                once({"act": [], "step": []})  # warm up (compiles, first CUDA kernels)
-                variants[name] = once
-                closers.append(close)
-            except Exception as exc:  # noqa: BLE001 - recorded in the results; the other variants still run
-                errors[name] = f"{type(exc).__name__}: {exc}"
-        timed: dict[str, dict[str, list[float]]] = {v: {"act": [], "step": []} for v in variants}
-        for v, fn in variants.items():  # warm up the in-process variants too
-            if not v.startswith("rose"):
-                fn({"act": [], "step": []})
-        for _ in range(args.rounds):
-            for v, fn in variants.items():
-                fn(timed[v])
-        extras = {"trace_record_us": record_cost(workers), **pickle_cost(direct)}
-    finally:
-        for close in closers:
-            close()
-        if daemon is not None:
+        closers = []
+        try:
+            if daemon.active:
+                phase: dict[str, Callable[[dict[str, list[float]]], None]] = {
+                    "direct_phase2": lambda timed_: direct.rollout(direct.policy.act, direct.sim.step, timed_)}
+                with_rose(phase, "rose_ray_mps", "ray", {c.name: daemon.client_env(c.mps_quota)
+                                                          for c in wf.components.values() if c.device == "gpu"}, closers)
+                measure(phase)
+            else:
+                errors["rose_ray_mps"] = f"MPS not available: {daemon.warning}"
+        finally:
+            for close in closers:
+                close()
             daemon.stop()
     stats = {v: {call: _stats(ms) for call, ms in calls.items()} for v, calls in timed.items()}
 
@@ -305,7 +321,7 @@ def main() -> None:
         "rose_local_step_over_direct_ms": diff("rose_local", "direct", "step"),
         "rose_ray_over_direct_ms": diff("rose_ray", "direct"),
         "rose_ray_step_over_direct_ms": diff("rose_ray", "direct", "step"),
-        "mps_over_rose_ray_ms": diff("rose_ray_mps", "rose_ray"),
+        "rose_ray_mps_over_direct_ms": diff("rose_ray_mps", "direct_phase2"),
         **extras,
     }
     result = {
