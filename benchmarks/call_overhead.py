@@ -8,6 +8,7 @@ Variants (each round runs every variant once; per-call medians over the rounds' 
   worker           act/step through `ComponentWorker.call` in this process (recipe evaluation, output
                    checks, device sync, the trace record), outputs left where they are (local backend)
   worker_to_cpu    the same with the outputs moved to the CPU, as a Ray worker does (output transfer)
+  direct_1thread   direct with one intra-op CPU thread (what Ray gives an actor with num_cpus=0)
   direct_gil       direct, while a second simulator steps in a thread of this process (GIL contention,
                    what threads of the local backend suffer when components overlap)
   rose_local       one RL iteration of the workflow through `Runner` on the local backend (from the trace)
@@ -237,6 +238,16 @@ def main() -> None:
         variants["worker"] = lambda timed: direct.rollout(act_w, step_w, timed, sync=False)
     if want("worker_to_cpu"):
         variants["worker_to_cpu"] = lambda timed: direct.rollout(act_c, step_c, timed, sync=False)
+    if want("direct_1thread"):
+        def one_thread(timed: dict[str, list[float]]) -> None:
+            before = torch.get_num_threads()
+            torch.set_num_threads(1)  # what Ray gives an actor with num_cpus=0 (OMP_NUM_THREADS=1)
+            try:
+                direct.rollout(direct.policy.act, direct.sim.step, timed)
+            finally:
+                torch.set_num_threads(before)
+
+        variants["direct_1thread"] = one_thread
     if want("direct_gil"):
         def with_neighbour(timed: dict[str, list[float]]) -> None:
             stop = threading.Event()
@@ -315,6 +326,8 @@ def main() -> None:
         "device_wait_after_return_ms": diff("direct", "direct_nosync"),
         "worker_wrapper_ms": diff("worker", "direct"),
         "output_transfer_ms": diff("worker_to_cpu", "worker"),
+        "one_cpu_thread_ms": diff("direct_1thread", "direct"),
+        "one_cpu_thread_step_ms": diff("direct_1thread", "direct", "step"),
         "gil_contention_ms": diff("direct_gil", "direct"),
         "gil_contention_step_ms": diff("direct_gil", "direct", "step"),
         "rose_local_over_direct_ms": diff("rose_local", "direct"),
