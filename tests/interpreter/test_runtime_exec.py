@@ -171,12 +171,16 @@ def test_checkpoint_and_resume_continue_the_same_run(tmp_path) -> None:
     _assert_same(straight, resumed)
 
 
-def test_replacing_an_actor_keeps_its_state_and_applies_the_new_environment(ray_session) -> None:
-    """A quota change moves the component to a new process; training continues from the same state."""
+@pytest.mark.parametrize("compiled", [False, True])
+def test_replacing_an_actor_keeps_its_state_and_applies_the_new_environment(ray_session, compiled) -> None:
+    """A quota change moves the component to a new process; training continues from the same state
+    (a compiled graph is compiled again around the new process)."""
     wf = _ppo()
     straight, _ = _run(wf, LocalBackend, iterations=4)
     sch = Schedule(wf)
     be = RayBackend(wf, ALLOWED, sch.program.loops_of)
+    if compiled:
+        be.compile(sch)
     try:
         runner = Runner(wf, be, RunConfig(iterations=4, tensorboard=False), sch)
         runner.run_iteration(0)
@@ -184,6 +188,7 @@ def test_replacing_an_actor_keeps_its_state_and_applies_the_new_environment(ray_
         old_pid = be.control("sim", "info")["pid"]
         info = be.replace_actor("sim", 40, {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40"})
         assert info["pid"] != old_pid and info["mps_quota"] == "40"
+        assert be.capabilities.compiled == compiled
         runner.run_iteration(2)
         runner.run_iteration(3)
         states = {n: be.control(n, "get_states") for n in be.components()}
