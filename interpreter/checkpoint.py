@@ -172,7 +172,7 @@ def save_checkpoint(run_dir: str | os.PathLike[str], iteration: int, states: dic
         _fsync_dir(tmp)
         final = run_dir / f"ckpt-{iteration:06d}"
         _publish(tmp, final)
-    except BaseException:
+    except BaseException:  # not a suppression: remove the partial checkpoint, then re-raise (Ctrl-C included)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if keep_last is not None:

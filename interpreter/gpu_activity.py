@@ -181,7 +181,7 @@ def _open_reader(nvml: Any, gpu_index: int, prefer: str) -> tuple[Any, str]:
         return None, f"NVML unavailable ({e}); no SM activity on this machine"
     try:
         handle = nvml.nvmlDeviceGetHandleByIndex(gpu_index)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - a hardware probe: any failure means "not sampled", and says why
         _shutdown(nvml)
         return None, f"no GPU {gpu_index} ({e})"
     notes = []
@@ -195,14 +195,14 @@ def _open_reader(nvml: Any, gpu_index: int, prefer: str) -> tuple[Any, str]:
             if reader.last_return == getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", 3):
                 raise RuntimeError("SM_UTIL metric not supported")
             return reader, "NVML GPM SM_UTIL"
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a probe (an old driver lacks GPM entirely): noted, the next source tried
             notes.append(f"GPM unavailable ({e})")
     if prefer in ("auto", "utilization"):
         try:
             reader = _UtilReader(nvml, handle)
             reader.prime()
             return reader, "; ".join(notes + ["NVML utilization rates (coarse: any kernel running)"])
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a probe: noted, and activity is not sampled
             notes.append(f"utilization rates unavailable ({e})")
     _shutdown(nvml)
     return None, "; ".join(notes) or f"source {prefer!r} disabled"
@@ -211,7 +211,7 @@ def _open_reader(nvml: Any, gpu_index: int, prefer: str) -> tuple[Any, str]:
 def _shutdown(nvml: Any) -> None:
     try:
         nvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - releasing NVML after the sampler is done: nothing depends on it
         pass
 
 
@@ -325,7 +325,7 @@ class ActivitySampler:
         reader = _UtilReader(old.nvml, old.handle)
         try:
             reader.prime()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a probe: the reason is recorded, sampling keeps what it had
             self.reason += f"; GPM gave no values and utilization rates failed ({e})"
             return
         old.close()

@@ -146,12 +146,12 @@ def detect_mps(binary: str | None = None, nvml: Any = None) -> MpsAvailability:
                 continue
             if mode == prohibited:
                 return MpsAvailability(False, f"MPS unavailable: GPU {i} compute mode is PROHIBITED", path)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - a hardware probe: any failure means "no MPS here", and says why
         return MpsAvailability(False, f"MPS unavailable: NVML query failed ({e})", path)
     finally:
         try:
             nvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - the probe's answer is known; a failing NVML shutdown changes nothing
             pass
     running = find_running_daemon(path)
     if running is not None:

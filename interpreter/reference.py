@@ -15,11 +15,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rose_dsl.analysis import _DepOps, _Deps
+from rose_dsl.analysis import AfterOrder
 from rose_dsl.ir import Workflow
 from rose_dsl.semantics import CallSite, Frame, Invocation, Program, SemanticError, run_sequential
 
 from .components import invoke
+from .recipe import RecipeOps, Ref, leaves_of, lift
 from .values import TorchOps
 
 __all__ = ["ReferenceRun", "run_reference", "schedule_dependencies"]
@@ -45,20 +46,21 @@ class _Caller:
 
 
 def schedule_dependencies(program: Program, sites: list[CallSite]) -> dict[Invocation, set[Invocation]]:
-    """For each call: the calls it must wait for (its data producers and the previous call of its component)."""
-    outputs: dict[Invocation, dict[str, Any]] = {}
-    frame = Frame(lambda inv, port: outputs[inv][port], _DepOps())
+    """For each call: the calls it must wait for (its data producers, the previous call of its component
+    and what an `after:` names) -- its inputs' recipes, built as the runtime's schedule builds them, name
+    its producers."""
+    frame = Frame(lambda inv, port: Ref(inv), RecipeOps())
     deps: dict[Invocation, set[Invocation]] = defaultdict(set)
     last_of: dict[str, Invocation] = {}
+    order = AfterOrder(program.items)
     for site in sites:
         for value in program.inputs(site, frame).values():
-            if isinstance(value, frozenset):
-                deps[site.inv].update(inv for inv, _ in value)
+            deps[site.inv].update(leaf.handle for leaf in leaves_of(lift(value)) if isinstance(leaf, Ref))
+        deps[site.inv].update(inv for inv, _ in order.visit(site))
         prev = last_of.get(site.node.component)
         if prev is not None:
             deps[site.inv].add(prev)
         last_of[site.node.component] = site.inv
-        outputs[site.inv] = {p: _Deps({(site.inv, p)}) for p in site.node.outputs}
     return deps
 
 

@@ -19,10 +19,11 @@ from typing import Any
 
 from rose_dsl.ir import Workflow
 
-from .backends import Backend, CallFailed, WatchdogTimeout
+from .backend_base import NODE_LIMIT, Backend, Overdue, WatchdogTimeout
 from .checkpoint import CheckpointError, latest_complete, load_checkpoint, save_checkpoint
 from .schedule import ReplicaSet, Schedule, replicated
 from .trace import ExecutionTrace, InvocationRecord
+from .worker import CallFailed
 
 __all__ = ["RunConfig", "Runner", "IterationResult"]
 
@@ -83,6 +84,9 @@ class Runner:
         self.backend = backend
         self.config = config
         self.schedule = schedule or Schedule(wf)
+        self._replicas = max((c.replicas for c in wf.components.values()), default=1)
+        if self._replicas > 1 and not backend.capabilities.replicas:
+            raise ValueError(f"replicas: {self._replicas} needs a backend with one process per replica (--backend ray)")
         self.on_iteration = on_iteration
         self.sampler = _as_gpu_activity(sampler)
         self.trace = ExecutionTrace(meta={"workflow": wf.name})
@@ -90,6 +94,7 @@ class Runner:
         self.recoveries: list[dict[str, Any]] = []
         self.on_recovery: Callable[[dict[str, Any]], None] | None = None  # told of each restart
         self._stuck = False  # the watchdog fired: components may not answer
+        self._fresh: list[InvocationRecord] = []
         self.processes: dict[int, dict[str, Any]] = {}  # pid -> the process's own view (SM count, quota)
         self._metrics_file = None
         self._tb = None
@@ -111,7 +116,7 @@ class Runner:
         for comp in self.backend.components():
             try:
                 info = self.backend.control(comp, "info", timeout=60)
-            except Exception:  # noqa: BLE001 - descriptive only
+            except (CallFailed, TimeoutError):  # descriptive only: a failing process is reported by its calls
                 continue
             self.processes[info["pid"]] = info
 
@@ -151,33 +156,41 @@ class Runner:
     # -- iterations -------------------------------------------------------------------------
     def run_iteration(self, k: int) -> IterationResult:
         t0 = time.perf_counter_ns()
-        if hasattr(self.backend, "execute_iteration"):
-            try:
-                try:
-                    self.backend.execute_iteration(k, self.config.call_timeout_s)
-                except TimeoutError:
-                    raise self._watchdog(f"iteration {k}") from None
-            finally:
-                self._collect_records()
-            return self._finish(k, t0, time.perf_counter_ns())
-        replicas = getattr(self.backend, "replicas", 1)
-        if replicas == 1:
-            submitted = self.schedule.steps(k, self.backend.submit)
-        else:  # data parallel: every call once per replica of its component, each on its own process
-            submitted = self.schedule.steps(k, replicated(lambda step, r: self.backend.submit(step, replica=r), self.wf))
-        deadline = time.monotonic() + self.config.call_timeout_s
         try:
-            for step, handles in submitted:
-                first = handles[0]
-                for handle in first.handles if isinstance(first, ReplicaSet) else (first,):
-                    remaining = max(0.0, deadline - time.monotonic())
-                    try:
-                        self.backend.result(handle, timeout=remaining)
-                    except TimeoutError:
-                        raise self._watchdog(step.label) from None
+            if self.backend.capabilities.compiled:
+                self.backend.execute_iteration(k, self.config.call_timeout_s)
+            else:
+                self._dispatch(k)
+        except Overdue as late:
+            raise self._watchdog(late) from None
         finally:
             self._collect_records()
         return self._finish(k, t0, time.perf_counter_ns())
+
+    def _dispatch(self, k: int) -> None:
+        """Submit every call of iteration k, then wait for them in program order.
+
+        The watchdog: no call may finish later than `call_timeout_s` after the iteration started, and a
+        node's `timeout_s` bounds each of its calls, counted from when the wait for it begins. That is
+        never early: every call the waited one depends on -- its data producers and its component's
+        previous call -- is earlier in program order, hence finished, so the waited call is running
+        (or starting) by then."""
+        if self._replicas == 1:
+            submitted = self.schedule.steps(k, self.backend.submit)
+        else:  # data parallel: every call once per replica of its component, each on its own process
+            submitted = self.schedule.steps(k, replicated(self.backend.submit, self.wf))
+        deadline = time.monotonic() + self.config.call_timeout_s
+        for step, handles in submitted:
+            first = handles[0]
+            own = step.node.timeout_s
+            for handle in first.handles if isinstance(first, ReplicaSet) else (first,):
+                remaining = max(0.0, deadline - time.monotonic())
+                limit = own if own is not None and own < remaining else None
+                try:
+                    self.backend.result(handle, timeout=remaining if limit is None else limit)
+                except TimeoutError:
+                    raise (Overdue(step.label, self.config.call_timeout_s) if limit is None
+                           else Overdue(step.label, limit, NODE_LIMIT)) from None
 
     def _finish(self, k: int, t0: int, t1: int) -> IterationResult:
         seconds = (t1 - t0) / 1e9
@@ -206,13 +219,13 @@ class Runner:
         self._log(result)
         return result
 
-    def _watchdog(self, label: str) -> WatchdogTimeout:
+    def _watchdog(self, late: Overdue) -> WatchdogTimeout:
         """The watchdog fired: dump every component's stack (to stacks.txt in the run directory)."""
         self._stuck = True
-        exc = WatchdogTimeout(label, self.config.call_timeout_s)
-        dump = getattr(self.backend, "dump_stacks", None)
-        stacks = dump() if callable(dump) else {}
-        exc.stacks = stacks  # type: ignore[attr-defined]
+        self.backend.stuck = True  # its shutdown must not wait for the stuck call
+        exc = WatchdogTimeout(late.label, late.seconds, late.limit)
+        stacks = self.backend.dump_stacks()
+        exc.stacks = stacks
         if self.config.out_dir is not None and stacks:
             text = "\n".join(f"== {comp}\n{stack}" for comp, stack in stacks.items())
             (self.config.out_dir / "stacks.txt").write_text(text)
@@ -220,27 +233,20 @@ class Runner:
 
     def _collect_records(self) -> None:
         # best effort and bounded: a stuck component (the watchdog fired) must not hold up the report
-        timeout = 5.0 if self._stuck else 120.0
+        self._fresh = []  # this iteration's records (the trace keeps them all)
+        timeout = 1.0 if self._stuck else 120.0  # (idle components answer at once)
         for comp in self.backend.components():
             try:
                 records = self.backend.control(comp, "pop_records", timeout=timeout)
-            except Exception:  # noqa: BLE001 - a dead or stuck process has no records; the failure is reported elsewhere
+            except (CallFailed, TimeoutError):  # a dead or stuck process has no records; its failure is reported elsewhere
                 continue
-            for r in records:
-                end = max(r["host_end_ns"], r["device_end_ns"] or 0)
-                self.trace.append(InvocationRecord(
-                    call_id=self.trace.new_call_id(), node=r["node"], component=r["component"],
-                    host_start_ns=r["host_start_ns"], host_end_ns=r["host_end_ns"],
-                    device_start_ns=r["host_start_ns"] if r["device_end_ns"] else None,
-                    device_end_ns=end if r["device_end_ns"] else None,
-                    loop_indices=tuple(tuple(x) for x in r["loop_indices"]), group=r["group"],
-                    state=tuple(tuple(x) for x in r["state"]), pid=r["pid"], gpu=r["gpu"], status=r["status"],
-                    error=r["error"]))
+            self._fresh.extend(self.trace.add(r) for r in records)
 
     def _time_by_node(self, t0: int, t1: int) -> dict[str, int]:
-        """Busy time per top-level item of the iteration (rollout, training, sync...), groups merged."""
+        """Busy time per top-level item of the iteration (rollout, training, sync...), groups merged.
+        (From this iteration's records: a scan of the whole trace every iteration grew with the run.)"""
         out: dict[str, int] = defaultdict(int)
-        for r in self.trace.records():
+        for r in self._fresh:
             if r.host_start_ns >= t0 and (r.end_ns or 0) <= t1 and r.duration_ns:
                 top = r.node.split(".")[1].split("@")[0] if "." in r.node else r.node
                 out[top] += r.duration_ns
@@ -267,7 +273,7 @@ class Runner:
                 try:
                     self.run_iteration(k)
                 except CallFailed as exc:
-                    if not (exc.died or exc.gpu_fatal) or not hasattr(self.backend, "restart"):
+                    if not (exc.died or exc.gpu_fatal) or not self.backend.capabilities.restartable:
                         raise
                     restarts += 1
                     if restarts > self.config.max_restarts:
@@ -295,8 +301,7 @@ class Runner:
         broken = set(self.backend.dead_components())
         if exc.gpu_fatal:  # alive but its CUDA context is gone
             broken.add(exc.component)
-        domain = getattr(self.backend, "fault_domain", None)
-        restart = domain(sorted(broken), exc.gpu_fatal) if callable(domain) else sorted(broken)
+        restart = self.backend.fault_domain(sorted(broken), exc.gpu_fatal)
         self.backend.restart(restart)
         ckpt = load_checkpoint(path)
         for comp, states in ckpt.states.items():

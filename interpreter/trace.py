@@ -129,8 +129,8 @@ class InvocationRecord:
 class ExecutionTrace:
     """Thread-safe, append-only collection of :class:`InvocationRecord` (ids unique per trace).
 
-    Driver-side dispatch uses :meth:`begin`/:meth:`end`; records produced inside remote workers are
-    added whole with :meth:`append` (their ids come from :meth:`new_call_id`).
+    Driver-side dispatch uses :meth:`begin`/:meth:`end`; records produced inside workers are added
+    whole with :meth:`add` (which numbers them) or :meth:`append` (ids from :meth:`new_call_id`).
     """
 
     clock: Callable[[], int] = time.perf_counter_ns
@@ -152,6 +152,14 @@ class ExecutionTrace:
                 raise ValueError(f"duplicate call id {record.call_id} ({record.node})")
             self._records[record.call_id] = record
             self._next_id = max(self._next_id, record.call_id + 1)
+
+    def add(self, record: InvocationRecord) -> InvocationRecord:
+        """Append a record made elsewhere (a worker's), numbered with a fresh call id of this trace."""
+        with self._lock:
+            numbered = dataclasses.replace(record, call_id=self._next_id)
+            self._next_id += 1
+            self._records[numbered.call_id] = numbered
+        return numbered
 
     def begin(
         self,

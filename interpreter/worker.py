@@ -9,18 +9,29 @@ one value per output port.
 from __future__ import annotations
 
 import os
+import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rose_dsl.ir import Component, ExecutionNode
 
 from .components import ComponentError, check_batch, construct, get_state, invoke, set_state
-from .iteration_var import resolve_k
-from .schedule import evaluate_recipe
+from .recipe import evaluate, resolve_k
+from .trace import InvocationRecord
 
-__all__ = ["ComponentWorker", "CallFailed", "replica_name"]
+__all__ = ["ComponentWorker", "CallFailed", "replica_name", "group_of"]
+
+
+def group_of(node: ExecutionNode) -> int | None:
+    """The split group a node belongs to (`act@1`, or any item around it named `x@g`), None outside one."""
+    name = node.path[-1]
+    for part in reversed(node.path):
+        if "@" in part:
+            return int(part.rsplit("@", 1)[1])
+    return int(name.rsplit("@", 1)[1]) if "@" in name else None
 
 
 def replica_name(component: str, replica: int) -> str:
@@ -58,9 +69,8 @@ def is_fatal_gpu_error(exc: BaseException) -> bool:
 
 
 def _to_cpu(value: Any) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
+    torch = _torch()
+    if torch is not None and isinstance(value, torch.Tensor):
         return value.detach().cpu() if value.device.type != "cpu" else value
     if isinstance(value, dict):
         return {k: _to_cpu(v) for k, v in value.items()}
@@ -69,8 +79,29 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
-def _loop_names(path: tuple[str, ...], indices: tuple, loops: dict) -> list[tuple[str, Any]]:
-    return [(loop[-1], i) for loop, i in zip(loops.get(path, ()), indices, strict=False)]
+def _torch() -> Any:
+    """torch if this process imported it, else None: a process that never imported torch has no torch
+    tensors and no CUDA work of torch's to wait for (and a worker does not import it for nothing)."""
+    return sys.modules.get("torch")
+
+
+def _cuda_initialized() -> bool:
+    torch = _torch()
+    return torch is not None and torch.cuda.is_initialized()
+
+
+@dataclass(frozen=True)
+class _NodeInfo:
+    """What a worker needs about a node on every call, computed once at registration."""
+
+    node: ExecutionNode
+    name: str  # the dotted path, e.g. "iteration.epoch.step.act"
+    loops: tuple[str, ...]  # the names of the loops around it, outermost (the RL iteration) first
+    state: tuple[tuple[str, str], ...]  # (state object, access) pairs for the trace
+    group: int | None  # the split group, when the node is one
+
+    def label(self, indices: tuple[int, ...]) -> str:
+        return self.name + "".join(f"[{i}]" for i in indices)
 
 
 class ComponentWorker:
@@ -82,10 +113,12 @@ class ComponentWorker:
         self.device = device
         self.gpu_index = gpu_index
         self.outputs_to_cpu = outputs_to_cpu
-        self.records: list[dict[str, Any]] = []
+        self._records: list[tuple] = []  # raw, turned into InvocationRecords by pop_records (off the hot path)
         self.retries = retries
         self._k = 0  # the RL iteration being executed (compiled graphs pass it to the first call only)
         self.retried: list[str] = []  # what was retried (reported with the metrics)
+        # the call running now: (node info, indices, label, start ns), read by `overdue`
+        self.current: tuple[_NodeInfo, tuple[int, ...], str, int] | None = None
         self._stack_file = None
         if os.environ.get("ROSE_STACK_DIR"):  # a process of its own (Ray): dump stacks on SIGUSR1
             import faulthandler
@@ -94,10 +127,10 @@ class ComponentWorker:
             path = os.path.join(os.environ["ROSE_STACK_DIR"], f"stack-{comp.name}-{os.getpid()}.txt")
             self._stack_file = open(path, "w")  # noqa: SIM115 - kept open for the handler
             faulthandler.register(signal.SIGUSR1, file=self._stack_file, all_threads=True, chain=False)
-        self.nodes: dict[tuple[str, ...], ExecutionNode] = {}
-        self.loops: dict[tuple[str, ...], tuple[tuple[str, ...], ...]] = {}
+        self.nodes: dict[tuple[str, ...], _NodeInfo] = {}
         self.replica = replica
         self.process = replica_name(comp.name, replica)
+        self.pid = os.getpid()
         if dist_init is not None:
             # a data-parallel replica: the component's replicas form one torch.distributed group
             import torch.distributed as dist
@@ -105,98 +138,133 @@ class ComponentWorker:
             dist.init_process_group(dist_backend, init_method=dist_init, rank=replica, world_size=comp.replicas)
         self.obj = construct(comp, seed, device, allowed, replica)
 
-    def register_nodes(self, nodes: dict[tuple[str, ...], ExecutionNode],
-                       loops: dict[tuple[str, ...], tuple[tuple[str, ...], ...]] | None = None) -> int:
+    def register_nodes(self, nodes: Mapping[tuple[str, ...], ExecutionNode],
+                       loops: Mapping[tuple[str, ...], tuple[tuple[str, ...], ...]] | None = None) -> int:
         """The nodes this worker will be asked to run, and the loops around each (sent once)."""
-        self.nodes.update(nodes)
-        self.loops.update(loops or {})
+        loops = loops or {}
+        for path, node in nodes.items():
+            self.nodes[path] = _NodeInfo(node, ".".join(path), tuple(loop[-1] for loop in loops.get(path, ())),
+                                         tuple((e.state, e.access.value) for e in node.effects), group_of(node))
         return len(self.nodes)
 
-    def call_flat(self, label: str, path: tuple[str, ...], recipe: tuple, group: int | None, loop_indices: tuple,
+    # -- calls ------------------------------------------------------------------------------
+    def call_flat(self, label: str, path: tuple[str, ...], recipe: tuple, indices: tuple, after: tuple,
                   *leaves: Any) -> Any:
-        """The Ray entry point: leaves arrive as top-level arguments, so Ray resolves them first."""
-        values = self.call(label, self.nodes[path], recipe, leaves, group, loop_indices)
+        """The Ray entry point: leaves arrive as top-level arguments, so Ray resolves them first; `after`
+        holds ObjectRefs of calls to wait for without fetching their values (`after:` in the workflow)."""
+        if after:
+            import ray
+
+            ray.wait(list(after), num_returns=len(after), fetch_local=False)
+        values = self.call(self.nodes[path], label, indices, recipe, leaves)
         return values[0] if len(values) == 1 else values
 
-    # -- calls ------------------------------------------------------------------------------
-    def call_compiled(self, path: tuple[str, ...], recipe: tuple, group: int | None, indices: tuple,
-                      ports: tuple[tuple[int, int], ...], tokens: int, k: int | None, *values: Any) -> tuple[Any, ...]:
-        """The Compiled Graph entry point: `values` are this call's ordering tokens followed by the whole
-        outputs of its producers; `ports` picks each leaf as (producer, port). `indices` and the recipe
-        hold the RL iteration symbolically; `k` is its value for this execution (given to a component's
-        first call of the iteration; None for the later ones, which run after it in this process)."""
+    def call_compiled(self, path: tuple[str, ...], recipe: tuple, indices: tuple, ports: tuple[tuple[int, int], ...],
+                      k: int | None, *producers: Any) -> Any:
+        """The Compiled Graph entry point: `producers` are the values of this call's producers (a call
+        with one output returns that value, one with several the tuple of them); `ports` picks each leaf
+        as (producer, port), port -1 for a producer's whole value. `indices` and the recipe hold the RL
+        iteration symbolically; `k` is its value for this execution (given to a component's first call
+        of the iteration; None for the later ones, which run after it in this process: a compiled graph
+        runs an actor's calls in the order they were bound)."""
         if k is None:
             k = self._k
         else:
             self._k = k
-        producers = values[tokens:]
-        leaves = [producers[n][p] for n, p in ports]
-        concrete = tuple(resolve_k(i, k) for i in indices)
-        label = ".".join(path) + "".join(f"[{i}]" for i in concrete)
-        loop_indices = tuple((name, resolve_k(i, k)) for name, i in _loop_names(path, concrete, self.loops))
-        return self.call(label, self.nodes[path], recipe, leaves, group, loop_indices, k)
+        info = self.nodes[path]
+        concrete = tuple(i if type(i) is int else resolve_k(i, k) for i in indices)
+        leaves = [producers[n] if p < 0 else producers[n][p] for n, p in ports]
+        values = self.call(info, None, concrete, recipe, leaves, k)
+        return values[0] if len(values) == 1 else values
 
-    def call(self, label: str, node: ExecutionNode, recipe: tuple, leaves: Sequence[Any], group: int | None,
-             loop_indices: tuple, k: int | None = None) -> tuple[Any, ...]:
+    def call(self, info: _NodeInfo, label: str | None, indices: tuple[int, ...], recipe: tuple, leaves: Sequence[Any],
+             k: int | None = None) -> tuple[Any, ...]:
+        """Run one call: build its inputs, invoke the method (retrying an idempotent node), wait for the
+        device, record it. `label` (the invocation, `node[i][j]`, for messages) is built from `indices`
+        when not given."""
+        node = info.node
         start = time.perf_counter_ns()
+        if label is None:
+            label = info.label(indices)
+        self.current = (info, indices, label, start)
         try:
-            inputs = {port: evaluate_recipe(r, leaves, None, k) for port, r in recipe}
+            inputs = {port: evaluate(r, leaves, None, k) for port, r in recipe}
             attempt = 0
             while True:
                 try:
                     outs = invoke(self.obj, node, inputs, label)
                     break
-                except Exception as exc:  # noqa: BLE001 - retried only where the workflow allows it
+                except Exception as exc:  # noqa: BLE001 - retried only where the workflow allows it, else re-raised
                     attempt += 1
                     if not node.idempotent or attempt > self.retries or is_fatal_gpu_error(exc):
                         raise
-                    self.retried.append(f"{label}: attempt {attempt} failed ({type(exc).__name__}: {exc}); retrying")
+                    self.retried.append(f"{label}: attempt {attempt} failed "
+                                        f"({type(exc).__name__}: {exc}); retrying")
                     time.sleep(min(2.0, 0.05 * 2**attempt))
-            check_batch(node, outs, label)
+            if node.batch is not None:
+                check_batch(node, outs, label)
             device_end = self._wait_device(outs)
         except ComponentError as exc:
-            self._record(label, node, start, time.perf_counter_ns(), None, group, loop_indices, "error", str(exc))
+            self._record(info, indices, start, time.perf_counter_ns(), None, str(exc))
             raise CallFailed(label, self.name, str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - reported with the node path, not swallowed
-            self._record(label, node, start, time.perf_counter_ns(), None, group, loop_indices, "error", repr(exc))
-            raise CallFailed(label, self.process, f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=8),
-                             gpu_fatal=is_fatal_gpu_error(exc)) from None
-        end = time.perf_counter_ns()
-        self._record(label, node, start, end, device_end, group, loop_indices, "ok", None)
+            self._record(info, indices, start, time.perf_counter_ns(), None, repr(exc))
+            raise CallFailed(label, self.process, f"{type(exc).__name__}: {exc}",
+                             traceback.format_exc(limit=8), gpu_fatal=is_fatal_gpu_error(exc)) from None
+        finally:
+            self.current = None
+        self._record(info, indices, start, time.perf_counter_ns(), device_end, None)
         values = tuple(outs[o] for o in node.outputs)
-        if self.outputs_to_cpu:
-            values = tuple(_to_cpu(v) for v in values)
+        if self.outputs_to_cpu and _cuda_initialized():
+            values = tuple(_to_cpu(v) for v in values)  # (no CUDA in this process: no CUDA tensors either)
         return values if values else (None,)
 
-    def _wait_device(self, outs: dict[str, Any]) -> int | None:
-        """Block until the device work behind the outputs is done; return the host time it was."""
-        waited = False
-        try:
-            import torch
+    def overdue(self) -> tuple[str, float] | None:
+        """The running call, when it has run longer than its node's `timeout_s`: (label, timeout)."""
+        current = self.current
+        if current is None:
+            return None
+        info, indices, label, start = current
+        timeout = info.node.timeout_s
+        if not timeout or time.perf_counter_ns() - start <= timeout * 1e9:
+            return None
+        return (label, timeout)
 
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
-                torch.cuda.synchronize()
-                waited = True
-        except Exception:  # noqa: BLE001 - no CUDA in this process
-            pass
-        for v in outs.values():
-            ready = getattr(v, "block_until_ready", None)  # JAX arrays
-            if callable(ready):
-                ready()
-                waited = True
+    def _wait_device(self, outs: dict[str, Any]) -> int | None:
+        """Block until the device work behind the outputs is done; return the host time it was.
+
+        Why wait: host return is not GPU readiness (kernels run asynchronously), so a call's duration
+        and its outputs' readiness both need the device done -- torch's CUDA work (when this process
+        initialised CUDA) and JAX arrays (`block_until_ready`, when this process imported JAX)."""
+        waited = False
+        if _cuda_initialized():
+            sys.modules["torch"].cuda.synchronize()
+            waited = True
+        if "jax" in sys.modules:
+            for v in outs.values():
+                ready = getattr(v, "block_until_ready", None)
+                if callable(ready):
+                    ready()
+                    waited = True
         return time.perf_counter_ns() if waited else None
 
-    def _record(self, label, node, start, end, device_end, group, loop_indices, status, error) -> None:
-        self.records.append({
-            "node": ".".join(node.path), "label": label, "component": self.name, "host_start_ns": start,
-            "host_end_ns": end, "device_end_ns": device_end, "group": group, "loop_indices": loop_indices,
-            "state": tuple((e.state, e.access.value) for e in node.effects), "pid": os.getpid(),
-            "gpu": self.gpu_index, "status": status, "error": error,
-        })
+    def _record(self, info: _NodeInfo, indices: tuple[int, ...], start: int, end: int, device_end: int | None,
+                error: str | None) -> None:
+        # a tuple on the hot path; pop_records builds the InvocationRecords
+        self._records.append((info, indices, start, end, device_end, error))
 
     # -- control ----------------------------------------------------------------------------
-    def pop_records(self) -> list[dict[str, Any]]:
-        out, self.records = self.records, []
+    def pop_records(self) -> list[InvocationRecord]:
+        """The invocation records of the calls since the last pop (call ids are given by the trace)."""
+        raw, self._records = self._records, []
+        out = []
+        for info, indices, start, end, device_end, error in raw:
+            out.append(InvocationRecord(
+                call_id=0, node=info.name, component=self.name, host_start_ns=start, host_end_ns=end,
+                device_start_ns=start if device_end else None,
+                device_end_ns=max(end, device_end) if device_end else None,
+                loop_indices=tuple(zip(info.loops, indices, strict=False)), group=info.group, state=info.state,
+                pid=self.pid, gpu=self.gpu_index, status="error" if error is not None else "ok", error=error))
         return out
 
     def pop_metrics(self) -> dict[str, float]:
@@ -219,14 +287,17 @@ class ComponentWorker:
         """What this process sees: its pid and, on a GPU, the SM count its MPS quota leaves it."""
         info: dict[str, Any] = {"pid": os.getpid(), "component": self.name, "process": self.process,
                                 "mps_quota": os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
-                                "visible_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpu_slot": self.gpu_index}
+                                "visible_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpu_slot": self.gpu_index,
+                                "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+        if _torch() is not None:
+            info["torch_threads"] = _torch().get_num_threads()
         try:
             import torch
 
             if torch.cuda.is_available():
                 info["sm_count"] = torch.cuda.get_device_properties(0).multi_processor_count
                 info["gpu_name"] = torch.cuda.get_device_name(0)
-        except Exception as exc:  # noqa: BLE001
+        except (RuntimeError, AssertionError) as exc:  # a broken CUDA set-up is described here; calls fail with it
             info["cuda_error"] = repr(exc)
         return info
 

@@ -20,20 +20,20 @@ from typing import Any, NamedTuple
 
 from .bulk import in_bulk
 from .expr import IterRef, Ref, walk
-from .ir import Access, ExecutionNode, Item, LoopNode, Workflow
+from .ir import Access, ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from .resolve import Resolver, expr_fields
 from .semantics import CallSite, Invocation, Program, ValueOps, enclosing_loops, run_sequential
 
 __all__ = [
     "Dep", "Deps", "DepOps", "InvocationGraph", "invocation_graph", "clear_graph_cache", "LoopKind", "ItemEdge",
-    "Analysis", "analyze", "loop_kinds", "state_access_order",
+    "Analysis", "analyze", "loop_kinds", "state_access_order", "AfterOrder",
 ]
 
 Path = tuple[str, ...]
 
 
 class Dep(NamedTuple):
-    """Why `consumer` must run after `producer`. kind: 'data' or 'state'. For state deps `flow` is True
+    """Why `consumer` must run after `producer`. kind: 'data', 'state' or 'after' (an `after:`, which observes nothing). For state deps `flow` is True
     when the consumer observes the producer's value (read/update after a write) and False when the order
     only protects an in-place object (a write after a read, a refresh after a write). A named tuple:
     graphs hold thousands, and the tracker interns them."""
@@ -92,7 +92,42 @@ class DepOps:
         return True  # a dynamic loop is analysed through one representative iteration
 
 
-_Deps, _DepOps = Deps, DepOps  # the names interpreter/reference.py imports
+
+
+
+class AfterOrder:
+    """What `after:` adds to program order: an item with `after: [s]` runs every call inside it after
+    every call inside its earlier sibling `s`, in the same iterations of the loops around both (a merge
+    stands for the groups it merges). Feed it the call sites in program order (`visit`); it answers
+    with the earlier calls each one must follow. The analysis, the runtime's schedule and the
+    reference interpreter all ask this one place."""
+
+    def __init__(self, items: Mapping[Path, Item]) -> None:
+        def expand(path: Path) -> list[Path]:
+            item = items.get(path)
+            if isinstance(item, MergeNode):
+                return [p for src in item.sources for p in expand(path[:-1] + (src,))]
+            return [path]
+
+        self._after = {path: tuple((name, target) for name in item.after for target in expand(path[:-1] + (name,)))
+                       for path, item in items.items() if item.after}
+        self._targets = {target for pairs in self._after.values() for _, target in pairs}
+        self._inside: dict[tuple[Path, tuple], list[Invocation]] = defaultdict(list)
+
+    def visit(self, site: CallSite) -> list[tuple[Invocation, str]]:
+        """Record a call and return the earlier calls it must follow, each with the reason (`after: s`)."""
+        if not self._after:
+            return []
+        out: list[tuple[Invocation, str]] = []
+        path = site.inv.path
+        for n in range(2, len(path) + 1):  # the items around the call, and the call's node
+            prefix = path[:n]
+            outer = tuple(i for loop, i in site.ctx if len(loop) < n)  # the iterations of the loops around it
+            for name, target in self._after.get(prefix, ()):
+                out.extend((inv, f"{prefix[-1]}: after {name}") for inv in self._inside.get((target, outer), ()))
+            if prefix in self._targets:
+                self._inside[(prefix, outer)].append(site.inv)
+        return out
 
 
 class _DepTracker:
@@ -115,8 +150,9 @@ class _DepTracker:
 
     ops: ValueOps = DepOps()
 
-    def __init__(self, graph: InvocationGraph) -> None:
+    def __init__(self, graph: InvocationGraph, items: Mapping[Path, Item]) -> None:
         self.g = graph
+        self._order = AfterOrder(items)
         self._last_writer: dict[str, tuple[Invocation, str]] = {}  # state -> (call, its access mode)
         self._readers: dict[str, list[tuple[Invocation, str]]] = defaultdict(list)  # since the last write
         self._unobserved_writes: dict[str, list[tuple[Invocation, str]]] = defaultdict(list)
@@ -139,6 +175,8 @@ class _DepTracker:
                     deps = g.deps[inv]
                 key = ("data", port, producer.path[-1], out_port)
                 self._add_to(deps, producer, reasons.get(key) or self._reason(key))
+        for earlier, reason in self._order.visit(site):
+            self._add(inv, earlier, self._reason(("after", reason)))
         effects = self._effects.get(node.path)
         if effects is None:  # access modes as plain strings: Enum properties cost a Python call each
             effects = self._effects[node.path] = tuple((e.state, e.access, e.access.value) for e in node.effects)
@@ -195,6 +233,8 @@ class _DepTracker:
             if key[0] == "data":
                 _, port, producer, out_port = key
                 dep = Dep("data", f"in.{port} <- {producer}.{out_port}")
+            elif key[0] == "after":
+                dep = Dep("after", key[1], False)
             else:
                 _, state, access, mode, flow = key
                 dep = Dep("state", f"{state}: {access} after {mode}", flow)
@@ -291,7 +331,7 @@ def _invocation_graph(wf: Workflow, iterations: int, count_limit: int | None, ex
                 for eff in site.node.effects:
                     graph.accesses[eff.state].append((site.inv, eff.access))
         return graph
-    tracker = _DepTracker(graph)
+    tracker = _DepTracker(graph, program.items)
     run_sequential(program, tracker, range(iterations))
     tracker.finish()
     return graph

@@ -194,7 +194,7 @@ def _component(ctx: _Ctx, name: str, raw: Mapping[str, Any]) -> Component:
 
 _NODE_FIELDS = ("call", "in", "out", "state", "batch", "phases", "after", "rows")
 _LOOP_FIELDS = ("count", "until", "carry", "collect", "after", "iterations")
-_MERGE_FIELDS = ("from", "ports", "after")
+_MERGE_FIELDS = ("from", "ports")
 _ACCESS = {a.value: a for a in Access}  # the schema allows only these
 
 
@@ -275,7 +275,7 @@ class _ItemBuilder:
             path=me, component=comp_name, method=method, inputs=tuple(inputs), outputs=tuple(raw.get("out") or ()),
             effects=tuple(effects), batch=batch, batch_size=batch_size, phases=phases, expand=bool(raw.get("expand", False)),
             rows=rows, split_of=raw.get("split_of"), after=tuple(raw.get("after") or ()),
-            priority=raw.get("priority", 0), idempotent=bool(raw.get("idempotent", False)),
+            idempotent=bool(raw.get("idempotent", False)),
             timeout_s=raw.get("timeout_s"), shard=raw.get("shard"), pos=ctx.doc.pos(path + ("node",)),
             field_pos=self._fpos(path, raw, _NODE_FIELDS), src=path,
         )
@@ -319,15 +319,14 @@ class _ItemBuilder:
         return LoopNode(
             path=me, body=self.body(raw["body"], path + ("body",), me), count=count, until=until,
             carries=tuple(carries), collects=tuple(collects), iterations=iterations, split_of=raw.get("split_of"),
-            after=tuple(raw.get("after") or ()), priority=raw.get("priority", 0),
+            after=tuple(raw.get("after") or ()),
             pos=ctx.doc.pos(path + ("loop",)) if "loop" in raw else ctx.doc.pos(path), field_pos=fpos, src=path,
         )
 
     def merge(self, raw: Mapping[str, Any], path: Path_, parent: tuple[str, ...]) -> MergeNode:
         return MergeNode(
             path=parent + (raw["merge"],), sources=tuple(raw["from"]), ports=tuple(raw["ports"].items()),
-            after=tuple(raw.get("after") or ()), priority=raw.get("priority", 0), pos=self.ctx.doc.pos(path + ("merge",)),
-            field_pos=self._fpos(path, raw, _MERGE_FIELDS), src=path,
+            pos=self.ctx.doc.pos(path + ("merge",)), field_pos=self._fpos(path, raw, _MERGE_FIELDS), src=path,
         )
 
 

@@ -214,7 +214,8 @@ def rewrite(
 def execute(
     file: FileArg,
     plan: Annotated[Path | None, typer.Option("--plan", help="run this plan (a rewritten workflow) instead of FILE")] = None,
-    backend: Annotated[str, typer.Option("--backend", help="local (threads in this process) or ray (one actor per component)")] = "local",
+    backend: Annotated[str, typer.Option("--backend", help="local (threads in this process) or ray (one actor per component); "
+                                                          "default: ray for GPU workflows, local otherwise")] = "auto",
     iterations: Annotated[int | None, typer.Option("--iterations", "-n", help="RL iterations (default: the workflow's count)")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="run directory: metrics.jsonl, tb/, trace.json, checkpoints/")] = None,
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="checkpoint every N iterations (0: never)")] = 0,

@@ -99,8 +99,7 @@ class ExecutionNode:
     expand: bool = False  # plan-only: run `phases` instead of the entry
     rows: tuple[int, int] | None = None  # plan-only: this split group's global batch rows
     split_of: str | None = None  # plan-only: the name of the node this group was split from
-    after: tuple[str, ...] = ()  # extra ordering constraints (sibling names)
-    priority: int = 0
+    after: tuple[str, ...] = ()  # run after these earlier siblings, in the same iterations of the loops around both
     idempotent: bool = False
     timeout_s: float | None = None
     # with replicas: this node's replicas may each take a shard of inputs from fewer producer replicas
@@ -146,8 +145,7 @@ class LoopNode:
     collects: tuple[tuple[str, Expr], ...] = ()  # evaluated after the last iteration
     iterations: tuple[int, ...] | None = None  # plan-only: the iterations this temporal group runs
     split_of: str | None = None
-    after: tuple[str, ...] = ()
-    priority: int = 0
+    after: tuple[str, ...] = ()  # run after these earlier siblings, in the same iterations of the loops around both
     pos: SourcePos = field(default=NOWHERE, compare=False)
     # Where each field came from ("in.obs" -> position) and the item's path in the YAML document
     # (("iteration", "body", 0)); empty for items a transformation generated.
@@ -185,8 +183,7 @@ class MergeNode:
     path: tuple[str, ...]
     sources: tuple[str, ...]  # sibling group names, in batch order
     ports: tuple[tuple[str, int], ...]  # (port, concatenation dim)
-    after: tuple[str, ...] = ()
-    priority: int = 0
+    after: tuple[str, ...] = ()  # always empty (not in the format): a merge runs no call; rewrites copy items generically
     pos: SourcePos = field(default=NOWHERE, compare=False)
     # Where each field came from ("in.obs" -> position) and the item's path in the YAML document
     # (("iteration", "body", 0)); empty for items a transformation generated.

@@ -133,6 +133,8 @@ class FieldPositions(dict):
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _STR = "tag:yaml.org,2002:str"
 _MERGE = "tag:yaml.org,2002:merge"
+_SEQ = "tag:yaml.org,2002:seq"
+_MAP = "tag:yaml.org,2002:map"
 _INLINE_STYLES = (None, "", "'", '"')
 _NODE_EVENTS = (ScalarEvent, MappingStartEvent, SequenceStartEvent, AliasEvent)
 # PyYAML's events as the C parser makes them: the stubs type their marks as optional and the base class
@@ -267,6 +269,10 @@ class _Builder:
             self.doc_positions[path] = (m.line + 1, m.column + (2 if style in ("'", '"') else 1), inline)
             return ev.value if self.is_string(ev) else self.scalar(ev, self.tag(ev))
         self.doc_positions[path] = (m.line + 1, m.column + 1, False)
+        tag = ev.tag
+        if tag is not None and tag != "!" and tag != (_SEQ if kind is SequenceStartEvent else _MAP):
+            raise self.fail(m, path, f"not valid YAML: unknown tag {tag!r} on a "
+                            f"{'list' if kind is SequenceStartEvent else 'mapping'}")
         if kind is SequenceStartEvent:
             out: list[Any] = []
             while type(item := nxt()) is not SequenceEndEvent:

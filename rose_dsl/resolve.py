@@ -530,6 +530,10 @@ def _check_scopes(r: Resolver) -> list[Diagnostic]:
                 elif j == i:
                     diags.append(Diagnostic(item.field_pos.get("after", item.pos), format_path(item.src + ("after",)),
                                             f"'{item.name}' cannot run after itself"))
+                elif j > i:  # program order runs it first: the constraint could never hold
+                    diags.append(Diagnostic(item.field_pos.get("after", item.pos), format_path(item.src + ("after",)),
+                                            f"'after: {name}' names a sibling that runs later; move '{item.name}' "
+                                            f"below it (rewire) instead"))
             if isinstance(item, MergeNode):
                 for name in item.sources:
                     j = scope.names.get(name)

@@ -32,12 +32,14 @@ def _fmt(metrics: dict[str, float]) -> str:
 def execute_command(out: Console, err: Console, wf: Workflow, *, backend: str, iterations: int | None,
                     out_dir: Path | None, checkpoint_every: int, resume: bool, address: str | None,
                     call_timeout: float, allowed: tuple[str, ...], mps: bool, quiet: bool, compiled: bool = True) -> int:
-    from interpreter.backends import CallFailed, LocalBackend, RayBackend, RayCompiledBackend, WatchdogTimeout
+    from interpreter.backends import CallFailed, WatchdogTimeout, default_backend, make_backend
     from interpreter.checkpoint import CheckpointError
     from interpreter.components import ComponentError
     from interpreter.runner import RunConfig, Runner
     from interpreter.schedule import Schedule
 
+    if backend == "auto":
+        backend = default_backend(wf)
     if backend not in ("local", "ray"):
         err.print(f"--backend must be 'local' or 'ray', not {backend!r}")
         return 2
@@ -75,19 +77,8 @@ def execute_command(out: Console, err: Console, wf: Workflow, *, backend: str, i
             err.print(f"error: component(s) {names} need a GPU (device: gpu) and none is available here; "
                       "use a CPU configuration of the workflow (device: cpu)", markup=False)
             return 2
-        if backend == "local":
-            be = LocalBackend(wf, allowed_all, schedule.program.loops_of, device)
-        elif compiled:
-            be = RayCompiledBackend(wf, allowed_all, schedule.program.loops_of, address=address, mps_env=mps_env)
-            try:
-                be.compile(schedule)
-            except Exception as exc:  # noqa: BLE001 - fall back to per-call dispatch, said plainly
-                err.print(f"warning: cannot compile the iteration into a Ray Compiled Graph ({type(exc).__name__}: "
-                          f"{exc}); dispatching call by call", markup=False)
-                be.dag = None
-                be.__class__ = RayBackend
-        else:
-            be = RayBackend(wf, allowed_all, schedule.program.loops_of, address=address, mps_env=mps_env)
+        be = make_backend(backend, wf, schedule, compiled=compiled, address=address, mps_env=mps_env, device=device,
+                          allowed=allowed_all, log=lambda line: err.print(line, markup=False))
         for name in be.components():
             info = be.control(name, "info") if backend == "ray" else None
             if info and info.get("sm_count"):

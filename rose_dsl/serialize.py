@@ -47,8 +47,6 @@ def _component(c: Component) -> dict[str, Any]:
 def _plan_fields(item: Item, out: dict[str, Any]) -> None:
     if item.after:
         out["after"] = list(item.after)
-    if item.priority:
-        out["priority"] = item.priority
 
 
 def _item(item: Item) -> dict[str, Any]:

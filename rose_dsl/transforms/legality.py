@@ -49,5 +49,5 @@ def check_order_preserved(orig: Workflow, new: Workflow, locate: Locate, what: s
     broken = [e for e in g0.edges() if moved[e[0]] > moved[e[1]]]
     if broken:  # name the first by consumer, then producer (sorting only the broken ones: refusals are rare)
         producer, consumer, dep = min(broken, key=lambda e: (str(e[1]), str(e[0])))
-        kind = "data dependency" if dep.kind == "data" else "state dependency"
+        kind = {"data": "data dependency", "after": "ordering constraint"}.get(dep.kind, "state dependency")
         raise Refused(f"{what} would run {image(consumer)} before {image(producer)}, breaking the {kind} {dep.detail}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from interpreter.backends import RayBackend, RayCompiledBackend
+from interpreter.backends import RayBackend
 from interpreter.runner import RunConfig, Runner
 from interpreter.schedule import Schedule
 from interpreter.worker import is_fatal_gpu_error
@@ -49,15 +49,15 @@ def ray_one_gpu():
 
 
 @pytest.mark.parametrize("mps", [True, False])
-@pytest.mark.parametrize("cls", [RayBackend, RayCompiledBackend])
-def test_fatal_gpu_error_restarts_the_colocated_mps_clients(tmp_path, ray_one_gpu, cls, mps) -> None:
+@pytest.mark.parametrize("compiled", [False, True])
+def test_fatal_gpu_error_restarts_the_colocated_mps_clients(tmp_path, ray_one_gpu, compiled, mps) -> None:
     wf = load_workflow_text(FAULTY.replace("MARKER", str(tmp_path / "faulted")).replace("NEVER", str(tmp_path / "x")),
                             "fault.yaml")
     sch = Schedule(wf)
     mps_env = {"policy": {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "75"},
                "trainer": {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}} if mps else None
-    be = cls(wf, ("tests.",), sch.program.loops_of, mps_env=mps_env, gpu_device="cpu")
-    if isinstance(be, RayCompiledBackend):
+    be = RayBackend(wf, ("tests.",), sch.program.loops_of, mps_env=mps_env, gpu_device="cpu")
+    if compiled:
         be.compile(sch)
     try:
         assert be.placement.slot_of == {"policy": 0, "trainer": 0}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from interpreter.backends import GpuPlacement, RayBackend
+from interpreter.ray_backend import GpuPlacement, RayBackend
 from interpreter.worker import CallFailed
 from rose_dsl import load_workflow_text
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from interpreter.backends import RayBackend, RayCompiledBackend
+from interpreter.backends import RayBackend
 from interpreter.runner import RunConfig, Runner
 from interpreter.schedule import Schedule
 from rose_dsl import load_workflow_text
@@ -41,11 +41,11 @@ def ray_session():
     ray.shutdown()
 
 
-def _weights(replicas: int, n: int, cls=RayBackend) -> list[torch.Tensor]:
+def _weights(replicas: int, n: int, compiled: bool = False) -> list[torch.Tensor]:
     wf = load_workflow_text(DP.replace("__R__", str(replicas)).replace("__N__", str(n)), "dp.yaml")
     sch = Schedule(wf)
-    be = cls(wf, ("tests.",), sch.program.loops_of)
-    if isinstance(be, RayCompiledBackend):
+    be = RayBackend(wf, ("tests.",), sch.program.loops_of)
+    if compiled:
         be.compile(sch)
     try:
         Runner(wf, be, RunConfig(iterations=4, tensorboard=False), sch).run()
@@ -54,10 +54,10 @@ def _weights(replicas: int, n: int, cls=RayBackend) -> list[torch.Tensor]:
         be.shutdown()
 
 
-@pytest.mark.parametrize("cls", [RayBackend, RayCompiledBackend])
-def test_two_replicas_match_one_with_the_concatenated_batch(ray_session, cls) -> None:
-    (single,) = _weights(1, 8, cls)
-    pair = _weights(2, 4, cls)
+@pytest.mark.parametrize("compiled", [False, True])
+def test_two_replicas_match_one_with_the_concatenated_batch(ray_session, compiled) -> None:
+    (single,) = _weights(1, 8, compiled)
+    pair = _weights(2, 4, compiled)
     assert len(pair) == 2 and torch.equal(pair[0], pair[1])  # the replicas agree exactly
     assert torch.allclose(pair[0], single, rtol=0, atol=1e-12)  # and equal the single-process run
     assert not torch.equal(single, torch.zeros(3))
@@ -67,8 +67,9 @@ def test_unmappable_replica_counts_and_local_backend_are_refused(tmp_path) -> No
     text = DP.replace("__R__", "2").replace("__N__", "4")
     wf = tmp_path / "dp.yaml"
     wf.write_text(text)
-    proc = subprocess.run([sys.executable, "-m", "rose_dsl.cli", "execute", str(wf), "--allow-module", "tests", "-n", "1"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    # (without --backend, a replicated workflow runs on Ray: the local backend is refused only when asked for)
+    proc = subprocess.run([sys.executable, "-m", "rose_dsl.cli", "execute", str(wf), "--allow-module", "tests", "-n", "1",
+                           "--backend", "local"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 2 and "needs --backend ray" in proc.stderr
     wf.write_text(text.replace("replicas: 2}\n  model", "replicas: 1}\n  model"))
     proc = subprocess.run([sys.executable, "-m", "rose_dsl.cli", "execute", str(wf), "--allow-module", "tests", "-n", "1",
@@ -110,8 +111,8 @@ def test_each_replica_carries_its_own_values_between_iterations() -> None:
     assert seen == {(0, 0): (), (0, 1): (), (1, 0): ("y0.0",), (1, 1): ("y0.1",), (2, 0): ("y1.0",), (2, 1): ("y1.1",)}
 
 
-@pytest.mark.parametrize("cls", [RayBackend, RayCompiledBackend])
-def test_hybrid_fewer_data_replicas_than_trainer_replicas(ray_session, cls) -> None:
+@pytest.mark.parametrize("compiled", [False, True])
+def test_hybrid_fewer_data_replicas_than_trainer_replicas(ray_session, compiled) -> None:
     """The hybrid placement: one data replica with all 8 rows feeds two trainer replicas, each taking a
     shard (`shard: 0`); they end with the weights of one trainer on all rows."""
     text = (DP.replace("__N__", "8").replace("replicas: __R__}\n  model", "replicas: 1}\n  model")
@@ -120,8 +121,8 @@ def test_hybrid_fewer_data_replicas_than_trainer_replicas(ray_session, cls) -> N
     wf = load_workflow_text(text, "hybrid.yaml")
     assert wf.components["data"].replicas == 1 and wf.components["model"].replicas == 2
     sch = Schedule(wf)
-    be = cls(wf, ("tests.",), sch.program.loops_of)
-    if isinstance(be, RayCompiledBackend):
+    be = RayBackend(wf, ("tests.",), sch.program.loops_of)
+    if compiled:
         be.compile(sch)
     try:
         Runner(wf, be, RunConfig(iterations=4, tensorboard=False), sch).run()
@@ -137,7 +138,8 @@ def test_for_replica_maps_fan_out_fan_in_and_refuses_mixes() -> None:
     """How replica j of a consumer builds an input from a producer with another replica count."""
     from dataclasses import replace
 
-    from interpreter.schedule import Leaf, ReplicaSet, Step, evaluate_recipe, for_replica
+    from interpreter.recipe import Cat, Leaf, evaluate
+    from interpreter.schedule import ReplicaSet, Step, for_replica
 
     sch = Schedule(load_workflow_text(DP.replace("__R__", "1").replace("__N__", "4"), "dp.yaml"))
     (_, node_step), = [(s, s) for s, _ in sch.steps(0, lambda step: ("x", "y")[: len(step.node.outputs) or 1])
@@ -147,16 +149,16 @@ def test_for_replica_maps_fan_out_fan_in_and_refuses_mixes() -> None:
     step = Step(node_step.inv, replace(node_step.node, shard=0), (("x", Leaf(0)),), (two,))
     # fan-out: 4 consumer replicas from 2 producers, shard along dim 0
     got = [for_replica(step, j, 4) for j in range(4)]
-    out = [evaluate_recipe(g.recipe[0][1], [values[h] for h in g.handles]) for g in got]
+    out = [evaluate(g.recipe[0][1], [values[h] for h in g.handles]) for g in got]
     assert [o.tolist() for o in out] == [[[0, 1]], [[2, 3]], [[10, 11]], [[12, 13]]]
     # fan-in: 1 consumer from 2 producers: concatenated along shard, or the first without shard
     (cat,) = [for_replica(step, 0, 1)]
-    assert evaluate_recipe(cat.recipe[0][1], [values[h] for h in cat.handles]).shape == (4, 2)
+    assert evaluate(cat.recipe[0][1], [values[h] for h in cat.handles]).shape == (4, 2)
     first = for_replica(replace(step, node=replace(step.node, shard=None)), 0, 1)
     assert first.handles == ("x0",)
     # fan-out without shard, and a port mixing counts, are refused
     with pytest.raises(ValueError, match="declare `shard: DIM`"):
         for_replica(replace(step, node=replace(step.node, shard=None)), 1, 4)
-    mixed = Step(step.inv, step.node, (("x", ("cat", (Leaf(0), Leaf(1)), 0)),), (two, ReplicaSet(("a", "b", "c"), "other")))
+    mixed = Step(step.inv, step.node, (("x", Cat((Leaf(0), Leaf(1)), 0)),), (two, ReplicaSet(("a", "b", "c"), "other")))
     with pytest.raises(ValueError, match="mixes values from components with different replica counts"):
         for_replica(mixed, 0, 2)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from interpreter.backends import CallFailed, LocalBackend, RayBackend, RayCompiledBackend
+from interpreter.backends import CallFailed, LocalBackend, RayBackend, WatchdogTimeout
 from interpreter.components import instantiate
 from interpreter.reference import run_reference
 from interpreter.runner import RunConfig, Runner
@@ -36,10 +36,10 @@ def _reference_states(wf, iterations=3):
     return {n: {s.name: comps[n].get_state(s.name) for s in c.state} for n, c in wf.components.items()}
 
 
-def _run(wf, backend_cls, iterations=3, **kw):
+def _run(wf, backend_cls, iterations=3, compiled=False, **kw):
     sch = Schedule(wf)
     be = backend_cls(wf, ALLOWED, sch.program.loops_of, **kw)
-    if isinstance(be, RayCompiledBackend):
+    if compiled:
         be.compile(sch)
     try:
         runner = Runner(wf, be, RunConfig(iterations=iterations, tensorboard=False), sch)
@@ -81,7 +81,7 @@ def test_ray_backend_matches_reference_and_plan_matches_source(ray_session) -> N
     plan = compose(plan, apply_request(plan.workflow, "fuse epoch update"))
     plan_states, _ = _run(plan.workflow, RayBackend)
     _assert_same(ref, plan_states)
-    compiled_states, _ = _run(plan.workflow, RayCompiledBackend)
+    compiled_states, _ = _run(plan.workflow, RayBackend, compiled=True)
     _assert_same(ref, compiled_states)
 
 
@@ -104,8 +104,8 @@ def test_independent_components_overlap_in_the_trace(backend, request) -> None:
     if backend != "local":
         request.getfixturevalue("ray_session")
     wf = load_workflow_text(SLEEPERS, "sleepers.yaml")
-    cls = {"local": LocalBackend, "ray": RayBackend, "ray-compiled": RayCompiledBackend}[backend]
-    _, runner = _run(wf, cls, iterations=2)
+    cls = {"local": LocalBackend, "ray": RayBackend, "ray-compiled": RayBackend}[backend]
+    _, runner = _run(wf, cls, iterations=2, compiled=backend == "ray-compiled")
     recs = runner.trace.records()
     for k in range(2):
         a = next(r for r in recs if r.node == "iteration.wa" and r.loop_indices[0][1] == k)
@@ -171,12 +171,16 @@ def test_checkpoint_and_resume_continue_the_same_run(tmp_path) -> None:
     _assert_same(straight, resumed)
 
 
-def test_replacing_an_actor_keeps_its_state_and_applies_the_new_environment(ray_session) -> None:
-    """A quota change moves the component to a new process; training continues from the same state."""
+@pytest.mark.parametrize("compiled", [False, True])
+def test_replacing_an_actor_keeps_its_state_and_applies_the_new_environment(ray_session, compiled) -> None:
+    """A quota change moves the component to a new process; training continues from the same state
+    (a compiled graph is compiled again around the new process)."""
     wf = _ppo()
     straight, _ = _run(wf, LocalBackend, iterations=4)
     sch = Schedule(wf)
     be = RayBackend(wf, ALLOWED, sch.program.loops_of)
+    if compiled:
+        be.compile(sch)
     try:
         runner = Runner(wf, be, RunConfig(iterations=4, tensorboard=False), sch)
         runner.run_iteration(0)
@@ -184,6 +188,7 @@ def test_replacing_an_actor_keeps_its_state_and_applies_the_new_environment(ray_
         old_pid = be.control("sim", "info")["pid"]
         info = be.replace_actor("sim", 40, {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40"})
         assert info["pid"] != old_pid and info["mps_quota"] == "40"
+        assert be.capabilities.compiled == compiled
         runner.run_iteration(2)
         runner.run_iteration(3)
         states = {n: be.control(n, "get_states") for n in be.components()}
@@ -243,10 +248,9 @@ def test_a_killed_component_is_restarted_from_the_last_checkpoint(tmp_path, back
     """SIGKILL inside a call: the run reports it, restarts the process, restores every component from
     the last checkpoint and finishes with the state an uninterrupted run has."""
     wf = load_workflow_text(DYING.replace("MARKER", str(tmp_path / "died")), "dying.yaml")
-    cls = RayBackend if backend == "ray" else RayCompiledBackend
     sch = Schedule(wf)
-    be = cls(wf, ALLOWED, sch.program.loops_of)
-    if isinstance(be, RayCompiledBackend):
+    be = RayBackend(wf, ALLOWED, sch.program.loops_of)
+    if backend != "ray":
         be.compile(sch)
     try:
         runner = Runner(wf, be, RunConfig(iterations=5, out_dir=tmp_path / "run", checkpoint_every=1, tensorboard=False), sch)
@@ -273,3 +277,36 @@ def test_a_hanging_call_fires_the_watchdog_with_stacks(tmp_path, backend) -> Non
     assert "mocks.py" in proc.stderr and "work" in proc.stderr  # the stuck frame: Sleeper.work
     assert time.time() - start < 90  # the stuck call is not waited for
     assert "mocks.py" in (tmp_path / "run" / "stacks.txt").read_text()
+
+
+SLOW_NODE = """
+rose: 1
+name: slow-node
+components:
+  a: {impl: "tests.mocks:Sleeper", args: {seconds: 0.05}}
+  b: {impl: "tests.mocks:Sleeper", args: {seconds: 4}}
+iteration:
+  count: 1
+  body:
+    - {node: quick, call: a.work, in: {x: iteration.i}, out: [y], timeout_s: 30}
+    - {node: slow, call: b.work, in: {x: quick.y}, out: [y], timeout_s: 0.5}
+"""
+
+
+@pytest.mark.parametrize("backend", ["local", "ray", "ray-compiled"])
+def test_a_node_timeout_fires_the_watchdog_for_that_node(backend, request) -> None:
+    """`timeout_s` of a node bounds each of its calls (the run's call timeout is 900 s here)."""
+    if backend != "local":
+        request.getfixturevalue("ray_session")
+    wf = load_workflow_text(SLOW_NODE, "slow.yaml")
+    sch = Schedule(wf)
+    be = (LocalBackend if backend == "local" else RayBackend)(wf, ALLOWED, sch.program.loops_of)
+    if backend == "ray-compiled":
+        be.compile(sch)
+    start = time.monotonic()
+    try:
+        with pytest.raises(WatchdogTimeout, match=r"iteration.slow\[0\] did not finish within 0.5 s \(the node's timeout_s\)"):
+            Runner(wf, be, RunConfig(iterations=1, tensorboard=False), sch).run()
+        assert time.monotonic() - start < 3.0  # not the 4 s the call takes
+    finally:
+        be.shutdown()

@@ -1,0 +1,138 @@
+"""The backend interface: what the runner and the optimizer may ask of any backend.
+
+A backend takes the steps of an iteration in program order and returns, for each, one handle per
+output port without waiting; a worker runs its calls in submission order and waits for the handles its
+recipe needs. That is the whole scheduling rule -- each component runs its calls in program order,
+calls of different components overlap as far as their data allow -- and it needs no central loop: the
+futures (local) or ObjectRefs (Ray) carry the dependencies.
+
+What a backend can do beyond that is *declared* in its `Capabilities` (the runner branches on them,
+never on hasattr); an operation it lacks raises `Unsupported`. Tests implement `Backend` with fakes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rose_dsl.ir import ExecutionNode, Workflow
+
+from .schedule import Step
+
+__all__ = ["Backend", "Capabilities", "Unsupported", "CompileError", "WatchdogTimeout", "Overdue", "NODE_LIMIT",
+           "nodes_by_component"]
+
+
+class WatchdogTimeout(Exception):
+    """A call did not finish in time: its node's `timeout_s`, or the run's call timeout (`limit` says which)."""
+
+    def __init__(self, label: str, seconds: float, limit: str = "the run's call timeout") -> None:
+        super().__init__(f"{label} did not finish within {seconds:g} s ({limit})")
+        self.label, self.seconds, self.limit = label, seconds, limit
+        self.stacks: dict[str, str] = {}  # the component processes' Python stacks when it fired
+
+
+NODE_LIMIT = "the node's timeout_s"
+
+
+class Overdue(TimeoutError):
+    """Raised by a backend when a call ran past its limit: which call, and the limit it exceeded."""
+
+    def __init__(self, label: str, seconds: float, limit: str = "the run's call timeout") -> None:
+        super().__init__(f"{label} did not finish within {seconds:g} s ({limit})")
+        self.label, self.seconds, self.limit = label, seconds, limit
+
+
+class Unsupported(NotImplementedError):
+    """The backend does not have the capability an operation needs (see `Capabilities`)."""
+
+
+class CompileError(RuntimeError):
+    """The iteration could not be compiled into one graph (the backend can still dispatch call by call)."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do beyond submitting calls and answering control calls.
+
+    compiled: an iteration runs as one compiled graph (`execute_iteration`), not call by call.
+    processes: each component (replica) is an OS process of its own: MPS quotas apply per process, its
+        stack is dumped by a signal, and a stuck call can be ended by killing the process.
+    restartable: dead processes can be restarted (`restart`, `fault_domain`) and a component can move to
+        a fresh process, e.g. under another MPS quota (`replace_actor`).
+    replicas: data-parallel replicas of a component (one process each) are supported.
+    """
+
+    compiled: bool = False
+    processes: bool = False
+    restartable: bool = False
+    replicas: bool = False
+
+
+class Backend(ABC):
+    """Where component workers live. Handles are opaque; `result` waits for one.
+
+    Control calls (`control(component, method)`) run on the component's worker after every call
+    already submitted to it: `get_states` / `set_states` (checkpoints), `pop_records` (the invocation
+    records since the last pop), `pop_metrics`, `info` (pid, SMs under the MPS quota), `overdue`.
+    Failures reach the caller as CallFailed (the method raised, or the process is gone) or TimeoutError.
+    """
+
+    name: str = "?"
+    stuck: bool = False  # set when a call never returned: shutdown must not wait for calls
+
+    @property
+    @abstractmethod
+    def capabilities(self) -> Capabilities: ...
+
+    @abstractmethod
+    def components(self) -> list[str]:
+        """The component processes (`name`, or `name#r` for replica r > 0)."""
+
+    @abstractmethod
+    def submit(self, step: Step, replica: int = 0) -> Sequence[Any]:
+        """Send one call to replica `replica` of its component; one handle per output port, at once."""
+
+    @abstractmethod
+    def result(self, handle: Any, timeout: float | None) -> Any:
+        """The value behind a handle; TimeoutError after `timeout` s; CallFailed if its call failed."""
+
+    @abstractmethod
+    def control(self, component: str, method: str, *args: Any, timeout: float | None = None) -> Any: ...
+
+    @abstractmethod
+    def dump_stacks(self) -> dict[str, str]:
+        """The Python stacks of every component (for a watchdog report)."""
+
+    @abstractmethod
+    def shutdown(self) -> None: ...
+
+    # -- capability-gated ---------------------------------------------------------------------
+    def execute_iteration(self, k: int, timeout: float | None) -> None:
+        """Run RL iteration k as one compiled graph (`capabilities.compiled`); raises `Overdue`."""
+        raise Unsupported(f"the {self.name} backend does not compile iterations")
+
+    def dead_components(self, timeout: float = 10.0) -> list[str]:
+        """Component processes that do not answer (none, without processes)."""
+        return []
+
+    def fault_domain(self, names: Sequence[str], gpu_fatal: bool) -> list[str]:
+        """The processes to restart along with these."""
+        return sorted(names)
+
+    def restart(self, names: Sequence[str]) -> None:
+        raise Unsupported(f"the {self.name} backend cannot restart components")
+
+    def replace_actor(self, name: str, quota: int | None, mps_env: dict[str, str] | None = None) -> dict[str, Any]:
+        raise Unsupported(f"the {self.name} backend cannot move a component to a new process")
+
+
+def nodes_by_component(wf: Workflow) -> dict[str, dict[tuple[str, ...], ExecutionNode]]:
+    """The execution nodes each component runs, by path (what its worker is told once)."""
+    out: dict[str, dict[tuple[str, ...], ExecutionNode]] = {name: {} for name in wf.components}
+    for item in wf.items():
+        if isinstance(item, ExecutionNode):
+            out[item.component][item.path] = item
+    return out

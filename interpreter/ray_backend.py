@@ -1,0 +1,509 @@
+"""The Ray backend: one process (actor) per component and data-parallel replica.
+
+GPU actors get their MPS quota and the component's own environment (`env`, `python_path`, `venv`)
+through the actor's runtime environment, and a placement-group bundle per GPU slot. Calls go either
+one by one (`submit`: Ray resolves each call's input ObjectRefs, so data moves producer -> consumer) or,
+after `compile`, as one Ray Compiled Graph per RL iteration: every call bound once, in program order,
+with the iteration number as the graph's input, so an iteration is one `execute(k)` with no per-call
+scheduling by the driver or by Ray's scheduler.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rose_dsl.ir import Component, Workflow
+
+from .backend_base import NODE_LIMIT, Backend, Capabilities, CompileError, Overdue, nodes_by_component
+from .procs import pid_alive
+from .schedule import Schedule, Step, replicated
+from .worker import CallFailed, ComponentWorker, replica_name
+
+__all__ = ["RayBackend", "GpuPlacement"]
+
+PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def _free_tcp() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def _wants_process_group(comp: Component, allowed: Sequence[str]) -> bool:
+    from .components import wants_process_group
+
+    return wants_process_group(comp, allowed)
+
+
+@dataclass(frozen=True)
+class GpuPlacement:
+    """Which GPU slot each GPU process runs on: replica r of a component on slot `gpu + r` (`gpu`
+    defaults to 0). All components on the same slots is the colocated mode; components on disjoint
+    slots (e.g. the simulator on `gpu: 0`, policy and trainer on `gpu: ${replicas}`) the disaggregated
+    one. Slots are the bundles of one placement group, i.e. distinct physical GPUs."""
+
+    slot_of: dict[str, int]  # process name (`name#r`) -> slot
+
+    @classmethod
+    def of(cls, wf: Workflow) -> GpuPlacement:
+        return cls({replica_name(name, r): (comp.gpu or 0) + r
+                    for name, comp in wf.components.items() if comp.device == "gpu"
+                    for r in range(comp.replicas)})
+
+    @property
+    def slots(self) -> int:
+        return max(self.slot_of.values(), default=-1) + 1
+
+    def slot(self, component: str, replica: int) -> int | None:
+        return self.slot_of.get(replica_name(component, replica))
+
+    def share(self, slot: int) -> float:
+        return 1.0 / sum(1 for s in self.slot_of.values() if s == slot)
+
+    def distinct(self, component: str) -> bool:
+        """Do the component's replicas run on distinct GPUs (what NCCL requires)?"""
+        mine = [s for p, s in self.slot_of.items() if p.partition("#")[0] == component]
+        return len(set(mine)) == len(mine)
+
+    def describe(self) -> str:
+        by_slot: dict[int, list[str]] = {}
+        for process, slot in sorted(self.slot_of.items(), key=lambda kv: kv[1]):
+            by_slot.setdefault(slot, []).append(process)
+        return "; ".join(f"GPU {s}: {', '.join(ps)}" for s, ps in by_slot.items())
+
+
+class RayBackend(Backend):
+    """Component processes on Ray; per-call dispatch, or one compiled graph per iteration after `compile`."""
+
+    def __init__(self, wf: Workflow, allowed: Sequence[str], loops_of, address: str | None = None,
+                 mps_env: dict[str, dict[str, str]] | None = None, gpus: int | None = None,
+                 start_timeout_s: float = 300.0, gpu_device: str = "cuda") -> None:
+        import ray
+
+        self.ray = ray
+        self.dag: Any = None  # the compiled iteration (set before the actors start: a failed start shuts down)
+        self._schedule: Schedule | None = None
+        self._poll_s: float | None = None  # how often to look for overdue calls while a compiled iteration runs
+        self.started_cluster = False
+        self._reaper = None
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": "ERROR", "log_to_driver": True}
+            if address:
+                kwargs["address"] = address
+            else:
+                kwargs["num_cpus"] = max(2, len(wf.components) + 1)
+                if gpus is not None:
+                    kwargs["num_gpus"] = gpus
+            ray.init(**kwargs)
+            self.started_cluster = not address
+            if self.started_cluster:
+                from .reaper import start_reaper
+
+                try:
+                    session = ray._private.worker.global_worker.node.get_session_dir_path()
+                except (AttributeError, RuntimeError, OSError):  # a private Ray API: no session dir known, no reaper
+                    session = ""
+                self._reaper = start_reaper(session)
+        self.wf = wf
+        self.allowed = list(allowed)
+        self.mps_env = dict(mps_env or {})
+        import tempfile
+
+        self.stack_dir = tempfile.mkdtemp(prefix="rose-stacks-")
+        self.stuck = False  # set when the watchdog fired: shutdown does not wait for calls
+        self.pids: dict[str, int] = {}
+        self.start_timeout_s = start_timeout_s
+        self.actors: dict[str, Any] = {}
+        self._placement_group: Any = None
+        self._worker_cls = ray.remote(ComponentWorker)
+        self._nodes_by_comp = nodes_by_component(wf)
+        self._loops = {p: tuple(v) for p, v in loops_of.items()}
+        self._has_gpu = bool(ray.cluster_resources().get("GPU", 0))
+        self.gpu_device = gpu_device  # "cpu" lets tests place processes on a cluster's logical GPUs
+        self.placement = GpuPlacement.of(wf)
+        self._placement_group = self._reserve_gpus() if self._has_gpu and self.placement.slots else None
+        self._dist: dict[str, tuple[str, str]] = {}
+        for name, comp in wf.components.items():
+            if comp.replicas > 1 and _wants_process_group(comp, self.allowed):
+                on_gpu = comp.device == "gpu" and self._has_gpu and self.gpu_device != "cpu"
+                # NCCL needs one GPU per rank; replicas sharing a GPU talk through gloo
+                self._dist[name] = (_free_tcp(), "nccl" if on_gpu and self.placement.distinct(name) else "gloo")
+            for r in range(comp.replicas):
+                self.actors[replica_name(name, r)] = self._launch(comp, r)
+        # construction errors surface here, named by component
+        for name in list(self.actors):
+            self._await_ready(name)
+
+    def _reserve_gpus(self) -> Any:
+        """One placement-group bundle per GPU slot the workflow uses (`gpu:` + replica), so a replica's
+        processes land on the GPU the workflow gave them; the bundle's processes share that GPU."""
+        from ray.util.placement_group import placement_group
+
+        have = int(self.ray.cluster_resources().get("GPU", 0))
+        if self.placement.slots > have:
+            raise CallFailed("placing components", "?", f"the workflow places processes on {self.placement.slots} "
+                             f"GPUs ({self.placement.describe()}) but the Ray cluster has {have}")
+        group = placement_group([{"GPU": 1.0}] * self.placement.slots, strategy="PACK")
+        try:
+            self.ray.get(group.ready(), timeout=self.start_timeout_s)
+        except self.ray.exceptions.RayError as exc:  # (a timeout too)
+            raise CallFailed("placing components", "?", f"could not reserve {self.placement.slots} GPUs: "
+                             f"{_unwrap(exc)}") from None
+        return group
+
+    def _launch(self, comp: Component, replica: int = 0) -> Any:
+        env = self._env(comp, self.mps_env.get(comp.name, {}))
+        options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1, "max_restarts": 0,
+                                   "runtime_env": {"env_vars": env}}
+        if comp.venv:
+            options["runtime_env"]["py_executable"] = str(Path(comp.venv) / "bin" / "python")
+        slot = self.placement.slot(comp.name, replica)
+        if slot is not None and self._placement_group is not None:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            options["num_gpus"] = self.placement.share(slot)  # the processes on one GPU split it
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=self._placement_group, placement_group_bundle_index=slot)
+        device = self.gpu_device if slot is not None and self._has_gpu else "cpu"
+        dist_init, dist_backend = self._dist.get(comp.name, (None, "gloo"))
+        actor = self._worker_cls.options(**options).remote(comp, self.wf.seed, device, self.allowed, True,
+                                                           slot, 2, replica, dist_init, dist_backend)
+        actor.register_nodes.remote(self._nodes_by_comp[comp.name], self._loops)
+        return actor
+
+    def _await_ready(self, name: str) -> None:
+        try:
+            info = self.ray.get(self.actors[name].info.remote(), timeout=self.start_timeout_s)
+        except self.ray.exceptions.RayError as exc:  # the constructor raised, the process died, or a timeout
+            self.shutdown()
+            raise CallFailed(f"starting component '{name}'", name, _unwrap(exc)) from None
+        self.pids[name] = info["pid"]
+
+    def dump_stacks(self) -> dict[str, str]:
+        """Ask every component process for its Python stacks (SIGUSR1 -> faulthandler) and read them."""
+        import signal
+        import time as _time
+
+        files = {}
+        for name, pid in self.pids.items():
+            path = Path(self.stack_dir) / f"stack-{name}-{pid}.txt"
+            try:
+                os.kill(pid, signal.SIGUSR1)
+                files[name] = path
+            except OSError:
+                continue
+        _time.sleep(0.5)
+        return {name: path.read_text() for name, path in files.items() if path.exists()}
+
+    def dead_components(self, timeout: float = 10.0) -> list[str]:
+        """Components whose process does not answer."""
+        dead = []
+        for name, actor in self.actors.items():
+            try:
+                self.ray.get(actor.info.remote(), timeout=timeout)
+            except self.ray.exceptions.RayError:  # no answer (dead, or a timeout)
+                dead.append(name)
+        return dead
+
+    def fault_domain(self, names: Sequence[str], gpu_fatal: bool) -> list[str]:
+        """The processes to restart with these: after a fatal GPU error in an MPS client, every MPS
+        client on the same GPU (the server fails them all, and admits new clients only once all have
+        exited); otherwise just these."""
+        out = set(names)
+        if gpu_fatal:
+            under_mps = {p for p in self.placement.slot_of if self.mps_env.get(p.partition("#")[0])}
+            for name in names:
+                slot = self.placement.slot_of.get(name)
+                if name in under_mps and slot is not None:
+                    out |= {p for p in under_mps if self.placement.slot_of[p] == slot}
+        return sorted(out)
+
+    def restart(self, names: Sequence[str]) -> None:
+        """Start fresh processes for these components (their state is restored by the caller). All are
+        stopped before any starts: an MPS server recovering from a fatal error waits for that."""
+        for name in names:
+            base, _, r = name.partition("#")
+            comp = self.wf.components[base]
+            if comp.replicas > 1 and _wants_process_group(comp, self.allowed):
+                raise CallFailed(f"restarting '{name}'", name, "a data-parallel replica cannot rejoin its process "
+                                 "group alone; restart the run with --resume", died=True)
+        schedule = self._schedule if self.dag is not None else None
+        self._teardown_dag()  # a compiled graph holds channels to every actor: compiled again below
+        for name in names:
+            self._kill(name)
+        self._wait_gone([self.pids[n] for n in names if n in self.pids])
+        for name in names:
+            base, _, r = name.partition("#")
+            self.actors[name] = self._launch(self.wf.components[base], int(r or 0))
+        for name in names:
+            self._await_ready(name)
+        if schedule is not None:
+            self.compile(schedule)
+
+    def _kill(self, name: str) -> None:
+        try:
+            self.ray.kill(self.actors[name])
+        except (KeyError, ValueError, self.ray.exceptions.RayError):  # gone already
+            pass
+
+    @staticmethod
+    def _wait_gone(pids: Sequence[int], timeout: float = 30.0) -> None:
+        """Wait (bounded) until these processes have exited."""
+        import time as _time
+
+        deadline = _time.monotonic() + timeout
+        while any(pid_alive(p) for p in pids) and _time.monotonic() < deadline:
+            _time.sleep(0.05)
+
+    def replace_actor(self, name: str, quota: int | None, mps_env: dict[str, str] | None = None) -> dict[str, Any]:
+        """Move a component to a new process (e.g. under another MPS quota, which is fixed for a process's
+        lifetime): its declared state is read from the old actor, the old one is stopped, and the new one
+        starts from that state -- no training progress is lost. Returns the new process's info."""
+        from dataclasses import replace as dc_replace
+
+        base, _, r = name.partition("#")
+        states = self.control(name, "get_states")
+        comp = dc_replace(self.wf.components[base], mps_quota=quota)
+        if mps_env is not None:
+            self.mps_env[base] = mps_env
+        schedule = self._schedule if self.dag is not None else None
+        self._teardown_dag()
+        self._kill(name)
+        self.actors[name] = self._launch(comp, int(r or 0))
+        self._await_ready(name)
+        self.control(name, "set_states", states)
+        if schedule is not None:
+            self.compile(schedule)
+        return self.control(name, "info")
+
+    def _env(self, comp: Component, mps: dict[str, str]) -> dict[str, str]:
+        env = {k: str(v) for k, v in comp.env.items()}
+        env.update(mps)
+        env["ROSE_STACK_DIR"] = self.stack_dir
+        paths = [*comp.python_path, PROJECT_ROOT, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off (required on the multi-GPU hosts)
+        return env
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return "ray-compiled" if self.dag is not None else "ray"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(compiled=self.dag is not None, processes=True, restartable=True, replicas=True)
+
+    def components(self) -> list[str]:
+        return list(self.actors)
+
+    def submit(self, step: Step, replica: int = 0) -> Sequence[Any]:
+        n = max(1, len(step.node.outputs))
+        actor = self.actors[replica_name(step.node.component, replica)]
+        # `after` handles travel inside a tuple, so Ray does not fetch their values (the worker waits for them)
+        refs = actor.call_flat.options(num_returns=n).remote(step.label, step.node.path, step.recipe,
+                                                             step.inv.indices, step.after, *step.handles)
+        return (refs,) if n == 1 else tuple(refs)
+
+    def result(self, handle: Any, timeout: float | None) -> Any:
+        try:
+            return self.ray.get(handle, timeout=timeout)
+        except self.ray.exceptions.RayError as exc:
+            raise self._failure(exc, "a call") from None
+
+    def _failure(self, exc: BaseException, label: str) -> BaseException:
+        """A Ray error as rose sees it: a timeout, a component's call failure, or a dead process."""
+        errors = self.ray.exceptions
+        if isinstance(exc, errors.GetTimeoutError | getattr(errors, "RayChannelTimeoutError", errors.GetTimeoutError)):
+            return TimeoutError()
+        if isinstance(exc, errors.RayActorError):
+            who = ", ".join(self.dead_components()) or "?"
+            return CallFailed(label, who, f"the process of component {who} died: {_unwrap(exc)}", died=True)
+        if isinstance(exc, errors.RayTaskError):
+            cause = getattr(exc, "cause", None)
+            return cause if isinstance(cause, CallFailed) else CallFailed(label, "?", _unwrap(exc))
+        return exc
+
+    def control(self, component: str, method: str, *args: Any, timeout: float | None = 600) -> Any:
+        try:
+            return self.ray.get(getattr(self.actors[component], method).remote(*args), timeout=timeout)
+        except self.ray.exceptions.RayError as exc:
+            raise self._failure(exc, f"{method} of {component}") from None
+
+    # -- compiled iterations ----------------------------------------------------------------
+    def compile(self, schedule: Schedule) -> None:
+        """Compile the RL iteration of `schedule` into one Ray Compiled Graph, its number the graph's
+        input. Raises CompileError (then the backend still dispatches call by call)."""
+        self._teardown_dag()
+        try:
+            self.dag = self._build_dag(schedule)
+        except Exception as exc:  # noqa: BLE001 - Ray raises many kinds here; each means "not compiled", said once
+            raise CompileError(f"{type(exc).__name__}: {exc}") from exc
+        self._schedule = schedule
+        limits = [n.timeout_s for nodes in self._nodes_by_comp.values() for n in nodes.values() if n.timeout_s]
+        # a node's timeout_s is watched by asking the workers for an overdue call, ten times per limit
+        self._poll_s = min(1.0, max(0.02, min(limits) / 10)) if limits else None
+
+    def _build_dag(self, schedule: Schedule) -> Any:
+        """One DAG node per call, bound in program order. A compiled graph runs each actor's calls in
+        the order they were bound (Ray's rule: an edge from each compute to the actor's next), so a
+        component still runs its calls in program order with no ordering inputs. Two exceptions: a call
+        whose outputs nobody reads (yet) hands them to its component's next call, so that the graph's
+        outputs are one call per component instead of every call without consumers; and a call without
+        data inputs takes its component's previous call as one (Ray wants every node to lead back to the
+        graph's input; a component's first call reads the input itself)."""
+        from ray.dag import InputNode, MultiOutputNode
+
+        from .recipe import K
+
+        last_on: dict[str, Any] = {}
+        consumed: set[int] = set()
+        nodes: list[Any] = []
+        with InputNode() as inp:
+            def bind(step: Step, replica: int = 0) -> Sequence[Any]:
+                unique: list[Any] = []
+                index: dict[int, int] = {}
+                ports = []
+                for h in step.handles:
+                    key = id(h.node)
+                    if key not in index:
+                        index[key] = len(unique)
+                        unique.append(h.node)
+                    ports.append((index[key], -1 if h.whole else h.index))
+                    consumed.add(key)
+                comp = replica_name(step.node.component, replica)
+                previous = last_on.get(comp)
+                # an `after:` is an input nobody reads (it carries the earlier call's outputs to this process)
+                tokens = list({id(h.node): h.node for h in step.after if id(h.node) not in index}.values())
+                # (a call without inputs also needs one: every graph node must lead back to the graph's input)
+                if previous is not None and (id(previous) not in consumed or not (unique or tokens)):
+                    tokens += [] if any(t is previous for t in tokens) else [previous]
+                consumed.update(id(t) for t in tokens)
+                # only a component's first call reads the iteration number from the graph's input; its
+                # later calls (in order, in the same process) reuse it -- one reader of the input per actor
+                k_arg = inp if previous is None else None
+                node = self.actors[comp].call_compiled.bind(step.node.path, step.recipe, step.inv.indices,
+                                                            tuple(ports), k_arg, *unique, *tokens)
+                last_on[comp] = node
+                nodes.append(node)
+                whole = len(step.node.outputs) <= 1  # such a call returns its value, not a 1-tuple (cheaper)
+                return tuple(_CGPort(node, i, whole) for i in range(max(1, len(step.node.outputs))))
+
+            replicas = max((c.replicas for c in self.wf.components.values()), default=1)
+            schedule.steps(K, bind if replicas == 1 else replicated(bind, self.wf))
+            out = MultiOutputNode([n for n in nodes if id(n) not in consumed])
+        return out.experimental_compile()
+
+    def execute_iteration(self, k: int, timeout: float | None) -> None:
+        """Run RL iteration k; Overdue when a call outlives its node's `timeout_s` or the iteration `timeout`."""
+        if self.dag is None:
+            raise CompileError("execute_iteration before compile")
+        ref = self.dag.execute(k)
+        if self._poll_s is None:
+            self._wait_iteration(ref, k, timeout)
+            return
+        import threading
+
+        failure: list[BaseException] = []
+        done = threading.Event()
+
+        def wait() -> None:
+            try:
+                self._wait_iteration(ref, k, timeout)
+            except BaseException as exc:  # noqa: BLE001 - handed to the driver thread, raised there
+                failure.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=wait, name="rose-iteration", daemon=True).start()
+        while not done.wait(self._poll_s):
+            late = self._overdue()
+            if late is not None:
+                raise Overdue(*late, NODE_LIMIT)
+        if failure:
+            raise failure[0]
+
+    def _wait_iteration(self, ref: Any, k: int, timeout: float | None) -> None:
+        try:
+            self.ray.get(ref, timeout=timeout)
+        except self.ray.exceptions.RayError as exc:
+            failure = self._failure(exc, f"iteration {k}")
+            raise (Overdue(f"iteration {k}", timeout or 0.0) if isinstance(failure, TimeoutError) else failure) from None
+
+    def _overdue(self) -> tuple[str, float] | None:
+        """A call running past its node's timeout_s on any component, as (label, limit). A compiled graph
+        runs calls on its own thread of each actor, so the actor still answers this meanwhile."""
+        refs = [actor.overdue.remote() for actor in self.actors.values()]
+        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=self._poll_s)
+        for ref in ready:
+            try:
+                late = self.ray.get(ref)
+            except self.ray.exceptions.RayError:  # a dead process is reported by the iteration itself
+                continue
+            if late is not None:
+                return late
+        return None
+
+    def _teardown_dag(self) -> None:
+        if self.dag is None:
+            return
+        if self.stuck:  # a call never returned: its actor's loop would hold the teardown forever
+            for name in list(self.actors):
+                self._kill(name)
+        _bounded(self.dag.teardown, 30.0)
+        self.dag = None
+
+    def shutdown(self) -> None:
+        self._teardown_dag()
+        for name in list(self.actors):
+            self._kill(name)
+        self.actors = {}
+        if self._placement_group is not None:  # give the GPUs back (a cluster may host further runs)
+            from ray.util.placement_group import remove_placement_group
+
+            try:
+                remove_placement_group(self._placement_group)
+            except self.ray.exceptions.RayError as exc:
+                import sys
+
+                print(f"warning: could not release the GPU placement group: {_unwrap(exc)}", file=sys.stderr)
+            self._placement_group = None
+        if self.started_cluster and self.ray.is_initialized():
+            self.ray.shutdown()
+
+
+def _bounded(fn: Any, seconds: float) -> None:
+    """Run a teardown step, giving up on it (it runs on in a daemon thread) after `seconds`."""
+    import threading
+
+    def run() -> None:
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - a teardown after the run's outcome is decided (e.g. of a graph whose actors
+            pass  # were killed after a watchdog, which raises): its failure must not replace that outcome
+
+    t = threading.Thread(target=run, name="rose-teardown", daemon=True)
+    t.start()
+    t.join(seconds)
+
+
+def _unwrap(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[-1] if text else type(exc).__name__
+
+
+
+class _CGPort:
+    """Output `index` of a compiled-graph node (`whole`: the node's value is that one output)."""
+
+    __slots__ = ("node", "index", "whole")
+
+    def __init__(self, node: Any, index: int, whole: bool) -> None:
+        self.node, self.index, self.whole = node, index, whole
