@@ -24,6 +24,7 @@ from rose_dsl.ir import Component, ExecutionNode, Workflow
 
 from .procs import pid_alive
 from .schedule import Step, replicated
+from .shared_process import enter_shared_process
 from .worker import CallFailed, ComponentWorker, replica_name
 
 __all__ = ["Backend", "LocalBackend", "RayBackend", "RayCompiledBackend", "CallFailed", "WatchdogTimeout", "group_of"]
@@ -93,6 +94,8 @@ class LocalBackend(Backend):
             import torch
 
             torch.set_num_threads(1)
+        # the components' env and python_path apply to this one process (venv cannot): shared_process.py
+        self._leave_process = enter_shared_process(wf)
         try:
             for name, comp in wf.components.items():
                 dev = device if comp.device == "gpu" else "cpu"
@@ -151,6 +154,7 @@ class LocalBackend(Backend):
                 w.close()
             except Exception:  # noqa: BLE001 - best effort at teardown
                 pass
+        self._leave_process()
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ def test_only_allowed_prefixes_and_the_resolved_class_is_checked() -> None:
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "rose_dsl.cli", *args], capture_output=True, text=True, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "rose_cli", *args], capture_output=True, text=True, cwd=ROOT,
                           timeout=300)
 
 
