@@ -72,7 +72,7 @@ def execute(
         raise typer.Exit(ExitCode.INVALID)
     wf = load_or_exit(plan or file, sets)
     policy = TrustPolicy.from_options(allow_module, allow_env, allow_path)
-    report_problems(wf, check_trust(wf, policy), "refused: the workflow asks to run code the command line did not allow")
+    report_problems(wf, check_trust(wf, policy), "(the workflow asks to run code the command line did not allow)")
 
     from .run import ExecuteOptions, execute_workflow
 
