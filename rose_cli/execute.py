@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
-
-from enum import StrEnum
 
 import typer
 

@@ -26,7 +26,14 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from interpreter.backends import Backend, CallFailed, LocalBackend, RayBackend, RayCompiledBackend, WatchdogTimeout
+from interpreter.backends import (
+    Backend,
+    CallFailed,
+    LocalBackend,
+    RayBackend,
+    RayCompiledBackend,
+    WatchdogTimeout,
+)
 from interpreter.checkpoint import CheckpointError
 from interpreter.components import ComponentError
 from interpreter.rundir import RunDirInUse, check_run_dir, clear_outputs

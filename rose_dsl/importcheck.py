@@ -19,7 +19,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from .errors import Diagnostic, did_you_mean
+from .errors import Diagnostic
 from .ir import ExecutionNode, Workflow
 from .trust import DEFAULT_ALLOWED, DENIED_MODULES, TrustPolicy, check_trust, module_allowed
 

@@ -13,6 +13,7 @@ import importlib
 import json
 from importlib import resources
 from importlib.resources.abc import Traversable
+from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator

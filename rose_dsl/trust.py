@@ -28,8 +28,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import Diagnostic
-from .ir import Workflow
+from .errors import Diagnostic, SourcePos
+from .ir import Component, Workflow
 
 __all__ = ["DENIED_MODULES", "DEFAULT_ALLOWED", "ENV_DENIED", "TrustPolicy", "module_allowed", "env_refused",
            "path_refused", "check_trust"]
@@ -127,8 +127,8 @@ def check_trust(wf: Workflow, policy: TrustPolicy) -> list[Diagnostic]:
     for c in wf.components.values():
         where = f"components.{c.name}"
 
-        def at(key: str, default=c.pos):
-            return c.field_pos.get(key, default)
+        def at(key: str, c: Component = c) -> SourcePos:
+            return c.field_pos.get(key, c.pos)
 
         reason = module_allowed(c.impl.partition(":")[0], policy.modules)
         if reason:

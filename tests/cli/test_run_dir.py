@@ -69,7 +69,7 @@ def test_a_corrupt_newest_checkpoint_is_rejected_out_loud_and_no_step_repeats(tm
     _corrupt(run / "checkpoints" / "ckpt-000003" / "state" / "d.pt", how)
     proc = _execute(wf, run, "-n", "6", "--checkpoint-every", "1", "--resume")
     assert proc.returncode == 0, proc.stderr
-    assert f"checkpoint ckpt-000003 rejected: state/d.pt: " in proc.stderr and reason in proc.stderr
+    assert "checkpoint ckpt-000003 rejected: state/d.pt: " in proc.stderr and reason in proc.stderr
     assert "resuming from" in proc.stderr and "ckpt-000002 (iteration 2); continuing at iteration 3 of 6" in proc.stderr
     assert _metric_steps(run) == [0, 1, 2, 3, 4, 5]  # iteration 3 ran twice; it is logged once
     assert _tensorboard_steps(run) == [0, 1, 2, 3, 4, 5]
