@@ -149,6 +149,10 @@ class Runner:
         if not self.config.resume:
             return 0
         ckpt, rejected = self._last_checkpoint()
+        written_by = ckpt.meta.get("workflow")
+        if written_by is not None and written_by != self.wf.name:  # another run's state: never mix them
+            raise CheckpointError(f"{ckpt.path} was written by workflow '{written_by}', not '{self.wf.name}'; "
+                                  "resume with the workflow (or plan) that wrote it")
         self.resumed = Resumed(ckpt.path, ckpt.iteration, rejected)
         if self.on_resume is not None:
             self.on_resume(self.resumed)

@@ -103,11 +103,26 @@ def prepare(wf: Workflow, opts: ExecuteOptions) -> Schedule:
             raise SetupError(f"{wf.file}: {exc}") from None
     if max(counts) > 1 and opts.backend != "ray":
         raise SetupError(f"{wf.file}: replicas: {max(counts)} needs --backend ray (one process per replica)")
+    if opts.backend == "ray" and opts.address:
+        _check_reachable(opts.address)
     if opts.out_dir is not None:
         check_run_dir(opts.out_dir, resume=opts.resume, overwrite=opts.overwrite)
         if opts.overwrite:
             clear_outputs(opts.out_dir)
     return schedule
+
+
+def _check_reachable(address: str) -> None:
+    """A cluster address nobody answers at is refused at once: Ray would retry connecting for minutes."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto" and other forms Ray resolves itself
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        raise SetupError(f"--address {address}: no Ray cluster answers there ({exc.strerror or exc})") from None
 
 
 @contextmanager

@@ -59,6 +59,7 @@ def test_every_command_takes_h_as_help() -> None:
     (["execute", "{wf}", "--backend", "slurm"], "Invalid value for '--backend'"),
     (["execute", "{wf}", "--out", "{wf}"], "is a file"),
     (["execute", "{wf}", "--resume"], "--resume needs --out"),
+    (["execute", "{wf}", "--backend", "ray", "--address", "127.0.0.1:1"], "no Ray cluster answers there"),
     (["execute", "{wf}", "--resume", "--overwrite", "--out", "{tmp}/run"], "choose one"),
     (["execute", "{tmp}/missing.yaml"], "missing.yaml' does not exist"),
     (["execute", "{wf}", "--plan", "{tmp}/missing.yaml"], "missing.yaml' does not exist"),

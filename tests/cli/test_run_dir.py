@@ -134,3 +134,12 @@ def test_a_restart_from_a_checkpoint_logs_each_iteration_once(tmp_path) -> None:
     assert _metric_steps(run) == [0, 1, 2, 3, 4]
     assert _tensorboard_steps(run) == [0, 1, 2, 3, 4]
     assert torch.equal(total, torch.tensor([float(sum(range(5)))]))
+
+
+def test_a_resume_with_another_workflow_is_refused(tmp_path) -> None:
+    wf, run = _workflow(tmp_path), tmp_path / "run"
+    assert _execute(wf, run, "-n", "2", "--checkpoint-every", "1").returncode == 0
+    other = tmp_path / "other.yaml"
+    other.write_text(wf.read_text().replace("name: acc", "name: other"))
+    text = plain_failure(_execute(other, run, "-n", "4", "--resume"), code=5)
+    assert "was written by workflow 'acc', not 'other'" in text and _metric_steps(run) == [0, 1]
