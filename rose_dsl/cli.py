@@ -260,7 +260,7 @@ def rewrite(
             raise typer.Exit(ExitCode.OK if help_requests else ExitCode.INVALID)
         return
     wf = load_or_exit(file, sets)
-    applied = []
+    applied: list[str] = []
     for request in do:
         try:
             result = apply_request(wf, request)
