@@ -72,10 +72,20 @@ def test_bad_command_line_values_are_exit_2_with_a_plain_message(tmp_path, args,
     wf = tmp_path / "wf.yaml"
     wf.write_text(TINY)
     args = [a.replace("{wf}", str(wf)).replace("{tmp}", str(tmp_path)) for a in args]
-    text = plain_failure(rose(*args, "--allow-module", "tests") if args[0] == "execute" else rose(*args))
+    result = CliRunner().invoke(app, [*args, *(["--allow-module", "tests"] if args[0] == "execute" else [])])
+    text = result.output
+    assert result.exit_code == 2, text
+    assert "Traceback" not in text and "internal error" not in text, text
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     assert expected in text
     assert ":0:0" not in text  # not dressed up as a position in a workflow
     assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_the_installed_entry_point_exits_2_on_a_bad_value(tmp_path) -> None:
+    """The same through `main()` in a fresh interpreter (what the console script runs)."""
+    text = plain_failure(rose("execute", str(tmp_path / "missing.yaml"), "-n", "-1"))
+    assert "Invalid value" in text
 
 
 @pytest.mark.parametrize("command", [["graph", PPO], ["rewrite", PPO, "--do", "split step 2"]])
