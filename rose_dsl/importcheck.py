@@ -41,7 +41,7 @@ def missing_module(name):
         head = ".".join(parts[: i + 1])
         try:
             found = importlib.util.find_spec(head) is not None
-        except Exception:
+        except Exception:  # find_spec imports the parent, which may raise anything: then it is not there
             found = False
         if not found:
             if i == 0:
@@ -60,7 +60,7 @@ def check(impl, methods):
         if where is not None and exc.name and module_name.startswith(exc.name):
             return ["cannot import '%s': %s" % (module_name, where[0]), where[1]], {}
         return ["importing '%s' failed: %s: %s" % (module_name, type(exc).__name__, exc), None], {}
-    except BaseException as exc:
+    except BaseException as exc:  # user code at import: any exception (SystemExit too) is its report
         return ["importing '%s' failed: %s: %s" % (module_name, type(exc).__name__, exc), None], {}
     obj, owner = module, module_name
     for part in qual.split("."):
