@@ -14,7 +14,7 @@ run_case() {  # name, extra args...
   local name=$1; shift
   local dir="$R/$name"; mkdir -p "$dir"; rm -f /tmp/rose-fault-$name
   local t0=$(date +%s%N)
-  timeout 120 python3 -m rose_dsl.cli execute workflows/gpu_fault.yaml --backend ray --checkpoint-every 1 \
+  timeout 120 python3 -m rose_cli execute workflows/gpu_fault.yaml --backend ray --checkpoint-every 1 \
       --out /tmp/runs/fault_$name --set marker=/tmp/rose-fault-$name "$@" > "$dir/log.txt" 2>&1
   local rc=$?
   echo "{\"case\": \"$name\", \"exit_code\": $rc, \"wall_ms\": $(( ($(date +%s%N) - t0) / 1000000 ))}" > "$dir/result.json"
@@ -27,7 +27,7 @@ run_case kill --set kind=kill
 run_case hang --set kind=hang --call-timeout 20
 # driver killed mid-run: nothing may be left behind
 dir="$R/driver-kill"; mkdir -p "$dir"
-python3 -m rose_dsl.cli execute workflows/gpu_fault.yaml --backend ray --set kind=none --set iterations=100000 \
+python3 -m rose_cli execute workflows/gpu_fault.yaml --backend ray --set kind=none --set iterations=100000 \
     --out /tmp/runs/fault_driver > "$dir/log.txt" 2>&1 &
 DRV=$!
 for i in $(seq 1 60); do grep -q "^it " "$dir/log.txt" 2>/dev/null && break; sleep 1; done

@@ -14,7 +14,7 @@ nvidia-smi --query-gpu=index,name --format=csv,noheader
 run() {
   local name=$1; shift
   echo "== $name $*"
-  timeout 170 python3 -m rose_dsl.cli execute workflows/embodied_ppo_gpu.yaml --backend ray -n $N --out /tmp/runs/$name "$@" \
+  timeout 170 python3 -m rose_cli execute workflows/embodied_ppo_gpu.yaml --backend ray -n $N --out /tmp/runs/$name "$@" \
       2>&1 | grep -E "component|^it |done|error|Error|warning" | cut -c1-260 | tail -14
 }
 run scale_1gpu

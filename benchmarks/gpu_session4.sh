@@ -7,6 +7,6 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 BENCH_ENVS="256 2048 8192" bash benchmarks/mjx_env.sh --bench 2>&1 | tail -12
 export PYTHONPATH=/tmp/mjxenv:$PWD:${PYTHONPATH:-} XLA_PYTHON_CLIENT_PREALLOCATE=false MUJOCO_GL=disable PYTHONUNBUFFERED=1
 python3 -c "import lark, jsonschema" 2>/dev/null || echo "lark/jsonschema missing"
-timeout 300 python3 -m rose_dsl.cli execute workflows/embodied_ppo_mjx.yaml --backend local -n 4 --out /tmp/runs/ppo_mjx 2>&1 | tail -24
+timeout 300 python3 -m rose_cli execute workflows/embodied_ppo_mjx.yaml --backend local -n 4 --out /tmp/runs/ppo_mjx --allow-path /tmp/mjxenv --allow-path .mjxenv --allow-env JAX_COMPILATION_CACHE_DIR 2>&1 | tail -24
 (cd /tmp/runs && tar czf "$OUT/gpu_runs_mjx.tgz" --exclude=tb --exclude=trace.jsonl .)
 ls -la "$OUT"

@@ -15,7 +15,7 @@ RUN=${RUN:-runs/metaworld_learn}
 RES=${RES:-benchmarks/results/metaworld_learn}
 PY=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-CMD=(-m rose_dsl.cli execute workflows/embodied_ppo_metaworld.yaml --out "$RUN" --set seed=0 "$@")
+CMD=(-m rose_cli execute workflows/embodied_ppo_metaworld.yaml --out "$RUN" --set seed=0 "$@")
 rm -rf "$RUN" && mkdir -p "$RUN" "$RES"
 LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
 /usr/bin/time -f '%e %U %S' -o "$RUN/time.txt" "$PY" "${CMD[@]}" 2>&1 | tee "$RES/run.log"

@@ -54,7 +54,7 @@ def update(self, traj):
                     "optimizer": self.get_state("optimizer")}, dest)
     return orig_update(self, traj)
 ppo.PPOTrainer.__init__, ppo.PPOTrainer.update = init, update
-from rose_dsl.cli import app
+from rose_cli.main import app
 try:
     app(["execute", sys.argv[2], "--backend", "local", "-n", "1", "--no-mps", "-q"], standalone_mode=False)
 except SystemExit as e:
@@ -264,7 +264,7 @@ def main() -> None:
         elif not quick:
             # the replay is finite at every quota: the concurrent policy process is the only difference left
             t0 = time.perf_counter()
-            p = subprocess.run([sys.executable, "-m", "rose_dsl.cli", "execute", str(WORKFLOW), "--backend", "ray",
+            p = subprocess.run([sys.executable, "-m", "rose_cli", "execute", str(WORKFLOW), "--backend", "ray",
                                 "-n", "1", "--set", "trainer_quota=60", "--set", "policy_quota=60", "-q"],
                                env=base, capture_output=True, text=True, timeout=300, cwd=ROOT)
             report["end_to_end_60_60"] = {"rc": p.returncode, "wall_s": round(time.perf_counter() - t0, 1),

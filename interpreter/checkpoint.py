@@ -35,6 +35,8 @@ from .procs import pid_alive
 __all__ = [
     "Checkpoint",
     "CheckpointError",
+    "Rejected",
+    "find_resumable",
     "latest_complete",
     "list_complete",
     "load_checkpoint",
@@ -244,6 +246,32 @@ def latest_complete(run_dir: str | os.PathLike[str], *, verify: bool = False) ->
     return None
 
 
+@dataclass(frozen=True)
+class Rejected:
+    """A checkpoint directory that cannot be resumed from, and why (truncated, altered, partial...)."""
+
+    path: Path
+    reason: str
+
+
+def find_resumable(run_dir: str | os.PathLike[str], map_location: Any = "cpu") -> tuple[Checkpoint | None, list[Rejected]]:
+    """The newest checkpoint that verifies (loaded), and every newer one rejected with its reason.
+
+    Resuming must never skip a checkpoint silently: a truncated or bit-flipped newest checkpoint means
+    the run goes back further than the user thinks, so the caller reports each rejection. With no usable
+    checkpoint the list holds every ``ckpt-*`` directory found, newest first."""
+    run_dir = Path(run_dir)
+    found = sorted(((int(m.group(1)), p) for p in (run_dir.iterdir() if run_dir.is_dir() else ())
+                    if (m := _DIR_RE.match(p.name))), reverse=True)
+    rejected: list[Rejected] = []
+    for _, path in found:
+        try:
+            return load_checkpoint(path, map_location), rejected
+        except CheckpointError as exc:
+            rejected.append(Rejected(path, str(exc).removeprefix(f"{path}: ").removeprefix(f"{path}/")))
+    return None, rejected
+
+
 def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> Checkpoint:
     """Verify the marker and every file's hash, then load with ``weights_only=True``."""
     path = Path(path)
@@ -254,6 +282,9 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> 
             data = (path / rel).read_bytes()
         except OSError as e:
             raise CheckpointError(f"{path}/{rel}: missing or unreadable ({e.strerror})") from None
+        if len(data) != info.get("size"):
+            raise CheckpointError(f"{path}/{rel}: {len(data)} bytes, the marker says {info.get('size')} "
+                                  "(truncated or overwritten)")
         if _sha256(data) != info.get("sha256"):
             raise CheckpointError(f"{path}/{rel}: content hash mismatch (corrupt or modified file)")
         blobs[rel] = data

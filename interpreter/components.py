@@ -59,7 +59,10 @@ def wants_process_group(comp: Component, allowed: Iterable[str] = DEFAULT_ALLOWE
 
 def construct(comp: Component, seed: int, device: str = "cpu", allowed: Iterable[str] = DEFAULT_ALLOWED,
               replica: int = 0) -> Any:
-    cls = resolve_impl(comp.impl, allowed)
+    try:
+        cls = resolve_impl(comp.impl, allowed)
+    except ComponentError as exc:  # say which component, as a construction failure does
+        raise ComponentError(f"component '{comp.name}' ({comp.impl}): {exc}") from None
     kwargs = dict(comp.args)
     params = inspect.signature(cls).parameters
     if "device" in params and "device" not in kwargs:

@@ -15,6 +15,7 @@ from rose_dsl.ir import Workflow
 
 from .backend_base import Backend, Capabilities, Unsupported, nodes_by_component
 from .schedule import Step
+from .shared_process import enter_shared_process
 from .worker import CallFailed, ComponentWorker
 
 __all__ = ["LocalBackend"]
@@ -43,6 +44,8 @@ class LocalBackend(Backend):
             import torch
 
             torch.set_num_threads(1)
+        # the components' env and python_path apply to this one process (venv cannot): shared_process.py
+        self._leave_process = enter_shared_process(wf)
         nodes = nodes_by_component(wf)
         try:
             for name, comp in wf.components.items():
@@ -119,3 +122,4 @@ class LocalBackend(Backend):
                 import sys
 
                 print(f"warning: closing component '{name}' failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        self._leave_process()

@@ -9,7 +9,6 @@ iterations. Everything is flushed on every exit path.
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -20,12 +19,13 @@ from typing import Any
 from rose_dsl.ir import Workflow
 
 from .backend_base import NODE_LIMIT, Backend, Overdue, WatchdogTimeout
-from .checkpoint import CheckpointError, latest_complete, load_checkpoint, save_checkpoint
+from .checkpoint import Checkpoint, CheckpointError, Rejected, find_resumable, save_checkpoint
+from .rundir import MetricsLog, check_run_dir
 from .schedule import ReplicaSet, Schedule, replicated
 from .trace import ExecutionTrace, InvocationRecord
 from .worker import CallFailed
 
-__all__ = ["RunConfig", "Runner", "IterationResult"]
+__all__ = ["RunConfig", "Runner", "IterationResult", "Resumed"]
 
 
 @dataclass
@@ -37,6 +37,15 @@ class RunConfig:
     call_timeout_s: float = 900.0
     tensorboard: bool = True
     max_restarts: int = 2  # a component process that dies is restarted this often, then the run stops
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Where a run continues from: the checkpoint used and every newer one rejected (with why)."""
+
+    checkpoint: Path
+    iteration: int  # the checkpoint's iteration; the run continues at iteration + 1
+    rejected: tuple[Rejected, ...] = ()
 
 
 @dataclass
@@ -96,19 +105,11 @@ class Runner:
         self._stuck = False  # the watchdog fired: components may not answer
         self._fresh: list[InvocationRecord] = []
         self.processes: dict[int, dict[str, Any]] = {}  # pid -> the process's own view (SM count, quota)
-        self._metrics_file = None
-        self._tb = None
-        out = config.out_dir
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            self._metrics_file = (out / "metrics.jsonl").open("a")
-            if config.tensorboard:
-                try:
-                    from torch.utils.tensorboard import SummaryWriter
-
-                    self._tb = SummaryWriter(str(out / "tb"))
-                except Exception:  # noqa: BLE001 - TensorBoard is optional output
-                    self._tb = None
+        self.resumed: Resumed | None = None
+        self.on_resume: Callable[[Resumed], None] | None = None  # told which checkpoint a resume uses
+        self.outputs: MetricsLog | None = None  # metrics.jsonl + TensorBoard (opened at the first iteration)
+        if config.out_dir is not None and not config.resume:
+            check_run_dir(config.out_dir, resume=False, overwrite=False)  # never two runs in one directory
 
     # -- resume -----------------------------------------------------------------------------
     def describe_processes(self) -> None:
@@ -129,21 +130,43 @@ class Runner:
         first = visible.split(",")[0].strip()
         return int(first) if first.isdigit() and "," not in visible and int(first) in self.sampler.per_gpu else None
 
-    def restore(self) -> int:
-        """Load the latest complete checkpoint into the workers; return the first iteration to run."""
-        if not self.config.resume:
-            return 0
+    def _last_checkpoint(self) -> tuple[Checkpoint, tuple[Rejected, ...]]:
+        """The newest checkpoint that verifies, and the newer ones rejected; CheckpointError (saying how
+        many were found and why each was rejected) when none is usable."""
         if self.config.out_dir is None:
             raise CheckpointError("--resume needs --out (the run directory holding checkpoints)")
         ckpt_dir = self.config.out_dir / "checkpoints"
-        path = latest_complete(ckpt_dir, verify=True)
-        if path is None:
-            raise CheckpointError(f"no complete checkpoint under {ckpt_dir} to resume from")
-        ckpt = load_checkpoint(path)
+        ckpt, rejected = find_resumable(ckpt_dir)
+        if ckpt is None:
+            why = "".join(f"\n  {r.path.name}: {r.reason}" for r in rejected)
+            raise CheckpointError(f"no usable checkpoint under {ckpt_dir}: {len(rejected)} found" +
+                                  (f", each rejected:{why}" if rejected else ""))
+        return ckpt, tuple(rejected)
+
+    def _load_states(self, ckpt: Checkpoint) -> None:
         for comp, states in ckpt.states.items():
             if comp in self.backend.components() and states:
                 self.backend.control(comp, "set_states", states)
+
+    def restore(self) -> int:
+        """Load the newest usable checkpoint into the workers (saying which, and which newer ones were
+        rejected and why); return the first iteration to run."""
+        if not self.config.resume:
+            return 0
+        ckpt, rejected = self._last_checkpoint()
+        written_by = ckpt.meta.get("workflow")
+        if written_by is not None and written_by != self.wf.name:  # another run's state: never mix them
+            raise CheckpointError(f"{ckpt.path} was written by workflow '{written_by}', not '{self.wf.name}'; "
+                                  "resume with the workflow (or plan) that wrote it")
+        self.resumed = Resumed(ckpt.path, ckpt.iteration, rejected)
+        if self.on_resume is not None:
+            self.on_resume(self.resumed)
+        self._load_states(ckpt)
         return ckpt.iteration + 1
+
+    def _open_outputs(self, start: int) -> None:
+        if self.config.out_dir is not None and self.outputs is None:
+            self.outputs = MetricsLog(self.config.out_dir, start, self.config.tensorboard)
 
     def checkpoint(self, k: int) -> Path | None:
         if self.config.out_dir is None:
@@ -253,20 +276,16 @@ class Runner:
         return dict(out)
 
     def _log(self, result: IterationResult) -> None:
-        line = {"iteration": result.iteration, **{k: (None if isinstance(v, float) and math.isnan(v) else v)
-                                                    for k, v in result.metrics.items()}}
-        if self._metrics_file is not None:
-            self._metrics_file.write(json.dumps(line) + "\n")
-            self._metrics_file.flush()
-        if self._tb is not None:
-            for name, value in result.metrics.items():
-                self._tb.add_scalar(name, value, result.iteration)
+        self._open_outputs(result.iteration)
+        if self.outputs is not None:
+            self.outputs.log(result.iteration, result.metrics)
         if self.on_iteration is not None:
             self.on_iteration(result)
 
     def run(self) -> list[IterationResult]:
         self.describe_processes()
         k = self.restore()
+        self._open_outputs(k)
         restarts = 0
         try:
             while k < self.config.iterations:
@@ -292,23 +311,21 @@ class Runner:
     def _recover(self, exc: CallFailed, attempt: int) -> int:
         """Restart dead component processes and put every component back at the last checkpoint, so that
         no component is ahead of the others; return the iteration to continue from."""
-        ckpt_dir = self.config.out_dir / "checkpoints" if self.config.out_dir else None
-        path = latest_complete(ckpt_dir, verify=True) if ckpt_dir else None
-        if path is None:
+        try:
+            ckpt, rejected = self._last_checkpoint()
+        except CheckpointError as none:
             raise CallFailed(exc.label, exc.component, f"{exc.message}; no checkpoint to restart from "
-                             "(use --checkpoint-every)", died=True) from None
+                             f"(use --checkpoint-every): {none}", died=True) from None
         time.sleep(min(30.0, 0.5 * 2 ** (attempt - 1)))  # back off before starting processes again
         broken = set(self.backend.dead_components())
         if exc.gpu_fatal:  # alive but its CUDA context is gone
             broken.add(exc.component)
         restart = self.backend.fault_domain(sorted(broken), exc.gpu_fatal)
         self.backend.restart(restart)
-        ckpt = load_checkpoint(path)
-        for comp, states in ckpt.states.items():
-            if comp in self.backend.components() and states:
-                self.backend.control(comp, "set_states", states)
+        self._load_states(ckpt)
         recovery = {"failed": str(exc), "restarted": restart, "from_checkpoint": ckpt.iteration,
-                    "gpu_fatal": exc.gpu_fatal, "attempt": attempt}
+                    "gpu_fatal": exc.gpu_fatal, "attempt": attempt,
+                    "rejected": [f"{r.path.name}: {r.reason}" for r in rejected]}
         self.recoveries.append(recovery)
         if self.config.out_dir is not None:  # the run directory keeps a record of every recovery
             with (self.config.out_dir / "recoveries.jsonl").open("a") as f:
@@ -316,6 +333,8 @@ class Runner:
         if self.on_recovery is not None:
             self.on_recovery(recovery)
         self.results = [r for r in self.results if r.iteration <= ckpt.iteration]
+        if self.outputs is not None:  # the iterations after the checkpoint run again: log each once
+            self.outputs.rewind(ckpt.iteration + 1)
         return ckpt.iteration + 1
 
     def node_summary(self) -> list[dict[str, Any]]:
@@ -339,14 +358,8 @@ class Runner:
         return sorted(rows, key=lambda r: -r["per_iteration_s"])
 
     def close(self) -> None:
-        if self._metrics_file is not None:
-            self._metrics_file.flush()
-            self._metrics_file.close()
-            self._metrics_file = None
-        if self._tb is not None:
-            self._tb.flush()
-            self._tb.close()
-            self._tb = None
+        if self.outputs is not None:
+            self.outputs.close()
         if self.config.out_dir is not None and len(self.trace):
             from .chrome_trace import write_chrome_trace
 

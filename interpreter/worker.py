@@ -206,7 +206,8 @@ class ComponentWorker:
             device_end = self._wait_device(outs)
         except ComponentError as exc:
             self._record(info, indices, start, time.perf_counter_ns(), None, str(exc))
-            raise CallFailed(label, self.name, str(exc)) from None
+            # the contract checks name the invocation too; CallFailed names it once
+            raise CallFailed(label, self.name, str(exc).removeprefix(f"{label}: ")) from None
         except Exception as exc:  # noqa: BLE001 - reported with the node path, not swallowed
             self._record(info, indices, start, time.perf_counter_ns(), None, repr(exc))
             raise CallFailed(label, self.process, f"{type(exc).__name__}: {exc}",

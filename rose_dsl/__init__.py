@@ -16,7 +16,9 @@ from .ir import Workflow
 from .loader import Document, load_file, load_text
 from .resolve import check_workflow
 
-__all__ = ["load_workflow", "load_workflow_text", "check", "Workflow", "WorkflowError", "Diagnostic", "SourcePos"]
+__version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
+
+__all__ = ["__version__", "load_workflow", "load_workflow_text", "check", "Workflow", "WorkflowError", "Diagnostic", "SourcePos"]
 
 
 def check(wf: Workflow, text: str | None = None) -> Workflow:

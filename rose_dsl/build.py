@@ -183,12 +183,15 @@ def _component(ctx: _Ctx, name: str, raw: Mapping[str, Any]) -> Component:
             attr = str((spec or {}).get("attr", s))
             state.append(StateObject(name, s, attr, ctx.doc.key_pos(path + ("state", s))))
     env = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in (raw.get("env") or {}).items()}
+    fpos = {k: ctx.doc.pos(path + (k,)) for k in ("impl", "venv") if k in raw}
+    fpos.update({f"env.{k}": ctx.doc.key_pos(path + ("env", k)) for k in env})
+    fpos.update({f"python_path[{i}]": ctx.doc.pos(path + ("python_path", i)) for i in range(len(raw.get("python_path", ())))})
     return Component(
         name=name, impl=raw["impl"], args=substitute(raw.get("args") or {}, path + ("args",), ctx),
         device=raw.get("device", "cpu"), state=tuple(state), gpu=_placement_int(ctx, path + ("gpu",), raw.get("gpu"), 0),
         mps_quota=_placement_int(ctx, path + ("mps_quota",), raw.get("mps_quota"), 1, 100), replicas=_placement_int(ctx, path + ("replicas",), raw.get("replicas", 1), 1) or 1,
         env=env, python_path=tuple(raw.get("python_path", ())),
-        venv=raw.get("venv"), replica_of=raw.get("replica_of"), pos=ctx.doc.key_pos(path),
+        venv=raw.get("venv"), replica_of=raw.get("replica_of"), pos=ctx.doc.key_pos(path), field_pos=fpos,
     )
 
 

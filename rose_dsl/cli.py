@@ -1,12 +1,18 @@
-"""The `rose` command line: validate, graph (and, as they land, rewrite / optimize / execute).
+"""The language's commands: `validate`, `graph`, `rewrite` -- and what every `rose` command shares.
 
-Exit codes: 0 success, 2 an invalid workflow or bad usage (one clear message each, never a
-traceback), 1 an internal error (a bug: the message says so).
+The full `rose` command (`rose_cli`, on top of the language and the runtime) registers these next to
+`execute` and `optimize`. This module stays runnable alone, `python -m rose_dsl.cli validate FILE`,
+without the runtime installed or imported: checking a workflow must not need Ray or a GPU stack.
+
+Conventions shared by every command (`make_app`, `load_or_exit`, `run_app`): `-h` and `--help`,
+`--version`; exit codes from `ExitCode`; a user's mistake is one plain message and exit 2, never a
+traceback; a bug is "internal error" and exit 1.
 """
 
 from __future__ import annotations
 
 import sys
+from enum import IntEnum, StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -14,20 +20,83 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from . import WorkflowError, load_workflow
+from . import WorkflowError, __version__, load_workflow
 from .analysis import analyze
-from .importcheck import DEFAULT_ALLOWED, check_imports, module_allowed
+from .errors import Diagnostic
 from .ir import ExecutionNode, LoopNode, MergeNode, Workflow
+from .trust import TrustPolicy, check_trust
 
-__all__ = ["app", "main"]
+__all__ = ["ExitCode", "app", "main", "make_app", "register", "run_app", "load_or_exit", "report_problems",
+           "write_output", "out", "err", "FileArg", "SetOpt", "AllowModuleOpt", "AllowEnvOpt", "AllowPathOpt"]
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="rose: declarative RL workflows, rewritten for overlap and run on Ray.")
+
+class ExitCode(IntEnum):
+    """Every exit status of `rose` (docs/reliability.md)."""
+
+    OK = 0
+    INTERNAL = 1  # a bug in rose; the message says so
+    INVALID = 2  # the user's input: a workflow, a plan, a command-line value, a run directory
+    COMPONENT = 3  # a component failed (import, construction, a call), named by node and iteration
+    WATCHDOG = 4  # a call did not return within --call-timeout
+    CHECKPOINT = 5  # no usable checkpoint, or one could not be written
+    INTERRUPTED = 130
+
+
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-FileArg = Annotated[Path, typer.Argument(help="workflow (or plan) YAML file", show_default=False)]
+FileArg = Annotated[Path, typer.Argument(help="workflow (or plan) YAML file", show_default=False, exists=True,
+                                         dir_okay=False, readable=True)]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="override a param: NAME=VALUE (repeatable)")]
+AllowModuleOpt = Annotated[list[str] | None, typer.Option(
+    "--allow-module", help="module prefix components may be imported from (repeatable; always allowed: examples.)")]
+AllowEnvOpt = Annotated[list[str] | None, typer.Option(
+    "--allow-env", help="let a component set this loader/interpreter variable, e.g. LD_LIBRARY_PATH (repeatable)")]
+AllowPathOpt = Annotated[list[str] | None, typer.Option(
+    "--allow-path", help="let components import from (python_path) or run an interpreter (venv) inside this "
+                         "directory (repeatable)")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"rose {__version__}", markup=False)
+        raise typer.Exit(0)
+
+
+def make_app(help: str) -> typer.Typer:
+    """A `rose` command group: `-h` as well as `--help` on every command, and `--version`."""
+    app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help=help,
+                      context_settings={"help_option_names": ["-h", "--help"]}, rich_markup_mode=None)
+
+    @app.callback()
+    def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                    help="print rose's version and exit")] = False) -> None:
+        pass
+
+    return app
+
+
+def run_app(app: typer.Typer, prog_name: str | None = None) -> None:
+    """Run a command group with rose's exit-code rules: a bug is exit 1 with one plain line (the traceback
+    only with ROSE_DEBUG=1), Ctrl-C is exit 130."""
+    import os
+
+    try:
+        app(prog_name=prog_name)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(ExitCode.INTERRUPTED)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: a bug, said plainly
+        import traceback
+
+        err.print(f"internal error (a bug in rose, please report it): {type(exc).__name__}: {exc}", markup=False)
+        if os.environ.get("ROSE_DEBUG"):
+            traceback.print_exc()
+        else:
+            err.print("(ROSE_DEBUG=1 shows the traceback)", markup=False)
+        sys.exit(ExitCode.INTERNAL)
 
 
 def _overrides(items: list[str] | None) -> dict[str, object]:
@@ -42,14 +111,44 @@ def _overrides(items: list[str] | None) -> dict[str, object]:
     return result
 
 
-def _load(path: Path, sets: list[str] | None) -> Workflow:
+def load_or_exit(path: Path, sets: list[str] | None) -> Workflow:
+    """The checked workflow, or every problem printed and exit 2."""
     try:
         return load_workflow(path, _overrides(sets))
     except WorkflowError as exc:
         n = len(exc.diagnostics)
         err.print(exc.format(), markup=False)
         err.print(f"[red]{path}: invalid workflow ({n} problem{'s' if n != 1 else ''})[/red]")
-        raise typer.Exit(2) from None
+        raise typer.Exit(ExitCode.INVALID) from None
+
+
+def report_problems(wf: Workflow, problems: list[Diagnostic], what: str) -> None:
+    """Print positioned problems with their source lines, a count, and exit 2 (when there are any)."""
+    if not problems:
+        return
+    try:
+        text = Path(wf.file).read_text()
+    except OSError:
+        text = None
+    err.print(WorkflowError(problems, text).format(), markup=False)
+    n = len(problems)
+    err.print(f"[red]{wf.file}: {n} problem{'s' if n != 1 else ''} {what}[/red]")
+    raise typer.Exit(ExitCode.INVALID)
+
+
+def write_output(path: Path, text: str) -> None:
+    """Write a result file whole or not at all (temp file, rename); an unwritable path is the user's
+    to fix: exit 2 naming it, nothing half-written."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError as exc:
+        if tmp.parent.is_dir():
+            tmp.unlink(missing_ok=True)
+        err.print(f"error: cannot write {path}: {exc.strerror or exc}", markup=False)
+        raise typer.Exit(ExitCode.INVALID) from None
+    out.print(f"wrote {path}", markup=False)
 
 
 def _summary(wf: Workflow, explain: bool) -> None:
@@ -99,87 +198,69 @@ def _summary(wf: Workflow, explain: bool) -> None:
         out.print(t)
 
 
-@app.command()
 def validate(
     file: FileArg,
     explain: Annotated[bool, typer.Option("--explain", help="print every derived dependency with its reason")] = False,
-    import_: Annotated[bool, typer.Option("--import", help="also import every impl (in a child process) and check the called methods")] = False,
-    allow_module: Annotated[list[str] | None, typer.Option("--allow-module", help="module prefix components may come from (repeatable; default: examples)")] = None,
+    import_: Annotated[bool, typer.Option("--import", help="also import every impl (a child process per component) and check the called methods")] = False,
+    allow_module: AllowModuleOpt = None,
+    allow_env: AllowEnvOpt = None,
+    allow_path: AllowPathOpt = None,
     sets: SetOpt = None,
 ) -> None:
     """Parse, schema-check and legality-check a workflow; print its analysis."""
-    wf = _load(file, sets)
+    wf = load_or_exit(file, sets)
+    policy = TrustPolicy.from_options(allow_module, allow_env, allow_path)
     if import_:
-        allowed = tuple(allow_module or ()) + DEFAULT_ALLOWED
-        specs: dict[str, tuple[str, list[str]]] = {}
-        problems = []
-        for c in wf.components.values():
-            reason = module_allowed(c.impl.partition(":")[0], allowed)
-            if reason:
-                problems.append(f"{c.pos}: components.{c.name}.impl: {reason}")
-                continue
-            methods = sorted({n.method for n in wf.items() if isinstance(n, ExecutionNode) and n.component == c.name})
-            specs[c.name] = (c.impl, methods)
-        import os
+        from .importcheck import import_problems
 
-        root = str(Path(__file__).resolve().parent.parent)
-        for name, spec in specs.items():  # one child per component: each with its own environment
-            c = wf.components[name]
-            paths = [*c.python_path, root, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
-            env = {**{k: str(v) for k, v in c.env.items()}, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
-            problem = check_imports({name: spec}, env=env).get(name)
-            if problem:
-                problems.append(f"{c.pos}: components.{name}.impl: {problem}")
-        if problems:
-            for p in problems:
-                err.print(p, markup=False)
-            err.print(f"[red]{file}: {len(problems)} component(s) failed the import check[/red]")
-            raise typer.Exit(2)
+        report_problems(wf, import_problems(wf, policy), "found by importing the components")
     _summary(wf, explain)
+    for d in check_trust(wf, policy):  # valid, but running it needs the command line's permission
+        err.print(f"note: {d.pos}: {d.path}: {d.message}", markup=False)
 
 
-@app.command()
+class GraphFormat(StrEnum):
+    DOT = "dot"
+    MERMAID = "mermaid"
+
+
 def graph(
     file: FileArg,
-    format: Annotated[str, typer.Option("--format", "-f", help="dot or mermaid")] = "dot",
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="write here instead of stdout")] = None,
+    format: Annotated[GraphFormat, typer.Option("--format", "-f", help="dot or mermaid")] = GraphFormat.DOT,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="write here instead of stdout", dir_okay=False)] = None,
     sets: SetOpt = None,
 ) -> None:
     """Print the analysed graph: loops as clusters, data edges solid, state edges dashed."""
     from .render import to_dot, to_mermaid
 
-    if format not in ("dot", "mermaid"):
-        err.print(f"--format must be 'dot' or 'mermaid', not {format!r}")
-        raise typer.Exit(2)
-    wf = _load(file, sets)
+    wf = load_or_exit(file, sets)
     a = analyze(wf, explain=True)
-    text = to_dot(a) if format == "dot" else to_mermaid(a)
+    text = to_dot(a) if format is GraphFormat.DOT else to_mermaid(a)
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text)
-        out.print(f"wrote {output}")
+        write_output(output, text)
 
 
-@app.command()
 def rewrite(
     file: FileArg,
-    do: Annotated[list[str], typer.Option("--do", help="a rewrite request, applied in order (repeatable); see --help-requests")] = [],  # noqa: B006
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="write the plan here")] = None,
+    do: Annotated[list[str] | None, typer.Option("--do", help="a rewrite request, applied in order (repeatable); see --help-requests")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="write the plan here", dir_okay=False)] = None,
     help_requests: Annotated[bool, typer.Option("--help-requests", help="list the rewrite requests")] = False,
     sets: SetOpt = None,
 ) -> None:
     """Apply rewrites by hand and write the plan (itself a workflow file), or say why one is refused."""
+    from . import load_workflow_text
     from .serialize import to_yaml
     from .transforms import REQUEST_HELP, Refused, apply_request
 
     if help_requests or not do:
         out.print(REQUEST_HELP, markup=False)
         if not do:
-            raise typer.Exit(0 if help_requests else 2)
+            raise typer.Exit(ExitCode.OK if help_requests else ExitCode.INVALID)
         return
-    wf = _load(file, sets)
-    applied = []
+    wf = load_or_exit(file, sets)
+    applied: list[str] = []
     for request in do:
         try:
             result = apply_request(wf, request)
@@ -187,75 +268,43 @@ def rewrite(
             err.print(f"refused: {request}: {exc.reason}", markup=False)
             if applied:
                 err.print(f"(after: {'; '.join(applied)}) -- nothing written", markup=False)
-            raise typer.Exit(2) from None
+            raise typer.Exit(ExitCode.INVALID) from None
         wf = result.workflow
         applied.append(result.description)
         out.print(f"applied: {result.description}", markup=False)
     header = "\n".join([f"# plan written by `rose rewrite` from {file}", *[f"#   {a}" for a in applied]])
     text = to_yaml(wf, plan={"source": str(file), "rewrites": list(do)}, header=header)
-    from . import load_workflow_text
-
     try:
         load_workflow_text(text, str(output or "<plan>"))
     except WorkflowError as exc:  # a bug: a rewrite produced an invalid plan
         err.print(exc.format(), markup=False)
         err.print("internal error: the rewritten plan does not validate (a bug in rose); nothing written")
-        raise typer.Exit(1) from None
+        raise typer.Exit(ExitCode.INTERNAL) from None
     if output is None:
         sys.stdout.write(text)
     else:
-        tmp = output.with_name(output.name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(output)
-        out.print(f"wrote {output}")
+        write_output(output, text)
 
 
-@app.command()
-def execute(
-    file: FileArg,
-    plan: Annotated[Path | None, typer.Option("--plan", help="run this plan (a rewritten workflow) instead of FILE")] = None,
-    backend: Annotated[str, typer.Option("--backend", help="local (threads in this process) or ray (one actor per component); "
-                                                          "default: ray for GPU workflows, local otherwise")] = "auto",
-    iterations: Annotated[int | None, typer.Option("--iterations", "-n", help="RL iterations (default: the workflow's count)")] = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="run directory: metrics.jsonl, tb/, trace.json, checkpoints/")] = None,
-    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="checkpoint every N iterations (0: never)")] = 0,
-    resume: Annotated[bool, typer.Option("--resume", help="continue from the last complete checkpoint in --out")] = False,
-    address: Annotated[str | None, typer.Option("--address", help="join this Ray cluster instead of starting one")] = None,
-    call_timeout: Annotated[float, typer.Option("--call-timeout", help="watchdog: seconds an iteration's calls may take")] = 900.0,
-    allow_module: Annotated[list[str] | None, typer.Option("--allow-module", help="extra module prefix for impl (repeatable)")] = None,
-    mps: Annotated[bool, typer.Option("--mps/--no-mps", help="run GPU components under NVIDIA MPS with their quotas")] = True,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no per-iteration lines")] = False,
-    compiled: Annotated[bool, typer.Option("--compiled/--no-compiled", help="ray: compile each iteration into a Ray Compiled Graph")] = True,
-    sets: SetOpt = None,
-) -> None:
-    """Train: run RL iterations of a workflow (or plan) on the local or Ray backend."""
-    from .run_cli import execute_command
+def register(app: typer.Typer) -> None:
+    """Add the language's commands to a `rose` command group."""
+    app.command()(validate)
+    app.command()(graph)
+    app.command()(rewrite)
 
-    if plan is not None and sets:
-        err.print(f"error: --set does not apply to a plan ({plan}): a plan holds its params resolved (args, counts, "
-                  "quotas); pass --set to `rose rewrite` when writing the plan", markup=False)
-        raise typer.Exit(2)
-    code = execute_command(out, err, _load(plan or file, sets), backend=backend, iterations=iterations, out_dir=out_dir,
-                           checkpoint_every=checkpoint_every, resume=resume, address=address, call_timeout=call_timeout,
-                           allowed=tuple(allow_module or ()), mps=mps, quiet=quiet, compiled=compiled)
-    raise typer.Exit(code)
+
+app = make_app("rose (language only): validate, graph and rewrite workflows. The full command, with "
+               "`execute`, is `rose` (python -m rose_cli).")
+register(app)
 
 
 def main() -> None:
-    try:
-        app()
-    except SystemExit:
-        raise
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        sys.exit(130)
-    except Exception as exc:  # noqa: BLE001 - the last line of defence: a bug, said plainly
-        import traceback
-
-        err.print(f"internal error (a bug in rose, please report it): {type(exc).__name__}: {exc}", markup=False)
-        if "--debug" in sys.argv or __import__("os").environ.get("ROSE_DEBUG"):
-            traceback.print_exc()
-        sys.exit(1)
+    if len(sys.argv) > 1 and sys.argv[1] in ("execute", "optimize"):  # commands of the full `rose`
+        err.print(f"error: `{sys.argv[1]}` is a command of the full `rose` (python3 -m rose_cli {sys.argv[1]} ...); "
+                  "`python3 -m rose_dsl.cli` has the language's commands only (validate, graph, rewrite)",
+                  markup=False)
+        sys.exit(ExitCode.INVALID)
+    run_app(app, "python3 -m rose_dsl.cli")
 
 
 if __name__ == "__main__":

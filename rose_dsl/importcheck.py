@@ -1,78 +1,140 @@
 """`rose validate --import`: does every `impl` import, and does it have the methods the workflow calls?
 
-User code is imported only here, only on request, and in a child process (so that a module with import
-side effects cannot change the validator's own state), and only from allowed module prefixes.
+Errors a run would meet only when it starts a component are found here, before any run, and reported
+where the user fixes them: at the `impl:` string (a module or class that does not exist) or at each
+`call:` (a method the class lacks), with a did-you-mean from what the module or class does have.
+
+User code is imported only here, only on request, only from allowed module prefixes (`trust.py`), and in
+a child process per component with that component's own environment, import path and interpreter
+(`venv`), so that a module with import side effects cannot change the validator's own state. The child
+runs a self-contained script (standard library only): a `venv` interpreter need not have rose installed.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
+import os
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
+from pathlib import Path
 
-__all__ = ["DENIED_MODULES", "DEFAULT_ALLOWED", "module_allowed", "check_imports"]
+from .errors import Diagnostic
+from .ir import ExecutionNode, Workflow
+from .trust import DEFAULT_ALLOWED, DENIED_MODULES, TrustPolicy, check_trust, module_allowed
 
-DENIED_MODULES = ("os", "sys", "subprocess", "builtins", "importlib", "ctypes", "pickle", "shutil", "socket",
-                  "multiprocessing", "runpy", "code", "marshal", "shelve")
-DEFAULT_ALLOWED = ("examples.",)
+__all__ = ["DENIED_MODULES", "DEFAULT_ALLOWED", "module_allowed", "check_imports", "import_problems",
+           "component_env"]
 
+# Runs in the child: {component: {"impl": [message, hint] | None, "methods": {method: [message, hint]}}}
+_CHILD = r'''
+import difflib, importlib, importlib.util, inspect, json, pkgutil, sys
 
-def module_allowed(module: str, allowed: Iterable[str]) -> str | None:
-    """None if `module` may be imported as a component, else the reason it may not."""
-    top = module.split(".")[0]
-    if top in DENIED_MODULES or module in DENIED_MODULES:
-        return f"module '{module}' is never a component (it is on rose's deny list)"
-    prefixes = tuple(allowed)
-    if not any(module == p.rstrip(".") or module.startswith(p if p.endswith(".") else p + ".") for p in prefixes):
-        return (f"module '{module}' is outside the allowed prefixes ({', '.join(prefixes)}); "
-                f"allow it with --allow-module {top}")
+def hint(name, candidates):
+    m = difflib.get_close_matches(name, sorted(set(candidates)), n=3, cutoff=0.6)
+    return ("did you mean " + " or ".join("'%s'" % x for x in m) + "?") if m else None
+
+def missing_module(name):
+    """Which part of a dotted module name does not exist, and what exists there instead."""
+    parts = name.split(".")
+    for i in range(len(parts)):
+        head = ".".join(parts[: i + 1])
+        try:
+            found = importlib.util.find_spec(head) is not None
+        except Exception:  # find_spec imports the parent, which may raise anything: then it is not there
+            found = False
+        if not found:
+            if i == 0:
+                return "no module named '%s'" % head, hint(head, (m.name for m in pkgutil.iter_modules()))
+            parent = importlib.import_module(".".join(parts[:i]))
+            names = [m.name for m in pkgutil.iter_modules(getattr(parent, "__path__", []))]
+            return "module '%s' has no submodule '%s'" % (parent.__name__, parts[i]), hint(parts[i], names)
     return None
 
+def check(impl, methods):
+    module_name, _, qual = impl.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        where = missing_module(module_name)
+        if where is not None and exc.name and module_name.startswith(exc.name):
+            return ["cannot import '%s': %s" % (module_name, where[0]), where[1]], {}
+        return ["importing '%s' failed: %s: %s" % (module_name, type(exc).__name__, exc), None], {}
+    except BaseException as exc:  # user code at import: any exception (SystemExit too) is its report
+        return ["importing '%s' failed: %s: %s" % (module_name, type(exc).__name__, exc), None], {}
+    obj, owner = module, module_name
+    for part in qual.split("."):
+        if not hasattr(obj, part):
+            names = [n for n, v in vars(obj).items() if inspect.isclass(v)] if hasattr(obj, "__dict__") else []
+            return ["'%s' has no class '%s'" % (owner, part), hint(part, names)], {}
+        obj, owner = getattr(obj, part), owner + ("." if owner != module_name else ":") + part
+    if not inspect.isclass(obj):
+        return ["'%s' is a %s, not a class" % (impl, type(obj).__name__), None], {}
+    if obj.__module__.split(".")[0] != module_name.split(".")[0]:
+        return ["'%s' resolves to '%s.%s', outside '%s'" % (impl, obj.__module__, obj.__qualname__, module_name),
+                None], {}
+    public = [n for n in dir(obj) if not n.startswith("_") and callable(getattr(obj, n, None))]
+    bad = {}
+    for m in methods:
+        if not callable(getattr(obj, m, None)):
+            bad[m] = ["class '%s' has no method '%s'" % (impl, m), hint(m, public)]
+    return None, bad
 
-def _check_in_child(specs: Mapping[str, tuple[str, list[str]]]) -> dict[str, str | None]:
-    """Runs in the child: {component: error or None}."""
-    results: dict[str, str | None] = {}
-    for comp, (impl, methods) in specs.items():
-        module_name, _, qual = impl.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as exc:  # noqa: BLE001 - any import failure is reported, not raised
-            results[comp] = f"cannot import '{module_name}': {type(exc).__name__}: {exc}"
-            continue
-        obj = module
-        try:
-            for part in qual.split("."):
-                obj = getattr(obj, part)
-        except AttributeError:
-            results[comp] = f"module '{module_name}' has no '{qual}'"
-            continue
-        if not inspect.isclass(obj):
-            results[comp] = f"'{impl}' is not a class"
-            continue
-        if obj.__module__.split(".")[0] != module_name.split(".")[0]:
-            results[comp] = f"'{impl}' resolves to '{obj.__module__}.{obj.__qualname__}', outside '{module_name}'"
-            continue
-        missing = [m for m in methods if not callable(getattr(obj, m, None))]
-        results[comp] = f"class '{impl}' has no method {', '.join(map(repr, missing))}" if missing else None
-    return results
+specs = json.load(sys.stdin)
+print(json.dumps({c: dict(zip(("impl", "methods"), check(impl, methods))) for c, (impl, methods) in specs.items()}))
+'''
+
+PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def component_env(comp_env: Mapping[str, str], python_path: tuple[str, ...]) -> dict[str, str]:
+    """The environment a component's own process gets (as the Ray backend builds it): its `env`, and its
+    `python_path` ahead of the project root and this process's PYTHONPATH."""
+    paths = [*python_path, PROJECT_ROOT, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    return {**{k: str(v) for k, v in comp_env.items()}, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
 
 
 def check_imports(specs: Mapping[str, tuple[str, list[str]]], timeout_s: float = 120.0,
-                  env: Mapping[str, str] | None = None) -> dict[str, str | None]:
-    """Import each component class in a child process (with the components' own environment, e.g. a
-    PYTHONPATH with another MuJoCo); {component: error or None}."""
-    import os
-
-    code = "import json,sys; from rose_dsl.importcheck import _check_in_child as c; print(json.dumps(c(json.load(sys.stdin))))"
+                  env: Mapping[str, str] | None = None, python: str | None = None) -> dict[str, dict]:
+    """Import each component class in a child process (`python`, default this interpreter) with `env`
+    added to this environment: {component: {"impl": [message, hint] | None, "methods": {name: [message, hint]}}}."""
     try:
-        proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(specs), capture_output=True, text=True,
-                              timeout=timeout_s, env={**os.environ, **(env or {})})
+        proc = subprocess.run([python or sys.executable, "-c", _CHILD], input=json.dumps(specs), capture_output=True,
+                              text=True, timeout=timeout_s, env={**os.environ, **(env or {})})
     except subprocess.TimeoutExpired:
-        return {comp: f"importing took longer than {timeout_s:.0f} s" for comp in specs}
+        return {c: {"impl": [f"importing took longer than {timeout_s:.0f} s", None], "methods": {}} for c in specs}
+    except OSError as exc:  # the venv's interpreter is missing or not executable
+        return {c: {"impl": [f"cannot start {python}: {exc.strerror}", None], "methods": {}} for c in specs}
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {comp: f"the import check crashed: {tail}" for comp in specs}
+        return {c: {"impl": [f"the import check crashed: {tail}", None], "methods": {}} for c in specs}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def import_problems(wf: Workflow, policy: TrustPolicy) -> list[Diagnostic]:
+    """`rose validate --import`: what the trust policy refuses, then every impl that does not import and
+    every called method its class lacks, each at the `impl:` or `call:` that names it."""
+    refused = check_trust(wf, policy)
+    if refused:  # nothing is imported from a workflow that asks for code outside the policy
+        return refused
+    calls: dict[str, dict[str, list[ExecutionNode]]] = {}
+    for item in wf.items():
+        if isinstance(item, ExecutionNode):
+            calls.setdefault(item.component, {}).setdefault(item.method, []).append(item)
+    out: list[Diagnostic] = []
+    for c in wf.components.values():  # one child per component: each with its own environment
+        methods = calls.get(c.name, {})
+        python = str(Path(policy.cwd, c.venv, "bin", "python")) if c.venv else None
+        result = check_imports({c.name: (c.impl, sorted(methods))}, env=component_env(c.env, c.python_path),
+                               python=python)[c.name]
+        if result["impl"]:
+            message, hint = result["impl"]
+            out.append(Diagnostic(c.field_pos.get("impl", c.pos), f"components.{c.name}.impl", message, hint))
+        for method, (message, hint) in result["methods"].items():
+            seen = set()
+            for node in methods[method]:
+                pos = node.field_pos.get("call", node.pos)
+                if pos not in seen:  # split groups of one declared node share its position
+                    seen.add(pos)
+                    out.append(Diagnostic(pos, ".".join(node.path) + ".call", message, hint))
+    return sorted(out, key=Diagnostic.sort_key)

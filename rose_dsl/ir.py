@@ -78,6 +78,9 @@ class Component:
     venv: str | None = None
     replica_of: str | None = None  # plan-only: a copy made by a temporal split, same impl and args
     pos: SourcePos = field(default=NOWHERE, compare=False)
+    # where the fields that choose code came from ("impl", "env.NAME", "python_path[0]", "venv"), so that
+    # a refusal or a failed import points at the value, not at the component's key
+    field_pos: dict[str, SourcePos] = field(default_factory=dict, compare=False, hash=False)
 
     def state_object(self, name: str) -> StateObject | None:
         return next((s for s in self.state if s.name == name), None)

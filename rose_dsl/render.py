@@ -23,6 +23,12 @@ def _esc(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
+def _label(*lines: str) -> str:
+    """A DOT label of several lines: each line escaped, joined by DOT's own line break (escaping the
+    joined text instead would turn the break into a literal backslash-n)."""
+    return "\\n".join(_esc(line) for line in lines)
+
+
 def to_dot(a: Analysis) -> str:
     lines = ["digraph rose {", "  rankdir=TB;", '  node [shape=box, style="rounded,filled", fillcolor="#f5f5f5", fontname="Helvetica"];',
              '  edge [fontname="Helvetica", fontsize=9];', '  compound=true;']
@@ -37,21 +43,21 @@ def to_dot(a: Analysis) -> str:
         elif isinstance(item, ExecutionNode) and item.phases:
             lines.append(f"{indent}subgraph cluster_{_id(item.path)} {{")
             lines.append(f'{indent}  label="{_esc(item.name)} = {_esc(item.call)} (phases)"; style=dashed; color="#9a9aca";')
-            lines.append(f'{indent}  {_id(item.path)} [label="{_esc(item.name)}\\n{_esc(item.call)}", fillcolor="#e8e8ff"];')
+            lines.append(f'{indent}  {_id(item.path)} [label="{_label(item.name, item.call)}", fillcolor="#e8e8ff"];')
             for child in item.phases:
                 emit(child, indent + "  ")
             lines.append(f"{indent}}}")
         elif isinstance(item, ExecutionNode):
             effects = ", ".join(f"{e.state.split('.', 1)[1]}:{e.access.value}" for e in item.effects)
-            label = f"{item.name}\\n{item.call}" + (f"\\n[{effects}]" if effects else "")
-            lines.append(f'{indent}{_id(item.path)} [label="{_esc(label)}"];')
+            label = _label(item.name, item.call, *([f"[{effects}]"] if effects else []))
+            lines.append(f'{indent}{_id(item.path)} [label="{label}"];')
         elif isinstance(item, MergeNode):
             lines.append(f'{indent}{_id(item.path)} [label="merge {_esc(item.name)}", shape=invtrapezium];')
 
     for child in a.workflow.root.body:
         emit(child, "  ")
     for e in a.edges:
-        label = _esc(f"{e.detail}\\n{e.relation}" if e.relation != "same iteration" else e.detail)
+        label = _label(e.detail, *([e.relation] if e.relation != "same iteration" else []))
         if e.kind == "data":
             style = 'color="#1f4e9c"'
         elif e.flow:
@@ -86,9 +92,8 @@ def to_mermaid(a: Analysis) -> str:
     for child in a.workflow.root.body:
         emit(child, "  ")
     for e in a.edges:
-        label = e.detail.replace('"', "'").replace("|", "/")
-        if e.relation != "same iteration":
-            label += f"; {e.relation}"
+        label = e.detail + (f"; {e.relation}" if e.relation != "same iteration" else "")
+        label = label.replace('"', "'").replace("|", "/")  # the whole label: the relation is text too
         arrow = "-->" if e.kind == "data" else "-.->"
         lines.append(f'  {_id(e.producer)} {arrow}|"{label}"| {_id(e.consumer)}')
     return "\n".join(lines) + "\n"

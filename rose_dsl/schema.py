@@ -11,6 +11,8 @@ import functools
 import hashlib
 import importlib
 import json
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +25,13 @@ from .loader import Document
 __all__ = ["SUPPORTED_VERSIONS", "schema_path", "load_schema", "check_schema", "exclusive_one_of_as_any_of"]
 
 SUPPORTED_VERSIONS = (1,)
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schema"
 _ITEM_KINDS = ("node", "loop", "merge")
 
 
-def schema_path(version: int) -> Path:
-    return SCHEMA_DIR / f"rose-workflow-{version}.schema.json"
+def schema_path(version: int) -> Traversable:
+    """The schema file as package data (`rose_dsl/schemas/` links to the top-level `schema/`; an installed
+    wheel holds a copy), so a non-editable install finds it too."""
+    return resources.files("rose_dsl") / "schemas" / f"rose-workflow-{version}.schema.json"
 
 
 @functools.cache

@@ -34,4 +34,5 @@ def test_cli_exit_code_and_message(tmp_path) -> None:
 def test_cli_missing_file_exit_2(tmp_path) -> None:
     proc = subprocess.run([sys.executable, "-m", "rose_dsl.cli", "validate", str(tmp_path / "none.yaml")],
                           capture_output=True, text=True)
-    assert proc.returncode == 2 and "no such file" in proc.stderr
+    assert proc.returncode == 2 and "none.yaml' does not exist" in proc.stderr
+    assert ":0:0" not in proc.stderr and "invalid workflow" not in proc.stderr  # a usage error, not a position

@@ -39,7 +39,7 @@ def test_killing_the_driver_leaves_no_processes(tmp_path) -> None:
     wf = tmp_path / "long.yaml"
     wf.write_text(LONG)
     before = _sessions()
-    proc = subprocess.Popen([sys.executable, "-m", "rose_dsl.cli", "execute", str(wf), "--allow-module", "tests",
+    proc = subprocess.Popen([sys.executable, "-m", "rose_cli", "execute", str(wf), "--allow-module", "tests",
                              "--backend", "ray", "-q", "--out", str(tmp_path / "run")], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.time() + 180

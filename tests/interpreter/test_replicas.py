@@ -68,15 +68,15 @@ def test_unmappable_replica_counts_and_local_backend_are_refused(tmp_path) -> No
     wf = tmp_path / "dp.yaml"
     wf.write_text(text)
     # (without --backend, a replicated workflow runs on Ray: the local backend is refused only when asked for)
-    proc = subprocess.run([sys.executable, "-m", "rose_dsl.cli", "execute", str(wf), "--allow-module", "tests", "-n", "1",
+    proc = subprocess.run([sys.executable, "-m", "rose_cli", "execute", str(wf), "--allow-module", "tests", "-n", "1",
                            "--backend", "local"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 2 and "needs --backend ray" in proc.stderr
     wf.write_text(text.replace("replicas: 2}\n  model", "replicas: 1}\n  model"))
-    proc = subprocess.run([sys.executable, "-m", "rose_dsl.cli", "execute", str(wf), "--allow-module", "tests", "-n", "1",
+    proc = subprocess.run([sys.executable, "-m", "rose_cli", "execute", str(wf), "--allow-module", "tests", "-n", "1",
                            "--backend", "ray"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 2 and "declare `shard: DIM` on 'u'" in proc.stderr, proc.stderr
     wf.write_text(text.replace("replicas: 2}\niteration", "replicas: 3}\niteration"))
-    proc = subprocess.run([sys.executable, "-m", "rose_dsl.cli", "execute", str(wf), "--allow-module", "tests", "-n", "1",
+    proc = subprocess.run([sys.executable, "-m", "rose_cli", "execute", str(wf), "--allow-module", "tests", "-n", "1",
                            "--backend", "ray"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 2 and "one replica count must divide the other" in proc.stderr, proc.stderr
 

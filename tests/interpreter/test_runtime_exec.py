@@ -125,13 +125,13 @@ def test_a_failing_call_is_reported_with_its_node_and_iteration() -> None:
 
 
 def _cli(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "rose_dsl.cli", *args], capture_output=True, text=True, cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "rose_cli", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=300)
 
 
 @pytest.mark.parametrize(("change", "expected", "code"), [
     ("args: {seconds: 0.0, fail_at: 0}", "iteration.wa[0] (a): RuntimeError: planted failure at call 0", 3),
-    ("args: {seconds: 0.0, bad_output: true}", "iteration.wa[0]: a.work did not return y, z (returned wrong)", 3),
+    ("args: {seconds: 0.0, bad_output: true}", "error: iteration.wa[0] (a): a.work did not return y, z (returned wrong)", 3),
     ("args: {seconds: 0.0, nope: 1}", "constructing component 'a' (tests.mocks:Sleeper) failed", 3),
 ])
 def test_cli_faults(tmp_path, change, expected, code) -> None:
@@ -142,6 +142,7 @@ def test_cli_faults(tmp_path, change, expected, code) -> None:
     proc = _cli("execute", str(wf), "--allow-module", "tests", "-n", "2", "--out", str(tmp_path / "run"))
     assert proc.returncode == code, proc.stderr
     assert expected in proc.stderr
+    assert proc.stderr.count("iteration.wa[0]") <= 1  # the failing invocation is named once
     assert (tmp_path / "run" / "metrics.jsonl").exists() or code == 3
 
 

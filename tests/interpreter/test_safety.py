@@ -1,8 +1,12 @@
-"""Security and input guards of the runtime: what may be imported as a component, that validation does
-not import user code unless asked, and the declared batch size of separable outputs."""
+"""Security and input guards: what may be imported as a component; that a workflow's process-level fields
+(`env`, `python_path`, `venv`) cannot choose code the command line did not allow; that validation does not
+import user code unless asked; `python_path` on every backend; the declared batch size of separable
+outputs. The threat model is in docs/reliability.md."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +15,7 @@ import pytest
 
 from interpreter.components import ComponentError, resolve_impl
 from rose_dsl.importcheck import module_allowed
+from rose_dsl.trust import env_refused
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +36,7 @@ def test_only_allowed_prefixes_and_the_resolved_class_is_checked() -> None:
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "rose_dsl.cli", *args], capture_output=True, text=True, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "rose_cli", *args], capture_output=True, text=True, cwd=ROOT,
                           timeout=300)
 
 
@@ -61,3 +66,125 @@ def test_an_output_with_the_wrong_batch_size_stops_the_run(tmp_path) -> None:
     proc = _cli("execute", str(wf), "--allow-module", "tests", "-n", "1")
     assert proc.returncode == 3
     assert "output 'y' of w.act has 5 rows along dim 0; the node declares a batch of 6" in proc.stderr
+
+
+# --- the process-level fields meet the allowlist's rule (issue 12 item 16) ------------------------------
+PROBE = """
+import json, os, sys
+
+class Probe:
+    def __init__(self, report):
+        self.report = report
+
+    def work(self, x=0):
+        with open(self.report, "w") as f:
+            json.dump({"var": os.environ.get("PROBE_VAR"), "preload": os.environ.get("LD_PRELOAD"),
+                       "module": __file__}, f)
+        return {"y": x}
+"""
+
+PROBE_WF = """rose: 1
+name: probe
+components:
+  p:
+    impl: "probe_mod:Probe"
+    args: {{report: "{report}"}}
+{extra}
+iteration:
+  count: 1
+  body:
+    - {{node: n, call: p.work, in: {{x: iteration.i}}, out: [y]}}
+"""
+
+
+def _probe(tmp_path, extra: str) -> tuple[Path, Path]:
+    lib = tmp_path / "lib"
+    lib.mkdir(exist_ok=True)
+    (lib / "probe_mod.py").write_text(PROBE)
+    report = tmp_path / "seen.json"
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(PROBE_WF.format(report=report, extra=extra))
+    return wf, report
+
+
+def _rose(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "rose_cli", *args, "--allow-module", "probe_mod"], capture_output=True,
+                          text=True, cwd=cwd, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "DYLD_INSERT_LIBRARIES", "PYTHONPATH",
+                                  "PYTHONSTARTUP", "PYTHONHOME", "PYTHONWARNINGS", "PATH", "BASH_ENV", "ENV",
+                                  "GCONV_PATH", "CUDA_INJECTION64_PATH", "NVTX_INJECTION64_PATH",
+                                  "__EGL_VENDOR_LIBRARY_FILENAMES", "VK_ICD_FILENAMES", "NCCL_NET_PLUGIN",
+                                  "XLA_FLAGS", "TRITON_CACHE_DIR", "RAY_RUNTIME_ENV_HOOK", "ld_preload"])
+def test_loader_and_interpreter_variables_are_refused(name) -> None:
+    reason = env_refused(name)
+    assert reason is not None and f"--allow-env {name}" in reason
+    assert env_refused(name, allowed=[name]) is None
+
+
+@pytest.mark.parametrize("name", ["MUJOCO_GL", "PYOPENGL_PLATFORM", "OMP_NUM_THREADS", "XLA_PYTHON_CLIENT_PREALLOCATE",
+                                  "CUDA_VISIBLE_DEVICES", "PROBE_VAR"])
+def test_data_variables_are_allowed(name) -> None:
+    assert env_refused(name) is None
+
+
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_env_ld_preload_is_refused_before_anything_runs(tmp_path, backend) -> None:
+    wf, report = _probe(tmp_path, "    env: {PROBE_VAR: ok, LD_PRELOAD: /tmp/evil.so}\n    python_path: [lib]")
+    proc = _rose("execute", str(wf), "--backend", backend, "--allow-path", "lib", "-n", "1", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert f"{wf}:7:26: components.p.env.LD_PRELOAD: 'LD_PRELOAD' may choose the code the process runs" in proc.stderr
+    assert "--allow-env LD_PRELOAD" in proc.stderr and "Traceback" not in proc.stderr
+    assert not report.exists()  # no component was started
+    proc = _rose("validate", str(wf), "--import", "--allow-path", "lib", cwd=tmp_path)
+    assert proc.returncode == 2 and "components.p.env.LD_PRELOAD" in proc.stderr and not report.exists()
+    proc = _rose("validate", str(wf), cwd=tmp_path)  # valid, and it says what running it needs
+    assert proc.returncode == 0 and "note: " in proc.stderr and "--allow-env LD_PRELOAD" in proc.stderr
+
+
+def test_an_allowed_variable_reaches_the_component(tmp_path) -> None:
+    wf, report = _probe(tmp_path, "    env: {PROBE_VAR: ok, LD_PRELOAD: ''}\n    python_path: [lib]")
+    proc = _rose("execute", str(wf), "--allow-env", "LD_PRELOAD", "--allow-path", "lib", "-n", "1", "-q", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(report.read_text())["var"] == "ok"
+
+
+@pytest.mark.parametrize("field", ["python_path", "venv"])
+def test_import_paths_and_interpreters_need_allow_path(tmp_path, field) -> None:
+    value = "[lib]" if field == "python_path" else str(tmp_path / "venv")
+    wf, report = _probe(tmp_path, f"    {field}: {value}")
+    for command in (["execute", str(wf), "-n", "1"], ["validate", str(wf), "--import"]):
+        proc = _rose(*command, cwd=tmp_path)
+        assert proc.returncode == 2, proc.stderr
+        assert f"components.p.{field}" in proc.stderr and "--allow-path" in proc.stderr
+        assert not report.exists()
+    elsewhere = tmp_path / "other"
+    elsewhere.mkdir()
+    proc = _rose("execute", str(wf), "-n", "1", "--allow-path", str(elsewhere), cwd=tmp_path)
+    assert proc.returncode == 2 and f"components.p.{field}" in proc.stderr  # a different directory allows nothing
+    link = elsewhere / "escape"
+    link.symlink_to(tmp_path)  # inside the allowed dir by name, outside it once resolved
+    proc = _rose("execute", str(wf), "-n", "1", "--allow-path", str(link / ".." / "x"), cwd=tmp_path)
+    assert proc.returncode == 2
+
+
+# --- python_path on every backend (issue 12 item 9) ------------------------------------------------------
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_python_path_works_on_every_backend(tmp_path, backend) -> None:
+    wf, report = _probe(tmp_path, "    python_path: [lib]\n    env: {PROBE_VAR: ok}")
+    proc = _rose("execute", str(wf), "--backend", backend, "--allow-path", "lib", "-n", "1", "-q", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(report.read_text())
+    assert seen["module"] == str(tmp_path / "lib" / "probe_mod.py") and seen["var"] == "ok"
+
+
+def test_what_one_shared_process_cannot_honour_is_refused_on_the_local_backend(tmp_path) -> None:
+    wf, report = _probe(tmp_path, "    python_path: [lib]\n    venv: venv")
+    proc = _rose("execute", str(wf), "--allow-path", ".", "-n", "1", cwd=tmp_path)
+    assert proc.returncode == 2 and "needs a process of its own: use --backend ray" in proc.stderr
+    (tmp_path / "lib" / "json.py").write_text("")  # would shadow the json this process already imported
+    wf, report = _probe(tmp_path, "    python_path: [lib]")
+    proc = _rose("execute", str(wf), "--allow-path", ".", "-n", "1", cwd=tmp_path)
+    assert proc.returncode == 2 and "provides json (already imported from" in proc.stderr
+    assert not report.exists()

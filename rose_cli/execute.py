@@ -1,0 +1,89 @@
+"""`rose execute`: its options. The run itself is `run.py`, imported only when the command runs."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rose_dsl.cli import (
+    AllowEnvOpt,
+    AllowModuleOpt,
+    AllowPathOpt,
+    ExitCode,
+    FileArg,
+    SetOpt,
+    err,
+    load_or_exit,
+    out,
+    report_problems,
+)
+from rose_dsl.trust import TrustPolicy, check_trust
+
+__all__ = ["execute", "register"]
+
+
+class BackendName(StrEnum):
+    AUTO = "auto"
+    LOCAL = "local"
+    RAY = "ray"
+
+
+def _positive(value: float) -> float:
+    if not value > 0:  # also refuses nan
+        raise typer.BadParameter(f"must be more than 0 seconds, not {value}")
+    return value
+
+
+def execute(
+    file: FileArg,
+    plan: Annotated[Path | None, typer.Option("--plan", help="run this plan (a rewritten workflow) instead of FILE",
+                                              exists=True, dir_okay=False, readable=True)] = None,
+    backend: Annotated[BackendName, typer.Option("--backend", help="local (threads in this process) or ray (one actor "
+                                                                 "per component); auto: ray for workflows with GPU "
+                                                                 "components or replicas, local otherwise")] = BackendName.AUTO,
+    iterations: Annotated[int | None, typer.Option("--iterations", "-n", min=1,
+                                                   help="RL iterations in all (default: the workflow's count); "
+                                                        "with --resume, the total including those done")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", file_okay=False,
+                                                 help="run directory: metrics.jsonl, tb/, trace.json, checkpoints/")] = None,
+    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", min=0, help="checkpoint every N iterations (0: never)")] = 0,
+    resume: Annotated[bool, typer.Option("--resume", help="continue the run in --out from its last usable checkpoint")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace the outputs of an earlier run in --out")] = False,
+    address: Annotated[str | None, typer.Option("--address", help="join this Ray cluster instead of starting one")] = None,
+    call_timeout: Annotated[float, typer.Option("--call-timeout", callback=_positive,
+                                                help="watchdog: seconds an iteration's calls may take")] = 900.0,
+    allow_module: AllowModuleOpt = None,
+    allow_env: AllowEnvOpt = None,
+    allow_path: AllowPathOpt = None,
+    mps: Annotated[bool, typer.Option("--mps/--no-mps", help="run GPU components under NVIDIA MPS with their quotas")] = True,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no per-iteration lines")] = False,
+    compiled: Annotated[bool, typer.Option("--compiled/--no-compiled", help="ray: compile each iteration into a Ray Compiled Graph")] = True,
+    sets: SetOpt = None,
+) -> None:
+    """Train: run RL iterations of a workflow (or plan) on the local or Ray backend."""
+    if plan is not None and sets:
+        err.print(f"error: --set does not apply to a plan ({plan}): a plan holds its params resolved (args, counts, "
+                  "quotas); pass --set to `rose rewrite` when writing the plan", markup=False)
+        raise typer.Exit(ExitCode.INVALID)
+    if resume and out_dir is None:
+        err.print("error: --resume needs --out (the run directory holding the checkpoints)", markup=False)
+        raise typer.Exit(ExitCode.INVALID)
+    wf = load_or_exit(plan or file, sets)
+    policy = TrustPolicy.from_options(allow_module, allow_env, allow_path)
+    report_problems(wf, check_trust(wf, policy), "(the workflow asks to run code the command line did not allow)")
+
+    from interpreter.backends import default_backend
+
+    from .run import ExecuteOptions, execute_workflow
+
+    opts = ExecuteOptions(backend=default_backend(wf) if backend is BackendName.AUTO else backend.value, iterations=iterations, out_dir=out_dir, checkpoint_every=checkpoint_every,
+                          resume=resume, overwrite=overwrite, address=address, call_timeout=call_timeout,
+                          allowed=policy.modules, mps=mps, quiet=quiet, compiled=compiled)
+    raise typer.Exit(execute_workflow(wf, opts, out, err))
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(execute)

@@ -1,0 +1,108 @@
+"""What `rose execute` prints: per-iteration lines, the per-node table, the learning curve, and the
+messages of resumes, restarts and the watchdog."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from interpreter.backends import Backend
+from interpreter.runner import IterationResult, Resumed
+
+__all__ = ["metrics_line", "processes", "resumed", "recovery", "stacks", "nodes", "curve"]
+
+CURVE_METRICS = ("episode_return", "reward", "mean_reward")
+
+
+def metrics_line(metrics: dict[str, float]) -> str:
+    keys = ["iteration_s", "env_steps_per_s", "tokens_per_s", "sm_activity"]
+    shown = [f"{k.replace('_per_s', '/s')} {metrics[k]:.4g}" for k in keys if k in metrics]
+    shown += [f"{k} {v:.4g}" for k, v in metrics.items() if "/" in k and not k.startswith("time/")][:8]
+    return "  ".join(shown)
+
+
+def processes(out: Console, be: Backend) -> None:
+    """One line per component process that sees a GPU: its pid, SMs visible, MPS quota."""
+    for name in be.components():
+        info = be.control(name, "info")
+        if info and info.get("sm_count"):
+            quota = f" (MPS quota {info['mps_quota']}%)" if info.get("mps_quota") else ""
+            out.print(f"component {name}: pid {info['pid']}, {info['sm_count']} SMs visible{quota}", markup=False)
+
+
+def resumed(err: Console, r: Resumed, iterations: int) -> None:
+    """Which checkpoint a resume uses, and which newer ones it could not (never a silent skip)."""
+    for rej in r.rejected:
+        err.print(f"warning: checkpoint {rej.path.name} rejected: {rej.reason}", markup=False)
+    nxt = r.iteration + 1
+    what = f"continuing at iteration {nxt} of {iterations}" if nxt < iterations else \
+        f"nothing left to run: -n {iterations} iterations are done (give a larger -n to continue)"
+    err.print(f"resuming from {r.checkpoint} (iteration {r.iteration}); {what}", markup=False)
+
+
+def recovery(err: Console, rec: dict[str, Any]) -> None:
+    gpu = " (the GPU fault domain under MPS)" if rec["gpu_fatal"] and len(rec["restarted"]) > 1 else ""
+    for rej in rec.get("rejected", ()):
+        err.print(f"warning: checkpoint {rej} rejected", markup=False)
+    err.print(f"warning: {rec['failed'].splitlines()[0]}\n  restarted {', '.join(rec['restarted'])}{gpu} and "
+              f"continued from the checkpoint of iteration {rec['from_checkpoint']} (restart {rec['attempt']})",
+              markup=False)
+
+
+def _call_thread(stack: str) -> list[str]:
+    """The lines of the thread running the component's call in a faulthandler dump: the one inside
+    rose's worker (a compiled graph runs calls off the main thread), else the current thread."""
+    blocks = [b for b in stack.replace("Current thread", "\0Current thread").replace("Thread 0x", "\0Thread 0x")
+              .split("\0") if b.strip()]
+    for block in blocks:
+        if "interpreter/worker.py" in block:
+            return block.splitlines()
+    current = [b for b in blocks if b.startswith("Current thread")]
+    return (current or blocks or [""])[0].splitlines()
+
+
+def stacks(err: Console, by_component: dict[str, str], out_dir: Path | None) -> None:
+    """The innermost frames of every component's stack after the watchdog fired."""
+    for comp, stack in by_component.items():
+        lines = [ln for ln in stack.strip().splitlines() if ln.strip()]
+        if "most recent call first" in stack:  # faulthandler's order (a component process)
+            lines = [ln for ln in _call_thread(stack) if ln.strip().startswith("File")][:6][::-1]
+        err.print(f"  stack of {comp} (innermost last):", markup=False)
+        for ln in lines[-6:]:
+            err.print(f"    {ln}", markup=False)
+    if out_dir is not None:
+        err.print(f"  full stacks in {out_dir / 'stacks.txt'}", markup=False)
+
+
+def nodes(out: Console, rows: list[dict[str, Any]]) -> None:
+    t = Table(title="time per node (per iteration; split groups merged)", title_justify="left", show_edge=False)
+    for col in ("node", "calls", "mean", "per iteration", "SM activity"):
+        t.add_column(col, justify="left" if col == "node" else "right")
+    for r in rows[:12]:
+        act = r.get("sm_activity")
+        t.add_row(r["node"].removeprefix("iteration."), str(r["invocations"]), f"{r['mean_s'] * 1e3:.2f} ms",
+                  f"{r['per_iteration_s']:.3f} s", "-" if act is None else f"{act:.0%}")
+    out.print(t)
+
+
+def curve(out: Console, results: list[IterationResult]) -> None:
+    """The learning curve at the end of a run: the first reward-like metric, averaged over windows."""
+    if len(results) < 2:
+        return
+    name = next((k for k in results[-1].metrics for m in CURVE_METRICS if k.endswith("/" + m)), None)
+    if name is None:
+        return
+    values = [(r.iteration, r.metrics[name]) for r in results if name in r.metrics]
+    windows = min(10, len(values))
+    size = max(1, len(values) // windows)
+    blocks = "▁▂▃▄▅▆▇█"
+    means = []
+    for w in range(0, len(values), size):
+        chunk = values[w:w + size]
+        means.append((chunk[0][0], chunk[-1][0], sum(v for _, v in chunk) / len(chunk)))
+    lo, hi = min(m for *_, m in means), max(m for *_, m in means)
+    spark = "".join(blocks[int((m - lo) / (hi - lo + 1e-12) * (len(blocks) - 1))] for *_, m in means)
+    out.print(f"{name}: {spark}  " + "  ".join(f"[{a}-{b}] {m:.3g}" for a, b, m in means), markup=False)

@@ -1,0 +1,263 @@
+"""The body of `rose execute`: check what can be checked before anything starts, set up the GPU (MPS
+daemon, activity sampling), build the backend, run the iterations, and report a failure as one message
+with its exit code -- with ONE teardown (an `ExitStack`) on every path, the watchdog's included.
+
+The pieces, in the order a run meets them:
+
+* `prepare` -- the schedule, the replica mapping, the run directory rules: problems are `SetupError`
+  (exit 2) before a process starts;
+* `gpu_session` -- a context manager: the MPS daemon and the GPU sampler, stopped when it exits;
+* `build_backend` -- the one call that turns a workflow into a running backend (the runtime's backend
+  factory replaces it);
+* `FAILURES` -- the table of exceptions -> exit code and report.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from interpreter.backends import Backend, CallFailed, WatchdogTimeout, make_backend
+from interpreter.checkpoint import CheckpointError
+from interpreter.components import ComponentError
+from interpreter.rundir import RunDirInUse, check_run_dir, clear_outputs
+from interpreter.runner import IterationResult, Resumed, RunConfig, Runner
+from interpreter.schedule import Schedule, check_replica_edges
+from interpreter.shared_process import SharedProcessError
+from rose_dsl.cli import ExitCode
+from rose_dsl.ir import Workflow
+
+from . import report
+
+__all__ = ["ExecuteOptions", "SetupError", "execute_workflow", "prepare", "gpu_session", "build_backend", "FAILURES"]
+
+
+@dataclass(frozen=True)
+class ExecuteOptions:
+    backend: str = "local"  # "local" | "ray"
+    iterations: int | None = None  # None: the workflow's count
+    out_dir: Path | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    overwrite: bool = False
+    address: str | None = None
+    call_timeout: float = 900.0
+    allowed: tuple[str, ...] = ()  # module prefixes, the defaults included (TrustPolicy.modules)
+    mps: bool = True
+    quiet: bool = False
+    compiled: bool = True
+
+
+class SetupError(Exception):
+    """The workflow cannot run as asked (on this machine, this backend, into this run directory)."""
+
+
+@dataclass
+class Gpu:
+    """What the GPU set-up gives the backend: the device for GPU components and MPS client environments."""
+
+    device: str = "cpu"
+    daemon: Any = None
+    sampler: Any = None
+    mps_env: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+@dataclass
+class _Context:
+    """What the failure reports need to know about the run they end."""
+
+    err: Console
+    opts: ExecuteOptions
+    phase: str = "preparing"  # "starting components" | "running"
+    backend: Backend | None = None
+
+
+# --- before anything starts ------------------------------------------------------------------------
+def prepare(wf: Workflow, opts: ExecuteOptions) -> Schedule:
+    """Everything that can be refused before a process starts; the schedule of one iteration."""
+    try:
+        schedule = Schedule(wf)
+    except ValueError as exc:
+        raise SetupError(f"{wf.file}: {exc}") from None
+    counts = {c.replicas for c in wf.components.values()}
+    if len(counts) > 1:  # the hybrid placement: every input must map between replica counts
+        try:
+            check_replica_edges(wf)
+        except ValueError as exc:
+            raise SetupError(f"{wf.file}: {exc}") from None
+    if max(counts) > 1 and opts.backend != "ray":
+        raise SetupError(f"{wf.file}: replicas: {max(counts)} needs --backend ray (one process per replica)")
+    if opts.backend == "ray" and opts.address:
+        _check_reachable(opts.address)
+    if opts.out_dir is not None:
+        check_run_dir(opts.out_dir, resume=opts.resume, overwrite=opts.overwrite)
+        if opts.overwrite:
+            clear_outputs(opts.out_dir)
+    return schedule
+
+
+def _check_reachable(address: str) -> None:
+    """A cluster address nobody answers at is refused at once: Ray would retry connecting for minutes."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto" and other forms Ray resolves itself
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        raise SetupError(f"--address {address}: no Ray cluster answers there ({exc.strerror or exc})") from None
+
+
+@contextmanager
+def gpu_session(wf: Workflow, opts: ExecuteOptions, err: Console) -> Iterator[Gpu]:
+    """The MPS daemon (when asked for) and SM-activity sampling for the GPU components, stopped on exit."""
+    gpu_components = [c for c in wf.components.values() if c.device == "gpu"]
+    if not gpu_components:
+        yield Gpu()
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        names = ", ".join(c.name for c in gpu_components)
+        raise SetupError(f"component(s) {names} need a GPU (device: gpu) and none is available here; use a CPU "
+                         "configuration of the workflow (device: cpu)")
+    from interpreter.gpu_activity import GpuActivity
+    from interpreter.mps import MpsDaemon
+
+    with ExitStack() as stack:
+        gpu = Gpu(device="cuda")
+        if opts.mps:
+            gpu.daemon = stack.enter_context(MpsDaemon(base_dir=(opts.out_dir / "mps") if opts.out_dir else None))
+            if gpu.daemon.warning:
+                err.print(f"warning: {gpu.daemon.warning}", markup=False)
+            if gpu.daemon.active:
+                gpu.mps_env = {c.name: gpu.daemon.client_env(c.mps_quota) for c in gpu_components}
+        sampler = GpuActivity.open_all(torch.cuda.device_count())  # every GPU of this machine (NVML index)
+        stack.callback(sampler.close)
+        gpu.sampler = sampler if sampler.per_gpu else None  # no NVML: run without activity
+        yield gpu
+
+
+def build_backend(wf: Workflow, schedule: Schedule, opts: ExecuteOptions, gpu: Gpu, err: Console) -> Backend:
+    """The running backend for this workflow (components constructed): the runtime's factory. With Ray,
+    the iteration is compiled into a Ray Compiled Graph; when that fails, the factory prints why and
+    dispatches call by call on the same processes."""
+    return make_backend(opts.backend, wf, schedule, compiled=opts.compiled, address=opts.address, mps_env=gpu.mps_env,
+                        device=gpu.device, allowed=opts.allowed, log=lambda line: err.print(line, markup=False))
+
+
+# --- failures -> exit codes ------------------------------------------------------------------------------
+def _report_setup(exc: BaseException, ctx: _Context) -> None:
+    ctx.err.print(f"error: {exc}", markup=False)
+
+
+def _report_component(exc: BaseException, ctx: _Context) -> None:
+    ctx.err.print(f"error: {exc}", markup=False)
+    detail = getattr(exc, "detail", "")
+    if detail:
+        ctx.err.print(detail.rstrip(), markup=False)
+    if ctx.phase == "starting components":
+        ctx.err.print("(`rose validate --import FILE` checks every impl and called method before a run)", markup=False)
+    ctx.err.print("stopped; the last complete checkpoint (if any) is intact", markup=False)
+
+
+def _report_watchdog(exc: BaseException, ctx: _Context) -> None:
+    ctx.err.print(f"error: watchdog: {exc}; raise --call-timeout if this call is legitimately slow", markup=False)
+    if ctx.backend is not None:
+        ctx.backend.stuck = True  # type: ignore[attr-defined]  # the teardown must not wait for the stuck call
+    report.stacks(ctx.err, getattr(exc, "stacks", {}), ctx.opts.out_dir)
+
+
+def _report_checkpoint(exc: BaseException, ctx: _Context) -> None:
+    ctx.err.print(f"error: checkpoint: {exc}", markup=False)
+
+
+def _report_interrupt(exc: BaseException, ctx: _Context) -> None:
+    ctx.err.print("interrupted; stopping components", markup=False)
+
+
+# first match wins; anything else is a bug (exit 1, `rose_dsl.cli.run_app`)
+FAILURES: tuple[tuple[type[BaseException], ExitCode, Callable[[BaseException, _Context], None]], ...] = (
+    (SetupError, ExitCode.INVALID, _report_setup),
+    (RunDirInUse, ExitCode.INVALID, _report_setup),
+    (SharedProcessError, ExitCode.INVALID, _report_setup),
+    (CallFailed, ExitCode.COMPONENT, _report_component),
+    (ComponentError, ExitCode.COMPONENT, _report_component),
+    (WatchdogTimeout, ExitCode.WATCHDOG, _report_watchdog),
+    (CheckpointError, ExitCode.CHECKPOINT, _report_checkpoint),
+    (KeyboardInterrupt, ExitCode.INTERRUPTED, _report_interrupt),
+)
+
+
+# --- the run ---------------------------------------------------------------------------------------------
+def execute_workflow(wf: Workflow, opts: ExecuteOptions, out: Console, err: Console) -> int:
+    """Run the workflow; the exit code. Everything started is stopped on every path (one ExitStack)."""
+    ctx = _Context(err, opts)
+    with ExitStack() as teardown:
+        try:
+            _run(wf, opts, teardown, ctx, out)
+            return ExitCode.OK
+        except BaseException as exc:
+            code, reporter = next(((c, r) for kind, c, r in FAILURES if isinstance(exc, kind)), (None, None))
+            if code is None or reporter is None:
+                raise
+            reporter(exc, ctx)
+            if isinstance(exc, WatchdogTimeout) and opts.backend == "local":
+                # a stuck thread cannot be stopped and the interpreter would wait for it at exit: tear down
+                # what can be, then leave at once
+                teardown.close()
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+            return code
+
+
+def _run(wf: Workflow, opts: ExecuteOptions, teardown: ExitStack, ctx: _Context, out: Console) -> None:
+    started = time.perf_counter()
+    schedule = prepare(wf, opts)
+    gpu = teardown.enter_context(gpu_session(wf, opts, ctx.err))
+    ctx.phase = "starting components"
+    be = ctx.backend = build_backend(wf, schedule, opts, gpu, ctx.err)
+    teardown.callback(be.shutdown)
+    ctx.phase = "running"
+    if opts.backend == "ray":
+        report.processes(out, be)
+    n = opts.iterations if opts.iterations is not None else (wf.root.count or 1)
+    config = RunConfig(iterations=n, out_dir=opts.out_dir, checkpoint_every=opts.checkpoint_every,
+                       resume=opts.resume, call_timeout_s=opts.call_timeout)
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                        TimeElapsedColumn(), console=out, transient=True, disable=opts.quiet)
+    task = progress.add_task(wf.name, total=n)
+
+    def on_iteration(result: IterationResult) -> None:
+        progress.update(task, completed=result.iteration + 1)
+        if not opts.quiet:
+            progress.console.print(f"it {result.iteration:>4}  {report.metrics_line(result.metrics)}", markup=False)
+
+    def on_resume(resumed: Resumed) -> None:
+        report.resumed(ctx.err, resumed, n)
+        progress.update(task, completed=resumed.iteration + 1)
+
+    runner = Runner(wf, be, config, schedule, on_iteration, gpu.sampler)
+    runner.on_recovery = lambda rec: report.recovery(ctx.err, rec)
+    runner.on_resume = on_resume
+    with progress:
+        results = runner.run()
+    if runner.outputs is not None and runner.outputs.unavailable:
+        ctx.err.print(f"warning: {runner.outputs.unavailable}", markup=False)
+    if not opts.quiet:
+        report.nodes(out, runner.node_summary())
+    report.curve(out, results)
+    total = time.perf_counter() - started
+    out.print(f"done: {len(results)} iterations in {total:.1f} s" + (f"; outputs in {opts.out_dir}" if opts.out_dir else ""),
+              markup=False)

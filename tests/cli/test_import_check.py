@@ -1,0 +1,99 @@
+"""`rose validate --import` (issue 12 item 15): what a run would meet only when it starts a component is
+found before it, at the `impl:` or `call:` that names it, with a did-you-mean; at run time the failing
+component or invocation is named once."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+
+from .clirun import plain_failure, rose
+
+TWO = """rose: 1
+name: two
+components:
+  a: {impl: "IMPL_A", args: {seconds: 0.0}}
+  b: {impl: "IMPL_B"}
+iteration:
+  count: 1
+  body:
+    - {node: first, call: a.CALL_A, in: {x: iteration.i}, out: [y]}
+    - {node: second, call: b.work, in: {x: first.y}, out: [y]}
+    - {node: third, call: a.CALL_A, in: {x: second.y}, out: [y]}
+"""
+
+
+def _write(tmp_path, impl_a="tests.mocks:Sleeper", impl_b="tests.mocks:Flaky", call_a="work"):
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(TWO.replace("IMPL_A", impl_a).replace("IMPL_B", impl_b).replace("CALL_A", call_a))
+    return wf
+
+
+def _check(wf, *extra):
+    return plain_failure(rose("validate", str(wf), "--import", "--allow-module", "tests", *extra))
+
+
+def test_a_good_workflow_imports(tmp_path) -> None:
+    proc = rose("validate", str(_write(tmp_path)), "--import", "--allow-module", "tests")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_misspelled_module_class_and_methods_all_at_once(tmp_path) -> None:
+    wf = _write(tmp_path, impl_a="tests.mocks:Sleepr", impl_b="tests.mockz:Flaky")
+    text = _check(wf)
+    assert f"{wf}:4:14: components.a.impl: 'tests.mocks' has no class 'Sleepr'" in text
+    assert "hint: did you mean 'Sleeper'?" in text
+    assert f"{wf}:5:14: components.b.impl: cannot import 'tests.mockz': module 'tests' has no submodule 'mockz'" in text
+    assert "hint: did you mean 'mocks'?" in text
+    assert "2 problems found by importing the components" in text
+
+
+def test_a_misspelled_top_level_package(tmp_path) -> None:
+    text = _check(_write(tmp_path, impl_a="tetss.mocks:Sleeper"), "--allow-module", "tetss")
+    assert "cannot import 'tetss.mocks': no module named 'tetss'" in text and "did you mean 'tests'" in text
+
+
+def test_a_missing_method_is_reported_at_each_call(tmp_path) -> None:
+    wf = _write(tmp_path, call_a="wrok")
+    text = _check(wf)
+    assert f"{wf}:9:27: iteration.first.call: class 'tests.mocks:Sleeper' has no method 'wrok'" in text
+    assert f"{wf}:11:27: iteration.third.call: class 'tests.mocks:Sleeper' has no method 'wrok'" in text
+    assert text.count("hint: did you mean 'work'?") == 2
+    assert "components.a.impl" not in text  # the class is fine: the calls are what to fix
+
+
+def test_a_module_that_fails_to_import_says_why(tmp_path) -> None:
+    pkg = tmp_path / "userpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "broken.py").write_text("import json\nraise RuntimeError('no licence file')\n")
+    wf = _write(tmp_path, impl_b="userpkg.broken:C")
+    text = plain_failure(rose("validate", str(wf), "--import", "--allow-module", "tests", "--allow-module", "userpkg",
+                              cwd=tmp_path))
+    assert "components.b.impl: importing 'userpkg.broken' failed: RuntimeError: no licence file" in text
+
+
+def test_the_import_check_runs_in_the_components_own_interpreter(tmp_path) -> None:
+    """`venv:` picks the interpreter the component runs in; the check imports with that one."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    marker = tmp_path / "used"
+    python = venv / "bin" / "python"
+    python.write_text(f"#!/bin/sh\ntouch {marker}\nexec {sys.executable} \"$@\"\n")
+    python.chmod(python.stat().st_mode | stat.S_IEXEC)
+    wf = _write(tmp_path)
+    wf.write_text(wf.read_text().replace('impl: "tests.mocks:Flaky"}', f'impl: "tests.mocks:Flaky", venv: "{venv}"}}'))
+    text = _check(wf)  # refused by the trust policy: nothing runs
+    assert "components.b.venv" in text and not marker.exists()
+    proc = rose("validate", str(wf), "--import", "--allow-module", "tests", "--allow-path", str(venv))
+    assert proc.returncode == 0, proc.stderr
+    assert marker.exists()
+
+
+def test_at_run_time_an_import_failure_names_its_component(tmp_path) -> None:
+    wf = _write(tmp_path, impl_b="tests.mockz:Flaky")
+    text = plain_failure(rose("execute", str(wf), "--allow-module", "tests", "-q"), code=3)
+    assert "error: component 'b' (tests.mockz:Flaky): cannot import 'tests.mockz'" in text
+    assert "rose validate --import" in text
+    assert os.path.exists(wf)

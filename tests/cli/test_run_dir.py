@@ -1,0 +1,145 @@
+"""Running and resuming (issue 12 items 7, 8): a corrupt newest checkpoint is rejected out loud, never a
+step twice in metrics.jsonl or TensorBoard (resume and restart), one run per run directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from interpreter.backends import LocalBackend, RayBackend
+from interpreter.checkpoint import load_checkpoint
+from interpreter.rundir import RunDirInUse
+from interpreter.runner import RunConfig, Runner
+from interpreter.schedule import Schedule
+from rose_dsl import load_workflow_text
+
+from .clirun import plain_failure, rose
+
+ACC = """rose: 1
+name: acc
+components:
+  d: {impl: "tests.mocks:DiesOnce", args: {marker: "MARKER", at_call: AT}, state: [acc]}
+iteration:
+  count: 6
+  body:
+    - {node: w, call: d.work, in: {x: iteration.i}, out: [y], state: {acc: update}}
+"""
+
+
+def _workflow(tmp_path: Path, at_call: int = 10**6) -> Path:
+    wf = tmp_path / "acc.yaml"
+    wf.write_text(ACC.replace("MARKER", str(tmp_path / "died")).replace("AT", str(at_call)))
+    return wf
+
+
+def _execute(wf: Path, run: Path, *args: str):
+    return rose("execute", str(wf), "--allow-module", "tests", "--out", str(run), "-q", *args)
+
+
+def _metric_steps(run: Path) -> list[int]:
+    return [json.loads(line)["iteration"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _tensorboard_steps(run: Path, tag: str = "iteration_s") -> list[int]:
+    """The steps TensorBoard shows (its own reader, which applies purge_step across event files)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "tb"))
+    acc.Reload()
+    return [e.step for e in acc.Scalars(tag)]
+
+
+def _corrupt(path: Path, how: str) -> None:
+    data = bytearray(path.read_bytes())
+    if how == "truncated":
+        path.write_bytes(bytes(data[: len(data) // 2]))
+    else:
+        data[len(data) // 2] ^= 0x01  # same size: only the hash can tell
+        path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(("how", "reason"), [("truncated", "bytes, the marker says"),
+                                              ("bit-flipped", "content hash mismatch")])
+def test_a_corrupt_newest_checkpoint_is_rejected_out_loud_and_no_step_repeats(tmp_path, how, reason) -> None:
+    wf, run = _workflow(tmp_path), tmp_path / "run"
+    assert _execute(wf, run, "-n", "4", "--checkpoint-every", "1").returncode == 0
+    _corrupt(run / "checkpoints" / "ckpt-000003" / "state" / "d.pt", how)
+    proc = _execute(wf, run, "-n", "6", "--checkpoint-every", "1", "--resume")
+    assert proc.returncode == 0, proc.stderr
+    assert "checkpoint ckpt-000003 rejected: state/d.pt: " in proc.stderr and reason in proc.stderr
+    assert "resuming from" in proc.stderr and "ckpt-000002 (iteration 2); continuing at iteration 3 of 6" in proc.stderr
+    assert _metric_steps(run) == [0, 1, 2, 3, 4, 5]  # iteration 3 ran twice; it is logged once
+    assert _tensorboard_steps(run) == [0, 1, 2, 3, 4, 5]
+    final = load_checkpoint(run / "checkpoints" / "ckpt-000005").states["d"]["acc"]
+    assert float(final["total"]) == float(sum(range(6)))  # the state an uninterrupted run ends with
+
+
+def test_with_no_usable_checkpoint_each_rejection_is_listed(tmp_path) -> None:
+    wf, run = _workflow(tmp_path), tmp_path / "run"
+    assert _execute(wf, run, "-n", "3", "--checkpoint-every", "1").returncode == 0
+    for k in range(3):
+        _corrupt(run / "checkpoints" / f"ckpt-{k:06d}" / "state" / "d.pt", "bit-flipped")
+    (run / "checkpoints" / "ckpt-000001" / "COMPLETE").unlink()
+    text = plain_failure(_execute(wf, run, "-n", "6", "--resume"), code=5)
+    assert "no usable checkpoint" in text and "3 found, each rejected:" in text
+    assert "ckpt-000002: state/d.pt: content hash mismatch" in text
+    assert "ckpt-000001: no COMPLETE marker" in text and "ckpt-000000: state/d.pt" in text
+    assert _metric_steps(run) == [0, 1, 2]  # untouched
+
+
+def test_an_existing_run_directory_is_refused_unless_resume_or_overwrite(tmp_path) -> None:
+    wf, run = _workflow(tmp_path), tmp_path / "run"
+    assert _execute(wf, run, "-n", "2").returncode == 0
+    text = plain_failure(_execute(wf, run, "-n", "2"))
+    assert "holds the outputs of an earlier run" in text and "--resume" in text and "--overwrite" in text
+    assert _metric_steps(run) == [0, 1] and len(list((run / "tb").iterdir())) == 1  # nothing appended
+    (run / "notes.txt").write_text("mine")
+    proc = _execute(wf, run, "-n", "3", "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    assert _metric_steps(run) == [0, 1, 2] and len(list((run / "tb").iterdir())) == 1
+    assert (run / "notes.txt").read_text() == "mine"  # only rose's own outputs are replaced
+
+
+def test_the_runner_refuses_a_used_run_directory_too(tmp_path) -> None:
+    wf = load_workflow_text(_workflow(tmp_path).read_text(), "acc.yaml")
+    sch = Schedule(wf)
+    be = LocalBackend(wf, ("tests.",), sch.program.loops_of)
+    try:
+        Runner(wf, be, RunConfig(iterations=1, out_dir=tmp_path / "run", tensorboard=False), sch).run()
+        with pytest.raises(RunDirInUse, match="holds the outputs of an earlier run"):
+            Runner(wf, be, RunConfig(iterations=1, out_dir=tmp_path / "run", tensorboard=False), sch)
+    finally:
+        be.shutdown()
+
+
+def test_a_restart_from_a_checkpoint_logs_each_iteration_once(tmp_path) -> None:
+    """A component dies in iteration 3; the last checkpoint is of iteration 1, so iteration 2 (already
+    logged) runs again: metrics.jsonl and TensorBoard keep one step 2, from the run that continued."""
+    pytest.importorskip("ray")
+    wf = load_workflow_text(_workflow(tmp_path, at_call=4).read_text(), "acc.yaml")
+    sch = Schedule(wf)
+    be = RayBackend(wf, ("tests.",), sch.program.loops_of)
+    run = tmp_path / "run"
+    try:
+        runner = Runner(wf, be, RunConfig(iterations=5, out_dir=run, checkpoint_every=2), sch)
+        results = runner.run()
+        total = be.control("d", "get_states")["acc"]["total"]
+    finally:
+        be.shutdown()
+    assert (tmp_path / "died").exists() and runner.recoveries[0]["from_checkpoint"] == 1
+    assert [r.iteration for r in results] == [0, 1, 2, 3, 4]
+    assert _metric_steps(run) == [0, 1, 2, 3, 4]
+    assert _tensorboard_steps(run) == [0, 1, 2, 3, 4]
+    assert torch.equal(total, torch.tensor([float(sum(range(5)))]))
+
+
+def test_a_resume_with_another_workflow_is_refused(tmp_path) -> None:
+    wf, run = _workflow(tmp_path), tmp_path / "run"
+    assert _execute(wf, run, "-n", "2", "--checkpoint-every", "1").returncode == 0
+    other = tmp_path / "other.yaml"
+    other.write_text(wf.read_text().replace("name: acc", "name: other"))
+    text = plain_failure(_execute(other, run, "-n", "4", "--resume"), code=5)
+    assert "was written by workflow 'acc', not 'other'" in text and _metric_steps(run) == [0, 1]
