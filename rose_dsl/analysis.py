@@ -122,7 +122,7 @@ class AfterOrder:
         path = site.inv.path
         for n in range(2, len(path) + 1):  # the items around the call, and the call's node
             prefix = path[:n]
-            outer = tuple(i for loop, i in site.ctx if len(loop) < n)  # the iterations of the loops around it
+            outer = tuple(i for loop, i in site.ctx.items() if len(loop) < n)  # the iterations of the loops around it
             for name, target in self._after.get(prefix, ()):
                 out.extend((inv, f"{prefix[-1]}: after {name}") for inv in self._inside.get((target, outer), ()))
             if prefix in self._targets:
