@@ -173,7 +173,7 @@ class FlowNet(nn.Module):
 
     def freeze_backbone(self, trainable_blocks: int | None) -> None:
         """Train only the top `trainable_blocks` backbone blocks (with the action expert, value head and
-        log-std); None trains everything.
+        log-std); None (or a negative count) trains everything.
 
         Why: RL fine-tuning of a large pretrained VLA commonly leaves the bottom of the backbone (and the
         encoders) fixed. The trainer then runs the frozen part without autograd -- no activations kept,
@@ -181,7 +181,8 @@ class FlowNet(nn.Module):
         policy's update affordable next to its rollout. The frozen part computes exactly what the
         rollout policy computes (same weights, same code)."""
         layers = len(self.blocks)
-        frozen = 0 if trainable_blocks is None else layers - min(max(int(trainable_blocks), 0), layers)
+        keep = layers if trainable_blocks is None or int(trainable_blocks) < 0 else min(int(trainable_blocks), layers)
+        frozen = layers - keep
         self.frozen_blocks = frozen
         stem = [m for m in (self.proprio, self.vision, self.instruction) if m is not None]
         for module in stem + list(self.blocks[:frozen]):

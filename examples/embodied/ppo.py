@@ -198,8 +198,15 @@ class PPOTrainer:
         return adv, adv + value
 
     # -- update -----------------------------------------------------------------------------------
-    def update(self, traj: Traj) -> None:
-        """One PPO update (`ppo_epochs` x `minibatches` gradient steps) on one rollout epoch."""
+    def update(self, traj: Traj, env: Traj | None = None) -> None:
+        """One PPO update (`ppo_epochs` x `minibatches` gradient steps) on one rollout epoch.
+
+        `env`: the simulator's part of the trajectory (obs, reward, done, next_obs) as its own record,
+        merged into `traj`. A workflow whose simulator runs in more processes than the policy (sim
+        replicas) must pass the two parts on two inputs: rose maps values between replica counts
+        port by port (the simulator's parts are concatenated from its replicas)."""
+        if env is not None:
+            traj = {**traj, **env}
         missing = {"obs", "action", "logp", "reward", "done", "next_obs", "x0"} - set(traj)
         if missing:
             raise KeyError(f"{type(self).__name__}.update: trajectory lacks {sorted(missing)} "

@@ -116,6 +116,8 @@ class MetaWorldVecSim:
         camera: str = "corner2",
         gl: str | None = None,
         flip: bool = True,
+        replica: int = 0,
+        replicas: int = 1,
     ) -> None:
         if ALL_V3_ENVIRONMENTS is None:
             raise ImportError("MetaWorldVecSim needs `pip install metaworld==3.1.1`") from _IMPORT_ERROR
@@ -130,6 +132,11 @@ class MetaWorldVecSim:
         self.num_envs, self.chunk, self.seed, self.task = int(num_envs), int(chunk), int(seed), task
         self.group_size, self.on_nan, self.max_episode_steps = int(group_size), on_nan, int(max_episode_steps)
         self.image_size, self.flip = int(image_size), bool(flip)
+        # several simulator processes (replicas): this one's envs are the global rows
+        # [row_offset, row_offset + num_envs), and every key uses the global row
+        if not 0 <= int(replica) < int(replicas):
+            raise ValueError(f"replica {replica} of {replicas} is out of range")
+        self.row_offset = int(replica) * self.num_envs
         if self.image_size:
             if gl is not None:
                 os.environ["MUJOCO_GL"] = gl
@@ -163,7 +170,7 @@ class MetaWorldVecSim:
         it, ep = (int(v) for v in self.origin[r])
         env = self.envs[r]
         env.np_random = np.random.default_rng(
-            derive_seed("metaworld", self.seed, it, ep, r // self.group_size, int(self.count[r])))
+            derive_seed("metaworld", self.seed, it, ep, (self.row_offset + r) // self.group_size, int(self.count[r])))
         env.seeded_rand_vec, env._freeze_rand_vec = True, False  # draw from env.np_random ...
         obs, _ = env.reset()
         env._freeze_rand_vec = True  # ... then keep that layout (what set_state replays)
