@@ -52,7 +52,7 @@ class Workload:
     work_metric: str  # the per-iteration count it is made of: env_steps or tokens (summed over components)
     sweep: tuple[str, ...]  # hand-written configurations of the default sweep
     smoke_sweep: tuple[str, ...]
-    loop: tuple[str, ...] = ("iteration", "epoch", "step")  # the interaction loop (for the shape figures)
+    loop: tuple[str, ...] | None = ("iteration", "epoch", "step")  # the interaction loop (shape figures)
     policy_node: str = "act"
     params: dict[str, Any] = field(default_factory=dict)  # --set for every configuration
     smoke_params: dict[str, Any] = field(default_factory=dict)
@@ -143,7 +143,7 @@ WORKLOADS: dict[str, Workload] = {
     "llm": Workload(
         name="llm", workflow=ROOT / "workflows" / "llm_grpo_gpu.yaml", throughput="tokens_per_s",
         work_metric="tokens", sweep=("declared", "llmpipe"), smoke_sweep=("declared", "llmpipe"),
-        loop=("iteration",), policy_node="generate",
+        loop=None, policy_node="generate",
         variants={"llmpipe": ROOT / "workflows" / "llm_grpo_gpu_pipelined.yaml"},
         smoke_params={"prompts": 8, "k": 4, "max_new_tokens": 4, "minibatches": 2},
         smoke_edit=_smoke_llm,
