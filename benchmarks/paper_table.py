@@ -349,6 +349,32 @@ def _table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def merge(files: list[Path], results: Path) -> int:
+    """Combine the workloads of several runs (e.g. one device call per workload) into one table; later
+    files win; the timeline PNGs are copied next to the merged JSON."""
+    results.mkdir(parents=True, exist_ok=True)
+    target = results / "paper_table.json"
+    merged: dict[str, Any] = json.loads(target.read_text()) if target.exists() else {}
+    runs = merged.setdefault("runs", [])
+    for path in files:
+        doc = json.loads(path.read_text())
+        for name, wl in doc.get("workloads", {}).items():
+            for key, png in (wl.get("timelines") or {}).items():
+                src = path.parent / Path(png).name if png and png.endswith(".png") else None
+                if src is not None and src.exists():
+                    shutil.copy(src, results / src.name)
+                    wl["timelines"][key] = str((results / src.name).relative_to(ROOT)) \
+                        if (results / src.name).is_relative_to(ROOT) else str(results / src.name)
+            merged.setdefault("workloads", {})[name] = wl
+        runs.append({k: doc.get(k) for k in ("argv", "date", "machine", "versions", "settings")} | {"file": str(path)})
+        for key in ("machine", "versions", "settings", "definitions", "script"):
+            merged[key] = doc.get(key, merged.get(key))
+    target.write_text(json.dumps(merged, indent=1, default=str) + "\n")
+    print(_table(merged))
+    print(f"wrote {target}")
+    return 0
+
+
 class _Cluster:
     """One Ray cluster for every run (`rose execute --address`), owned by this process: stopping it stops
     only what this process started."""
@@ -411,7 +437,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-timeout", type=float, default=300.0)
     ap.add_argument("--rose-cmd", default=f"{sys.executable} -m rose_dsl.cli", help="how to run the rose command")
     ap.add_argument("--smoke", action="store_true", help="CPU: tiny sizes, CPU simulators, one round, local backend")
+    ap.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
+                    help="merge the workloads of these paper_table.json files (and their timelines) into --results")
     args = ap.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.results.resolve())
     if args.smoke:
         args.rounds = min(args.rounds, 1) if "--rounds" not in (argv or sys.argv) else args.rounds
         args.iterations = 1 if "--iterations" not in (argv or sys.argv) else args.iterations
