@@ -8,8 +8,9 @@ current weights, and scores the stored action under the Gaussian exploration hea
 
 Trajectory record (time first, as the workflow's `collect: stack(...)` builds it):
 obs `[T, N, obs_dim]` (or a record of such), action / x0 `[T, N, chunk, act_dim]`, logp / value /
-reward / done `[T, N]`, next_obs `[T, N, obs_dim]` -- the observation the step ended in *before* any
-automatic reset (the simulator's `final_obs`), which truncated episodes bootstrap from.
+reward / done `[T, N]`, optionally terminated `[T, N]`, next_obs `[T, N, obs_dim]` -- the observation the
+step ended in *before* any automatic reset (the simulator's `final_obs`), which non-terminal episode
+ends bootstrap from.
 """
 
 from __future__ import annotations
@@ -66,10 +67,14 @@ class PPOTrainer:
     counter that keys the minibatch permutations, so a restored trainer repeats the same updates).
 
     Discounting is per environment step: one decision executes `chunk` steps, so it is discounted
-    by `gamma ** chunk`. Reacher never terminates, so every `done` is a truncation: its TD target
-    bootstraps from V(next_obs) and the GAE recursion stops there. The critic is re-evaluated under
-    the current weights at the start of each update (the workflow's second epoch is trained after
-    the first changed the weights); the stored `value` is not needed for the update.
+    by `gamma ** chunk`. How an episode ended decides the TD target (the simulator's flags, see
+    `sim_base`): after a terminal state (`terminated`) nothing follows, so the target is the reward
+    alone; an episode cut short (`truncated` at max steps, or a `fault`) would have gone on, so its
+    target bootstraps from V(next_obs) -- the simulator's `final_obs`, the observation before the
+    automatic reset. The GAE recursion stops at every `done`. A trajectory without `terminated` (a
+    simulator that cannot terminate, like Reacher-v5) treats every `done` as a truncation. By default
+    the critic is re-evaluated under the current weights at the start of each update (the workflow's
+    second epoch is trained after the first changed the weights); see `values` below.
 
     Observation normalization stays exact too: the trainer accumulates running statistics of every
     observation it trains on, but copies them into the model's normalizer buffers only at the end of
@@ -161,15 +166,16 @@ class PPOTrainer:
         return torch.cat(parts).view(*(obs["state"] if isinstance(obs, dict) else obs).shape[:2])
 
     @torch.no_grad()
-    def _rollout_values(self, traj: Traj, done: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rollout_values(self, traj: Traj, bootstrap: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(V(obs), V(next_obs)) `[T, N]` from the values the rollout policy stored (`traj["value"]`), as
-        standard PPO does: V(next_obs[t]) is V(obs[t + 1]) unless the episode ended at t; only those
-        observations (the episode's last, `next_obs`) and the rollout's final one are evaluated here, under
-        the current weights -- one backbone pass over a few rows instead of two over all of them."""
+        standard PPO does: V(next_obs[t]) is V(obs[t + 1]) unless the episode ended at t; only the
+        observations non-terminal ends bootstrap from (`bootstrap`: the episode's last, `next_obs`) and
+        the rollout's final ones are evaluated here, under the current weights -- one backbone pass over
+        a few rows instead of two over all of them."""
         if "value" not in traj:
             raise KeyError(f"{type(self).__name__}(values='rollout'): the trajectory lacks 'value' (policy.act's)")
         value = traj["value"].float()
-        fresh = done.bool().clone()
+        fresh = bootstrap.bool().clone()
         fresh[-1] = True
         next_value = torch.zeros_like(value)
         next_value[:-1] = value[1:]
@@ -184,12 +190,14 @@ class PPOTrainer:
         """GAE advantages `[T, N]` and value targets `[T, N]`."""
         reward = traj["reward"].float() * self.reward_scale
         done = traj["done"].float()
+        # a terminal state has no value after it; truncations and faults bootstrap (see the class docstring)
+        terminated = traj["terminated"].float() if "terminated" in traj else torch.zeros_like(done)
         if self.values_from == "rollout":
-            value, next_value = self._rollout_values(traj, done)
+            value, next_value = self._rollout_values(traj, done * (1.0 - terminated))
         else:
             value, next_value = self._values(traj["obs"]), self._values(traj["next_obs"])
         discount = self.gamma ** self.cfg.chunk
-        delta = reward + discount * next_value - value
+        delta = reward + discount * (1.0 - terminated) * next_value - value
         adv = torch.zeros_like(delta)
         running = torch.zeros_like(delta[0])
         for t in range(delta.shape[0] - 1, -1, -1):
