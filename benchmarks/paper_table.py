@@ -137,6 +137,31 @@ class Prepared:
         return cmd
 
 
+LEARNING_METRICS = ("sim/episode_return", "sim/success_rate", "learner/reward", "reward/mean_reward")
+
+
+def learning_curve(prep: Prepared, args: argparse.Namespace, address: str | None) -> dict[str, Any]:
+    """The declared workflow for `--learn` iterations: does the GPU workload learn (synchronous semantics
+    kept)? Records the per-iteration return (or reward) and the first and last thirds' means."""
+    run_dir = args.runs / prep.wl.name / "_learning"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    cmd = prep.command(prep.wl.config("declared"), args, run_dir, address)
+    cmd[cmd.index("-n") + 1] = str(args.learn)
+    proc = _rose(args, *cmd, timeout=args.run_timeout * 3, log=run_dir.parent / "_learning.log")
+    metrics = load_run(run_dir).metrics
+    key = next((k for k in LEARNING_METRICS if any(k in m for m in metrics)), None)
+    curve = [m.get(key) for m in metrics] if key else []
+    third = max(1, len(curve) // 3)
+    first = [v for v in curve[:third] if v is not None]
+    last = [v for v in curve[-third:] if v is not None]
+    return {"exit": proc.returncode, "iterations": args.learn, "metric": key, "curve": curve,
+            "first_third_mean": statistics.mean(first) if first else None,
+            "last_third_mean": statistics.mean(last) if last else None,
+            "error": (proc.stderr or proc.stdout).strip().splitlines()[-4:] if proc.returncode else None}
+
+
 def _row_kind(row: str) -> str:
     return row if row in OPTIMIZER_ROWS else "hand"
 
@@ -436,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=Path, default=Path("/tmp/paper_runs"))
     ap.add_argument("--run-timeout", type=float, default=300.0)
     ap.add_argument("--rose-cmd", default=f"{sys.executable} -m rose_dsl.cli", help="how to run the rose command")
+    ap.add_argument("--learn", type=int, default=0, metavar="N",
+                    help="after the rounds, run the declared workflow for N iterations and record its learning curve")
     ap.add_argument("--smoke", action="store_true", help="CPU: tiny sizes, CPU simulators, one round, local backend")
     ap.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
                     help="merge the workloads of these paper_table.json files (and their timelines) into --results")
@@ -478,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
             runs = run_rounds(prep, args, cluster.address)
             result = summarize(prep, runs, args, _calibration(args.calibration, wl, prep))
             result["timelines"] = _timelines(result, name, args)
+            if args.learn:
+                result["learning"] = learning_curve(prep, args, cluster.address)
             results["workloads"][name] = result
             out_json.write_text(json.dumps(results, indent=1, default=str) + "\n")
     finally:

@@ -36,7 +36,7 @@ def test_smoke_mjx_writes_the_table_and_configurations_compute_the_same(tmp_path
     results, runs = tmp_path / "results", tmp_path / "runs"
     row_cmd = (f"mjx:stage1={ROSE} rewrite {{workflow}} {{sets}} --do 'split step 2' --do 'interleave step' "
                f"-o {{plan}}")
-    code = main(["--smoke", "--workloads", "mjx", "--configs", "declared,pipe2,fuse,bogus",
+    code = main(["--smoke", "--workloads", "mjx", "--configs", "declared,pipe2,fuse,bogus", "--learn", "2",
                  "--row-cmd", row_cmd, "--results", str(results), "--runs", str(runs)])
     assert code == 0
     doc = json.loads((results / "paper_table.json").read_text())
@@ -62,6 +62,8 @@ def test_smoke_mjx_writes_the_table_and_configurations_compute_the_same(tmp_path
     shape = wl["shape"]
     assert 0 < shape["loop_share"] <= 1 and shape["halving_in_run"] > 0
     _same_training(runs, "mjx", ["pipe2", "fuse", "stage1"])
+    learning = wl["learning"]
+    assert learning["exit"] == 0 and learning["metric"] == "sim/episode_return" and len(learning["curve"]) == 2
 
 
 def test_smoke_metaworld_with_simulator_processes_on_ray(tmp_path: Path) -> None:
