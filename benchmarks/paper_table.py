@@ -147,7 +147,7 @@ def learning_curve(prep: Prepared, args: argparse.Namespace, address: str | None
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    cmd = prep.command(prep.wl.config("declared"), args, run_dir, address)
+    cmd = prep.command(replace(prep.wl.config("declared"), workflow=prep.workflow), args, run_dir, address)
     cmd[cmd.index("-n") + 1] = str(args.learn)
     proc = _rose(args, *cmd, timeout=args.run_timeout * 3, log=run_dir.parent / "_learning.log")
     metrics = load_run(run_dir).metrics
