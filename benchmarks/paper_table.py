@@ -347,8 +347,11 @@ def _calibration(path: Path | None, wl: Workload, prep: Prepared) -> dict[str, A
     if not (full and half):
         return None
     key = "act_graph_ms" if "act_graph_ms" in full else "act_eager_ms"
+    phases = {k.removesuffix("_ms"): (v["median"] if isinstance(v, dict) else v) for k, v in full.items()
+              if k.endswith(("_ms", "_sm_activity"))}  # each phase before (eager) and after (CUDA graphs)
     return {"source": str(path), "policy": name, "batch": n, "act_ms": full[key]["median"],
-            "act_half_ms": half[key]["median"], "ratio": half[key]["median"] / full[key]["median"]}
+            "act_half_ms": half[key]["median"], "ratio": half[key]["median"] / full[key]["median"],
+            "phases_at_batch": phases}
 
 
 def _table(results: dict[str, Any]) -> str:
