@@ -333,7 +333,7 @@ def _timelines(result: dict[str, Any], wl_name: str, args: argparse.Namespace) -
     return out
 
 
-def _calibration(path: Path | None, wl: Workload, prep: Prepared) -> dict[str, Any] | None:
+def _calibration(path: Path | None, wl: Workload, params: dict[str, Any]) -> dict[str, Any] | None:
     """act(B/2)/act(B) from the calibration JSON (benchmarks/workload_shapes.py) for this workload's
     policy config and batch, when that file has it."""
     if path is None or not path.exists():
@@ -341,7 +341,7 @@ def _calibration(path: Path | None, wl: Workload, prep: Prepared) -> dict[str, A
     doc = json.loads(path.read_text())
     name = {"mjx": "d1024_l24_t256", "metaworld": "img128_d1024_l24"}.get(wl.name)
     pol = (doc.get("policy") or {}).get(name or "", {})
-    n = int(prep.params.get("num_envs") or 0)
+    n = int(params.get("num_envs") or 0)
     rows = pol.get("batches", {})
     full, half = rows.get(str(n)), rows.get(str(n // 2))
     if not (full and half):
@@ -506,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {name}: preparing plans", flush=True)
             prep = Prepared(wl, args, args.runs / name / "_prepared")
             runs = run_rounds(prep, args, cluster.address)
-            result = summarize(prep, runs, args, _calibration(args.calibration, wl, prep))
+            result = summarize(prep, runs, args, _calibration(args.calibration, wl, {**_resolved(prep), **prep.params}))
             result["timelines"] = _timelines(result, name, args)
             if args.learn:
                 result["learning"] = learning_curve(prep, args, cluster.address)

@@ -88,3 +88,20 @@ def test_configuration_names() -> None:
     with pytest.raises(ValueError, match="unknown configuration part 'pipe'"):
         mjx.config("pipe")
     assert shlex.split(ROSE)[0] == sys.executable
+
+
+def test_calibration_gives_the_isolated_halving_and_phase_table(tmp_path: Path) -> None:
+    from benchmarks.paper_table import _calibration
+
+    def row(act: float) -> dict:
+        return {"act_graph_ms": {"median": act}, "act_eager_ms": {"median": act + 5},
+                "backbone_ms": {"median": act - 2}, "act_graph_sm_activity": 0.7}
+
+    path = tmp_path / "shapes.json"
+    path.write_text(json.dumps({"policy": {"d1024_l24_t256": {"batches": {"256": row(100.0), "128": row(55.0)}}}}))
+    got = _calibration(path, WORKLOADS["mjx"], {"num_envs": 256})
+    assert got["ratio"] == pytest.approx(0.55) and got["act_ms"] == 100.0
+    assert got["phases_at_batch"] == {"act_graph": 100.0, "act_eager": 105.0, "backbone": 98.0,
+                                      "act_graph_sm_activity": 0.7}
+    assert _calibration(path, WORKLOADS["mjx"], {"num_envs": 64}) is None
+    assert _calibration(tmp_path / "absent.json", WORKLOADS["mjx"], {}) is None
