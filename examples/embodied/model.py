@@ -192,9 +192,18 @@ class FlowNet(nn.Module):
             block.requires_grad_(True)
 
     # -- backbone -----------------------------------------------------------------------------
-    def backbone(self, obs: Obs) -> torch.Tensor:
+    def backbone(self, obs: Obs, stem: torch.Tensor | None = None) -> torch.Tensor:
         """Observation (a state tensor, or a record with "state" and optional "image" /
-        "instruction") -> prefix tokens `[n, L, d]`."""
+        "instruction") -> prefix tokens `[n, L, d]`. `stem`: `self.stem(obs)` computed before (a
+        trainer reuses the frozen part's output over its PPO epochs: same weights, same rows)."""
+        x = self.stem(obs) if stem is None else stem
+        for block in self.blocks[self.frozen_blocks:]:
+            x = block(x)
+        return self.norm(x)
+
+    def stem(self, obs: Obs) -> torch.Tensor:
+        """The tokens after the input embeddings and the frozen blocks (all of the backbone's input
+        side when nothing is frozen), without autograd when the stem is frozen."""
         if isinstance(obs, dict):
             state = obs["state"]
             image, instruction = obs.get("image"), obs.get("instruction")
@@ -218,9 +227,7 @@ class FlowNet(nn.Module):
             x = torch.cat(tokens, dim=1) + self.pos
             for block in self.blocks[:frozen]:
                 x = block(x)
-        for block in self.blocks[frozen:]:
-            x = block(x)
-        return self.norm(x)
+        return x
 
     def value(self, prefix: torch.Tensor) -> torch.Tensor:
         """State value `[n]` (float32) from the prefix."""
@@ -260,10 +267,11 @@ class FlowNet(nn.Module):
         per_dim = self.log_std.float() + 0.5 * math.log(2.0 * math.pi * math.e)
         return per_dim.sum() * self.cfg.chunk
 
-    def evaluate(self, obs: Obs, x0: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def evaluate(self, obs: Obs, x0: torch.Tensor, action: torch.Tensor,
+                 stem: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Trainer path: (log-prob of the stored `action`, value) under the current weights, with
         the flow started from the same x0 the rollout used -- so the PPO ratio is exact."""
-        prefix = self.backbone(obs)
+        prefix = self.backbone(obs, stem)
         mean = self.mean_action(x0.float(), prefix)
         return self.log_prob(action, mean), self.value(prefix)
 

@@ -84,7 +84,8 @@ class PPOTrainer:
     Sizing a large policy's update (the paper-shaped GPU workloads): `micro_batch` rows per forward and
     backward pass, gradients accumulated over a minibatch (bounded activation memory, same gradient);
     `trainable_blocks` trains only the top backbone blocks, the action expert and the heads (the frozen
-    bottom runs without autograd, see `FlowNet.freeze_backbone`); `values="rollout"` takes V(obs) from
+    bottom runs without autograd, see `FlowNet.freeze_backbone`, and once per update: its output is
+    reused by every PPO epoch); `values="rollout"` takes V(obs) from
     the rollout's stored values instead of re-evaluating the critic over every observation (standard
     PPO; the default "recompute" re-evaluates under the current weights); `value_batch` bounds the rows
     of one critic pass.
@@ -230,6 +231,8 @@ class PPOTrainer:
         }
         if returns is not None:
             batch["ret"] = flatten_time(returns)
+        if self.model.frozen_blocks and self.ppo_epochs > 1:
+            batch["stem"] = self._stem(batch["obs"])
         steps, local = traj["reward"].shape[:2]
         rows = ReplicaRows(local, self.replica, self.replicas)
         size = steps * rows.total  # rows of the global batch (all replicas)
@@ -249,6 +252,19 @@ class PPOTrainer:
         if self.updates % self.sync_every == 0 and self.cfg.obs_norm:
             self.model.obs_mean.copy_(self.obs_stats["mean"])
             self.model.obs_var.copy_(self.obs_stats["var"])
+
+    @torch.no_grad()
+    def _stem(self, obs: Obs) -> torch.Tensor:
+        """The frozen part's output for every row, once per update: its weights and the observation
+        statistics do not change within an update, so the PPO epochs reuse it instead of recomputing
+        it each epoch (what makes several epochs affordable for a large frozen backbone)."""
+        size = (obs["state"] if isinstance(obs, dict) else obs).shape[0]
+        parts = []
+        with autocast_for(self.device):
+            for start in range(0, size, self.value_batch):
+                idx = torch.arange(start, min(size, start + self.value_batch), device=self.device)
+                parts.append(self.model.stem(take(obs, idx)))
+        return torch.cat(parts)
 
     @torch.no_grad()
     def _track_obs(self, obs: Obs) -> None:
@@ -286,7 +302,7 @@ class PPOTrainer:
         for start in range(0, rows, size):
             part = take(mb, torch.arange(start, min(rows, start + size), device=self.device))
             with autocast_for(self.device):
-                logp, value = self.model.evaluate(part["obs"], part["x0"], part["action"])
+                logp, value = self.model.evaluate(part["obs"], part["x0"], part["action"], part.get("stem"))
             log_ratio = logp - part["logp"]
             ratio = torch.exp(log_ratio)
             adv = part["adv"]

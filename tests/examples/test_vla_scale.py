@@ -97,3 +97,23 @@ def test_cuda_graph_denoising_replays_the_eager_loop() -> None:
     eager.load_weights({k: v * 1.01 for k, v in eager.rollout_weights.items()})
     torch.testing.assert_close(eager.act(obs, 0, 0, 0)["action"], graphed.act(obs, 0, 0, 0)["action"],
                                rtol=1e-3, atol=1e-3)
+
+
+def test_frozen_stem_is_computed_once_per_update_and_changes_nothing() -> None:
+    """The PPO epochs reuse the frozen part's output (same weights, same rows) instead of recomputing it."""
+    from examples.embodied.model import FlowNet
+
+    traj = _traj()
+    reuse = PPOTrainer(**SIZES, lr=1e-3, ppo_epochs=3, minibatches=2, trainable_blocks=1)
+    again = PPOTrainer(**SIZES, lr=1e-3, ppo_epochs=3, minibatches=2, trainable_blocks=1)
+    calls: dict[str, int] = {"reuse": 0, "again": 0}
+    for name, trainer in (("reuse", reuse), ("again", again)):
+        original = trainer.model.stem
+        trainer.model.stem = lambda obs, name=name, original=original: (calls.__setitem__(name, calls[name] + 1),
+                                                                        original(obs))[1]
+    again.model.evaluate = lambda obs, x0, action, stem=None: FlowNet.evaluate(again.model, obs, x0, action)
+    reuse.update(traj)
+    again.update(traj)
+    # two critic passes (obs, next_obs), then once for all 3 epochs x 2 minibatches -- not once per minibatch
+    assert calls == {"reuse": 3, "again": 3 + 6}  # the copy that ignores the cache recomputes per minibatch
+    assert _max_diff(reuse.get_state("weights"), again.get_state("weights")) < 1e-5
