@@ -65,13 +65,14 @@ SMOKE_POLICIES = {
     "tiny_img": dict(obs_dim=39, act_dim=4, chunk=4, denoise_steps=3, expert_layers=1, hidden=32, layers=2, heads=4,
                      obs_tokens=4, image=True, image_size=16, patch=8),
 }
-# Trainer variants on the first candidate: (label, micro_batch, trainable_blocks, values)
+# Trainer variants on the first candidate: (label, micro_batch, trainable_blocks, values, ppo_epochs);
+# "top2_rollout_mb256_e2" is the paper workflows' default, "all_recompute_mb128_e1" the plain update
 TRAINER_VARIANTS = (
-    ("all_recompute_mb128", 128, None, "recompute"),
-    ("all_rollout_mb128", 128, None, "rollout"),
-    ("top4_rollout_mb128", 128, 4, "rollout"),
-    ("top4_rollout_mb256", 256, 4, "rollout"),
-    ("top0_rollout_mb256", 256, 0, "rollout"),
+    ("all_recompute_mb128_e1", 128, None, "recompute", 1),
+    ("top2_rollout_mb256_e2", 256, 2, "rollout", 2),
+    ("top2_rollout_mb256_e1", 256, 2, "rollout", 1),
+    ("top4_rollout_mb256_e2", 256, 4, "rollout", 2),
+    ("top0_rollout_mb256_e2", 256, 0, "rollout", 2),
 )
 MJX_COMBOS = ((256, 8, 2), (256, 8, 8), (128, 8, 8))  # (envs, chunk, frame_skip)
 METAWORLD_COMBOS = ((8, 8, 0), (8, 8, 128), (8, 8, 224))  # (envs, chunk, image_size)
@@ -192,7 +193,7 @@ def _policy_phases(policy: Any, cfg: dict[str, Any], n: int, args: argparse.Name
 
 def measure_trainer(cfg: dict[str, Any], steps: int, n: int, args: argparse.Namespace, sampler: Any,
                     budget: Budget) -> dict[str, Any]:
-    """One PPO update (1 epoch x 4 minibatches) of `steps x n` rows per variant: time, memory, activity."""
+    """One PPO update (epochs x 4 minibatches) of `steps x n` rows per variant: time, memory, activity."""
     import torch
 
     from examples.embodied.ppo import PPOTrainer
@@ -208,16 +209,16 @@ def measure_trainer(cfg: dict[str, Any], steps: int, n: int, args: argparse.Name
     traj = {"obs": shaped, "next_obs": shaped, "x0": torch.randn(T, n, c, a, device=dev),
             "action": torch.randn(T, n, c, a, device=dev), "logp": torch.randn(T, n, device=dev) - 3,
             "value": torch.randn(T, n, device=dev), "reward": torch.randn(T, n, device=dev), "done": done}
-    variants = TRAINER_VARIANTS if not args.smoke else tuple((v[0], 4, v[2] and 1, v[3]) for v in TRAINER_VARIANTS)
-    out: dict[str, Any] = {"rows": T * n, "steps": T, "envs": n, "ppo_epochs": 1, "minibatches": 4, "variants": {}}
-    for label, micro, trainable, values in variants:
+    variants = TRAINER_VARIANTS if not args.smoke else tuple((v[0], 4, v[2] and 1, v[3], v[4]) for v in TRAINER_VARIANTS)
+    out: dict[str, Any] = {"rows": T * n, "steps": T, "envs": n, "minibatches": 4, "variants": {}}
+    for label, micro, trainable, values, epochs in variants:
         if budget.left() < 20:
             out["variants"][label] = {"skipped": "budget"}
             continue
         if cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-        trainer = PPOTrainer(**cfg, lr=3e-4, device=dev, ppo_epochs=1, minibatches=4, micro_batch=micro,
+        trainer = PPOTrainer(**cfg, lr=3e-4, device=dev, ppo_epochs=epochs, minibatches=4, micro_batch=micro,
                              trainable_blocks=trainable, values=values)
         trainer.update(traj)  # warm: allocator, cuBLAS, autotuning
         _sync(cuda)
@@ -225,7 +226,8 @@ def measure_trainer(cfg: dict[str, Any], steps: int, n: int, args: argparse.Name
         trainer.update(traj)
         _sync(cuda)
         t1 = time.perf_counter_ns()
-        row = {"micro_batch": micro, "trainable_blocks": trainable, "values": values, "update_s": (t1 - t0) / 1e9,
+        row = {"micro_batch": micro, "trainable_blocks": trainable, "values": values, "ppo_epochs": epochs,
+               "update_s": (t1 - t0) / 1e9,
                "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)}
         if cuda:
             row["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30

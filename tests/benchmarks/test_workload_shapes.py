@@ -27,7 +27,7 @@ def test_smoke_measures_policy_phases_and_trainer_variants(tmp_path: Path) -> No
     variants = doc["trainer"]["variants"]
     assert len(variants) == 5 and all(v["update_s"] > 0 for v in variants.values())
     frozen = [v for v in variants.values() if v["trainable_blocks"] == 0]
-    assert frozen and frozen[0]["trainable_params"] < variants["all_recompute_mb128"]["trainable_params"]
+    assert frozen and frozen[0]["trainable_params"] < variants["all_recompute_mb128_e1"]["trainable_params"]
     for section in ("mjx", "metaworld"):  # measured, or skipped with the reason (never a traceback)
         assert "rows" in doc[section] or "skipped" in doc[section], doc[section]
     assert "policy" in proc.stdout  # the table printed last
