@@ -20,14 +20,21 @@
 #   MJXENV=/other/dir WHEELS=/other/wheels bash benchmarks/mjx_env.sh   # other locations
 # --bench: also step ReacherMjxSim on the GPU at a few num_envs (BENCH_ENVS, default
 # "256 2048 8192 32768") and print env-steps/s (JSON to $OUT/mjx_bench.json when OUT is set).
+#
+# Or from the packed bundle (benchmarks/mjx_bundle.sh, ~7 MB: fits in one device call with the Ray bundle):
+# when .mjxbundle/mjx-site.tar.xz exists it is unpacked into the target instead of installing wheels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TARGET=${MJXENV:-/tmp/mjxenv}
 WHEELS=${WHEELS:-.whl}
+BUNDLE=${MJXBUNDLE:-.mjxbundle/mjx-site.tar.xz}
 PY=${PYTHON:-python3}
 
 # mujoco and mujoco-mjx always (the image may hold another mujoco); the others only where the image
 # lacks them, so that the image's versions are not shadowed.
+if [ -f "$BUNDLE" ]; then
+  mkdir -p "$TARGET" && tar -xJf "$BUNDLE" -C "$TARGET"
+else
 mapfile -t FILES < <("$PY" - "$WHEELS" <<'PY'
 import importlib.metadata as md
 import pathlib
@@ -47,6 +54,7 @@ PY
 )
 [ "${#FILES[@]}" -ge 2 ] || { echo "no mujoco wheels in $WHEELS (see the pip download command above)" >&2; exit 1; }
 "$PY" -m pip install -q --no-index --no-deps --upgrade --target "$TARGET" "${FILES[@]}"
+fi
 PYTHONPATH="$TARGET:$PWD" XLA_PYTHON_CLIENT_PREALLOCATE=false "$PY" -c "
 import jax, mujoco
 from examples.embodied.sim_mjx import ReacherMjxSim

@@ -17,13 +17,20 @@ def main() -> None:
     ap.add_argument("trace", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--iteration", type=int, default=None, help="RL iteration to show (default: the last)")
+    ap.add_argument("--title", default=None)
     args = ap.parse_args()
+    plot(args.trace, args.out, args.iteration, args.title)
+    print(f"wrote {args.out}")
+
+
+def plot(trace: Path, out: Path, iteration: int | None = None, title: str | None = None) -> Path:
+    """Draw RL iteration `iteration` (default: the last) of a Chrome trace into the PNG `out`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    doc = json.loads(args.trace.read_text())
+    doc = json.loads(trace.read_text())
     events = doc["traceEvents"] if isinstance(doc, dict) else doc
     names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
     calls = [e for e in events if e.get("ph") == "X"]
@@ -32,7 +39,7 @@ def main() -> None:
         return int((e.get("args", {}).get("loops") or {}).get("iteration", -1))
 
     its = sorted({iteration_of(e) for e in calls})
-    k = args.iteration if args.iteration is not None else its[-1]
+    k = iteration if iteration is not None else its[-1]
     calls = [e for e in calls if iteration_of(e) == k]
     t0 = min(e["ts"] for e in calls)
     t1 = max(e["ts"] + e["dur"] for e in calls)
@@ -52,7 +59,7 @@ def main() -> None:
             name = e["name"].split("@")[0]
             ax.barh(y, e["dur"] / 1e3, left=(e["ts"] - t0) / 1e3, color=colour[name], edgecolor="none")
     ax.set_yticks(range(len(rows)), [f"{names.get(p, p)}" + (f" #{t}" if t else "") for p, t in rows])
-    ax.set_title(f"{args.trace.parent.name}: RL iteration {k}")
+    ax.set_title(f"{title or trace.parent.name}: RL iteration {k}")
     handles = [plt.Rectangle((0, 0), 1, 1, color=colour[n]) for n in nodes]
     ax.legend(handles, [n.removeprefix("iteration.") for n in nodes], fontsize=7, ncol=4, loc="upper right")
     if counters:
@@ -63,8 +70,9 @@ def main() -> None:
         cax.set_ylabel("SM activity")
     axes[-1][0].set_xlabel("ms")
     fig.tight_layout()
-    fig.savefig(args.out, dpi=110)
-    print(f"wrote {args.out}")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Shared by the reference interpreter and the runtime backends: `impl` resolution under allowed module
 prefixes (checking the resolved class, not the string), constructor arguments (`device`, `seed`),
-the `rows=` slice of split groups, and the output contract (a dict with exactly the declared outputs,
+the `rows=` slice of split groups (the contract's types: `contract.py`), and the output contract (a dict with exactly the declared outputs,
 or the bare value of a single output).
 """
 
@@ -16,6 +16,8 @@ from typing import Any
 
 from rose_dsl.importcheck import DEFAULT_ALLOWED, module_allowed
 from rose_dsl.ir import Component, ExecutionNode, Workflow
+
+from . import contract
 
 __all__ = ["ComponentError", "resolve_impl", "construct", "instantiate", "invoke", "check_batch", "get_state", "set_state"]
 
@@ -54,7 +56,7 @@ def wants_process_group(comp: Component, allowed: Iterable[str] = DEFAULT_ALLOWE
 
     Only classes that communicate ask: a replica in a group cannot be restarted alone, while a
     replica-aware simulator or rollout policy (which only needs its replica index) can."""
-    return bool(getattr(resolve_impl(comp.impl, allowed), "data_parallel_group", False))
+    return contract.wants_process_group(resolve_impl(comp.impl, allowed))
 
 
 def construct(comp: Component, seed: int, device: str = "cpu", allowed: Iterable[str] = DEFAULT_ALLOWED,
@@ -63,16 +65,8 @@ def construct(comp: Component, seed: int, device: str = "cpu", allowed: Iterable
         cls = resolve_impl(comp.impl, allowed)
     except ComponentError as exc:  # say which component, as a construction failure does
         raise ComponentError(f"component '{comp.name}' ({comp.impl}): {exc}") from None
-    kwargs = dict(comp.args)
-    params = inspect.signature(cls).parameters
-    if "device" in params and "device" not in kwargs:
-        kwargs["device"] = device
-    if "seed" in params and "seed" not in kwargs:
-        kwargs["seed"] = seed
-    if "replica" in params:
-        kwargs["replica"] = replica
-    if "replicas" in params:
-        kwargs["replicas"] = comp.replicas
+    context = contract.ConstructionContext(device=device, seed=seed, replica=replica, replicas=comp.replicas)
+    kwargs = context.kwargs(cls, comp.args)
     try:
         return cls(**kwargs)
     except Exception as exc:  # noqa: BLE001 - a user constructor may raise anything: one ComponentError says what
@@ -131,17 +125,15 @@ def _leaves(name: str, value: Any):
 
 
 def get_state(obj: Any, comp: Component, name: str) -> Any:
-    hook = getattr(obj, "get_state", None)
-    if callable(hook):
-        return hook(name)
+    if isinstance(obj, contract.Stateful):
+        return obj.get_state(name)
     so = comp.state_object(name)
     return copy.deepcopy(getattr(obj, so.attr if so else name))
 
 
 def set_state(obj: Any, comp: Component, name: str, value: Any) -> None:
-    hook = getattr(obj, "set_state", None)
-    if callable(hook):
-        hook(name, value)
+    if isinstance(obj, contract.Stateful):
+        obj.set_state(name, value)
         return
     so = comp.state_object(name)
     setattr(obj, so.attr if so else name, copy.deepcopy(value))

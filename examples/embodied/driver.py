@@ -75,7 +75,7 @@ def rollout(sim: ReacherVecSim, policy: FlowPolicy, it: int, ep: int, steps: int
         env = sim.step(action=act["action"])
         records.append({"obs": obs, "action": act["action"], "logp": act["logp"], "value": act["value"],
                         "x0": act["x0"], "reward": env["reward"], "done": env["done"],
-                        "next_obs": env["final_obs"]})
+                        "terminated": env["terminated"], "next_obs": env["final_obs"]})
         obs = env["obs"]
     return {k: stack([r[k] for r in records]) for k in records[0]}
 

@@ -25,6 +25,7 @@ Shape of the computation (pi0-like, scaled down by default):
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -168,33 +169,65 @@ class FlowNet(nn.Module):
         nn.init.orthogonal_(self.value_head[2].weight, gain=0.1)
         nn.init.zeros_(self.value_head[2].bias)
         self.log_std = nn.Parameter(torch.full((cfg.act_dim,), float(cfg.init_log_std)))
+        self.frozen_blocks = 0  # see freeze_backbone
+
+    def freeze_backbone(self, trainable_blocks: int | None) -> None:
+        """Train only the top `trainable_blocks` backbone blocks (with the action expert, value head and
+        log-std); None (or a negative count) trains everything.
+
+        Why: RL fine-tuning of a large pretrained VLA commonly leaves the bottom of the backbone (and the
+        encoders) fixed. The trainer then runs the frozen part without autograd -- no activations kept,
+        no backward through it, no optimizer state for it -- which is what makes a >300M-parameter
+        policy's update affordable next to its rollout. The frozen part computes exactly what the
+        rollout policy computes (same weights, same code)."""
+        layers = len(self.blocks)
+        keep = layers if trainable_blocks is None or int(trainable_blocks) < 0 else min(int(trainable_blocks), layers)
+        frozen = layers - keep
+        self.frozen_blocks = frozen
+        stem = [m for m in (self.proprio, self.vision, self.instruction) if m is not None]
+        for module in stem + list(self.blocks[:frozen]):
+            module.requires_grad_(frozen == 0)
+        self.pos.requires_grad_(frozen == 0)
+        for block in self.blocks[frozen:]:
+            block.requires_grad_(True)
 
     # -- backbone -----------------------------------------------------------------------------
-    def backbone(self, obs: Obs) -> torch.Tensor:
+    def backbone(self, obs: Obs, stem: torch.Tensor | None = None) -> torch.Tensor:
         """Observation (a state tensor, or a record with "state" and optional "image" /
-        "instruction") -> prefix tokens `[n, L, d]`."""
+        "instruction") -> prefix tokens `[n, L, d]`. `stem`: `self.stem(obs)` computed before (a
+        trainer reuses the frozen part's output over its PPO epochs: same weights, same rows)."""
+        x = self.stem(obs) if stem is None else stem
+        for block in self.blocks[self.frozen_blocks:]:
+            x = block(x)
+        return self.norm(x)
+
+    def stem(self, obs: Obs) -> torch.Tensor:
+        """The tokens after the input embeddings and the frozen blocks (all of the backbone's input
+        side when nothing is frozen), without autograd when the stem is frozen."""
         if isinstance(obs, dict):
             state = obs["state"]
             image, instruction = obs.get("image"), obs.get("instruction")
         else:
             state, image, instruction = obs, None, None
         n = state.shape[0]
-        tokens = []
-        if self.instruction is not None:
-            ids = instruction.long() if instruction is not None else torch.zeros(n, dtype=torch.long, device=state.device)
-            tokens.append(self.instruction(ids)[:, None, :])
-        if self.vision is not None:
-            if image is None:
-                raise ValueError("this FlowNet has image=True: obs must be a record with an 'image' tensor")
-            tokens.append(self.vision(image))
         state = state.float()
         if self.cfg.obs_norm:
             state = ((state - self.obs_mean) * torch.rsqrt(self.obs_var + 1e-8)).clamp(-10.0, 10.0)
-        tokens.append(self.proprio(state).view(n, self.cfg.obs_tokens, self.cfg.hidden))
-        x = torch.cat(tokens, dim=1) + self.pos
-        for block in self.blocks:
-            x = block(x)
-        return self.norm(x)
+        frozen = self.frozen_blocks
+        with torch.no_grad() if frozen else contextlib.nullcontext():  # a frozen stem keeps no activations
+            tokens = []
+            if self.instruction is not None:
+                ids = instruction.long() if instruction is not None else torch.zeros(n, dtype=torch.long, device=state.device)
+                tokens.append(self.instruction(ids)[:, None, :])
+            if self.vision is not None:
+                if image is None:
+                    raise ValueError("this FlowNet has image=True: obs must be a record with an 'image' tensor")
+                tokens.append(self.vision(image))
+            tokens.append(self.proprio(state).view(n, self.cfg.obs_tokens, self.cfg.hidden))
+            x = torch.cat(tokens, dim=1) + self.pos
+            for block in self.blocks[:frozen]:
+                x = block(x)
+        return x
 
     def value(self, prefix: torch.Tensor) -> torch.Tensor:
         """State value `[n]` (float32) from the prefix."""
@@ -234,18 +267,32 @@ class FlowNet(nn.Module):
         per_dim = self.log_std.float() + 0.5 * math.log(2.0 * math.pi * math.e)
         return per_dim.sum() * self.cfg.chunk
 
-    def evaluate(self, obs: Obs, x0: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def evaluate(self, obs: Obs, x0: torch.Tensor, action: torch.Tensor,
+                 stem: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Trainer path: (log-prob of the stored `action`, value) under the current weights, with
         the flow started from the same x0 the rollout used -- so the PPO ratio is exact."""
-        prefix = self.backbone(obs)
+        prefix = self.backbone(obs, stem)
         mean = self.mean_action(x0.float(), prefix)
         return self.log_prob(action, mean), self.value(prefix)
 
 
-def build_model(cfg: FlowNetConfig, seed: int) -> FlowNet:
-    """Build a `FlowNet` whose initial weights depend only on (cfg, seed), leaving the global RNG
-    untouched -- the policy and the trainer call this independently and get identical weights."""
-    with torch.random.fork_rng(devices=[]):
+def build_model(cfg: FlowNetConfig, seed: int, device: str | torch.device = "cpu") -> FlowNet:
+    """Build a `FlowNet` on `device` whose initial weights depend only on (cfg, seed, device type),
+    leaving the global RNG untouched -- the policy and the trainer call this independently and get
+    identical weights.
+
+    On CUDA the weights are drawn on the GPU itself (CUDA's RNG, seeded the same way): initialising a
+    1B-parameter model on the CPU first takes seconds per process, and every `rose execute` run builds
+    it twice (policy and trainer). The weights then differ from a CPU build of the same seed, which is
+    fine: the policy and the trainer of one workflow run on the same kind of device.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return FlowNet(cfg).to(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with torch.random.fork_rng(devices=[index]), torch.device(torch.device("cuda", index)):
         torch.manual_seed(seed)
         return FlowNet(cfg)
 

@@ -8,8 +8,9 @@ current weights, and scores the stored action under the Gaussian exploration hea
 
 Trajectory record (time first, as the workflow's `collect: stack(...)` builds it):
 obs `[T, N, obs_dim]` (or a record of such), action / x0 `[T, N, chunk, act_dim]`, logp / value /
-reward / done `[T, N]`, next_obs `[T, N, obs_dim]` -- the observation the step ended in *before* any
-automatic reset (the simulator's `final_obs`), which truncated episodes bootstrap from.
+reward / done `[T, N]`, optionally terminated `[T, N]`, next_obs `[T, N, obs_dim]` -- the observation the
+step ended in *before* any automatic reset (the simulator's `final_obs`), which non-terminal episode
+ends bootstrap from.
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ def take(tree: Any, idx: torch.Tensor) -> Any:
     return tree[idx]
 
 
+def _with_time(tree: Any) -> Any:
+    """`[n, ...]` -> `[1, n, ...]` for a tensor or a record of tensors."""
+    if isinstance(tree, dict):
+        return {k: v.unsqueeze(0) for k, v in tree.items()}
+    return tree.unsqueeze(0)
+
+
 def to_device(tree: Any, device: torch.device) -> Any:
     if isinstance(tree, dict):
         return {k: to_device(v, device) for k, v in tree.items()}
@@ -59,15 +67,28 @@ class PPOTrainer:
     counter that keys the minibatch permutations, so a restored trainer repeats the same updates).
 
     Discounting is per environment step: one decision executes `chunk` steps, so it is discounted
-    by `gamma ** chunk`. Reacher never terminates, so every `done` is a truncation: its TD target
-    bootstraps from V(next_obs) and the GAE recursion stops there. The critic is re-evaluated under
-    the current weights at the start of each update (the workflow's second epoch is trained after
-    the first changed the weights); the stored `value` is not needed for the update.
+    by `gamma ** chunk`. How an episode ended decides the TD target (the simulator's flags, see
+    `sim_base`): after a terminal state (`terminated`) nothing follows, so the target is the reward
+    alone; an episode cut short (`truncated` at max steps, or a `fault`) would have gone on, so its
+    target bootstraps from V(next_obs) -- the simulator's `final_obs`, the observation before the
+    automatic reset. The GAE recursion stops at every `done`. A trajectory without `terminated` (a
+    simulator that cannot terminate, like Reacher-v5) treats every `done` as a truncation. By default
+    the critic is re-evaluated under the current weights at the start of each update (the workflow's
+    second epoch is trained after the first changed the weights); see `values` below.
 
     Observation normalization stays exact too: the trainer accumulates running statistics of every
     observation it trains on, but copies them into the model's normalizer buffers only at the end of
     every `sync_every`-th update -- set it to the number of updates between weight syncs (the
     workflow's `epochs`), so each update evaluates with the statistics its rollout used.
+
+    Sizing a large policy's update (the paper-shaped GPU workloads): `micro_batch` rows per forward and
+    backward pass, gradients accumulated over a minibatch (bounded activation memory, same gradient);
+    `trainable_blocks` trains only the top backbone blocks, the action expert and the heads (the frozen
+    bottom runs without autograd, see `FlowNet.freeze_backbone`, and once per update: its output is
+    reused by every PPO epoch); `values="rollout"` takes V(obs) from
+    the rollout's stored values instead of re-evaluating the critic over every observation (standard
+    PPO; the default "recompute" re-evaluates under the current weights); `value_batch` bounds the rows
+    of one critic pass.
 
     Data parallel (`replicas: R`, see `data_parallel.py`): the R trainer replicas, each given its
     replica's `[T, n]` trajectories, train exactly as one trainer on the concatenated `[T, R * n]`
@@ -100,16 +121,28 @@ class PPOTrainer:
         image: bool = False,
         replica: int = 0,
         replicas: int = 1,
+        micro_batch: int | None = None,
+        trainable_blocks: int | None = None,
+        values: str = "recompute",
+        value_batch: int = 4096,
         **model_kwargs: Any,
     ) -> None:
+        if values not in ("recompute", "rollout"):
+            raise ValueError(f"values must be 'recompute' or 'rollout', got {values!r}")
+        if micro_batch is not None and int(micro_batch) < 1:
+            raise ValueError(f"micro_batch must be >= 1 or None, got {micro_batch!r}")
         self.replica, self.replicas = int(replica), int(replicas)
         self.cfg = FlowNetConfig(
             obs_dim=obs_dim, act_dim=act_dim, chunk=chunk, hidden=hidden, denoise_steps=denoise_steps,
             image=image, **model_kwargs,
         )
         self.seed, self.device = int(seed), torch.device(device)
-        self.model: FlowNet = build_model(self.cfg, self.seed).to(self.device).train()
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=float(lr), eps=1e-5, foreach=True)
+        self.model: FlowNet = build_model(self.cfg, self.seed, self.device).train()
+        self.model.freeze_backbone(trainable_blocks)
+        self.opt = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad], lr=float(lr), eps=1e-5,
+                                    foreach=True)
+        self.micro_batch = None if micro_batch is None else int(micro_batch)
+        self.values_from = values
         self.updates = 0
         self.ppo_epochs, self.minibatches = int(ppo_epochs), int(minibatches)
         self.clip, self.gamma, self.lam = float(clip), float(gamma), float(lam)
@@ -117,7 +150,7 @@ class PPOTrainer:
         self.reward_scale, self.sync_every = float(reward_scale), int(sync_every)
         self.obs_stats = {"mean": torch.zeros(obs_dim, dtype=torch.float64),
                           "var": torch.ones(obs_dim, dtype=torch.float64), "count": 0.0}
-        self.value_batch = 4096
+        self.value_batch = int(value_batch)
         self._metrics: dict[str, list[float]] = {}
 
     # -- advantages -------------------------------------------------------------------------------
@@ -133,13 +166,39 @@ class PPOTrainer:
                 parts.append(self.model.value(self.model.backbone(chunk)))
         return torch.cat(parts).view(*(obs["state"] if isinstance(obs, dict) else obs).shape[:2])
 
+    @torch.no_grad()
+    def _rollout_values(self, traj: Traj, bootstrap: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(V(obs), V(next_obs)) `[T, N]` from the values the rollout policy stored (`traj["value"]`), as
+        standard PPO does: V(next_obs[t]) is V(obs[t + 1]) unless the episode ended at t; only the
+        observations non-terminal ends bootstrap from (`bootstrap`: the episode's last, `next_obs`) and
+        the rollout's final ones are evaluated here, under the current weights -- one backbone pass over
+        a few rows instead of two over all of them."""
+        if "value" not in traj:
+            raise KeyError(f"{type(self).__name__}(values='rollout'): the trajectory lacks 'value' (policy.act's)")
+        value = traj["value"].float()
+        fresh = bootstrap.bool().clone()
+        fresh[-1] = True
+        next_value = torch.zeros_like(value)
+        next_value[:-1] = value[1:]
+        t, n = fresh.nonzero(as_tuple=True)
+        if len(t):
+            obs = traj["next_obs"]
+            picked = {k: v[t, n] for k, v in obs.items()} if isinstance(obs, dict) else obs[t, n]
+            next_value[t, n] = self._values(_with_time(picked)).view(-1)
+        return value, next_value
+
     def _advantages(self, traj: Traj) -> tuple[torch.Tensor, torch.Tensor | None]:
         """GAE advantages `[T, N]` and value targets `[T, N]`."""
         reward = traj["reward"].float() * self.reward_scale
         done = traj["done"].float()
-        value, next_value = self._values(traj["obs"]), self._values(traj["next_obs"])
+        # a terminal state has no value after it; truncations and faults bootstrap (see the class docstring)
+        terminated = traj["terminated"].float() if "terminated" in traj else torch.zeros_like(done)
+        if self.values_from == "rollout":
+            value, next_value = self._rollout_values(traj, done * (1.0 - terminated))
+        else:
+            value, next_value = self._values(traj["obs"]), self._values(traj["next_obs"])
         discount = self.gamma ** self.cfg.chunk
-        delta = reward + discount * next_value - value
+        delta = reward + discount * (1.0 - terminated) * next_value - value
         adv = torch.zeros_like(delta)
         running = torch.zeros_like(delta[0])
         for t in range(delta.shape[0] - 1, -1, -1):
@@ -148,8 +207,15 @@ class PPOTrainer:
         return adv, adv + value
 
     # -- update -----------------------------------------------------------------------------------
-    def update(self, traj: Traj) -> None:
-        """One PPO update (`ppo_epochs` x `minibatches` gradient steps) on one rollout epoch."""
+    def update(self, traj: Traj, env: Traj | None = None) -> None:
+        """One PPO update (`ppo_epochs` x `minibatches` gradient steps) on one rollout epoch.
+
+        `env`: the simulator's part of the trajectory (obs, reward, done, next_obs) as its own record,
+        merged into `traj`. A workflow whose simulator runs in more processes than the policy (sim
+        replicas) must pass the two parts on two inputs: rose maps values between replica counts
+        port by port (the simulator's parts are concatenated from its replicas)."""
+        if env is not None:
+            traj = {**traj, **env}
         missing = {"obs", "action", "logp", "reward", "done", "next_obs", "x0"} - set(traj)
         if missing:
             raise KeyError(f"{type(self).__name__}.update: trajectory lacks {sorted(missing)} "
@@ -165,6 +231,8 @@ class PPOTrainer:
         }
         if returns is not None:
             batch["ret"] = flatten_time(returns)
+        if self.model.frozen_blocks and self.ppo_epochs > 1:
+            batch["stem"] = self._stem(batch["obs"])
         steps, local = traj["reward"].shape[:2]
         rows = ReplicaRows(local, self.replica, self.replicas)
         size = steps * rows.total  # rows of the global batch (all replicas)
@@ -186,6 +254,19 @@ class PPOTrainer:
             self.model.obs_var.copy_(self.obs_stats["var"])
 
     @torch.no_grad()
+    def _stem(self, obs: Obs) -> torch.Tensor:
+        """The frozen part's output for every row, once per update: its weights and the observation
+        statistics do not change within an update, so the PPO epochs reuse it instead of recomputing
+        it each epoch (what makes several epochs affordable for a large frozen backbone)."""
+        size = (obs["state"] if isinstance(obs, dict) else obs).shape[0]
+        parts = []
+        with autocast_for(self.device):
+            for start in range(0, size, self.value_batch):
+                idx = torch.arange(start, min(size, start + self.value_batch), device=self.device)
+                parts.append(self.model.stem(take(obs, idx)))
+        return torch.cat(parts)
+
+    @torch.no_grad()
     def _track_obs(self, obs: Obs) -> None:
         """Fold a batch's state statistics into the running ones (Chan et al.'s parallel update)."""
         state = (obs["state"] if isinstance(obs, dict) else obs).detach()
@@ -203,33 +284,47 @@ class PPOTrainer:
         }
 
     def _step(self, mb: dict[str, Any], global_size: int | None = None) -> None:
-        """One gradient step. `global_size`: data parallel, `mb` holds this replica's part of a minibatch
-        of that many rows -- per-row losses are summed and divided by it, gradients summed over replicas."""
-        if global_size is not None and mb["adv"].shape[0] == 0:
+        """One gradient step on a minibatch, accumulated over micro-batches of at most `micro_batch` rows
+        (bounded activation memory; the gradient is the minibatch's, up to summation order).
+        `global_size`: data parallel, `mb` holds this replica's part of a minibatch of that many rows --
+        per-row losses are summed and divided by it, gradients summed over replicas."""
+        rows = mb["adv"].shape[0]
+        if global_size is not None and rows == 0:
             self._empty_step()
             return
-        with autocast_for(self.device):
-            logp, value = self.model.evaluate(mb["obs"], mb["x0"], mb["action"])
-        log_ratio = logp - mb["logp"]
-        ratio = torch.exp(log_ratio)
-        adv = mb["adv"]
-        per_row = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - self.clip, 1 + self.clip))
-        value_rows = 0.5 * (value - mb["ret"]).square() if "ret" in mb else None
+        denom = global_size if global_size is not None else rows
+        size = self.micro_batch or rows
         entropy = self.model.entropy()
-        if global_size is None:
-            policy_loss = per_row.mean()
-            value_loss = value_rows.mean() if value_rows is not None else torch.zeros(())
-            loss = policy_loss + self.vf_coef * value_loss.to(policy_loss.device) - self.ent_coef * entropy
-        else:  # this replica's share of the global minibatch's mean loss (entropy: 1/R of it each)
-            policy_loss = per_row.sum() / global_size
-            value_loss = value_rows.sum() / global_size if value_rows is not None else torch.zeros(())
-            loss = policy_loss + self.vf_coef * value_loss.to(policy_loss.device) - self.ent_coef * entropy / self.replicas
-        grad_norm = self._apply(loss, summed=global_size is not None)
+        ent_share = self.ent_coef * entropy / (self.replicas if global_size is not None else 1)
+        sums = {"policy": torch.zeros((), device=self.device), "value": torch.zeros((), device=self.device),
+                "kl": torch.zeros((), device=self.device), "clip": torch.zeros((), device=self.device)}
+        self.opt.zero_grad(set_to_none=True)
+        for start in range(0, rows, size):
+            part = take(mb, torch.arange(start, min(rows, start + size), device=self.device))
+            with autocast_for(self.device):
+                logp, value = self.model.evaluate(part["obs"], part["x0"], part["action"], part.get("stem"))
+            log_ratio = logp - part["logp"]
+            ratio = torch.exp(log_ratio)
+            adv = part["adv"]
+            policy_sum = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - self.clip, 1 + self.clip)).sum()
+            value_sum = (0.5 * (value - part["ret"]).square()).sum() if "ret" in part else torch.zeros((), device=self.device)
+            loss = (policy_sum + self.vf_coef * value_sum) / denom
+            if start == 0:  # the entropy term belongs to the minibatch, once
+                loss = loss - ent_share
+            loss.backward()
+            with torch.no_grad():
+                sums["policy"] += policy_sum.detach()
+                sums["value"] += value_sum.detach()
+                sums["kl"] += ((ratio - 1) - log_ratio).sum()
+                sums["clip"] += ((ratio - 1).abs() > self.clip).float().sum()
+        with torch.no_grad():
+            policy_loss, value_loss = sums["policy"] / denom, sums["value"] / denom
+            total = policy_loss + self.vf_coef * value_loss - ent_share.detach()
+        grad_norm = self._apply(total, summed=global_size is not None)
         with torch.no_grad():
             stats = {
-                "loss": loss, "policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy,
-                "approx_kl": ((ratio - 1) - log_ratio).mean(),
-                "clip_frac": ((ratio - 1).abs() > self.clip).float().mean(),
+                "loss": total, "policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy,
+                "approx_kl": sums["kl"] / rows, "clip_frac": sums["clip"] / rows,
                 "grad_norm": grad_norm, "action_std": torch.exp(self.model.log_std).mean(),
             }
             if global_size is not None:  # a share of the minibatch loss: scaled so the replicas' mean is the loss
@@ -240,20 +335,21 @@ class PPOTrainer:
 
     def _empty_step(self) -> None:
         """A replica holding no row of this minibatch still joins the gradient sum (and the entropy term)."""
-        self._apply(-self.ent_coef * self.model.entropy() / self.replicas, summed=True)
+        self.opt.zero_grad(set_to_none=True)
+        loss = -self.ent_coef * self.model.entropy() / self.replicas
+        loss.backward()
+        self._apply(loss.detach(), summed=True)
 
     def _apply(self, loss: torch.Tensor, summed: bool) -> torch.Tensor:
-        """Backward, gradients summed over the replicas (`summed`), clip, and step -- never into NaN
-        weights. Returns the gradient norm before clipping."""
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
+        """After the backward pass(es): gradients summed over the replicas (`summed`), clip, and step --
+        never into NaN weights. Returns the gradient norm before clipping."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
         if summed:
-            params = [p for p in self.model.parameters() if p.requires_grad]
             for p in params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
             all_reduce_sum([p.grad for p in params])
-        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        grad_norm = nn.utils.clip_grad_norm_(params, self.max_grad_norm)
         if not bool(torch.isfinite(loss) & torch.isfinite(grad_norm)):
             raise FloatingPointError(f"{type(self).__name__}: non-finite loss ({float(loss)}) or gradient norm "
                                      f"({float(grad_norm)}) at update {self.updates}; the weights were not changed")

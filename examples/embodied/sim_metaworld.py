@@ -9,10 +9,11 @@ MT1 style: every row runs `task` with the goal visible in the observation (Meta-
 own MT1 benchmark draws 50 fixed goals from the global `np.random`; here the draw is keyed instead,
 so a row's future depends only on its own keys, never on how rows were batched:
 
-* an explicit `reset(it, ep, rows)` seeds env r from (seed, it, ep, r // group_size, 0), so the
+* an explicit `reset(it, ep, rows)` seeds env r from (seed, it, ep, global r // group_size, 0), so the
   `group_size` envs of a GRPO group start from the same goal and state;
 * an automatic reset after `max_episode_steps` (or a numeric fault) seeds it from
-  (seed, it, ep of the last explicit reset, r // group_size, n), n = episodes since that reset.
+  (seed, it, ep of the last explicit reset, global r // group_size, n), n = episodes since that reset
+  (the stepping, keys, faults and end-of-episode flags are `sim_base.EnvRowSim`'s).
 
 State object `episode`: MuJoCo's integration state (`mj_getState`: time, qpos, qvel, act, warm start,
 ctrl, mocap pose, ...) plus the task's random vector `rand_vec` (goal and object placement). Meta-World
@@ -34,7 +35,6 @@ One process can use only one backend.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
@@ -42,7 +42,9 @@ import mujoco
 import numpy as np
 import torch
 
-from .determinism import derive_seed, resolve_rows
+from .sim_base import EnvFault, EnvRowSim
+
+__all__ = ["EnvFault", "MetaWorldVecSim"]
 
 try:  # optional dependency: `pip install metaworld==3.1.1` (pins mujoco==3.3.0)
     from metaworld.env_dict import ALL_V3_ENVIRONMENTS, ML1_ARGS_KWARGS
@@ -73,10 +75,6 @@ def _release_egl(context: Any) -> None:
     EGL.eglMakeCurrent(mujoco.egl.EGL_DISPLAY, EGL.EGL_NO_SURFACE, EGL.EGL_NO_SURFACE, EGL.EGL_NO_CONTEXT)
 
 
-class EnvFault(FloatingPointError):
-    """An environment's physics went non-finite or unstable (raised with on_nan="stop")."""
-
-
 def _make_env(task: str, image_size: int, camera: str) -> Any:
     """One Meta-World env of `task`, set up as MT1 does (task kwargs, goal in the observation)."""
     render: dict[str, Any] = {}
@@ -91,17 +89,22 @@ def _make_env(task: str, image_size: int, camera: str) -> Any:
     return env
 
 
-class MetaWorldVecSim:
+class MetaWorldVecSim(EnvRowSim):
     """`num_envs` Meta-World envs of `task` stepped with action chunks of `chunk` actions.
 
     `on_nan="reset"` resets an env whose action/observation/reward goes non-finite, whose MuJoCo
-    step raises, or which MuJoCo flags unstable, counting it in `env_faults` and reporting `done=1`
-    for that row; `on_nan="stop"` raises `EnvFault` naming the env. `camera` names a camera of
-    Meta-World's scene ("corner", "corner2", "corner3", "topview", "gripperPOV", ...); its corner
-    cameras come out of gymnasium's renderer upside down, so `flip=True` turns frames upright.
+    step raises, or which MuJoCo flags unstable, counting it in `env_faults` and reporting `fault=1`
+    (and `done=1`) for that row; `on_nan="stop"` raises `EnvFault` naming the env. `camera` names a
+    camera of Meta-World's scene ("corner", "corner2", "corner3", "topview", "gripperPOV", ...); its
+    corner cameras come out of gymnasium's renderer upside down, so `flip=True` turns frames upright.
     With several rendering sims in one process, `close()` the ones you drop (a garbage-collected
-    sim's GL contexts can blank the next sim's frames under OSMesa).
+    sim's GL contexts can blank the next sim's frames under OSMesa). Several simulator processes
+    (`replicas`) each own `num_envs` rows of the global batch and key them by global row.
     """
+
+    seed_tag = "metaworld"
+    stat_metric = "success_rate"
+    stat_reduce = "max"  # an episode is solved if info["success"] was 1 at any step
 
     def __init__(
         self,
@@ -116,20 +119,15 @@ class MetaWorldVecSim:
         camera: str = "corner2",
         gl: str | None = None,
         flip: bool = True,
+        replica: int = 0,
+        replicas: int = 1,
     ) -> None:
         if ALL_V3_ENVIRONMENTS is None:
             raise ImportError("MetaWorldVecSim needs `pip install metaworld==3.1.1`") from _IMPORT_ERROR
         if task not in ALL_V3_ENVIRONMENTS:
             raise ValueError(f"unknown Meta-World task {task!r}; one of {sorted(ALL_V3_ENVIRONMENTS)}")
-        if on_nan not in ("reset", "stop"):
-            raise ValueError(f"on_nan must be 'reset' or 'stop', got {on_nan!r}")
-        if num_envs < 1 or chunk < 1 or group_size < 1 or max_episode_steps < 1:
-            raise ValueError("num_envs, chunk, group_size and max_episode_steps must be >= 1")
-        if num_envs % group_size:
-            raise ValueError(f"num_envs={num_envs} must be a multiple of group_size={group_size}")
-        self.num_envs, self.chunk, self.seed, self.task = int(num_envs), int(chunk), int(seed), task
-        self.group_size, self.on_nan, self.max_episode_steps = int(group_size), on_nan, int(max_episode_steps)
-        self.image_size, self.flip = int(image_size), bool(flip)
+        self._init_sim(num_envs, chunk, seed, group_size, on_nan, max_episode_steps, replica, replicas)
+        self.task, self.image_size, self.flip = task, int(image_size), bool(flip)
         if self.image_size:
             if gl is not None:
                 os.environ["MUJOCO_GL"] = gl
@@ -147,130 +145,44 @@ class MetaWorldVecSim:
         n = self.num_envs
         self.rand_vec = np.zeros((n, self._rand_size), dtype=np.float64)  # task layout of each env
         self.last_obs = np.zeros((n, self.obs_dim), dtype=np.float64)
-        self.steps = np.zeros(n, dtype=np.int64)  # env steps in the current episode
-        self.ep_return = np.zeros(n, dtype=np.float64)
-        self.ep_success = np.zeros(n, dtype=np.float64)  # 1 once info["success"] was seen this episode
-        self.origin = np.zeros((n, 2), dtype=np.int64)  # (it, ep) of the last explicit reset
-        self.count = np.zeros(n, dtype=np.int64)  # episodes since that reset
-        self._finished: list[tuple[float, float]] = []  # (return, success) of finished episodes
-        self._faults = 0
-        self._env_steps = 0
+        self._init_rows()
         self.reset(it=-1, ep=-1)  # a valid initial state even if a step comes first
 
-    # -- resets ---------------------------------------------------------------------------------
-    def _reset_row(self, r: int) -> np.ndarray:
-        """Reset env r with a goal drawn from its keys (origin, group, episode count)."""
-        it, ep = (int(v) for v in self.origin[r])
+    @property
+    def ep_success(self) -> np.ndarray:
+        """1 for rows whose current episode has seen info["success"] (the per-episode statistic)."""
+        return self.ep_stat
+
+    # -- the EnvRowSim hooks ----------------------------------------------------------------------
+    def _reset_env(self, r: int, key: int) -> np.ndarray:
+        """Reset env r with a goal drawn from its key."""
         env = self.envs[r]
-        env.np_random = np.random.default_rng(
-            derive_seed("metaworld", self.seed, it, ep, r // self.group_size, int(self.count[r])))
+        env.np_random = np.random.default_rng(key)
         env.seeded_rand_vec, env._freeze_rand_vec = True, False  # draw from env.np_random ...
         obs, _ = env.reset()
         env._freeze_rand_vec = True  # ... then keep that layout (what set_state replays)
         self.rand_vec[r] = env._last_rand_vec
-        self.steps[r], self.ep_return[r], self.ep_success[r] = 0, 0.0, 0.0
         self.last_obs[r] = obs
         return obs
 
-    def reset(self, it: int, ep: int, rows: slice | None = None) -> dict[str, Any]:
-        """Refresh the episodes of `rows` (global row slice; None = all): obs `[n, 39]` float32."""
-        selected = resolve_rows(rows, self.num_envs)
-        out = np.empty((len(selected), self.obs_dim), dtype=np.float64)
-        images = self._image_buffer(len(selected))
-        for i, r in enumerate(selected):
-            self.origin[r] = (int(it), int(ep))
-            self.count[r] = 0
-            out[i] = self._reset_row(r)
-            self._render_into(images, i, r)
-        return {"obs": self._obs(out, images)}
+    def _env_step(self, r: int, action: np.ndarray) -> tuple[np.ndarray, float, float, bool]:
+        obs, reward, _, _, info = self.envs[r].step(action)
+        return obs, float(reward), float(info["success"]), False  # Meta-World has no terminal states
 
-    # -- stepping -------------------------------------------------------------------------------
-    def _fault_count(self, r: int) -> int:
+    def _unstable(self, r: int) -> int:
         warnings = self.envs[r].data.warning
         return sum(int(warnings[w].number) for w in _FAULT_WARNINGS)
 
-    def _substep(self, r: int, action: np.ndarray) -> tuple[np.ndarray, float, float] | str:
-        """One env step of row r: (obs, reward, success) or a string describing the fault."""
-        if not np.all(np.isfinite(action)):
-            return f"non-finite action {action.tolist()}"
-        before = self._fault_count(r)
-        try:
-            obs, reward, _, _, info = self.envs[r].step(np.clip(action, self.act_low, self.act_high))
-        except Exception as exc:  # MuJoCo errors surface as generic exceptions
-            return f"MuJoCo raised {type(exc).__name__}: {exc}"
-        if self._fault_count(r) != before:
-            return "MuJoCo flagged the physics unstable (bad qpos/qvel/qacc/ctrl)"
-        if not (np.all(np.isfinite(obs)) and math.isfinite(reward)):
-            return "non-finite observation or reward"
-        return obs, float(reward), float(info["success"])
+    def _accepted(self, r: int, obs: np.ndarray) -> None:
+        self.last_obs[r] = obs  # Meta-World stacks it into the next observation; part of the state
 
-    def step(self, action: torch.Tensor, rows: slice | None = None) -> dict[str, Any]:
-        """Execute the action chunk `[n, chunk, 4]` (xyz hand delta, gripper) of each row in turn.
+    def _current_obs(self, r: int) -> np.ndarray:
+        return self.last_obs[r].copy()
 
-        Returns obs `[n, 39]` (after an automatic reset for rows whose episode ended), reward `[n]`
-        (sum over the executed sub-steps), done `[n]` (1.0 if the episode ended during the chunk; the
-        rest of that chunk is dropped) and final_obs `[n, 39]` (the ended episode's last observation,
-        equal to obs for rows that did not end), which a trainer bootstraps truncations from.
-        """
-        selected = resolve_rows(rows, self.num_envs)
-        act = action.detach().to("cpu", torch.float64).numpy()
-        if act.shape != (len(selected), self.chunk, self.act_dim):
-            raise ValueError(f"MetaWorldVecSim.step: action shape {tuple(act.shape)} != "
-                             f"({len(selected)}, {self.chunk}, {self.act_dim}) for rows={rows}")
-        obs_out = np.empty((len(selected), self.obs_dim), dtype=np.float64)
-        final_out = np.empty_like(obs_out)
-        reward_out = np.zeros(len(selected), dtype=np.float64)
-        done_out = np.zeros(len(selected), dtype=np.float64)
-        images, final_images = self._image_buffer(len(selected)), self._image_buffer(len(selected))
-        for i, r in enumerate(selected):
-            for j in range(self.chunk):
-                result = self._substep(r, act[i, j])
-                if isinstance(result, str):
-                    if self.on_nan == "stop":
-                        raise EnvFault(f"MetaWorldVecSim: env {r} ({self.task}) faulted at episode step "
-                                       f"{self.steps[r]}: {result}")
-                    self._render_into(final_images, i, r)
-                    self._faults += 1
-                    final_out[i] = self.last_obs[r]
-                    self._end_episode(r, record=False)
-                    done_out[i] = 1.0
-                    break
-                obs, reward, success = result
-                self.last_obs[r] = obs
-                reward_out[i] += reward
-                self.ep_return[r] += reward
-                self.ep_success[r] = max(self.ep_success[r], success)
-                self.steps[r] += 1
-                self._env_steps += 1
-                if self.steps[r] >= self.max_episode_steps:
-                    self._render_into(final_images, i, r)
-                    final_out[i] = obs
-                    self._end_episode(r, record=True)
-                    done_out[i] = 1.0
-                    break
-            self._render_into(images, i, r)
-            obs_out[i] = self.last_obs[r]
-            if not done_out[i]:
-                final_out[i] = obs_out[i]
-                if images is not None and final_images is not None:
-                    final_images[i] = images[i]
-        return {
-            "obs": self._obs(obs_out, images),
-            "reward": torch.from_numpy(reward_out).float(),
-            "done": torch.from_numpy(done_out).float(),
-            "final_obs": self._obs(final_out, final_images),
-        }
-
-    def _end_episode(self, r: int, record: bool) -> None:
-        if record:
-            self._finished.append((float(self.ep_return[r]), float(self.ep_success[r])))
-        self.count[r] += 1
-        self._reset_row(r)
+    def _describe(self, r: int) -> str:
+        return f"env {r} ({self.task})"
 
     # -- camera ---------------------------------------------------------------------------------
-    def _image_buffer(self, n: int) -> np.ndarray | None:
-        return np.zeros((n, 3, self.image_size, self.image_size), dtype=np.uint8) if self.image_size else None
-
     def _render_into(self, images: np.ndarray | None, i: int, r: int) -> None:
         if images is not None:
             env = self.envs[r]
@@ -280,11 +192,6 @@ class MetaWorldVecSim:
             frame = env.render()
             _release_egl(viewer.opengl_context)
             images[i] = (frame[::-1] if self.flip else frame).transpose(2, 0, 1)
-
-    @staticmethod
-    def _obs(state: np.ndarray, images: np.ndarray | None) -> Any:
-        tensor = torch.from_numpy(state).float()
-        return tensor if images is None else {"state": tensor, "image": torch.from_numpy(images)}
 
     def close(self) -> None:
         """Release the envs (and their GL contexts when rendering)."""
@@ -301,8 +208,7 @@ class MetaWorldVecSim:
             mujoco.mj_getState(env.model, env.data, physics[r], _STATE_SPEC)
             prev[r] = env._prev_obs
         arrays = {"physics": physics, "prev_obs": prev, "rand_vec": self.rand_vec, "last_obs": self.last_obs,
-                  "steps": self.steps, "ep_return": self.ep_return, "ep_success": self.ep_success,
-                  "origin": self.origin, "count": self.count}
+                  **self._counters("ep_success")}
         return {k: torch.from_numpy(v.copy()) for k, v in arrays.items()}
 
     def set_state(self, name: str, value: dict[str, torch.Tensor]) -> None:
@@ -322,35 +228,6 @@ class MetaWorldVecSim:
             mujoco.mj_setState(env.model, env.data, saved, _STATE_SPEC)  # forward rewrote the warm start
             env._prev_obs = prev[r].copy()
         self.last_obs = value["last_obs"].numpy().astype(np.float64).copy()
-        self.steps = value["steps"].numpy().astype(np.int64).copy()
-        self.ep_return = value["ep_return"].numpy().astype(np.float64).copy()
-        self.ep_success = value["ep_success"].numpy().astype(np.float64).copy()
-        self.origin = value["origin"].numpy().astype(np.int64).copy()
-        self.count = value["count"].numpy().astype(np.int64).copy()
+        self._set_counters(value, "ep_success")
         for r, env in enumerate(self.envs):
             env.curr_path_length = int(self.steps[r])
-
-    @property
-    def episode(self) -> dict[str, torch.Tensor]:
-        return self.get_state("episode")
-
-    @episode.setter
-    def episode(self, value: dict[str, torch.Tensor]) -> None:
-        self.set_state("episode", value)
-
-    @staticmethod
-    def _check_name(name: str) -> None:
-        if name != "episode":
-            raise KeyError(f"MetaWorldVecSim has no state object {name!r} (it owns 'episode')")
-
-    # -- metrics --------------------------------------------------------------------------------
-    def pop_metrics(self) -> dict[str, float]:
-        """Mean return and success rate of the episodes finished since the last call (fsum: independent
-        of the order in which row groups finished), their count, env faults and env steps."""
-        metrics: dict[str, float] = {"episodes": float(len(self._finished)), "env_faults": float(self._faults),
-                                     "env_steps": float(self._env_steps)}
-        if self._finished:
-            metrics["episode_return"] = math.fsum(f[0] for f in self._finished) / len(self._finished)
-            metrics["success_rate"] = math.fsum(f[1] for f in self._finished) / len(self._finished)
-        self._finished, self._faults, self._env_steps = [], 0, 0
-        return metrics

@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import math
 import os
 from typing import Any
 
@@ -56,6 +55,9 @@ with contextlib.redirect_stdout(io.StringIO()):  # MJX prints to stdout when its
     from mujoco import mjx  # noqa: E402
 
 from .determinism import derive_seed, resolve_rows  # noqa: E402
+from .sim_base import EnvFault, SimBase  # noqa: E402
+
+__all__ = ["EnvFault", "ReacherMjxSim"]
 
 # iterations/ls_iterations: MJX's solver loops until a tolerance that float32 rarely meets, so the
 # defaults (100/50) ran ~2.3x slower; Newton converges within a few iterations on this 2-dof arm.
@@ -89,10 +91,6 @@ _MAXVAL = 1e10  # MuJoCo's mjMAXVAL: mj_checkPos/Vel/Acc call a state beyond it 
 _CPU_BLOCK = 64
 
 Row = dict[str, jax.Array]
-
-
-class EnvFault(FloatingPointError):
-    """An environment's physics or action went non-finite or diverged (raised with on_nan="stop")."""
 
 
 # -- per-row physics (vmapped; m and d0 are shared, unbatched) ----------------------------------
@@ -216,26 +214,25 @@ def _torch(x: jax.Array | np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.array(x))  # a host copy: jax buffers are read-only
 
 
-class ReacherMjxSim:
+class ReacherMjxSim(SimBase):
     """`num_envs` planar reachers on MJX stepped with action chunks of `chunk` actions.
 
     `on_nan="reset"` resets an env whose action, observation, reward or physics state goes
     non-finite (or beyond MuJoCo's 1e10 sanity bound), counts it in the `env_faults` metric and
-    reports `done=1` for it; `on_nan="stop"` raises `EnvFault` naming the env and leaves the state as
-    it was before the call. `row_block`: see the module docstring ("auto": 64 on the CPU, off on GPU).
+    reports `fault=1` (and `done=1`) for it; `on_nan="stop"` raises `EnvFault` naming the env and leaves
+    the state as it was before the call. `row_block`: see the module docstring ("auto": 64 on the CPU,
+    off on GPU). The reach task never terminates: episodes are truncated at `max_episode_steps`.
     """
+
+    stat_metric = "episode_dist_return"
 
     def __init__(self, num_envs: int, chunk: int, seed: int = 0, group_size: int = 1, max_episode_steps: int = 50,
                  device: str = "cpu", on_nan: str = "reset", frame_skip: int = 2,
                  row_block: int | str | None = "auto") -> None:
-        if on_nan not in ("reset", "stop"):
-            raise ValueError(f"on_nan must be 'reset' or 'stop', got {on_nan!r}")
-        if min(num_envs, chunk, group_size, max_episode_steps, frame_skip) < 1:
-            raise ValueError("num_envs, chunk, group_size, max_episode_steps and frame_skip must be >= 1")
-        if num_envs % group_size:
-            raise ValueError(f"num_envs={num_envs} must be a multiple of group_size={group_size}")
-        self.num_envs, self.chunk, self.seed, self.group_size = int(num_envs), int(chunk), int(seed), int(group_size)
-        self.max_episode_steps, self.frame_skip, self.on_nan = int(max_episode_steps), int(frame_skip), on_nan
+        self._init_sim(num_envs, chunk, seed, group_size, on_nan, max_episode_steps)
+        if frame_skip < 1:
+            raise ValueError(f"frame_skip must be >= 1, got {frame_skip}")
+        self.frame_skip = int(frame_skip)
         self.obs_dim, self.act_dim = OBS_DIM, ACT_DIM
         self.device = _jax_device(device)
         if row_block == "auto":
@@ -255,9 +252,6 @@ class ReacherMjxSim:
             "key": put(np.zeros((padded, 2), np.uint32)),
         }
         self._max_steps = put(np.int32(self.max_episode_steps))
-        self._finished: list[tuple[float, float]] = []  # (return, distance part) of finished episodes
-        self._faults = 0
-        self._env_steps = 0
         self._reset_rows(range(padded), -1, -1)  # a valid state (padding rows too) even if a step comes first
 
     # -- blocks ---------------------------------------------------------------------------------
@@ -305,9 +299,10 @@ class ReacherMjxSim:
         """Execute the action chunk `[n, chunk, 2]` of each row in turn.
 
         Returns obs `[n, 10]` (after an automatic reset for rows whose episode ended), reward `[n]`
-        (sum over the executed sub-steps), done `[n]` (1.0 if the episode ended during the chunk;
-        the rest of that chunk is dropped) and final_obs `[n, 10]` (the ended episode's last
-        observation -- equal to obs for rows that did not end -- for bootstrapping truncations).
+        (sum over the executed sub-steps), the end-of-episode flags done / terminated (always 0: the
+        task has no terminal state) / truncated / fault `[n]` (see `sim_base`; the rest of an ended
+        episode's chunk is dropped) and final_obs `[n, 10]` (the ended episode's last good
+        observation -- equal to obs for rows that did not end -- for bootstrapping).
         """
         selected = resolve_rows(rows, self.num_envs)
         act = action.detach().to("cpu", torch.float32).numpy()
@@ -317,7 +312,8 @@ class ReacherMjxSim:
         state, outs = self._run(_step_block, selected, act, self._max_steps, self.frame_skip)
         if not outs:
             return {k: torch.zeros(shape) for k, shape in
-                    (("obs", (0, OBS_DIM)), ("reward", (0,)), ("done", (0,)), ("final_obs", (0, OBS_DIM)))}
+                    (("obs", (0, OBS_DIM)), ("reward", (0,)), ("done", (0,)), ("terminated", (0,)),
+                     ("truncated", (0,)), ("fault", (0,)), ("final_obs", (0, OBS_DIM)))}
         out = {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
         faulted = np.flatnonzero(out["fault"])
         if len(faulted) and self.on_nan == "stop":
@@ -328,7 +324,9 @@ class ReacherMjxSim:
         self._faults += len(faulted)
         self._env_steps += int(out["executed"].sum())
         self._finished += [(float(out["ep_return"][i]), float(out["ep_dist"][i])) for i in np.flatnonzero(out["recorded"])]
-        return {k: _torch(out[k]) for k in ("obs", "reward", "done", "final_obs")}
+        flags = {"terminated": torch.zeros(len(selected)), "truncated": _torch(out["recorded"]).float(),
+                 "fault": _torch(out["fault"]).float()}
+        return {**{k: _torch(out[k]) for k in ("obs", "reward", "done", "final_obs")}, **flags}
 
     # -- state ----------------------------------------------------------------------------------
     def get_state(self, name: str) -> dict[str, torch.Tensor]:
@@ -350,29 +348,3 @@ class ReacherMjxSim:
                 raise ValueError(f"episode state {k!r} has shape {v.shape}, expected {(self.num_envs, *old.shape[1:])}")
             new[k] = old.at[: self.num_envs].set(jax.device_put(v, self.device))
         self._state = new
-
-    @property
-    def episode(self) -> dict[str, torch.Tensor]:
-        return self.get_state("episode")
-
-    @episode.setter
-    def episode(self, value: dict[str, torch.Tensor]) -> None:
-        self.set_state("episode", value)
-
-    @staticmethod
-    def _check_name(name: str) -> None:
-        if name != "episode":
-            raise KeyError(f"ReacherMjxSim has no state object {name!r} (it owns 'episode')")
-
-    # -- metrics --------------------------------------------------------------------------------
-    def pop_metrics(self) -> dict[str, float]:
-        """Mean return (and its distance part) of the episodes finished since the last call (fsum:
-        independent of the order in which row groups finished), their count, env faults and the env
-        steps taken (rose derives env-steps/s from `env_steps`)."""
-        metrics = {"episodes": float(len(self._finished)), "env_faults": float(self._faults),
-                   "env_steps": float(self._env_steps)}
-        if self._finished:
-            metrics["episode_return"] = math.fsum(f[0] for f in self._finished) / len(self._finished)
-            metrics["episode_dist_return"] = math.fsum(f[1] for f in self._finished) / len(self._finished)
-        self._finished, self._faults, self._env_steps = [], 0, 0
-        return metrics

@@ -68,7 +68,7 @@ def test_reset_and_step_shapes() -> None:
     obs = sim.reset(it=0, ep=0)["obs"]
     assert obs.shape == (N, 39) and obs.dtype == torch.float32
     out = sim.step(action=torch.zeros(N, CHUNK, 4))
-    assert out.keys() == {"obs", "reward", "done", "final_obs"}
+    assert out.keys() == {"obs", "reward", "done", "terminated", "truncated", "fault", "final_obs"}
     assert out["obs"].shape == out["final_obs"].shape == (N, 39)
     assert out["reward"].shape == out["done"].shape == (N,)
     assert torch.all(out["reward"] >= 0) and torch.all(out["done"] == 0)

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One device call on the H200: the paper table (benchmarks/paper_table.py) for one workload, with every
+# package it needs set up first. Results come back in $OUT: paper_table_<workload>/ (the JSON and the
+# timeline PNGs), log_<workload>.txt, runs_<workload>.tgz (metrics, nodes, Perfetto traces of every run).
+# Merge the JSONs of several calls into benchmarks/results/paper_table/ with
+#   python3 benchmarks/paper_table.py --merge A/paper_table.json B/paper_table.json
+#
+#   WORKLOAD=mjx bash benchmarks/paper_table_gpu.sh [paper_table.py options, e.g. --configs declared,pipe2]
+# carries: mjx: .raybundle + .mjxbundle (benchmarks/mjx_bundle.sh) -- one call, ~45 MB.
+#          llm: .raybundle.
+#          metaworld: first a call carrying .whlmw .whlcpu .gl that runs
+#            `WORKLOAD=metaworld SETUP_ONLY=1 bash benchmarks/paper_table_gpu.sh` (installs into /tmp/mwsite,
+#            unpacks the EGL debs), then, within the 30 s the machine stays warm, this script carrying .raybundle.
+set -u
+WORKLOAD=${WORKLOAD:-mjx}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 RAY_DEDUP_LOGS=0
+if [ "$WORKLOAD" = metaworld ] && [ -d .whlmw ]; then   # the set-up call (its wheels do not fit with Ray's)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/mwsite .whlmw/*.whl .whlcpu/*.whl || exit 1
+  for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+  [ "${SETUP_ONLY:-0}" = 1 ] && { echo "Meta-World installed in /tmp/mwsite"; exit 0; }
+fi
+mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site || exit 1
+export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
+case "$WORKLOAD" in
+  mjx) bash benchmarks/mjx_env.sh || exit 1 ;;
+  metaworld)
+    [ -d /tmp/mwsite ] || { echo "run the Meta-World set-up call first (see the header)" >&2; exit 1; }
+    export PYTHONPATH=/tmp/mwsite:$PYTHONPATH
+    export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json ;;
+esac
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+set -o pipefail
+python3 benchmarks/paper_table.py --workloads "$WORKLOAD" --results "$OUT/paper_table_$WORKLOAD" \
+  --runs /tmp/paper_runs "$@" 2>&1 | tee "$OUT/log_$WORKLOAD.txt"
+code=$?
+(cd /tmp/paper_runs 2>/dev/null && tar czf "$OUT/runs_$WORKLOAD.tgz" --exclude=tb --exclude=trace.jsonl \
+  --exclude=mps --exclude=checkpoints .)
+exit $code

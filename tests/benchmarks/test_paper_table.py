@@ -1,0 +1,107 @@
+"""The paper-table harness in its CPU smoke mode (what CI runs so that it cannot rot): tiny CPU variants
+of the paper-shaped workflows, one round, every configuration's plan written by `rose rewrite`, run by
+`rose execute`, read back into the JSON the GPU run writes. On the CPU every configuration must also
+compute exactly what the declared workflow computes (the rewrites preserve semantics)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.paper_table import main
+from benchmarks.paper_workloads import WORKLOADS
+
+ROSE = f"{sys.executable} -m rose_cli"
+
+
+def _metrics(run_dir: str) -> list[dict]:
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def _same_training(runs: Path, workload: str, names: list[str]) -> None:
+    """Every configuration's per-iteration losses and returns equal the declared workflow's."""
+    ref = _metrics(str(runs / workload / "declared" / "round0"))
+    keys = [k for k in ref[0] if k.startswith(("trainer/loss", "sim/episode_return", "learner/loss"))]
+    assert keys
+    for name in names:
+        got = _metrics(str(runs / workload / name / "round0"))
+        assert [[m.get(k) for k in keys] for m in got] == [[m.get(k) for k in keys] for m in ref], name
+
+
+def test_smoke_mjx_writes_the_table_and_configurations_compute_the_same(tmp_path: Path) -> None:
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    row_cmd = (f"mjx:stage1={ROSE} rewrite {{workflow}} {{sets}} --do 'split step 2' --do 'interleave step' "
+               f"-o {{plan}}")
+    code = main(["--smoke", "--workloads", "mjx", "--configs", "declared,pipe2,fuse,bogus", "--learn", "2",
+                 "--row-cmd", row_cmd, "--results", str(results), "--runs", str(runs)])
+    assert code == 0
+    doc = json.loads((results / "paper_table.json").read_text())
+    assert doc["machine"]["cpu_count"] and doc["versions"]["torch"]
+    assert doc["settings"] == {"rounds": 1, "warmup": 1, "iterations": 1, "backend": "local", "smoke": True}
+    wl = doc["workloads"]["mjx"]
+    assert set(wl["configs"]) == {"declared", "pipe2", "fuse", "stage1"}
+    assert "bogus" in wl["refused"]  # an unknown configuration is reported, not fatal
+    for name, row in wl["configs"].items():
+        assert len(row["rounds_seconds"]) == 1 and len(row["rounds_seconds"][0]) == 1, name
+        assert row["throughput"]["median"] > 0 and row["iteration_s"]["median"] > 0
+        assert row["ratio_to_declared"] > 0 and row["ratio_to_best_hand"] <= 1.0 + 1e-12
+    assert wl["configs"]["declared"]["ratio_to_declared"] == 1.0
+    assert wl["configs"]["pipe2"]["plan"].endswith("pipe2.yaml")
+    assert wl["configs"]["pipe2"]["requests"] == ["split step 2", "interleave step"]
+    # best hand-written: the fastest of declared and the hand configurations, never an optimizer row
+    hand = {n: r["throughput"]["median"] for n, r in wl["configs"].items() if r["kind"] in ("declared", "hand")}
+    assert wl["best_hand"]["name"] == max(hand, key=hand.get)
+    assert wl["stage1"]["kind"] == "stage1" and wl["stage1_mps"] is None and wl["rose"] is None
+    bound = wl["lower_bound"]
+    assert bound["critical_path_s"] > 0 and bound["gpu_work_s"] is None and bound["binding"] == "critical_path"
+    assert bound["critical_path"][0].startswith("iteration.epoch.reset")
+    shape = wl["shape"]
+    assert 0 < shape["loop_share"] <= 1 and shape["halving_in_run"] > 0
+    _same_training(runs, "mjx", ["pipe2", "fuse", "stage1"])
+    learning = wl["learning"]
+    assert learning["exit"] == 0 and learning["metric"] == "sim/episode_return" and len(learning["curve"]) == 2
+
+
+def test_smoke_metaworld_with_simulator_processes_on_ray(tmp_path: Path) -> None:
+    """Several simulator processes (hybrid replicas through Ray) roll out what one process does."""
+    pytest.importorskip("metaworld", reason="Meta-World is an optional extra (pip install -e '.[metaworld]')")
+    pytest.importorskip("ray")
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    code = main(["--smoke", "--workloads", "metaworld", "--configs", "declared,sim2", "--backend", "ray",
+                 "--results", str(results), "--runs", str(runs)])
+    assert code == 0
+    wl = json.loads((results / "paper_table.json").read_text())["workloads"]["metaworld"]
+    assert wl["configs"]["sim2"]["sets"] == {"sim_replicas": "2"}
+    _same_training(runs, "metaworld", ["sim2"])
+
+
+def test_configuration_names() -> None:
+    mjx = WORKLOADS["mjx"]
+    assert mjx.config("pipe4+fuse").requests == ("split step 4", "interleave step", "fuse epoch update")
+    assert mjx.config("sim8").sets == (("sim_replicas", "8"),)
+    assert mjx.config("splittime2").requests == ("split-time epoch 2",)
+    assert WORKLOADS["llm"].config("llmpipe").workflow.name == "llm_grpo_gpu_pipelined.yaml"
+    with pytest.raises(ValueError, match="unknown configuration part 'pipe'"):
+        mjx.config("pipe")
+    assert shlex.split(ROSE)[0] == sys.executable
+
+
+def test_calibration_gives_the_isolated_halving_and_phase_table(tmp_path: Path) -> None:
+    from benchmarks.paper_table import _calibration
+
+    def row(act: float) -> dict:
+        return {"act_graph_ms": {"median": act}, "act_eager_ms": {"median": act + 5},
+                "backbone_ms": {"median": act - 2}, "act_graph_sm_activity": 0.7}
+
+    path = tmp_path / "shapes.json"
+    path.write_text(json.dumps({"policy": {"d1024_l24_t256": {"batches": {"256": row(100.0), "128": row(55.0)}}}}))
+    got = _calibration(path, WORKLOADS["mjx"], {"num_envs": 256})
+    assert got["ratio"] == pytest.approx(0.55) and got["act_ms"] == 100.0
+    assert got["phases_at_batch"] == {"act_graph": 100.0, "act_eager": 105.0, "backbone": 98.0,
+                                      "act_graph_sm_activity": 0.7}
+    assert _calibration(path, WORKLOADS["mjx"], {"num_envs": 64}) is None
+    assert _calibration(tmp_path / "absent.json", WORKLOADS["mjx"], {}) is None
