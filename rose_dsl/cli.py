@@ -240,6 +240,11 @@ def execute(
     raise typer.Exit(code)
 
 
+from rose_cli.optimize import register as _register_optimize  # noqa: E402 - `rose optimize` (imports the runtime lazily)
+
+_register_optimize(app)
+
+
 def main() -> None:
     try:
         app()
