@@ -156,7 +156,8 @@ class Executor:
         entry = self._runners.get(id(plan))
         if entry is None or entry[0] is not plan:
             config = RunConfig(iterations=1 << 30, out_dir=None, call_timeout_s=self.call_timeout_s, tensorboard=False)
-            entry = (plan, Runner(plan, self.backend, config, Schedule(plan), None, self.sampler))
+            view = _PlanView(self.backend, plan)
+            entry = (plan, Runner(plan, view, config, Schedule(plan), None, self.sampler))
             self._runners[id(plan)] = entry
         return entry[1]
 
@@ -222,6 +223,22 @@ class Executor:
         if self.backend is not None:
             self.backend.shutdown()
             self.backend = None
+
+
+class _PlanView:
+    """The backend as one plan sees it: only the plan's component processes are asked for records and
+    metrics (the workers hold every component the session needed; an idle temporal-split copy must not
+    report zeros into a plan that does not use it)."""
+
+    def __init__(self, backend: Any, plan: Workflow) -> None:
+        self._backend = backend
+        self._names = set(plan.components)
+
+    def components(self) -> list[str]:
+        return [c for c in self._backend.components() if c.partition("#")[0] in self._names]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
 
 
 class TrialSession:

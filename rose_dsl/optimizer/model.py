@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..analysis import invocation_graph
@@ -27,7 +27,7 @@ from ..ir import ExecutionNode, Workflow
 from ..semantics import Invocation
 from .profile import Call, IterationRun, base_component, structural
 
-__all__ = ["RowModel", "CostModel", "Prediction", "overlaps"]
+__all__ = ["RowModel", "CostModel", "Prediction", "overlaps", "simulate", "rows_of"]
 
 SOLO = 0.1  # a call is "alone" when other processes' calls overlap less than this fraction of it
 
@@ -49,6 +49,7 @@ class Prediction:
     seconds: float | None  # None: a node's time at the rows this plan needs is unknown
     unknown: tuple[str, ...] = ()  # the nodes (and row counts) that made it unpredictable
     busy: dict[str, float] = field(default_factory=dict)  # predicted seconds in calls per process
+    timeline: dict[Invocation, tuple[float, float]] = field(default_factory=dict, repr=False)  # start, end
 
 
 def overlaps(calls: Sequence[Call]) -> list[dict[str, float]]:
@@ -75,7 +76,8 @@ class CostModel:
     """The row models, contention factors and dispatch latency of one session (see the module doc)."""
 
     def __init__(self) -> None:
-        self.points: dict[str, list[tuple[int | None, float, float]]] = defaultdict(list)  # node -> (rows, s, overlap)
+        # node -> (rows, seconds, overlapped fraction, process, {other process: fraction})
+        self.points: dict[str, list[tuple[int | None, float, float, str, dict[str, float]]]] = defaultdict(list)
         self.pairs: dict[tuple[str, str], list[float]] = defaultdict(list)
         self.gaps: list[float] = []
         self.rows: dict[str, RowModel] = {}
@@ -148,6 +150,21 @@ class CostModel:
         return _simulate(g.order, comp, deps, dur, self.contention, self.latency_s)
 
 
+def simulate(wf: Workflow, cost: Callable[[ExecutionNode], float], contention: Mapping[tuple[str, str], float] | None = None,
+             latency_s: float = 0.0) -> Prediction:
+    """One iteration of `wf` with the given per-call cost (e.g. a known ground truth, in tests)."""
+    g = invocation_graph(wf, iterations=1)
+    dur = {inv: cost(g.node[inv]) for inv in g.order}
+    comp = {inv: g.node[inv].component for inv in g.order}
+    deps = {inv: list(g.producers(inv)) for inv in g.order}
+    return _simulate(g.order, comp, deps, dur, contention or {}, latency_s)
+
+
+def rows_of(node: ExecutionNode) -> int | None:
+    """The rows a call of `node` processes: its group's rows, its batch size, or None (not separable)."""
+    return _rows(node)
+
+
 def _rows(node: ExecutionNode) -> int | None:
     if node.rows is not None:
         return node.rows[1] - node.rows[0]
@@ -197,6 +214,7 @@ def _simulate(order: Sequence[Invocation], comp: Mapping[Invocation, str], deps:
     head = {p: 0 for p in queues}
     free_at = {p: 0.0 for p in queues}
     done: dict[Invocation, float] = {}
+    started: dict[Invocation, float] = {}
     running: dict[Invocation, float] = {}  # remaining solo seconds
     busy: dict[str, float] = defaultdict(float)
     t = 0.0
@@ -213,6 +231,7 @@ def _simulate(order: Sequence[Invocation], comp: Mapping[Invocation, str], deps:
         for ready, p, inv in starts:
             if ready <= t + 1e-12:
                 running[inv] = dur[inv]
+                started[inv] = t
                 head[p] += 1
                 busy[p] += dur[inv]
         rates = {}
@@ -233,4 +252,4 @@ def _simulate(order: Sequence[Invocation], comp: Mapping[Invocation, str], deps:
                 del running[inv]
                 done[inv] = t
                 free_at[comp[inv]] = t
-    return Prediction(t, (), dict(busy))
+    return Prediction(t, (), dict(busy), {inv: (started[inv], done[inv]) for inv in done})
