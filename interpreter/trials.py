@@ -317,10 +317,12 @@ class TrialSession:
         self.books["complete_s"] += seconds
         return run
 
-    def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0) -> list[list[IterationRun]]:
+    def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0,
+                 labels: Sequence[str] = ()) -> list[list[IterationRun]]:
         """`rounds` iterations of each plan, interleaved A B A B (reversed every other round, so a drift
-        in time hits both alike); `warmup` iterations of the first plan first, not returned."""
-        labels = [_label(p) for p in plans]
+        in time hits both alike); `warmup` iterations of the first plan first, not returned. `labels`
+        name the plans (their rewrite requests) in the run's metrics lines."""
+        labels = list(labels) or ["" for _ in plans]
         for _ in range(warmup):
             self._iteration(plans[0], labels[0])
         out: list[list[IterationRun]] = [[] for _ in plans]
@@ -336,7 +338,7 @@ class TrialSession:
         """One training iteration of the current graph with probes; the values they captured."""
         t = time.perf_counter()
         self.executor.add_components(probe_wf.components)
-        self._iteration(probe_wf, "capture")
+        self._iteration(probe_wf, "probes")
         captured = self.executor.get_states(PROBE).get("captured", {})
         self.executor.set_states(PROBE, {"captured": {}})
         self.books["captures"] += 1
@@ -389,10 +391,6 @@ class TrialSession:
         if self.cpu is not None:
             self.cpu.close()
         self.executor.close()
-
-
-def _label(plan: Workflow) -> str:
-    return plan.name
 
 
 def _memory_limits(device: str) -> dict[str, int]:

@@ -62,8 +62,10 @@ class Measurer(Protocol):
     component_bytes: dict[str, int]
     memory_limits: dict[str, int]
 
-    def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0) -> list[list[IterationRun]]:
-        """Interleaved complete iterations (real training) of each plan; raises OutOfBudget."""
+    def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0,
+                 labels: Sequence[str] = ()) -> list[list[IterationRun]]:
+        """Interleaved complete iterations (real training) of each plan (named by `labels`, the rewrite
+        requests that made it, for the run's records); raises OutOfBudget."""
 
     def capture(self, probe_wf: Workflow) -> Any:
         """One real iteration of a probe workflow; the captured values per probe id (opaque)."""
@@ -168,6 +170,7 @@ class _Search:
         self.memory = memory_estimate(measurer.component_bytes, measurer.memory_limits)
         self.errors: list[tuple[str, float, float]] = []
         self.probe_ids = 0
+        self.label = ""  # the requests that made the current graph, as a prefix for plan labels
         self.local_cache: dict[tuple[str, ...], dict[tuple[str, ...], Measured]] = {}  # per round
         self.c0_runs: dict[tuple[str, ...], list[IterationRun]] = {}
 
@@ -176,9 +179,10 @@ class _Search:
         if self.s.budget_s is not None and self.m.elapsed() > self.s.budget_s:
             raise OutOfBudget(f"the time budget of {self.s.budget_s:.0f} s is spent")
 
-    def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0) -> list[list[IterationRun]]:
+    def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0,
+                 labels: Sequence[str] = ()) -> list[list[IterationRun]]:
         self.budget()
-        runs = self.m.complete(plans, rounds, warmup)
+        runs = self.m.complete(plans, rounds, warmup, labels)
         for plan, rs in zip(plans, runs, strict=True):
             self.model.observe(rs, plan)
         return runs
@@ -429,7 +433,8 @@ class _Search:
         unique = [ms[0] for ms in whole.values()]
         self.budget()
         self.log(f"  complete-iteration trials of {len(unique)} alternative(s) (real training)")
-        runs = self.complete([g] + [m.workflow for m in unique], self.s.validation_rounds)
+        runs = self.complete([g] + [m.workflow for m in unique], self.s.validation_rounds,
+                             labels=[self.label] + [self.label + m.label for m in unique])
         ref_runs += runs[0]
         ref = summarize([r.seconds for r in runs[0]])
         for ms, rs in zip(whole.values(), runs[1:], strict=True):
@@ -477,7 +482,8 @@ class _Search:
                 runs = picked[0].runs
             else:
                 self.log(f"round {rec.index}: validating {'; '.join(requests)} on complete iterations")
-                both = self.complete([g, plan], self.s.validation_rounds)
+                both = self.complete([g, plan], self.s.validation_rounds,
+                                     labels=[self.label, self.label + "; ".join(requests)])
                 ref_runs += both[0]
                 ref, cand, runs = summarize([r.seconds for r in both[0]]), summarize([r.seconds for r in both[1]]), both[1]
             ok, eps = faster(ref, cand, self.s.eps_min, self.s.z)
@@ -502,13 +508,14 @@ def optimize_graph(wf: Workflow, measurer: Measurer, settings: Settings | None =
     rounds: list[RoundRecord] = []
     stopped = ""
     try:
-        runs = search.complete([wf], s.reference_iterations, warmup=s.warmup)[0]
+        runs = search.complete([wf], s.reference_iterations, warmup=s.warmup, labels=[""])[0]
     except OutOfBudget as exc:
         raise OutOfBudget(f"{exc}: not even the reference profile fits") from None
     baseline, baseline_runs = summarize([r.seconds for r in runs]), list(runs)
     final = baseline
     try:
         for r in range(1, s.rounds + 1):
+            search.label = "; ".join(requests) + ("; " if requests else "")
             rec, plan, applied, new_runs = search.round(r, g, runs)
             rounds.append(rec)
             if plan is None:
@@ -526,7 +533,8 @@ def optimize_graph(wf: Workflow, measurer: Measurer, settings: Settings | None =
         # before / after, interleaved: the figures the report leads with
         try:
             log(f"before/after: {s.final_rounds} complete iterations each of the declared graph and the plan")
-            before, after = measurer.complete([wf, g], s.final_rounds)  # retained training: not budgeted
+            # retained training: not budgeted
+            before, after = measurer.complete([wf, g], s.final_rounds, 0, ["", "; ".join(requests)])
             baseline, final = summarize([r.seconds for r in before]), summarize([r.seconds for r in after])
             baseline_runs, final_runs = before, after
         except OutOfBudget as exc:

@@ -67,7 +67,8 @@ class FakeMeasurer:
         self.clock += seconds + self.seconds_per_step
         return IterationRun(seconds, tuple(calls), base, base + int(seconds * 1e9), iteration)
 
-    def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0) -> list[list[IterationRun]]:
+    def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0,
+                 labels: Sequence[str] = ()) -> list[list[IterationRun]]:
         out: list[list[IterationRun]] = [[] for _ in plans]
         for _ in range(warmup):
             self._step(plans[0])

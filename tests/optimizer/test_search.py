@@ -66,8 +66,8 @@ def test_a_slower_combination_is_rejected_on_complete_iterations(wf) -> None:
     complete iterations catches it."""
 
     class Misleading(FakeMeasurer):
-        def complete(self, plans, rounds, warmup=0):
-            runs = super().complete(plans, rounds, warmup)
+        def complete(self, plans, rounds, warmup=0, labels=()):
+            runs = super().complete(plans, rounds, warmup, labels)
             # any plan with split groups is twice as slow in complete iterations
             return [[type(r)(r.seconds * (2.0 if "act@0" in str(p.root) else 1.0), r.calls, r.start_ns, r.end_ns,
                               r.iteration) for r in rs] for p, rs in zip(plans, runs, strict=True)]
