@@ -144,3 +144,32 @@ def busy_by_component(calls: Iterable[Call]) -> dict[str, float]:
     for c in calls:
         out[c.component] += c.seconds
     return dict(out)
+
+
+def runs_from_chrome_trace(doc: dict[str, Any] | list[dict[str, Any]]) -> tuple[list[IterationRun], dict[str, int | None]]:
+    """A recorded `trace.json` (Chrome/Perfetto, as `rose execute` writes it) as iteration runs, and the
+    GPU of each component process seen in it (None: a CPU process) -- to test the search on traces
+    recorded on other machines."""
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    by_iteration: dict[int, list[Call]] = defaultdict(list)
+    gpu_of: dict[str, int | None] = {}
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        args = e.get("args", {})
+        loops = args.get("loops") or {}
+        comp = args.get("component", e.get("cat", "?"))
+        k = int(loops.get("iteration", 0))
+        start = int(round(e["ts"] * 1000))
+        call = Call(e["name"], comp, k, tuple(int(v) for v in loops.values()), start, start + int(round(e["dur"] * 1000)))
+        by_iteration[k].append(call)
+        if args.get("gpu") is not None:
+            gpu_of[comp] = int(args["gpu"])
+        else:
+            gpu_of.setdefault(comp, None)
+    runs = []
+    for k in sorted(by_iteration):
+        calls = tuple(sorted(by_iteration[k], key=lambda c: c.start_ns))
+        t0, t1 = calls[0].start_ns, max(c.end_ns for c in calls)
+        runs.append(IterationRun((t1 - t0) / 1e9, calls, t0, t1, k))
+    return runs, gpu_of
