@@ -27,7 +27,7 @@ from typing import Any
 
 from rose_dsl.ir import Component, ExecutionNode, Workflow
 from rose_dsl.optimizer.profile import Call, IterationRun
-from rose_dsl.optimizer.regions import FEED, PROBE, LocalGraph, feed_component
+from rose_dsl.optimizer.regions import FEED, PROBE, LocalGraph, feed_component, probe_component
 from rose_dsl.optimizer.search import OutOfBudget
 
 from .backends import LocalBackend, RayBackend, RayCompiledBackend
@@ -37,7 +37,15 @@ from .schedule import Schedule
 from .trace import InvocationRecord
 from .worker import ComponentWorker
 
-__all__ = ["Feed", "Probe", "Executor", "TrialSession", "state_bytes"]
+__all__ = ["Feed", "Probe", "Executor", "TrialSession", "state_bytes", "trial_components"]
+
+FEED_IMPL, PROBE_IMPL = "interpreter.trials:Feed", "interpreter.trials:Probe"
+
+
+def trial_components() -> dict[str, Component]:
+    """The components local trials add (`__feed__` replays inputs, `__probe__` captures them): start the
+    workers with them, so that no process has to be restarted to add them later."""
+    return {FEED: feed_component(FEED_IMPL), PROBE: probe_component(PROBE_IMPL)}
 
 
 class Feed:
@@ -92,7 +100,7 @@ class Executor:
     def __init__(self, wf: Workflow, kind: str = "local", *, compiled: bool = True, allowed: Sequence[str] = (),
                  address: str | None = None, mps_env: Mapping[str, dict[str, str]] | None = None,
                  device: str = "cpu", call_timeout_s: float = 900.0, sampler: Any = None,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, extra_components: Mapping[str, Component] | None = None) -> None:
         if kind not in ("local", "ray"):
             raise ValueError(f"backend must be 'local' or 'ray', not {kind!r}")
         # the trial components (`Feed`, `Probe`) live here: always allowed
@@ -106,7 +114,12 @@ class Executor:
         self._registered: set[int] = set()
         self._compiled_for: int | None = None
         self.rebuilds = 0
-        self._start(wf)
+        self.prepare_s = 0.0  # registering plans' nodes, compiling graphs, adding components
+        t = time.perf_counter()
+        extra = {n: c for n, c in (extra_components if extra_components is not None else trial_components()).items()
+                 if n not in wf.components}
+        self._start(replace(wf, components={**wf.components, **extra}) if extra else wf)
+        self.startup_s = time.perf_counter() - t
 
     @property
     def switch_is_costly(self) -> bool:
@@ -129,9 +142,9 @@ class Executor:
         return list(self.backend.components())
 
     def add_components(self, comps: Mapping[str, Component]) -> list[str]:
-        """Make workers for components a plan needs and the workers lack (the trial's `__feed__`, a
-        temporal split's copies). Local: new threads. Ray: the processes are restarted with the union of
-        components, every state moved over (a process's component set is fixed at placement)."""
+        """Make workers for components a plan needs and the workers lack (a temporal split's copies).
+        Local: new threads. Ray: new actors; a GPU component, whose GPU placement is fixed when the
+        processes start, by restarting them all with the union of components, every state moved over."""
         missing = {n: c for n, c in comps.items() if n not in self.backend.components()}
         if not missing:
             return []
@@ -142,14 +155,24 @@ class Executor:
                 self.backend.pools[name] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rose-{name}")
             self.wf = replace(self.wf, components={**self.wf.components, **missing})
             return list(missing)
-        self.log(f"restarting the component processes to add {', '.join(missing)}")
+        if self.compiled and self.backend.dag is not None:  # it holds channels to the actors it was built on
+            self.backend.dag.teardown()
+            self.backend.dag = None
+        self._compiled_for = None
+        self._registered.clear()
+        if not any(c.device == "gpu" for c in missing.values()):
+            for comp in missing.values():
+                self.backend.add_component(comp)
+            self.wf = replace(self.wf, components={**self.wf.components, **missing})
+            return list(missing)
+        self.log(f"restarting the component processes to add {', '.join(missing)} (GPU placement is fixed at start)")
         states = {c: self.get_states(c) for c in self.components()}
         self.backend.shutdown()
         self.rebuilds += 1
         self._start(replace(self.wf, components={**self.wf.components, **missing}))
-        for c, s in states.items():
-            if s:
-                self.set_states(c, s)
+        for c, st in states.items():
+            if st:
+                self.set_states(c, st)
         return list(missing)
 
     def _runner(self, plan: Workflow) -> Runner:
@@ -187,9 +210,11 @@ class Executor:
 
     def run(self, plan: Workflow, k: int) -> tuple[float, int, int, dict[str, float], list[InvocationRecord]]:
         """Iteration k of `plan`: (seconds, start ns, end ns, metrics, invocation records)."""
+        t = time.perf_counter()
         self.add_components(plan.components)
         runner = self._runner(plan)
         self._prepare(plan, runner)
+        self.prepare_s += time.perf_counter() - t
         before = len(runner.trace)
         t0 = time.perf_counter_ns()
         result = runner.run_iteration(k)
@@ -261,13 +286,19 @@ class TrialSession:
                                         "captures": 0, "capture_s": 0.0, "snapshot_s": 0.0, "quota_trials": 0,
                                         "quota_s": 0.0}
         self.retained: list[dict[str, Any]] = []  # one line per training iteration (metrics.jsonl)
-        executor.add_components({FEED: feed_component("interpreter.trials:Feed")})
+        executor.add_components({FEED: feed_component(FEED_IMPL)})
         self._watch_cpu()
         self.component_bytes = {c: state_bytes(executor.get_states(c)) for c in wf.components}
         self.memory_limits = dict(memory_limits) if memory_limits is not None else _memory_limits(executor.device)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
+
+    def sync_books(self) -> dict[str, float]:
+        """The books with the executor's set-up costs (start, plan preparation, restarts)."""
+        self.books.update(startup_s=self.executor.startup_s, prepare_s=self.executor.prepare_s,
+                          restarts=float(self.executor.rebuilds))
+        return self.books
 
     def _watch_cpu(self) -> None:
         if self.cpu is None:

@@ -311,7 +311,7 @@ def _report_doc(wf: Any, result: Any, session: Any, total: float, file: Path, ou
                 settings: Any, backend: str, stage2: dict[str, Any]) -> dict[str, Any]:
     from rose_dsl.optimizer.report import build_report
 
-    return build_report(result, books=session.books, total_s=total, workflow=wf.name, file=str(file),
+    return build_report(result, books=session.sync_books(), total_s=total, workflow=wf.name, file=str(file),
                         settings=asdict(settings), machine=_machine(backend), stage2=stage2, plan_file=str(output),
                         run_dir=str(run_dir) if run_dir else None, activity_kind=session.activity_kind)
 

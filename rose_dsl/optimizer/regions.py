@@ -37,7 +37,7 @@ from ..resolve import (
 from ..transforms.common import uses_by_id
 
 __all__ = ["changed_regions", "common_ancestor", "LocalGraph", "local_graphs", "probe_workflow",
-           "FEED", "PROBE", "Probe"]
+           "FEED", "PROBE", "Probe", "feed_component", "probe_component"]
 
 Path = tuple[str, ...]
 FEED = "__feed__"  # the component (and node) that replays captured inputs in a local graph
@@ -247,6 +247,10 @@ def feed_component(impl: str) -> Component:
     return Component(name=FEED, impl=impl, args={}, device="cpu", state=(StateObject(FEED, "values", "values"),))
 
 
+def probe_component(impl: str) -> Component:
+    return Component(name=PROBE, impl=impl, args={}, device="cpu", state=(StateObject(PROBE, "captured", "captured"),))
+
+
 def _local(wf: Workflow, region: Path, window: int | None, ports: dict[str, str], feed_impl: str) -> LocalGraph | str:
     item = wf.find(region)
     if item is None:
@@ -322,8 +326,7 @@ def probe_workflow(wf: Workflow, probes: Sequence[Probe], probe_impl: str) -> Wo
         body = parent.body[:at] + (node,) + parent.body[at:]
         out = _replace(out, parent.path, replace(parent, body=body))
     comps = dict(out.components)
-    comps[PROBE] = Component(name=PROBE, impl=probe_impl, args={}, device="cpu",
-                             state=(StateObject(PROBE, "captured", "captured"),))
+    comps[PROBE] = probe_component(probe_impl)
     out = replace(out, components=comps)
     diags = check_workflow(out)
     if diags:

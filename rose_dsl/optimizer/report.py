@@ -82,7 +82,9 @@ def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: f
               "local": {"count": int(books.get("local_runs", 0)), "seconds": books.get("local_s", 0.0),
                         "note": "comparison graphs on state snapshots (not training)"},
               "captures": {"count": int(books.get("captures", 0)), "seconds": books.get("capture_s", 0.0)},
-              "quota": {"count": int(books.get("quota_trials", 0)), "seconds": books.get("quota_s", 0.0)}}
+              "quota": {"count": int(books.get("quota_trials", 0)), "seconds": books.get("quota_s", 0.0)},
+              "setup": {"count": int(books.get("restarts", 0)), "seconds": books.get("startup_s", 0.0) + books.get("prepare_s", 0.0),
+                        "note": "starting the components, registering plans, compiling graphs (count: restarts)"}}
     return {
         "workflow": workflow, "file": file, "plan_file": plan_file, "activity": activity_kind,
         "baseline_iteration_s": base, "plan_iteration_s": plan,

@@ -134,7 +134,8 @@ def test_cpu_busy_fraction_tells_sleeping_from_computing() -> None:
     for t in threads:
         t.join()
     cpu.close()
-    # the spinner gets what the (shared, two-core) machine gives it; the sleeper gets nothing
-    assert cpu.busy("sleep", t0, t1) < 0.05
-    assert cpu.busy("spin", t0, t1) > 0.25
+    # the spinner gets what the (shared, two-core, possibly overloaded) machine gives it; the sleeper nothing
+    sleep, spin = cpu.busy("sleep", t0, t1), cpu.busy("spin", t0, t1)
+    assert sleep < 0.02
+    assert spin > 0.05 and spin > 5 * sleep
     assert cpu.busy("nobody", t0, t1) is None
