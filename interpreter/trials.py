@@ -294,6 +294,18 @@ class TrialSession:
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
 
+    def placement(self, plan: Workflow) -> str | None:
+        """On Ray, GPU processes are placed when the session starts: a plan needing another GPU process
+        (a temporal split's copy of a GPU component that was not started with the session) cannot run."""
+        if self.executor.kind != "ray":
+            return None
+        have = {c.partition("#")[0] for c in self.executor.components()}
+        missing = sorted(n for n, c in plan.components.items() if c.device == "gpu" and n not in have)
+        if missing:
+            return (f"needs GPU process(es) {', '.join(missing)} that were not started with the session "
+                    "(GPU placement is fixed at start; only the copies of a split in two groups are started)")
+        return None
+
     def sync_books(self) -> dict[str, float]:
         """The books with the executor's set-up costs (start, plan preparation, restarts)."""
         self.books.update(startup_s=self.executor.startup_s, prepare_s=self.executor.prepare_s,

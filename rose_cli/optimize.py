@@ -168,7 +168,7 @@ def _run(out: Console, err: Console, wf: Any, *, file: Path, output: Path, repor
                 return EXIT_INVALID
             executor = Executor(wf, backend, compiled=compiled, allowed=allowed + DEFAULT_ALLOWED, address=address,
                                 mps_env=gpu.mps_env, device=gpu.device, call_timeout_s=call_timeout,
-                                sampler=gpu.sampler, log=log)
+                                sampler=gpu.sampler, log=log, extra_components=_start_with(wf, backend, gpu))
             try:
                 session = TrialSession(wf, executor, out_dir=run_dir, gpu_sampler=gpu.sampler, log=log)
             except ValueError as exc:
@@ -183,6 +183,8 @@ def _run(out: Console, err: Console, wf: Any, *, file: Path, output: Path, repor
             stage2 = _stage2(wf, result, session, gpu, quota, backend, settings, log)
             plan = stage2.pop("plan", None) or result.plan
             _write_plan(plan, output, file, result, stage2)
+            # the graph of stage 1 alone (the paper table's `stage1` / `stage1_mps` rows)
+            _write_plan(result.plan, report_dir / "stage1.yaml", file, result, {})
             ckpt = session.finish(output.name)
         total = time.perf_counter() - started
         doc = _report_doc(wf, result, session, total, file, output, run_dir if ckpt else None, settings, backend, stage2)
@@ -205,6 +207,22 @@ def _run(out: Console, err: Console, wf: Any, *, file: Path, output: Path, repor
         if session is not None:
             session.close()
         gpu.close()
+
+
+def _start_with(wf: Any, backend: str, gpu: _GpuSetup) -> dict[str, Any]:
+    """The components the workers start with besides the workflow's: the trial components, and on Ray
+    the GPU copies a temporal split in two groups would need (GPU processes are placed at start)."""
+    from interpreter.trials import trial_components
+    from rose_dsl.optimizer.candidates import temporal_copies
+
+    extra = trial_components()
+    if backend == "ray" and gpu.gpu_components:
+        copies = {n: c for n, c in temporal_copies(wf, 2).items() if c.device == "gpu"}
+        extra.update(copies)
+        for name, comp in copies.items():  # a copy runs under its original's MPS quota
+            if gpu.quotas_work:
+                gpu.mps_env[name] = gpu.client_env(comp.mps_quota)
+    return extra
 
 
 def _typical(runs: list[Any]) -> Any:
@@ -326,7 +344,7 @@ def _summary(out: Console, doc: dict[str, Any], output: Path, report_dir: Path, 
         out.print("stage 2: " + (s2.get("summary") or f"skipped ({s2.get('skipped')})"), markup=False)
     out.print(f"optimizer time {ov['total']:.1f} s: {ov['retained_training']:.1f} s training kept, net overhead "
               f"{ov['net']:.1f} s ({ov['fraction_of_1h_net']:.2%} of a one-hour run)", markup=False)
-    out.print(f"wrote {output}, {report_dir / 'report.md'}", markup=False)
+    out.print(f"wrote {output}, {report_dir / 'report.md'} (stage 1 alone: {report_dir / 'stage1.yaml'})", markup=False)
     if run_dir is not None:
         out.print(f"continue training: rose execute {file} --plan {output} --out {run_dir} --resume", markup=False)
 

@@ -21,12 +21,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..analysis import loop_kinds
-from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
+from ..ir import Component, ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from ..transforms import REQUEST_HELP, Refused, apply_request
 from .profile import base_component, structural
 
 __all__ = ["Alternative", "Feasible", "Infeasible", "alternatives", "sweep", "check", "find_structural",
-           "request_name", "memory_estimate", "DEFAULT_GROUPS"]
+           "request_name", "memory_estimate", "temporal_copies", "DEFAULT_GROUPS"]
 
 Path = tuple[str, ...]
 DEFAULT_GROUPS = (2, 4, 8)
@@ -321,3 +321,17 @@ def memory_estimate(component_bytes: Mapping[str, int], limits: Mapping[str, int
         return None
 
     return fits
+
+
+def temporal_copies(wf: Workflow, k: int = 2) -> dict[str, Component]:
+    """The component copies a temporal split into `k` groups of each free loop would add (so that a
+    runtime can start them with the others: a GPU process cannot join the GPUs' placement later)."""
+    kinds = loop_kinds(wf)
+    out: dict[str, Component] = {}
+    for item in wf.items():
+        if not isinstance(item, LoopNode) or item.path == wf.root.path or kinds[item.path].kind != "free":
+            continue
+        result = check(wf, Alternative((f"split-time {request_name(wf, item.path)} {k}",), "temporal-split", SWEEP))
+        if isinstance(result, Feasible):
+            out.update({n: c for n, c in result.workflow.components.items() if n not in wf.components})
+    return out

@@ -75,6 +75,9 @@ class Measurer(Protocol):
 
     def elapsed(self) -> float: ...
 
+    def placement(self, plan: Workflow) -> str | None:
+        """Why the runtime cannot run `plan` on its processes (None: it can)."""
+
 
 @dataclass
 class Settings:
@@ -167,7 +170,9 @@ class _Search:
     def __init__(self, wf: Workflow, measurer: Measurer, settings: Settings, log: Log) -> None:
         self.wf, self.m, self.s, self.log = wf, measurer, settings, log
         self.model = CostModel()
-        self.memory = memory_estimate(measurer.component_bytes, measurer.memory_limits)
+        fits = memory_estimate(measurer.component_bytes, measurer.memory_limits)
+        placement = getattr(measurer, "placement", None)
+        self.memory = (lambda plan: fits(plan) or placement(plan)) if callable(placement) else fits
         self.errors: list[tuple[str, float, float]] = []
         self.probe_ids = 0
         self.label = ""  # the requests that made the current graph, as a prefix for plan labels

@@ -115,3 +115,14 @@ def test_report_holds_every_measurement(wf, tmp_path) -> None:
     assert len(files) == 3
     assert "sim" in timeline_svg([("x", result.final_runs[0])])
     assert report_markdown(doc, None).startswith("# rose optimize")
+
+
+def test_plans_the_runtime_cannot_place_are_infeasible(wf) -> None:
+    class NoCopies(FakeMeasurer):
+        def placement(self, plan):
+            extra = sorted(set(plan.components) - set(wf.components))
+            return f"needs GPU process(es) {', '.join(extra)}" if extra else None
+
+    result = optimize_graph(wf, NoCopies(LATENCY), Settings(rounds=1), **QUIET)
+    temporal = _alt(result, "split-time epoch 2")
+    assert temporal.status == "infeasible" and "sim@0" in temporal.reason
