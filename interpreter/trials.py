@@ -266,6 +266,28 @@ class _PlanView:
         return getattr(self._backend, name)
 
 
+class _StateSizes(Mapping[str, int]):
+    """Bytes of each component's state, fetched when first asked for (a 360M-parameter trainer's state is
+    gigabytes: only the components the memory estimate needs are read)."""
+
+    def __init__(self, executor: Executor) -> None:
+        self._executor = executor
+        self._sizes: dict[str, int] = {}
+
+    def __getitem__(self, comp: str) -> int:
+        if comp not in self._sizes:
+            if comp not in self._executor.components():
+                raise KeyError(comp)
+            self._sizes[comp] = state_bytes(self._executor.get_states(comp))
+        return self._sizes[comp]
+
+    def __iter__(self):
+        return iter(self._executor.components())
+
+    def __len__(self) -> int:
+        return len(self._executor.components())
+
+
 class TrialSession:
     """Implements the optimizer's `Measurer` on an `Executor`, keeping the books: training iterations
     (retained), local trials, captures, and the time of each."""
@@ -288,7 +310,7 @@ class TrialSession:
         self.retained: list[dict[str, Any]] = []  # one line per training iteration (metrics.jsonl)
         executor.add_components({FEED: feed_component(FEED_IMPL)})
         self._watch_cpu()
-        self.component_bytes = {c: state_bytes(executor.get_states(c)) for c in wf.components}
+        self.component_bytes = _StateSizes(executor)
         self.memory_limits = dict(memory_limits) if memory_limits is not None else _memory_limits(executor.device)
 
     def elapsed(self) -> float:

@@ -304,19 +304,25 @@ def check(wf: Workflow, alt: Alternative, memory: MemoryCheck | None = None) -> 
     return Feasible(alt, current, tuple(done))
 
 
-def memory_estimate(component_bytes: Mapping[str, int], limits: Mapping[str, int]) -> MemoryCheck:
-    """A memory check from the measured state size of each component: a plan's components on each device
-    kind (`cpu`, `gpu`; copies made by temporal splits count like their original) must fit its limit."""
+def memory_estimate(component_bytes: Mapping[str, int], limits: Mapping[str, int],
+                    original: Iterable[str] = ()) -> MemoryCheck:
+    """A memory check from the measured state size of each component: the processes a plan adds (the
+    copies a temporal split makes, each the size of its original) must fit the memory available on
+    their device kind (`cpu`, `gpu`). `component_bytes` may fetch sizes lazily: only copied components
+    are asked for."""
+    have = set(original)
 
     def fits(plan: Workflow) -> str | None:
-        used: dict[str, int] = {}
+        added: dict[str, int] = {}
         for name, comp in plan.components.items():
-            size = component_bytes.get(name, component_bytes.get(base_component(name), 0))
-            used[comp.device] = used.get(comp.device, 0) + size
-        for device, total in used.items():
+            if name in have or not have and name == base_component(name):
+                continue
+            size = component_bytes.get(base_component(name), 0)
+            added[comp.device] = added.get(comp.device, 0) + size
+        for device, total in added.items():
             limit = limits.get(device)
             if limit is not None and total > limit:
-                return (f"memory estimate: the {device} components' state would need {total / 2**30:.2f} GiB, more than "
+                return (f"memory estimate: the {device} processes this plan adds need {total / 2**30:.2f} GiB, more than "
                         f"the {limit / 2**30:.2f} GiB available")
         return None
 

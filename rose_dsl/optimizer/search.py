@@ -170,7 +170,7 @@ class _Search:
     def __init__(self, wf: Workflow, measurer: Measurer, settings: Settings, log: Log) -> None:
         self.wf, self.m, self.s, self.log = wf, measurer, settings, log
         self.model = CostModel()
-        fits = memory_estimate(measurer.component_bytes, measurer.memory_limits)
+        fits = memory_estimate(measurer.component_bytes, measurer.memory_limits, wf.components)
         placement = getattr(measurer, "placement", None)
         self.memory = (lambda plan: fits(plan) or placement(plan)) if callable(placement) else fits
         self.errors: list[tuple[str, float, float]] = []

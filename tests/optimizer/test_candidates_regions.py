@@ -82,8 +82,8 @@ def test_feasibility_is_the_legality_oracle(wf) -> None:
 def test_memory_estimate_refuses_copies_that_do_not_fit(wf) -> None:
     alt = next(a for a in alternatives(wf, "iteration.epoch.step.act") if a.family == "temporal-split")
     sizes = {"sim": 600, "policy": 100, "trainer": 100}
-    assert isinstance(check_alt(wf, alt, memory_estimate(sizes, {"cpu": 2000})), Feasible)
-    refused = check_alt(wf, alt, memory_estimate(sizes, {"cpu": 1000}))  # a second sim does not fit
+    assert isinstance(check_alt(wf, alt, memory_estimate(sizes, {"cpu": 1000}, wf.components)), Feasible)
+    refused = check_alt(wf, alt, memory_estimate(sizes, {"cpu": 500}, wf.components))  # a second sim does not fit
     assert isinstance(refused, Infeasible) and "memory estimate" in refused.reason
 
 
