@@ -179,7 +179,7 @@ class Executor:
         entry = self._runners.get(id(plan))
         if entry is None or entry[0] is not plan:
             config = RunConfig(iterations=1 << 30, out_dir=None, call_timeout_s=self.call_timeout_s, tensorboard=False)
-            view = _PlanView(self.backend, plan)
+            view = _PlanView(self.backend, plan, lambda: self.compiled)
             entry = (plan, Runner(plan, view, config, Schedule(plan), None, self.sampler))
             self._runners[id(plan)] = entry
         return entry[1]
@@ -205,7 +205,14 @@ class Executor:
             if self.backend.dag is not None:
                 self.backend.dag.teardown()
                 self.backend.dag = None
-            self.backend.compile(runner.schedule)
+            try:
+                self.backend.compile(runner.schedule)
+            except Exception as exc:  # noqa: BLE001 - fall back to per-call dispatch, said plainly (as rose execute)
+                self.log(f"warning: cannot compile {plan.name} into a Ray Compiled Graph ({type(exc).__name__}: "
+                         f"{exc}); dispatching call by call for the rest of the session")
+                self.backend.dag = None
+                self.compiled = False
+                return
             self._compiled_for = id(plan)
 
     def run(self, plan: Workflow, k: int) -> tuple[float, int, int, dict[str, float], list[InvocationRecord]]:
@@ -255,14 +262,17 @@ class _PlanView:
     metrics (the workers hold every component the session needed; an idle temporal-split copy must not
     report zeros into a plan that does not use it)."""
 
-    def __init__(self, backend: Any, plan: Workflow) -> None:
+    def __init__(self, backend: Any, plan: Workflow, compiled: Callable[[], bool]) -> None:
         self._backend = backend
         self._names = set(plan.components)
+        self._compiled = compiled
 
     def components(self) -> list[str]:
         return [c for c in self._backend.components() if c.partition("#")[0] in self._names]
 
     def __getattr__(self, name: str) -> Any:
+        if name == "execute_iteration" and not self._compiled():  # per-call dispatch (compiling failed)
+            raise AttributeError(name)
         return getattr(self._backend, name)
 
 

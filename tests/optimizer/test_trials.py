@@ -139,3 +139,28 @@ def test_cpu_busy_fraction_tells_sleeping_from_computing() -> None:
     assert sleep < 0.02
     assert spin > 0.05 and spin > 5 * sleep
     assert cpu.busy("nobody", t0, t1) is None
+
+
+def test_ray_compiled_executor_switches_plans_and_restores_state() -> None:
+    """The GPU path's mechanics on the CPU: plans switched on one set of Ray actors (recompiled), a
+    temporal-split copy added as a new actor, a local trial that leaves training state as it was."""
+    pytest.importorskip("ray")
+    wf = load_workflow(ROOT / "workflows" / "latency_interaction.yaml", FAST)
+    s = TrialSession(wf, Executor(wf, "ray", allowed=("examples.",), log=lambda m: None), log=lambda m: None)
+    try:
+        split = apply_request(wf, "split epoch.step 2").workflow
+        temporal = apply_request(wf, "split-time epoch 2").workflow
+        runs = s.complete([wf, split, temporal], 1)
+        assert [len(r) for r in runs] == [1, 1, 1] and s.k == 3
+        assert any(c.startswith("sim@") for c in s.executor.components())
+        for rs in runs:
+            assert rs[0].metrics["sim/env_steps"] == 2 * 3 * 64
+        region = ("iteration", "epoch")
+        c0, (c1,) = local_graphs(wf, [split], region, 1, "interpreter.trials:Feed")
+        captured = s.capture(probe_workflow(wf, [Probe(1, region, c0.externals)], "interpreter.trials:Probe"))
+        before = {c: s.executor.get_states(c) for c in wf.components}
+        local = s.local([c0, c1], 1, captured, 1)
+        assert all(r[0].calls for r in local)
+        assert _same(before, {c: s.executor.get_states(c) for c in wf.components})
+    finally:
+        s.close()
