@@ -7,7 +7,9 @@
 # /tmp/rose-optimize-run (not brought back: a 360M-parameter model and its optimizer are gigabytes).
 #
 # Usage (repository root; Ray from the bundle, see DEVELOPERS.md "The GPU machine"):
-#   WORKFLOW=workflows/paper_mjx_vla.yaml SETS="--set iterations=200" BUDGET=240 bash benchmarks/optimize_gpu.sh
+#   WORKFLOW=workflows/paper_mjx_vla.yaml SETS="--set iterations=100" BUDGET=300 bash benchmarks/optimize_gpu.sh
+# BUDGET is --budget-s for both stages (stage 1 gets about two thirds); ROUNDS (default 1) stage-1 rounds;
+# EXTRA more options (e.g. "--no-compiled", "--no-quota"); LIMIT a hard timeout for the whole command.
 #   SMOKE=1 bash benchmarks/optimize_gpu.sh          # CPU check of this script: local backend, latency workflow
 # Then feed the plans to the paper table (`benchmarks/paper_table.py --row mjx:stage1=.../stage1.yaml
 # --row mjx:stage1_mps=.../stage1.yaml --row mjx:rose=.../plan.yaml`) in a second call.
@@ -27,8 +29,8 @@ if [ "${SMOKE:-0}" = "1" ]; then
   BACKEND=local; BUDGET=${BUDGET:-60}; LIMIT=${LIMIT:-240}
 else
   WORKFLOW=${WORKFLOW:-workflows/paper_mjx_vla.yaml}
-  SETS=${SETS:-}
-  BACKEND=${BACKEND:-ray}; BUDGET=${BUDGET:-240}; LIMIT=${LIMIT:-520}
+  SETS=${SETS:---set iterations=100}
+  BACKEND=${BACKEND:-ray}; BUDGET=${BUDGET:-300}; LIMIT=${LIMIT:-540}
   # the MJX simulator's own import path (wheels carried in .whl), when the workload needs it
   if grep -q "mjx" "$WORKFLOW" && [ -f benchmarks/mjx_env.sh ]; then bash benchmarks/mjx_env.sh > "$WORK/mjx_env.log" 2>&1; fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$WORK/gpu.csv" 2>&1 || true
@@ -36,7 +38,8 @@ fi
 rm -rf /tmp/rose-optimize-run
 # shellcheck disable=SC2086 # SETS holds several --set options
 timeout "$LIMIT" python3 -m rose_dsl.cli optimize "$WORKFLOW" $SETS -o "$WORK/plan.yaml" --report "$WORK/report" \
-  --out /tmp/rose-optimize-run --backend "$BACKEND" --budget-s "$BUDGET" > "$WORK/optimize.log" 2>&1
+  --out /tmp/rose-optimize-run --backend "$BACKEND" --budget-s "$BUDGET" --rounds "${ROUNDS:-1}" ${EXTRA:-} \
+  > "$WORK/optimize.log" 2>&1
 CODE=$?
 echo "rose optimize exit $CODE" >> "$WORK/optimize.log"
 tar -czf "$OUT/optimize.tgz" -C "$OUT" optimize

@@ -45,9 +45,10 @@ def _region(plan: Workflow, pair: BranchPair) -> tuple[str, ...]:
 
 
 def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any, log: Callable[[str], None],
-               total_sms: int | None = None, repeats: int = 3) -> dict[str, Any]:
+               total_sms: int | None = None, repeats: int = 3, deadline: float | None = None) -> dict[str, Any]:
     """Algorithm 2 for the stage-1 plan `result.plan`; returns the report's stage-2 section, with
-    `quotas` and `plan` when a quota is kept."""
+    `quotas` and `plan` when a quota is kept. `deadline` (a `time.perf_counter()` value) ends the search
+    early with the best level measured so far."""
     plan = result.plan
     pair = find_branches(result.final_runs, _gpu_of(plan))
     if isinstance(pair, str):
@@ -82,7 +83,8 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         log(f"  quota {percent}% ({levels[k - 1][1]} SMs): {statistics.median(values):.4f} s")
         return statistics.median(values)
 
-    search = quota_search(len(levels), k0, measure, rho=rho, max_trials=MAX_TRIALS)
+    search = quota_search(len(levels), k0, measure, rho=rho, max_trials=MAX_TRIALS,
+                          out_of_time=None if deadline is None else (lambda: time.perf_counter() > deadline))
     best_percent = levels[search.best - 1][0]
     curve = [{"percent": levels[k - 1][0], "sms": levels[k - 1][1], "seconds": search.history[k], "n": len(samples[k]),
               "samples": samples[k]} for k in sorted(search.history)]

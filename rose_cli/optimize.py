@@ -148,7 +148,11 @@ def _run(out: Console, err: Console, wf: Any, *, file: Path, output: Path, repor
     from rose_dsl.optimizer.search import OutOfBudget, Settings, optimize_graph
 
     started = time.perf_counter()
-    settings = Settings(top_k=top_k, alternatives=alternatives, rounds=rounds, budget_s=budget_s)
+    quota_stage = quota and backend == "ray" and any(c.device == "gpu" for c in wf.components.values())
+    # with stage 2 to come, stage 1 gets about two thirds of the budget
+    settings = Settings(top_k=top_k, alternatives=alternatives, rounds=rounds,
+                        budget_s=None if budget_s is None else budget_s * (0.65 if quota_stage else 1.0))
+    deadline = None if budget_s is None else started + budget_s
     progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=out,
                         transient=True, disable=quiet)
     task = progress.add_task("starting the components", total=None)
@@ -180,7 +184,7 @@ def _run(out: Console, err: Console, wf: Any, *, file: Path, output: Path, repor
             except OutOfBudget as exc:
                 err.print(f"error: {exc}; raise --budget-s or the workflow's iteration count", markup=False)
                 return EXIT_INVALID
-            stage2 = _stage2(wf, result, session, gpu, quota, backend, settings, log)
+            stage2 = _stage2(wf, result, session, gpu, quota, backend, settings, log, deadline)
             plan = stage2.pop("plan", None) or result.plan
             _write_plan(plan, output, file, result, stage2)
             # the graph of stage 1 alone (the paper table's `stage1` / `stage1_mps` rows)
@@ -288,7 +292,7 @@ class _GpuSetup:
 
 
 def _stage2(wf: Any, result: Any, session: Any, gpu: _GpuSetup, quota: bool, backend: str, settings: Any,
-            log: Any) -> dict[str, Any]:
+            log: Any, deadline: float | None) -> dict[str, Any]:
     if not quota:
         return {"skipped": "--no-quota"}
     if not gpu.gpu_components:
@@ -299,7 +303,9 @@ def _stage2(wf: Any, result: Any, session: Any, gpu: _GpuSetup, quota: bool, bac
         return {"skipped": "MPS is not active here (see the warning above), so quotas cannot bind"}
     from interpreter.quota_trials import tune_quota
 
-    return tune_quota(wf, result, session, gpu, settings, log)
+    if deadline is not None and time.perf_counter() > deadline:
+        return {"skipped": "the time budget (--budget-s) was spent by stage 1"}
+    return tune_quota(wf, result, session, gpu, settings, log, deadline=deadline)
 
 
 def _write_plan(plan: Any, output: Path, file: Path, result: Any, stage2: dict[str, Any]) -> None:

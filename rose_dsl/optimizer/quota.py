@@ -148,11 +148,13 @@ class QuotaSearch:
         return len(self.order)
 
 
-def quota_search(q: int, k0: int, measure: Callable[[int], float], rho: int = 4, max_trials: int = 7) -> QuotaSearch:
+def quota_search(q: int, k0: int, measure: Callable[[int], float], rho: int = 4, max_trials: int = 7,
+                 out_of_time: Callable[[], bool] | None = None) -> QuotaSearch:
     """Algorithm 2 over levels 1..q starting at k0: coarse steps of `rho` levels downward while the time
     does not rise (or the minimum level is reached), then unit steps in both directions around the best
     coarse level (the anchor), a direction stopping when its time exceeds the anchor's; at most
-    `max_trials` measurements (the first, at k0, included). Returns every measurement and the best level."""
+    `max_trials` measurements (the first, at k0, included), fewer when `out_of_time()` says the time
+    budget is spent. Returns every measurement and the best level."""
     if not 1 <= k0 <= q:
         raise ValueError(f"the starting level {k0} is outside 1..{q}")
     if rho < 2:
@@ -162,6 +164,9 @@ def quota_search(q: int, k0: int, measure: Callable[[int], float], rho: int = 4,
     def t(k: int) -> float | None:
         if len(s.order) >= max_trials:
             s.stopped = s.stopped or f"the trial budget ({max_trials}) is spent"
+            return None
+        if s.order and out_of_time is not None and out_of_time():
+            s.stopped = s.stopped or "the time budget is spent"
             return None
         s.history[k] = measure(k)
         s.order.append(k)

@@ -180,3 +180,9 @@ def test_tune_quota_keeps_the_default_when_nothing_is_faster() -> None:
     out = tune_quota(wf, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132)
     assert out["best_percent"] == 100 and "quotas" not in out and "kept trainer at 100%" in out["summary"]
     assert session.executor.quota["trainer"] == 100
+
+
+def test_the_time_budget_ends_the_search_with_the_best_so_far() -> None:
+    calls: list[int] = []
+    s = quota_search(66, 66, lambda k: calls.append(k) or 1.0 + 0.001 * k, rho=4, out_of_time=lambda: len(calls) >= 2)
+    assert s.order == [66, 62] and s.best == 62 and "time budget" in s.stopped
