@@ -100,7 +100,8 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         out["trial_seconds"] = time.perf_counter() - started
         return out
     log(f"stage 2: validating {pair.target} at {best_percent}% against {q0}% on complete iterations")
-    runs_best, runs_ref = [], []
+    runs_best: list[Any] = []
+    runs_ref: list[Any] = []
     for percent, bucket in ((best_percent, runs_best), (q0, runs_ref), (best_percent, runs_best)):
         use(percent)
         bucket += session.complete([plan], max(2, settings.validation_rounds // 2 + 1), 0, [f"mps {pair.target} {percent}%"])[0]

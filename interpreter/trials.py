@@ -23,14 +23,14 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rose_dsl.ir import Component, ExecutionNode, Workflow
 from rose_dsl.optimizer.profile import Call, IterationRun
 from rose_dsl.optimizer.regions import FEED, PROBE, LocalGraph, feed_component, probe_component
 from rose_dsl.optimizer.search import OutOfBudget
 
-from .backends import LocalBackend, RayBackend, RayCompiledBackend
+from .backends import Backend, LocalBackend, RayBackend, RayCompiledBackend
 from .cpu_activity import CpuActivity, process_clock, thread_clock
 from .runner import RunConfig, Runner
 from .schedule import Schedule
@@ -179,7 +179,7 @@ class Executor:
         entry = self._runners.get(id(plan))
         if entry is None or entry[0] is not plan:
             config = RunConfig(iterations=1 << 30, out_dir=None, call_timeout_s=self.call_timeout_s, tensorboard=False)
-            view = _PlanView(self.backend, plan, lambda: self.compiled)
+            view = cast(Backend, _PlanView(self.backend, plan, lambda: self.compiled))  # duck-typed: delegates
             entry = (plan, Runner(plan, view, config, Schedule(plan), None, self.sampler))
             self._runners[id(plan)] = entry
         return entry[1]

@@ -114,9 +114,9 @@ class CostModel:
                 if ov < 0.5 or not frac:
                     continue
                 other, share = max(frac.items(), key=lambda kv: kv[1])
-                solo = model.at(r)
-                if solo and solo > 0 and share >= 0.5:
-                    pairs[(base_component(comp), base_component(other))].append(max(0.0, (s / solo - 1.0) / min(1.0, ov)))
+                alone = model.at(r)
+                if alone and alone > 0 and share >= 0.5:
+                    pairs[(base_component(comp), base_component(other))].append(max(0.0, (s / alone - 1.0) / min(1.0, ov)))
         self.contention = {k: min(3.0, statistics.median(v)) for k, v in pairs.items() if len(v) >= 3}
         self.latency_s = statistics.median(self.gaps) if self.gaps else 0.0
 

@@ -18,7 +18,7 @@ Why these pieces:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..expr import BinOp, Call, Expr, Int, IterRef, Neg, Record, Ref, Slice, parse_expr, unparse
@@ -32,7 +32,6 @@ from ..resolve import (
     ParentInput,
     Resolver,
     check_workflow,
-    expr_fields,
 )
 from ..transforms.common import uses_by_id
 
@@ -135,7 +134,7 @@ class _Unreplayable(Exception):
     pass
 
 
-def _externalize(expr: Expr, bound: Mapping[int, Binding], region: Path, port: callable) -> Expr:
+def _externalize(expr: Expr, bound: Mapping[int, Binding], region: Path, port: Callable[[str], str]) -> Expr:
     """`expr` with every maximal part whose value comes from outside the region replaced by a feed port."""
 
     def refs(e: Expr) -> Iterator[Expr]:
@@ -189,7 +188,7 @@ def _externalize(expr: Expr, bound: Mapping[int, Binding], region: Path, port: c
     return walk(expr)
 
 
-def _rewrite_item(item: Item, resolver: Resolver, region: Path, port: callable) -> Item:
+def _rewrite_item(item: Item, resolver: Resolver, region: Path, port: Callable[[str], str]) -> Item:
     def field_fn(it: Item):
         def fn(key: str, e: Expr) -> Expr:
             return _externalize(e, uses_by_id(resolver, it, key, e), region, port)
@@ -197,10 +196,8 @@ def _rewrite_item(item: Item, resolver: Resolver, region: Path, port: callable) 
 
     fn = field_fn(item)
     if isinstance(item, ExecutionNode):
-        out: Item = replace(item, inputs=tuple((p, fn(f"in.{p}", e)) for p, e in item.inputs))
-        if item.phases:
-            out = replace(out, phases=tuple(_rewrite_item(c, resolver, region, port) for c in item.phases))
-        return out
+        phases = tuple(_rewrite_item(c, resolver, region, port) for c in item.phases) if item.phases else item.phases
+        return replace(item, inputs=tuple((p, fn(f"in.{p}", e)) for p, e in item.inputs), phases=phases)
     if isinstance(item, LoopNode):
         carries = tuple(replace(c, init=fn(f"carry.{c.name}.init", c.init), next=fn(f"carry.{c.name}.next", c.next))
                         for c in item.carries)
@@ -347,6 +344,3 @@ def external_texts(graphs: Sequence[LocalGraph]) -> tuple[tuple[str, str], ...]:
         merged.update(dict(g.externals))
     return tuple(sorted(merged.items(), key=lambda pt: _port_key(pt[0])))
 
-
-def expr_texts(item: Item) -> list[str]:
-    return [unparse(e) for _, e in expr_fields(item)]

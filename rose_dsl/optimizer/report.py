@@ -74,9 +74,10 @@ def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: f
                  settings: Mapping[str, Any], machine: Mapping[str, Any], stage2: Mapping[str, Any] | None,
                  plan_file: str, run_dir: str | None, activity_kind: str) -> dict[str, Any]:
     base, plan = result.baseline.median, result.final.median
-    errors = [{"what": w, "predicted_s": p, "measured_s": m, "error": (p - m) / m if m else None}
-              for w, p, m in result.model_errors]
-    abs_err = [abs(e["error"]) for e in errors if e["error"] is not None]
+    rel = [(p - m) / m if m else None for _, p, m in result.model_errors]
+    errors = [{"what": w, "predicted_s": p, "measured_s": m, "error": e}
+              for (w, p, m), e in zip(result.model_errors, rel, strict=True)]
+    abs_err = [abs(e) for e in rel if e is not None]
     trials = {"complete": {"count": int(books.get("complete_iterations", 0)), "seconds": books.get("complete_s", 0.0),
                            "note": "real training iterations (retained)"},
               "local": {"count": int(books.get("local_runs", 0)), "seconds": books.get("local_s", 0.0),

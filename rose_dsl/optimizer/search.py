@@ -14,7 +14,7 @@ tests -- a fake measurer that simulates time.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -58,9 +58,17 @@ class OutOfBudget(Exception):
 
 
 class Measurer(Protocol):
-    activity_kind: str
-    component_bytes: dict[str, int]
-    memory_limits: dict[str, int]
+    @property
+    def activity_kind(self) -> str:
+        """"sm" (GPU SM activity), "cpu" (component busy fraction) or "none"."""
+
+    @property
+    def component_bytes(self) -> Mapping[str, int]:
+        """State bytes per component (for the memory estimate; may be fetched lazily)."""
+
+    @property
+    def memory_limits(self) -> Mapping[str, int]:
+        """Bytes available per device kind for the processes a plan adds."""
 
     def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0,
                  labels: Sequence[str] = ()) -> list[list[IterationRun]]:
@@ -271,7 +279,7 @@ class _Search:
         for t in rec.targets:
             feasible = [m for m in t.alternatives if m.workflow is not None]
             chosen = self._select(t, feasible, reference)
-            regions = {id(m): changed_regions(g, m.workflow) for m in chosen}
+            regions = {id(m): changed_regions(g, _plan(m)) for m in chosen}
             local = [m for m in chosen if root not in regions[id(m)]]
             for m in chosen:
                 if root in regions[id(m)]:
@@ -281,7 +289,7 @@ class _Search:
             region = common_ancestor([r for m in local for r in regions[id(m)]])
             t.region = ".".join(region)
             t.window = self._window(g, region, ref_runs, reference.median)
-            c0, graphs = local_graphs(g, [m.workflow for m in local], region, t.window, FEED_IMPL)
+            c0, graphs = local_graphs(g, [_plan(m) for m in local], region, t.window, FEED_IMPL)
             if isinstance(c0, str):
                 t.local_note = c0
                 for m in local:
@@ -400,13 +408,14 @@ class _Search:
                 cache.setdefault(m.requests, m)
         if not c0_runs:
             return
-        t.c0 = Measured("c0 (unchanged)", summary=summarize([r.seconds for r in c0_runs]), status="measured")
+        unchanged = summarize([r.seconds for r in c0_runs])
+        t.c0 = Measured("c0 (unchanged)", summary=unchanged, status="measured")
         scale = self._scale(c0)
         for m in chosen:
             if m.summary is None:
                 continue
-            m.significant, _ = faster(t.c0.summary, m.summary, self.s.eps_min, self.s.z)
-            m.benefit_s = (t.c0.summary.median - m.summary.median) * scale
+            m.significant, _ = faster(unchanged, m.summary, self.s.eps_min, self.s.z)
+            m.benefit_s = (unchanged.median - m.summary.median) * scale
         best = [m for m in chosen if m.significant]
         t.best = max(best, key=lambda m: m.benefit_s) if best else None
 
@@ -438,7 +447,7 @@ class _Search:
         unique = [ms[0] for ms in whole.values()]
         self.budget()
         self.log(f"  complete-iteration trials of {len(unique)} alternative(s) (real training)")
-        runs = self.complete([g] + [m.workflow for m in unique], self.s.validation_rounds,
+        runs = self.complete([g] + [_plan(m) for m in unique], self.s.validation_rounds,
                              labels=[self.label] + [self.label + m.label for m in unique])
         ref_runs += runs[0]
         ref = summarize([r.seconds for r in runs[0]])
@@ -477,13 +486,14 @@ class _Search:
                   ref_runs: list[IterationRun]):
         options = [(chosen, self.combined_wf)]
         if len(chosen) > 1:
-            options.append(([chosen[0]], chosen[0].workflow))
+            options.append(([chosen[0]], _plan(chosen[0])))
         for picked, plan in options:
             requests = tuple(r for m in picked for r in m.requests)
             rec.combined = list(requests)
             rec.combined_predicted_s = self.predict(plan, g, reference.median)
-            if len(picked) == 1 and picked[0].status == "complete":  # RunOrReuse: already measured the same way
-                cand, ref = picked[0].summary, summarize([r.seconds for r in ref_runs[-self.s.validation_rounds:]])
+            reuse = picked[0].summary if len(picked) == 1 and picked[0].status == "complete" else None
+            if reuse is not None:  # RunOrReuse: already measured on complete iterations, interleaved with G
+                cand, ref = reuse, summarize([r.seconds for r in ref_runs[-self.s.validation_rounds:]])
                 runs = picked[0].runs
             else:
                 self.log(f"round {rec.index}: validating {'; '.join(requests)} on complete iterations")
@@ -509,7 +519,8 @@ def optimize_graph(wf: Workflow, measurer: Measurer, settings: Settings | None =
     """Algorithm 1 on `wf`: returns the selected plan and everything measured on the way."""
     s = settings or Settings()
     search = _Search(wf, measurer, s, log)
-    g, requests = wf, ()
+    g: Workflow = wf
+    requests: tuple[str, ...] = ()
     rounds: list[RoundRecord] = []
     stopped = ""
     try:
@@ -545,6 +556,13 @@ def optimize_graph(wf: Workflow, measurer: Measurer, settings: Settings | None =
         except OutOfBudget as exc:
             log(f"no before/after comparison: {exc}")
     return Stage1Result(g, requests, baseline, final, rounds, search.errors, stopped, baseline_runs, final_runs)
+
+
+def _plan(m: Measured) -> Workflow:
+    """The workflow of a feasible alternative (infeasible ones have none and are never measured)."""
+    if m.workflow is None:
+        raise ValueError(f"{m.label} is not feasible")
+    return m.workflow
 
 
 def speedup(a: Summary, b: Summary) -> float:
