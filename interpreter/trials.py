@@ -30,14 +30,19 @@ from rose_dsl.optimizer.profile import Call, IterationRun
 from rose_dsl.optimizer.regions import FEED, PROBE, LocalGraph, feed_component, probe_component
 from rose_dsl.optimizer.search import OutOfBudget
 
-from .backends import Backend, LocalBackend, RayBackend, RayCompiledBackend
+from .backends import Backend, CallFailed, LocalBackend, RayBackend, RayCompiledBackend
+from .components import ComponentError
 from .cpu_activity import CpuActivity, process_clock, thread_clock
 from .runner import RunConfig, Runner
 from .schedule import Schedule
 from .trace import InvocationRecord
 from .worker import ComponentWorker
 
-__all__ = ["Feed", "Probe", "Executor", "TrialSession", "state_bytes", "trial_components"]
+__all__ = ["Feed", "Probe", "Executor", "TrialSession", "TrialFailed", "state_bytes", "trial_components"]
+
+
+class TrialFailed(Exception):
+    """A candidate plan's run failed (a component raised); the state it may have changed was restored."""
 
 FEED_IMPL, PROBE_IMPL = "interpreter.trials:Feed", "interpreter.trials:Probe"
 
@@ -228,6 +233,24 @@ class Executor:
         t1 = time.perf_counter_ns()
         return result.seconds, t0, t1, result.metrics, runner.trace.records()[before:]
 
+    def drain(self) -> None:
+        """After a failed iteration: wait until every call still queued or running has ended (a control
+        call runs after them on each worker), forget their records and metrics, and drop a compiled graph
+        that a failure may have left unusable."""
+        for comp in self.components():
+            for what in ("pop_records", "pop_metrics"):
+                try:
+                    self.backend.control(comp, what)
+                except Exception:  # noqa: BLE001 - a worker that failed its calls still answers; a dead one cannot
+                    pass
+        if self.compiled and getattr(self.backend, "dag", None) is not None:
+            try:
+                self.backend.dag.teardown()
+            except Exception:  # noqa: BLE001 - a broken graph: it is rebuilt at the next run anyway
+                pass
+            self.backend.dag = None
+        self._compiled_for = None
+
     def get_states(self, comp: str) -> dict[str, Any]:
         return self.backend.control(comp, "get_states")
 
@@ -318,6 +341,8 @@ class TrialSession:
                                         "captures": 0, "capture_s": 0.0, "snapshot_s": 0.0, "quota_trials": 0,
                                         "quota_s": 0.0}
         self.retained: list[dict[str, Any]] = []  # one line per training iteration (metrics.jsonl)
+        self._proven: set[int] = set()  # plans (by id) that completed an iteration
+        self.last_failures: dict[int, str] = {}  # the last complete()/local() call: plan index -> why it failed
         executor.add_components({FEED: feed_component(FEED_IMPL)})
         self._watch_cpu()
         self.component_bytes = _StateSizes(executor)
@@ -378,10 +403,35 @@ class TrialSession:
         return None
 
     # -- complete iterations (training) -----------------------------------------------------------
-    def _iteration(self, plan: Workflow, label: str) -> IterationRun:
+    def _written(self, plan: Workflow) -> list[str]:
+        """The workers' components whose state an iteration of `plan` writes."""
+        comps = {n.component for n in plan.items() if isinstance(n, ExecutionNode) and any(e.access.writes for e in n.effects)}
+        return sorted(c for c in comps if c in self.executor.components())
+
+    def _guarded(self, plan: Workflow, k: int, snap: dict[str, Any] | None) -> tuple[float, int, int, dict[str, float], list]:
+        """Run a plan's iteration; if it fails and `snap` holds the state before it, put that state back
+        (after every call still in flight has ended) and raise TrialFailed: the trial is lost, not the
+        training."""
+        try:
+            return self.executor.run(plan, k)
+        except (CallFailed, ComponentError) as exc:
+            if snap is None:
+                raise
+            self.executor.drain()
+            for c, s in snap.items():
+                self.executor.set_states(c, s)
+            raise TrialFailed(str(exc).splitlines()[0]) from None
+
+    def _iteration(self, plan: Workflow, label: str, guard: bool = False) -> IterationRun:
         if self.limit is not None and self.k >= self.limit:
             raise OutOfBudget(f"the workflow's {self.limit} iterations are all trained")
-        seconds, t0, t1, metrics, records = self.executor.run(plan, self.k)
+        snap = None
+        if guard:  # a plan that has never run: keep what training would lose if it fails
+            t = time.perf_counter()
+            snap = {c: self.executor.get_states(c) for c in self._written(plan)}
+            self.books["snapshot_s"] += time.perf_counter() - t
+        seconds, t0, t1, metrics, records = self._guarded(plan, self.k, snap)
+        self._proven.add(id(plan))
         self._watch_cpu()
         if self.cpu is not None:
             self.cpu.poll()
@@ -398,6 +448,7 @@ class TrialSession:
         in time hits both alike); `warmup` iterations of the first plan first, not returned. `labels`
         name the plans (their rewrite requests) in the run's metrics lines."""
         labels = list(labels) or ["" for _ in plans]
+        self.last_failures = {}
         for _ in range(warmup):
             self._iteration(plans[0], labels[0])
         out: list[list[IterationRun]] = [[] for _ in plans]
@@ -406,7 +457,14 @@ class TrialSession:
             if r % 2:
                 order.reverse()
             for i in order:
-                out[i].append(self._iteration(plans[i], labels[i]))
+                if i in self.last_failures:
+                    continue
+                new = id(plans[i]) not in self._proven
+                try:
+                    out[i].append(self._iteration(plans[i], labels[i], guard=new and i > 0))
+                except TrialFailed as exc:  # the plan fails: its trial is lost, training goes on with the others
+                    self.last_failures[i] = str(exc)
+                    self.log(f"  trial failed ({labels[i] or 'plan'}): {exc}")
         return out
 
     def capture(self, probe_wf: Workflow) -> dict[int, dict[str, Any]]:
@@ -430,11 +488,19 @@ class TrialSession:
         out: list[list[IterationRun]] = [[] for _ in graphs]
         order = [(r, i) for i in range(len(graphs)) for r in range(repeats)] if self.executor.switch_is_costly else \
             [(r, i) for r in range(repeats) for i in range(len(graphs))]
+        self.last_failures = {}
         try:
             for _, i in order:
+                if i in self.last_failures:
+                    continue
                 for c, s in snap.items():
                     self.executor.set_states(c, s)
-                seconds, t0, t1, _, records = self.executor.run(graphs[i].workflow, 0)
+                try:
+                    seconds, t0, t1, _, records = self._guarded(graphs[i].workflow, 0, snap)
+                except TrialFailed as exc:
+                    self.last_failures[i] = str(exc)
+                    self.log(f"  local trial failed: {exc}")
+                    continue
                 self._watch_cpu()
                 if self.cpu is not None:
                     self.cpu.poll()

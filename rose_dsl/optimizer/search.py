@@ -83,6 +83,11 @@ class Measurer(Protocol):
 
     def elapsed(self) -> float: ...
 
+    @property
+    def last_failures(self) -> Mapping[int, str]:
+        """Plans (by index) of the last `complete`/`local` call that failed -- a component raised; the
+        state they may have changed is restored and training goes on -- with the reason."""
+
     def placement(self, plan: Workflow) -> str | None:
         """Why the runtime cannot run `plan` on its processes (None: it can)."""
 
@@ -391,12 +396,19 @@ class _Search:
                      f"{'.'.join(c0.region[1:])} (x{self.s.local_repeats})")
             graphs = [c0] + [graph_of[id(m)] for m in batch]
             runs = self.m.local(graphs, self.s.local_repeats, captured, probe_id)
+            failed = dict(self.m.last_failures)
+            if 0 in failed or not runs[0]:
+                t.local_note = f"the unchanged comparison graph failed: {failed.get(0, 'no run completed')}"
+                return
             for graph, rs in zip(graphs, runs, strict=True):
                 self.model.observe(rs, graph.workflow)
             c0_runs += runs[0]
             base = summarize([r.seconds for r in runs[0]]).median
             p0 = self.model.predict(c0.workflow)
-            for m, rs in zip(batch, runs[1:], strict=True):
+            for i, (m, rs) in enumerate(zip(batch, runs[1:], strict=True), start=1):
+                if i in failed or not rs:
+                    m.status, m.reason = "failed", failed.get(i, "no run completed")
+                    continue
                 m.summary = summarize([r.seconds for r in rs])
                 m.status = "measured"
                 pred = self.model.predict(graph_of[id(m)].workflow)
@@ -404,7 +416,7 @@ class _Search:
                     m.predicted_local_s = base * pred.seconds / p0.seconds
                     self.errors.append((f"local {m.label}", m.predicted_local_s, m.summary.median))
         for m in chosen:
-            if m.status in ("measured", "skipped"):
+            if m.status in ("measured", "skipped", "failed"):
                 cache.setdefault(m.requests, m)
         if not c0_runs:
             return
@@ -449,9 +461,14 @@ class _Search:
         self.log(f"  complete-iteration trials of {len(unique)} alternative(s) (real training)")
         runs = self.complete([g] + [_plan(m) for m in unique], self.s.validation_rounds,
                              labels=[self.label] + [self.label + m.label for m in unique])
+        failed = dict(self.m.last_failures)
         ref_runs += runs[0]
         ref = summarize([r.seconds for r in runs[0]])
-        for ms, rs in zip(whole.values(), runs[1:], strict=True):
+        for i, (ms, rs) in enumerate(zip(whole.values(), runs[1:], strict=True), start=1):
+            if i in failed or not rs:
+                for m in ms:
+                    m.status, m.reason = "failed", failed.get(i, "no iteration completed")
+                continue
             summary = summarize([r.seconds for r in rs])
             ok, _ = faster(ref, summary, self.s.eps_min, self.s.z)
             for m in ms:
@@ -500,6 +517,10 @@ class _Search:
                 both = self.complete([g, plan], self.s.validation_rounds,
                                      labels=[self.label, self.label + "; ".join(requests)])
                 ref_runs += both[0]
+                if 1 in self.m.last_failures or not both[1]:
+                    rec.note = f"the combination failed: {self.m.last_failures.get(1, 'no iteration completed')}"
+                    self.log(f"round {rec.index}: rejected ({rec.note})")
+                    continue
                 ref, cand, runs = summarize([r.seconds for r in both[0]]), summarize([r.seconds for r in both[1]]), both[1]
             ok, eps = faster(ref, cand, self.s.eps_min, self.s.z)
             rec.candidate, rec.reference_validation, rec.margin = cand, ref, eps

@@ -46,6 +46,7 @@ class FakeMeasurer:
         self.memory_limits: dict[str, int] = {}
         self.log: list[tuple[str, str]] = []  # (kind, plan name or region)
         self.seconds_per_step = seconds_per_step
+        self.last_failures: dict[int, str] = {}
 
     def elapsed(self) -> float:
         return self.clock

@@ -40,7 +40,7 @@ def _states(run: Path) -> dict:
 
 def _training(d: dict) -> dict[str, float]:
     """What training computed (not how long it took)."""
-    return {k: v for k, v in d.items() if "/" in k and not k.startswith("time/")}
+    return {k: v for k, v in d.items() if "/" in k and not k.startswith("time/") and not k.endswith("_per_s")}
 
 
 def test_interaction_loop_plan_is_faster_and_trains_bit_identically(tmp_path: Path) -> None:

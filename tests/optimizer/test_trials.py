@@ -164,3 +164,46 @@ def test_ray_compiled_executor_switches_plans_and_restores_state() -> None:
         assert _same(before, {c: s.executor.get_states(c) for c in wf.components})
     finally:
         s.close()
+
+
+BROKEN = """
+rose: 1
+name: broken-split
+params: {rows: 8}
+components:
+  prompts: {impl: "examples.bench.latency:Source", args: {num_envs: 8, fixed_ms: 0.1, per_row_ms: 0.0}, device: cpu}
+  gen: {impl: "examples.bench.latency:Policy", args: {num_envs: 8, fixed_ms: 0.1, per_row_ms: 0.0}, device: cpu, state: [weights]}
+  scorer: {impl: "tests.optimizer.components:NoRows", device: cpu}
+  learner: {impl: "examples.bench.latency:Trainer", args: {fixed_ms: 0.1, per_row_ms: 0.0}, device: cpu, state: [weights, optimizer]}
+iteration:
+  count: 20
+  body:
+    - {node: sample, call: prompts.sample, in: {it: iteration.i}, out: [x], batch: {dim: 0, size: 8}}
+    - {node: generate, call: gen.act, in: {obs: sample.x, it: iteration.i}, state: {weights: read}, out: [action, value], batch: {dim: 0, size: 8}}
+    - {node: learn, call: learner.update, in: {batch: "{generate.action, generate.value}"}, state: {weights: update, optimizer: update}}
+    - {node: score, call: scorer.score, in: {x: generate.action}, out: [s], batch: {dim: 0, size: 8}}
+    - {node: publish, call: learner.get_weights, state: {weights: read}, out: [w]}
+    - {node: sync, call: gen.load_weights, in: {w: publish.w}, state: {weights: refresh}}
+"""
+
+
+def test_a_failing_candidate_loses_its_trial_not_the_training() -> None:
+    """Splitting `score` fails (the component takes no rows=) after the learner already updated its
+    weights in that iteration: the state is put back, the iteration is trained again, and training ends
+    exactly where a run of the declared workflow alone ends."""
+    from rose_dsl import load_workflow_text
+
+    wf = load_workflow_text(BROKEN, "broken.yaml")
+    bad = apply_request(wf, "split score 2").workflow
+    runs = []
+    for plans in ([wf, bad], [wf]):
+        s = TrialSession(wf, Executor(wf, "local", allowed=("examples.", "tests."), log=lambda m: None), log=lambda m: None)
+        try:
+            out = s.complete(plans, 3)
+            runs.append((out, dict(s.last_failures), s.k, {c: s.executor.get_states(c) for c in wf.components}))
+        finally:
+            s.close()
+    (out, failures, k, states), (_, _, k_ref, ref_states) = runs
+    assert list(failures) == [1] and "rows" in failures[1]
+    assert out[1] == [] and len(out[0]) == 3 and k == k_ref == 3
+    assert _same(states, ref_states)
