@@ -395,6 +395,14 @@ class TrialSession:
                             self._activity(r.component, r.host_start_ns, end)))
         return tuple(out)
 
+    def _samples(self, t0: int, t1: int) -> tuple[tuple[int, int, float], ...]:
+        """The first sampled GPU's SM-activity samples during [t0, t1) (for the timeline picture)."""
+        if self.gpu is None:
+            return ()
+        by_gpu = self.gpu.samples_by_gpu()
+        samples = by_gpu[min(by_gpu)] if by_gpu else []
+        return tuple((s.t_start_ns, s.t_end_ns, s.value) for s in samples if s.t_end_ns > t0 and s.t_start_ns < t1)
+
     def _activity(self, comp: str, start: int, end: int) -> float | None:
         if self.gpu is not None:
             return self.gpu.mean_activity([(start, end)])
@@ -435,7 +443,7 @@ class TrialSession:
         self._watch_cpu()
         if self.cpu is not None:
             self.cpu.poll()
-        run = IterationRun(seconds, self._calls(plan, records), t0, t1, self.k, metrics)
+        run = IterationRun(seconds, self._calls(plan, records), t0, t1, self.k, metrics, self._samples(t0, t1))
         self.retained.append({"iteration": self.k, "plan": label, **metrics})
         self.k += 1
         self.books["complete_iterations"] += 1

@@ -63,6 +63,8 @@ class IterationRun:
     end_ns: int = 0
     iteration: int = -1  # the RL iteration (complete runs); -1 for local runs
     metrics: dict[str, float] = field(default_factory=dict, compare=False)
+    # device-wide SM activity samples (start ns, end ns, value) during the run, on a GPU
+    activity_samples: tuple[tuple[int, int, float], ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,8 @@ class Profile:
         for r in doc["runs"]:
             calls = tuple(Call(**{**c, "indices": tuple(c["indices"])}) for c in r["calls"])
             runs.append(IterationRun(r["seconds"], calls, r.get("start_ns", 0), r.get("end_ns", 0),
-                                     r.get("iteration", -1), dict(r.get("metrics") or {})))
+                                     r.get("iteration", -1), dict(r.get("metrics") or {}),
+                                     tuple(tuple(s) for s in r.get("activity_samples", ()))))
         return cls(tuple(runs), doc.get("activity_kind", "none"), doc.get("description", ""))
 
     def save(self, path: Path) -> None:

@@ -220,6 +220,16 @@ def timeline_svg(panels: Sequence[tuple[str, IterationRun]], activity: str = "cp
                              f'fill-opacity="{op:.2f}"><title>{html.escape(c.node)} {c.seconds * 1e3:.2f} ms'
                              f'{"" if c.activity is None else f" activity {c.activity:.0%}"}</title></rect>')
             y += row_h
+        if run.activity_samples:  # device-wide SM activity under the calls
+            parts.append(f'<text x="4" y="{y + 13}" font-size="11">SM activity</text>')
+            parts.append(f'<rect x="{left}" y="{y}" width="{width - left - 10}" height="{row_h - 2}" fill="#f3f3f3"/>')
+            for s0, s1, value in run.activity_samples:
+                x = left + max(0, s0 - t0) / span * (width - left - 10)
+                w = max(0.5, (min(s1, t0 + span) - max(s0, t0)) / span * (width - left - 10))
+                h = (row_h - 2) * max(0.0, min(1.0, value))
+                parts.append(f'<rect x="{x:.1f}" y="{y + row_h - 2 - h:.1f}" width="{w:.1f}" height="{h:.1f}" fill="#59a14f">'
+                             f'<title>{value:.0%}</title></rect>')
+            y += row_h
         y += gap
     legend_y = y
     for i, n in enumerate(nodes):

@@ -126,3 +126,15 @@ def test_plans_the_runtime_cannot_place_are_infeasible(wf) -> None:
     result = optimize_graph(wf, NoCopies(LATENCY), Settings(rounds=1), **QUIET)
     temporal = _alt(result, "split-time epoch 2")
     assert temporal.status == "infeasible" and "sim@0" in temporal.reason
+
+
+def test_timeline_draws_the_sm_activity_counter_when_there_is_one() -> None:
+    import xml.etree.ElementTree as ET
+
+    from rose_dsl.optimizer.profile import Call, IterationRun
+
+    calls = (Call("iteration.a", "policy", 0, (0,), 0, 5_000_000, activity=0.2),)
+    run = IterationRun(0.01, calls, 0, 10_000_000, 0, {}, ((0, 5_000_000, 0.9), (5_000_000, 10_000_000, 0.1)))
+    svg = timeline_svg([("plan", run)], "sm")
+    ET.fromstring(svg)
+    assert "SM activity" in svg and "90%" in svg
