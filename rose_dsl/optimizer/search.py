@@ -104,7 +104,7 @@ class Settings:
     warmup: int = 1  # iterations run before the first profile (not timed)
     reference_iterations: int = 3
     validation_rounds: int = 3
-    final_rounds: int = 3  # the before/after comparison at the end
+    final_rounds: int = 5  # the before/after comparison at the end (training, kept)
     local_repeats: int = 3
     window_fraction: float = 0.25  # a loop region runs about this fraction of an iteration locally
     groups: tuple[int, ...] = (2, 4, 8)
