@@ -102,6 +102,15 @@ def _calls(item: Item) -> list[ExecutionNode]:
     return []
 
 
+def _runs(wf: Workflow, path: Path) -> bool:
+    """Does the item at `path` run (it is not inside the phases of a node that runs its entry)?"""
+    for n in range(1, len(path)):
+        owner = wf.find(path[:n])
+        if isinstance(owner, ExecutionNode) and not owner.expand:
+            return False
+    return True
+
+
 def _batch(loop: LoopNode) -> int | None:
     sizes = {n.batch_size for n in _calls(loop) if n.batch is not None and n.batch_size is not None}
     return sizes.pop() if len(sizes) == 1 else None
@@ -250,6 +259,8 @@ def sweep(wf: Workflow, groups: Sequence[int] = DEFAULT_GROUPS) -> list[Alternat
     out: list[Alternative] = []
     for item in wf.items():
         if not isinstance(item, LoopNode) or item.path == wf.root.path or item.dynamic or "@" in ".".join(item.path):
+            continue
+        if not _runs(wf, item.path):  # inside phases that are not run: a rewrite there changes nothing that runs
             continue
         calls = _calls(item)
         if calls and all(n.batch == 0 for n in calls):

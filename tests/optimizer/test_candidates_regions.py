@@ -137,3 +137,10 @@ def test_probe_workflow_captures_before_the_region(wf) -> None:
     assert probe.component == PROBE and [p for p, _ in probe.inputs] == ["probe_id", "v0"]
     assert [s.name for s in pw.components[PROBE].state] == ["captured"]
     assert check_workflow(pw) == []
+
+
+def test_sweep_ignores_loops_inside_phases_that_do_not_run(ppo) -> None:
+    labels = {a.label for a in sweep(ppo)}
+    assert not any("denoise" in label for label in labels)  # act runs its entry, not its phases
+    expanded = apply_request(ppo, "expand act").workflow
+    assert any("denoise" in a.label for a in sweep(expanded))
