@@ -47,7 +47,7 @@ FORMAT = 1
 MARKER = "COMPLETE"
 _DIR_RE = re.compile(r"^ckpt-(\d{6,})$")
 _TMP_RE = re.compile(r"^\.tmp-ckpt-\d+-(\d+)-")
-_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]*$")  # `@`: a temporal split's copy (`sim@1`)
 _LEAVES = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device, torch.Size)
 
 

@@ -262,6 +262,22 @@ class RayBackend(Backend):
         while any(pid_alive(p) for p in pids) and _time.monotonic() < deadline:
             _time.sleep(0.05)
 
+    def add_component(self, comp: Component) -> None:
+        """Start the processes of a component the workflow did not have (the optimizer's trial components,
+        a temporal split's copy). GPU slots are reserved at start, so a GPU component cannot be added to
+        a cluster with GPUs (ValueError): restart the backend with it instead."""
+        if comp.device == "gpu" and self._placement_group is not None:
+            raise ValueError(f"cannot add GPU component '{comp.name}' after the GPUs were placed")
+        from dataclasses import replace as dc_replace
+
+        self.wf = dc_replace(self.wf, components={**self.wf.components, comp.name: comp})
+        self._nodes_by_comp.setdefault(comp.name, {})
+        names = [replica_name(comp.name, r) for r in range(comp.replicas)]
+        for r, name in enumerate(names):
+            self.actors[name] = self._launch(comp, r)
+        for name in names:
+            self._await_ready(name)
+
     def replace_actor(self, name: str, quota: int | None, mps_env: dict[str, str] | None = None) -> dict[str, Any]:
         """Move a component to a new process (e.g. under another MPS quota, which is fixed for a process's
         lifetime): its declared state is read from the old actor, the old one is stopped, and the new one

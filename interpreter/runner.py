@@ -75,11 +75,12 @@ ADDITIVE_METRICS = ("env_steps", "tokens", "episodes", "env_faults", "errors", "
 
 
 def merge_replica_metrics(per_process: dict[str, dict[str, float]]) -> dict[str, float]:
-    """`{process: {metric: value}}` -> `{"component/metric": value}`, replicas (`name#r`) folded into
-    their component: counts summed, everything else the mean over the replicas that reported it."""
+    """`{process: {metric: value}}` -> `{"component/metric": value}`, replicas (`name#r`) and temporal-split
+    copies (`name@g`) folded into their component: counts summed, everything else the mean over the
+    processes that reported it."""
     values: dict[str, list[float]] = {}
     for process, metrics in per_process.items():
-        comp = process.partition("#")[0]
+        comp = process.partition("#")[0].partition("@")[0]
         for name, value in metrics.items():
             values.setdefault(f"{comp}/{name}", []).append(float(value))
     return {key: sum(vs) if key.rsplit("/", 1)[-1].endswith(ADDITIVE_METRICS) else sum(vs) / len(vs)

@@ -15,13 +15,14 @@ import sys
 from rose_dsl import cli as language
 from rose_dsl.cli import make_app, run_app
 
-from . import execute
+from . import execute, optimize
 
 __all__ = ["COMMANDS", "app", "main"]
 
 COMMANDS = (
     language.register,  # validate, graph, rewrite
     execute.register,  # execute
+    optimize.register,  # optimize
 )
 
 app = make_app("rose: declarative RL workflows, rewritten for overlap and run on Ray.")

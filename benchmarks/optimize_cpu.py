@@ -1,0 +1,124 @@
+"""`rose optimize` on the latency-bound CPU workflows, then the declared workflow against the plan it
+wrote, measured outside the optimizer: interleaved rounds (declared, plan, declared, plan, ...) of
+`rose execute`, each in its own process, the first iteration of each run dropped.
+
+    python3 benchmarks/optimize_cpu.py [--workflows interaction,nested,chain] [--rounds 5] [--iterations 8]
+    python3 benchmarks/optimize_cpu.py --smoke        # one workflow, two short rounds (CI-sized)
+
+Writes `--out` (default benchmarks/results/optimize_cpu.json): machine, versions, settings, and per
+workflow what the optimizer chose (its rewrites, its own before/after, overhead, trial counts) and
+every measured iteration of the A/B rounds with medians, spread and the ratio. Prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOWS = {"interaction": "workflows/latency_interaction.yaml", "nested": "workflows/latency_nested.yaml",
+             "chain": "workflows/latency_chain.yaml"}
+
+
+def _rose(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "rose_dsl.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _iteration_seconds(run: Path) -> list[float]:
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [d["iteration_s"] for d in lines[1:]]  # the first iteration warms up
+
+
+def _summary(values: list[float]) -> dict[str, Any]:
+    med = statistics.median(values)
+    return {"n": len(values), "median": med, "min": min(values), "max": max(values), "spread": (max(values) - min(values)) / med}
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in ("torch", "ray", "numpy"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def bench(name: str, workflow: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    sets = ["--set", "iterations=400"]
+    plan = work / name / "plan.yaml"
+    r = _rose("optimize", workflow, *sets, "-o", str(plan), "-q", *(["--rounds", "1"] if args.smoke else []))
+    if r.returncode != 0:
+        return {"error": f"rose optimize exited {r.returncode}: {r.stderr.strip()[-800:]}"}
+    report = json.loads((work / name / "plan_report" / "report.json").read_text())
+    rounds: dict[str, list[list[float]]] = {"declared": [], "plan": []}
+    for k in range(args.rounds):
+        for config in ("declared", "plan") if k % 2 == 0 else ("plan", "declared"):
+            run = work / name / f"{config}-{k}"
+            extra = ["--plan", str(plan)] if config == "plan" else sets
+            r = _rose("execute", workflow, *extra, "-n", str(args.iterations), "--out", str(run), "-q")
+            if r.returncode != 0:
+                return {"error": f"rose execute ({config}) exited {r.returncode}: {r.stderr.strip()[-800:]}"}
+            rounds[config].append(_iteration_seconds(run))
+    per_round = {c: [statistics.median(v) for v in rs] for c, rs in rounds.items()}
+    declared, planned = _summary(per_round["declared"]), _summary(per_round["plan"])
+    return {"workflow": workflow, "plan_requests": report["plan_requests"],
+            "optimizer": {"speedup": report["speedup"], "baseline_iteration_s": report["baseline_iteration_s"],
+                          "plan_iteration_s": report["plan_iteration_s"], "overhead_s": report["overhead_s"],
+                          "trials": report["trials"], "stopped": report["stopped"],
+                          "model_mean_abs_error": report["model"]["mean_abs_error"]},
+            "iteration_s": rounds, "round_medians": per_round, "declared": declared, "plan": planned,
+            "speedup": declared["median"] / planned["median"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workflows", default="interaction,nested,chain")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--iterations", type=int, default=8)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "optimize_cpu.json")
+    ap.add_argument("--smoke", action="store_true", help="one workflow, two rounds of 3 iterations")
+    args = ap.parse_args()
+    names = ["interaction"] if args.smoke else args.workflows.split(",")
+    if args.smoke:
+        args.rounds, args.iterations = 2, 3
+    unknown = [n for n in names if n not in WORKFLOWS]
+    if unknown:
+        ap.error(f"unknown workflow(s) {unknown}; choose from {sorted(WORKFLOWS)}")
+    work = Path(tempfile.mkdtemp(prefix="rose-optimize-cpu-"))
+    try:
+        results = {n: bench(n, WORKFLOWS[n], args, work) for n in names}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    doc = {"machine": {"host": platform.node(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
+                       "load_average": os.getloadavg()},
+           "versions": _versions(), "settings": {"rounds": args.rounds, "iterations": args.iterations,
+                                                "smoke": args.smoke}, "results": results}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"{'workflow':<12} {'declared s':>11} {'plan s':>9} {'speedup':>8} {'optimizer':>9}  plan")
+    failed = False
+    for n, r in results.items():
+        if "error" in r:
+            failed = True
+            print(f"{n:<12} error: {r['error'][:200]}")
+            continue
+        print(f"{n:<12} {r['declared']['median']:>11.4f} {r['plan']['median']:>9.4f} {r['speedup']:>7.2f}x "
+              f"{r['optimizer']['speedup']:>8.2f}x  {'; '.join(r['plan_requests']) or 'declared'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

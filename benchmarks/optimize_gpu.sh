@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# `rose optimize` on the GPU machine, in ONE device call: stage 1 (graph) and stage 2 (MPS quota of the
+# process with slack) on a paper-shaped workload, within a time budget. Writes into $OUT:
+#   optimize.tgz   plan.yaml (stage 1 + quotas), report/stage1.yaml (stage 1 alone), report/report.{json,md},
+#                  report/timeline.svg, report/quota_curve.svg, optimize.log
+# and prints the report's summary last. The training done while optimizing is checkpointed under
+# /tmp/rose-optimize-run (not brought back: a 360M-parameter model and its optimizer are gigabytes).
+#
+# Usage (repository root; Ray from the bundle, see DEVELOPERS.md "The GPU machine"):
+#   WORKFLOW=workflows/paper_mjx_vla.yaml SETS="--set iterations=100" BUDGET=300 bash benchmarks/optimize_gpu.sh
+# BUDGET is --budget-s for both stages (stage 1 gets about two thirds); ROUNDS (default 1) stage-1 rounds;
+# EXTRA more options (e.g. "--no-compiled", "--no-quota"); LIMIT a hard timeout for the whole command.
+#   SMOKE=1 bash benchmarks/optimize_gpu.sh          # CPU check of this script: local backend, latency workflow
+# Then feed the plans to the paper table (`benchmarks/paper_table.py --row mjx:stage1=.../stage1.yaml
+# --row mjx:stage1_mps=.../stage1.yaml --row mjx:rose=.../plan.yaml`) in a second call.
+set -uo pipefail
+OUT=${OUT:-/tmp/rose-optimize-out}
+WORK=$OUT/optimize
+mkdir -p "$WORK"
+if [ -f .raybundle/ray-site.tar.xz ]; then
+  mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site
+  export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
+else
+  export PYTHONPATH=$PWD:${PYTHONPATH:-}
+fi
+if [ "${SMOKE:-0}" = "1" ]; then
+  WORKFLOW=${WORKFLOW:-workflows/latency_interaction.yaml}
+  SETS=${SETS:---set iterations=200}
+  BACKEND=local; BUDGET=${BUDGET:-60}; LIMIT=${LIMIT:-240}
+else
+  WORKFLOW=${WORKFLOW:-workflows/paper_mjx_vla.yaml}
+  SETS=${SETS:---set iterations=100}
+  BACKEND=${BACKEND:-ray}; BUDGET=${BUDGET:-300}; LIMIT=${LIMIT:-540}
+  # the MJX simulator's own import path (wheels carried in .whl), when the workload needs it
+  if grep -q "mjx" "$WORKFLOW" && [ -f benchmarks/mjx_env.sh ]; then bash benchmarks/mjx_env.sh > "$WORK/mjx_env.log" 2>&1; fi
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$WORK/gpu.csv" 2>&1 || true
+fi
+rm -rf /tmp/rose-optimize-run
+# shellcheck disable=SC2086 # SETS holds several --set options
+timeout "$LIMIT" python3 -m rose_dsl.cli optimize "$WORKFLOW" $SETS -o "$WORK/plan.yaml" --report "$WORK/report" \
+  --out /tmp/rose-optimize-run --backend "$BACKEND" --budget-s "$BUDGET" --rounds "${ROUNDS:-1}" ${EXTRA:-} \
+  > "$WORK/optimize.log" 2>&1
+CODE=$?
+echo "rose optimize exit $CODE" >> "$WORK/optimize.log"
+tar -czf "$OUT/optimize.tgz" -C "$OUT" optimize
+tail -n 25 "$WORK/optimize.log"
+if [ -f "$WORK/report/report.md" ]; then sed -n '1,12p' "$WORK/report/report.md"; fi
+exit $CODE

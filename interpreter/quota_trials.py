@@ -1,0 +1,134 @@
+"""Stage 2 on the machine: quota trials for the GPU process with slack (paper §4.4, Algorithm 2).
+
+With the graph fixed by stage 1, the branch pair and its slack come from the stage-1 plan's trace
+(`rose_dsl.optimizer.quota.find_branches`). Each trial moves the target component to a new process
+under the trial's MPS quota -- its state goes with it (`RayBackend.replace_actor`), so no training
+progress is lost -- and times the comparison graph: the LCA of both branches, locally on captured
+inputs and state snapshots when that is a loop, or complete iterations (real training) when it is the
+whole iteration. The best quota is validated on complete iterations against the stage-1 quota, in
+blocks (q*, q0, q*: each switch restarts a process) and kept only if faster by the noise margin.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from rose_dsl.ir import Workflow
+from rose_dsl.optimizer.decide import faster, summarize
+from rose_dsl.optimizer.quota import BranchPair, distinct_levels, find_branches, quota_search
+from rose_dsl.optimizer.regions import Probe, common_ancestor, local_graphs, probe_workflow
+
+from .mps import expected_sms, quota_levels
+
+__all__ = ["tune_quota"]
+
+MAX_TRIALS = 7  # the paper's budget (§5.4): seven short quota trials
+
+
+def _total_sms() -> int:
+    import torch
+
+    return int(torch.cuda.get_device_properties(0).multi_processor_count)
+
+
+def _gpu_of(wf: Workflow) -> dict[str, int | None]:
+    return {name: (c.gpu or 0) if c.device == "gpu" else None for name, c in wf.components.items()}
+
+
+def _region(plan: Workflow, pair: BranchPair) -> tuple[str, ...]:
+    tops = {k.split("[")[0] for k in pair.target_branches + pair.other_branches}
+    return common_ancestor([(plan.root.path[0], top) for top in sorted(tops)])
+
+
+def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any, log: Callable[[str], None],
+               total_sms: int | None = None, repeats: int = 3, deadline: float | None = None) -> dict[str, Any]:
+    """Algorithm 2 for the stage-1 plan `result.plan`; returns the report's stage-2 section, with
+    `quotas` and `plan` when a quota is kept. `deadline` (a `time.perf_counter()` value) ends the search
+    early with the best level measured so far."""
+    plan = result.plan
+    pair = find_branches(result.final_runs, _gpu_of(plan))
+    if isinstance(pair, str):
+        return {"skipped": f"no eligible branch pair: {pair}; quotas kept"}
+    started = time.perf_counter()
+    executor = session.executor
+    total = total_sms or _total_sms()
+    levels = distinct_levels(quota_levels(total))  # [(percent, SMs)] ascending: level k is levels[k - 1]
+    q0 = plan.components[pair.target].mps_quota or 100
+    k0 = next(i + 1 for i, (_, sms) in enumerate(levels) if sms == expected_sms(q0, total))
+    rho = max(2, len(levels) // 16)
+    region = _region(plan, pair)
+    log(f"stage 2: {pair.target} is ready {pair.slack_s:.3f} s before {pair.other} (overlap {pair.overlap_s:.2f} s "
+        f"per iteration); tuning its quota from {q0}% on {'.'.join(region)}")
+    measure_graph = _comparison(plan, region, session, repeats)
+    current = {"percent": q0}
+    samples: dict[int, list[float]] = {}
+
+    def use(percent: int) -> None:
+        if current["percent"] != percent:
+            executor.replace_quota(pair.target, percent, gpu.client_env(percent))
+            current["percent"] = percent
+
+    def measure(k: int) -> float:
+        percent = levels[k - 1][0]
+        t = time.perf_counter()
+        use(percent)
+        values = measure_graph()
+        samples[k] = values
+        session.books["quota_trials"] += 1
+        session.books["quota_s"] += time.perf_counter() - t
+        log(f"  quota {percent}% ({levels[k - 1][1]} SMs): {statistics.median(values):.4f} s")
+        return statistics.median(values)
+
+    search = quota_search(len(levels), k0, measure, rho=rho, max_trials=MAX_TRIALS,
+                          out_of_time=None if deadline is None else (lambda: time.perf_counter() > deadline))
+    best_percent = levels[search.best - 1][0]
+    curve = [{"percent": levels[k - 1][0], "sms": levels[k - 1][1], "seconds": search.history[k], "n": len(samples[k]),
+              "samples": samples[k]} for k in sorted(search.history)]
+    out: dict[str, Any] = {
+        "target": pair.target, "other": pair.other, "gpu": pair.gpu, "slack_s": pair.slack_s, "overlap_s": pair.overlap_s,
+        "branches": {"target": list(pair.target_branches), "other": list(pair.other_branches)},
+        "comparison_graph": ".".join(region), "levels": len(levels), "rho": rho, "start_percent": q0,
+        "curve": curve, "trials": search.trials, "search_stopped": search.stopped, "best_percent": best_percent,
+    }
+    if best_percent == q0:
+        use(q0)
+        out["summary"] = f"kept {pair.target} at {q0}%: no other level was faster locally ({search.trials} trials)"
+        out["trial_seconds"] = time.perf_counter() - started
+        return out
+    log(f"stage 2: validating {pair.target} at {best_percent}% against {q0}% on complete iterations")
+    runs_best: list[Any] = []
+    runs_ref: list[Any] = []
+    for percent, bucket in ((best_percent, runs_best), (q0, runs_ref), (best_percent, runs_best)):
+        use(percent)
+        bucket += session.complete([plan], max(2, settings.validation_rounds // 2 + 1), 0, [f"mps {pair.target} {percent}%"])[0]
+    ref, cand = summarize([r.seconds for r in runs_ref]), summarize([r.seconds for r in runs_best])
+    ok, eps = faster(ref, cand, settings.eps_min, settings.z)
+    out["validation"] = {"reference": ref.to_json(), "candidate": cand.to_json(), "margin": eps, "accepted": ok}
+    out["trial_seconds"] = time.perf_counter() - started
+    if not ok:
+        use(q0)
+        out["summary"] = (f"{pair.target} at {best_percent}% was fastest locally but complete iterations were not faster "
+                          f"by more than {eps:.1%} ({cand.median:.3f} vs {ref.median:.3f} s): kept {q0}%")
+        return out
+    quota_plan = replace(plan, components={**plan.components,
+                                           pair.target: replace(plan.components[pair.target], mps_quota=best_percent)})
+    out.update(quotas={pair.target: best_percent}, plan=quota_plan,
+               summary=f"{pair.target} at {best_percent}% (was {q0}%): {ref.median / cand.median:.2f}x on complete "
+                       f"iterations ({search.trials} quota trials)")
+    return out
+
+
+def _comparison(plan: Workflow, region: tuple[str, ...], session: Any, repeats: int) -> Callable[[], list[float]]:
+    """How one quota trial is timed: the region locally (captured once), or complete iterations."""
+    if region != plan.root.path:
+        c0, _ = local_graphs(plan, [], region, 1, "interpreter.trials:Feed")
+        if not isinstance(c0, str):
+            pw = probe_workflow(plan, [Probe(999, region, c0.externals)], "interpreter.trials:Probe")
+            if not isinstance(pw, str):
+                captured = session.capture(pw)
+                return lambda: [r.seconds for r in session.local([c0], repeats, captured, 999)[0]]
+    return lambda: [r.seconds for r in session.complete([plan], repeats, 0, ["quota trial"])[0]]

@@ -1,0 +1,354 @@
+"""Candidate search (paper §4.3.2): for a target node v, the rewrites that could let other work w
+overlap v's windows, in the paper's order, as rewrite requests.
+
+Why requests (`"split step 2"`, `"interleave step"`) and not graph surgery of its own: every candidate
+goes through the same transformations and legality checks as `rose rewrite --do`, so a plan the
+optimizer writes is one a person could have written, and an illegal candidate is a refusal with a
+reason (reported), never a wrong plan.
+
+Order for v whose parent P is a loop: split + interleave inside P -- a temporal split of P or of a free
+ancestor loop (nearest first), then a spatial split of P's body with interleave -- then, in P's parent
+body, the other movable loops (fuse / rewire), splittable downstream consumers, and nodes that can be
+rewired next to P. For v in the iteration body or in a node's phases: repositioning v, then its
+siblings. The split group count is a searched parameter. `sweep` adds, beyond the paper, every
+configuration of the hand-written sweep (group pipelining with 2/4/8 groups, loop fusion, temporal
+splits), so the search never misses what a user could reach by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..analysis import loop_kinds
+from ..ir import Component, ExecutionNode, Item, LoopNode, MergeNode, Workflow
+from ..transforms import REQUEST_HELP, Refused, apply_request
+from .profile import base_component, structural
+
+__all__ = ["Alternative", "Feasible", "Infeasible", "alternatives", "sweep", "check", "find_structural",
+           "request_name", "memory_estimate", "temporal_copies", "DEFAULT_GROUPS"]
+
+Path = tuple[str, ...]
+DEFAULT_GROUPS = (2, 4, 8)
+SWEEP = "(sweep)"  # the pseudo-target of the hand-written sweep's configurations
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """A transformation phi(v, w): rewrite requests that let `partners` overlap the `target`."""
+
+    requests: tuple[str, ...]
+    family: str  # temporal-split | split-interleave | fuse | rewire | split-consumer | split-node | split-chain
+    target: str  # structural node path (`iteration.epoch.step.act`) or SWEEP
+    partners: tuple[str, ...] = ()  # structural nodes whose work would overlap the target's
+    groups: int | None = None  # k of a split
+    split_nodes: tuple[str, ...] = ()  # structural nodes whose calls the split divides into k groups
+    note: str = ""
+
+    @property
+    def label(self) -> str:
+        return "; ".join(self.requests)
+
+
+@dataclass(frozen=True)
+class Feasible:
+    alt: Alternative
+    workflow: Workflow  # G with the requests applied
+    descriptions: tuple[str, ...] = field(default=())  # what each rewrite did
+
+
+@dataclass(frozen=True)
+class Infeasible:
+    alt: Alternative
+    reason: str
+
+
+def _spath(path: Path) -> str:
+    return structural(".".join(path))
+
+
+def find_structural(wf: Workflow, node: str) -> Item | None:
+    """The item of `wf` whose structural path is `node` (the first group of a split node)."""
+    for item in wf.items():
+        if _spath(item.path) == node and not isinstance(item, MergeNode):
+            return item
+    return None
+
+
+def request_name(wf: Workflow, path: Path) -> str:
+    """How a rewrite request names the item at `path`: its path below `iteration`, or its bare name
+    when that is what the request parser needs to resolve it (a top-level item)."""
+    return ".".join(path[1:])
+
+
+def _parent(wf: Workflow, path: Path) -> Item | None:
+    return wf.find(path[:-1]) if len(path) > 1 else None
+
+
+def _body(item: Item | None) -> tuple[Item, ...]:
+    if isinstance(item, LoopNode):
+        return item.body
+    if isinstance(item, ExecutionNode) and item.phases and item.expand:
+        return item.phases
+    return ()
+
+
+def _calls(item: Item) -> list[ExecutionNode]:
+    """The ExecutionNodes that run inside `item` (a node's phases only when it runs them expanded)."""
+    if isinstance(item, ExecutionNode):
+        return [c for p in item.phases for c in _calls(p)] if item.phases and item.expand else [item]
+    if isinstance(item, LoopNode):
+        return [c for child in item.body for c in _calls(child)]
+    return []
+
+
+def _runs(wf: Workflow, path: Path) -> bool:
+    """Does the item at `path` run (it is not inside the phases of a node that runs its entry)?"""
+    for n in range(1, len(path)):
+        owner = wf.find(path[:n])
+        if isinstance(owner, ExecutionNode) and not owner.expand:
+            return False
+    return True
+
+
+def _batch(loop: LoopNode) -> int | None:
+    sizes = {n.batch_size for n in _calls(loop) if n.batch is not None and n.batch_size is not None}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def _divisors(size: int | None, groups: Sequence[int]) -> list[int]:
+    return [k for k in groups if size is not None and 1 < k <= size and size % k == 0]
+
+
+def _partners(item: Item, component: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(_spath(n.path) for n in _calls(item) if base_component(n.component) != component))
+
+
+def _spatial(wf: Workflow, loop: LoopNode, target: str, groups: Sequence[int], component: str) -> list[Alternative]:
+    name = request_name(wf, loop.path)
+    nodes = tuple(dict.fromkeys(_spath(n.path) for n in _calls(loop)))
+    return [Alternative((f"split {name} {k}", f"interleave {name}"), "split-interleave", target,
+                        _partners(loop, component), k, nodes,
+                        f"pipeline {k} row groups of loop '{loop.name}' (stage of one group next to another's)")
+            for k in _divisors(_batch(loop), groups)]
+
+
+def _temporal(wf: Workflow, loop: LoopNode, target: str, groups: Sequence[int], component: str) -> list[Alternative]:
+    name = request_name(wf, loop.path)
+    n = len(loop.indices())
+    return [Alternative((f"split-time {name} {k}",), "temporal-split", target, _partners(loop, component), k, (),
+                        f"run the iterations of free loop '{loop.name}' as {k} independent groups")
+            for k in groups if 1 < k <= n]
+
+
+def _chain_supported() -> bool:
+    return "split-chain" in REQUEST_HELP
+
+
+def alternatives(wf: Workflow, target: str, groups: Sequence[int] = DEFAULT_GROUPS) -> list[Alternative]:
+    """The candidate transformations for target node `target` (a structural path), in the paper's order
+    (not yet checked for legality: `check` does that)."""
+    item = find_structural(wf, target)
+    if item is None or not isinstance(item, ExecutionNode):
+        return []
+    comp = base_component(item.component)
+    kinds = loop_kinds(wf)
+    parent = _parent(wf, item.path)
+    out: list[Alternative] = []
+    if isinstance(parent, LoopNode) and parent.path != wf.root.path:
+        # split + interleave inside the parent: temporal first (free loops, nearest first), then spatial
+        for n in range(len(parent.path), 1, -1):
+            loop = wf.find(parent.path[:n])
+            if isinstance(loop, LoopNode) and kinds.get(loop.path) and kinds[loop.path].kind == "free":
+                out += _temporal(wf, loop, target, groups, comp)
+        out += _spatial(wf, parent, target, groups, comp)
+        out += _around(wf, parent, target, groups, comp)
+    elif isinstance(parent, LoopNode):  # a node of the iteration body
+        out += _reposition(wf, item, target)
+        if item.batch is not None:
+            out += _split_node(wf, item, target, groups, comp)
+        out += _around(wf, item, target, groups, comp, consumers=False)
+    elif isinstance(parent, ExecutionNode):  # a phase: reposition among the phases, then the parent's siblings
+        out += _reposition(wf, item, target)
+        grand = _parent(wf, parent.path)
+        if grand is not None:
+            out += _reposition(wf, parent, target)
+    return _dedupe(out)
+
+
+def _reposition(wf: Workflow, item: Item, target: str) -> list[Alternative]:
+    """Rewire `item` before/after each sibling, nearest first (only moves that change the order)."""
+    body = _body(_parent(wf, item.path))
+    names = [i.name for i in body]
+    at = names.index(item.name)
+    out = []
+    for dist in range(1, len(names)):
+        for j in (at - dist, at + dist):
+            if 0 <= j < len(names):
+                where = "before" if j < at else "after"
+                out.append(Alternative((f"rewire {request_name(wf, item.path)} {where} {names[j]}",), "rewire", target,
+                                       tuple(_spath(n.path) for n in _calls(body[j])), note=f"move '{item.name}' {where} '{names[j]}'"))
+    return out
+
+
+def _split_node(wf: Workflow, node: ExecutionNode, target: str, groups: Sequence[int], comp: str) -> list[Alternative]:
+    out = []
+    name = request_name(wf, node.path)
+    for k in _divisors(node.batch_size, groups):
+        out.append(Alternative((f"split {name} {k}",), "split-node", target, (), k, (_spath(node.path),),
+                               f"split '{node.name}' into {k} row groups"))
+    if _chain_supported():
+        body = _body(_parent(wf, node.path))
+        names = [i.name for i in body]
+        at = names.index(node.name)
+        chain = [node.name]
+        for nxt in body[at + 1:]:
+            if isinstance(nxt, ExecutionNode) and nxt.batch == 0 and nxt.batch_size == node.batch_size:
+                chain.append(nxt.name)
+            else:
+                break
+        if len(chain) > 1:
+            parts = [request_name(wf, node.path[:-1] + (c,)) for c in chain]
+            for k in _divisors(node.batch_size, groups):
+                out.append(Alternative((f"split-chain {' '.join(parts)} {k}",), "split-chain", target,
+                                       tuple(_spath(node.path[:-1] + (c,)) for c in chain[1:]), k,
+                                       tuple(_spath(node.path[:-1] + (c,)) for c in chain),
+                                       f"pipeline the chain {' -> '.join(chain)} in {k} row groups"))
+    return out
+
+
+def _around(wf: Workflow, anchor: Item, target: str, groups: Sequence[int], comp: str, consumers: bool = True) -> list[Alternative]:
+    """In the anchor's parent body: other movable loops, splittable downstream consumers, and nodes that
+    could be rewired next to the anchor."""
+    body = _body(_parent(wf, anchor.path))
+    names = [i.name for i in body]
+    at = names.index(anchor.name)
+    a_name = request_name(wf, anchor.path)
+    loops, splits, rewires = [], [], []
+    for j, other in enumerate(body):
+        if j == at or isinstance(other, MergeNode):
+            continue
+        o_name = request_name(wf, other.path)
+        partners = tuple(_spath(n.path) for n in _calls(other))
+        if isinstance(other, LoopNode):
+            if isinstance(anchor, LoopNode):
+                first, second = (a_name, o_name) if j > at else (o_name, a_name)
+                loops.append(Alternative((f"fuse {first} {second}",), "fuse", target, partners,
+                                         note=f"run iteration j of '{second.split('.')[-1]}' right after iteration j of "
+                                              f"'{first.split('.')[-1]}'"))
+            where = "before" if j > at else "after"
+            loops.append(Alternative((f"rewire {o_name} {where} {anchor.name}",), "rewire", target, partners,
+                                     note=f"move loop '{other.name}' {where} '{anchor.name}'"))
+        elif isinstance(other, ExecutionNode):
+            if consumers and j > at and other.batch is not None:
+                for k in _divisors(other.batch_size, groups):
+                    splits.append(Alternative((f"split {o_name} {k}",), "split-consumer", target, partners, k,
+                                              (_spath(other.path),), f"split consumer '{other.name}' into {k} row groups"))
+            where = "before" if j > at else "after"
+            rewires.append(Alternative((f"rewire {o_name} {where} {anchor.name}",), "rewire", target, partners,
+                                       note=f"move '{other.name}' {where} '{anchor.name}'"))
+    return loops + splits + rewires
+
+
+def sweep(wf: Workflow, groups: Sequence[int] = DEFAULT_GROUPS) -> list[Alternative]:
+    """Beyond the paper: every configuration of the hand-written sweep that applies to `wf` -- group
+    pipelining of every separable loop with each group count, temporal splits of free loops, fusion of
+    consecutive sibling loops (training overlapped with the next rollout epoch), chains of separable
+    nodes (when the rewrites support it)."""
+    kinds = loop_kinds(wf)
+    out: list[Alternative] = []
+    for item in wf.items():
+        if not isinstance(item, LoopNode) or item.path == wf.root.path or item.dynamic or "@" in ".".join(item.path):
+            continue
+        if not _runs(wf, item.path):  # inside phases that are not run: a rewrite there changes nothing that runs
+            continue
+        calls = _calls(item)
+        if calls and all(n.batch == 0 for n in calls):
+            out += _spatial(wf, item, SWEEP, groups, "")
+        if kinds[item.path].kind == "free":
+            out += _temporal(wf, item, SWEEP, groups, "")
+    for item in wf.items():
+        body = _body(item)
+        for a, b in zip(body, body[1:], strict=False):
+            if isinstance(a, LoopNode) and isinstance(b, LoopNode) and a.indices() == b.indices():
+                out.append(Alternative((f"fuse {request_name(wf, a.path)} {request_name(wf, b.path)}",), "fuse", SWEEP,
+                                       tuple(_spath(n.path) for n in _calls(b)),
+                                       note=f"run iteration j of '{b.name}' right after iteration j of '{a.name}'"))
+            if isinstance(a, ExecutionNode) and a.batch == 0 and _chain_supported():
+                out += [x for x in _split_node(wf, a, SWEEP, groups, "") if x.family == "split-chain"]
+    return _dedupe(out)
+
+
+def _dedupe(alts: Iterable[Alternative]) -> list[Alternative]:
+    seen: set[tuple[str, ...]] = set()
+    out = []
+    for a in alts:
+        if a.requests not in seen:
+            seen.add(a.requests)
+            out.append(a)
+    return out
+
+
+MemoryCheck = Callable[[Workflow], str | None]
+
+
+def check(wf: Workflow, alt: Alternative, memory: MemoryCheck | None = None) -> Feasible | Infeasible:
+    """Apply the alternative's requests to `wf`; infeasible when a rewrite is refused (the legality
+    oracle names the dependency), when it changes nothing, or when the memory estimate does not fit."""
+    current = wf
+    done = []
+    for request in alt.requests:
+        try:
+            result = apply_request(current, request)
+        except Refused as exc:
+            return Infeasible(alt, f"{request}: {exc.reason}")
+        except (ValueError, KeyError, AssertionError, IndexError) as exc:  # a rewrite's own bug: say so, go on
+            return Infeasible(alt, f"{request}: internal error in the rewrite ({type(exc).__name__}: {exc})")
+        current = result.workflow
+        done.append(result.description)
+    if current == wf:
+        return Infeasible(alt, "changes nothing")
+    if memory is not None:
+        problem = memory(current)
+        if problem:
+            return Infeasible(alt, problem)
+    return Feasible(alt, current, tuple(done))
+
+
+def memory_estimate(component_bytes: Mapping[str, int], limits: Mapping[str, int],
+                    original: Iterable[str] = ()) -> MemoryCheck:
+    """A memory check from the measured state size of each component: the processes a plan adds (the
+    copies a temporal split makes, each the size of its original) must fit the memory available on
+    their device kind (`cpu`, `gpu`). `component_bytes` may fetch sizes lazily: only copied components
+    are asked for."""
+    have = set(original)
+
+    def fits(plan: Workflow) -> str | None:
+        added: dict[str, int] = {}
+        for name, comp in plan.components.items():
+            if name in have or not have and name == base_component(name):
+                continue
+            size = component_bytes.get(base_component(name), 0)
+            added[comp.device] = added.get(comp.device, 0) + size
+        for device, total in added.items():
+            limit = limits.get(device)
+            if limit is not None and total > limit:
+                return (f"memory estimate: the {device} processes this plan adds need {total / 2**30:.2f} GiB, more than "
+                        f"the {limit / 2**30:.2f} GiB available")
+        return None
+
+    return fits
+
+
+def temporal_copies(wf: Workflow, k: int = 2) -> dict[str, Component]:
+    """The component copies a temporal split into `k` groups of each free loop would add (so that a
+    runtime can start them with the others: a GPU process cannot join the GPUs' placement later)."""
+    kinds = loop_kinds(wf)
+    out: dict[str, Component] = {}
+    for item in wf.items():
+        if not isinstance(item, LoopNode) or item.path == wf.root.path or kinds[item.path].kind != "free":
+            continue
+        result = check(wf, Alternative((f"split-time {request_name(wf, item.path)} {k}",), "temporal-split", SWEEP))
+        if isinstance(result, Feasible):
+            out.update({n: c for n, c in result.workflow.components.items() if n not in wf.components})
+    return out

@@ -1,0 +1,255 @@
+"""Predicting a plan's time before measuring it (beyond the paper; its error is reported, not hidden).
+
+Three things measured on this machine make the model:
+* a **row model** per structural node: a call on r rows takes `fixed + per_row * r` seconds, fitted on
+  calls that ran alone (no other process's call overlapping most of them), over every row count seen
+  (the profile's full batches, split groups measured in trials). One row count seen: the scaling is
+  unknown, and a plan that calls the node on other row counts is *unpredictable* (it gets measured);
+* a **contention factor** c(X, Y) per pair of component processes: while a call of X overlaps calls of
+  Y it runs (1 + c) times slower -- calibrated from every overlapping call the session measured, so it
+  includes MPS when MPS is on, the GIL on the local backend, two processes on two cores;
+* the **dispatch latency**: how long after its inputs are ready (and its component is free) a call
+  starts, the median over measured calls.
+A plan is predicted by simulating one iteration of its invocation graph: each component process runs
+its calls in program order, a call starts when its producers are done plus the latency, and calls that
+overlap slow each other by the contention factors (a fluid model: rates change as calls start and end).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..analysis import invocation_graph
+from ..ir import ExecutionNode, Workflow
+from ..semantics import Invocation
+from .profile import Call, IterationRun, base_component, structural
+
+__all__ = ["RowModel", "CostModel", "Prediction", "overlaps", "simulate", "rows_of"]
+
+SOLO = 0.1  # a call is "alone" when other processes' calls overlap less than this fraction of it
+
+
+@dataclass(frozen=True)
+class RowModel:
+    fixed_s: float
+    per_row_s: float
+    rows_seen: tuple[int, ...]
+
+    def at(self, rows: int | None) -> float | None:
+        if rows is None or len(self.rows_seen) >= 2 or rows in self.rows_seen or not self.rows_seen:
+            return self.fixed_s + self.per_row_s * (rows if rows is not None else (self.rows_seen or (0,))[-1])
+        return None  # one row count seen: how the time scales with rows is not known yet
+
+
+@dataclass(frozen=True)
+class Prediction:
+    seconds: float | None  # None: a node's time at the rows this plan needs is unknown
+    unknown: tuple[str, ...] = ()  # the nodes (and row counts) that made it unpredictable
+    busy: dict[str, float] = field(default_factory=dict)  # predicted seconds in calls per process
+    timeline: dict[Invocation, tuple[float, float]] = field(default_factory=dict, repr=False)  # start, end
+
+
+def overlaps(calls: Sequence[Call]) -> list[dict[str, float]]:
+    """For each call, the fraction of it that each *other* process's calls overlapped."""
+    order = sorted(range(len(calls)), key=lambda i: calls[i].start_ns)
+    out: list[dict[str, float]] = [defaultdict(float) for _ in calls]
+    active: list[int] = []
+    for i in order:
+        c = calls[i]
+        active = [j for j in active if calls[j].end_ns > c.start_ns]
+        for j in active:
+            d = calls[j]
+            if d.component == c.component:
+                continue
+            lo, hi = max(c.start_ns, d.start_ns), min(c.end_ns, d.end_ns)
+            if hi > lo:
+                out[i][d.component] += (hi - lo) / max(1, c.end_ns - c.start_ns)
+                out[j][c.component] += (hi - lo) / max(1, d.end_ns - d.start_ns)
+        active.append(i)
+    return [dict(o) for o in out]
+
+
+class CostModel:
+    """The row models, contention factors and dispatch latency of one session (see the module doc)."""
+
+    def __init__(self) -> None:
+        # node -> (rows, seconds, overlapped fraction, process, {other process: fraction})
+        self.points: dict[str, list[tuple[int | None, float, float, str, dict[str, float]]]] = defaultdict(list)
+        self.pairs: dict[tuple[str, str], list[float]] = defaultdict(list)
+        self.gaps: list[float] = []
+        self.rows: dict[str, RowModel] = {}
+        self.contention: dict[tuple[str, str], float] = {}
+        self.latency_s = 0.0
+
+    # -- learning ---------------------------------------------------------------------------------
+    def observe(self, runs: Iterable[IterationRun], wf: Workflow | None = None) -> None:
+        """Add the calls of measured runs; `wf` (the plan they ran) lets the dispatch latency be measured."""
+        runs = list(runs)
+        for run in runs:
+            fractions = overlaps(run.calls)
+            for c, frac in zip(run.calls, fractions, strict=True):
+                if c.component.startswith("__"):
+                    continue
+                self.points[c.structural].append((c.rows, c.seconds, sum(frac.values()), c.component, frac))
+            if wf is not None:
+                self.gaps += _gaps(run.calls, wf)
+        self._fit()
+
+    def _fit(self) -> None:
+        self.rows = {}
+        for node, pts in self.points.items():
+            solo = [(r, s) for r, s, ov, *_ in pts if ov < SOLO] or [(r, s) for r, s, *_ in pts]
+            by_rows: dict[int | None, list[float]] = defaultdict(list)
+            for r, s in solo:
+                by_rows[r].append(s)
+            med = {r: statistics.median(v) for r, v in by_rows.items()}
+            self.rows[node] = _fit_line(med)
+        pairs: dict[tuple[str, str], list[float]] = defaultdict(list)
+        for node, pts in self.points.items():
+            model = self.rows[node]
+            for r, s, ov, comp, frac in pts:
+                if ov < 0.5 or not frac:
+                    continue
+                other, share = max(frac.items(), key=lambda kv: kv[1])
+                alone = model.at(r)
+                if alone and alone > 0 and share >= 0.5:
+                    pairs[(base_component(comp), base_component(other))].append(max(0.0, (s / alone - 1.0) / min(1.0, ov)))
+        self.contention = {k: min(3.0, statistics.median(v)) for k, v in pairs.items() if len(v) >= 3}
+        self.latency_s = statistics.median(self.gaps) if self.gaps else 0.0
+
+    # -- predicting -------------------------------------------------------------------------------
+    def duration(self, node: ExecutionNode) -> float | None:
+        name = structural(".".join(node.path))
+        model = self.rows.get(name)
+        if model is None:
+            return None
+        return model.at(_rows(node))
+
+    def predict(self, wf: Workflow, free: Sequence[str] = ()) -> Prediction:
+        """Simulate one iteration of `wf`; components in `free` (e.g. the feed of a local graph) cost 0."""
+        g = invocation_graph(wf, iterations=1)
+        dur: dict[Invocation, float] = {}
+        unknown = []
+        for inv in g.order:
+            node = g.node[inv]
+            if node.component in free or node.component.startswith("__"):
+                dur[inv] = 0.0
+                continue
+            d = self.duration(node)
+            if d is None:
+                unknown.append(f"{structural('.'.join(node.path))} at {_rows(node)} rows")
+                continue
+            dur[inv] = d
+        if unknown:
+            return Prediction(None, tuple(dict.fromkeys(unknown)))
+        comp = {inv: g.node[inv].component for inv in g.order}
+        deps = {inv: [p for p in g.producers(inv) if p in dur] for inv in g.order}
+        return _simulate(g.order, comp, deps, dur, self.contention, self.latency_s)
+
+
+def simulate(wf: Workflow, cost: Callable[[ExecutionNode], float], contention: Mapping[tuple[str, str], float] | None = None,
+             latency_s: float = 0.0) -> Prediction:
+    """One iteration of `wf` with the given per-call cost (e.g. a known ground truth, in tests)."""
+    g = invocation_graph(wf, iterations=1)
+    dur = {inv: cost(g.node[inv]) for inv in g.order}
+    comp = {inv: g.node[inv].component for inv in g.order}
+    deps = {inv: list(g.producers(inv)) for inv in g.order}
+    return _simulate(g.order, comp, deps, dur, contention or {}, latency_s)
+
+
+def rows_of(node: ExecutionNode) -> int | None:
+    """The rows a call of `node` processes: its group's rows, its batch size, or None (not separable)."""
+    return _rows(node)
+
+
+def _rows(node: ExecutionNode) -> int | None:
+    if node.rows is not None:
+        return node.rows[1] - node.rows[0]
+    return node.batch_size if node.batch is not None else None
+
+
+def _fit_line(points: Mapping[int | None, float]) -> RowModel:
+    known = sorted((r, s) for r, s in points.items() if r is not None)
+    if len(known) < 2:
+        s = next(iter(points.values()))
+        return RowModel(s, 0.0, tuple(r for r, _ in known))
+    n = len(known)
+    mx = sum(r for r, _ in known) / n
+    my = sum(s for _, s in known) / n
+    var = sum((r - mx) ** 2 for r, _ in known)
+    slope = max(0.0, sum((r - mx) * (s - my) for r, s in known) / var) if var else 0.0
+    fixed = max(0.0, my - slope * mx)
+    return RowModel(fixed, slope, tuple(r for r, _ in known))
+
+
+def _gaps(calls: Sequence[Call], wf: Workflow) -> list[float]:
+    """How long each call waited after it could have started (inputs ready, its process free)."""
+    try:
+        g = invocation_graph(wf, iterations=1)
+    except Exception:  # noqa: BLE001 - a plan the analysis cannot unroll: no latency from it
+        return []
+    by_inv = {Invocation(tuple(c.node.split(".")), (0,) + tuple(c.indices[1:])): c for c in calls}
+    last_end: dict[str, int] = {}
+    out = []
+    for c in sorted(calls, key=lambda c: c.start_ns):
+        inv = Invocation(tuple(c.node.split(".")), (0,) + tuple(c.indices[1:]))
+        ends = [by_inv[p].end_ns for p in g.producers(inv) if p in by_inv]
+        ready = max([*ends, last_end.get(c.component, 0)])
+        if ready and c.start_ns >= ready:
+            out.append((c.start_ns - ready) / 1e9)
+        last_end[c.component] = c.end_ns
+    return out
+
+
+def _simulate(order: Sequence[Invocation], comp: Mapping[Invocation, str], deps: Mapping[Invocation, list[Invocation]],
+              dur: Mapping[Invocation, float], contention: Mapping[tuple[str, str], float], latency: float) -> Prediction:
+    """A fluid simulation: each process runs its calls in program order; a running call's rate is
+    1 / (1 + sum of c(X, Y) over the other processes Y with a call running)."""
+    queues: dict[str, list[Invocation]] = defaultdict(list)
+    for inv in order:
+        queues[comp[inv]].append(inv)
+    head = {p: 0 for p in queues}
+    free_at = {p: 0.0 for p in queues}
+    done: dict[Invocation, float] = {}
+    started: dict[Invocation, float] = {}
+    running: dict[Invocation, float] = {}  # remaining solo seconds
+    busy: dict[str, float] = defaultdict(float)
+    t = 0.0
+    total = len(order)
+    while len(done) < total:
+        starts = []
+        for p, q in queues.items():
+            if head[p] >= len(q) or any(comp[r] == p for r in running):
+                continue
+            inv = q[head[p]]
+            if all(d in done for d in deps[inv]):
+                ready = max([free_at[p]] + [done[d] + latency for d in deps[inv]])
+                starts.append((ready, p, inv))
+        for ready, p, inv in starts:
+            if ready <= t + 1e-12:
+                running[inv] = dur[inv]
+                started[inv] = t
+                head[p] += 1
+                busy[p] += dur[inv]
+        rates = {}
+        for inv in running:
+            me = base_component(comp[inv])
+            slow = sum(contention.get((me, base_component(comp[o])), 0.0) for o in running
+                       if o != inv and comp[o] != comp[inv])
+            rates[inv] = 1.0 / (1.0 + slow)
+        next_start = min((r for r, _, inv in starts if inv not in running and r > t + 1e-12), default=None)
+        next_end = min((rem / rates[i] for i, rem in running.items()), default=None)
+        if next_end is None and next_start is None:
+            return Prediction(None, ("a call never becomes ready (a cycle in the plan?)",))
+        step = min(x for x in (next_end, None if next_start is None else next_start - t) if x is not None)
+        t += step
+        for inv in list(running):
+            running[inv] -= rates[inv] * step
+            if running[inv] <= 1e-12:
+                del running[inv]
+                done[inv] = t
+                free_at[comp[inv]] = t
+    return Prediction(t, (), dict(busy), {inv: (started[inv], done[inv]) for inv in done})

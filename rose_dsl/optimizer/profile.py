@@ -1,0 +1,178 @@
+"""What the optimizer knows about a run: invocation records reduced to plain values, and per-node
+statistics (paper §4.3.2: D_v, the mean invocation time T(v), the time-weighted activity a_v).
+
+Why a form of its own: the search is pure (no runtime import), is unit-tested on profiles recorded on
+other machines (JSON files), and must not care whether a record came from a thread, a Ray actor or a
+GPU. The runtime (`interpreter/trials.py`) turns its invocation records into `Call`s, with each call's
+activity already averaged over the call's own window: device-wide SM activity on a GPU, the busy
+fraction of the call's component on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Call", "IterationRun", "Profile", "NodeStats", "structural", "node_stats", "base_component"]
+
+
+def structural(node: str) -> str:
+    """`iteration.epoch@1.step.act@0` -> `iteration.epoch.step.act`: split groups are their node."""
+    return ".".join(part.split("@")[0] for part in node.split("."))
+
+
+def base_component(process: str) -> str:
+    """`sim@1` (a temporal-split copy) or `sim#2` (a data-parallel replica) -> `sim`."""
+    return process.split("#")[0].split("@")[0]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One invocation as measured: times in ns on the clock shared with the activity sampler."""
+
+    node: str  # executed path, `iteration.epoch.step.act@0`
+    component: str  # the process that ran it (`sim`, `sim@1`, `policy#1`)
+    iteration: int
+    indices: tuple[int, ...]  # every enclosing loop's iteration, outermost (the RL iteration) first
+    start_ns: int
+    end_ns: int
+    rows: int | None = None  # rows along the batch dimension, when the node is batch-separable
+    activity: float | None = None  # mean activity over [start, end) (SM activity or CPU busy fraction)
+
+    @property
+    def structural(self) -> str:
+        return structural(self.node)
+
+    @property
+    def seconds(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+@dataclass(frozen=True)
+class IterationRun:
+    """One executed iteration (complete, or one run of a local graph): wall time and its calls."""
+
+    seconds: float
+    calls: tuple[Call, ...] = ()
+    start_ns: int = 0
+    end_ns: int = 0
+    iteration: int = -1  # the RL iteration (complete runs); -1 for local runs
+    metrics: dict[str, float] = field(default_factory=dict, compare=False)
+    # device-wide SM activity samples (start ns, end ns, value) during the run, on a GPU
+    activity_samples: tuple[tuple[int, int, float], ...] = field(default=(), compare=False)
+
+
+@dataclass(frozen=True)
+class NodeStats:
+    """Per structural node over the profiled iterations (paper §4.3.2)."""
+
+    node: str
+    component: str
+    total_s: float  # D_v: invocation time per iteration
+    mean_s: float  # T(v): mean invocation time
+    calls_per_iteration: float
+    activity: float | None  # a_v: time-weighted mean activity over the invocation windows
+    rows: tuple[int, ...] = ()  # the row counts seen
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Complete iterations of one plan, as the ranking sees them."""
+
+    runs: tuple[IterationRun, ...]
+    activity_kind: str = "none"  # "sm" (GPU), "cpu" (busy fraction) or "none"
+    description: str = ""
+
+    @property
+    def iteration_s(self) -> float:
+        """T_iter: the median iteration time."""
+        return statistics.median(r.seconds for r in self.runs) if self.runs else 0.0
+
+    @property
+    def calls(self) -> list[Call]:
+        return [c for r in self.runs for c in r.calls]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"activity_kind": self.activity_kind, "description": self.description,
+                "runs": [{**{k: v for k, v in asdict(r).items() if k != "calls"},
+                          "calls": [asdict(c) for c in r.calls]} for r in self.runs]}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Profile:
+        runs = []
+        for r in doc["runs"]:
+            calls = tuple(Call(**{**c, "indices": tuple(c["indices"])}) for c in r["calls"])
+            runs.append(IterationRun(r["seconds"], calls, r.get("start_ns", 0), r.get("end_ns", 0),
+                                     r.get("iteration", -1), dict(r.get("metrics") or {}),
+                                     tuple(tuple(s) for s in r.get("activity_samples", ()))))
+        return cls(tuple(runs), doc.get("activity_kind", "none"), doc.get("description", ""))
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_json()) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> Profile:
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+
+def node_stats(runs: Sequence[IterationRun] | Profile) -> dict[str, NodeStats]:
+    """D_v, T(v) and a_v per structural node, over the given complete iterations."""
+    runs = runs.runs if isinstance(runs, Profile) else runs
+    by_node: dict[str, list[Call]] = defaultdict(list)
+    for run in runs:
+        for c in run.calls:
+            by_node[c.structural].append(c)
+    n = max(1, len(runs))
+    out: dict[str, NodeStats] = {}
+    for node, calls in by_node.items():
+        total = sum(c.seconds for c in calls)
+        weighted = [(c.activity, c.seconds) for c in calls if c.activity is not None]
+        weight = sum(s for _, s in weighted)
+        activity = sum(a * s for a, s in weighted) / weight if weight > 0 else None
+        comps = sorted({base_component(c.component) for c in calls})
+        out[node] = NodeStats(node=node, component="+".join(comps), total_s=total / n, mean_s=total / len(calls),
+                              calls_per_iteration=len(calls) / n, activity=activity,
+                              rows=tuple(sorted({c.rows for c in calls if c.rows is not None})))
+    return out
+
+
+def busy_by_component(calls: Iterable[Call]) -> dict[str, float]:
+    """Seconds each component process spent in calls (a per-component busy summary for the report)."""
+    out: dict[str, float] = defaultdict(float)
+    for c in calls:
+        out[c.component] += c.seconds
+    return dict(out)
+
+
+def runs_from_chrome_trace(doc: dict[str, Any] | list[dict[str, Any]]) -> tuple[list[IterationRun], dict[str, int | None]]:
+    """A recorded `trace.json` (Chrome/Perfetto, as `rose execute` writes it) as iteration runs, and the
+    GPU of each component process seen in it (None: a CPU process) -- to test the search on traces
+    recorded on other machines."""
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    by_iteration: dict[int, list[Call]] = defaultdict(list)
+    gpu_of: dict[str, int | None] = {}
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        args = e.get("args", {})
+        loops = args.get("loops") or {}
+        comp = args.get("component", e.get("cat", "?"))
+        k = int(loops.get("iteration", 0))
+        start = int(round(e["ts"] * 1000))
+        call = Call(e["name"], comp, k, tuple(int(v) for v in loops.values()), start, start + int(round(e["dur"] * 1000)))
+        by_iteration[k].append(call)
+        if args.get("gpu") is not None:
+            gpu_of[comp] = int(args["gpu"])
+        else:
+            gpu_of.setdefault(comp, None)
+    runs = []
+    for k in sorted(by_iteration):
+        calls = tuple(sorted(by_iteration[k], key=lambda c: c.start_ns))
+        t0, t1 = calls[0].start_ns, max(c.end_ns for c in calls)
+        runs.append(IterationRun((t1 - t0) / 1e9, calls, t0, t1, k))
+    return runs, gpu_of

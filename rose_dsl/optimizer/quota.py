@@ -1,0 +1,195 @@
+"""Stage 2 (paper §4.4, Algorithm 2): the MPS SM quota of the GPU process that has slack.
+
+When two processes' work overlaps on one GPU, the one that is ready earlier can give SMs away without
+delaying the point where both are needed: its slack sigma = C0 - F0 (readiness times from a common
+origin). Lowering its quota speeds up the other branch; the synchronization moves earlier by
+min(x, sigma - y). Rose tunes only that process's quota, searching the levels the machine really
+distinguishes (2-SM steps on Hopper), coarse steps down until the time rises, then unit steps around the
+best point, and keeps the result only if complete iterations get faster.
+
+Branches here are read from the trace: a process's calls under one top-level item of the iteration and
+one iteration of it (`epoch[1]` on the policy process, `update[0]` on the trainer's), per RL iteration.
+Two branches of distinct processes on the same GPU whose spans overlap are a pair; each pair's
+readiness times are the branches' ends. Pure functions: the runtime measures, these decide.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .profile import Call, IterationRun
+
+__all__ = ["Branch", "BranchPair", "find_branches", "distinct_levels", "QuotaSearch", "quota_search", "branch_key"]
+
+
+@dataclass(frozen=True)
+class Branch:
+    process: str
+    key: str  # `epoch[1]`, `update[0]`, `publish`
+    iteration: int
+    start_ns: int
+    end_ns: int
+    calls: int
+
+
+@dataclass(frozen=True)
+class BranchPair:
+    target: str  # the earlier-ready process: its quota is tuned
+    other: str
+    gpu: int | None
+    slack_s: float  # sigma = C0 - F0, overlap-weighted mean over the pairs where the target is earlier
+    overlap_s: float  # overlapped time per iteration
+    target_branches: tuple[str, ...]  # keys (`epoch[1]`) where the target is the earlier-ready branch
+    other_branches: tuple[str, ...]
+    pairs: int
+    earlier_share: float  # of the overlap, the fraction where the target was ready first
+
+
+def branch_key(call: Call) -> tuple[str, str]:
+    """(top-level item under the iteration, a key naming the branch): `iteration.epoch@1.step.act` at
+    indices (k, 3, 7) is the branch `epoch@1[3]` of item `epoch@1`."""
+    parts = call.node.split(".")
+    if len(parts) < 2:
+        return parts[0], parts[0]
+    top = parts[1]
+    if len(parts) > 2 and len(call.indices) > 1:  # inside a loop at the top level: one branch per iteration
+        return top, f"{top}[{call.indices[1]}]"
+    return top, top
+
+
+def _branches(runs: Sequence[IterationRun], processes: set[str]) -> dict[str, list[Branch]]:
+    spans: dict[tuple[str, str, int], list[Call]] = defaultdict(list)
+    for run in runs:
+        for c in run.calls:
+            if c.component in processes:
+                spans[(c.component, branch_key(c)[1], c.iteration)].append(c)
+    out: dict[str, list[Branch]] = defaultdict(list)
+    for (proc, key, it), calls in spans.items():
+        out[proc].append(Branch(proc, key, it, min(c.start_ns for c in calls), max(c.end_ns for c in calls), len(calls)))
+    return out
+
+
+def find_branches(runs: Sequence[IterationRun], gpu_of: Mapping[str, int | None], min_overlap: float = 0.05) -> BranchPair | str:
+    """The pair of GPU processes sharing a GPU whose branches overlap most, and which of the two is
+    ready earlier (the target). A string says why there is none (then the quotas stay)."""
+    gpu_procs = {p for p, g in gpu_of.items() if g is not None}
+    if len(gpu_procs) < 2:
+        return "fewer than two processes run on a GPU"
+    branches = _branches(runs, gpu_procs)
+    iteration_s = sum(r.seconds for r in runs) / max(1, len(runs))
+    best: BranchPair | None = None
+    procs = sorted(branches)
+    for i, x in enumerate(procs):
+        for y in procs[i + 1:]:
+            if gpu_of[x] != gpu_of[y]:
+                continue
+            pair = _pair(x, y, branches[x], branches[y], gpu_of[x], len(runs))
+            if pair is not None and (best is None or pair.overlap_s > best.overlap_s):
+                best = pair
+    if best is None:
+        return "no two processes on the same GPU run overlapping branches"
+    if best.overlap_s < min_overlap * iteration_s:
+        return (f"{best.target} and {best.other} overlap {best.overlap_s:.3f} s per iteration, less than "
+                f"{min_overlap:.0%} of it")
+    if best.slack_s <= 0:
+        return f"{best.target} and {best.other} become ready together: no slack to give"
+    return best
+
+
+def _pair(x: str, y: str, bx: list[Branch], by: list[Branch], gpu: int | None, iterations: int) -> BranchPair | None:
+    weight: dict[str, float] = {x: 0.0, y: 0.0}
+    slack: dict[str, float] = {x: 0.0, y: 0.0}
+    keys: dict[str, set[str]] = {x: set(), y: set()}
+    others: dict[str, set[str]] = {x: set(), y: set()}
+    total, n = 0.0, 0
+    for a in bx:
+        for b in by:
+            if a.iteration != b.iteration:
+                continue
+            ov = (min(a.end_ns, b.end_ns) - max(a.start_ns, b.start_ns)) / 1e9
+            if ov <= 0:
+                continue
+            n += 1
+            total += ov
+            early, late = (a, b) if a.end_ns <= b.end_ns else (b, a)
+            weight[early.process] += ov
+            slack[early.process] += ov * (late.end_ns - early.end_ns) / 1e9
+            keys[early.process].add(early.key)
+            others[early.process].add(late.key)
+    if n == 0:
+        return None
+    target = max((x, y), key=lambda p: weight[p])
+    other = y if target == x else x
+    w = weight[target]
+    return BranchPair(target, other, gpu, slack[target] / w if w else 0.0, total / max(1, iterations),
+                      tuple(sorted(keys[target])), tuple(sorted(others[target])), n, w / total if total else 0.0)
+
+
+def distinct_levels(sms_of_percent: Mapping[int, int]) -> list[tuple[int, int]]:
+    """The quota levels a machine distinguishes: for each distinct SM count a client can see, the
+    smallest percentage that gives it -- ascending (level k = 1..Q is the k-th)."""
+    first: dict[int, int] = {}
+    for percent in sorted(sms_of_percent):
+        first.setdefault(sms_of_percent[percent], percent)
+    return sorted(((p, s) for s, p in first.items()), key=lambda ps: ps[1])
+
+
+@dataclass
+class QuotaSearch:
+    history: dict[int, float] = field(default_factory=dict)  # level (1..Q) -> measured completion time
+    order: list[int] = field(default_factory=list)  # levels in the order they were measured
+    best: int = 0
+    stopped: str = ""
+
+    @property
+    def trials(self) -> int:
+        return len(self.order)
+
+
+def quota_search(q: int, k0: int, measure: Callable[[int], float], rho: int = 4, max_trials: int = 7,
+                 out_of_time: Callable[[], bool] | None = None) -> QuotaSearch:
+    """Algorithm 2 over levels 1..q starting at k0: coarse steps of `rho` levels downward while the time
+    does not rise (or the minimum level is reached), then unit steps in both directions around the best
+    coarse level (the anchor), a direction stopping when its time exceeds the anchor's; at most
+    `max_trials` measurements (the first, at k0, included), fewer when `out_of_time()` says the time
+    budget is spent. Returns every measurement and the best level."""
+    if not 1 <= k0 <= q:
+        raise ValueError(f"the starting level {k0} is outside 1..{q}")
+    if rho < 2:
+        raise ValueError("the coarse step must be at least 2 levels")
+    s = QuotaSearch()
+
+    def t(k: int) -> float | None:
+        if len(s.order) >= max_trials:
+            s.stopped = s.stopped or f"the trial budget ({max_trials}) is spent"
+            return None
+        if s.order and out_of_time is not None and out_of_time():
+            s.stopped = s.stopped or "the time budget is spent"
+            return None
+        s.history[k] = measure(k)
+        s.order.append(k)
+        return s.history[k]
+
+    kb = k0
+    if t(kb) is None:
+        return s
+    while kb > 1:  # coarse search
+        k = max(1, kb - rho)
+        v = t(k)
+        if v is None:
+            break
+        if v > s.history[kb]:
+            break
+        kb = k
+    for d in (-1, +1):  # fine search around the anchor
+        k = kb + d
+        while 1 <= k <= q and k not in s.history:
+            v = t(k)
+            if v is None or v > s.history[kb]:
+                break
+            k += d
+    s.best = min(s.history, key=lambda k: (s.history[k], -k))
+    s.stopped = s.stopped or "both directions rose above the anchor"
+    return s

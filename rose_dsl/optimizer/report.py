@@ -1,0 +1,289 @@
+"""The optimizer's report: `report.json` for programs, `report.md` for people, and a timeline picture
+(SVG: one iteration before and after, a row per component process, a bar per call, shaded by its
+activity) -- written from the search's records, never from anything it did not measure.
+
+SVG by hand rather than matplotlib: the picture must be produced on the GPU machine too, where only
+the project's own dependencies are installed, and a few rectangles need no plotting library.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .decide import Summary
+from .profile import IterationRun, structural
+from .search import DEVIATIONS, Measured, RoundRecord, Stage1Result
+
+__all__ = ["build_report", "write_report", "timeline_svg", "overhead"]
+
+HOUR_S = 3600.0
+
+
+def _s(x: Summary | None) -> dict[str, Any] | None:
+    return None if x is None else {k: v for k, v in x.to_json().items()}
+
+
+def _alt(m: Measured) -> dict[str, Any]:
+    return {"requests": list(m.requests), "family": m.family, "groups": m.groups, "partners": list(m.partners),
+            "delta_s": m.delta_s, "predicted_iteration_s": m.predicted_iteration_s,
+            "predicted_local_s": m.predicted_local_s, "measured": _s(m.summary), "status": m.status,
+            "reason": m.reason, "significant": m.significant, "benefit_s": m.benefit_s}
+
+
+def _round(r: RoundRecord) -> dict[str, Any]:
+    ranking = []
+    if r.ranking is not None:
+        for x in r.ranking.all:
+            ranking.append({"node": x.node, "component": x.stats.component, "D_v": x.stats.total_s, "T_v": x.stats.mean_s,
+                            "a_v": x.stats.activity, "tier": x.tier, "S_v": x.score, "eligible": x.eligible,
+                            "rank": x.rank, "reason": x.reason})
+    targets = []
+    for t in r.targets:
+        targets.append({"node": t.node, "D_v": t.total_s, "T_v": t.mean_s, "a_v": t.activity, "tier": t.tier,
+                        "S_v": t.score, "rank": t.rank, "comparison_graph": t.region, "window": t.window,
+                        "note": t.local_note, "c0": _s(t.c0.summary) if t.c0 else None,
+                        "alternatives": [_alt(m) for m in t.alternatives],
+                        "best": list(t.best.requests) if t.best else None})
+    return {"index": r.index, "reference": _s(r.reference),
+            "threshold_s": r.ranking.threshold_s if r.ranking else None, "ranking": ranking, "targets": targets,
+            "combined": {"requests": r.combined, "predicted_iteration_s": r.combined_predicted_s,
+                         "measured": _s(r.candidate), "reference": _s(r.reference_validation), "margin": r.margin,
+                         "accepted": r.accepted, "note": r.note}}
+
+
+def overhead(total_s: float, retained_s: float, iterations: int, plan_iteration_s: float,
+             baseline_iteration_s: float) -> dict[str, Any]:
+    """Total optimizer time split into retained training and net overhead (paper §5.4), the share of a
+    one-hour run, and a stricter count that values retained iterations at the plan's speed."""
+    net = max(0.0, total_s - retained_s)
+    strict = max(0.0, total_s - iterations * plan_iteration_s)
+    saved = baseline_iteration_s - plan_iteration_s
+    return {"total": total_s, "retained_training": retained_s, "net": net, "net_strict": strict,
+            "retained_iterations": iterations,
+            "fraction_of_1h_total": total_s / HOUR_S, "fraction_of_1h_net": net / HOUR_S,
+            "fraction_of_1h_net_strict": strict / HOUR_S,
+            "break_even_iterations": (strict / saved) if saved > 0 else None}
+
+
+def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: float, workflow: str, file: str,
+                 settings: Mapping[str, Any], machine: Mapping[str, Any], stage2: Mapping[str, Any] | None,
+                 plan_file: str, run_dir: str | None, activity_kind: str) -> dict[str, Any]:
+    base, plan = result.baseline.median, result.final.median
+    rel = [(p - m) / m if m else None for _, p, m in result.model_errors]
+    errors = [{"what": w, "predicted_s": p, "measured_s": m, "error": e}
+              for (w, p, m), e in zip(result.model_errors, rel, strict=True)]
+    abs_err = [abs(e) for e in rel if e is not None]
+    trials = {"complete": {"count": int(books.get("complete_iterations", 0)), "seconds": books.get("complete_s", 0.0),
+                           "note": "real training iterations (retained)"},
+              "local": {"count": int(books.get("local_runs", 0)), "seconds": books.get("local_s", 0.0),
+                        "note": "comparison graphs on state snapshots (not training)"},
+              "captures": {"count": int(books.get("captures", 0)), "seconds": books.get("capture_s", 0.0)},
+              "quota": {"count": int(books.get("quota_trials", 0)), "seconds": books.get("quota_s", 0.0)},
+              "setup": {"count": int(books.get("restarts", 0)), "seconds": books.get("startup_s", 0.0) + books.get("prepare_s", 0.0),
+                        "note": "starting the components, registering plans, compiling graphs (count: restarts)"}}
+    return {
+        "workflow": workflow, "file": file, "plan_file": plan_file, "activity": activity_kind,
+        "baseline_iteration_s": base, "plan_iteration_s": plan,
+        "speedup": base / plan if plan > 0 else math.nan,
+        "baseline": _s(result.baseline), "plan": _s(result.final), "plan_requests": list(result.requests),
+        "rounds": [_round(r) for r in result.rounds], "stopped": result.stopped,
+        "trials": trials,
+        "overhead_s": overhead(total_s, books.get("complete_s", 0.0), int(books.get("complete_iterations", 0)),
+                               plan, base),
+        "model": {"errors": errors, "mean_abs_error": sum(abs_err) / len(abs_err) if abs_err else None},
+        "stage2": dict(stage2) if stage2 is not None else None,
+        "settings": dict(settings), "machine": dict(machine), "deviations": list(DEVIATIONS),
+        "run_dir": run_dir,
+    }
+
+
+# -- markdown ------------------------------------------------------------------------------------
+
+def _f(x: float | None, unit: str = "s", digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f} {unit}".strip()
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def _med(m: Mapping[str, Any] | None) -> str:
+    if not m:
+        return "-"
+    return f"{m['median']:.4f} s (n={m['n']}, spread {m['spread']:.0%})"
+
+
+def report_markdown(doc: Mapping[str, Any], picture: str | None) -> str:
+    lines = [f"# rose optimize: {doc['workflow']}", "",
+             f"Source `{doc['file']}`, plan `{doc['plan_file']}`.", "",
+             "| | iteration (median) | |", "| --- | --- | --- |",
+             f"| declared | {_med(doc['baseline'])} | |",
+             f"| plan | {_med(doc['plan'])} | **{doc['speedup']:.2f}x** |", "",
+             "Plan: " + ("`" + "`, `".join(doc["plan_requests"]) + "`" if doc["plan_requests"] else "the declared graph "
+                         "(no rewrite was measured faster by more than the noise)"), ""]
+    if doc.get("stage2"):
+        s2 = doc["stage2"]
+        lines += ["Stage 2 (MPS quotas): " + s2.get("summary", s2.get("skipped", "")), ""]
+    lines += [f"Stopped: {doc['stopped']}.", ""]
+    if picture:
+        lines += [f"![one iteration before and after]({picture})", ""]
+    for r in doc["rounds"]:
+        lines += [f"## Round {r['index']}", "", f"Reference: {_med(r['reference'])}; eligibility threshold "
+                  f"{_f(r['threshold_s'])}.", "",
+                  "| node | D_v | T(v) | a_v | tier | S(v) | target |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        for x in r["ranking"][:12]:
+            lines.append(f"| {x['node'].removeprefix('iteration.')} | {_f(x['D_v'])} | {_f(x['T_v'], 's', 4)} | "
+                         f"{_pct(x['a_v'])} | {x['tier'] or 'excluded'} | {_f(x['S_v'])} | "
+                         f"{'#' + str(x['rank'] + 1) if x['rank'] is not None else x['reason']} |")
+        for t in r["targets"]:
+            lines += ["", f"### {t['node'].removeprefix('iteration.')}" + (f" (rank {t['rank'] + 1})" if t["rank"] is not None else ""),
+                      "", f"Comparison graph: `{t['comparison_graph'] or 'the whole iteration'}`"
+                      + (f" ({t['window']} iteration(s) of it)" if t["window"] else "")
+                      + (f"; c0 {_med(t['c0'])}" if t["c0"] else "") + (f". {t['note']}" if t["note"] else ""), "",
+                      "| alternative | status | measured | predicted | benefit/iteration | why |",
+                      "| --- | --- | --- | --- | --- | --- |"]
+            for a in t["alternatives"]:
+                pred = a["predicted_local_s"] if a["status"] == "measured" else a["predicted_iteration_s"]
+                lines.append(f"| `{'; '.join(a['requests'])}` | {a['status']}{' ✓' if a['significant'] else ''} | "
+                             f"{_med(a['measured'])} | {_f(pred, 's', 4)} | {_f(a['benefit_s'], 's', 4)} | "
+                             f"{a['reason'][:140].replace('|', '/')} |")
+        c = r["combined"]
+        lines += ["", f"Combined: `{'; '.join(c['requests']) or '-'}` predicted {_f(c['predicted_iteration_s'])}, measured "
+                  f"{_med(c['measured'])} vs reference {_med(c['reference'])}, margin {_pct(c['margin'])}: "
+                  f"**{'accepted' if c['accepted'] else 'rejected'}** ({c['note']})", ""]
+    tr, ov = doc["trials"], doc["overhead_s"]
+    lines += ["## Trials and overhead", "", "| kind | count | seconds | |", "| --- | --- | --- | --- |"]
+    for k, v in tr.items():
+        lines.append(f"| {k} | {v['count']} | {v['seconds']:.2f} | {v.get('note', '')} |")
+    be = ov["break_even_iterations"]
+    lines += ["", f"Total optimizer time {ov['total']:.1f} s, of which {ov['retained_training']:.1f} s were "
+              f"{ov['retained_iterations']} training iterations kept: net overhead {ov['net']:.1f} s = "
+              f"{ov['fraction_of_1h_net']:.2%} of a one-hour run ({ov['fraction_of_1h_total']:.2%} counting everything; "
+              f"{ov['fraction_of_1h_net_strict']:.2%} valuing the kept iterations at the plan's speed"
+              + (f", recovered after {be:.0f} iterations of the plan" if be is not None else "") + ").", ""]
+    m = doc["model"]
+    if m["errors"]:
+        lines += ["## Prediction vs measurement", "", f"Mean absolute error {_pct(m['mean_abs_error'])}.", "",
+                  "| what | predicted | measured | error |", "| --- | --- | --- | --- |"]
+        lines += [f"| {e['what']} | {e['predicted_s']:.4f} s | {e['measured_s']:.4f} s | {_pct(e['error'])} |"
+                  for e in m["errors"]]
+        lines.append("")
+    s2 = doc.get("stage2") or {}
+    if s2.get("curve"):
+        lines += ["## Quota curve (stage 2)", "", "| quota % | SMs | local time |", "| --- | --- | --- |"]
+        lines += [f"| {p['percent']} | {p.get('sms', '-')} | {p['seconds']:.4f} s |" for p in s2["curve"]]
+        lines += ["", "![quota curve](quota_curve.svg)"]
+        lines.append("")
+    lines += ["## Deviations from the paper", ""] + [f"- {d}" for d in doc["deviations"]] + [""]
+    if doc.get("run_dir"):
+        lines += ["## Continue training", "", f"The iterations trained while optimizing are checkpointed in "
+                  f"`{doc['run_dir']}`: `rose execute {doc['file']} --plan {doc['plan_file']} --out {doc['run_dir']} --resume`", ""]
+    return "\n".join(lines)
+
+
+# -- pictures ----------------------------------------------------------------------------------------
+
+_COLORS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")
+
+
+def timeline_svg(panels: Sequence[tuple[str, IterationRun]], activity: str = "cpu", width: int = 900) -> str:
+    """One iteration per panel, on a common time scale: a row per component process, a bar per call
+    (colour: its node), bar opacity = the call's activity (SM activity or CPU busy fraction)."""
+    nodes = sorted({structural(c.node) for _, run in panels for c in run.calls})
+    color = {n: _COLORS[i % len(_COLORS)] for i, n in enumerate(nodes)}
+    span = max((max(c.end_ns for c in run.calls) - min(c.start_ns for c in run.calls)) for _, run in panels if run.calls) \
+        if any(run.calls for _, run in panels) else 1
+    left, row_h, gap = 110, 18, 28
+    y = 10
+    parts = []
+    for title, run in panels:
+        comps = sorted({c.component for c in run.calls})
+        parts.append(f'<text x="4" y="{y + 12}" font-size="13" font-weight="bold">{html.escape(title)} '
+                     f'({run.seconds:.3f} s)</text>')
+        y += 20
+        t0 = min((c.start_ns for c in run.calls), default=0)
+        for comp in comps:
+            parts.append(f'<text x="4" y="{y + 13}" font-size="11">{html.escape(comp)}</text>')
+            parts.append(f'<rect x="{left}" y="{y}" width="{width - left - 10}" height="{row_h - 2}" fill="#f3f3f3"/>')
+            for c in run.calls:
+                if c.component != comp:
+                    continue
+                x = left + (c.start_ns - t0) / span * (width - left - 10)
+                w = max(0.5, (c.end_ns - c.start_ns) / span * (width - left - 10))
+                op = 0.35 + 0.65 * (c.activity if c.activity is not None else 1.0)
+                parts.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row_h - 2}" fill="{color[structural(c.node)]}" '
+                             f'fill-opacity="{op:.2f}"><title>{html.escape(c.node)} {c.seconds * 1e3:.2f} ms'
+                             f'{"" if c.activity is None else f" activity {c.activity:.0%}"}</title></rect>')
+            y += row_h
+        if run.activity_samples:  # device-wide SM activity under the calls
+            parts.append(f'<text x="4" y="{y + 13}" font-size="11">SM activity</text>')
+            parts.append(f'<rect x="{left}" y="{y}" width="{width - left - 10}" height="{row_h - 2}" fill="#f3f3f3"/>')
+            for s0, s1, value in run.activity_samples:
+                x = left + max(0, s0 - t0) / span * (width - left - 10)
+                w = max(0.5, (min(s1, t0 + span) - max(s0, t0)) / span * (width - left - 10))
+                h = (row_h - 2) * max(0.0, min(1.0, value))
+                parts.append(f'<rect x="{x:.1f}" y="{y + row_h - 2 - h:.1f}" width="{w:.1f}" height="{h:.1f}" fill="#59a14f">'
+                             f'<title>{value:.0%}</title></rect>')
+            y += row_h
+        y += gap
+    legend_y = y
+    for i, n in enumerate(nodes):
+        x = 4 + (i % 4) * 220
+        yy = legend_y + (i // 4) * 16
+        parts.append(f'<rect x="{x}" y="{yy}" width="10" height="10" fill="{color[n]}"/>'
+                     f'<text x="{x + 14}" y="{yy + 9}" font-size="10">{html.escape(n.removeprefix("iteration."))}</text>')
+    height = legend_y + (len(nodes) + 3) // 4 * 16 + 24
+    note = "bar opacity: " + ("SM activity" if activity == "sm" else "CPU busy fraction of the component")
+    parts.append(f'<text x="4" y="{height - 6}" font-size="10" fill="#555">{note}; same time scale in every panel</text>')
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif">'
+            + "".join(parts) + "</svg>\n")
+
+
+def curve_svg(points: Sequence[tuple[int, float]], width: int = 480, height: int = 260) -> str:
+    """Local completion time against the quota (paper Figure 15)."""
+    if not points:
+        return ""
+    xs = [p for p, _ in points]
+    ys = [s for _, s in points]
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = min(ys) * 0.95, max(ys) * 1.05
+
+    def sx(x: float) -> float:
+        return 50 + (x - x0) / ((x1 - x0) or 1) * (width - 70)
+
+    def sy(v: float) -> float:
+        return height - 30 - (v - y0) / ((y1 - y0) or 1) * (height - 50)
+
+    pts = sorted(points)
+    path = " ".join(f"{'M' if i == 0 else 'L'}{sx(x):.1f},{sy(v):.1f}" for i, (x, v) in enumerate(pts))
+    dots = "".join(f'<circle cx="{sx(x):.1f}" cy="{sy(v):.1f}" r="3" fill="#e15759"><title>{x}%: {v:.4f} s</title></circle>'
+                   for x, v in pts)
+    labels = "".join(f'<text x="{sx(x):.1f}" y="{height - 12}" font-size="9" text-anchor="middle">{x}</text>' for x, _ in pts)
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif">'
+            f'<text x="4" y="14" font-size="12">local completion time vs SM quota of the target process</text>'
+            f'<text x="4" y="{sy(y1) + 10:.0f}" font-size="9">{y1:.3f} s</text><text x="4" y="{sy(y0):.0f}" font-size="9">{y0:.3f} s</text>'
+            f'<path d="{path}" fill="none" stroke="#4e79a7" stroke-width="2"/>{dots}{labels}'
+            f'<text x="{width - 60}" y="{height - 2}" font-size="9">quota %</text></svg>\n')
+
+
+def write_report(doc: Mapping[str, Any], out_dir: Path, panels: Sequence[tuple[str, IterationRun]] = ()) -> list[Path]:
+    """report.json, report.md and timeline.svg (and quota_curve.svg) into `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    picture = None
+    if panels and any(run.calls for _, run in panels):
+        (out_dir / "timeline.svg").write_text(timeline_svg(panels, doc.get("activity", "cpu")))
+        picture = "timeline.svg"
+        written.append(out_dir / "timeline.svg")
+    s2 = doc.get("stage2") or {}
+    if s2.get("curve"):
+        (out_dir / "quota_curve.svg").write_text(curve_svg([(p["percent"], p["seconds"]) for p in s2["curve"]]))
+        written.append(out_dir / "quota_curve.svg")
+    (out_dir / "report.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    (out_dir / "report.md").write_text(report_markdown(doc, picture))
+    return [out_dir / "report.json", out_dir / "report.md", *written]

@@ -1,0 +1,590 @@
+"""Algorithm 1 (window-guided graph optimization), driven over a `Measurer` the runtime implements.
+
+One round: profile the current graph G on complete iterations; rank nodes; for each of the top-K
+targets (and the hand-written sweep), find alternatives, predict them, measure c0 and the promising
+ones on their comparison graph; combine the best alternative of each target greedily; validate the
+combination on complete iterations and accept it only when it is faster by more than the noise margin.
+Rounds repeat on the accepted graph until one accepts nothing, R rounds ran, or the budget is spent.
+
+The driver never touches a backend: it hands workflows (plans, local graphs, probe graphs) to the
+measurer and gets `IterationRun`s back, so it runs unchanged on threads, Ray actors, or -- in the unit
+tests -- a fake measurer that simulates time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..ir import LoopNode, Workflow
+from .candidates import SWEEP, Alternative, Feasible, Infeasible, alternatives, check, memory_estimate, sweep
+from .decide import Summary, faster, summarize
+from .model import CostModel
+from .profile import IterationRun, node_stats, structural
+from .rank import Ranking, rank_nodes
+from .regions import (
+    LocalGraph,
+    Probe,
+    changed_regions,
+    common_ancestor,
+    external_texts,
+    local_graphs,
+    probe_workflow,
+)
+
+__all__ = ["Settings", "Measurer", "Measured", "TargetRecord", "RoundRecord", "Stage1Result", "optimize_graph",
+           "OutOfBudget", "DEVIATIONS"]
+
+FEED_IMPL = "interpreter.trials:Feed"
+PROBE_IMPL = "interpreter.trials:Probe"
+
+DEVIATIONS = (
+    "on the CPU, a node's activity a_v is its component's CPU busy fraction over its calls (no SM activity)",
+    "candidates are ordered by the duration mismatch of target and partner both after the split",
+    "alternatives the calibrated model predicts to be slower are not measured; the first split of each "
+    "family (k = 2) is always measured, as calibration",
+    "alternatives whose comparison graph is the whole iteration are measured by complete iterations "
+    "(real, retained training) instead of local trials on snapshots",
+    "when a combination of several targets fails validation, the best single alternative is validated "
+    "before the round ends",
+    "a node's phases are ranked only when the graph runs them expanded",
+)
+
+
+class OutOfBudget(Exception):
+    """The time budget or the workflow's iterations are spent: stop with what is validated."""
+
+
+class Measurer(Protocol):
+    @property
+    def activity_kind(self) -> str:
+        """"sm" (GPU SM activity), "cpu" (component busy fraction) or "none"."""
+
+    @property
+    def component_bytes(self) -> Mapping[str, int]:
+        """State bytes per component (for the memory estimate; may be fetched lazily)."""
+
+    @property
+    def memory_limits(self) -> Mapping[str, int]:
+        """Bytes available per device kind for the processes a plan adds."""
+
+    def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0,
+                 labels: Sequence[str] = ()) -> list[list[IterationRun]]:
+        """Interleaved complete iterations (real training) of each plan (named by `labels`, the rewrite
+        requests that made it, for the run's records); raises OutOfBudget."""
+
+    def capture(self, probe_wf: Workflow) -> Any:
+        """One real iteration of a probe workflow; the captured values per probe id (opaque)."""
+
+    def local(self, graphs: Sequence[LocalGraph], repeats: int, captured: Any, probe_id: int) -> list[list[IterationRun]]:
+        """Interleaved runs of local graphs on the captured inputs, state restored before each."""
+
+    def elapsed(self) -> float: ...
+
+    @property
+    def last_failures(self) -> Mapping[int, str]:
+        """Plans (by index) of the last `complete`/`local` call that failed -- a component raised; the
+        state they may have changed is restored and training goes on -- with the reason."""
+
+    def placement(self, plan: Workflow) -> str | None:
+        """Why the runtime cannot run `plan` on its processes (None: it can)."""
+
+
+@dataclass
+class Settings:
+    top_k: int = 3  # K
+    alternatives: int = 4  # L
+    rounds: int = 2  # R
+    tau_a: float = 1.0  # absolute eligibility threshold (s)
+    tau_r: float = 0.05  # relative eligibility threshold (of T_iter)
+    eps_min: float = 0.03  # the smallest accepted improvement
+    z: float = 2.0  # the noise margin in standard errors
+    warmup: int = 1  # iterations run before the first profile (not timed)
+    reference_iterations: int = 3
+    validation_rounds: int = 3
+    final_rounds: int = 5  # the before/after comparison at the end (training, kept)
+    local_repeats: int = 3
+    window_fraction: float = 0.25  # a loop region runs about this fraction of an iteration locally
+    groups: tuple[int, ...] = (2, 4, 8)
+    budget_s: float | None = None
+    tolerance: float = 0.05  # measure what the model predicts no slower than (1 + tolerance) x G
+
+
+@dataclass
+class Measured:
+    label: str
+    requests: tuple[str, ...] = ()
+    family: str = ""
+    groups: int | None = None
+    partners: tuple[str, ...] = ()
+    delta_s: float | None = None
+    predicted_iteration_s: float | None = None
+    predicted_local_s: float | None = None
+    summary: Summary | None = None
+    status: str = "pending"  # measured | skipped | infeasible | unmeasurable | complete
+    reason: str = ""
+    benefit_s: float = 0.0  # estimated iteration time saved
+    significant: bool = False
+    workflow: Workflow | None = field(default=None, repr=False)
+    runs: list[IterationRun] = field(default_factory=list, repr=False)  # complete-iteration trials
+
+
+@dataclass
+class TargetRecord:
+    node: str
+    total_s: float = 0.0
+    mean_s: float = 0.0
+    activity: float | None = None
+    tier: int | None = None
+    score: float = 0.0
+    rank: int | None = None
+    region: str | None = None
+    window: int | None = None
+    local_note: str = ""
+    c0: Measured | None = None
+    alternatives: list[Measured] = field(default_factory=list)
+    best: Measured | None = None
+
+
+@dataclass
+class RoundRecord:
+    index: int
+    reference: Summary
+    ranking: Ranking | None = None
+    targets: list[TargetRecord] = field(default_factory=list)
+    combined: list[str] = field(default_factory=list)  # the requests of the combination
+    combined_predicted_s: float | None = None
+    candidate: Summary | None = None
+    reference_validation: Summary | None = None
+    margin: float | None = None
+    accepted: bool = False
+    note: str = ""
+
+
+@dataclass
+class Stage1Result:
+    plan: Workflow
+    requests: tuple[str, ...]
+    baseline: Summary
+    final: Summary
+    rounds: list[RoundRecord]
+    model_errors: list[tuple[str, float, float]]  # (what, predicted s, measured s)
+    stopped: str = ""
+    baseline_runs: list[IterationRun] = field(default_factory=list, repr=False)
+    final_runs: list[IterationRun] = field(default_factory=list, repr=False)
+
+
+Log = Callable[[str], None]
+
+
+class _Search:
+    def __init__(self, wf: Workflow, measurer: Measurer, settings: Settings, log: Log) -> None:
+        self.wf, self.m, self.s, self.log = wf, measurer, settings, log
+        self.model = CostModel()
+        fits = memory_estimate(measurer.component_bytes, measurer.memory_limits, wf.components)
+        placement = getattr(measurer, "placement", None)
+        self.memory = (lambda plan: fits(plan) or placement(plan)) if callable(placement) else fits
+        self.errors: list[tuple[str, float, float]] = []
+        self.probe_ids = 0
+        self.label = ""  # the requests that made the current graph, as a prefix for plan labels
+        self.local_cache: dict[tuple[str, ...], dict[tuple[str, ...], Measured]] = {}  # per round
+        self.c0_runs: dict[tuple[str, ...], list[IterationRun]] = {}
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def budget(self) -> None:
+        if self.s.budget_s is not None and self.m.elapsed() > self.s.budget_s:
+            raise OutOfBudget(f"the time budget of {self.s.budget_s:.0f} s is spent")
+
+    def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0,
+                 labels: Sequence[str] = ()) -> list[list[IterationRun]]:
+        self.budget()
+        runs = self.m.complete(plans, rounds, warmup, labels)
+        for plan, rs in zip(plans, runs, strict=True):
+            self.model.observe(rs, plan)
+        return runs
+
+    def predict(self, wf: Workflow, reference: Workflow, measured_s: float) -> float | None:
+        p, p0 = self.model.predict(wf), self.model.predict(reference)
+        if p.seconds is None or not p0.seconds:
+            return None
+        return measured_s * p.seconds / p0.seconds
+
+    # -- one round --------------------------------------------------------------------------------
+    def round(self, index: int, g: Workflow, ref_runs: list[IterationRun]) -> tuple[RoundRecord, Workflow | None,
+                                                                                  tuple[str, ...], list[IterationRun]]:
+        reference = summarize([r.seconds for r in ref_runs])
+        rec = RoundRecord(index, reference)
+        self.rec, self.wf_current = rec, g
+        self.local_cache, self.c0_runs = {}, {}
+        stats = node_stats(ref_runs)
+        rec.ranking = rank_nodes(stats, reference.median, k=self.s.top_k, tau_a=self.s.tau_a, tau_r=self.s.tau_r)
+        self.log(f"round {index}: T_iter {reference.median:.3f} s; targets: "
+                 + (", ".join(t.node.removeprefix("iteration.") for t in rec.ranking.targets) or "none"))
+        targets = [self._target(g, t.node, stats, reference, t) for t in rec.ranking.targets]
+        targets.append(self._target(g, SWEEP, stats, reference, None))
+        rec.targets = [t for t in targets if t.alternatives]
+        self._measure(g, rec, ref_runs, reference)
+        chosen = self._combine(g, rec)
+        if not chosen:
+            rec.note = "no alternative was measured faster than its comparison graph by more than the noise"
+            return rec, None, (), []
+        return self._validate(g, rec, chosen, reference, ref_runs)
+
+    def _target(self, g: Workflow, node: str, stats, reference: Summary, ranked) -> TargetRecord:
+        rec = TargetRecord(node)
+        if ranked is not None:
+            s = ranked.stats
+            rec.total_s, rec.mean_s, rec.activity = s.total_s, s.mean_s, s.activity
+            rec.tier, rec.score, rec.rank = ranked.tier, ranked.score, ranked.rank
+        alts = sweep(g, self.s.groups) if node == SWEEP else alternatives(g, node, self.s.groups)
+        measured = []
+        for alt in alts:
+            result = check(g, alt, self.memory)
+            m = Measured(alt.label, alt.requests, alt.family, alt.groups, alt.partners)
+            if isinstance(result, Infeasible):
+                m.status, m.reason = "infeasible", result.reason
+            else:
+                m.workflow = result.workflow
+                m.delta_s = self._delta(node, alt, stats)
+                m.predicted_iteration_s = self.predict(result.workflow, g, reference.median)
+            measured.append(m)
+        rec.alternatives = measured
+        return rec
+
+    def _delta(self, node: str, alt: Alternative, stats) -> float | None:
+        """|T^(v) - T^(w)|: the target's and its partners' mean call time, both after the split."""
+        def after(name: str) -> float | None:
+            s = stats.get(name)
+            if s is None:
+                return None
+            if alt.groups and name in alt.split_nodes and s.rows:
+                m = self.model.rows.get(name)
+                est = m.at(s.rows[-1] // alt.groups) if m is not None else None
+                return est if est is not None else s.mean_s / alt.groups
+            return s.mean_s
+        tv = after(node) if node != SWEEP else None
+        tw = [x for x in (after(w) for w in alt.partners) if x is not None]
+        if tv is None or not tw:
+            return None
+        return abs(tv - sum(tw) / len(tw))
+
+    def _order(self, ms: list[Measured]) -> list[Measured]:
+        return sorted(ms, key=lambda m: (m.delta_s is None, m.delta_s or 0.0))
+
+    # -- measuring --------------------------------------------------------------------------------
+    def _measure(self, g: Workflow, rec: RoundRecord, ref_runs: list[IterationRun], reference: Summary) -> None:
+        """Alternatives whose changes stay inside a loop (or a node) are timed locally on their target's
+        comparison graph; those that change the iteration's own body, by complete iterations (each
+        distinct alternative once per round, however many targets proposed it)."""
+        local_plans = []
+        whole: dict[tuple[str, ...], list[Measured]] = {}
+        root = g.root.path
+        for t in rec.targets:
+            feasible = [m for m in t.alternatives if m.workflow is not None]
+            chosen = self._select(t, feasible, reference)
+            regions = {id(m): changed_regions(g, _plan(m)) for m in chosen}
+            local = [m for m in chosen if root not in regions[id(m)]]
+            for m in chosen:
+                if root in regions[id(m)]:
+                    whole.setdefault(m.requests, []).append(m)
+            if not local:
+                continue
+            region = common_ancestor([r for m in local for r in regions[id(m)]])
+            t.region = ".".join(region)
+            t.window = self._window(g, region, ref_runs, reference.median)
+            c0, graphs = local_graphs(g, [_plan(m) for m in local], region, t.window, FEED_IMPL)
+            if isinstance(c0, str):
+                t.local_note = c0
+                for m in local:
+                    whole.setdefault(m.requests, []).append(m)
+                continue
+            pairs = []
+            for m, lg in zip(local, graphs, strict=True):
+                if isinstance(lg, str):
+                    m.status, m.reason = "unmeasurable", lg
+                else:
+                    pairs.append((m, lg))
+            local_plans.append((t, region, c0, pairs))
+        if local_plans:
+            self._local_trials(g, local_plans, reference)
+        if whole:
+            self._complete_trials(g, whole, ref_runs)
+
+    def _window(self, g: Workflow, region: tuple[str, ...], runs: list[IterationRun], t_iter: float) -> int | None:
+        item = g.find(region)
+        if not isinstance(item, LoopNode) or not item.indices():
+            return None
+        prefix = ".".join(region) + "."
+        per_iteration = sum(c.seconds for r in runs for c in r.calls if structural(c.node).startswith(structural(prefix)))
+        per_iteration /= max(1, len(runs))
+        outer = 1
+        for n in range(2, len(region)):
+            loop = g.find(region[:n])
+            if isinstance(loop, LoopNode):
+                outer *= max(1, len(loop.indices()))
+        one = per_iteration / outer / len(item.indices())
+        if one <= 0:
+            return len(item.indices())
+        return max(1, min(len(item.indices()), round(self.s.window_fraction * t_iter / one)))
+
+    def _select(self, t: TargetRecord, feasible: list[Measured], reference: Summary) -> list[Measured]:
+        """Which alternatives get measured: calibration (k = 2 of a split family, or no prediction),
+        then those predicted not slower, in the paper's order; at most L (the sweep: all promising)."""
+        limit = self.s.alternatives if t.node != SWEEP else len(feasible)
+        chosen: list[Measured] = []
+        for m in self._order(feasible):
+            pred = m.predicted_iteration_s
+            calibrate = pred is None or (m.groups == 2 and m.family != "temporal-split")
+            promising = pred is not None and pred <= (1 + self.s.tolerance) * reference.median
+            if len(chosen) < limit and (calibrate or promising):
+                chosen.append(m)
+            else:
+                m.status = "skipped"
+                m.reason = (f"predicted {pred:.3f} s, slower than the reference {reference.median:.3f} s"
+                            if pred is not None and not promising else f"beyond the {limit} alternatives per target")
+        return chosen
+
+    def _local_trials(self, g: Workflow, plans, reference: Summary) -> None:
+        probes = {}
+        for _t, region, _c0, _pairs in plans:
+            if region not in probes:
+                self.probe_ids += 1
+                probes[region] = Probe(self.probe_ids, region, ())
+        externals: dict[tuple[str, ...], dict[str, str]] = {}
+        for _t, region, c0, pairs in plans:
+            externals.setdefault(region, {}).update(dict(external_texts([c0] + [lg for _, lg in pairs])))
+        probe_list = [Probe(p.id, p.region, tuple(sorted(externals[p.region].items(), key=lambda kv: int(kv[0][1:]))))
+                      for p in probes.values()]
+        pw = probe_workflow(g, probe_list, PROBE_IMPL)
+        if isinstance(pw, str):
+            for t, _, _, pairs in plans:
+                t.local_note = pw
+                for m, _ in pairs:
+                    m.status, m.reason = "unmeasurable", pw
+            return
+        self.budget()
+        self.log(f"capturing the inputs of {len(probes)} comparison graph(s) in one training iteration")
+        captured = self.m.capture(pw)
+        for t, region, c0, pairs in plans:
+            self._local_target(t, probes[region].id, c0, pairs, captured, reference)
+
+    def _local_target(self, t: TargetRecord, probe_id: int, c0: LocalGraph, pairs, captured, reference: Summary) -> None:
+        graph_of = {id(m): lg for m, lg in pairs}
+        chosen = [m for m, _ in pairs]
+        cache = self.local_cache.setdefault(c0.region, {})
+        for m in chosen:
+            hit = cache.get(m.requests)
+            if hit is not None:
+                m.summary, m.status, m.predicted_local_s = hit.summary, hit.status, hit.predicted_local_s
+                m.reason = hit.reason
+        todo = [m for m in chosen if m.requests not in cache]
+        # calibration first (k = 2, or no prediction), then the rest re-predicted with what it taught the model
+        first = [m for m in todo if m.groups == 2 or m.groups is None and m.predicted_iteration_s is None] or todo[:1]
+        rest = [m for m in todo if m not in first]
+        c0_runs = self.c0_runs.setdefault(c0.region, [])
+        for batch in (first, rest):
+            if not batch:
+                continue
+            self.budget()
+            if batch is rest:
+                batch = [m for m in batch if self._still_promising(m, c0, graph_of[id(m)])]
+                if not batch:
+                    continue
+            self.log(f"  {t.node.removeprefix('iteration.')}: local trials of {len(batch)} alternative(s) on "
+                     f"{'.'.join(c0.region[1:])} (x{self.s.local_repeats})")
+            graphs = [c0] + [graph_of[id(m)] for m in batch]
+            runs = self.m.local(graphs, self.s.local_repeats, captured, probe_id)
+            failed = dict(self.m.last_failures)
+            if 0 in failed or not runs[0]:
+                t.local_note = f"the unchanged comparison graph failed: {failed.get(0, 'no run completed')}"
+                return
+            for graph, rs in zip(graphs, runs, strict=True):
+                self.model.observe(rs, graph.workflow)
+            c0_runs += runs[0]
+            base = summarize([r.seconds for r in runs[0]]).median
+            p0 = self.model.predict(c0.workflow)
+            for i, (m, rs) in enumerate(zip(batch, runs[1:], strict=True), start=1):
+                if i in failed or not rs:
+                    m.status, m.reason = "failed", failed.get(i, "no run completed")
+                    continue
+                m.summary = summarize([r.seconds for r in rs])
+                m.status = "measured"
+                pred = self.model.predict(graph_of[id(m)].workflow)
+                if pred.seconds is not None and p0.seconds:
+                    m.predicted_local_s = base * pred.seconds / p0.seconds
+                    self.errors.append((f"local {m.label}", m.predicted_local_s, m.summary.median))
+        for m in chosen:
+            if m.status in ("measured", "skipped", "failed"):
+                cache.setdefault(m.requests, m)
+        if not c0_runs:
+            return
+        unchanged = summarize([r.seconds for r in c0_runs])
+        t.c0 = Measured("c0 (unchanged)", summary=unchanged, status="measured")
+        scale = self._scale(c0)
+        for m in chosen:
+            if m.summary is None:
+                continue
+            m.significant, _ = faster(unchanged, m.summary, self.s.eps_min, self.s.z)
+            m.benefit_s = (unchanged.median - m.summary.median) * scale
+        best = [m for m in chosen if m.significant]
+        t.best = max(best, key=lambda m: m.benefit_s) if best else None
+
+    def _still_promising(self, m: Measured, c0: LocalGraph, lg: LocalGraph) -> bool:
+        p, p0 = self.model.predict(lg.workflow), self.model.predict(c0.workflow)
+        if p.seconds is None or not p0.seconds:
+            return True
+        if p.seconds > (1 + self.s.tolerance) * p0.seconds:
+            m.status, m.reason = "skipped", (f"after calibration the model predicts the comparison graph "
+                                             f"{p.seconds / p0.seconds:.2f}x the unchanged one")
+            return False
+        return True
+
+    def _scale(self, c0: LocalGraph) -> float:
+        """How many times per iteration the comparison graph's work runs (loop windows scaled up)."""
+        path = c0.region
+        times = 1.0
+        for n in range(2, len(path)):
+            loop = self.wf_current.find(path[:n])
+            if isinstance(loop, LoopNode):
+                times *= max(1, len(loop.indices()))
+        item = self.wf_current.find(path)
+        if isinstance(item, LoopNode) and c0.window:
+            times *= len(item.indices()) / c0.window
+        return times
+
+    def _complete_trials(self, g: Workflow, whole: dict[tuple[str, ...], list[Measured]],
+                         ref_runs: list[IterationRun]) -> None:
+        unique = [ms[0] for ms in whole.values()]
+        self.budget()
+        self.log(f"  complete-iteration trials of {len(unique)} alternative(s) (real training)")
+        runs = self.complete([g] + [_plan(m) for m in unique], self.s.validation_rounds,
+                             labels=[self.label] + [self.label + m.label for m in unique])
+        failed = dict(self.m.last_failures)
+        ref_runs += runs[0]
+        ref = summarize([r.seconds for r in runs[0]])
+        for i, (ms, rs) in enumerate(zip(whole.values(), runs[1:], strict=True), start=1):
+            if i in failed or not rs:
+                for m in ms:
+                    m.status, m.reason = "failed", failed.get(i, "no iteration completed")
+                continue
+            summary = summarize([r.seconds for r in rs])
+            ok, _ = faster(ref, summary, self.s.eps_min, self.s.z)
+            for m in ms:
+                m.summary, m.runs, m.status, m.significant = summary, list(rs), "complete", ok
+                m.benefit_s = ref.median - summary.median
+            if ms[0].predicted_iteration_s is not None:
+                self.errors.append((f"iteration {ms[0].label}", ms[0].predicted_iteration_s, summary.median))
+        for t in self.rec.targets:
+            best = [m for m in t.alternatives if m.significant and m.status == "complete"]
+            if best:
+                top = max(best, key=lambda m: m.benefit_s)
+                if t.best is None or top.benefit_s > t.best.benefit_s:
+                    t.best = top
+
+    # -- combine and validate ---------------------------------------------------------------------
+    def _combine(self, g: Workflow, rec: RoundRecord) -> list[Measured]:
+        bests = sorted((t.best for t in rec.targets if t.best is not None), key=lambda m: -m.benefit_s)
+        chosen: list[Measured] = []
+        current = g
+        for m in bests:
+            if any(m.requests == c.requests for c in chosen):
+                continue
+            result = check(current, Alternative(m.requests, m.family, ""), self.memory)
+            if isinstance(result, Feasible):
+                current = result.workflow
+                chosen.append(m)
+        rec.combined = [r for m in chosen for r in m.requests]
+        self.combined_wf = current
+        return chosen
+
+    def _validate(self, g: Workflow, rec: RoundRecord, chosen: list[Measured], reference: Summary,
+                  ref_runs: list[IterationRun]):
+        options = [(chosen, self.combined_wf)]
+        if len(chosen) > 1:
+            options.append(([chosen[0]], _plan(chosen[0])))
+        for picked, plan in options:
+            requests = tuple(r for m in picked for r in m.requests)
+            rec.combined = list(requests)
+            rec.combined_predicted_s = self.predict(plan, g, reference.median)
+            reuse = picked[0].summary if len(picked) == 1 and picked[0].status == "complete" else None
+            if reuse is not None:  # RunOrReuse: already measured on complete iterations, interleaved with G
+                cand, ref = reuse, summarize([r.seconds for r in ref_runs[-self.s.validation_rounds:]])
+                runs = picked[0].runs
+            else:
+                self.log(f"round {rec.index}: validating {'; '.join(requests)} on complete iterations")
+                both = self.complete([g, plan], self.s.validation_rounds,
+                                     labels=[self.label, self.label + "; ".join(requests)])
+                ref_runs += both[0]
+                if 1 in self.m.last_failures or not both[1]:
+                    rec.note = f"the combination failed: {self.m.last_failures.get(1, 'no iteration completed')}"
+                    self.log(f"round {rec.index}: rejected ({rec.note})")
+                    continue
+                ref, cand, runs = summarize([r.seconds for r in both[0]]), summarize([r.seconds for r in both[1]]), both[1]
+            ok, eps = faster(ref, cand, self.s.eps_min, self.s.z)
+            rec.candidate, rec.reference_validation, rec.margin = cand, ref, eps
+            if rec.combined_predicted_s is not None:
+                self.errors.append((f"iteration {'; '.join(requests)}", rec.combined_predicted_s, cand.median))
+            if ok:
+                rec.accepted = True
+                rec.note = f"{ref.median / cand.median:.2f}x faster than the reference (margin {eps:.1%})"
+                return rec, plan, requests, runs
+            rec.note = (f"not faster by more than the margin: {cand.median:.3f} s vs {ref.median:.3f} s "
+                        f"(margin {eps:.1%})")
+            self.log(f"round {rec.index}: rejected ({rec.note})")
+        return rec, None, (), []
+
+
+def optimize_graph(wf: Workflow, measurer: Measurer, settings: Settings | None = None, log: Log = print) -> Stage1Result:
+    """Algorithm 1 on `wf`: returns the selected plan and everything measured on the way."""
+    s = settings or Settings()
+    search = _Search(wf, measurer, s, log)
+    g: Workflow = wf
+    requests: tuple[str, ...] = ()
+    rounds: list[RoundRecord] = []
+    stopped = ""
+    try:
+        runs = search.complete([wf], s.reference_iterations, warmup=s.warmup, labels=[""])[0]
+    except OutOfBudget as exc:
+        raise OutOfBudget(f"{exc}: not even the reference profile fits") from None
+    baseline, baseline_runs = summarize([r.seconds for r in runs]), list(runs)
+    final = baseline
+    try:
+        for r in range(1, s.rounds + 1):
+            search.label = "; ".join(requests) + ("; " if requests else "")
+            rec, plan, applied, new_runs = search.round(r, g, runs)
+            rounds.append(rec)
+            if plan is None:
+                stopped = f"round {r} accepted nothing"
+                break
+            g, requests, runs = plan, requests + applied, new_runs
+            final = summarize([x.seconds for x in runs])
+        else:
+            stopped = f"{s.rounds} round(s) done"
+    except OutOfBudget as exc:
+        stopped = str(exc)
+        log(f"stopping: {stopped}")
+    final_runs = list(runs)
+    if requests and s.final_rounds:
+        # before / after, interleaved: the figures the report leads with
+        try:
+            log(f"before/after: {s.final_rounds} complete iterations each of the declared graph and the plan")
+            # retained training: not budgeted
+            before, after = measurer.complete([wf, g], s.final_rounds, 0, ["", "; ".join(requests)])
+            baseline, final = summarize([r.seconds for r in before]), summarize([r.seconds for r in after])
+            baseline_runs, final_runs = before, after
+        except OutOfBudget as exc:
+            log(f"no before/after comparison: {exc}")
+    return Stage1Result(g, requests, baseline, final, rounds, search.errors, stopped, baseline_runs, final_runs)
+
+
+def _plan(m: Measured) -> Workflow:
+    """The workflow of a feasible alternative (infeasible ones have none and are never measured)."""
+    if m.workflow is None:
+        raise ValueError(f"{m.label} is not feasible")
+    return m.workflow
+
+
+def speedup(a: Summary, b: Summary) -> float:
+    return a.median / b.median if b.median > 0 else math.nan

@@ -1,0 +1,104 @@
+"""A fake `Measurer` for testing the search without a runtime: every call of component c on r rows
+takes `fixed[c] + per_row[c] * r` seconds (a ground truth the search does not see), plans are "run" by
+simulating that ground truth, and each measurement gets deterministic multiplicative noise."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rose_dsl.ir import ExecutionNode, Workflow
+from rose_dsl.optimizer.model import rows_of, simulate
+from rose_dsl.optimizer.profile import Call, IterationRun
+from rose_dsl.optimizer.regions import LocalGraph
+from rose_dsl.optimizer.search import OutOfBudget
+from rose_dsl.semantics import Invocation
+
+
+@dataclass
+class GroundTruth:
+    fixed: Mapping[str, float]  # component -> seconds per call
+    per_row: Mapping[str, float] = field(default_factory=dict)  # component -> seconds per row
+    activity: Mapping[str, float] = field(default_factory=dict)  # component -> activity of its calls
+    contention: Mapping[tuple[str, str], float] = field(default_factory=dict)
+
+    def cost(self, node: ExecutionNode) -> float:
+        comp = node.component.split("@")[0]
+        if comp.startswith("__"):
+            return 0.0
+        rows = rows_of(node) or 0
+        return self.fixed.get(comp, 0.0) + self.per_row.get(comp, 0.0) * rows
+
+
+class FakeMeasurer:
+    activity_kind = "cpu"
+
+    def __init__(self, truth: GroundTruth, noise: float = 0.01, seed: int = 0, iterations: int | None = None,
+                 seconds_per_step: float = 0.0) -> None:
+        self.truth, self.noise = truth, noise
+        self.rng = random.Random(seed)
+        self.k = 0
+        self.limit = iterations
+        self.clock = 0.0
+        self.component_bytes: dict[str, int] = {}
+        self.memory_limits: dict[str, int] = {}
+        self.log: list[tuple[str, str]] = []  # (kind, plan name or region)
+        self.seconds_per_step = seconds_per_step
+        self.last_failures: dict[int, str] = {}
+
+    def elapsed(self) -> float:
+        return self.clock
+
+    def _run(self, wf: Workflow, iteration: int) -> IterationRun:
+        pred = simulate(wf, self.truth.cost, self.truth.contention)
+        factor = 1.0 + self.rng.uniform(-self.noise, self.noise)
+        calls = []
+        base = int(self.clock * 1e9)
+        for inv, (s, e) in pred.timeline.items():
+            node = wf.find(inv.path)
+            assert isinstance(node, ExecutionNode)
+            if node.component.startswith("__"):
+                continue
+            calls.append(Call(".".join(inv.path), node.component, iteration, (iteration,) + inv.indices[1:],
+                              base + int(s * factor * 1e9), base + int(e * factor * 1e9), rows_of(node),
+                              self.truth.activity.get(node.component.split("@")[0], 0.1)))
+        seconds = pred.seconds * factor
+        self.clock += seconds + self.seconds_per_step
+        return IterationRun(seconds, tuple(calls), base, base + int(seconds * 1e9), iteration)
+
+    def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0,
+                 labels: Sequence[str] = ()) -> list[list[IterationRun]]:
+        out: list[list[IterationRun]] = [[] for _ in plans]
+        for _ in range(warmup):
+            self._step(plans[0])
+        for _ in range(rounds):
+            for i, p in enumerate(plans):
+                out[i].append(self._step(p))
+        return out
+
+    def _step(self, plan: Workflow) -> IterationRun:
+        if self.limit is not None and self.k >= self.limit:
+            raise OutOfBudget(f"the workflow's {self.limit} iterations are all trained")
+        self.log.append(("complete", plan.name))
+        run = self._run(plan, self.k)
+        self.k += 1
+        return run
+
+    def capture(self, probe_wf: Workflow) -> Any:
+        self.log.append(("capture", probe_wf.name))
+        self._step(probe_wf)
+        return {}
+
+    def local(self, graphs: Sequence[LocalGraph], repeats: int, captured: Any, probe_id: int) -> list[list[IterationRun]]:
+        out: list[list[IterationRun]] = [[] for _ in graphs]
+        for _ in range(repeats):
+            for i, g in enumerate(graphs):
+                self.log.append(("local", ".".join(g.region)))
+                out[i].append(self._run(g.workflow, 0))
+        return out
+
+
+def invocation_key(path: str, indices: tuple[int, ...]) -> Invocation:
+    return Invocation(tuple(path.split(".")), indices)

@@ -1,0 +1,146 @@
+"""Candidate search (the paper's order, the sweep, feasibility) and comparison graphs (changed regions,
+local graphs with replayed inputs, probes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rose_dsl import check, load_workflow
+from rose_dsl.optimizer.candidates import Feasible, Infeasible, alternatives, memory_estimate, sweep
+from rose_dsl.optimizer.candidates import check as check_alt
+from rose_dsl.optimizer.regions import (
+    FEED,
+    PROBE,
+    Probe,
+    changed_regions,
+    common_ancestor,
+    local_graphs,
+    probe_workflow,
+)
+from rose_dsl.resolve import check_workflow
+from rose_dsl.transforms import apply_request
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def wf():
+    return load_workflow(ROOT / "workflows" / "latency_interaction.yaml")
+
+
+@pytest.fixture(scope="module")
+def ppo():
+    return load_workflow(ROOT / "workflows" / "embodied_ppo.yaml", {"num_envs": 8, "steps": 3, "epochs": 4})
+
+
+def test_loop_target_order_temporal_then_spatial_then_around(wf) -> None:
+    alts = alternatives(wf, "iteration.epoch.step.act")
+    labels = [a.label for a in alts]
+    assert labels[:4] == ["split-time epoch 2", "split epoch.step 2; interleave epoch.step",
+                          "split epoch.step 4; interleave epoch.step", "split epoch.step 8; interleave epoch.step"]
+    assert [a.groups for a in alts[1:4]] == [2, 4, 8]
+    assert alts[1].partners == ("iteration.epoch.step.env",)  # the work that overlaps the policy: the simulator
+    assert alts[1].split_nodes == ("iteration.epoch.step.act", "iteration.epoch.step.env")
+    assert all(a.family == "rewire" for a in alts[4:])
+
+
+def test_group_counts_must_divide_the_batch(ppo) -> None:
+    alts = alternatives(ppo, "iteration.epoch.step.act")
+    spatial = [a.groups for a in alts if a.family == "split-interleave"]
+    assert spatial == [2, 4, 8]
+    ppo6 = load_workflow(ROOT / "workflows" / "embodied_ppo.yaml", {"num_envs": 6, "steps": 3, "epochs": 3})
+    assert [a.groups for a in alternatives(ppo6, "iteration.epoch.step.act") if a.family == "split-interleave"] == [2]
+    assert [a.groups for a in alternatives(ppo6, "iteration.epoch.step.act") if a.family == "temporal-split"] == [2]
+
+
+def test_top_level_target_repositions_nearest_first(wf) -> None:
+    alts = alternatives(wf, "iteration.publish")
+    assert alts[0].family == "rewire"
+    assert alts[0].requests in (("rewire publish before update",), ("rewire publish after sync",))
+    assert {a.requests[0] for a in alts[:2]} == {"rewire publish before update", "rewire publish after sync"}
+
+
+def test_sweep_holds_every_hand_written_configuration(wf) -> None:
+    labels = {a.label for a in sweep(wf)}
+    for k in (2, 4, 8):
+        assert f"split epoch.step {k}; interleave epoch.step" in labels
+    assert "split-time epoch 2" in labels
+    assert "fuse epoch update" in labels  # training overlapped with the next rollout epoch
+
+
+def test_feasibility_is_the_legality_oracle(wf) -> None:
+    results = {a.label: check_alt(wf, a) for a in alternatives(wf, "iteration.update.sgd")}
+    assert isinstance(results["fuse epoch update"], Feasible)
+    bad = results["rewire publish before update"]
+    assert isinstance(bad, Infeasible) and "trainer.weights" in bad.reason
+    plan = results["fuse epoch update"].workflow
+    check(plan)
+
+
+def test_memory_estimate_refuses_copies_that_do_not_fit(wf) -> None:
+    alt = next(a for a in alternatives(wf, "iteration.epoch.step.act") if a.family == "temporal-split")
+    sizes = {"sim": 600, "policy": 100, "trainer": 100}
+    assert isinstance(check_alt(wf, alt, memory_estimate(sizes, {"cpu": 1000}, wf.components)), Feasible)
+    refused = check_alt(wf, alt, memory_estimate(sizes, {"cpu": 500}, wf.components))  # a second sim does not fit
+    assert isinstance(refused, Infeasible) and "memory estimate" in refused.reason
+
+
+def test_changed_regions_and_their_common_ancestor(wf) -> None:
+    split = apply_request(wf, "split epoch.step 2").workflow
+    moved = apply_request(split, "rewire epoch.step.env@0 after act@1").workflow
+    temporal = apply_request(wf, "split-time epoch 2").workflow
+    fused = apply_request(wf, "fuse epoch update").workflow
+    assert changed_regions(wf, split) == {("iteration", "epoch")}  # the step loop's carries changed
+    assert changed_regions(split, moved) == {("iteration", "epoch", "step")}  # only the body's order
+    assert changed_regions(wf, temporal) == {("iteration",)}
+    assert changed_regions(wf, fused) == {("iteration",)}
+    assert changed_regions(wf, wf) == set()
+    assert common_ancestor([("iteration", "epoch", "step"), ("iteration", "epoch")]) == ("iteration", "epoch")
+    assert common_ancestor([("iteration", "epoch"), ("iteration", "update")]) == ("iteration",)
+
+
+def test_local_graph_replays_outside_values_and_runs_a_window(wf) -> None:
+    plan = apply_request(apply_request(wf, "split epoch.step 2").workflow, "interleave epoch.step").workflow
+    c0, (c1,) = local_graphs(wf, [plan], ("iteration", "epoch"), 1, "interpreter.trials:Feed")
+    assert not isinstance(c0, str) and not isinstance(c1, str)
+    assert c0.externals == (("v0", "iteration.i"),)  # the reset's and the policy's iteration index
+    assert c1.externals == c0.externals  # shared feed ports: one capture feeds both
+    assert c0.writes == ("sim",)  # only the simulator's state changes: the snapshot to restore
+    for g in (c0, c1):
+        assert check_workflow(g.workflow) == []
+        body = g.workflow.root.body
+        assert body[0].name == FEED and body[1].name == "epoch" and body[1].count == 1
+        assert g.workflow.root.count == 1
+    reset = c0.workflow.find(("iteration", "epoch", "reset"))
+    assert dict(reset.inputs)["it"].head == FEED
+
+
+def test_the_whole_iteration_has_no_local_graph(wf) -> None:
+    c0, _ = local_graphs(wf, [], ("iteration",), None, "x:Feed")
+    assert isinstance(c0, str) and "whole iteration" in c0
+
+
+def test_values_selected_by_an_index_of_the_region_cannot_be_replayed(wf) -> None:
+    """`epoch[update.i].step.traj` inside the update loop changes with the loop's own index."""
+    c0, _ = local_graphs(wf, [], ("iteration", "update"), 1, "x:Feed")
+    assert isinstance(c0, str) and "cannot be replayed" in c0
+
+
+def test_probe_workflow_captures_before_the_region(wf) -> None:
+    pw = probe_workflow(wf, [Probe(7, ("iteration", "epoch"), (("v0", "iteration.i"),))], "interpreter.trials:Probe")
+    assert not isinstance(pw, str)
+    names = [i.name for i in pw.root.body]
+    assert names[:2] == ["__probe_7", "epoch"]
+    probe = pw.root.body[0]
+    assert probe.component == PROBE and [p for p, _ in probe.inputs] == ["probe_id", "v0"]
+    assert [s.name for s in pw.components[PROBE].state] == ["captured"]
+    assert check_workflow(pw) == []
+
+
+def test_sweep_ignores_loops_inside_phases_that_do_not_run(ppo) -> None:
+    labels = {a.label for a in sweep(ppo)}
+    assert not any("denoise" in label for label in labels)  # act runs its entry, not its phases
+    expanded = apply_request(ppo, "expand act").workflow
+    assert any("denoise" in a.label for a in sweep(expanded))

@@ -1,0 +1,188 @@
+"""Stage 2's pure pieces: branches and slack from traces (recorded on the H200 and synthetic), the
+quota levels a machine distinguishes, and Algorithm 2 on synthetic latency curves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from interpreter.mps import quota_levels
+from rose_dsl.optimizer.profile import Call, IterationRun, runs_from_chrome_trace
+from rose_dsl.optimizer.quota import BranchPair, distinct_levels, find_branches, quota_search
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNS = ROOT / "benchmarks" / "results" / "gpu_runs"
+
+
+def _c(node: str, comp: str, indices: tuple[int, ...], start_ms: float, end_ms: float) -> Call:
+    return Call(node, comp, indices[0], indices, int(start_ms * 1e6), int(end_ms * 1e6))
+
+
+def test_recorded_h200_trace_finds_the_trainer_has_slack() -> None:
+    """embodied_ppo_gpu under MPS (H200): the PPO update of epoch 0 (trainer) overlaps the rollout of
+    epoch 1 (policy) on GPU 0 and is done ~0.65 s before it: the trainer is the earlier-ready branch."""
+    runs, gpu_of = runs_from_chrome_trace(json.loads((RUNS / "ppo_gpu_mps_p100_t100" / "trace.json").read_text()))
+    assert gpu_of == {"sim": None, "policy": 0, "trainer": 0}
+    pair = find_branches(runs[1:], gpu_of)
+    assert isinstance(pair, BranchPair)
+    assert (pair.target, pair.other, pair.gpu) == ("trainer", "policy", 0)
+    assert pair.target_branches == ("update[0]",) and pair.other_branches == ("epoch[1]",)
+    assert pair.slack_s == pytest.approx(0.65, abs=0.05)
+    assert pair.overlap_s > 1.5
+
+
+def test_traces_without_gpu_processes_have_no_pair() -> None:
+    runs, gpu_of = runs_from_chrome_trace(json.loads((RUNS / "ppo_gpu" / "trace.json").read_text()))
+    assert find_branches(runs, gpu_of) == "fewer than two processes run on a GPU"
+
+
+def _pipeline(policy_ms: float, sim_ms: float) -> list[IterationRun]:
+    """Two processes alternating on groups: policy(B) next to sim(A), one step loop."""
+    calls, t = [], 0.0
+    for step in range(5):
+        calls.append(_c("iteration.epoch.step.act@1", "policy", (0, 0, step), t, t + policy_ms))
+        calls.append(_c("iteration.epoch.step.env@0", "sim", (0, 0, step), t, t + sim_ms))
+        t += max(policy_ms, sim_ms)
+    return [IterationRun(t / 1e3, tuple(calls))]
+
+
+def test_the_earlier_ready_process_is_the_target() -> None:
+    pair = find_branches(_pipeline(8.0, 10.0), {"policy": 0, "sim": 0})
+    assert isinstance(pair, BranchPair) and pair.target == "policy" and pair.slack_s == pytest.approx(0.002)
+    pair = find_branches(_pipeline(10.0, 8.0), {"policy": 0, "sim": 0})
+    assert isinstance(pair, BranchPair) and pair.target == "sim"
+
+
+def test_no_pair_on_distinct_gpus_without_overlap_or_slack() -> None:
+    assert "overlapping" in find_branches(_pipeline(8.0, 10.0), {"policy": 0, "sim": 1})
+    serial = [IterationRun(0.02, (_c("iteration.a", "p", (0,), 0, 10), _c("iteration.b", "q", (0,), 10, 20)))]
+    assert "overlapping" in find_branches(serial, {"p": 0, "q": 0})
+    assert "ready together" in find_branches(_pipeline(10.0, 10.0), {"policy": 0, "sim": 0})
+    tiny = [IterationRun(10.0, _pipeline(8.0, 10.0)[0].calls)]
+    assert "less than" in find_branches(tiny, {"policy": 0, "sim": 0})
+
+
+def test_levels_the_h200_distinguishes() -> None:
+    levels = distinct_levels(quota_levels(132))
+    assert len(levels) == 66 and levels[-1] == (100, 132)
+    as_dict = dict((s, p) for p, s in levels)
+    assert as_dict[12] == 10 and as_dict[66] == 50 and as_dict[98] == 75  # 10%->12, 50%->66, 75%->98 SMs
+    assert all(b[1] - a[1] == 2 for a, b in zip(levels, levels[1:], strict=False))
+
+
+def test_u_shaped_curve_finds_the_minimum_within_seven_trials() -> None:
+    """Figure 15's shape: too few SMs are slow, the default is not the best; minimum at level 58."""
+    curve = {k: 1.0 + 0.002 * (k - 58) ** 2 for k in range(1, 67)}
+    calls: list[int] = []
+    s = quota_search(66, 66, lambda k: calls.append(k) or curve[k], rho=4, max_trials=7)
+    # coarse 66 -> 62 -> 58 -> 54 (rises: stop); fine 57 and 59 both rise above the anchor 58: stop
+    assert calls == s.order == [66, 62, 58, 54, 57, 59]
+    assert s.trials <= 7 and s.best == 58
+    assert s.history[58] == min(s.history.values())
+
+
+def test_monotone_curves_stop_by_the_rules() -> None:
+    # more SMs always faster: the first coarse step rises, fine search goes down one step and stops
+    s = quota_search(66, 66, lambda k: 100.0 - k, rho=4)
+    assert s.order == [66, 62, 65] and s.best == 66
+    # fewer SMs never slower (the process has slack to spare): coarse search reaches level 1
+    s = quota_search(20, 20, lambda k: 1.0 + 0.001 * k, rho=4, max_trials=20)
+    assert s.order[:6] == [20, 16, 12, 8, 4, 1] and s.best == 1 and 2 in s.history
+    # a budget of 3 trials stops the search where it is and still returns the best measured level
+    s = quota_search(66, 66, lambda k: 1.0 + 0.001 * k, rho=4, max_trials=3)
+    assert s.trials == 3 and s.best == 58 and "budget" in s.stopped
+
+
+def test_bad_search_arguments() -> None:
+    with pytest.raises(ValueError):
+        quota_search(10, 11, lambda k: 1.0)
+    with pytest.raises(ValueError):
+        quota_search(10, 10, lambda k: 1.0, rho=1)
+
+
+class _FakeExecutor:
+    def __init__(self) -> None:
+        self.quota = {"trainer": 100}
+        self.replaced: list[int] = []
+
+    def replace_quota(self, comp: str, percent: int, env: dict) -> None:
+        assert env == {"MPS": str(percent)}
+        self.quota[comp] = percent
+        self.replaced.append(percent)
+
+
+class _FakeSession:
+    """Complete iterations whose time depends on the trainer's quota (a U around 80%)."""
+
+    def __init__(self, best: int = 80) -> None:
+        self.executor = _FakeExecutor()
+        self.books = {"quota_trials": 0, "quota_s": 0.0}
+        self.best = best
+
+    def _t(self) -> float:
+        return 1.0 + 0.0005 * (self.executor.quota["trainer"] - self.best) ** 2
+
+    def complete(self, plans, rounds, warmup=0, labels=()):
+        return [[IterationRun(self._t() * (1 + 0.001 * i), ()) for i in range(rounds)] for _ in plans]
+
+
+class _Gpu:
+    def client_env(self, percent: int) -> dict:
+        return {"MPS": str(percent)}
+
+
+def _stage1(root: Path):
+    from dataclasses import replace
+
+    from rose_dsl import load_workflow
+    from rose_dsl.optimizer.decide import summarize
+    from rose_dsl.optimizer.search import Stage1Result
+
+    wf = load_workflow(root / "workflows" / "latency_interaction.yaml")
+    gpu = {n: replace(c, device="gpu", gpu=0) for n, c in wf.components.items() if n in ("policy", "trainer")}
+    wf = replace(wf, components={**wf.components, **gpu})
+    calls = []
+    for it in range(2):  # the trainer's update 0 ends 0.45 s before the policy's rollout of epoch 1
+        base = it * 10_000
+        calls += [_c("iteration.epoch.step.act", "policy", (it, 1, s), base + 1000 + 300 * s, base + 1250 + 300 * s)
+                  for s in range(10)]
+        calls.append(_c("iteration.update.sgd", "trainer", (it, 0), base + 1000, base + 3500))
+    runs = [IterationRun(10.0, tuple(c for c in calls if c.iteration == it)) for it in range(2)]
+    s = summarize([1.0, 1.0, 1.0])
+    return wf, Stage1Result(wf, (), s, s, [], [], "", runs, runs)
+
+
+def test_tune_quota_searches_validates_and_writes_the_quota() -> None:
+    from interpreter.quota_trials import tune_quota
+    from rose_dsl.optimizer.search import Settings
+
+    wf, result = _stage1(ROOT)
+    session = _FakeSession(best=80)
+    out = tune_quota(wf, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132)
+    assert out["target"] == "trainer" and out["other"] == "policy" and out["slack_s"] == pytest.approx(0.45)
+    assert out["comparison_graph"] == "iteration"  # update and epoch: the LCA is the whole iteration
+    assert out["trials"] <= 7 and session.books["quota_trials"] == out["trials"]
+    assert out["best_percent"] < 100 and out["validation"]["accepted"]
+    assert out["quotas"] == {"trainer": out["best_percent"]}
+    assert out["plan"].components["trainer"].mps_quota == out["best_percent"]
+    assert session.executor.quota["trainer"] == out["best_percent"]  # the process runs under the kept quota
+    assert [p["percent"] for p in out["curve"]] == sorted(p["percent"] for p in out["curve"])
+
+
+def test_tune_quota_keeps_the_default_when_nothing_is_faster() -> None:
+    from interpreter.quota_trials import tune_quota
+    from rose_dsl.optimizer.search import Settings
+
+    wf, result = _stage1(ROOT)
+    session = _FakeSession(best=100)
+    out = tune_quota(wf, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132)
+    assert out["best_percent"] == 100 and "quotas" not in out and "kept trainer at 100%" in out["summary"]
+    assert session.executor.quota["trainer"] == 100
+
+
+def test_the_time_budget_ends_the_search_with_the_best_so_far() -> None:
+    calls: list[int] = []
+    s = quota_search(66, 66, lambda k: calls.append(k) or 1.0 + 0.001 * k, rho=4, out_of_time=lambda: len(calls) >= 2)
+    assert s.order == [66, 62] and s.best == 62 and "time budget" in s.stopped

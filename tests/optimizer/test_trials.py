@@ -1,0 +1,209 @@
+"""The runtime's measuring side: complete iterations are training, captured inputs are the values the
+region really received, local trials leave training state exactly as it was, CPU busy sampling."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from interpreter.cpu_activity import CpuActivity, thread_clock
+from interpreter.trials import Executor, TrialSession
+from rose_dsl import load_workflow
+from rose_dsl.optimizer.regions import Probe, local_graphs, probe_workflow
+from rose_dsl.transforms import apply_request
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = {"iterations": 50, "steps": 3, "fixed_ms": 0.2, "per_row_ms": 0.01}
+
+
+@pytest.fixture()
+def session():
+    wf = load_workflow(ROOT / "workflows" / "latency_interaction.yaml", FAST)
+    s = TrialSession(wf, Executor(wf, "local", allowed=("examples.",), log=lambda m: None), log=lambda m: None)
+    yield wf, s
+    s.close()
+
+
+def _same(a: dict, b: dict) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, dict):
+            if not _same(x, y):
+                return False
+        elif isinstance(x, torch.Tensor):
+            if not torch.equal(x, y):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def test_complete_iterations_are_training(session) -> None:
+    wf, s = session
+    runs = s.complete([wf], 2, warmup=1)[0]
+    assert s.k == 3 and len(runs) == 2 and [r.iteration for r in runs] == [1, 2]
+    assert [line["iteration"] for line in s.retained] == [0, 1, 2]
+    act = [c for c in runs[0].calls if c.structural == "iteration.epoch.step.act"]
+    assert len(act) == 2 * 3 and all(c.rows == 64 for c in act)
+    assert all(c.activity is not None and 0.0 <= c.activity <= 1.0 for c in runs[0].calls)
+
+
+def test_local_trials_leave_training_state_as_it_was(session) -> None:
+    wf, s = session
+    s.complete([wf], 1)
+    plan = apply_request(wf, "split epoch.step 2").workflow
+    region = ("iteration", "epoch")
+    c0, (c1,) = local_graphs(wf, [plan], region, 1, "interpreter.trials:Feed")
+    pw = probe_workflow(wf, [Probe(1, region, c0.externals)], "interpreter.trials:Probe")
+    captured = s.capture(pw)
+    assert captured[1]["v0"] == 1  # the iteration index the epoch loop saw in training iteration 1
+    before = {c: s.executor.get_states(c) for c in wf.components}
+    runs = s.local([c0, c1], 2, captured, 1)
+    assert [len(r) for r in runs] == [2, 2]
+    assert all(r.seconds > 0 and r.calls for rs in runs for r in rs)
+    assert {c.rows for c in runs[1][0].calls if "act" in c.node} == {32}
+    after = {c: s.executor.get_states(c) for c in wf.components}
+    assert _same(before, after)
+    assert s.books["local_runs"] == 4
+    # not vacuous: running the comparison graph without the session's restore does change training state
+    s.executor.run(c0.workflow, 0)
+    assert not _same(before["sim"], s.executor.get_states("sim"))
+
+
+def test_plans_with_copies_share_the_workers_and_fold_their_metrics(session) -> None:
+    wf, s = session
+    temporal = apply_request(wf, "split-time epoch 2").workflow
+    declared, split = s.complete([wf, temporal], 1)
+    assert "sim@0" in s.executor.components() or "sim@1" in s.executor.components()
+    for run in (declared[0], split[0]):
+        assert not any("@" in k.split("/")[0] for k in run.metrics)
+        assert run.metrics["sim/env_steps"] == 2 * 3 * 64
+
+
+def test_finish_writes_a_resumable_checkpoint(tmp_path) -> None:
+    from interpreter.checkpoint import latest_complete, load_checkpoint
+
+    wf = load_workflow(ROOT / "workflows" / "latency_interaction.yaml", FAST)
+    s = TrialSession(wf, Executor(wf, "local", allowed=("examples.",), log=lambda m: None), out_dir=tmp_path,
+                     log=lambda m: None)
+    try:
+        s.complete([wf], 2)
+        s.finish("plan.yaml")
+    finally:
+        s.close()
+    ckpt = load_checkpoint(latest_complete(tmp_path / "checkpoints"))
+    assert ckpt.iteration == 1 and set(ckpt.states) == {"sim", "policy", "trainer"}
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_root_carries_are_refused() -> None:
+    from dataclasses import replace
+
+    from rose_dsl.expr import Int
+    from rose_dsl.ir import Carry
+
+    wf = load_workflow(ROOT / "workflows" / "latency_interaction.yaml", FAST)
+    carried = replace(wf, root=replace(wf.root, carries=(Carry("x", Int(0, 0), Int(0, 1)),)))
+    with pytest.raises(ValueError, match="carries values"):
+        TrialSession(carried, Executor(wf, "local", allowed=("examples.",), log=lambda m: None))
+
+
+def test_cpu_busy_fraction_tells_sleeping_from_computing() -> None:
+    def sleeper() -> None:
+        time.sleep(0.6)
+
+    def spinner() -> None:
+        end = time.perf_counter() + 0.6
+        while time.perf_counter() < end:
+            pass
+
+    threads = [threading.Thread(target=sleeper, name="rose-sleep_0"), threading.Thread(target=spinner, name="rose-spin_0")]
+    for t in threads:
+        t.start()
+    cpu = CpuActivity({"sleep": thread_clock("rose-sleep_"), "spin": thread_clock("rose-spin_")}, period_s=0.01)
+    time.sleep(0.05)
+    t0 = time.perf_counter_ns()
+    time.sleep(0.4)
+    t1 = time.perf_counter_ns()
+    for t in threads:
+        t.join()
+    cpu.close()
+    # the spinner gets what the (shared, two-core, possibly overloaded) machine gives it; the sleeper nothing
+    sleep, spin = cpu.busy("sleep", t0, t1), cpu.busy("spin", t0, t1)
+    assert sleep < 0.02
+    assert spin > 0.05 and spin > 5 * sleep
+    assert cpu.busy("nobody", t0, t1) is None
+
+
+def test_ray_compiled_executor_switches_plans_and_restores_state() -> None:
+    """The GPU path's mechanics on the CPU: plans switched on one set of Ray actors (recompiled), a
+    temporal-split copy added as a new actor, a local trial that leaves training state as it was."""
+    pytest.importorskip("ray")
+    wf = load_workflow(ROOT / "workflows" / "latency_interaction.yaml", FAST)
+    s = TrialSession(wf, Executor(wf, "ray", allowed=("examples.",), log=lambda m: None), log=lambda m: None)
+    try:
+        split = apply_request(wf, "split epoch.step 2").workflow
+        temporal = apply_request(wf, "split-time epoch 2").workflow
+        runs = s.complete([wf, split, temporal], 1)
+        assert [len(r) for r in runs] == [1, 1, 1] and s.k == 3
+        assert any(c.startswith("sim@") for c in s.executor.components())
+        for rs in runs:
+            assert rs[0].metrics["sim/env_steps"] == 2 * 3 * 64
+        region = ("iteration", "epoch")
+        c0, (c1,) = local_graphs(wf, [split], region, 1, "interpreter.trials:Feed")
+        captured = s.capture(probe_workflow(wf, [Probe(1, region, c0.externals)], "interpreter.trials:Probe"))
+        before = {c: s.executor.get_states(c) for c in wf.components}
+        local = s.local([c0, c1], 1, captured, 1)
+        assert all(r[0].calls for r in local)
+        assert _same(before, {c: s.executor.get_states(c) for c in wf.components})
+    finally:
+        s.close()
+
+
+BROKEN = """
+rose: 1
+name: broken-split
+params: {rows: 8}
+components:
+  prompts: {impl: "examples.bench.latency:Source", args: {num_envs: 8, fixed_ms: 0.1, per_row_ms: 0.0}, device: cpu}
+  gen: {impl: "examples.bench.latency:Policy", args: {num_envs: 8, fixed_ms: 0.1, per_row_ms: 0.0}, device: cpu, state: [weights]}
+  scorer: {impl: "tests.optimizer.components:NoRows", device: cpu}
+  learner: {impl: "examples.bench.latency:Trainer", args: {fixed_ms: 0.1, per_row_ms: 0.0}, device: cpu, state: [weights, optimizer]}
+iteration:
+  count: 20
+  body:
+    - {node: sample, call: prompts.sample, in: {it: iteration.i}, out: [x], batch: {dim: 0, size: 8}}
+    - {node: generate, call: gen.act, in: {obs: sample.x, it: iteration.i}, state: {weights: read}, out: [action, value], batch: {dim: 0, size: 8}}
+    - {node: learn, call: learner.update, in: {batch: "{generate.action, generate.value}"}, state: {weights: update, optimizer: update}}
+    - {node: score, call: scorer.score, in: {x: generate.action}, out: [s], batch: {dim: 0, size: 8}}
+    - {node: publish, call: learner.get_weights, state: {weights: read}, out: [w]}
+    - {node: sync, call: gen.load_weights, in: {w: publish.w}, state: {weights: refresh}}
+"""
+
+
+def test_a_failing_candidate_loses_its_trial_not_the_training() -> None:
+    """Splitting `score` fails (the component takes no rows=) after the learner already updated its
+    weights in that iteration: the state is put back, the iteration is trained again, and training ends
+    exactly where a run of the declared workflow alone ends."""
+    from rose_dsl import load_workflow_text
+
+    wf = load_workflow_text(BROKEN, "broken.yaml")
+    bad = apply_request(wf, "split score 2").workflow
+    runs = []
+    for plans in ([wf, bad], [wf]):
+        s = TrialSession(wf, Executor(wf, "local", allowed=("examples.", "tests."), log=lambda m: None), log=lambda m: None)
+        try:
+            out = s.complete(plans, 3)
+            runs.append((out, dict(s.last_failures), s.k, {c: s.executor.get_states(c) for c in wf.components}))
+        finally:
+            s.close()
+    (out, failures, k, states), (_, _, k_ref, ref_states) = runs
+    assert list(failures) == [1] and "rows" in failures[1]
+    assert out[1] == [] and len(out[0]) == 3 and k == k_ref == 3
+    assert _same(states, ref_states)
