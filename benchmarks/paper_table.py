@@ -92,7 +92,8 @@ class Prepared:
             self.configs.append(Config(row, self.workflow, plan=Path(plan).resolve(), kind=_row_kind(row)))
         for row, command in args.row_cmd.get(wl.name, {}).items():
             plan = work / "plans" / f"{row}.yaml"
-            filled = command.format(workflow=self.workflow, plan=plan, sets=shlex.join(_sets(self.params)))
+            filled = command.format(workflow=self.workflow, plan=plan, sets=shlex.join(_sets(self.params)),
+                                    trust=shlex.join(wl.trust))
             proc = subprocess.run(filled, shell=True, cwd=ROOT, capture_output=True, text=True)  # noqa: S602 - the user's own command
             (work / "plans" / f"{row}.log").write_text(f"$ {filled}\n{proc.stdout}\n{proc.stderr}")
             if proc.returncode or not plan.exists():
@@ -127,7 +128,8 @@ class Prepared:
 
     def command(self, cfg: Config, args: argparse.Namespace, run_dir: Path, address: str | None) -> list[str]:
         n = args.warmup + args.iterations
-        cmd = ["execute", str(cfg.workflow), "--backend", args.backend, "-n", str(n), "--out", str(run_dir), "-q"]
+        cmd = ["execute", str(cfg.workflow), "--backend", args.backend, "-n", str(n), "--out", str(run_dir), "-q",
+               *self.wl.trust]
         if cfg.plan is not None:
             cmd += ["--plan", str(cfg.plan)]
         else:
@@ -457,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--address", default=None, help="join this Ray cluster (default: start one for all runs)")
     ap.add_argument("--row", action="append", default=[], help="WORKLOAD:ROW=PLAN.yaml (ROW: stage1, stage1_mps, rose or any)")
     ap.add_argument("--row-cmd", action="append", default=[],
-                    help="WORKLOAD:ROW=COMMAND writing {plan} from {workflow} with {sets} (e.g. rose optimize)")
+                    help="WORKLOAD:ROW=COMMAND writing {plan} from {workflow} with {sets} and {trust} (the "
+                         "workload's --allow-* options), e.g. rose optimize")
     ap.add_argument("--param", action="append", default=[], help="WORKLOAD:NAME=VALUE for every configuration")
     ap.add_argument("--calibration", type=Path, default=ROOT / "benchmarks" / "results" / "workload_shapes.json")
     ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results" / "paper_table")

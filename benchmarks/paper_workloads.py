@@ -58,6 +58,9 @@ class Workload:
     smoke_params: dict[str, Any] = field(default_factory=dict)
     smoke_edit: Callable[[dict[str, Any]], None] | None = None  # CPU variant of the workflow document
     variants: dict[str, Path] = field(default_factory=dict)  # hand-written workflow files by config name
+    # what the workflow's processes need allowed on the command line (rose refuses loader/interpreter
+    # variables and import paths a workflow asks for unless the user allows them: docs/reliability.md)
+    trust: tuple[str, ...] = ()
     notes: str = ""
 
     def config(self, name: str) -> Config:
@@ -128,6 +131,7 @@ WORKLOADS: dict[str, Workload] = {
         smoke_sweep=("declared", "pipe2", "fuse"),
         smoke_params={**TINY_VLA, "num_envs": 8, "steps": 2, "chunk": 2, "tokens": 4},
         smoke_edit=_smoke_mjx,
+        trust=("--allow-env", "JAX_COMPILATION_CACHE_DIR", "--allow-path", "/tmp/mjxenv", "--allow-path", ".mjxenv"),
         notes="GPU simulator (MJX) next to the policy on one GPU: simulator processes are not swept (the "
               "simulator is not CPU-bound); `splittime2` (two rollout epochs at once on their own processes) "
               "is left out of the default sweep for time (--configs adds it)."),
