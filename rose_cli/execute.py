@@ -61,6 +61,9 @@ def execute(
     mps: Annotated[bool, typer.Option("--mps/--no-mps", help="run GPU components under NVIDIA MPS with their quotas")] = True,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no per-iteration lines")] = False,
     compiled: Annotated[bool, typer.Option("--compiled/--no-compiled", help="ray: compile each iteration into a Ray Compiled Graph")] = True,
+    quota_check: Annotated[bool, typer.Option("--quota-check/--no-quota-check",
+                                              help="before a GPU component runs under an MPS quota below 100%, check "
+                                                   "that GEMMs are correct under it on this machine (cached)")] = True,
     sets: SetOpt = None,
 ) -> None:
     """Train: run RL iterations of a workflow (or plan) on the local or Ray backend."""
@@ -81,7 +84,8 @@ def execute(
 
     opts = ExecuteOptions(backend=default_backend(wf) if backend is BackendName.AUTO else backend.value, iterations=iterations, out_dir=out_dir, checkpoint_every=checkpoint_every,
                           resume=resume, overwrite=overwrite, address=address, call_timeout=call_timeout,
-                          allowed=policy.modules, mps=mps, quiet=quiet, compiled=compiled)
+                          allowed=policy.modules, mps=mps, quiet=quiet, compiled=compiled,
+                          check_quotas=quota_check)
     raise typer.Exit(execute_workflow(wf, opts, out, err))
 
 

@@ -55,6 +55,7 @@ class ExecuteOptions:
     mps: bool = True
     quiet: bool = False
     compiled: bool = True
+    check_quotas: bool = True  # refuse MPS quotas under which this machine's GEMMs are wrong (quota_safety.py)
 
 
 class SetupError(Exception):
@@ -118,6 +119,22 @@ def _check_reachable(address: str) -> None:
         raise SetupError(f"--address {address}: no Ray cluster answers there ({exc.strerror or exc})") from None
 
 
+def _check_quotas(components: list[Any], daemon: Any, err: Console) -> None:
+    """Refuse a quota below 100% under which this machine's GEMMs compute wrong values (issue 16: cuBLAS
+    under MPS at some SM counts); each (machine, quota) is checked once and cached."""
+    from interpreter.quota_safety import UnsafeQuota, check_quota, known_safe, machine_fingerprint
+
+    quotas = sorted({c.mps_quota for c in components if c.mps_quota is not None and c.mps_quota < 100})
+    if not quotas:
+        return
+    fingerprint = machine_fingerprint()
+    for quota in quotas:
+        err.print(f"checking GEMMs under MPS quota {quota}% on this machine (cached after the first time)", markup=False)
+        verdict = check_quota(quota, daemon.client_env(quota), fingerprint=fingerprint)
+        if not verdict.ok:
+            raise SetupError(f"{UnsafeQuota(verdict, known_safe(fingerprint))}; or pass --no-quota-check to run anyway")
+
+
 @contextmanager
 def gpu_session(wf: Workflow, opts: ExecuteOptions, err: Console) -> Iterator[Gpu]:
     """The MPS daemon (when asked for) and SM-activity sampling for the GPU components, stopped on exit."""
@@ -142,6 +159,8 @@ def gpu_session(wf: Workflow, opts: ExecuteOptions, err: Console) -> Iterator[Gp
                 err.print(f"warning: {gpu.daemon.warning}", markup=False)
             if gpu.daemon.active:
                 gpu.mps_env = {c.name: gpu.daemon.client_env(c.mps_quota) for c in gpu_components}
+                if opts.check_quotas:
+                    _check_quotas(gpu_components, gpu.daemon, err)
         sampler = GpuActivity.open_all(torch.cuda.device_count())  # every GPU of this machine (NVML index)
         stack.callback(sampler.close)
         gpu.sampler = sampler if sampler.per_gpu else None  # no NVML: run without activity

@@ -1,0 +1,181 @@
+"""Is an MPS SM quota safe on this machine? A GEMM self-check, run once per (machine, software, quota).
+
+Why this exists (issue 16, measured on the H200, torch 2.11.0+cu130, driver 580.159.04): under
+``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, cuBLAS's bf16 GEMMs return WRONG values at some SM counts --
+78 SMs (60%), 92 (70%), 38 (30%): hundreds of thousands of elements per product, garbage up to 1e19, on
+the forward and both backward products of ordinary Linear shapes -- while 12 (10%), 66 (50%) and 132
+(100%) are exact (`benchmarks/results/quota_nan/`). The embodied PPO trainer's "NaN at 60%" was this:
+a Linear with finite inputs produced non-finite outputs only inside the run, where reused memory held
+the garbage. It is a library fault rose cannot repair, so rose does the narrowest safe thing: before a
+GPU component runs under a quota below 100%, a fresh MPS client at that quota computes the GEMM shapes
+of a transformer layer in bf16 and compares every output element with a float32 CPU reference, with
+the allocator poisoned (NaN) so an unwritten output element is caught too. A quota that fails is
+refused (`rose execute` exits 2 naming the quota and the levels found safe) and the optimizer's quota
+search only considers levels that pass. Verdicts are cached per GPU, driver, torch/CUDA and quota (a
+check costs one CUDA start, ~10 s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["QuotaVerdict", "UnsafeQuota", "check_quota", "gemm_errors", "known_safe", "machine_fingerprint", "CHECK_SHAPES"]
+
+# (rows, in, out): Linear layers of a transformer block (hidden 512: attention 512->1024, MLP 512->2048,
+# 2048->512) over row counts of minibatches and value batches (tokens x rows): the products that failed
+CHECK_SHAPES: tuple[tuple[int, int, int], ...] = tuple(
+    (r, k, n) for r in (6400, 9216, 16384) for k, n in ((512, 1024), (512, 2048), (2048, 512)))
+_WRONG = 0.05  # an element off by more than this fraction of the reference's largest magnitude is wrong
+_CACHE_ENV = "ROSE_CACHE_DIR"
+
+
+class UnsafeQuota(ValueError):
+    """A quota under which this machine's GEMMs are wrong."""
+
+    def __init__(self, verdict: QuotaVerdict, safe: Sequence[int] = ()) -> None:
+        self.verdict = verdict
+        known = f"; levels found safe here: {', '.join(f'{q}%' for q in safe)}" if safe else ""
+        super().__init__(
+            f"MPS quota {verdict.quota}% ({verdict.sm_count} SMs) is unsafe on this machine: bf16 GEMMs computed "
+            f"under it were wrong in {verdict.bad_products} of {verdict.products} checked products "
+            f"({verdict.detail}){known}. This is a fault of the GPU's math library under MPS "
+            f"(docs/reliability.md, 'MPS quotas'); choose another quota")
+
+
+@dataclass(frozen=True)
+class QuotaVerdict:
+    quota: int
+    sm_count: int | None
+    ok: bool
+    products: int
+    bad_products: int
+    detail: str
+    fingerprint: str
+
+
+def gemm_errors(matmul: Callable[[Any, Any], Any] | None = None, device: str = "cuda", dtype_name: str = "bfloat16",
+                shapes: Sequence[tuple[int, int, int]] = CHECK_SHAPES,
+                poison: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+    """Forward (x @ W^T + b), dgrad (gy @ W) and wgrad (gy^T @ x) of every shape on `device`, each compared
+    element by element with a float32 CPU reference. `poison` runs before each product (on CUDA: fill the
+    allocator's free memory with NaN). Returns one row per wrong product (empty: all correct)."""
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    mm = matmul or (lambda a, b: a @ b)
+    g = torch.Generator().manual_seed(0)
+    bad: list[dict[str, Any]] = []
+    for rows, k, n in shapes:
+        x, w = torch.randn(rows, k, generator=g) * 0.5, torch.randn(n, k, generator=g) / k ** 0.5
+        b, gy = torch.randn(n, generator=g) * 0.1, torch.randn(rows, n, generator=g)
+        xd, wd, bd, gyd = (t.to(device, dtype) for t in (x, w, b, gy))
+        refs = {"fwd": x @ w.T + b, "dgrad": gy @ w, "wgrad": gy.T @ x}
+        runs = {"fwd": lambda: mm(xd, wd.T) + bd, "dgrad": lambda: mm(gyd, wd), "wgrad": lambda: mm(gyd.T, xd)}
+        for name, run in runs.items():
+            if poison is not None:
+                poison()
+            got = run().float().cpu()
+            ref = refs[name]
+            scale = float(ref.abs().max())
+            off = (got - ref).abs()
+            wrong = int((~torch.isfinite(got)).sum()) + int((off > _WRONG * scale).sum())
+            if wrong:
+                bad.append({"shape": [rows, k, n], "product": name, "wrong_elements": wrong,
+                            "max_error": float(off.nan_to_num(posinf=float("inf")).max() / scale)})
+    return bad
+
+
+_CHILD = r'''
+import json, sys, torch
+from interpreter.quota_safety import gemm_errors
+def poison():
+    blocks = [torch.full((64 << 20,), float("nan"), dtype=torch.float32, device="cuda") for _ in range(24)]
+    del blocks
+bad = gemm_errors(poison=poison)
+print("QUOTA-CHECK " + json.dumps({"sm_count": torch.cuda.get_device_properties(0).multi_processor_count, "bad": bad}))
+'''
+
+
+def machine_fingerprint() -> str:
+    """What the verdict depends on: the GPU, the driver, torch and its CUDA (hence cuBLAS)."""
+    import torch
+
+    gpu, driver = "?", "?"
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            gpu = str(pynvml.nvmlDeviceGetName(handle))
+            driver = str(pynvml.nvmlSystemGetDriverVersion())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML: the fingerprint says so (pynvml raises its own error types)
+        pass
+    return f"{gpu}|driver {driver}|torch {torch.__version__}|cuda {torch.version.cuda}"
+
+
+def _cache_file() -> Path:
+    return Path(os.environ.get(_CACHE_ENV) or Path.home() / ".cache" / "rose") / "mps_quota_checks.json"
+
+
+def _load_cache(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def check_quota(quota: int, client_env: Mapping[str, str], *, fingerprint: str | None = None,
+                cache: Path | None = None, timeout: float = 180.0,
+                run_child: Callable[[dict[str, str]], str] | None = None) -> QuotaVerdict:
+    """The verdict for `quota` on this machine: cached, else measured in a fresh MPS client started with
+    `client_env` (the daemon's pipe directory and the quota). `run_child` replaces the subprocess (tests)."""
+    fingerprint = fingerprint if fingerprint is not None else machine_fingerprint()
+    path = cache or _cache_file()
+    key = f"{fingerprint}|quota {quota}"
+    cached = _load_cache(path).get(key)
+    if cached is not None:
+        return QuotaVerdict(**cached)
+    env = {**os.environ, **client_env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(quota)}
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    if run_child is None:
+        def run_child(e: dict[str, str]) -> str:
+            p = subprocess.run([sys.executable, "-c", _CHILD], env=e, capture_output=True, text=True, timeout=timeout)
+            return p.stdout + (f"\n{p.stderr[-800:]}" if p.returncode else "")
+    output = run_child(env)
+    line = next((ln for ln in reversed(output.splitlines()) if ln.startswith("QUOTA-CHECK ")), None)
+    if line is None:  # the check itself failed: unknown is not safe, and it is not cached
+        return QuotaVerdict(quota, None, False, 3 * len(CHECK_SHAPES), 3 * len(CHECK_SHAPES),
+                            f"the check did not run: {output.strip()[-300:]}", fingerprint)
+    result = json.loads(line[len("QUOTA-CHECK "):])
+    bad = result["bad"]
+    worst = max(bad, key=lambda b: b["wrong_elements"]) if bad else None
+    detail = (f"e.g. {worst['product']} of {'x'.join(map(str, worst['shape']))}: {worst['wrong_elements']} elements wrong"
+              if worst else "every element within bf16 rounding")
+    verdict = QuotaVerdict(quota, result["sm_count"], not bad, 3 * len(CHECK_SHAPES), len(bad), detail, fingerprint)
+    entries = _load_cache(path)
+    entries[key] = asdict(verdict)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(entries, indent=1))
+        tmp.replace(path)
+    except OSError:  # a read-only home: the verdict still holds for this run
+        pass
+    return verdict
+
+
+def known_safe(fingerprint: str, cache: Path | None = None) -> list[int]:
+    """Quotas already verified safe on this machine (from the cache)."""
+    prefix = f"{fingerprint}|quota "
+    return sorted(v["quota"] for k, v in _load_cache(cache or _cache_file()).items() if k.startswith(prefix) and v["ok"])

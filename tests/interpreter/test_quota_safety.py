@@ -1,0 +1,96 @@
+"""The MPS quota self-check (interpreter/quota_safety.py): wrong GEMMs are caught element by element,
+verdicts are cached per machine and quota, an unknown verdict is never 'safe', and `rose execute`
+refuses an unsafe quota with the levels found safe (the H200 fault behind issue 16's NaN)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from interpreter.quota_safety import QuotaVerdict, UnsafeQuota, check_quota, gemm_errors, known_safe
+
+SMALL = ((64, 32, 48), (96, 64, 32))
+
+
+def test_correct_products_pass() -> None:
+    assert gemm_errors(device="cpu", dtype_name="float32", shapes=SMALL) == []
+
+
+def test_a_product_with_a_garbage_tile_is_caught() -> None:
+    def faulty(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        out = a @ b
+        if out.shape[0] >= 64:
+            out[:16, :16] = 1e19  # what cuBLAS returned for whole tiles under MPS at 78 SMs
+        return out
+
+    bad = gemm_errors(faulty, device="cpu", dtype_name="float32", shapes=SMALL)
+    assert bad and all(b["wrong_elements"] >= 16 * 16 - 16 for b in bad)
+    assert {b["product"] for b in bad} <= {"fwd", "dgrad", "wgrad"}
+
+
+def test_an_unwritten_output_reading_poison_is_caught() -> None:
+    def unwritten(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        out = a @ b
+        out[-1, -1] = float("nan")
+        return out
+
+    bad = gemm_errors(unwritten, device="cpu", dtype_name="float32", shapes=SMALL[:1])
+    assert [b["wrong_elements"] for b in bad] == [1, 1, 1]
+
+
+def _child_output(bad: list) -> str:
+    return "noise\nQUOTA-CHECK " + json.dumps({"sm_count": 78, "bad": bad})
+
+
+def test_verdicts_are_cached_per_machine_and_quota(tmp_path) -> None:
+    calls: list[dict] = []
+
+    def child(env: dict) -> str:
+        calls.append(env)
+        return _child_output([{"shape": [6400, 512, 1024], "product": "fwd", "wrong_elements": 206386, "max_error": 0.9}])
+
+    cache = tmp_path / "checks.json"
+    v = check_quota(60, {"CUDA_MPS_PIPE_DIRECTORY": "/p"}, fingerprint="H200|580", cache=cache, run_child=child)
+    assert not v.ok and v.sm_count == 78 and v.bad_products == 1 and "206386" in v.detail
+    assert calls[0]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "60" and calls[0]["CUDA_MPS_PIPE_DIRECTORY"] == "/p"
+    assert check_quota(60, {}, fingerprint="H200|580", cache=cache, run_child=child) == v
+    assert len(calls) == 1  # from the cache
+    check_quota(50, {}, fingerprint="H200|580", cache=cache, run_child=lambda env: _child_output([]))
+    check_quota(60, {}, fingerprint="other GPU", cache=cache, run_child=lambda env: _child_output([]))
+    assert known_safe("H200|580", cache) == [50]
+    assert known_safe("other GPU", cache) == [60]
+
+
+def test_a_check_that_did_not_run_is_unsafe_and_not_cached(tmp_path) -> None:
+    cache = tmp_path / "checks.json"
+    v = check_quota(40, {}, fingerprint="f", cache=cache, run_child=lambda env: "Traceback: CUDA error")
+    assert not v.ok and "did not run" in v.detail
+    assert check_quota(40, {}, fingerprint="f", cache=cache, run_child=lambda env: _child_output([])).ok
+
+
+def test_execute_refuses_an_unsafe_quota_naming_the_safe_levels(monkeypatch, tmp_path) -> None:
+    import interpreter.quota_safety as qs
+    from rose_cli import run
+    from rose_dsl.ir import Component
+
+    verdicts = {60: QuotaVerdict(60, 78, False, 27, 5, "e.g. dgrad of 6400x512x1024: 165779 elements wrong", "f"),
+                50: QuotaVerdict(50, 66, True, 27, 0, "every element within bf16 rounding", "f")}
+    monkeypatch.setattr(qs, "machine_fingerprint", lambda: "f")
+    monkeypatch.setattr(qs, "check_quota", lambda quota, env, fingerprint=None: verdicts[quota])
+    monkeypatch.setattr(qs, "known_safe", lambda fingerprint: [50, 100])
+
+    class Daemon:
+        def client_env(self, quota):
+            return {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(quota)}
+
+    from rich.console import Console
+
+    comps = [Component("policy", "m:C", {}, "gpu", mps_quota=50), Component("trainer", "m:C", {}, "gpu", mps_quota=60)]
+    with pytest.raises(run.SetupError) as caught:
+        run._check_quotas(comps, Daemon(), Console(file=open(tmp_path / "log", "w")))
+    message = str(caught.value)
+    assert "MPS quota 60% (78 SMs) is unsafe" in message and "50%, 100%" in message and "--no-quota-check" in message
+    run._check_quotas(comps[:1], Daemon(), Console(file=open(tmp_path / "log2", "w")))  # 50% passes
+    assert isinstance(UnsafeQuota(verdicts[60]), ValueError)
