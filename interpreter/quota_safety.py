@@ -76,13 +76,13 @@ def gemm_errors(matmul: Callable[[Any, Any], Any] | None = None, device: str = "
         x, w = torch.randn(rows, k, generator=g) * 0.5, torch.randn(n, k, generator=g) / k ** 0.5
         b, gy = torch.randn(n, generator=g) * 0.1, torch.randn(rows, n, generator=g)
         xd, wd, bd, gyd = (t.to(device, dtype) for t in (x, w, b, gy))
-        refs = {"fwd": x @ w.T + b, "dgrad": gy @ w, "wgrad": gy.T @ x}
-        runs = {"fwd": lambda: mm(xd, wd.T) + bd, "dgrad": lambda: mm(gyd, wd), "wgrad": lambda: mm(gyd.T, xd)}
-        for name, run in runs.items():
+        products = {"fwd": ((xd, wd.T, bd), x @ w.T + b), "dgrad": ((gyd, wd, None), gy @ w),
+                    "wgrad": ((gyd.T, xd, None), gy.T @ x)}
+        for name, ((left, right, bias), ref) in products.items():
             if poison is not None:
                 poison()
-            got = run().float().cpu()
-            ref = refs[name]
+            got = mm(left, right)
+            got = (got + bias if bias is not None else got).float().cpu()
             scale = float(ref.abs().max())
             off = (got - ref).abs()
             wrong = int((~torch.isfinite(got)).sum()) + int((off > _WRONG * scale).sum())
