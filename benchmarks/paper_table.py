@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -168,8 +169,10 @@ def _row_kind(row: str) -> str:
     return row if row in OPTIMIZER_ROWS else "hand"
 
 
-def run_rounds(prep: Prepared, args: argparse.Namespace, address: str | None) -> dict[str, list[dict[str, Any]]]:
-    """Every configuration once per round, in order: A B C ... A B C ..."""
+def run_rounds(prep: Prepared, args: argparse.Namespace, address: str | None,
+               after_each: Callable[[dict[str, list[dict[str, Any]]]], None] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Every configuration once per round, in order: A B C ... A B C ... `after_each` sees the runs so far
+    after every run (the results are written as they come: a call cut short still returns them)."""
     runs: dict[str, list[dict[str, Any]]] = {c.name: [] for c in prep.configs}
     for r in range(args.rounds):
         for cfg in prep.configs:
@@ -186,6 +189,8 @@ def run_rounds(prep: Prepared, args: argparse.Namespace, address: str | None) ->
                 record["error"] = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
             runs[cfg.name].append(record)
             print(f"  {prep.wl.name} round {r} {cfg.name:<14} exit {proc.returncode}  {wall:6.1f} s", flush=True)
+            if after_each is not None:
+                after_each(runs)
     return runs
 
 
@@ -508,8 +513,15 @@ def main(argv: list[str] | None = None) -> int:
             wl = WORKLOADS[name]
             print(f"== {name}: preparing plans", flush=True)
             prep = Prepared(wl, args, args.runs / name / "_prepared")
-            runs = run_rounds(prep, args, cluster.address)
-            result = summarize(prep, runs, args, _calibration(args.calibration, wl, {**_resolved(prep), **prep.params}))
+            calibration = _calibration(args.calibration, wl, {**_resolved(prep), **prep.params})
+
+            def partial(runs: dict[str, list[dict[str, Any]]], prep: Prepared = prep, name: str = name,
+                        calibration: Any = calibration) -> None:
+                results["workloads"][name] = {**summarize(prep, runs, args, calibration), "partial": True}
+                out_json.write_text(json.dumps(results, indent=1, default=str) + "\n")
+
+            runs = run_rounds(prep, args, cluster.address, partial)
+            result = summarize(prep, runs, args, calibration)
             result["timelines"] = _timelines(result, name, args)
             if args.learn:
                 result["learning"] = learning_curve(prep, args, cluster.address)
