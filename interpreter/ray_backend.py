@@ -181,7 +181,7 @@ class RayBackend(Backend):
                 placement_group=self._placement_group, placement_group_bundle_index=slot)
         device = self.gpu_device if slot is not None and self._has_gpu else "cpu"
         dist_init, dist_backend = self._dist.get(comp.name, (None, "gloo"))
-        actor = self._worker_cls.options(**options).remote(comp, self.wf.seed, device, self.allowed, True,
+        actor: Any = self._worker_cls.options(**options).remote(comp, self.wf.seed, device, self.allowed, True,
                                                            slot, 2, replica, dist_init, dist_backend)
         actor.register_nodes.remote(self._nodes_by_comp[comp.name], self._loops)
         return actor

@@ -131,7 +131,7 @@ class Runner:
     def _gpu_of(self, pid: int | None) -> int | None:
         """The NVML index of the GPU a component process runs on, when one GPU is visible to it and
         sampled (several GPUs); None: charge the mean over the sampled GPUs."""
-        if self.sampler is None or len(self.sampler.per_gpu) < 2:
+        if self.sampler is None or len(self.sampler.per_gpu) < 2 or pid is None:
             return None
         visible = str((self.processes.get(pid) or {}).get("visible_gpus") or "")
         first = visible.split(",")[0].strip()

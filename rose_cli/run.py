@@ -185,7 +185,7 @@ def _report_component(exc: BaseException, ctx: RunContext) -> None:
 def _report_watchdog(exc: BaseException, ctx: RunContext) -> None:
     ctx.err.print(f"error: watchdog: {exc}; raise --call-timeout if this call is legitimately slow", markup=False)
     if ctx.backend is not None:
-        ctx.backend.stuck = True  # type: ignore[attr-defined]  # the teardown must not wait for the stuck call
+        ctx.backend.stuck = True  # the teardown must not wait for the stuck call
     report.stacks(ctx.err, getattr(exc, "stacks", {}), ctx.opts.out_dir)
 
 
