@@ -121,9 +121,9 @@ class Executor:
         self.call_timeout_s, self.sampler, self.log = call_timeout_s, sampler, log
         extra = {n: c for n, c in (extra_components if extra_components is not None else trial_components()).items()
                  if n not in wf.components}
-        self.wf = replace(wf, components={**wf.components, **extra}) if extra else wf
+        workers = replace(wf, components={**wf.components, **extra}) if extra else wf
         t = time.perf_counter()
-        self.backend: Backend | None = build(self.wf, Schedule(self.wf))
+        self.backend: Backend | None = build(workers, Schedule(workers))
         self.startup_s = time.perf_counter() - t
         caps = self.backend.capabilities
         if not caps.plans:
@@ -168,7 +168,6 @@ class Executor:
         for name, comp in comps.items():
             if name not in have:
                 self._backend.add_component(comp)
-                self.wf = replace(self.wf, components={**self.wf.components, name: comp})
                 added.append(name)
         return added
 
@@ -246,10 +245,7 @@ class Executor:
         if not self._backend.capabilities.restartable:
             raise Unsupported(f"quota trials need a backend with one process per component (the {self.backend_name} "
                               "backend cannot move a component to a new process)")
-        info = self._backend.replace_actor(comp, quota, mps_env)
-        self.wf = replace(self.wf, components={**self.wf.components,
-                                               comp: replace(self.wf.components[comp], mps_quota=quota)})
-        return info
+        return self._backend.replace_actor(comp, quota, mps_env)
 
     def close(self) -> None:
         if self.backend is not None:
