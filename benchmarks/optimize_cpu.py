@@ -32,7 +32,7 @@ WORKFLOWS = {"interaction": "workflows/latency_interaction.yaml", "nested": "wor
 
 def _rose(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "rose_dsl.cli", *args], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "rose_cli", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 

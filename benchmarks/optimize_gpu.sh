@@ -16,6 +16,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/rose-optimize-out}
 WORK=$OUT/optimize
+rm -rf "$WORK"  # this script's own output (rose optimize refuses to write over an earlier one)
 mkdir -p "$WORK"
 if [ -f .raybundle/ray-site.tar.xz ]; then
   mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site
@@ -37,7 +38,7 @@ else
 fi
 rm -rf /tmp/rose-optimize-run
 # shellcheck disable=SC2086 # SETS holds several --set options
-timeout "$LIMIT" python3 -m rose_dsl.cli optimize "$WORKFLOW" $SETS -o "$WORK/plan.yaml" --report "$WORK/report" \
+timeout "$LIMIT" python3 -m rose_cli optimize "$WORKFLOW" $SETS -o "$WORK/plan.yaml" --report "$WORK/report" \
   --out /tmp/rose-optimize-run --backend "$BACKEND" --budget-s "$BUDGET" --rounds "${ROUNDS:-1}" ${EXTRA:-} \
   > "$WORK/optimize.log" 2>&1
 CODE=$?

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rose_dsl.ir import ExecutionNode, Workflow
+from rose_dsl.ir import Component, ExecutionNode, Workflow
 
-from .schedule import Step
+from .schedule import Schedule, Step
 
 __all__ = ["Backend", "Capabilities", "Unsupported", "CompileError", "WatchdogTimeout", "Overdue", "NODE_LIMIT",
            "nodes_by_component"]
@@ -63,12 +63,18 @@ class Capabilities:
     restartable: dead processes can be restarted (`restart`, `fault_domain`) and a component can move to
         a fresh process, e.g. under another MPS quota (`replace_actor`).
     replicas: data-parallel replicas of a component (one process each) are supported.
+    compilable: `compile(schedule)` can make iterations run as one compiled graph.
+    plans: the same component processes can run another plan of the workflow from the next iteration on
+        (`load`) and take components the backend was not built with (`add_component`) -- what
+        `rose optimize` needs to measure candidate plans on the workers that are training.
     """
 
     compiled: bool = False
     processes: bool = False
     restartable: bool = False
     replicas: bool = False
+    compilable: bool = False
+    plans: bool = False
 
 
 class Backend(ABC):
@@ -126,7 +132,31 @@ class Backend(ABC):
         raise Unsupported(f"the {self.name} backend cannot restart components")
 
     def replace_actor(self, name: str, quota: int | None, mps_env: dict[str, str] | None = None) -> dict[str, Any]:
+        """Move a component to a fresh process (e.g. under another MPS quota), its declared state moved
+        with it; the new process's `info` (`capabilities.restartable`)."""
         raise Unsupported(f"the {self.name} backend cannot move a component to a new process")
+
+    def compile(self, schedule: Schedule) -> None:
+        """Compile `schedule`'s iteration into one graph (`capabilities.compilable`); afterwards
+        `capabilities.compiled` holds. Raises CompileError when it cannot be compiled: the backend then
+        dispatches call by call."""
+        raise Unsupported(f"the {self.name} backend does not compile iterations")
+
+    def load(self, schedule: Schedule) -> None:
+        """Run `schedule`'s workflow from the next iteration on, on the same component processes
+        (`capabilities.plans`): its nodes (and the loops around them) are registered with every worker
+        of their component, replacing any registered under the same path, and a compiled iteration of
+        the previous workflow is dropped (`compile` again to run compiled). Every component the
+        workflow names must be running (`add_component`). Why: the optimizer switches between plans of
+        one workflow while training, and a plan's nodes differ from the declared ones (split groups,
+        rows, moved loops) while the components and their state stay the same."""
+        raise Unsupported(f"the {self.name} backend cannot switch plans")
+
+    def add_component(self, comp: Component) -> None:
+        """Start the worker(s) of a component the backend was not built with (`capabilities.plans`):
+        the optimizer's trial components, a temporal split's copy. Raises Unsupported for a component
+        this backend cannot add now (the reason in the message)."""
+        raise Unsupported(f"the {self.name} backend cannot add components")
 
 
 def nodes_by_component(wf: Workflow) -> dict[str, dict[tuple[str, ...], ExecutionNode]]:

@@ -23,26 +23,18 @@ Reader = Callable[[], int | None]  # cumulative CPU ns of one component, None wh
 _TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
-def thread_clock(name_prefix: str) -> Reader:
-    """Reads the CPU time of this process's thread whose name starts with `name_prefix` (found lazily:
-    a pool starts its thread at the first call)."""
-    clock: list[int] = []
+def thread_clock(ident: int) -> Reader:
+    """Reads the CPU time of this process's thread `ident` (`threading.get_ident()` in that thread; a
+    local backend's worker reports its own in `info`)."""
+    try:
+        clock = time.pthread_getcpuclockid(ident)
+    except OSError:
+        return lambda: None
 
     def read() -> int | None:
-        if not clock:
-            for t in threading.enumerate():
-                if t.name.startswith(name_prefix) and t.ident is not None:
-                    try:
-                        clock.append(time.pthread_getcpuclockid(t.ident))
-                    except OSError:
-                        return None
-                    break
-            else:
-                return None
         try:
-            return time.clock_gettime_ns(clock[0])
+            return time.clock_gettime_ns(clock)
         except OSError:  # the thread ended
-            clock.clear()
             return None
 
     return read

@@ -6,15 +6,17 @@ others' (`benchmarks/call_overhead.py` measures how much).
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from rose_dsl.ir import Workflow
+from rose_dsl.ir import Component, Workflow
 
 from .backend_base import Backend, Capabilities, Unsupported, nodes_by_component
-from .schedule import Step
+from .schedule import Schedule, Step
 from .shared_process import enter_shared_process
 from .worker import CallFailed, ComponentWorker
 
@@ -38,6 +40,7 @@ class LocalBackend(Backend):
                  device: str = "cpu") -> None:
         self.workers: dict[str, ComponentWorker] = {}
         self.pools: dict[str, ThreadPoolExecutor] = {}
+        self.seed, self.device, self.allowed = wf.seed, device, tuple(allowed)
         if device == "cpu":
             # the components run in parallel threads of one process: one intra-op thread each keeps them
             # from fighting over the cores (and keeps CPU results independent of the core count)
@@ -49,17 +52,42 @@ class LocalBackend(Backend):
         nodes = nodes_by_component(wf)
         try:
             for name, comp in wf.components.items():
-                dev = device if comp.device == "gpu" else "cpu"
-                self.workers[name] = ComponentWorker(comp, wf.seed, dev, allowed)
+                self._start(comp)
                 self.workers[name].register_nodes(nodes[name], loops_of)
-                self.pools[name] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rose-{name}")
         except BaseException:  # not a suppression: stop the threads already started, then re-raise
             self.shutdown()
             raise
 
+    def _start(self, comp: Component) -> None:
+        dev = self.device if comp.device == "gpu" else "cpu"
+        self.workers[comp.name] = ComponentWorker(comp, self.seed, dev, self.allowed)
+        self.pools[comp.name] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rose-{comp.name}")
+
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities()
+        return Capabilities(plans=True)
+
+    def load(self, schedule: Schedule) -> None:
+        nodes = nodes_by_component(schedule.workflow)
+        loops = schedule.program.loops_of
+        for name in schedule.workflow.components:
+            if name not in self.workers:
+                raise ValueError(f"load: component '{name}' is not running (add_component first)")
+        for name, by_path in nodes.items():
+            self.control(name, "register_nodes", by_path, loops)  # on its thread, after its queued calls
+
+    def add_component(self, comp: Component) -> None:
+        """A new thread. Its process fields must already hold in this shared process (a temporal split's
+        copy shares its original's): they were applied when the backend started."""
+        if comp.name in self.workers:
+            raise ValueError(f"component '{comp.name}' is already running")
+        unmet = ([f"venv {comp.venv}"] if comp.venv else []) + \
+            [f"env {k}={v}" for k, v in comp.env.items() if os.environ.get(k) != v] + \
+            [f"python_path {p}" for p in comp.python_path if os.path.abspath(p) not in sys.path]
+        if unmet:
+            raise Unsupported(f"component '{comp.name}' needs {', '.join(unmet)}, which the local backend's shared "
+                              "process did not start with")
+        self._start(comp)
 
     def components(self) -> list[str]:
         return list(self.workers)
@@ -82,7 +110,6 @@ class LocalBackend(Backend):
 
     def dump_stacks(self) -> dict[str, str]:
         """The current Python stack of every component thread."""
-        import sys
         import threading
         import traceback
 
@@ -119,7 +146,5 @@ class LocalBackend(Backend):
             try:
                 w.close()
             except Exception as exc:  # noqa: BLE001 - teardown goes on; the failure is said, not raised
-                import sys
-
                 print(f"warning: closing component '{name}' failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         self._leave_process()

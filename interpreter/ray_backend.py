@@ -18,7 +18,15 @@ from typing import Any
 
 from rose_dsl.ir import Component, Workflow
 
-from .backend_base import NODE_LIMIT, Backend, Capabilities, CompileError, Overdue, nodes_by_component
+from .backend_base import (
+    NODE_LIMIT,
+    Backend,
+    Capabilities,
+    CompileError,
+    Overdue,
+    Unsupported,
+    nodes_by_component,
+)
 from .procs import pid_alive
 from .schedule import Schedule, Step, replicated
 from .worker import CallFailed, ComponentWorker, replica_name
@@ -173,7 +181,7 @@ class RayBackend(Backend):
                 placement_group=self._placement_group, placement_group_bundle_index=slot)
         device = self.gpu_device if slot is not None and self._has_gpu else "cpu"
         dist_init, dist_backend = self._dist.get(comp.name, (None, "gloo"))
-        actor = self._worker_cls.options(**options).remote(comp, self.wf.seed, device, self.allowed, True,
+        actor: Any = self._worker_cls.options(**options).remote(comp, self.wf.seed, device, self.allowed, True,
                                                            slot, 2, replica, dist_init, dist_backend)
         actor.register_nodes.remote(self._nodes_by_comp[comp.name], self._loops)
         return actor
@@ -262,12 +270,33 @@ class RayBackend(Backend):
         while any(pid_alive(p) for p in pids) and _time.monotonic() < deadline:
             _time.sleep(0.05)
 
+    def load(self, schedule: Schedule) -> None:
+        """Register `schedule`'s nodes with every actor (one round trip each, in parallel); a compiled
+        graph of the previous workflow is torn down first (it was built from the old nodes)."""
+        wf = schedule.workflow
+        missing = [name for name in wf.components if replica_name(name, 0) not in self.actors]
+        if missing:
+            raise ValueError(f"load: component(s) {', '.join(missing)} not running (add_component first)")
+        self._teardown_dag()
+        self._schedule = None
+        self._loops = {p: tuple(v) for p, v in schedule.program.loops_of.items()}
+        self._nodes_by_comp = {**{name: {} for name in self._nodes_by_comp}, **nodes_by_component(wf)}
+        refs = [actor.register_nodes.remote(self._nodes_by_comp[name.partition("#")[0]], self._loops)
+                for name, actor in self.actors.items()]
+        try:
+            self.ray.get(refs, timeout=self.start_timeout_s)
+        except self.ray.exceptions.RayError as exc:
+            raise self._failure(exc, "registering a plan's nodes") from None
+
     def add_component(self, comp: Component) -> None:
         """Start the processes of a component the workflow did not have (the optimizer's trial components,
         a temporal split's copy). GPU slots are reserved at start, so a GPU component cannot be added to
-        a cluster with GPUs (ValueError): restart the backend with it instead."""
+        a cluster with GPUs (Unsupported): start the backend with it instead."""
         if comp.device == "gpu" and self._placement_group is not None:
-            raise ValueError(f"cannot add GPU component '{comp.name}' after the GPUs were placed")
+            raise Unsupported(f"cannot add GPU component '{comp.name}' after the GPUs were placed (GPU placement "
+                              "is fixed when the processes start)")
+        if replica_name(comp.name, 0) in self.actors:
+            raise ValueError(f"component '{comp.name}' is already running")
         from dataclasses import replace as dc_replace
 
         self.wf = dc_replace(self.wf, components={**self.wf.components, comp.name: comp})
@@ -287,6 +316,8 @@ class RayBackend(Backend):
         base, _, r = name.partition("#")
         states = self.control(name, "get_states")
         comp = dc_replace(self.wf.components[base], mps_quota=quota)
+        # (a later restart starts the component under this quota too)
+        self.wf = dc_replace(self.wf, components={**self.wf.components, base: comp})
         if mps_env is not None:
             self.mps_env[base] = mps_env
         schedule = self._schedule if self.dag is not None else None
@@ -315,7 +346,8 @@ class RayBackend(Backend):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(compiled=self.dag is not None, processes=True, restartable=True, replicas=True)
+        return Capabilities(compiled=self.dag is not None, processes=True, restartable=True, replicas=True,
+                            compilable=True, plans=True)
 
     def components(self) -> list[str]:
         return list(self.actors)

@@ -112,10 +112,16 @@ class Runner:
         if config.out_dir is not None and not config.resume:
             check_run_dir(config.out_dir, resume=False, overwrite=False)  # never two runs in one directory
 
+    def component_processes(self) -> list[str]:
+        """The backend's component processes that this workflow's components run on. Usually all of them;
+        a backend that also hosts other components (the optimizer's: trial components, the copies other
+        plans need) must not have those report records, metrics or state into this run."""
+        return [c for c in self.backend.components() if c.partition("#")[0] in self.wf.components]
+
     # -- resume -----------------------------------------------------------------------------
     def describe_processes(self) -> None:
         """Ask every component process what it sees (pid, SMs under its MPS quota) for the trace."""
-        for comp in self.backend.components():
+        for comp in self.component_processes():
             try:
                 info = self.backend.control(comp, "info", timeout=60)
             except (CallFailed, TimeoutError):  # descriptive only: a failing process is reported by its calls
@@ -125,7 +131,7 @@ class Runner:
     def _gpu_of(self, pid: int | None) -> int | None:
         """The NVML index of the GPU a component process runs on, when one GPU is visible to it and
         sampled (several GPUs); None: charge the mean over the sampled GPUs."""
-        if self.sampler is None or len(self.sampler.per_gpu) < 2:
+        if self.sampler is None or len(self.sampler.per_gpu) < 2 or pid is None:
             return None
         visible = str((self.processes.get(pid) or {}).get("visible_gpus") or "")
         first = visible.split(",")[0].strip()
@@ -146,7 +152,7 @@ class Runner:
 
     def _load_states(self, ckpt: Checkpoint) -> None:
         for comp, states in ckpt.states.items():
-            if comp in self.backend.components() and states:
+            if comp in self.component_processes() and states:
                 self.backend.control(comp, "set_states", states)
 
     def restore(self) -> int:
@@ -172,7 +178,7 @@ class Runner:
     def checkpoint(self, k: int) -> Path | None:
         if self.config.out_dir is None:
             return None
-        states = {c: self.backend.control(c, "get_states") for c in self.backend.components()}
+        states = {c: self.backend.control(c, "get_states") for c in self.component_processes()}
         return save_checkpoint(self.config.out_dir / "checkpoints", k, states,
                                meta={"workflow": self.wf.name, "params": {p: v for p, v in self.wf.params.items()
                                                                          if isinstance(v, int | float | str | bool)}})
@@ -219,7 +225,7 @@ class Runner:
     def _finish(self, k: int, t0: int, t1: int) -> IterationResult:
         seconds = (t1 - t0) / 1e9
         metrics: dict[str, float] = {"iteration_s": seconds}
-        per_process = {comp: self.backend.control(comp, "pop_metrics") for comp in self.backend.components()}
+        per_process = {comp: self.backend.control(comp, "pop_metrics") for comp in self.component_processes()}
         metrics.update(merge_replica_metrics(per_process))
         steps = sum(v for n, v in metrics.items() if n.endswith("/env_steps"))
         if steps:
@@ -259,7 +265,7 @@ class Runner:
         # best effort and bounded: a stuck component (the watchdog fired) must not hold up the report
         self._fresh = []  # this iteration's records (the trace keeps them all)
         timeout = 1.0 if self._stuck else 120.0  # (idle components answer at once)
-        for comp in self.backend.components():
+        for comp in self.component_processes():
             try:
                 records = self.backend.control(comp, "pop_records", timeout=timeout)
             except (CallFailed, TimeoutError):  # a dead or stuck process has no records; its failure is reported elsewhere

@@ -8,9 +8,9 @@ progress. Local trials are not training: before each run of a comparison graph, 
 component it writes is restored from a snapshot (the checkpoint contract: `get_states`/`set_states`),
 and again after the last one, so training continues from exactly where it was.
 
-`Executor` is the one place that knows how to run an arbitrary plan's iteration on the backends of
-`interpreter.backends` (register its nodes, recompile a Ray Compiled Graph, add components such as
-the trial's `__feed__`); when the backends get a common protocol, only this class changes.
+`Executor` runs an arbitrary plan's iteration on one set of workers through the `Backend` interface
+alone (`load`, `compile`, `add_component`, `replace_actor`, state through `control`): any backend that
+declares `capabilities.plans` can be measured on.
 """
 
 from __future__ import annotations
@@ -20,25 +20,25 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from rose_dsl.ir import Component, ExecutionNode, Workflow
 from rose_dsl.optimizer.profile import Call, IterationRun
 from rose_dsl.optimizer.regions import FEED, PROBE, LocalGraph, feed_component, probe_component
 from rose_dsl.optimizer.search import OutOfBudget
 
-from .backends import Backend, CallFailed, LocalBackend, RayBackend, RayCompiledBackend
+from .backend_base import Backend, CompileError, Unsupported
 from .components import ComponentError
 from .cpu_activity import CpuActivity, process_clock, thread_clock
 from .runner import RunConfig, Runner
 from .schedule import Schedule
 from .trace import InvocationRecord
-from .worker import ComponentWorker
+from .worker import CallFailed
 
-__all__ = ["Feed", "Probe", "Executor", "TrialSession", "TrialFailed", "state_bytes", "trial_components"]
+__all__ = ["Feed", "Probe", "Executor", "BuildBackend", "TrialSession", "TrialFailed", "state_bytes",
+           "trial_components", "unsupported"]
 
 
 class TrialFailed(Exception):
@@ -99,133 +99,109 @@ def state_bytes(value: Any) -> int:
     return 0
 
 
-class Executor:
-    """Runs iteration k of any plan (or local graph) on one set of component workers."""
+BuildBackend = Callable[[Workflow, Schedule], Backend]
 
-    def __init__(self, wf: Workflow, kind: str = "local", *, compiled: bool = True, allowed: Sequence[str] = (),
-                 address: str | None = None, mps_env: Mapping[str, dict[str, str]] | None = None,
-                 device: str = "cpu", call_timeout_s: float = 900.0, sampler: Any = None,
-                 log: Callable[[str], None] = print, extra_components: Mapping[str, Component] | None = None) -> None:
-        if kind not in ("local", "ray"):
-            raise ValueError(f"backend must be 'local' or 'ray', not {kind!r}")
-        # the trial components (`Feed`, `Probe`) live here: always allowed
-        self.kind, self.compiled = kind, compiled and kind == "ray"
-        self.allowed = tuple(dict.fromkeys((*allowed, "interpreter.trials")))
-        self.address, self.mps_env, self.device = address, dict(mps_env or {}), device
+
+class Executor:
+    """Runs iteration k of any plan (or local graph) of one workflow on one set of component workers.
+
+    The workers are one `Backend`, built once by `build(workflow, schedule)` (the caller's factory:
+    `rose optimize` passes `rose_cli.run.build_backend`, tests `make_backend`) with the workflow's
+    components plus `extra_components` (by default the trial components), and owned by the Executor
+    (`close` shuts it down). Running another plan is `Backend.load` (its nodes registered with the same
+    workers) and, when `compiled`, `Backend.compile`; a component a plan adds (a temporal split's copy)
+    is `Backend.add_component`. Each plan gets a `Runner` of its own, which asks only the plan's
+    component processes for records, metrics and state (an idle copy reports nothing into a plan that
+    does not use it).
+    """
+
+    def __init__(self, wf: Workflow, build: BuildBackend, *, compiled: bool = False, call_timeout_s: float = 900.0,
+                 sampler: Any = None, log: Callable[[str], None] = print,
+                 extra_components: Mapping[str, Component] | None = None) -> None:
         self.call_timeout_s, self.sampler, self.log = call_timeout_s, sampler, log
-        self.wf = wf
-        self.backend: Any = None
-        self._runners: dict[int, tuple[Workflow, Runner]] = {}
-        self._registered: set[int] = set()
-        self._compiled_for: int | None = None
-        self.rebuilds = 0
-        self.prepare_s = 0.0  # registering plans' nodes, compiling graphs, adding components
-        t = time.perf_counter()
         extra = {n: c for n, c in (extra_components if extra_components is not None else trial_components()).items()
                  if n not in wf.components}
-        self._start(replace(wf, components={**wf.components, **extra}) if extra else wf)
+        workers = replace(wf, components={**wf.components, **extra}) if extra else wf
+        t = time.perf_counter()
+        self.backend: Backend | None = build(workers, Schedule(workers))
         self.startup_s = time.perf_counter() - t
+        caps = self.backend.capabilities
+        if not caps.plans:
+            name = self.backend.name
+            self.close()
+            raise ValueError(f"the {name} backend cannot switch plans between iterations, which rose optimize needs")
+        self.compiled = compiled and caps.compilable
+        self._runners: dict[int, tuple[Workflow, Runner]] = {}
+        self._loaded: Workflow | None = None  # the plan the workers run now
+        self.loads = 0  # plan switches (each registers nodes, and recompiles when compiled)
+        self.prepare_s = 0.0  # switching plans, compiling graphs, adding components
+
+    @property
+    def backend_name(self) -> str:
+        return self._backend.name
+
+    @property
+    def _backend(self) -> Backend:
+        if self.backend is None:
+            raise RuntimeError("the executor is closed")
+        return self.backend
+
+    @property
+    def processes(self) -> bool:
+        """Each component is an OS process of its own (Ray), not a thread of this one."""
+        return self._backend.capabilities.processes
 
     @property
     def switch_is_costly(self) -> bool:
-        """Changing the plan between runs recompiles a Ray Compiled Graph."""
+        """Changing the plan between runs recompiles a compiled graph."""
         return self.compiled
 
-    def _start(self, wf: Workflow) -> None:
-        loops = Schedule(wf).program.loops_of
-        if self.kind == "local":
-            self.backend = LocalBackend(wf, self.allowed, loops, self.device)
-        else:
-            cls = RayCompiledBackend if self.compiled else RayBackend
-            self.backend = cls(wf, self.allowed, loops, address=self.address, mps_env=self.mps_env)
-        self.wf = wf
-        self._runners.clear()
-        self._registered.clear()
-        self._compiled_for = None
-
     def components(self) -> list[str]:
-        return list(self.backend.components())
+        return list(self._backend.components())
 
     def add_components(self, comps: Mapping[str, Component]) -> list[str]:
-        """Make workers for components a plan needs and the workers lack (a temporal split's copies).
-        Local: new threads. Ray: new actors; a GPU component, whose GPU placement is fixed when the
-        processes start, by restarting them all with the union of components, every state moved over."""
-        missing = {n: c for n, c in comps.items() if n not in self.backend.components()}
-        if not missing:
-            return []
-        if self.kind == "local":
-            for name, comp in missing.items():
-                dev = self.device if comp.device == "gpu" else "cpu"
-                self.backend.workers[name] = ComponentWorker(comp, self.wf.seed, dev, self.allowed)
-                self.backend.pools[name] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rose-{name}")
-            self.wf = replace(self.wf, components={**self.wf.components, **missing})
-            return list(missing)
-        if self.compiled and self.backend.dag is not None:  # it holds channels to the actors it was built on
-            self.backend.dag.teardown()
-            self.backend.dag = None
-        self._compiled_for = None
-        self._registered.clear()
-        if not any(c.device == "gpu" for c in missing.values()):
-            for comp in missing.values():
-                self.backend.add_component(comp)
-            self.wf = replace(self.wf, components={**self.wf.components, **missing})
-            return list(missing)
-        self.log(f"restarting the component processes to add {', '.join(missing)} (GPU placement is fixed at start)")
-        states = {c: self.get_states(c) for c in self.components()}
-        self.backend.shutdown()
-        self.rebuilds += 1
-        self._start(replace(self.wf, components={**self.wf.components, **missing}))
-        for c, st in states.items():
-            if st:
-                self.set_states(c, st)
-        return list(missing)
+        """Start workers for the components a plan needs and the backend lacks (a temporal split's
+        copies); Unsupported when the backend cannot add one (a GPU copy on Ray, whose GPU placement is
+        fixed when the processes start)."""
+        have = {c.partition("#")[0] for c in self.components()}
+        added = []
+        for name, comp in comps.items():
+            if name not in have:
+                self._backend.add_component(comp)
+                added.append(name)
+        return added
 
     def _runner(self, plan: Workflow) -> Runner:
         entry = self._runners.get(id(plan))
         if entry is None or entry[0] is not plan:
             config = RunConfig(iterations=1 << 30, out_dir=None, call_timeout_s=self.call_timeout_s, tensorboard=False)
-            view = cast(Backend, _PlanView(self.backend, plan, lambda: self.compiled))  # duck-typed: delegates
-            entry = (plan, Runner(plan, view, config, Schedule(plan), None, self.sampler))
+            entry = (plan, Runner(plan, self._backend, config, Schedule(plan), None, self.sampler))
             self._runners[id(plan)] = entry
         return entry[1]
 
-    def _prepare(self, plan: Workflow, runner: Runner) -> None:
-        loops = runner.schedule.program.loops_of
-        self.backend.loops_of = loops
-        if self.kind == "local" or id(plan) in self._registered and (not self.compiled or self._compiled_for == id(plan)):
+    def _load(self, plan: Workflow, runner: Runner) -> None:
+        """Make the workers run `plan` (nothing to do when they already do)."""
+        if self._loaded is plan:
             return
-        if id(plan) not in self._registered:
-            import ray
-
-            nodes: dict[str, dict] = {}
-            for item in plan.items():
-                if isinstance(item, ExecutionNode):
-                    nodes.setdefault(item.component, {})[item.path] = item
-            loops_t = {p: tuple(v) for p, v in loops.items()}
-            refs = [actor.register_nodes.remote(nodes.get(name.partition("#")[0], {}), loops_t)
-                    for name, actor in self.backend.actors.items()]
-            ray.get(refs, timeout=120)
-            self._registered.add(id(plan))
-        if self.compiled and self._compiled_for != id(plan):
-            if self.backend.dag is not None:
-                self.backend.dag.teardown()
-                self.backend.dag = None
+        backend = self._backend
+        self._loaded = None  # (until loaded: a failure below leaves nothing half-believed)
+        backend.load(runner.schedule)
+        self.loads += 1
+        if self.compiled:
             try:
-                self.backend.compile(runner.schedule)
-            except Exception as exc:  # noqa: BLE001 - fall back to per-call dispatch, said plainly (as rose execute)
-                self.log(f"warning: cannot compile {plan.name} into a Ray Compiled Graph ({type(exc).__name__}: "
-                         f"{exc}); dispatching call by call for the rest of the session")
-                self.backend.dag = None
+                backend.compile(runner.schedule)
+            except CompileError as exc:  # per-call dispatch from now on, said plainly (as rose execute does)
+                self.log(f"warning: cannot compile {plan.name} into a Ray Compiled Graph ({exc}); dispatching call "
+                         "by call for the rest of the session")
                 self.compiled = False
-                return
-            self._compiled_for = id(plan)
+        self._loaded = plan
 
     def run(self, plan: Workflow, k: int) -> tuple[float, int, int, dict[str, float], list[InvocationRecord]]:
         """Iteration k of `plan`: (seconds, start ns, end ns, metrics, invocation records)."""
         t = time.perf_counter()
         self.add_components(plan.components)
         runner = self._runner(plan)
-        self._prepare(plan, runner)
+        self._load(plan, runner)
         self.prepare_s += time.perf_counter() - t
         before = len(runner.trace)
         t0 = time.perf_counter_ns()
@@ -235,68 +211,46 @@ class Executor:
 
     def drain(self) -> None:
         """After a failed iteration: wait until every call still queued or running has ended (a control
-        call runs after them on each worker), forget their records and metrics, and drop a compiled graph
-        that a failure may have left unusable."""
+        call runs after them on each worker) and forget their records and metrics; the plan is loaded
+        (and compiled) afresh at the next run, as a graph a failure ran through may be unusable."""
         for comp in self.components():
             for what in ("pop_records", "pop_metrics"):
                 try:
-                    self.backend.control(comp, what)
-                except Exception:  # noqa: BLE001 - a worker that failed its calls still answers; a dead one cannot
+                    self._backend.control(comp, what)
+                except (CallFailed, TimeoutError):  # a worker that failed its calls still answers; a dead one cannot
                     pass
-        if self.compiled and getattr(self.backend, "dag", None) is not None:
-            try:
-                self.backend.dag.teardown()
-            except Exception:  # noqa: BLE001 - a broken graph: it is rebuilt at the next run anyway
-                pass
-            self.backend.dag = None
-        self._compiled_for = None
+        self._loaded = None
 
     def get_states(self, comp: str) -> dict[str, Any]:
-        return self.backend.control(comp, "get_states")
+        return self._backend.control(comp, "get_states")
 
     def set_states(self, comp: str, states: Mapping[str, Any]) -> None:
-        self.backend.control(comp, "set_states", dict(states))
+        self._backend.control(comp, "set_states", dict(states))
 
     def pids(self) -> dict[str, int]:
-        return dict(getattr(self.backend, "pids", {}))
+        """The OS process of each component (only when components are processes of their own)."""
+        if not self.processes:
+            return {}
+        return {c: int(self._backend.control(c, "info")["pid"]) for c in self.components()}
+
+    def thread_ids(self) -> dict[str, int]:
+        """The thread each component runs its calls on (components that are threads of this process)."""
+        if self.processes:
+            return {}
+        return {c: int(self._backend.control(c, "info")["thread"]) for c in self.components()}
 
     def replace_quota(self, comp: str, quota: int | None, mps_env: dict[str, str] | None) -> dict[str, Any]:
-        """Move a GPU component to a new process under another MPS quota, state moved (Ray only)."""
-        if self.kind != "ray":
-            raise ValueError("quota trials need the Ray backend (one process per component)")
-        if self.compiled and self.backend.dag is not None:
-            self.backend.dag.teardown()
-            self.backend.dag = None
-        self._compiled_for = None
-        self._registered.clear()
-        info = self.backend.replace_actor(comp, quota, mps_env)
-        self.wf = replace(self.wf, components={**self.wf.components,
-                                               comp: replace(self.wf.components[comp], mps_quota=quota)})
-        return info
+        """Move a GPU component to a new process under another MPS quota, its state moved with it
+        (`Backend.replace_actor`: a restartable backend recompiles a compiled iteration around it)."""
+        if not self._backend.capabilities.restartable:
+            raise Unsupported(f"quota trials need a backend with one process per component (the {self.backend_name} "
+                              "backend cannot move a component to a new process)")
+        return self._backend.replace_actor(comp, quota, mps_env)
 
     def close(self) -> None:
         if self.backend is not None:
-            self.backend.shutdown()
-            self.backend = None
-
-
-class _PlanView:
-    """The backend as one plan sees it: only the plan's component processes are asked for records and
-    metrics (the workers hold every component the session needed; an idle temporal-split copy must not
-    report zeros into a plan that does not use it)."""
-
-    def __init__(self, backend: Any, plan: Workflow, compiled: Callable[[], bool]) -> None:
-        self._backend = backend
-        self._names = set(plan.components)
-        self._compiled = compiled
-
-    def components(self) -> list[str]:
-        return [c for c in self._backend.components() if c.partition("#")[0] in self._names]
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "execute_iteration" and not self._compiled():  # per-call dispatch (compiling failed)
-            raise AttributeError(name)
-        return getattr(self._backend, name)
+            backend, self.backend = self.backend, None
+            backend.shutdown()
 
 
 class _StateSizes(Mapping[str, int]):
@@ -321,15 +275,23 @@ class _StateSizes(Mapping[str, int]):
         return len(self._executor.components())
 
 
+def unsupported(wf: Workflow) -> str | None:
+    """Why a session cannot optimize `wf` (None: it can), known before anything starts."""
+    if wf.root.carries:
+        return ("the iteration loop carries values from one RL iteration to the next; the optimizer switches plans "
+                "between iterations and cannot carry them across plans yet")
+    return None
+
+
 class TrialSession:
     """Implements the optimizer's `Measurer` on an `Executor`, keeping the books: training iterations
     (retained), local trials, captures, and the time of each."""
 
     def __init__(self, wf: Workflow, executor: Executor, *, out_dir: Path | None = None, gpu_sampler: Any = None,
                  log: Callable[[str], None] = print, memory_limits: Mapping[str, int] | None = None) -> None:
-        if wf.root.carries:
-            raise ValueError("the iteration loop carries values from one RL iteration to the next; the optimizer "
-                             "switches plans between iterations and cannot carry them across plans yet")
+        problem = unsupported(wf)
+        if problem:
+            raise ValueError(problem)
         self.wf, self.executor, self.out_dir, self.log = wf, executor, out_dir, log
         self.gpu = gpu_sampler
         self.activity_kind = "sm" if gpu_sampler is not None else "cpu"
@@ -346,7 +308,8 @@ class TrialSession:
         executor.add_components({FEED: feed_component(FEED_IMPL)})
         self._watch_cpu()
         self.component_bytes = _StateSizes(executor)
-        self.memory_limits = dict(memory_limits) if memory_limits is not None else _memory_limits(executor.device)
+        self.memory_limits = dict(memory_limits) if memory_limits is not None else _memory_limits(
+            any(c.device == "gpu" for c in wf.components.values()))
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
@@ -354,7 +317,7 @@ class TrialSession:
     def placement(self, plan: Workflow) -> str | None:
         """On Ray, GPU processes are placed when the session starts: a plan needing another GPU process
         (a temporal split's copy of a GPU component that was not started with the session) cannot run."""
-        if self.executor.kind != "ray":
+        if not self.executor.processes:  # threads: any component can be added
             return None
         have = {c.partition("#")[0] for c in self.executor.components()}
         missing = sorted(n for n, c in plan.components.items() if c.device == "gpu" and n not in have)
@@ -366,18 +329,23 @@ class TrialSession:
     def sync_books(self) -> dict[str, float]:
         """The books with the executor's set-up costs (start, plan preparation, restarts)."""
         self.books.update(startup_s=self.executor.startup_s, prepare_s=self.executor.prepare_s,
-                          restarts=float(self.executor.rebuilds))
+                          plan_loads=float(self.executor.loads))
         return self.books
 
     def _watch_cpu(self) -> None:
         if self.cpu is None:
             return
-        pids = self.executor.pids()
-        for comp in self.executor.components():
-            if comp in self.cpu.readers:
-                continue
-            reader = process_clock(pids[comp]) if comp in pids else thread_clock(f"rose-{comp}_")
-            self.cpu.add(comp, reader)
+        new = [c for c in self.executor.components() if c not in self.cpu.readers]
+        if not new:
+            return
+        if self.executor.processes:
+            pids = self.executor.pids()
+            for comp in new:
+                self.cpu.add(comp, process_clock(pids[comp]))
+        else:
+            threads = self.executor.thread_ids()
+            for comp in new:
+                self.cpu.add(comp, thread_clock(threads[comp]))
 
     # -- turning records into calls ---------------------------------------------------------------
     def _calls(self, plan: Workflow, records: Sequence[InvocationRecord]) -> tuple[Call, ...]:
@@ -422,7 +390,7 @@ class TrialSession:
         training."""
         try:
             return self.executor.run(plan, k)
-        except (CallFailed, ComponentError) as exc:
+        except (CallFailed, ComponentError, Unsupported) as exc:  # (Unsupported: a component it needs cannot be added)
             if snap is None:
                 raise
             self.executor.drain()
@@ -542,9 +510,11 @@ class TrialSession:
         self.executor.close()
 
 
-def _memory_limits(device: str) -> dict[str, int]:
+def _memory_limits(gpu: bool) -> dict[str, int]:
+    """Bytes the processes a plan adds may use: half the free host memory, and 80% of the free memory of
+    the GPU when the workflow has GPU components (and CUDA is there)."""
     limits = {"cpu": int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * 0.5)}
-    if device != "cpu":
+    if gpu:
         try:
             import torch
 

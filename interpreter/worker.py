@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Mapping, Sequence
@@ -285,8 +286,10 @@ class ComponentWorker:
             set_state(self.obj, self.comp, name, value)
 
     def info(self) -> dict[str, Any]:
-        """What this process sees: its pid and, on a GPU, the SM count its MPS quota leaves it."""
-        info: dict[str, Any] = {"pid": os.getpid(), "component": self.name, "process": self.process,
+        """What this process sees: its pid (and the thread that answers, the one a local backend runs the
+        component's calls on) and, on a GPU, the SM count its MPS quota leaves it."""
+        info: dict[str, Any] = {"pid": os.getpid(), "thread": threading.get_ident(), "component": self.name,
+                                "process": self.process,
                                 "mps_quota": os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
                                 "visible_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpu_slot": self.gpu_index,
                                 "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}

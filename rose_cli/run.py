@@ -9,7 +9,8 @@ The pieces, in the order a run meets them:
 * `gpu_session` -- a context manager: the MPS daemon and the GPU sampler, stopped when it exits;
 * `build_backend` -- the one call that turns a workflow into a running backend (the runtime's backend
   factory replaces it);
-* `FAILURES` -- the table of exceptions -> exit code and report.
+* `FAILURES` -- the table of exceptions -> exit code and report, applied by `guarded`, which also holds
+  the one teardown (`rose optimize` runs through the same four pieces).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from rose_dsl.ir import Workflow
 
 from . import report
 
-__all__ = ["ExecuteOptions", "SetupError", "execute_workflow", "prepare", "gpu_session", "build_backend", "FAILURES"]
+__all__ = ["ExecuteOptions", "SetupError", "Gpu", "RunContext", "execute_workflow", "guarded", "prepare", "gpu_session",
+           "build_backend", "FAILURES", "Failure"]
 
 
 @dataclass(frozen=True)
@@ -71,9 +73,18 @@ class Gpu:
     sampler: Any = None
     mps_env: dict[str, dict[str, str]] = field(default_factory=dict)
 
+    @property
+    def quotas_work(self) -> bool:
+        """An MPS daemon is up, so a process's `mps_quota` binds."""
+        return self.daemon is not None and self.daemon.active
+
+    def client_env(self, quota: int | None) -> dict[str, str]:
+        """The environment of an MPS client process under `quota` percent of the SMs (quotas_work only)."""
+        return self.daemon.client_env(quota)
+
 
 @dataclass
-class _Context:
+class RunContext:
     """What the failure reports need to know about the run they end."""
 
     err: Console
@@ -176,11 +187,11 @@ def build_backend(wf: Workflow, schedule: Schedule, opts: ExecuteOptions, gpu: G
 
 
 # --- failures -> exit codes ------------------------------------------------------------------------------
-def _report_setup(exc: BaseException, ctx: _Context) -> None:
+def _report_setup(exc: BaseException, ctx: RunContext) -> None:
     ctx.err.print(f"error: {exc}", markup=False)
 
 
-def _report_component(exc: BaseException, ctx: _Context) -> None:
+def _report_component(exc: BaseException, ctx: RunContext) -> None:
     ctx.err.print(f"error: {exc}", markup=False)
     detail = getattr(exc, "detail", "")
     if detail:
@@ -190,23 +201,24 @@ def _report_component(exc: BaseException, ctx: _Context) -> None:
     ctx.err.print("stopped; the last complete checkpoint (if any) is intact", markup=False)
 
 
-def _report_watchdog(exc: BaseException, ctx: _Context) -> None:
+def _report_watchdog(exc: BaseException, ctx: RunContext) -> None:
     ctx.err.print(f"error: watchdog: {exc}; raise --call-timeout if this call is legitimately slow", markup=False)
     if ctx.backend is not None:
-        ctx.backend.stuck = True  # type: ignore[attr-defined]  # the teardown must not wait for the stuck call
+        ctx.backend.stuck = True  # the teardown must not wait for the stuck call
     report.stacks(ctx.err, getattr(exc, "stacks", {}), ctx.opts.out_dir)
 
 
-def _report_checkpoint(exc: BaseException, ctx: _Context) -> None:
+def _report_checkpoint(exc: BaseException, ctx: RunContext) -> None:
     ctx.err.print(f"error: checkpoint: {exc}", markup=False)
 
 
-def _report_interrupt(exc: BaseException, ctx: _Context) -> None:
+def _report_interrupt(exc: BaseException, ctx: RunContext) -> None:
     ctx.err.print("interrupted; stopping components", markup=False)
 
 
 # first match wins; anything else is a bug (exit 1, `rose_dsl.cli.run_app`)
-FAILURES: tuple[tuple[type[BaseException], ExitCode, Callable[[BaseException, _Context], None]], ...] = (
+Failure = tuple[type[BaseException], ExitCode, Callable[[BaseException, RunContext], None]]
+FAILURES: tuple[Failure, ...] = (
     (SetupError, ExitCode.INVALID, _report_setup),
     (RunDirInUse, ExitCode.INVALID, _report_setup),
     (SharedProcessError, ExitCode.INVALID, _report_setup),
@@ -219,15 +231,20 @@ FAILURES: tuple[tuple[type[BaseException], ExitCode, Callable[[BaseException, _C
 
 
 # --- the run ---------------------------------------------------------------------------------------------
-def execute_workflow(wf: Workflow, opts: ExecuteOptions, out: Console, err: Console) -> int:
-    """Run the workflow; the exit code. Everything started is stopped on every path (one ExitStack)."""
-    ctx = _Context(err, opts)
+def guarded(body: Callable[[ExitStack, RunContext], None], opts: ExecuteOptions, err: Console,
+            failures: tuple[Failure, ...] = ()) -> int:
+    """Run a command's body with one teardown and the exit-code table: the body registers everything it
+    starts on the ExitStack it is given, which is closed on every path; an exception in `failures` (the
+    command's own, looked up first) or `FAILURES` is reported and becomes its exit code, anything else
+    is a bug and propagates (exit 1 in `run_app`)."""
+    ctx = RunContext(err, opts)
     with ExitStack() as teardown:
         try:
-            _run(wf, opts, teardown, ctx, out)
+            body(teardown, ctx)
             return ExitCode.OK
         except BaseException as exc:
-            code, reporter = next(((c, r) for kind, c, r in FAILURES if isinstance(exc, kind)), (None, None))
+            code, reporter = next(((c, r) for kind, c, r in (*failures, *FAILURES) if isinstance(exc, kind)),
+                                  (None, None))
             if code is None or reporter is None:
                 raise
             reporter(exc, ctx)
@@ -241,7 +258,12 @@ def execute_workflow(wf: Workflow, opts: ExecuteOptions, out: Console, err: Cons
             return code
 
 
-def _run(wf: Workflow, opts: ExecuteOptions, teardown: ExitStack, ctx: _Context, out: Console) -> None:
+def execute_workflow(wf: Workflow, opts: ExecuteOptions, out: Console, err: Console) -> int:
+    """Run the workflow; the exit code. Everything started is stopped on every path (one ExitStack)."""
+    return guarded(lambda teardown, ctx: _run(wf, opts, teardown, ctx, out), opts, err)
+
+
+def _run(wf: Workflow, opts: ExecuteOptions, teardown: ExitStack, ctx: RunContext, out: Console) -> None:
     started = time.perf_counter()
     schedule = prepare(wf, opts)
     gpu = teardown.enter_context(gpu_session(wf, opts, ctx.err))

@@ -298,8 +298,6 @@ app = make_app("rose (language only): validate, graph and rewrite workflows. The
 register(app)
 
 
-
-
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in ("execute", "optimize"):  # commands of the full `rose`
         err.print(f"error: `{sys.argv[1]}` is a command of the full `rose` (python3 -m rose_cli {sys.argv[1]} ...); "

@@ -84,8 +84,10 @@ def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: f
                         "note": "comparison graphs on state snapshots (not training)"},
               "captures": {"count": int(books.get("captures", 0)), "seconds": books.get("capture_s", 0.0)},
               "quota": {"count": int(books.get("quota_trials", 0)), "seconds": books.get("quota_s", 0.0)},
-              "setup": {"count": int(books.get("restarts", 0)), "seconds": books.get("startup_s", 0.0) + books.get("prepare_s", 0.0),
-                        "note": "starting the components, registering plans, compiling graphs (count: restarts)"}}
+              "setup": {"count": int(books.get("plan_loads", 0)),
+                        "seconds": books.get("startup_s", 0.0) + books.get("prepare_s", 0.0),
+                        "note": "starting the components, loading plans onto them, compiling graphs (count: plan "
+                                "switches)"}}
     return {
         "workflow": workflow, "file": file, "plan_file": plan_file, "activity": activity_kind,
         "baseline_iteration_s": base, "plan_iteration_s": plan,

@@ -41,7 +41,7 @@ def test_version_everywhere() -> None:
 
 
 def test_every_command_takes_h_as_help() -> None:
-    assert {"validate", "graph", "rewrite", "execute"} <= set(_commands())
+    assert {"validate", "graph", "rewrite", "execute", "optimize"} <= set(_commands())
     runner = CliRunner()
     for args in ([], *([c] for c in _commands())):
         short = runner.invoke(app, [*args, "-h"])
@@ -66,13 +66,21 @@ def test_every_command_takes_h_as_help() -> None:
     (["validate", "{tmp}/missing.yaml"], "missing.yaml' does not exist"),
     (["validate", "{tmp}"], "is a directory"),
     (["graph", "{wf}", "--format", "png"], "Invalid value for '--format'"),
+    (["optimize", "{wf}", "-o", "{tmp}/p.yaml", "--call-timeout", "nan"], "must be more than 0 seconds"),
+    (["optimize", "{wf}", "-o", "{tmp}/p.yaml", "--budget-s", "0"], "must be more than 0 seconds"),
+    (["optimize", "{wf}", "-o", "{tmp}/p.yaml", "--rounds", "0"], "Invalid value for '--rounds'"),
+    (["optimize", "{wf}", "-o", "{tmp}/p.yaml", "--backend", "slurm"], "Invalid value for '--backend'"),
+    (["optimize", "{wf}", "-o", "{tmp}/p.yaml", "--out", "{wf}"], "is a file"),
+    (["optimize", "{wf}", "-o", "{tmp}", "--report", "{tmp}/r"], "is a directory"),
+    (["optimize", "{wf}", "-o", "{tmp}/p.yaml", "--backend", "ray", "--address", "127.0.0.1:1"],
+     "no Ray cluster answers there"),
     (["validate", "{wf}", "--set", "novalue"], "--set expects NAME=VALUE"),
 ])
 def test_bad_command_line_values_are_exit_2_with_a_plain_message(tmp_path, args, expected) -> None:
     wf = tmp_path / "wf.yaml"
     wf.write_text(TINY)
     args = [a.replace("{wf}", str(wf)).replace("{tmp}", str(tmp_path)) for a in args]
-    result = CliRunner().invoke(app, [*args, *(["--allow-module", "tests"] if args[0] == "execute" else [])])
+    result = CliRunner().invoke(app, [*args, *(["--allow-module", "tests"] if args[0] in ("execute", "optimize") else [])])
     text = result.output
     assert result.exit_code == 2, text
     assert "Traceback" not in text and "internal error" not in text, text

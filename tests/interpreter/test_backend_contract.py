@@ -5,6 +5,7 @@ fallback is explicit and printed."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -196,9 +197,18 @@ def test_the_local_backend_declares_no_processes() -> None:
     wf = _wf()
     be = make_backend("local", wf, Schedule(wf), allowed=("tests.",))
     try:
-        assert isinstance(be, LocalBackend) and be.capabilities == Capabilities()
+        assert isinstance(be, LocalBackend) and be.capabilities == Capabilities(plans=True)
         with pytest.raises(Unsupported):
             be.submit(next(iter(Schedule(wf).steps(0, lambda s: (None,))))[0], replica=1)
+        # a thread can be added, but not one that needs process fields this shared process lacks
+        plan = load_workflow_text(WITH_C, "plan.yaml")
+        with pytest.raises(Unsupported, match=r"'c' needs env ROSE_TEST_UNSET=1, which the local backend's shared"):
+            be.add_component(replace(plan.components["c"], env={"ROSE_TEST_UNSET": "1"}))
+        be.add_component(plan.components["c"])
+        be.load(Schedule(plan))
+        runner = Runner(plan, be, RunConfig(iterations=1, tensorboard=False))
+        runner.run_iteration(0)
+        assert [r.node for r in runner.trace.records()] == ["iteration.wa", "iteration.wb", "iteration.wc"]
     finally:
         be.shutdown()
 
@@ -211,3 +221,118 @@ def test_gpu_workflows_default_to_the_ray_backend() -> None:
                                               "g.yaml")) == "ray"
     assert default_backend(load_workflow_text(CHAIN.replace('args: {seconds: 0}}\n  b:', 'args: {seconds: 0}, replicas: 2}\n  b:'),
                                               "r.yaml")) == "ray"
+
+
+# --- what the optimizer needs: switching plans on the same workers (`capabilities.plans`) ----------------
+WITH_C = CHAIN.replace("iteration:", '  c: {impl: "tests.mocks:Sleeper", args: {seconds: 0}}\niteration:') + \
+    "    - {node: wc, call: c.work, in: {x: wb.y}, out: [y]}\n"
+
+
+class PlanFake(FakeBackend):
+    """A backend that can switch plans and compile them (as the Ray backend declares): `load` drops a
+    compiled iteration, `compile` keeps the schedule and runs its steps at `execute_iteration`, components
+    can be added (a GPU one cannot: Unsupported, as on Ray after the GPUs were placed). Every process
+    reports a metric, so a runner that asks processes outside its plan would show it."""
+
+    def __init__(self, wf, compile_fails: bool = False) -> None:
+        super().__init__(wf, Capabilities(compilable=True, plans=True))
+        self.compile_fails = compile_fails
+        self.graph: Schedule | None = None
+        self.loads: list[str] = []
+        self.added: list[str] = []
+        self.states: dict[str, dict[str, Any]] = {c: {} for c in wf.components}
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(compiled=self.graph is not None, compilable=True, plans=True)
+
+    def load(self, schedule: Schedule) -> None:
+        missing = set(schedule.workflow.components) - set(self.objs)
+        assert not missing, f"load before add_component: {missing}"
+        self.loads.append(",".join(n.name for n in schedule.workflow.items() if hasattr(n, "component")))
+        self.graph = None
+
+    def compile(self, schedule: Schedule) -> None:
+        if self.compile_fails:
+            raise CompileError("ValueError: a node the graph cannot hold")
+        self.graph = schedule
+
+    def execute_iteration(self, k: int, timeout: float | None) -> None:
+        assert self.graph is not None
+        self.executed.append(k)
+        n = len(self.submitted)
+        self.graph.steps(k, lambda step: FakeBackend.submit(self, step))
+        del self.submitted[n:]  # (run as one graph: nothing was submitted call by call)
+
+    def add_component(self, comp) -> None:
+        if comp.device == "gpu":
+            raise Unsupported(f"cannot add GPU component '{comp.name}' after the GPUs were placed")
+        self.objs.update(instantiate(replace(_wf(), components={comp.name: comp}), ("tests.",)))
+        self.records[comp.name], self.states[comp.name] = [], {}
+        self.added.append(comp.name)
+
+    def control(self, component: str, method: str, *args: Any, timeout: float | None = None) -> Any:
+        if method == "pop_metrics":
+            return {"x": 1.0}
+        if method == "get_states":
+            return dict(self.states[component])
+        if method == "set_states":
+            self.states[component] = dict(args[0])
+            return None
+        if method == "info":
+            return {"pid": 1, "thread": 0}
+        return super().control(component, method, *args, timeout=timeout)
+
+
+def _executor(wf, backend: PlanFake, compiled: bool = True, said: list[str] | None = None):
+    from interpreter.trials import Executor
+
+    return Executor(wf, lambda w, s: backend, compiled=compiled, extra_components={},
+                    log=(said if said is not None else []).append)
+
+
+def test_the_optimizer_switches_plans_through_load_compile_and_add_component() -> None:
+    wf, plan = _wf(), load_workflow_text(WITH_C, "plan.yaml")
+    be = PlanFake(wf)
+    ex = _executor(wf, be)
+    ex.run(wf, 0)
+    ex.run(wf, 1)  # the same plan: nothing to load
+    assert be.loads == ["wa,wb"] and be.executed == [0, 1] and be.submitted == []
+    _, _, _, metrics, records = ex.run(plan, 2)  # a component the workers lack: added, then the plan loaded
+    assert be.added == ["c"] and be.loads == ["wa,wb", "wa,wb,wc"] and be.executed == [0, 1, 2]
+    assert [r.node for r in records] == ["iteration.wa", "iteration.wb", "iteration.wc"]
+    assert metrics["c/x"] == 1.0
+    # back to the declared plan: loaded again, and the idle `c` reports nothing into its iteration
+    _, _, _, metrics, _ = ex.run(wf, 3)
+    assert be.loads[-1] == "wa,wb" and "c/x" not in metrics and metrics["a/x"] == metrics["b/x"] == 1.0
+    ex.set_states("a", {"w": 1})
+    assert ex.get_states("a") == {"w": 1} and ex.thread_ids() == {"a": 0, "b": 0, "c": 0} and ex.pids() == {}
+
+
+def test_a_plan_that_cannot_compile_is_run_call_by_call_and_said_once() -> None:
+    wf, plan = _wf(), load_workflow_text(WITH_C, "plan.yaml")
+    be, said = PlanFake(wf, compile_fails=True), []
+    ex = _executor(wf, be, said=said)
+    ex.run(wf, 0)
+    ex.run(plan, 1)
+    assert be.executed == [] and be.submitted == ["iteration.wa[0]", "iteration.wb[0]", "iteration.wa[1]",
+                                                  "iteration.wb[1]", "iteration.wc[1]"]
+    assert len(said) == 1 and said[0].startswith("warning: cannot compile chain into a Ray Compiled Graph "
+                                                 "(ValueError: a node the graph cannot hold)")
+
+
+def test_a_backend_without_plans_is_refused_and_a_component_it_cannot_add_is_said() -> None:
+    from interpreter.trials import Executor
+
+    wf = _wf()
+    closed: list[bool] = []
+    be = FakeBackend(wf, Capabilities(processes=True))
+    be.shutdown = lambda: closed.append(True)  # type: ignore[method-assign]
+    with pytest.raises(ValueError, match="the fake backend cannot switch plans"):
+        Executor(wf, lambda w, s: be, extra_components={})
+    assert closed == [True]  # the Executor owns what it built, failed or not
+    gpu = load_workflow_text(WITH_C.replace('args: {seconds: 0}}\niteration', 'args: {seconds: 0}, device: gpu}\niteration'),
+                             "g.yaml")
+    ex = _executor(wf, PlanFake(wf))
+    with pytest.raises(Unsupported, match="cannot add GPU component 'c'"):
+        ex.run(gpu, 0)

@@ -20,7 +20,7 @@ WF = ROOT / "workflows"
 
 def rose(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-m", "rose_dsl.cli", *args], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "rose_cli", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -136,3 +136,30 @@ def test_bad_input_gets_one_clear_message(tmp_path: Path, args: list[str], messa
     assert message in r.stderr
     assert "Traceback" not in r.stderr
     assert not (tmp_path / "p.yaml").exists()
+
+
+def test_what_it_would_overwrite_or_run_without_leave_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """rose execute's conventions: the trust policy first; the plan, the report and the run directory of
+    an earlier optimize (or the workflow itself) are never written over without --overwrite."""
+    untrusted = tmp_path / "w.yaml"
+    untrusted.write_text((WF / "latency_interaction.yaml").read_text().replace(
+        "examples.bench.latency:Trainer", "tests.optimizer.components:NoRows"))
+    r = rose("optimize", str(untrusted), "-o", str(tmp_path / "p.yaml"))
+    assert r.returncode == 2 and "allow it with --allow-module tests" in r.stderr, r.stderr
+    r = rose("optimize", str(untrusted), "-o", str(untrusted))
+    assert r.returncode == 2 and "allow it with --allow-module" in r.stderr  # (trust is checked first)
+    r = rose("optimize", str(untrusted), "-o", str(untrusted), "--allow-module", "tests.")
+    assert r.returncode == 2 and "is the workflow itself" in r.stderr, r.stderr
+    plan, run = tmp_path / "p.yaml", tmp_path / "p_report" / "run"
+    plan.write_text("an earlier plan\n")
+    r = rose("optimize", "workflows/latency_interaction.yaml", "-o", str(plan))
+    assert r.returncode == 2 and "already exists" in r.stderr and "--overwrite" in r.stderr, r.stderr
+    plan.unlink()
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("{}\n")
+    r = rose("optimize", "workflows/latency_interaction.yaml", "-o", str(plan))
+    assert r.returncode == 2 and "holds the outputs of an earlier run (metrics.jsonl)" in r.stderr, r.stderr
+    # --overwrite clears the earlier run's outputs (here the run then stops: too few iterations to measure)
+    r = rose("optimize", "workflows/latency_interaction.yaml", "-o", str(plan), "--overwrite", "--set", "iterations=2")
+    assert r.returncode == 2 and "not even the reference profile" in r.stderr and not (run / "metrics.jsonl").exists()
+    assert "Traceback" not in r.stderr and not plan.exists()

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from interpreter.backends import make_backend
 from interpreter.cpu_activity import CpuActivity, thread_clock
 from interpreter.trials import Executor, TrialSession
 from rose_dsl import load_workflow
@@ -20,10 +21,17 @@ ROOT = Path(__file__).resolve().parents[2]
 FAST = {"iterations": 50, "steps": 3, "fixed_ms": 0.2, "per_row_ms": 0.01}
 
 
+def _executor(wf, kind: str = "local", allowed: tuple[str, ...] = ("examples.",)) -> Executor:
+    """Workers as `rose optimize` starts them: the backend factory's, per-call, compiled per plan on Ray."""
+    allowed = (*allowed, "interpreter.trials")
+    return Executor(wf, lambda w, s: make_backend(kind, w, s, compiled=False, allowed=allowed, log=lambda m: None),
+                    compiled=kind == "ray", log=lambda m: None)
+
+
 @pytest.fixture()
 def session():
     wf = load_workflow(ROOT / "workflows" / "latency_interaction.yaml", FAST)
-    s = TrialSession(wf, Executor(wf, "local", allowed=("examples.",), log=lambda m: None), log=lambda m: None)
+    s = TrialSession(wf, _executor(wf), log=lambda m: None)
     yield wf, s
     s.close()
 
@@ -90,7 +98,7 @@ def test_finish_writes_a_resumable_checkpoint(tmp_path) -> None:
     from interpreter.checkpoint import latest_complete, load_checkpoint
 
     wf = load_workflow(ROOT / "workflows" / "latency_interaction.yaml", FAST)
-    s = TrialSession(wf, Executor(wf, "local", allowed=("examples.",), log=lambda m: None), out_dir=tmp_path,
+    s = TrialSession(wf, _executor(wf), out_dir=tmp_path,
                      log=lambda m: None)
     try:
         s.complete([wf], 2)
@@ -111,7 +119,7 @@ def test_root_carries_are_refused() -> None:
     wf = load_workflow(ROOT / "workflows" / "latency_interaction.yaml", FAST)
     carried = replace(wf, root=replace(wf.root, carries=(Carry("x", Int(0, 0), Int(0, 1)),)))
     with pytest.raises(ValueError, match="carries values"):
-        TrialSession(carried, Executor(wf, "local", allowed=("examples.",), log=lambda m: None))
+        TrialSession(carried, _executor(wf))
 
 
 def test_cpu_busy_fraction_tells_sleeping_from_computing() -> None:
@@ -123,10 +131,12 @@ def test_cpu_busy_fraction_tells_sleeping_from_computing() -> None:
         while time.perf_counter() < end:
             pass
 
-    threads = [threading.Thread(target=sleeper, name="rose-sleep_0"), threading.Thread(target=spinner, name="rose-spin_0")]
+    threads = [threading.Thread(target=sleeper), threading.Thread(target=spinner)]
     for t in threads:
         t.start()
-    cpu = CpuActivity({"sleep": thread_clock("rose-sleep_"), "spin": thread_clock("rose-spin_")}, period_s=0.01)
+    sleeping, spinning = (t.ident for t in threads)
+    assert sleeping is not None and spinning is not None
+    cpu = CpuActivity({"sleep": thread_clock(sleeping), "spin": thread_clock(spinning)}, period_s=0.01)
     time.sleep(0.05)
     t0 = time.perf_counter_ns()
     time.sleep(0.4)
@@ -146,12 +156,14 @@ def test_ray_compiled_executor_switches_plans_and_restores_state() -> None:
     temporal-split copy added as a new actor, a local trial that leaves training state as it was."""
     pytest.importorskip("ray")
     wf = load_workflow(ROOT / "workflows" / "latency_interaction.yaml", FAST)
-    s = TrialSession(wf, Executor(wf, "ray", allowed=("examples.",), log=lambda m: None), log=lambda m: None)
+    s = TrialSession(wf, _executor(wf, "ray"), log=lambda m: None)
     try:
         split = apply_request(wf, "split epoch.step 2").workflow
         temporal = apply_request(wf, "split-time epoch 2").workflow
         runs = s.complete([wf, split, temporal], 1)
         assert [len(r) for r in runs] == [1, 1, 1] and s.k == 3
+        # each plan ran as a compiled graph of its own (no silent fall-back to per-call dispatch)
+        assert s.executor.compiled and s.executor.backend.capabilities.compiled and s.executor.loads == 3
         assert any(c.startswith("sim@") for c in s.executor.components())
         for rs in runs:
             assert rs[0].metrics["sim/env_steps"] == 2 * 3 * 64
@@ -197,7 +209,7 @@ def test_a_failing_candidate_loses_its_trial_not_the_training() -> None:
     bad = apply_request(wf, "split score 2").workflow
     runs = []
     for plans in ([wf, bad], [wf]):
-        s = TrialSession(wf, Executor(wf, "local", allowed=("examples.", "tests."), log=lambda m: None), log=lambda m: None)
+        s = TrialSession(wf, _executor(wf, allowed=("examples.", "tests.")), log=lambda m: None)
         try:
             out = s.complete(plans, 3)
             runs.append((out, dict(s.last_failures), s.k, {c: s.executor.get_states(c) for c in wf.components}))
@@ -207,3 +219,17 @@ def test_a_failing_candidate_loses_its_trial_not_the_training() -> None:
     assert list(failures) == [1] and "rows" in failures[1]
     assert out[1] == [] and len(out[0]) == 3 and k == k_ref == 3
     assert _same(states, ref_states)
+
+
+def test_switching_back_to_a_plan_reloads_its_nodes(session) -> None:
+    """Two plans name different nodes by one path (`act@0` takes 32 rows in two groups, 16 in four): each
+    switch loads the plan's own nodes onto the workers, so going back to the first plan runs its rows,
+    not those of the plan loaded last."""
+    wf, s = session
+    two, four = (apply_request(wf, f"split epoch.step {g}").workflow for g in (2, 4))
+    runs = s.complete([two, four], 2)  # A B, then B A: A runs after B
+    for plan_runs, rows in zip(runs, (32, 16), strict=True):
+        for run in plan_runs:
+            assert {c.rows for c in run.calls if c.structural == "iteration.epoch.step.act"} == {rows}
+            assert run.metrics["sim/env_steps"] == 2 * 3 * 64
+    assert s.executor.loads == 3
