@@ -11,6 +11,7 @@ blocks (q*, q0, q*: each switch restarts a process) and kept only if faster by t
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from rose_dsl.optimizer.quota import BranchPair, distinct_levels, find_branches,
 from rose_dsl.optimizer.regions import Probe, common_ancestor, local_graphs, probe_workflow
 
 from .mps import expected_sms, quota_levels
+from .quota_safety import QuotaVerdict, check_quota, machine_fingerprint
 
 __all__ = ["tune_quota"]
 
@@ -45,10 +47,12 @@ def _region(plan: Workflow, pair: BranchPair) -> tuple[str, ...]:
 
 
 def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any, log: Callable[[str], None],
-               total_sms: int | None = None, repeats: int = 3, deadline: float | None = None) -> dict[str, Any]:
+               total_sms: int | None = None, repeats: int = 3, deadline: float | None = None,
+               check: Callable[[int], QuotaVerdict] | None = None) -> dict[str, Any]:
     """Algorithm 2 for the stage-1 plan `result.plan`; returns the report's stage-2 section, with
     `quotas` and `plan` when a quota is kept. `deadline` (a `time.perf_counter()` value) ends the search
-    early with the best level measured so far."""
+    early with the best level measured so far. `check(percent)` says whether GEMMs are correct under a
+    level on this machine (default: `quota_safety.check_quota`, cached); an unsafe level is never used."""
     plan = result.plan
     pair = find_branches(result.final_runs, _gpu_of(plan))
     if isinstance(pair, str):
@@ -72,9 +76,29 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
             executor.replace_quota(pair.target, percent, gpu.client_env(percent))
             current["percent"] = percent
 
+    unsafe: dict[int, str] = {}
+    if check is None:
+        fingerprint = machine_fingerprint()
+
+        def check(percent: int) -> QuotaVerdict:
+            return check_quota(percent, gpu.client_env(percent), fingerprint=fingerprint)
+
+    def safe(percent: int) -> bool:
+        """A level under which this machine's GEMMs are wrong is never tried (quota_safety.py, issue 16)."""
+        if percent >= 100:
+            return True
+        verdict = check(percent)
+        if not verdict.ok:
+            unsafe[percent] = verdict.detail
+            log(f"  quota {percent}% ({verdict.sm_count} SMs) skipped: GEMMs are wrong under it here ({verdict.detail})")
+        return verdict.ok
+
     def measure(k: int) -> float:
         percent = levels[k - 1][0]
         t = time.perf_counter()
+        if not safe(percent):
+            session.books["quota_s"] += time.perf_counter() - t
+            return math.inf  # never chosen; the search treats it as slower
         use(percent)
         values = measure_graph()
         samples[k] = values
@@ -86,13 +110,15 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     search = quota_search(len(levels), k0, measure, rho=rho, max_trials=MAX_TRIALS,
                           out_of_time=None if deadline is None else (lambda: time.perf_counter() > deadline))
     best_percent = levels[search.best - 1][0]
-    curve = [{"percent": levels[k - 1][0], "sms": levels[k - 1][1], "seconds": search.history[k], "n": len(samples[k]),
-              "samples": samples[k]} for k in sorted(search.history)]
+    curve = [{"percent": levels[k - 1][0], "sms": levels[k - 1][1],
+              "seconds": search.history[k] if math.isfinite(search.history[k]) else None,
+              "n": len(samples.get(k, [])), "samples": samples.get(k, []),
+              "unsafe": levels[k - 1][0] in unsafe} for k in sorted(search.history)]
     out: dict[str, Any] = {
         "target": pair.target, "other": pair.other, "gpu": pair.gpu, "slack_s": pair.slack_s, "overlap_s": pair.overlap_s,
         "branches": {"target": list(pair.target_branches), "other": list(pair.other_branches)},
         "comparison_graph": ".".join(region), "levels": len(levels), "rho": rho, "start_percent": q0,
-        "curve": curve, "trials": search.trials, "search_stopped": search.stopped, "best_percent": best_percent,
+        "curve": curve, "unsafe_levels": unsafe, "trials": search.trials, "search_stopped": search.stopped, "best_percent": best_percent,
     }
     if best_percent == q0:
         use(q0)

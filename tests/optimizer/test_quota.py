@@ -133,6 +133,21 @@ class _Gpu:
         return {"MPS": str(percent)}
 
 
+def _checked(unsafe: tuple[int, ...] = ()):
+    """The GEMM self-check of each level (interpreter/quota_safety.py), here a table."""
+    from interpreter.quota_safety import QuotaVerdict
+
+    seen: list[int] = []
+
+    def check(percent: int) -> QuotaVerdict:
+        seen.append(percent)
+        bad = percent in unsafe
+        return QuotaVerdict(percent, None, not bad, 27, int(bad), "wrong" if bad else "exact", "test")
+
+    check.seen = seen  # type: ignore[attr-defined]
+    return check
+
+
 def _stage1(root: Path):
     from dataclasses import replace
 
@@ -160,7 +175,7 @@ def test_tune_quota_searches_validates_and_writes_the_quota() -> None:
 
     wf, result = _stage1(ROOT)
     session = _FakeSession(best=80)
-    out = tune_quota(wf, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132)
+    out = tune_quota(wf, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132, check=_checked())
     assert out["target"] == "trainer" and out["other"] == "policy" and out["slack_s"] == pytest.approx(0.45)
     assert out["comparison_graph"] == "iteration"  # update and epoch: the LCA is the whole iteration
     assert out["trials"] <= 7 and session.books["quota_trials"] == out["trials"]
@@ -177,7 +192,7 @@ def test_tune_quota_keeps_the_default_when_nothing_is_faster() -> None:
 
     wf, result = _stage1(ROOT)
     session = _FakeSession(best=100)
-    out = tune_quota(wf, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132)
+    out = tune_quota(wf, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132, check=_checked())
     assert out["best_percent"] == 100 and "quotas" not in out and "kept trainer at 100%" in out["summary"]
     assert session.executor.quota["trainer"] == 100
 
@@ -186,3 +201,20 @@ def test_the_time_budget_ends_the_search_with_the_best_so_far() -> None:
     calls: list[int] = []
     s = quota_search(66, 66, lambda k: calls.append(k) or 1.0 + 0.001 * k, rho=4, out_of_time=lambda: len(calls) >= 2)
     assert s.order == [66, 62] and s.best == 62 and "time budget" in s.stopped
+
+
+def test_tune_quota_never_uses_a_level_whose_gemms_are_wrong() -> None:
+    """Issue 16: on the H200 cuBLAS is wrong at 78 and 92 SMs; the search must route around such levels."""
+    from interpreter.quota_trials import tune_quota
+    from rose_dsl.optimizer.search import Settings
+
+    wf, result = _stage1(ROOT)
+    session = _FakeSession(best=80)
+    reference = tune_quota(wf, result, _FakeSession(best=80), _Gpu(), Settings(), log=lambda m: None, total_sms=132,
+                           check=_checked())
+    bad = reference["best_percent"]  # make the level the search would choose unsafe
+    check = _checked(unsafe=(bad,))
+    out = tune_quota(wf, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132, check=check)
+    assert bad in check.seen and bad in out["unsafe_levels"]
+    assert out["best_percent"] != bad and bad not in session.executor.replaced
+    assert any(p["unsafe"] and p["seconds"] is None for p in out["curve"])
