@@ -252,8 +252,12 @@ class FlowPolicy:
 
     # -- weights / state --------------------------------------------------------------------
     def load_weights(self, w: dict[str, torch.Tensor]) -> None:
-        """Refresh `rollout_weights` from a state dict (e.g. `PPOTrainer.get_weights()["w"]`)."""
-        self.model.load_state_dict(w)
+        """Refresh `rollout_weights` from a state dict or a part of one (`PPOTrainer.get_weights()["w"]`
+        holds only what an update can change; the frozen rest is the same seeded build here). A name
+        this policy does not have is an error, never ignored."""
+        unexpected = self.model.load_state_dict(w, strict=False).unexpected_keys
+        if unexpected:
+            raise KeyError(f"FlowPolicy.load_weights: weights this policy does not have: {sorted(unexpected)[:5]}")
 
     @property
     def rollout_weights(self) -> dict[str, torch.Tensor]:

@@ -366,8 +366,18 @@ class PPOTrainer:
 
     # -- weights / state ----------------------------------------------------------------------
     def get_weights(self) -> dict[str, dict[str, torch.Tensor]]:
-        """The current weights for the rollout policy (`FlowPolicy.load_weights`), cloned."""
-        return {"w": self.get_state("weights")}
+        """The weights the rollout policy needs to be refreshed with (`FlowPolicy.load_weights`), cloned:
+        every tensor an update can change (the trainable parameters and all buffers), not the frozen
+        backbone blocks, which both sides build from the same config and seed and nobody changes.
+
+        Why: with `trainable_blocks` set, most of a large VLA is frozen; publishing it anyway moved the
+        whole model (~720 MB for the 360M-parameter workload) through the object store every
+        iteration -- on the H200 a 4-s idle gap between the last update and the policy's refresh. A
+        strong user syncs only what changes. With everything trainable this is the full state dict."""
+        trainable = {name for name, p in self.model.named_parameters() if p.requires_grad}
+        buffers = {name for name, _ in self.model.named_buffers()}
+        return {"w": {k: v.detach().clone() for k, v in self.model.state_dict().items()
+                      if k in trainable or k in buffers}}
 
     def get_state(self, name: str) -> Any:
         if name == "weights":

@@ -198,7 +198,7 @@ def small_run_config(**overrides) -> RunConfig:
 
 def test_trainer_starts_from_policy_weights_and_ratio_is_exact() -> None:
     sim, policy, trainer = build(small_run_config())
-    assert_same(trainer.get_weights()["w"], policy.get_state("rollout_weights"))
+    assert_same(trainer.get_state("weights"), policy.get_state("rollout_weights"))
     traj = rollout(sim, policy, it=0, ep=0, steps=6)
     with torch.no_grad():
         logp, value = trainer.model.evaluate(flatten_time(traj["obs"]), flatten_time(traj["x0"]),

@@ -65,6 +65,26 @@ def test_frozen_backbone_bottom_stays_fixed_and_has_no_optimizer_state() -> None
     assert all(p.requires_grad for p in everything.model.parameters())
 
 
+def test_published_weights_are_what_an_update_changes_and_refresh_the_whole_policy() -> None:
+    """get_weights leaves out the frozen blocks (the 4-s weight-sync gap on the H200); a policy built
+    from the same config and seed ends up with exactly the trainer's full state after load_weights."""
+    trainer = PPOTrainer(**SIZES, lr=1e-2, ppo_epochs=1, minibatches=1, trainable_blocks=1)
+    trainer.update(_traj())
+    published = trainer.get_weights()["w"]
+    full = trainer.get_state("weights")
+    assert not any(k.startswith(("blocks.0.", "blocks.1.")) for k in published)
+    assert any(k.startswith("blocks.2.") for k in published) and len(published) < len(full)
+    policy = FlowPolicy(SIZES["obs_dim"], SIZES["act_dim"], SIZES["chunk"], N, SIZES["hidden"],
+                        SIZES["denoise_steps"], layers=SIZES["layers"], heads=SIZES["heads"])
+    policy.load_weights(published)
+    mine = policy.get_state("rollout_weights")
+    assert mine.keys() == full.keys() and all(torch.equal(mine[k], full[k]) for k in full)
+    with pytest.raises(KeyError, match="does not have"):
+        policy.load_weights({**published, "not.a.weight": torch.zeros(1)})
+    everything = PPOTrainer(**SIZES, lr=1e-3, trainable_blocks=-1)
+    assert everything.get_weights()["w"].keys() == everything.get_state("weights").keys()
+
+
 def test_rollout_values_are_the_recomputed_ones_when_the_rollout_used_these_weights() -> None:
     """values="rollout" takes V(obs) from the trajectory and evaluates only the bootstrap observations;
     given the values the rollout policy (same weights) computed, the update equals the recomputing one."""
