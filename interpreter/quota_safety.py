@@ -31,7 +31,10 @@ __all__ = ["QuotaVerdict", "UnsafeQuota", "check_quota", "gemm_errors", "known_s
 # (rows, in, out): Linear layers of a transformer block (hidden 512: attention 512->1024, MLP 512->2048,
 # 2048->512) over row counts of minibatches and value batches (tokens x rows): the products that failed
 CHECK_SHAPES: tuple[tuple[int, int, int], ...] = tuple(
-    (r, k, n) for r in (6400, 9216, 16384) for k, n in ((512, 1024), (512, 2048), (2048, 512)))
+    (r, k, n) for r in (6400, 9216, 16384) for k, n in ((512, 1024), (512, 2048), (2048, 512))) + tuple(
+    # and hidden 1024 (the paper-shaped VLA workloads: qkv 1024->3072, MLP 1024->4096->1024): other
+    # shapes pick other GEMM kernels
+    (9216, k, n) for k, n in ((1024, 3072), (1024, 4096), (4096, 1024)))
 _WRONG = 0.05  # an element off by more than this fraction of the reference's largest magnitude is wrong
 _CACHE_ENV = "ROSE_CACHE_DIR"
 
