@@ -196,7 +196,7 @@ def rewrite(
     from . import load_workflow_text
 
     try:
-        load_workflow_text(text, str(output or "<plan>"))
+        load_workflow_text(text, "<plan, not written>")  # positions refer to the text shown, no file
     except WorkflowError as exc:  # a bug: a rewrite produced an invalid plan
         err.print(exc.format(), markup=False)
         err.print("internal error: the rewritten plan does not validate (a bug in rose); nothing written")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from ..ir import ExecutionNode, LoopNode, Workflow
 from .common import Refused, Rewritten, item_paths
+from .legality import check_well_formed
 from .reorder import expand, fuse_loops, interleave, rewire
 from .split import split_loop_body, split_node
 from .temporal import split_temporal
@@ -57,6 +58,34 @@ def _int(text: str, what: str) -> int:
 
 
 def apply_request(wf: Workflow, request: str) -> Rewritten:
+    """Apply one request and check its result; every failure is a `Refused` (a rose bug included, said
+    as such), so that no request ever ends in an internal error."""
+    try:
+        result = _dispatch(wf, request)
+        check_plan_document(result.workflow, request)
+    except Refused:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a bug in a rewrite: refused cleanly, named as a bug
+        raise Refused(f"{request}: rose failed to construct this rewrite ({type(exc).__name__}: {exc}); "
+                      "a bug in rose, please report it", internal=True) from exc
+    return result
+
+
+def check_plan_document(new: Workflow, what: str) -> None:
+    """The rewritten workflow is well formed and can be written as a plan the schema accepts."""
+    from ..loader import Document
+    from ..schema import check_schema
+    from ..serialize import to_document
+
+    check_well_formed(new, what)
+    diags = check_schema(Document("<plan>", "", to_document(new)))
+    if diags:
+        d = diags[0]
+        raise Refused(f"{what}: the plan would not be a valid workflow file ({d.path}: {d.message}); "
+                      "a bug in rose, please report it", internal=True)
+
+
+def _dispatch(wf: Workflow, request: str) -> Rewritten:
     words = request.split()
     if not words:
         raise Refused("empty rewrite request")

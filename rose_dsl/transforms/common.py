@@ -3,7 +3,7 @@ their bindings, batch-dimension inference, and mapping original invocations to r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -13,7 +13,7 @@ from ..resolve import Binding, CarryIn, IterSelect, LoopIndex, NodePort, ParentI
 
 __all__ = [
     "Refused", "Rewritten", "Locate", "find", "replace_item", "replace_body", "rewrite_expr", "uses_by_id",
-    "map_item_exprs", "batch_dim", "identity_locate", "item_paths", "rename_head",
+    "map_item_exprs", "map_refs", "rename_ref", "RefUse", "binding_target", "bindings_of", "ref_dim", "batch_dim", "identity_locate", "item_paths",
 ]
 
 Path = tuple[str, ...]
@@ -23,11 +23,13 @@ Locate = Callable[[Path, tuple[int, ...]], tuple[Path, tuple[int, ...]] | None]
 
 class Refused(Exception):
     """A rewrite that would change what training computes, or that does not apply. `reason` names the
-    dependency or the property that forbids it."""
+    dependency or the property that forbids it. `internal` marks a refusal caused by a bug in rose (the
+    rewrite could not be built or checked): still a clean refusal, so that a search moves on."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, internal: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.internal = internal  # True when rose failed (a bug), not the request
 
 
 @dataclass(frozen=True)
@@ -107,31 +109,103 @@ def uses_by_id(resolver: Resolver, item: Item, key: str, expr: Expr) -> dict[int
     return table
 
 
-def rewrite_expr(expr: Expr, bound: dict[int, Binding], fn: Callable[[Expr, Binding], Expr | None]) -> Expr:
-    """A copy of `expr` where every reference for which `fn` returns an expression is replaced by it."""
+@dataclass(frozen=True)
+class RefUse:
+    """One reference met by `map_refs`: `expr` has its inner part already mapped (bottom up, as ray.dag's
+    `apply_recursive`), `original` is the reference as the workflow holds it, and `within` is the
+    iteration selection whose inner part it sits in (None at the top): such a reference is evaluated in
+    that loop's body, not where the field is, so it is not a value of this field."""
+
+    expr: Expr
+    original: Expr
+    binding: Binding
+    within: IterSelect | None = None
+
+
+RefFn = Callable[[RefUse], "Expr | None"]
+
+
+def map_refs(expr: Expr, bound: Mapping[int, Binding], fn: RefFn, within: IterSelect | None = None) -> Expr:
+    """A copy of `expr` where every reference (a Ref, or an IterRef after its inner part) is passed to
+    `fn`; a returned expression replaces it, None keeps it."""
+    def again(e: Expr) -> Expr:
+        return map_refs(e, bound, fn, within)
+
     match expr:
-        case Ref() | IterRef():
+        case Ref():
             b = bound.get(id(expr))
-            if b is not None:
-                new = fn(expr, b)
-                if new is not None:
-                    return new
-            if isinstance(expr, IterRef):
-                return replace(expr, inner=rewrite_expr(expr.inner, bound, fn))
-            return expr
+            new = fn(RefUse(expr, expr, b, within)) if b is not None else None
+            return expr if new is None else new
+        case IterRef(inner=inner):
+            b = bound.get(id(expr))
+            mapped = map_refs(inner, bound, fn, b if isinstance(b, IterSelect) else within)
+            here = expr if mapped is inner else replace(expr, inner=mapped)
+            new = fn(RefUse(here, expr, b, within)) if b is not None else None
+            return here if new is None else new
         case BinOp(left=a, right=b):
-            return replace(expr, left=rewrite_expr(a, bound, fn), right=rewrite_expr(b, bound, fn))
+            return replace(expr, left=again(a), right=again(b))
         case Neg(operand=a):
-            return replace(expr, operand=rewrite_expr(a, bound, fn))
+            return replace(expr, operand=again(a))
         case Record(fields=fields):
-            return replace(expr, fields=tuple((n, rewrite_expr(v, bound, fn)) for n, v in fields))
+            return replace(expr, fields=tuple((n, again(v)) for n, v in fields))
         case Call(args=args):
-            return replace(expr, args=tuple(rewrite_expr(a, bound, fn) for a in args))
+            return replace(expr, args=tuple(again(a) for a in args))
         case Slice(target=t, start=s, stop=p):
-            return replace(expr, target=rewrite_expr(t, bound, fn),
-                           start=None if s is None else rewrite_expr(s, bound, fn),
-                           stop=None if p is None else rewrite_expr(p, bound, fn))
+            return replace(expr, target=again(t), start=None if s is None else again(s),
+                           stop=None if p is None else again(p))
     return expr
+
+
+def binding_target(b: Binding) -> Path:
+    """The item a binding points into: the node, loop or (for a temporal family) first group."""
+    match b:
+        case NodePort(node=p) | ParentInput(node=p) | LoopIndex(loop=p) | CarryIn(loop=p) | IterSelect(loop=p):
+            return p
+    raise TypeError(f"unknown binding {b!r}")
+
+
+def bindings_of(b: IterSelect) -> dict[int, Binding]:
+    """The binding table of an iteration selection's inner part."""
+    table: dict[int, Binding] = {}
+
+    def add(uses) -> None:
+        for u in uses:
+            table[id(u.expr)] = u.binding
+            if isinstance(u.binding, IterSelect):
+                add(u.binding.inner)
+
+    add(b.inner)
+    return table
+
+
+def rename_ref(use: RefUse, names: Mapping[Path, str], carries: Mapping[tuple[Path, str], str] | None = None) -> Expr:
+    """`use.expr` with the names it uses changed where they name a renamed item: `names` maps an item's
+    path to its new name, `carries` a (loop path, carried value) to the value's new name. Renaming by
+    binding, never by spelling, so an inner item that happens to share a name is left alone."""
+    e, b = use.expr, use.binding
+    match b:
+        case NodePort(node=p) | LoopIndex(loop=p) | ParentInput(node=p):
+            if p in names and isinstance(e, Ref):
+                return replace(e, head=names[p])
+        case CarryIn(loop=p, var=v):
+            assert isinstance(e, Ref)
+            return replace(e, head=names.get(p, e.head), attr=(carries or {}).get((p, v), v))
+        case IterSelect(loop=p, index_loop=q, family=family):
+            assert isinstance(e, IterRef)
+            loop = e.loop
+            if family:
+                if family[0] in names:  # a renamed temporal family keeps its group numbers
+                    loop = names[family[0]].rsplit("@", 1)[0]
+            elif p in names:
+                loop = names[p]
+            index = replace(e.index, loop=names[q]) if q is not None and q in names else e.index
+            return replace(e, loop=loop, index=index)
+    return e
+
+
+def rewrite_expr(expr: Expr, bound: Mapping[int, Binding], fn: Callable[[Expr, Binding], Expr | None]) -> Expr:
+    """`map_refs` for a function of (reference, binding) that applies at any nesting."""
+    return map_refs(expr, bound, lambda u: fn(u.expr, u.binding))
 
 
 def map_item_exprs(item: Item, fn: Callable[[str, Expr], Expr]) -> Item:
@@ -145,27 +219,6 @@ def map_item_exprs(item: Item, fn: Callable[[str, Expr], Expr]) -> Item:
         collects = tuple((n, fn(f"collect.{n}", e)) for n, e in item.collects)
         return replace(item, carries=carries, until=until, collects=collects)
     return item
-
-
-def rename_head(expr: Expr, old: str, new: str) -> Expr:
-    """Rename references whose head (or IterRef loop) is `old` -- used for phases reading `parent.port`."""
-    match expr:
-        case Ref(head=h) if h == old:
-            return replace(expr, head=new)
-        case IterRef(loop=lp, inner=inner):
-            return replace(expr, loop=new if lp == old else lp, inner=rename_head(inner, old, new))
-        case BinOp(left=a, right=b):
-            return replace(expr, left=rename_head(a, old, new), right=rename_head(b, old, new))
-        case Neg(operand=a):
-            return replace(expr, operand=rename_head(a, old, new))
-        case Record(fields=fields):
-            return replace(expr, fields=tuple((n, rename_head(v, old, new)) for n, v in fields))
-        case Call(args=args):
-            return replace(expr, args=tuple(rename_head(a, old, new) for a in args))
-        case Slice(target=t, start=s, stop=p):
-            return replace(expr, target=rename_head(t, old, new), start=None if s is None else rename_head(s, old, new),
-                           stop=None if p is None else rename_head(p, old, new))
-    return expr
 
 
 def batch_dim(resolver: Resolver, expr: Expr, bound: dict[int, Binding], depth: int = 0) -> int | None | str:
@@ -196,6 +249,14 @@ def batch_dim(resolver: Resolver, expr: Expr, bound: dict[int, Binding], depth: 
                 return "unknown"
             return d + 1 if fn == "stack" else ("unknown" if d == 0 else d)
     return "unknown"
+
+
+def ref_dim(resolver: Resolver, expr: Expr, b: Binding) -> int | None | str:
+    """`batch_dim` of one reference (as the workflow holds it) with its binding."""
+    table: dict[int, Binding] = {id(expr): b}
+    if isinstance(b, IterSelect):
+        table.update(bindings_of(b))
+    return batch_dim(resolver, expr, table)
 
 
 def _binding_dim(resolver: Resolver, expr: Expr, b: Binding | None, bound, depth: int) -> int | None | str:

@@ -14,22 +14,21 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..expr import Expr, IterRef, Ref
+from ..expr import Expr, IterRef
 from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
-from ..resolve import Binding, CarryIn, IterSelect, LoopIndex, NodePort, Resolver
+from ..resolve import CarryIn, IterSelect, Resolver
 from .common import (
+    RefUse,
     Refused,
     Rewritten,
     find,
     identity_locate,
-    map_item_exprs,
+    rename_ref,
     replace_body,
-    rewrite_expr,
     unique_name,
-    uses_by_id,
 )
 from .legality import check_order_preserved, check_well_formed
-from .split import _repath
+from .split import _repath, _rewrite_outside, map_subtree
 
 __all__ = ["rewire", "fuse_loops", "interleave", "expand"]
 
@@ -100,47 +99,46 @@ def fuse_loops(wf: Workflow, first: Path, second: Path, *, check: bool = True) -
     if b.carries or b.collects:
         raise Refused(f"'{b.name}' has carried values or collected outputs; fusing it would change them")
     resolver = Resolver(wf)
-    taken = {i.name for i in a.body}
+    # a name taken in a's body gets a suffix; the groups of a split item and their merge keep one base name
+    taken = {i.name for i in a.body} | {i.split_of for i in a.body if getattr(i, "split_of", None)}
+    bases: dict[str, str] = {}
     renames: dict[str, str] = {}
     for item in b.body:
-        renames[item.name] = unique_name(item.name, taken)
-        taken.add(renames[item.name])
+        base = getattr(item, "split_of", None) or item.name
+        if base not in bases:
+            bases[base] = unique_name(base, taken)
+            taken.add(bases[base])
+        renames[item.name] = bases[base] + item.name[len(base):]
+    # b's items become items of a's body (renamed where a name is taken); b's index is a's index
+    names = {second + (n,): new for n, new in renames.items()} | {second: a.name}
 
-    def fn(expr: Expr, bnd: Binding) -> Expr | None:
-        match bnd:
-            case LoopIndex(loop=lp) if lp == second:
-                return Ref(expr.offset, a.name, "i")
-            case IterSelect(loop=lp, index=ix, index_loop=il) if lp == first and ix.kind == "loop" and il == second:
-                assert isinstance(expr, IterRef)
-                return expr.inner  # iteration update.i of epoch, inside the fused body = this iteration
-            case NodePort(node=node) if node[: len(second)] == second and len(node) == len(second) + 1:
-                assert isinstance(expr, Ref)
-                return replace(expr, head=renames[expr.head])
+    def fn(use: RefUse) -> Expr | None:
+        match use.binding:
+            case IterSelect(loop=lp, index=ix, index_loop=il) if lp == first:
+                if ix.kind == "loop" and il == second:
+                    assert isinstance(use.expr, IterRef)
+                    return use.expr.inner  # iteration update.i of epoch, inside the fused body = this iteration
+                raise Refused(f"'{b.name}' reads '{_text(use.original)}' ({_which(ix)} iteration of '{a.name}'): fused "
+                              f"into '{a.name}', it would run inside an iteration that this value does not exist in yet")
             case CarryIn(loop=lp) if lp == second:
                 raise Refused("unreachable: carries were refused")
-        return None
-
-    def move(item: Item) -> Item:
-        def per_field(key: str, e: Expr) -> Expr:
-            return rewrite_expr(e, uses_by_id(resolver, item, key, e), fn)
-
-        out = map_item_exprs(item, per_field)
-        if isinstance(out, LoopNode):
-            out = replace(out, body=tuple(move(c) for c in out.body))
-        elif isinstance(out, ExecutionNode) and out.phases:
-            out = replace(out, phases=tuple(move(c) for c in out.phases))
-        return out
+        return rename_ref(use, names)
 
     moved = []
     for item in b.body:
-        m = move(item)
+        m = map_subtree(resolver, item, fn)
         m = _repath(m, item.path, first + (renames[item.name],))
-        moved.append(replace(m, after=tuple(renames.get(x, x) for x in m.after)))
-    # references to `second[j].X` from later siblings now select `first[j].X'`
+        m = replace(m, after=tuple(renames.get(x, x) for x in m.after))
+        if isinstance(m, MergeNode):
+            m = replace(m, sources=tuple(renames[x] for x in m.sources))
+        elif m.split_of is not None and item.name != m.split_of:
+            m = replace(m, split_of=bases[item.split_of])
+        moved.append(m)
     fused = replace(a, body=a.body + tuple(moved))
     new_body = [fused if i.path == first else i for i in body if i.path != second]
     new = replace_body(wf, parent.path, new_body)
-    new = _retarget_iterrefs(new, wf, resolver, second, a.name, renames)
+    # later items reading `second[j].X` now read `first[j].X'`
+    new = _rewrite_outside(new, wf, resolver, second, lambda use: rename_ref(use, names))
 
     def locate(p: Path, idx: tuple[int, ...]):
         if p[: len(second)] == second and len(p) > len(second):
@@ -153,35 +151,14 @@ def fuse_loops(wf: Workflow, first: Path, second: Path, *, check: bool = True) -
     return Rewritten(new, locate, what)
 
 
-def _retarget_iterrefs(new: Workflow, old: Workflow, resolver: Resolver, loop: Path, to: str,
-                       renames: dict[str, str]) -> Workflow:
-    from ..resolve import expr_fields
-
-    def fn(expr: Expr, bnd: Binding) -> Expr | None:
-        if isinstance(bnd, IterSelect) and bnd.loop == loop:
-            assert isinstance(expr, IterRef)
-            inner = expr.inner
-            if isinstance(inner, Ref) and inner.head in renames:
-                inner = replace(inner, head=renames[inner.head])
-            return replace(expr, loop=to, inner=inner)
-        return None
-
-    for item in old.items():
-        if item.path[: len(loop)] == loop:
-            continue
-        for key, e in expr_fields(item):
-            e2 = rewrite_expr(e, uses_by_id(resolver, item, key, e), fn)
-            if e2 != e:
-                cur = new.find(item.path)
-                assert cur is not None
-                new = _replace_field(new, cur, key, e2)
-    return new
+def _which(ix) -> str:
+    return {"int": f"the {ix.value}th", "last": "the last", "all": "every", "loop": f"the '{ix.loop}.i'"}[ix.kind]
 
 
-def _replace_field(wf: Workflow, item: Item, key: str, expr: Expr) -> Workflow:
-    from .common import replace_item
+def _text(e: Expr) -> str:
+    from ..expr import unparse
 
-    return replace_item(wf, item.path, map_item_exprs(item, lambda k, e: expr if k == key else e))
+    return unparse(e)
 
 
 def interleave(wf: Workflow, loop_path: Path, stagger: int = 1, *, check: bool = True) -> Rewritten:

@@ -13,18 +13,22 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..expr import Call, Expr, Int, IterRef, Ref, Slice
-from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow, iter_items
-from ..resolve import Binding, CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver, expr_fields
+from ..expr import Call, Expr, Int, Ref, Slice
+from ..ir import Carry, ExecutionNode, Item, LoopNode, MergeNode, Workflow, iter_items
+from ..resolve import CarryIn, IterSelect, LoopIndex, NodePort, Resolver, expr_fields
 from .common import (
+    RefFn,
+    RefUse,
     Refused,
     Rewritten,
     batch_dim,
+    binding_target,
     find,
     map_item_exprs,
-    rename_head,
+    map_refs,
+    ref_dim,
+    rename_ref,
     replace_item,
-    rewrite_expr,
     uses_by_id,
 )
 
@@ -61,6 +65,15 @@ def _check_separable(node: ExecutionNode) -> None:
         raise Refused(f"'{node.name}' is already a split group")
 
 
+def _check_no_dynamic_loop(item: Item, region: str) -> None:
+    """A loop that ends on a condition, copied into row groups, would end on each group's rows' condition
+    instead of on all rows': the groups could run other numbers of iterations than the declared loop."""
+    for inner in iter_items(item):
+        if isinstance(inner, LoopNode) and inner.dynamic:
+            raise Refused(f"loop '{inner.name}' inside {region} ends on a condition (until): split into row groups, "
+                          "each group would stop on its own rows' condition instead of when all rows are done")
+
+
 def _slice_input(resolver: Resolver, item: Item, key: str, expr: Expr, rows: tuple[int, int], what: str) -> Expr:
     bound = uses_by_id(resolver, item, key, expr)
     dim = batch_dim(resolver, expr, bound)
@@ -71,6 +84,10 @@ def _slice_input(resolver: Resolver, item: Item, key: str, expr: Expr, rows: tup
                       "(its producer is not batch-separable)")
     if dim != 0:
         raise Refused(f"input {key} of {what} ('{_text(expr)}') has its batch on dim {dim}; rose slices dim 0 only")
+    return _rows_of(expr, rows)
+
+
+def _rows_of(expr: Expr, rows: tuple[int, int]) -> Expr:
     return Slice(expr.offset, expr, Int(0, rows[0]), Int(0, rows[1]))
 
 
@@ -80,13 +97,13 @@ def _text(e: Expr) -> str:
     return unparse(e)
 
 
-def _with_rows(item: Item, rows: tuple[int, int], group: int) -> Item:
+def _with_rows(item: Item, rows: tuple[int, int]) -> Item:
     """Every call in a group's subtree works on the group's rows."""
     if isinstance(item, ExecutionNode):
-        phases = tuple(_with_rows(p, rows, group) for p in item.phases) if item.phases else item.phases
+        phases = tuple(_with_rows(p, rows) for p in item.phases) if item.phases else item.phases
         return replace(item, rows=rows, phases=phases)
     if isinstance(item, LoopNode):
-        return replace(item, body=tuple(_with_rows(c, rows, group) for c in item.body))
+        return replace(item, body=tuple(_with_rows(c, rows) for c in item.body))
     return item
 
 
@@ -101,6 +118,21 @@ def _repath(item: Item, old: Path, new: Path) -> Item:
     return replace(item, path=path, src=())
 
 
+def map_subtree(resolver: Resolver, item: Item, fn: RefFn) -> Item:
+    """`item` and every item below it with each reference passed through `fn` (bindings are those of the
+    workflow `resolver` was built on, which holds `item`)."""
+    out = map_item_exprs(item, lambda key, e: map_refs(e, uses_by_id(resolver, item, key, e), fn))
+    if isinstance(out, LoopNode):
+        return replace(out, body=tuple(map_subtree(resolver, c, fn) for c in out.body))
+    if isinstance(out, ExecutionNode) and out.phases:
+        return replace(out, phases=tuple(map_subtree(resolver, c, fn) for c in out.phases))
+    return out
+
+
+def _under(path: Path, prefix: Path) -> bool:
+    return path[: len(prefix)] == prefix
+
+
 def split_node(wf: Workflow, path: Path, k: int, batch_size: int | None = None, *, force: bool = False) -> Rewritten:
     """`force` skips the separability check (only to show, in tests, what the check prevents)."""
     node = find(wf, path)
@@ -108,22 +140,20 @@ def split_node(wf: Workflow, path: Path, k: int, batch_size: int | None = None, 
         raise Refused(f"'{node.name}' is a loop: split its body (split_loop_body) or its iterations (temporal split)")
     if not force:
         _check_separable(node)
+    _check_no_dynamic_loop(node, f"the phases of '{node.name}'")
     groups = row_groups(_batch_size(node, batch_size), k, f"'{node.name}'")
     resolver = Resolver(wf)
     parent = path[:-1]
     items: list[Item] = []
     for g, rows in enumerate(groups):
         name = f"{node.name}@{g}"
+        # the phases read the node's inputs as `node.port`: a group's phases read `node@g.port`
+        group = map_subtree(resolver, node, lambda u, name=name: rename_ref(u, {path: name}))
         inputs = tuple((p, _slice_input(resolver, node, f"in.{p}", e, rows, f"'{node.name}'")) for p, e in node.inputs)
-        group = replace(node, inputs=inputs, split_of=node.name, src=())
-        group = _repath(group, path, parent + (name,))
-        assert isinstance(group, ExecutionNode)
-        if group.phases:
-            group = replace(group, phases=tuple(map_phase_refs(p, node.name, name) for p in group.phases))
-        items.append(_with_rows(group, rows, g))
-    merge = MergeNode(path=path, sources=tuple(f"{node.name}@{g}" for g in range(k)),
-                      ports=tuple((p, 0) for p in node.outputs))
-    items.append(merge)
+        group = _repath(replace(group, inputs=inputs, split_of=node.name), path, parent + (name,))
+        items.append(_with_rows(group, rows))
+    items.append(MergeNode(path=path, sources=tuple(f"{node.name}@{g}" for g in range(k)),
+                           ports=tuple((p, 0) for p in node.outputs)))
     new = replace_item(wf, path, items)
 
     def locate(p: Path, idx: tuple[int, ...]):
@@ -134,22 +164,16 @@ def split_node(wf: Workflow, path: Path, k: int, batch_size: int | None = None, 
     return Rewritten(new, locate, f"split {'.'.join(path)} into {k} groups of rows {groups}")
 
 
-def map_phase_refs(item: Item, old: str, new: str) -> Item:
-    """Phases read their parent's inputs as `parent.port`; a group's phases read `parent@g.port`."""
-    out = map_item_exprs(item, lambda key, e: rename_head(e, old, new))
-    if isinstance(out, LoopNode):
-        return replace(out, body=tuple(map_phase_refs(c, old, new) for c in out.body))
-    if isinstance(out, ExecutionNode) and out.phases:
-        return replace(out, phases=tuple(map_phase_refs(c, old, new) for c in out.phases))
-    return out
+# -- the body of a loop ---------------------------------------------------------------------------
 
-
-def split_loop_body(wf: Workflow, path: Path, k: int, batch_size: int | None = None) -> Rewritten:
+def _splittable_loop(wf: Workflow, path: Path, batch_size: int | None) -> tuple[LoopNode, int]:
+    """The loop at `path` and its batch size, or a refusal saying why its body cannot be split."""
     loop = find(wf, path)
     if not isinstance(loop, LoopNode) or path == wf.root.path:
         raise Refused(f"'{loop.name}' is not a loop inside the iteration")
     if loop.dynamic:
-        raise Refused(f"loop '{loop.name}' ends on a condition; its iterations are kept whole")
+        raise Refused(f"loop '{loop.name}' ends on a condition (until): split into row groups, each group would stop "
+                      "on its own rows' condition instead of when all rows are done")
     if "@" in loop.name:
         raise Refused(f"loop '{loop.name}' is already a split group")
     sizes = set()
@@ -163,15 +187,16 @@ def split_loop_body(wf: Workflow, path: Path, k: int, batch_size: int | None = N
             _check_separable(item)
             if item.batch_size is not None:
                 sizes.add(item.batch_size)
+    _check_no_dynamic_loop(replace(loop, until=None), f"loop '{loop.name}'")
     if batch_size is not None:
         sizes.add(batch_size)
     if len(sizes) != 1:
         raise Refused(f"the batch size of loop '{loop.name}' is " + ("unknown: declare batch sizes or pass one" if not sizes
                       else f"ambiguous: its nodes declare {sorted(sizes)}"))
-    groups = row_groups(sizes.pop(), k, f"loop '{loop.name}'")
-    resolver = Resolver(wf)
-    top_names = {item.name for item in loop.body}
-    carries = {c.name for c in loop.carries}
+    return loop, sizes.pop()
+
+
+def _check_carries(resolver: Resolver, loop: LoopNode) -> None:
     for c in loop.carries:
         dims = {batch_dim(resolver, c.init, uses_by_id(resolver, loop, f"carry.{c.name}.init", c.init)),
                 batch_dim(resolver, c.next, uses_by_id(resolver, loop, f"carry.{c.name}.next", c.next))}
@@ -181,93 +206,83 @@ def split_loop_body(wf: Workflow, path: Path, k: int, batch_size: int | None = N
         dim = dims.pop()
         if dim not in (0, None):
             raise Refused(f"carried value '{c.name}' of loop '{loop.name}' has its batch on dim {dim}; rose slices dim 0 only")
-    inside = path  # items whose path starts with this are inside the loop
 
-    def target(b: Binding) -> Path | None:
-        match b:
-            case NodePort(node=p) | ParentInput(node=p):
-                return p
-            case CarryIn(loop=p) | IterSelect(loop=p) | LoopIndex(loop=p):
-                return p
+
+def _group_refs(resolver: Resolver, loop: LoopNode, g: int, rows: tuple[int, int]) -> RefFn:
+    """How group g's copy of the body reads: the body's items and the loop's carried values are the
+    group's own (`act@g`, `step.obs@g`); a value from outside the loop is read as the group's rows."""
+    names = {item.path: f"{item.name}@{g}" for item in loop.body}
+    carries = {(loop.path, c.name): f"{c.name}@{g}" for c in loop.carries}
+
+    def fn(use: RefUse) -> Expr:
+        new = rename_ref(use, names, carries)
+        if _under(binding_target(use.binding), loop.path) or isinstance(use.binding, LoopIndex):
+            return new
+        if use.within is not None and not _under(binding_target(use.within), loop.path):
+            return new  # inside a selection of an outside loop's iterations: that selection is sliced as a whole
+        dim = ref_dim(resolver, use.original, use.binding)
+        if dim is None:
+            return new  # an integer: the same for every group
+        if dim != 0 or use.within is not None:
+            why = ("no known batch dimension" if dim == "unknown" else f"its batch on dim {dim}" if dim != 0
+                   else "its rows selected inside an iteration reference")
+            raise Refused(f"'{_text(use.original)}' read inside loop '{loop.name}' has {why}; rose cannot give each "
+                          "group its rows")
+        return _rows_of(new, rows)
+
+    return fn
+
+
+def _merged_carries(resolver: Resolver, loop: LoopNode, k: int) -> RefFn:
+    """How the split loop is read from outside its groups (its collects, later items): a carried value is
+    the concatenation of its groups' values; the body's items are their merges."""
+    carried = {c.name for c in loop.carries}
+
+    def fn(use: RefUse) -> Expr | None:
+        b = use.binding
+        if isinstance(b, IterSelect) and b.loop[: len(loop.path)] == loop.path and len(b.loop) > len(loop.path):
+            raise Refused(f"'{_text(use.original)}' selects iterations of loop '{b.loop[-1]}' inside loop "
+                          f"'{loop.name}' from outside it: split into row groups, those iterations run once per group")
+        var = b.var if isinstance(b, CarryIn) and b.loop == loop.path else \
+            b.port if isinstance(b, NodePort) and b.node == loop.path else None
+        if var in carried:
+            return Call(use.expr.offset, "cat", tuple(Ref(use.expr.offset, loop.name, f"{var}@{g}") for g in range(k)))
         return None
 
-    def group_fn(g: int, rows: tuple[int, int]):
-        def fn(expr: Expr, b: Binding) -> Expr | None:
-            tgt = target(b)
-            if isinstance(b, CarryIn) and b.loop == path:
-                return Ref(expr.offset, loop.name, f"{b.var}@{g}")
-            if tgt is not None and tgt[: len(inside)] == inside and len(tgt) > len(inside):
-                # inside the split body: top-level items are now this group's copies
-                if tgt[len(inside)] not in top_names or len(tgt) > len(inside) + 1 and not isinstance(b, NodePort | IterSelect):
-                    return None
-                if isinstance(expr, Ref) and expr.head == tgt[len(inside)]:
-                    return replace(expr, head=f"{expr.head}@{g}")
-                if isinstance(expr, IterRef) and expr.loop == tgt[len(inside)]:
-                    return replace(expr, loop=f"{expr.loop}@{g}")
-                return None
-            if tgt is not None and tgt[: len(inside)] == inside:
-                return None  # the loop's own index
-            # a value from outside the loop: this group's rows of it
-            dim = batch_dim(resolver, expr, {id(expr): b})
-            if dim is None:
-                return None
-            if dim != 0:
-                raise Refused(f"'{_text(expr)}' read inside loop '{loop.name}' has "
-                              f"{'no known batch dimension' if dim == 'unknown' else f'its batch on dim {dim}'}; "
-                              "rose cannot give each group its rows")
-            return Slice(expr.offset, expr, Int(0, rows[0]), Int(0, rows[1]))
-        return fn
+    return fn
 
-    def rewrite_subtree(item: Item, fn) -> Item:
-        def per_field(key: str, e: Expr) -> Expr:
-            return rewrite_expr(e, uses_by_id(resolver, item, key, e), fn)
 
-        out = map_item_exprs(item, per_field)
-        if isinstance(out, LoopNode):
-            return replace(out, body=tuple(rewrite_subtree(c, fn) for c in out.body))
-        if isinstance(out, ExecutionNode) and out.phases:
-            return replace(out, phases=tuple(rewrite_subtree(c, fn) for c in out.phases))
-        return out
-
+def split_loop_body(wf: Workflow, path: Path, k: int, batch_size: int | None = None) -> Rewritten:
+    """Split every item of a loop body into k row groups (each with its own carried values), merged at
+    the end of each iteration for the readers outside the groups."""
+    loop, size = _splittable_loop(wf, path, batch_size)
+    groups = row_groups(size, k, f"loop '{loop.name}'")
+    resolver = Resolver(wf)
+    _check_carries(resolver, loop)
     body: list[Item] = []
-    new_carries = []
+    carries: list[Carry] = []
     for g, rows in enumerate(groups):
-        fn = group_fn(g, rows)
+        refs = _group_refs(resolver, loop, g, rows)
         for item in loop.body:
-            moved = rewrite_subtree(item, fn)
-            moved = replace(moved, split_of=item.name) if not isinstance(moved, MergeNode) else moved
-            moved = _repath(moved, item.path, path + (f"{item.name}@{g}",))
-            if isinstance(moved, ExecutionNode) and moved.phases:
-                moved = replace(moved, phases=tuple(map_phase_refs(p, item.name, f"{item.name}@{g}") for p in moved.phases))
-            moved = replace(moved, after=tuple(f"{a}@{g}" for a in moved.after))
-            body.append(_with_rows(moved, rows, g))
+            group = replace(map_subtree(resolver, item, refs), split_of=item.name, after=tuple(f"{a}@{g}" for a in item.after))
+            body.append(_with_rows(_repath(group, item.path, path + (f"{item.name}@{g}",)), rows))
         for c in loop.carries:
             init = _slice_input(resolver, loop, f"carry.{c.name}.init", c.init, rows, f"loop '{loop.name}'")
-            nxt = rewrite_expr(c.next, uses_by_id(resolver, loop, f"carry.{c.name}.next", c.next), fn)
-            new_carries.append(replace(c, name=f"{c.name}@{g}", init=init, next=nxt))
+            nxt = map_refs(c.next, uses_by_id(resolver, loop, f"carry.{c.name}.next", c.next), refs)
+            carries.append(replace(c, name=f"{c.name}@{g}", init=init, next=nxt))
     for item in loop.body:
-        if item.outputs and not isinstance(item, MergeNode):
+        if item.outputs:
             dims = tuple((p, _output_dim(resolver, item, p)) for p in item.outputs)
             body.append(MergeNode(path=item.path, sources=tuple(f"{item.name}@{g}" for g in range(k)), ports=dims))
-
-    # Outside the groups (collects, consumers after the loop) a split carry is the concatenation of its groups.
-    def merged_carry(expr: Expr, b: Binding) -> Expr | None:
-        if isinstance(b, CarryIn | NodePort) and (b.loop if isinstance(b, CarryIn) else b.node) == path:
-            var = b.var if isinstance(b, CarryIn) else b.port
-            if var in carries:
-                return Call(expr.offset, "cat", tuple(Ref(expr.offset, loop.name, f"{var}@{g}") for g in range(k)))
-        return None
-
-    collects = tuple((n, rewrite_expr(e, uses_by_id(resolver, loop, f"collect.{n}", e), merged_carry)) for n, e in loop.collects)
-    new_loop = replace(loop, body=tuple(body), carries=tuple(new_carries), collects=collects)
-    new = replace_item(wf, path, new_loop)
-    new = _rewrite_outside(new, wf, resolver, path, merged_carry)
-
-    merged = {item.name for item in loop.body if item.outputs}
+    merged = _merged_carries(resolver, loop, k)
+    collects = tuple((n, map_refs(e, uses_by_id(resolver, loop, f"collect.{n}", e), merged)) for n, e in loop.collects)
+    new = replace_item(wf, path, replace(loop, body=tuple(body), carries=tuple(carries), collects=collects))
+    new = _rewrite_outside(new, wf, resolver, path, merged)
+    outputs = {item.name for item in loop.body if item.outputs}
 
     def locate(p: Path, idx: tuple[int, ...]):
         if p[: len(path)] == path and len(p) > len(path):
-            if len(p) > len(path) + 1 or p[len(path)] not in merged:
+            if len(p) > len(path) + 1 or p[len(path)] not in outputs:
                 return None  # nested items, and items with no outputs, exist once per group
         return p, idx
 
@@ -290,8 +305,8 @@ def _output_dim(resolver: Resolver, item: Item, port: str) -> int:
     return dim
 
 
-def _rewrite_outside(new: Workflow, old: Workflow, resolver: Resolver, loop_path: Path, fn) -> Workflow:
-    """Apply `fn` to the expressions of items outside the loop that read its (split) carries."""
+def _rewrite_outside(new: Workflow, old: Workflow, resolver: Resolver, loop_path: Path, fn: RefFn) -> Workflow:
+    """Apply `fn` to the expressions of items outside the loop (they read its carries and iterations)."""
     for item in old.items():
         if item.path[: len(loop_path)] == loop_path:
             continue
@@ -300,7 +315,7 @@ def _rewrite_outside(new: Workflow, old: Workflow, resolver: Resolver, loop_path
             continue
         changed = {}
         for key, e in fields.items():
-            e2 = rewrite_expr(e, uses_by_id(resolver, item, key, e), fn)
+            e2 = map_refs(e, uses_by_id(resolver, item, key, e), fn)
             if e2 != e:
                 changed[key] = e2
         if changed:

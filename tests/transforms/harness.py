@@ -66,3 +66,17 @@ def mockify(wf: Workflow, batch: int) -> Workflow:
                                                               "states": [s.name for s in c.state]})
              for name, c in wf.components.items()}
     return replace(wf, components=comps)
+
+
+def assert_preserved(original: Workflow, rewritten, seeds: tuple[int, ...] = (0, 1)) -> None:
+    """The rewrite (a `Rewritten`) computes what `original` computes, in program order and in random legal
+    orders, bit for bit, and its plan reads back as the same IR."""
+    from rose_dsl import load_workflow_text
+    from rose_dsl.serialize import to_yaml
+
+    assert load_workflow_text(to_yaml(rewritten.workflow), "plan.yaml") == rewritten.workflow
+    ref_run, ref_comps = execute(original, "program")
+    for order, seed in [("program", 0)] + [("random", s) for s in seeds]:
+        run, comps = execute(rewritten.workflow, order, seed=seed)
+        diffs = differences(original, ref_run, ref_comps, rewritten.workflow, run, comps, rewritten.locate)
+        assert diffs == [], (rewritten.description, order, seed, diffs)

@@ -1,0 +1,151 @@
+"""One test per rewrite bug found (issue 12 and the siblings found while fixing it): each workflow is
+the smallest one that showed the bug, and each test failed before its fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from rose_dsl import load_workflow_text
+from rose_dsl.transforms import Refused, apply_request, compose
+
+from .harness import assert_preserved
+
+MOCK = '{{impl: "tests.mocks:Mock", state: [{states}], args: {{name: {name}, batch: 4, states: [{states}], behaviors: {{{behaviors}}}}}}}'
+
+
+def workflow(body: str, behaviors: dict[str, str], states: str = "s") -> str:
+    """A one-component workflow of mocks: `behaviors` maps a method to its mock behaviour."""
+    beh = ", ".join(f"{m}: {b}" for m, b in behaviors.items())
+    return f"rose: 1\nname: t\ncomponents:\n  c: {MOCK.format(name='c', states=states, behaviors=beh)}\n" \
+           f"iteration:\n  count: 2\n  body:\n{body}"
+
+
+SEP = "{state: {}, out: [o], separable: true}"
+MIX = "{state: {}, out: [o], separable: false}"
+
+
+def run_requests(text: str, *requests: str):
+    wf = load_workflow_text(text, "wf.yaml")
+    result = apply_request(wf, requests[0])
+    for r in requests[1:]:
+        result = compose(result, apply_request(result.workflow, r))
+    return wf, result
+
+
+# -- issue 12.1: a split body holding a nested loop whose collect selects its own iterations -------------
+NESTED_COLLECT = workflow("""\
+    - loop: outer
+      count: 2
+      body:
+        - {node: a, call: c.a, in: {i: outer.i}, out: [o], batch: {dim: 0, size: 4}}
+        - loop: inner
+          count: 3
+          carry: {x: {init: a.o, next: b.o}}
+          body:
+            - {node: b, call: c.b, in: {x: inner.x, t: inner.i}, out: [o], batch: {dim: 0, size: 4}}
+          collect: {traj: "stack(inner[*].{inner.x, b.o})"}
+    - {node: use, call: c.use, in: {t: "outer[-1].inner.traj"}, out: [o]}
+""", {"a": SEP, "b": SEP, "use": MIX})
+
+
+def test_split_body_with_nested_collect_keeps_the_collect_on_its_own_loop() -> None:
+    wf, result = run_requests(NESTED_COLLECT, "split outer 2")
+    collect = dict(result.workflow.find(("iteration", "outer", "inner@0")).collects)["traj"]
+    from rose_dsl.expr import unparse
+
+    assert unparse(collect) == "stack(inner@0[*].{inner@0.x, b.o})"
+    assert_preserved(wf, result)
+
+
+# -- siblings in loop fusion: names of the moved body renamed by binding, everywhere ---------------------
+FUSE_RECORD = workflow("""\
+    - loop: l1
+      count: 2
+      body:
+        - {node: n1, call: c.p, in: {i: l1.i}, out: [o]}
+    - loop: l2
+      count: 2
+      body:
+        - {node: n1, call: c.q, in: {x: "l1[l2.i].n1.o"}, out: [o]}
+    - {node: last, call: c.r, in: {x: "l2[-1].{n1.o}", y: "l1[0].{n1.o}"}, out: [o]}
+""", {"p": MIX, "q": MIX, "r": MIX})
+
+
+def test_fuse_renames_references_inside_records() -> None:
+    """`l2[-1].{n1.o}` must follow l2's n1 (renamed n1_2 in l1's body), not become l1's n1."""
+    wf, result = run_requests(FUSE_RECORD, "fuse l1 l2")
+    last = result.workflow.find(("iteration", "last"))
+    from rose_dsl.expr import unparse
+
+    assert unparse(dict(last.inputs)["x"]) == "l1[-1].{n1_2.o}"
+    assert_preserved(wf, result)
+
+
+FUSE_NESTED_LOOP = workflow("""\
+    - loop: l1
+      count: 2
+      body:
+        - loop: m
+          count: 2
+          body:
+            - {node: n, call: c.p, in: {i: m.i}, out: [o]}
+    - loop: l2
+      count: 2
+      body:
+        - loop: m
+          count: 2
+          body:
+            - {node: n, call: c.q, in: {i: m.i, j: l2.i}, out: [o]}
+        - {node: k, call: c.r, in: {x: "m[-1].n.o", y: "m[0].n.o"}, out: [o]}
+""", {"p": MIX, "q": MIX, "r": MIX})
+
+
+def test_fuse_renames_iteration_references_to_a_renamed_loop() -> None:
+    wf, result = run_requests(FUSE_NESTED_LOOP, "fuse l1 l2")
+    k = result.workflow.find(("iteration", "l1", "k"))
+    from rose_dsl.expr import unparse
+
+    assert unparse(dict(k.inputs)["x"]) == "m_2[-1].n.o"
+    assert_preserved(wf, result)
+
+
+FUSE_GROUPS = workflow("""\
+    - loop: l1
+      count: 2
+      body:
+        - {node: n1, call: c.p, in: {i: l1.i}, out: [o], batch: {dim: 0, size: 4}}
+    - loop: l2
+      count: 2
+      body:
+        - {node: n1, call: c.q, in: {i: l2.i}, out: [o], batch: {dim: 0, size: 4}}
+        - {node: n2, call: c.r, in: {x: n1.o}, out: [o]}
+""", {"p": SEP, "q": SEP, "r": MIX})
+
+
+def test_fuse_of_a_split_body_keeps_group_names_valid() -> None:
+    """Fusing moved `n1@0` next to l1's `n1` and named it `n1@0_2`, which is not a name."""
+    wf, result = run_requests(FUSE_GROUPS, "split l2.n1 2", "fuse l1 l2")
+    names = [i.name for i in result.workflow.find(("iteration", "l1")).body]
+    assert names == ["n1", "n1_2@0", "n1_2@1", "n1_2", "n2"]
+    assert_preserved(wf, result)
+
+
+def test_fuse_refuses_a_body_reading_another_iteration_of_the_first_loop() -> None:
+    text = FUSE_RECORD.replace('"l1[l2.i].n1.o"', '"l1[-1].n1.o"')
+    with pytest.raises(Refused, match=r"reads 'l1\[-1\].n1.o' \(the last iteration of 'l1'\)"):
+        run_requests(text, "fuse l1 l2")
+
+
+def test_a_rewrite_that_fails_inside_rose_is_a_clean_refusal(monkeypatch) -> None:
+    """A bug in a rewrite must not escape as an exception (the optimizer calls rewrites on workflows
+    nobody checked): it is refused, marked internal."""
+    import rose_dsl.transforms as transforms
+
+    def broken(*args, **kwargs):
+        raise KeyError("planted")
+
+    monkeypatch.setattr(transforms, "split_loop_body", broken)
+    wf = load_workflow_text(NESTED_COLLECT, "wf.yaml")
+    with pytest.raises(Refused) as info:
+        apply_request(wf, "split outer 2")
+    assert info.value.internal and "a bug in rose" in info.value.reason
