@@ -114,40 +114,44 @@ class RefUse:
     """One reference met by `map_refs`: `expr` has its inner part already mapped (bottom up, as ray.dag's
     `apply_recursive`), `original` is the reference as the workflow holds it, and `within` is the
     iteration selection whose inner part it sits in (None at the top): such a reference is evaluated in
-    that loop's body, not where the field is, so it is not a value of this field."""
+    that loop's body, not where the field is, so it is not a value of this field. `whole` says the
+    reference is the field's value or a record field of it, so that slicing the reference slices the
+    value (inside `stack`, `cat` or a slice, it would not)."""
 
     expr: Expr
     original: Expr
     binding: Binding
     within: IterSelect | None = None
+    whole: bool = True
 
 
 RefFn = Callable[[RefUse], "Expr | None"]
 
 
-def map_refs(expr: Expr, bound: Mapping[int, Binding], fn: RefFn, within: IterSelect | None = None) -> Expr:
+def map_refs(expr: Expr, bound: Mapping[int, Binding], fn: RefFn, within: IterSelect | None = None,
+             whole: bool = True) -> Expr:
     """A copy of `expr` where every reference (a Ref, or an IterRef after its inner part) is passed to
     `fn`; a returned expression replaces it, None keeps it."""
-    def again(e: Expr) -> Expr:
-        return map_refs(e, bound, fn, within)
+    def again(e: Expr, keeps_whole: bool = False) -> Expr:
+        return map_refs(e, bound, fn, within, whole and keeps_whole)
 
     match expr:
         case Ref():
             b = bound.get(id(expr))
-            new = fn(RefUse(expr, expr, b, within)) if b is not None else None
+            new = fn(RefUse(expr, expr, b, within, whole)) if b is not None else None
             return expr if new is None else new
         case IterRef(inner=inner):
             b = bound.get(id(expr))
-            mapped = map_refs(inner, bound, fn, b if isinstance(b, IterSelect) else within)
+            mapped = map_refs(inner, bound, fn, b if isinstance(b, IterSelect) else within, whole)
             here = expr if mapped is inner else replace(expr, inner=mapped)
-            new = fn(RefUse(here, expr, b, within)) if b is not None else None
+            new = fn(RefUse(here, expr, b, within, whole)) if b is not None else None
             return here if new is None else new
         case BinOp(left=a, right=b):
             return replace(expr, left=again(a), right=again(b))
         case Neg(operand=a):
             return replace(expr, operand=again(a))
         case Record(fields=fields):
-            return replace(expr, fields=tuple((n, again(v)) for n, v in fields))
+            return replace(expr, fields=tuple((n, again(v, keeps_whole=True)) for n, v in fields))
         case Call(args=args):
             return replace(expr, args=tuple(again(a) for a in args))
         case Slice(target=t, start=s, stop=p):

@@ -223,9 +223,10 @@ def _group_refs(resolver: Resolver, loop: LoopNode, g: int, rows: tuple[int, int
         dim = ref_dim(resolver, use.original, use.binding)
         if dim is None:
             return new  # an integer: the same for every group
-        if dim != 0 or use.within is not None:
+        if dim != 0 or use.within is not None or not use.whole:
             why = ("no known batch dimension" if dim == "unknown" else f"its batch on dim {dim}" if dim != 0
-                   else "its rows selected inside an iteration reference")
+                   else "its rows selected inside an iteration reference" if use.within is not None
+                   else "its rows combined by stack, cat or a slice")
             raise Refused(f"'{_text(use.original)}' read inside loop '{loop.name}' has {why}; rose cannot give each "
                           "group its rows")
         return _rows_of(new, rows)

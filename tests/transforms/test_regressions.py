@@ -149,3 +149,88 @@ def test_a_rewrite_that_fails_inside_rose_is_a_clean_refusal(monkeypatch) -> Non
     with pytest.raises(Refused) as info:
         apply_request(wf, "split outer 2")
     assert info.value.internal and "a bug in rose" in info.value.reason
+
+
+# -- issue 12.2: a loop that ends on a condition, inside a region split into row groups -----------------
+FLAG = "{state: {}, out: [done], separable: true, flags: [done]}"
+UNTIL_INSIDE = workflow("""\
+    - loop: outer
+      count: 2
+      body:
+        - loop: wait
+          count: 4
+          until: check.done
+          body:
+            - {node: work, call: c.work, in: {t: wait.i}, state: {s: update}, out: [o], batch: {dim: 0, size: 4}}
+            - {node: check, call: c.check, in: {t: wait.i, x: work.o}, out: [done], batch: {dim: 0, size: 4}}
+""", {"work": "{state: {s: update}, out: [o], separable: true}", "check": FLAG})
+
+
+def test_split_of_a_body_holding_an_until_loop_is_refused() -> None:
+    wf = load_workflow_text(UNTIL_INSIDE, "wf.yaml")
+    with pytest.raises(Refused, match=r"loop 'wait' inside loop 'outer' ends on a condition \(until\): split into "
+                                      r"row groups, each group would stop on its own rows' condition"):
+        apply_request(wf, "split outer 2")
+
+
+def test_split_of_a_node_whose_phases_hold_an_until_loop_is_refused() -> None:
+    text = workflow("""\
+    - node: act
+      call: c.act
+      in: {t: iteration.i}
+      out: [o]
+      batch: {dim: 0, size: 4}
+      phases:
+        - loop: wait
+          count: 3
+          until: check.done
+          body:
+            - {node: check, call: c.check, in: {t: wait.i, x: act.t}, out: [done], batch: {dim: 0, size: 4}}
+        - {node: head, call: c.head, in: {x: act.t}, out: [o], batch: {dim: 0, size: 4}}
+""", {"act": SEP, "check": FLAG, "head": SEP})
+    wf = load_workflow_text(text, "wf.yaml")
+    with pytest.raises(Refused, match="loop 'wait' inside the phases of 'act' ends on a condition"):
+        apply_request(wf, "split act 2")
+
+
+def test_split_of_an_until_loop_itself_says_why_in_its_own_words() -> None:
+    """Issue 12.4: not the temporal split's 'its iterations are kept whole'."""
+    wf = load_workflow_text(UNTIL_INSIDE, "wf.yaml")
+    with pytest.raises(Refused) as info:
+        apply_request(wf, "split outer.wait 2")
+    assert "each group would stop on its own rows' condition" in info.value.reason
+    assert "kept whole" not in info.value.reason
+
+
+# -- siblings found by the extended generator ----------------------------------------------------------
+INT_IN_RECORD = workflow("""\
+    - {node: a, call: c.a, in: {t: iteration.i}, out: [o], batch: {dim: 0, size: 4}}
+    - {node: b, call: c.b, in: {x: "{it: iteration.i, v: a.o}"}, out: [o], batch: {dim: 0, size: 4}}
+""", {"a": SEP, "b": SEP})
+
+
+def test_split_node_reading_a_record_with_an_integer_field() -> None:
+    """The record is sliced for each group; its integer field is the same for every row (the values
+    layer sliced the integer and failed)."""
+    wf, result = run_requests(INT_IN_RECORD, "split b 2")
+    assert_preserved(wf, result)
+
+
+STACK_FROM_OUTSIDE = workflow("""\
+    - loop: roll
+      count: 3
+      body:
+        - {node: a, call: c.a, in: {t: roll.i}, out: [o], batch: {dim: 0, size: 4}}
+    - loop: l
+      count: 2
+      body:
+        - {node: b, call: c.b, in: {x: "stack(roll[*].a.o)", t: l.i}, out: [o], batch: {dim: 0, size: 4}}
+""", {"a": SEP, "b": SEP})
+
+
+def test_split_body_refuses_rows_of_a_stack_of_outside_values() -> None:
+    """`stack(roll[*].a.o)` has its batch on dim 1; slicing each stacked element by reference would have
+    sliced the list of iterations instead (time, not rows)."""
+    wf = load_workflow_text(STACK_FROM_OUTSIDE, "wf.yaml")
+    with pytest.raises(Refused, match=r"'roll\[\*\].a.o' read inside loop 'l' has its rows combined by stack"):
+        apply_request(wf, "split l 2")
