@@ -23,7 +23,7 @@ from .temporal import split_temporal
 __all__ = ["Refused", "Rewritten", "split_node", "split_loop_body", "split_temporal", "rewire", "fuse_loops", "interleave", "expand",
            "apply_request", "compose", "REQUEST_HELP"]
 
-REQUEST_HELP = """rewrite requests (names are item names, or dotted paths below `iteration` when a name is ambiguous):
+REQUEST_HELP = """rewrite requests (names are item names, or dotted paths (below) `iteration` when a name is ambiguous):
   split NAME K               split a batch-separable node, or every item of a loop body, into K row groups
   split-time LOOP K          split the iterations of a free loop into K groups (round robin) that may overlap
   interleave LOOP [STAGGER]  stagger the groups of a split loop body
@@ -33,6 +33,9 @@ REQUEST_HELP = """rewrite requests (names are item names, or dotted paths below 
 
 
 def resolve_name(wf: Workflow, name: str) -> tuple[str, ...]:
+    """An item named by its name, by its dotted path below `iteration`, or by its full dotted path."""
+    if name.startswith("iteration.") and wf.find(tuple(name.split("."))) is not None:
+        return tuple(name.split("."))
     if "." in name:
         path = ("iteration",) + tuple(name.split("."))
         if wf.find(path) is None:

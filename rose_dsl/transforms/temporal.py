@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from ..analysis import invocation_graph, loop_kinds, state_access_order
 from ..expr import Expr, Ref
-from ..ir import ExecutionNode, Item, LoopNode, StateEffect, StateObject, Workflow
+from ..ir import Component, ExecutionNode, Item, LoopNode, StateEffect, StateObject, Workflow
 from ..resolve import Binding, LoopIndex, Resolver
 from ..semantics import Invocation
 from .common import Refused, Rewritten, find, map_item_exprs, replace_item, rewrite_expr, uses_by_id
@@ -91,10 +91,10 @@ def split_temporal(wf: Workflow, path: Path, k: int, blocks: bool = False, *, ch
     components = dict(wf.components)
     for g, its in enumerate(groups):
         member = f"{loop.name}@{g}"
-        names = {} if g == owner else {c: f"{c}@{g}" for c in replicated}
+        names = {} if g == owner else {c: _copy_name(wf.components[c], components) for c in replicated}
         for c, copy in names.items():
             orig = wf.components[c]
-            components[copy] = replace(orig, name=copy, replica_of=c,
+            components[copy] = replace(orig, name=copy, replica_of=orig.replica_of or c,
                                        state=tuple(StateObject(copy, s.name, s.attr, s.pos) for s in orig.state))
         body = tuple(copy_for(item, rename_index(member), names) for item in loop.body)
         group = replace(loop, body=body, iterations=its, split_of=loop.name, src=())
@@ -113,8 +113,19 @@ def split_temporal(wf: Workflow, path: Path, k: int, blocks: bool = False, *, ch
     if check:
         check_well_formed(new, what)
         _check_replicated_order(wf, new, locate, what)
-    notes = tuple(f"'{c}@{g}' is a copy of '{c}' for group {g}" for g in range(k) if g != owner for c in replicated)
+    notes = tuple(f"'{c.name}' is a copy of '{c.replica_of}' for a group of '{loop.name}'"
+                  for name, c in components.items() if name not in wf.components)
     return Rewritten(new, locate, what, notes)
+
+
+def _copy_name(comp: Component, taken: dict[str, Component]) -> str:
+    """A fresh name for one more copy of a component: `sim@1`, numbered over every copy of the original
+    (a copy of a copy is named after the original: nested splits never nest names, `c0@0@0`)."""
+    root = comp.replica_of or comp.name
+    n = 0
+    while f"{root}@{n}" in taken:
+        n += 1
+    return f"{root}@{n}"
 
 
 def _loop_depth(wf: Workflow, path: Path) -> int:
