@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..errors import SourcePos
 from ..expr import BinOp, Call, Expr, Int, IterRef, Neg, Param, Record, Ref, Slice
 from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from ..resolve import Binding, CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver
@@ -23,12 +24,17 @@ Locate = Callable[[Path, tuple[int, ...]], tuple[Path, tuple[int, ...]] | None]
 
 class Refused(Exception):
     """A rewrite that would change what training computes, or that does not apply. `reason` names the
-    dependency or the property that forbids it. `internal` marks a refusal caused by a bug in rose (the
+    dependency or the property that forbids it, after the position (`at`) of the item or field at fault
+    in the workflow the rewrite was asked of -- items a rewrite copies keep their positions, so this
+    is a line of the user's file even several rewrites later. `internal` marks a refusal caused by a bug in rose (the
     rewrite could not be built or checked): still a clean refusal, so that a search moves on."""
 
-    def __init__(self, reason: str, *, internal: bool = False) -> None:
+    def __init__(self, reason: str, *, internal: bool = False, at: SourcePos | None = None) -> None:
+        if at is not None and at.line > 0:
+            reason = f"{at}: {reason}"  # where, in the workflow the rewrite was asked of
         super().__init__(reason)
         self.reason = reason
+        self.at = at if at is not None and at.line > 0 else None
         self.internal = internal  # True when rose failed (a bug), not the request
 
 

@@ -54,7 +54,7 @@ def rewire(wf: Workflow, path: Path, *, before: str | None = None, after: str | 
     if anchor is None or (before and after):
         raise Refused("say where to move it: before=<sibling> or after=<sibling>")
     if anchor not in names:
-        raise Refused(f"'{anchor}' is not a sibling of '{item.name}' (siblings: {', '.join(names)})")
+        raise Refused(f"'{anchor}' is not a sibling of '{item.name}' (siblings: {', '.join(names)})", at=item.pos)
     if anchor == item.name:
         raise Refused(f"'{item.name}' cannot move relative to itself")
     rest = [i for i in body if i.name != item.name]
@@ -70,7 +70,7 @@ def rewire(wf: Workflow, path: Path, *, before: str | None = None, after: str | 
 def expand(wf: Workflow, path: Path, on: bool = True) -> Rewritten:
     node = find(wf, path)
     if not isinstance(node, ExecutionNode) or not node.phases:
-        raise Refused(f"'{node.name}' exposes no phases")
+        raise Refused(f"'{node.name}' exposes no phases", at=node.pos)
     parent, body = _siblings(wf, path)
     new = replace_body(wf, parent.path, [replace(i, expand=on) if i.path == path else i for i in body])
     check_well_formed(new, f"expanding '{node.name}'")
@@ -91,13 +91,16 @@ def fuse_loops(wf: Workflow, first: Path, second: Path, *, check: bool = True) -
     parent, body = _siblings(wf, first)
     names = [i.name for i in body]
     if names.index(a.name) > names.index(b.name):
-        raise Refused(f"'{a.name}' runs after '{b.name}': fuse the earlier loop first")
+        raise Refused(f"'{a.name}' runs after '{b.name}': fuse the earlier loop first", at=a.pos)
     if a.dynamic or b.dynamic:
-        raise Refused("loops that end on a condition are kept whole")
+        dyn = a if a.dynamic else b
+        raise Refused(f"loop '{dyn.name}' ends on a condition (until): its iterations are known only as it runs, so "
+                      "they cannot be paired with another loop's", at=dyn.field_pos.get("until") or dyn.pos)
     if a.indices() != b.indices():
-        raise Refused(f"'{a.name}' and '{b.name}' run different iterations ({len(a.indices())} vs {len(b.indices())})")
+        raise Refused(f"'{a.name}' and '{b.name}' run different iterations ({len(a.indices())} vs {len(b.indices())})",
+                      at=b.field_pos.get("count") or b.pos)
     if b.carries or b.collects:
-        raise Refused(f"'{b.name}' has carried values or collected outputs; fusing it would change them")
+        raise Refused(f"'{b.name}' has carried values or collected outputs; fusing it would change them", at=b.pos)
     resolver = Resolver(wf)
     # a name taken in a's body gets a suffix; the groups of a split item and their merge keep one base name
     taken = {i.name for i in a.body} | {i.split_of for i in a.body if getattr(i, "split_of", None)}
@@ -118,8 +121,10 @@ def fuse_loops(wf: Workflow, first: Path, second: Path, *, check: bool = True) -
                 if ix.kind == "loop" and il == second:
                     assert isinstance(use.expr, IterRef)
                     return use.expr.inner  # iteration update.i of epoch, inside the fused body = this iteration
-                raise Refused(f"'{b.name}' reads '{_text(use.original)}' ({_which(ix)} iteration of '{a.name}'): fused "
-                              f"into '{a.name}', it would run inside an iteration that this value does not exist in yet")
+                j = a.indices()[-1] if ix.kind in ("all", "last") else ix.value if ix.kind == "int" else None
+                later = f"{a.name}[{j}]" if j is not None and j > 0 else f"a later iteration of '{a.name}'"
+                raise Refused(f"'{b.name}' reads '{_text(use.original)}' ({_which(ix, a.name)}): fused, "
+                              f"{b.name}[0] would run inside {a.name}[0], before {later} has computed it")
             case CarryIn(loop=lp) if lp == second:
                 raise Refused("unreachable: carries were refused")
         return rename_ref(use, names)
@@ -151,8 +156,9 @@ def fuse_loops(wf: Workflow, first: Path, second: Path, *, check: bool = True) -
     return Rewritten(new, locate, what)
 
 
-def _which(ix) -> str:
-    return {"int": f"the {ix.value}th", "last": "the last", "all": "every", "loop": f"the '{ix.loop}.i'"}[ix.kind]
+def _which(ix, loop: str) -> str:
+    return {"int": f"iteration {ix.value} of '{loop}'", "last": f"the last iteration of '{loop}'",
+            "all": f"every iteration of '{loop}'", "loop": f"iteration '{ix.loop}.i' of '{loop}'"}[ix.kind]
 
 
 def _text(e: Expr) -> str:
@@ -170,7 +176,7 @@ def interleave(wf: Workflow, loop_path: Path, stagger: int = 1, *, check: bool =
     groups = [i for i in loop.body if not isinstance(i, MergeNode)]
     merges = [i for i in loop.body if isinstance(i, MergeNode)]
     if not groups or any(i.split_of is None or "@" not in i.name for i in groups):
-        raise Refused(f"the body of '{loop.name}' is not split into groups: split it first")
+        raise Refused(f"the body of '{loop.name}' is not split into groups: split it first", at=loop.pos)
     stages: list[str] = []
     for i in groups:
         if i.split_of not in stages:

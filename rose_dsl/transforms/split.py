@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..errors import SourcePos
 from ..expr import Call, Expr, Int, Ref, Slice
 from ..ir import Carry, ExecutionNode, Item, LoopNode, MergeNode, Workflow, iter_items
 from ..resolve import CarryIn, IterSelect, LoopIndex, NodePort, Resolver, expr_fields
@@ -37,13 +38,13 @@ __all__ = ["row_groups", "split_node", "split_loop_body"]
 Path = tuple[str, ...]
 
 
-def row_groups(size: int, k: int, what: str) -> list[tuple[int, int]]:
+def row_groups(size: int, k: int, what: str, at: SourcePos | None = None) -> list[tuple[int, int]]:
     if k < 2:
         raise Refused(f"splitting {what} into {k} group(s) does nothing: k must be at least 2")
     if size < k:
-        raise Refused(f"splitting {what} (batch {size}) into {k} groups would leave empty groups")
+        raise Refused(f"splitting {what} (batch {size}) into {k} groups would leave empty groups", at=at)
     if size % k:
-        raise Refused(f"k={k} does not divide the batch of {what} ({size} rows)")
+        raise Refused(f"k={k} does not divide the batch of {what} ({size} rows)", at=at)
     step = size // k
     return [(g * step, (g + 1) * step) for g in range(k)]
 
@@ -51,18 +52,23 @@ def row_groups(size: int, k: int, what: str) -> list[tuple[int, int]]:
 def _batch_size(node: ExecutionNode, batch_size: int | None) -> int:
     size = node.batch_size if node.batch_size is not None else batch_size
     if size is None:
-        raise Refused(f"the batch size of '{node.name}' is unknown: declare it (batch: {{dim: 0, size: ...}}) or pass it")
+        raise Refused(f"the batch size of '{node.name}' is unknown: declare it (batch: {{dim: 0, size: ...}}) or pass it",
+                      at=_batch_pos(node))
     return size
 
 
 def _check_separable(node: ExecutionNode) -> None:
     if node.batch is None:
         raise Refused(f"'{node.name}' ({node.call}) is not batch-separable: it has no 'batch:' declaration, so its "
-                      "rows may depend on each other")
+                      "rows may depend on each other", at=node.pos)
     if node.batch != 0:
-        raise Refused(f"'{node.name}' is separable along dim {node.batch}; rose splits dim 0 only")
+        raise Refused(f"'{node.name}' is separable along dim {node.batch}; rose splits dim 0 only", at=_batch_pos(node))
     if node.rows is not None or node.split_of is not None:
-        raise Refused(f"'{node.name}' is already a split group")
+        raise Refused(f"'{node.name}' is already a split group", at=node.pos)
+
+
+def _batch_pos(node: ExecutionNode) -> SourcePos:
+    return node.field_pos.get("batch") or node.pos
 
 
 def _check_no_dynamic_loop(item: Item, region: str) -> None:
@@ -71,7 +77,8 @@ def _check_no_dynamic_loop(item: Item, region: str) -> None:
     for inner in iter_items(item):
         if isinstance(inner, LoopNode) and inner.dynamic:
             raise Refused(f"loop '{inner.name}' inside {region} ends on a condition (until): split into row groups, "
-                          "each group would stop on its own rows' condition instead of when all rows are done")
+                          "each group would stop on its own rows' condition instead of when all rows are done",
+                          at=inner.field_pos.get("until") or inner.pos)
 
 
 def _slice_input(resolver: Resolver, item: Item, key: str, expr: Expr, rows: tuple[int, int], what: str) -> Expr:
@@ -81,9 +88,10 @@ def _slice_input(resolver: Resolver, item: Item, key: str, expr: Expr, rows: tup
         return expr  # an integer: the same for every group
     if dim == "unknown":
         raise Refused(f"input {key} of {what} ('{_text(expr)}') comes from a value whose rows rose cannot tell "
-                      "(its producer is not batch-separable)")
+                      "(its producer is not batch-separable)", at=item.field_pos.get(key) or item.pos)
     if dim != 0:
-        raise Refused(f"input {key} of {what} ('{_text(expr)}') has its batch on dim {dim}; rose slices dim 0 only")
+        raise Refused(f"input {key} of {what} ('{_text(expr)}') has its batch on dim {dim}; rose slices dim 0 only",
+                      at=item.field_pos.get(key) or item.pos)
     return _rows_of(expr, rows)
 
 
@@ -118,10 +126,21 @@ def _repath(item: Item, old: Path, new: Path) -> Item:
     return replace(item, path=path, src=())
 
 
+def map_field(resolver: Resolver, item: Item, key: str, expr: Expr, fn: RefFn) -> Expr:
+    """One expression field of `item` with each reference passed through `fn`; a refusal raised by `fn`
+    is placed at the field."""
+    try:
+        return map_refs(expr, uses_by_id(resolver, item, key, expr), fn)
+    except Refused as exc:
+        if exc.at is not None or exc.internal:
+            raise
+        raise Refused(exc.reason, at=item.field_pos.get(key) or item.pos) from None
+
+
 def map_subtree(resolver: Resolver, item: Item, fn: RefFn) -> Item:
     """`item` and every item below it with each reference passed through `fn` (bindings are those of the
     workflow `resolver` was built on, which holds `item`)."""
-    out = map_item_exprs(item, lambda key, e: map_refs(e, uses_by_id(resolver, item, key, e), fn))
+    out = map_item_exprs(item, lambda key, e: map_field(resolver, item, key, e, fn))
     if isinstance(out, LoopNode):
         return replace(out, body=tuple(map_subtree(resolver, c, fn) for c in out.body))
     if isinstance(out, ExecutionNode) and out.phases:
@@ -141,7 +160,7 @@ def split_node(wf: Workflow, path: Path, k: int, batch_size: int | None = None, 
     if not force:
         _check_separable(node)
     _check_no_dynamic_loop(node, f"the phases of '{node.name}'")
-    groups = row_groups(_batch_size(node, batch_size), k, f"'{node.name}'")
+    groups = row_groups(_batch_size(node, batch_size), k, f"'{node.name}'", _batch_pos(node))
     resolver = Resolver(wf)
     parent = path[:-1]
     items: list[Item] = []
@@ -173,16 +192,16 @@ def _splittable_loop(wf: Workflow, path: Path, batch_size: int | None) -> tuple[
         raise Refused(f"'{loop.name}' is not a loop inside the iteration")
     if loop.dynamic:
         raise Refused(f"loop '{loop.name}' ends on a condition (until): split into row groups, each group would stop "
-                      "on its own rows' condition instead of when all rows are done")
+                      "on its own rows' condition instead of when all rows are done", at=loop.field_pos.get("until"))
     if "@" in loop.name:
-        raise Refused(f"loop '{loop.name}' is already a split group")
+        raise Refused(f"loop '{loop.name}' is already a split group", at=loop.pos)
     sizes = set()
     for item in iter_items(loop):
         if item is loop:
             continue
         if isinstance(item, MergeNode) or (isinstance(item, ExecutionNode) and (item.rows or item.split_of)) or \
                 (isinstance(item, LoopNode) and (item.split_of or item.iterations is not None)):
-            raise Refused(f"loop '{loop.name}' already contains split groups ('{item.name}')")
+            raise Refused(f"loop '{loop.name}' already contains split groups ('{item.name}')", at=item.pos)
         if isinstance(item, ExecutionNode):
             _check_separable(item)
             if item.batch_size is not None:
@@ -192,7 +211,7 @@ def _splittable_loop(wf: Workflow, path: Path, batch_size: int | None) -> tuple[
         sizes.add(batch_size)
     if len(sizes) != 1:
         raise Refused(f"the batch size of loop '{loop.name}' is " + ("unknown: declare batch sizes or pass one" if not sizes
-                      else f"ambiguous: its nodes declare {sorted(sizes)}"))
+                      else f"ambiguous: its nodes declare {sorted(sizes)}"), at=loop.pos)
     return loop, sizes.pop()
 
 
@@ -202,10 +221,11 @@ def _check_carries(resolver: Resolver, loop: LoopNode) -> None:
                 batch_dim(resolver, c.next, uses_by_id(resolver, loop, f"carry.{c.name}.next", c.next))}
         if len(dims) > 1:
             raise Refused(f"carried value '{c.name}' of loop '{loop.name}' does not keep its batch dimension "
-                          f"(init and next give {sorted(map(str, dims))}): its groups could not be merged")
+                          f"(init and next give {sorted(map(str, dims))}): its groups could not be merged", at=c.pos)
         dim = dims.pop()
         if dim not in (0, None):
-            raise Refused(f"carried value '{c.name}' of loop '{loop.name}' has its batch on dim {dim}; rose slices dim 0 only")
+            raise Refused(f"carried value '{c.name}' of loop '{loop.name}' has its batch on dim {dim}; rose slices dim 0 only",
+                          at=c.pos)
 
 
 def _group_refs(resolver: Resolver, loop: LoopNode, g: int, rows: tuple[int, int]) -> RefFn:
@@ -257,7 +277,7 @@ def split_loop_body(wf: Workflow, path: Path, k: int, batch_size: int | None = N
     """Split every item of a loop body into k row groups (each with its own carried values), merged at
     the end of each iteration for the readers outside the groups."""
     loop, size = _splittable_loop(wf, path, batch_size)
-    groups = row_groups(size, k, f"loop '{loop.name}'")
+    groups = row_groups(size, k, f"loop '{loop.name}'", loop.pos)
     resolver = Resolver(wf)
     _check_carries(resolver, loop)
     body: list[Item] = []
@@ -269,14 +289,14 @@ def split_loop_body(wf: Workflow, path: Path, k: int, batch_size: int | None = N
             body.append(_with_rows(_repath(group, item.path, path + (f"{item.name}@{g}",)), rows))
         for c in loop.carries:
             init = _slice_input(resolver, loop, f"carry.{c.name}.init", c.init, rows, f"loop '{loop.name}'")
-            nxt = map_refs(c.next, uses_by_id(resolver, loop, f"carry.{c.name}.next", c.next), refs)
+            nxt = map_field(resolver, loop, f"carry.{c.name}.next", c.next, refs)
             carries.append(replace(c, name=f"{c.name}@{g}", init=init, next=nxt))
     for item in loop.body:
         if item.outputs:
             dims = tuple((p, _output_dim(resolver, item, p)) for p in item.outputs)
             body.append(MergeNode(path=item.path, sources=tuple(f"{item.name}@{g}" for g in range(k)), ports=dims))
     merged = _merged_carries(resolver, loop, k)
-    collects = tuple((n, map_refs(e, uses_by_id(resolver, loop, f"collect.{n}", e), merged)) for n, e in loop.collects)
+    collects = tuple((n, map_field(resolver, loop, f"collect.{n}", e, merged)) for n, e in loop.collects)
     new = replace_item(wf, path, replace(loop, body=tuple(body), carries=tuple(carries), collects=collects))
     new = _rewrite_outside(new, wf, resolver, path, merged)
     outputs = {item.name for item in loop.body if item.outputs}
@@ -302,7 +322,8 @@ def _output_dim(resolver: Resolver, item: Item, port: str) -> int:
         expr, key = c.init, f"carry.{port}.init"
     dim = batch_dim(resolver, expr, uses_by_id(resolver, item, key, expr))
     if not isinstance(dim, int):
-        raise Refused(f"output '{port}' of nested loop '{item.name}' has no known batch dimension; it cannot be merged")
+        raise Refused(f"output '{port}' of nested loop '{item.name}' has no known batch dimension; it cannot be merged",
+                      at=item.field_pos.get(key) or item.pos)
     return dim
 
 
@@ -316,7 +337,7 @@ def _rewrite_outside(new: Workflow, old: Workflow, resolver: Resolver, loop_path
             continue
         changed = {}
         for key, e in fields.items():
-            e2 = map_refs(e, uses_by_id(resolver, item, key, e), fn)
+            e2 = map_field(resolver, item, key, e, fn)
             if e2 != e:
                 changed[key] = e2
         if changed:

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..analysis import invocation_graph, loop_kinds, state_access_order
+from ..analysis import loop_kinds, state_access_order
 from ..expr import Expr, Ref
 from ..ir import Component, ExecutionNode, Item, LoopNode, StateEffect, StateObject, Workflow
 from ..resolve import Binding, LoopIndex, Resolver
-from ..semantics import Invocation
 from .common import Refused, Rewritten, find, map_item_exprs, replace_item, rewrite_expr, uses_by_id
-from .legality import check_well_formed
+from .legality import check_order_preserved
 from .split import _repath
 
 __all__ = ["split_temporal"]
@@ -34,20 +33,23 @@ def split_temporal(wf: Workflow, path: Path, k: int, blocks: bool = False, *, ch
     if not isinstance(loop, LoopNode) or path == wf.root.path:
         raise Refused(f"'{loop.name}' is not a loop inside the iteration")
     if loop.dynamic:
-        raise Refused(f"loop '{loop.name}' ends on a condition; its iterations are kept whole")
+        raise Refused(f"loop '{loop.name}' ends on a condition (until): how many iterations it runs is known only "
+                      "as it runs, so its iterations are kept whole", at=loop.field_pos.get("until"))
     if loop.iterations is not None or loop.split_of is not None or "@" in loop.name:
-        raise Refused(f"loop '{loop.name}' is already a split group")
+        raise Refused(f"loop '{loop.name}' is already a split group", at=loop.pos)
     kind = loop_kinds(wf)[path]
     if kind.kind != "free" and not force:
         raise Refused(f"loop '{loop.name}' is dependent ({'; '.join(kind.reasons)}): its iterations must run in order, "
-                      "so they cannot be split into independent groups")
+                      "so they cannot be split into independent groups", at=loop.pos)
     if loop.collects and not force:
-        raise Refused(f"loop '{loop.name}' has collected outputs; read its iterations as '{loop.name}[j]...' instead")
+        raise Refused(f"loop '{loop.name}' has collected outputs; read its iterations as '{loop.name}[j]...' instead",
+                      at=loop.field_pos.get("collect") or loop.pos)
     indices = list(loop.indices())
     if k < 2:
         raise Refused(f"splitting loop '{loop.name}' into {k} group(s) does nothing: k must be at least 2")
     if k > len(indices):
-        raise Refused(f"loop '{loop.name}' runs {len(indices)} iterations: {k} groups would leave some empty")
+        raise Refused(f"loop '{loop.name}' runs {len(indices)} iterations: {k} groups would leave some empty",
+                      at=loop.field_pos.get("count") or loop.pos)
     if blocks:
         size = -(-len(indices) // k)
         groups = [tuple(indices[g * size:(g + 1) * size]) for g in range(k)]
@@ -60,11 +62,13 @@ def split_temporal(wf: Workflow, path: Path, k: int, blocks: bool = False, *, ch
     written = {s for s, a, _ in accesses if a.writes}
     replicated = sorted({s.split(".", 1)[0] for s in written})
     everywhere = {s for s, a, _ in state_access_order(wf.root.body) if a.writes}
-    for s, _, at in accesses:
+    for s, _, reader in accesses:
         comp = s.split(".", 1)[0]
         if comp in replicated and s not in written and s in everywhere:
-            raise Refused(f"'{s}' is read by '{at[-1]}' inside loop '{loop.name}' and written elsewhere: a copy of "
-                          f"'{comp}' for another group would not see its value")
+            node = wf.find(reader)
+            raise Refused(f"'{s}' is read by '{reader[-1]}' inside loop '{loop.name}' and written elsewhere: a copy of "
+                          f"'{comp}' for another group would not see its value",
+                          at=(node.field_pos.get("state") or node.pos) if node is not None else None)
     resolver = Resolver(wf)
 
     def rename_index(member: str):
@@ -111,8 +115,7 @@ def split_temporal(wf: Workflow, path: Path, k: int, blocks: bool = False, *, ch
 
     what = f"splitting the iterations of loop '{loop.name}' into {k} groups {groups}"
     if check:
-        check_well_formed(new, what)
-        _check_replicated_order(wf, new, locate, what)
+        check_order_preserved(wf, new, locate, what, copies=True)
     notes = tuple(f"'{c.name}' is a copy of '{c.replica_of}' for a group of '{loop.name}'"
                   for name, c in components.items() if name not in wf.components)
     return Rewritten(new, locate, what, notes)
@@ -135,25 +138,3 @@ def _loop_depth(wf: Workflow, path: Path) -> int:
         if isinstance(wf.find(path[:n]), LoopNode):
             depth += 1
     return depth
-
-
-def _component_of(wf: Workflow, inv: Invocation) -> str:
-    item = wf.find(inv.path)
-    assert isinstance(item, ExecutionNode)
-    return item.component
-
-
-def _check_replicated_order(orig: Workflow, new: Workflow, locate, what: str) -> None:
-    """Every dependency is kept, except the in-place order between calls that now touch different
-    copies of a component's state (they no longer share the object)."""
-    g0, g1 = invocation_graph(orig, 2), invocation_graph(new, 2)
-    position = {inv: i for i, inv in enumerate(g1.order)}
-    for producer, consumer, dep in g0.edges():
-        a, b = Invocation(*locate(producer.path, producer.indices)), Invocation(*locate(consumer.path, consumer.indices))
-        if a not in position or b not in position:
-            raise Refused(f"{what}: internal error: {a} or {b} is not run")
-        if dep.kind == "state" and _component_of(new, a) != _component_of(new, b):
-            continue
-        if position[a] > position[b]:
-            raise Refused(f"{what} would run {b} before {a}, breaking the {dep.kind} dependency {dep.detail}")
-

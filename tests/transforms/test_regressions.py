@@ -234,3 +234,52 @@ def test_split_body_refuses_rows_of_a_stack_of_outside_values() -> None:
     wf = load_workflow_text(STACK_FROM_OUTSIDE, "wf.yaml")
     with pytest.raises(Refused, match=r"'roll\[\*\].a.o' read inside loop 'l' has its rows combined by stack"):
         apply_request(wf, "split l 2")
+
+
+# -- issue 12.4: refusals name the invocations and the position in the original workflow ---------------
+PPO = __import__("pathlib").Path(__file__).resolve().parents[2] / "workflows" / "embodied_ppo.yaml"
+
+
+def _ppo():
+    from rose_dsl import load_workflow
+
+    return load_workflow(PPO, {"num_envs": 6, "steps": 3, "epochs": 4, "denoise_steps": 2})
+
+
+def test_a_broken_state_dependency_names_both_invocations_and_the_line() -> None:
+    wf = _ppo()
+    with pytest.raises(Refused) as info:
+        apply_request(wf, "rewire publish before update")
+    line = next(n for n, text in enumerate(PPO.read_text().splitlines(), 1) if "node: publish" in text)
+    assert info.value.reason == (
+        f"{PPO}:{line + 2}:14: moving 'publish' before 'update' would break the state dependency update[3].sgd -> "
+        "publish (trainer.weights: read after update): publish would run first")
+
+
+def test_a_full_batch_update_fused_into_the_rollout_names_the_epoch_it_needs() -> None:
+    """The issue's example: an update reading every epoch's trajectories cannot run inside epoch 0."""
+    import dataclasses
+
+    from rose_dsl.expr import parse_expr
+
+    wf = _ppo()
+    sgd = wf.find(("iteration", "update", "sgd"))
+    full = dataclasses.replace(sgd, inputs=(("traj", parse_expr("stack(epoch[*].step.traj)")),))
+    from rose_dsl.transforms.common import replace_item
+
+    wf = replace_item(wf, sgd.path, full)
+    with pytest.raises(Refused) as info:
+        apply_request(wf, "fuse epoch update")
+    assert info.value.reason.startswith(f"{PPO}:")
+    assert ("'update' reads 'epoch[*].step.traj' (every iteration of 'epoch'): fused, update[0] would run inside "
+            "epoch[0], before epoch[3] has computed it") in info.value.reason
+
+
+def test_a_refusal_after_earlier_rewrites_cites_the_original_file() -> None:
+    wf = _ppo()
+    split = apply_request(wf, "split step 2")
+    with pytest.raises(Refused) as info:
+        apply_request(split.workflow, "rewire act@1 after env@1")
+    line = next(n for n, text in enumerate(PPO.read_text().splitlines(), 1) if "in: {action: act.action}" in text)
+    assert info.value.reason.startswith(f"{PPO}:{line}:")
+    assert "'act@1' runs later in the same iteration" in info.value.reason
