@@ -265,7 +265,7 @@ class _ItemBuilder:
         return ExecutionNode(
             path=me, component=comp_name, method=method, inputs=tuple(inputs), outputs=tuple(raw.get("out") or ()),
             effects=tuple(effects), batch=batch, batch_size=batch_size, phases=phases, expand=bool(raw.get("expand", False)),
-            rows=rows, split_of=raw.get("split_of"), after=tuple(raw.get("after") or ()),
+            rows=rows, split_of=raw.get("split_of"), moved_from=_moved_from(raw), after=tuple(raw.get("after") or ()),
             priority=raw.get("priority", 0), idempotent=bool(raw.get("idempotent", False)),
             timeout_s=raw.get("timeout_s"), shard=raw.get("shard"), pos=ctx.doc.pos(path + ("node",)),
             field_pos=self._fpos(path, raw, ["call", "in", "out", "state", "batch", "phases", "after", "rows"]), src=path,
@@ -310,6 +310,7 @@ class _ItemBuilder:
         return LoopNode(
             path=me, body=self.body(raw["body"], path + ("body",), me), count=count, until=until,
             carries=tuple(carries), collects=tuple(collects), iterations=iterations, split_of=raw.get("split_of"),
+            moved_from=_moved_from(raw),
             after=tuple(raw.get("after") or ()), priority=raw.get("priority", 0),
             pos=ctx.doc.pos(path + ("loop",)) if "loop" in raw else ctx.doc.pos(path), field_pos=fpos, src=path,
         )
@@ -345,4 +346,11 @@ def build_workflow(doc: Document, overrides: Mapping[str, Any] | None = None) ->
         raise WorkflowError(ctx.diags, doc.text)
     seed = ctx.params.get("seed", 0)
     return Workflow(name=data["name"], version=data["rose"], params=ctx.params, components=components, root=root,
-                    file=doc.file, seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else 0)
+                    file=doc.file, seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else 0,
+                    plan=dict(data["plan"]) if isinstance(data.get("plan"), dict) else None)
+
+
+def _moved_from(raw: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """`moved_from: update.sgd` (a path below the iteration) -> ("iteration", "update", "sgd")."""
+    text = raw.get("moved_from")
+    return ("iteration",) + tuple(text.split(".")) if text else None

@@ -42,9 +42,13 @@ def _overrides(items: list[str] | None) -> dict[str, object]:
     return result
 
 
-def _load(path: Path, sets: list[str] | None) -> Workflow:
+def _load(path: Path, sets: list[str] | None, source: Path | None = None) -> Workflow:
+    from .transforms.plan_check import check_plan_source
+
     try:
-        return load_workflow(path, _overrides(sets))
+        wf = load_workflow(path, _overrides(sets))
+        check_plan_source(wf, source)  # a plan must keep every dependency of its source workflow
+        return wf
     except WorkflowError as exc:
         n = len(exc.diagnostics)
         err.print(exc.format(), markup=False)
@@ -234,7 +238,7 @@ def execute(
         err.print(f"error: --set does not apply to a plan ({plan}): a plan holds its params resolved (args, counts, "
                   "quotas); pass --set to `rose rewrite` when writing the plan", markup=False)
         raise typer.Exit(2)
-    code = execute_command(out, err, _load(plan or file, sets), backend=backend, iterations=iterations, out_dir=out_dir,
+    code = execute_command(out, err, _load(plan or file, sets, source=file if plan else None), backend=backend, iterations=iterations, out_dir=out_dir,
                            checkpoint_every=checkpoint_every, resume=resume, address=address, call_timeout=call_timeout,
                            allowed=tuple(allow_module or ()), mps=mps, quiet=quiet, compiled=compiled)
     raise typer.Exit(code)

@@ -99,6 +99,9 @@ class ExecutionNode:
     expand: bool = False  # plan-only: run `phases` instead of the entry
     rows: tuple[int, int] | None = None  # plan-only: this split group's global batch rows
     split_of: str | None = None  # plan-only: the name of the node this group was split from
+    # plan-only: the path this item had in the source workflow when a rewrite moved it elsewhere (a loop
+    # fusion moves `update.sgd` into `epoch`); groups and their contents are traced through `split_of`
+    moved_from: tuple[str, ...] | None = None
     after: tuple[str, ...] = ()  # extra ordering constraints (sibling names)
     priority: int = 0
     idempotent: bool = False
@@ -146,6 +149,7 @@ class LoopNode:
     collects: tuple[tuple[str, Expr], ...] = ()  # evaluated after the last iteration
     iterations: tuple[int, ...] | None = None  # plan-only: the iterations this temporal group runs
     split_of: str | None = None
+    moved_from: tuple[str, ...] | None = None  # plan-only: as ExecutionNode.moved_from
     after: tuple[str, ...] = ()
     priority: int = 0
     pos: SourcePos = field(default=NOWHERE, compare=False)
@@ -214,6 +218,9 @@ class Workflow:
     root: LoopNode  # path ("iteration",)
     file: str = field(default="<string>", compare=False)
     seed: int = 0
+    # a plan's metadata (`plan:` in the file: its source workflow, the rewrites that made it), None for a
+    # workflow; not part of what the workflow computes
+    plan: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
     def state_objects(self) -> dict[str, StateObject]:
         return {s.key: s for c in self.components.values() for s in c.state}

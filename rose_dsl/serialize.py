@@ -70,6 +70,8 @@ def _item(item: Item) -> dict[str, Any]:
             out["rows"] = list(item.rows)
         if item.split_of:
             out["split_of"] = item.split_of
+        if item.moved_from:
+            out["moved_from"] = ".".join(item.moved_from[1:])
         if item.idempotent:
             out["idempotent"] = True
         if item.timeout_s is not None:
@@ -90,6 +92,8 @@ def _item(item: Item) -> dict[str, Any]:
             out["iterations"] = list(item.iterations)
         if item.split_of:
             out["split_of"] = item.split_of
+        if item.moved_from:
+            out["moved_from"] = ".".join(item.moved_from[1:])
         _plan_fields(item, out)
         out["body"] = [_item(c) for c in item.body]
         if item.collects:

@@ -28,6 +28,7 @@ from .common import (
     unique_name,
 )
 from .legality import check_order_preserved, check_well_formed
+from .plan_check import source_paths
 from .split import _repath, _rewrite_outside, map_subtree
 
 __all__ = ["rewire", "fuse_loops", "interleave", "expand"]
@@ -129,9 +130,12 @@ def fuse_loops(wf: Workflow, first: Path, second: Path, *, check: bool = True) -
                 raise Refused("unreachable: carries were refused")
         return rename_ref(use, names)
 
+    origin = source_paths(wf)
     moved = []
     for item in b.body:
         m = map_subtree(resolver, item, fn)
+        if not isinstance(m, MergeNode):
+            m = replace(m, moved_from=origin[item.path])  # where a plan check finds it in the source
         m = _repath(m, item.path, first + (renames[item.name],))
         m = replace(m, after=tuple(renames.get(x, x) for x in m.after))
         if isinstance(m, MergeNode):

@@ -4,7 +4,9 @@ Property 1: any sequence of accepted rewrites, executed in any order the depende
 same outputs and the same final state, bit for bit, as the original run sequentially; a refusal is
 never rose's own failure (the optimizer applies rewrites to workflows nobody checked).
 Property 2: a refused reordering, forced through anyway, yields an ill-formed workflow (a reference to
-something that now runs later) or a different result -- the checker is not vacuous.
+something that now runs later) or a different result -- the checker is not vacuous -- and the plan
+check (`plan_check`, what `rose validate` runs on a plan) refuses it too; property 1 checks that the plan
+check accepts every accepted rewrite.
 
 Rewrites are drawn as *steps*: small tuples of integers that pick a request against the current
 workflow (`request_for`), or request strings. The requests go through `apply_request`, the path `rose
@@ -25,6 +27,7 @@ from rose_dsl.resolve import check_workflow
 from rose_dsl.serialize import to_yaml
 from rose_dsl.transforms import apply_request, compose
 from rose_dsl.transforms.common import Refused, Rewritten
+from rose_dsl.transforms.plan_check import plan_differences
 from rose_dsl.transforms.reorder import rewire
 from rose_dsl.transforms.split import split_node
 from rose_dsl.transforms.temporal import split_temporal
@@ -130,6 +133,8 @@ def test_accepted_rewrites_preserve_results_in_any_legal_order(doc, steps) -> No
     assert not check_workflow(wf)
     # a plan is itself a workflow: it serialises, validates and reads back the same
     assert load_workflow_text(to_yaml(wf), "plan.yaml") == wf
+    # and the plan check (what `rose validate` runs on a plan) finds every dependency of the original
+    assert plan_differences(original, wf) == [], applied
     ref_run, ref_comps = execute(original, "program")
     for order, seed in orders(wf):
         run, comps = execute(wf, order, seed=seed)
@@ -160,6 +165,8 @@ def test_refused_reorders_forced_through_break_something(doc, steps) -> None:
     if check_workflow(forced):
         assert "data dependency" in reason
         return  # the forced plan reads a value before it is computed: a violated dependency
+    # the plan check sees the broken dependency too (a plan edited by hand this way is refused)
+    assert plan_differences(wf, forced), f"the plan check accepts what '{reason}' refused"
     ref_run, ref_comps = execute(wf, "program")
     run, comps = execute(forced, "program")
     diffs = differences(wf, ref_run, ref_comps, forced, run, comps, lambda p, i: (p, i))

@@ -1,0 +1,314 @@
+"""A plan checked against its source workflow: every dependency of the source must hold in the plan.
+
+A plan is a workflow file that anyone may edit by hand, so its rewrites are not trusted: the plan is
+compared with the workflow it says it was made from (`plan: source:`), at invocation granularity, over
+two RL iterations (like the legality oracle), with every exposed phase run:
+
+* every call of the source runs in the plan, once -- or once per row group, the groups' rows
+  partitioning the batch -- as the same component method (a copy of the component for a temporal
+  group), with the same state effects, outputs and batch declaration;
+* every data dependency of the source reaches each of the consumer's row groups from producer groups
+  whose rows cover the consumer's, and the plan has no data dependency the source lacks (same ports);
+* every state dependency runs producer before consumer on the same component (the runtime runs each
+  component's calls in program order), except an in-place order between two copies of a component; a
+  value may not flow from one copy to another;
+* loops that end on a condition are kept, with the same condition; merges take their groups in row
+  order.
+
+Plan invocations are traced to source ones through the plan's own annotations: a group is its
+`split_of` (its iteration numbers are the source's), an item a rewrite moved names where it came from
+(`moved_from`). What is not checked: which rows of a merged value a slice takes (dependencies are
+tracked per row group, not per row), and the values components compute.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path as FilePath
+
+from ..analysis import Dep, InvocationGraph, invocation_graph
+from ..errors import Diagnostic, SourcePos, WorkflowError
+from ..expr import unparse
+from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
+from ..semantics import Invocation
+from .legality import describe_invocation
+
+__all__ = ["PlanDifference", "plan_differences", "source_paths", "check_plan_source"]
+
+Path = tuple[str, ...]
+Rows = tuple[int, int] | None
+MAX_SHOWN = 12
+
+
+@dataclass(frozen=True)
+class PlanDifference:
+    pos: SourcePos
+    path: str  # the plan item, dotted
+    message: str
+
+
+def _base(item: Item) -> str:
+    split_of = getattr(item, "split_of", None)
+    return split_of if split_of else item.name
+
+
+def source_paths(wf: Workflow) -> dict[Path, Path]:
+    """Every item's path in the workflow it was rewritten from: groups are their `split_of`, moved items
+    their `moved_from`. An unrewritten workflow maps every path to itself."""
+    out: dict[Path, Path] = {wf.root.path: wf.root.path}
+
+    def walk(item: Item, src: Path) -> None:
+        children = item.body if isinstance(item, LoopNode) else item.phases if isinstance(item, ExecutionNode) else None
+        for child in children or ():
+            moved = getattr(child, "moved_from", None)
+            mine = moved if moved else src + (_base(child),)
+            out[child.path] = mine
+            walk(child, mine)
+
+    walk(wf.root, wf.root.path)
+    return out
+
+
+def _rows(node: ExecutionNode) -> Rows:
+    return node.rows
+
+
+def _overlap(a: Rows, b: Rows) -> bool:
+    return a is None or b is None or (a[0] < b[1] and b[0] < a[1])
+
+
+def _covers(parts: list[Rows], want: Rows, size: int | None) -> bool:
+    if any(p is None for p in parts):
+        return True
+    lo, hi = want if want is not None else (0, size if size is not None else max((p[1] for p in parts if p), default=0))
+    for a, b in sorted(p for p in parts if p is not None):
+        if a > lo:
+            return False
+        lo = max(lo, b)
+    return lo >= hi
+
+
+def _key(dep: Dep) -> tuple[str, str]:
+    """(consumer input, producer port) of a data dependency, whatever the producer is called."""
+    port, _, producer = dep.detail.partition(" <- ")
+    return port, producer.rsplit(".", 1)[-1]
+
+
+class _Checker:
+    def __init__(self, source: Workflow, plan: Workflow) -> None:
+        self.source, self.plan = source, plan
+        self.src_items = {i.path: i for i in source.items()}
+        self.plan_items = {i.path: i for i in plan.items()}
+        self.origin = source_paths(plan)
+        self.out: list[PlanDifference] = []
+
+    def differ(self, item: Item | None, message: str) -> None:
+        pos = item.pos if item is not None else SourcePos(self.plan.file, 0, 0)
+        path = ".".join(item.path[1:]) if item is not None else "<plan>"
+        self.out.append(PlanDifference(pos, path, message))
+
+    def run(self) -> list[PlanDifference]:
+        self.items()
+        if self.out:
+            return self.out  # the calls do not correspond: comparing dependencies would only repeat it
+        g0 = invocation_graph(self.source, iterations=2, expand_phases=True)
+        g1 = invocation_graph(self.plan, iterations=2, expand_phases=True)
+        images = self.calls(g0, g1)
+        if not self.out:
+            self.data(g0, g1, images)
+            self.state(g0, g1, images)
+        return self.out
+
+    # -- items ------------------------------------------------------------------------------------
+    def component_of(self, name: str) -> str:
+        comp = self.plan.components.get(name)
+        return comp.replica_of if comp is not None and comp.replica_of else name
+
+    def items(self) -> None:
+        for name, comp in self.plan.components.items():
+            original = self.source.components.get(self.component_of(name))
+            if original is None:
+                self.differ(None, f"component '{name}' is not in the source")
+            elif (comp.impl, comp.args, [s.name for s in comp.state]) != (original.impl, original.args,
+                                                                          [s.name for s in original.state]):
+                self.differ(None, f"component '{name}' is not built as the source's '{original.name}' "
+                                  "(impl, args or state differ)")
+        for path, item in self.plan_items.items():
+            if path == self.plan.root.path:
+                continue
+            src = self.src_items.get(self.origin[path])
+            where = ".".join(self.origin[path][1:])
+            if isinstance(item, MergeNode):
+                self.merge(item)
+                continue
+            if src is None or type(src) is not type(item):
+                self.differ(item, f"has no counterpart in the source (it stands for '{where}')")
+            elif isinstance(item, ExecutionNode):
+                assert isinstance(src, ExecutionNode)
+                self.node(item, src)
+            else:
+                assert isinstance(src, LoopNode) and isinstance(item, LoopNode)
+                self.loop(item, src)
+
+    def node(self, item: ExecutionNode, src: ExecutionNode) -> None:
+        comp = self.component_of(item.component)
+        effects = {(e.state.split(".", 1)[1], e.access) for e in item.effects}
+        src_effects = {(e.state.split(".", 1)[1], e.access) for e in src.effects}
+        if (comp, item.method) != (src.component, src.method):
+            self.differ(item, f"calls {item.call} where the source's '{src.name}' calls {src.call}")
+        if effects != src_effects:
+            show = ", ".join(f"{s}: {a.value}" for s, a in sorted(src_effects)) or "none"
+            self.differ(item, f"its state accesses differ from the source's '{src.name}' ({show})")
+        if set(item.outputs) != set(src.outputs) or (item.batch, item.batch_size) != (src.batch, src.batch_size):
+            self.differ(item, f"its outputs or batch declaration differ from the source's '{src.name}'")
+        if item.rows is not None and src.batch != 0:
+            self.differ(item, f"is a row group of '{src.name}', which is not declared batch-separable (dim 0)")
+
+    def loop(self, item: LoopNode, src: LoopNode) -> None:
+        if item.dynamic != src.dynamic or (item.dynamic and _plain(item.until) != _plain(src.until)):
+            self.differ(item, f"ends {'on ' + unparse(item.until) if item.until else 'after a count'} where the "
+                              f"source's '{src.name}' ends {'on ' + unparse(src.until) if src.until else 'after a count'}")
+        if item.dynamic and item.count != src.count:
+            self.differ(item, f"runs at most {item.count} iterations where the source's '{src.name}' runs {src.count}")
+
+    def merge(self, item: MergeNode) -> None:
+        parent = item.path[:-1]
+        rows = []
+        for name in item.sources:
+            group = self.plan_items.get(parent + (name,))
+            rows.append(_first_rows(group) if group is not None else None)
+        if all(r is not None for r in rows) and rows != sorted(rows):  # type: ignore[type-var]
+            self.differ(item, f"merges its groups out of row order ({', '.join(item.sources)})")
+
+    # -- calls ------------------------------------------------------------------------------------
+    def calls(self, g0: InvocationGraph, g1: InvocationGraph) -> dict[Invocation, list[Invocation]]:
+        images: dict[Invocation, list[Invocation]] = defaultdict(list)
+        for q in g1.order:
+            s = Invocation(self.origin[q.path], q.indices)
+            if s not in g0.node:
+                self.differ(g1.node[q], f"runs {describe_invocation(q, self.plan_items)}, which stands for no call "
+                                        f"of the source ({describe_invocation(s, self.src_items)})")
+                continue
+            images[s].append(q)
+        for s in g0.order:
+            qs = images.get(s, [])
+            node = g0.node[s]
+            if not qs:
+                self.differ(node, f"the source's {describe_invocation(s, self.src_items)} is not run by the plan")
+            elif not _partition([g1.node[q].rows for q in qs], node.batch_size):
+                shown = ", ".join(f"{describe_invocation(q, self.plan_items)} rows {g1.node[q].rows}" for q in qs)
+                self.differ(g1.node[qs[0]], f"the source's {describe_invocation(s, self.src_items)} runs as {shown}: "
+                                            "not once, nor as row groups that partition its batch")
+            if len(self.out) >= MAX_SHOWN:
+                break
+        return images
+
+    # -- dependencies -------------------------------------------------------------------------------
+    def data(self, g0: InvocationGraph, g1: InvocationGraph, images: dict[Invocation, list[Invocation]]) -> None:
+        src_edges = {(p, c, _key(d)) for p, c, d in g0.edges() if d.kind == "data"}
+        plan_edges: dict[tuple[Invocation, tuple[str, str]], list[Invocation]] = defaultdict(list)
+        for p, c, d in g1.edges():
+            if d.kind != "data":
+                continue
+            key = _key(d)
+            sp, sc = Invocation(self.origin[p.path], p.indices), Invocation(self.origin[c.path], c.indices)
+            plan_edges[(c, key)].append(p)
+            if (sp, sc, key) not in src_edges:
+                self.differ(g1.node[c], f"{describe_invocation(c, self.plan_items)} reads {d.detail.split(' <- ')[1]} "
+                                        f"of {describe_invocation(p, self.plan_items)} ({d.detail}), which the "
+                                        "source's call does not")
+                return
+        for sp, sc, key in sorted(src_edges, key=str):
+            for qc in images[sc]:
+                got = [p for p in plan_edges.get((qc, key), []) if Invocation(self.origin[p.path], p.indices) == sp]
+                want = g1.node[qc].rows
+                if not got or not _covers([g1.node[p].rows for p in got], want, g0.node[sp].batch_size):
+                    self.differ(g1.node[qc], f"{describe_invocation(qc, self.plan_items)} does not read "
+                                             f"{key[1]} of the source's {describe_invocation(sp, self.src_items)} "
+                                             f"({key[0]}){'' if not got else ' for all of its rows'}")
+                    return
+
+    def state(self, g0: InvocationGraph, g1: InvocationGraph, images: dict[Invocation, list[Invocation]]) -> None:
+        position = {inv: i for i, inv in enumerate(g1.order)}
+        for sp, sc, dep in sorted(g0.edges(), key=lambda e: (str(e[1]), str(e[0]))):
+            if dep.kind != "state":
+                continue
+            for qp in images[sp]:
+                for qc in images[sc]:
+                    a, b = g1.node[qp], g1.node[qc]
+                    if not _overlap(a.rows, b.rows):
+                        continue  # disjoint rows of per-row state
+                    if a.component != b.component:
+                        if dep.flow:
+                            self.differ(b, f"{describe_invocation(qc, self.plan_items)} would not see the value of "
+                                           f"'{dep.detail.split(':')[0]}' written by {describe_invocation(qp, self.plan_items)} "
+                                           f"(on '{a.component}', it runs on '{b.component}')")
+                            return
+                        continue  # an in-place order between copies that no longer share the object
+                    if position[qp] > position[qc]:
+                        self.differ(b, f"{describe_invocation(qc, self.plan_items)} runs before "
+                                       f"{describe_invocation(qp, self.plan_items)}, breaking the state dependency "
+                                       f"of the source ({dep.detail})")
+                        return
+
+
+def _plain(e) -> str:
+    """An expression with the group suffixes of its names dropped (`env@0.done` -> `env.done`)."""
+    import re
+
+    return re.sub(r"@[0-9]+", "", unparse(e)) if e is not None else ""
+
+
+def _first_rows(item: Item) -> tuple[int, int] | None:
+    for x in (item, *(getattr(item, "body", None) or ())):
+        if isinstance(x, ExecutionNode) and x.rows is not None:
+            return x.rows
+    return None
+
+
+def _partition(parts: list[Rows], size: int | None) -> bool:
+    if len(parts) == 1:
+        return parts[0] is None or (size is not None and parts[0] == (0, size))
+    if any(p is None for p in parts):
+        return False
+    ordered = sorted(parts)  # type: ignore[type-var]
+    lo = 0
+    for a, b in ordered:  # type: ignore[misc]
+        if a != lo:
+            return False
+        lo = b
+    return size is None or lo == size
+
+
+def plan_differences(source: Workflow, plan: Workflow) -> list[PlanDifference]:
+    """How `plan` fails to keep the dependencies of `source` ([] when it keeps them all)."""
+    return _Checker(source, plan).run()
+
+
+def check_plan_source(plan: Workflow, source_file: str | FilePath | None = None) -> None:
+    """If `plan` is a plan (it has `plan: source:`), load its source workflow -- `source_file` if given
+    (e.g. the workflow `rose execute FILE --plan PLAN` names), else the recorded path, relative to the
+    working directory or to the plan's own directory -- and raise WorkflowError, positioned in the plan,
+    unless the plan keeps every dependency of it."""
+    from .. import load_workflow
+
+    meta = plan.plan or {}
+    recorded = meta.get("source")
+    if source_file is None and not recorded:
+        return
+    here = FilePath(plan.file).parent
+    candidates = [FilePath(source_file)] if source_file is not None else [FilePath(recorded), here / str(recorded)]
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None:
+        raise WorkflowError([Diagnostic(SourcePos(plan.file, 1, 1), "plan.source",
+                                        f"the plan's source workflow '{recorded}' is not found (looked in "
+                                        f"{', '.join(str(c) for c in candidates)}): the plan cannot be checked",
+                                        "run it from the directory it was written in, or give the source: "
+                                        "rose execute SOURCE --plan PLAN")])
+    source = load_workflow(found, plan.params)
+    diffs = plan_differences(source, plan)
+    if diffs:
+        text = FilePath(plan.file).read_text() if FilePath(plan.file).is_file() else None
+        raise WorkflowError([Diagnostic(d.pos, d.path, f"the plan differs from its source {found}: {d.message}")
+                             for d in diffs[:MAX_SHOWN]], text)
