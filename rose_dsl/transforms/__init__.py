@@ -14,17 +14,22 @@ dependency or property that forbids it, any rewrite that would change what train
 from __future__ import annotations
 
 from ..ir import ExecutionNode, LoopNode, Workflow
+from .chain import forward_merge_slices, split_chain
 from .common import Refused, Rewritten, item_paths
 from .legality import check_well_formed
 from .reorder import expand, fuse_loops, interleave, rewire
 from .split import split_loop_body, split_node
 from .temporal import split_temporal
 
-__all__ = ["Refused", "Rewritten", "split_node", "split_loop_body", "split_temporal", "rewire", "fuse_loops", "interleave", "expand",
+__all__ = ["Refused", "Rewritten", "split_node", "split_loop_body", "split_chain", "forward_merge_slices", "split_temporal",
+           "rewire", "fuse_loops", "interleave", "expand",
            "apply_request", "compose", "REQUEST_HELP"]
 
 REQUEST_HELP = """rewrite requests (names are item names, or dotted paths (below) `iteration` when a name is ambiguous):
   split NAME K               split a batch-separable node, or every item of a loop body, into K row groups
+  split-chain A B ... K      split consecutive separable sibling nodes into the same K row groups: group g of B
+                             starts as soon as group g of A is done (a slice of a merge that is exactly one
+                             group's rows reads that group; every split does this)
   split-time LOOP K          split the iterations of a free loop into K groups (round robin) that may overlap
   interleave LOOP [STAGGER]  stagger the groups of a split loop body
   fuse LOOP_A LOOP_B         run iteration j of LOOP_B right after iteration j of LOOP_A
@@ -100,6 +105,8 @@ def _dispatch(wf: Workflow, request: str) -> Rewritten:
         if isinstance(item, LoopNode):
             return split_loop_body(wf, path, k)
         return split_node(wf, path, k)
+    if op == "split-chain" and len(args) >= 3:
+        return split_chain(wf, [resolve_name(wf, a) for a in args[:-1]], _int(args[-1], "K"))
     if op == "split-time" and len(args) == 2:
         return split_temporal(wf, resolve_name(wf, args[0]), _int(args[1], "K"))
     if op == "interleave" and len(args) in (1, 2):

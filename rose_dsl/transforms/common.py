@@ -13,7 +13,7 @@ from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from ..resolve import Binding, CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver
 
 __all__ = [
-    "Refused", "Rewritten", "Locate", "find", "replace_item", "replace_body", "rewrite_expr", "uses_by_id",
+    "Refused", "Rewritten", "Locate", "find", "replace_item", "replace_body", "map_tree", "map_workflow", "rewrite_expr", "uses_by_id",
     "map_item_exprs", "map_refs", "rename_ref", "RefUse", "binding_target", "bindings_of", "ref_dim", "batch_dim", "identity_locate", "item_paths",
 ]
 
@@ -92,6 +92,24 @@ def replace_item(wf: Workflow, path: Path, new: Item | Sequence[Item]) -> Workfl
         assert len(news) == 1 and isinstance(news[0], LoopNode)
         return replace(wf, root=news[0])
     return replace(wf, root=walk(wf.root))  # type: ignore[arg-type]
+
+
+def map_tree(item: Item, fn: Callable[[Item], Item]) -> Item:
+    """A copy of the item tree rebuilt bottom up (as fx's `Transformer`, ray.dag's `apply_recursive`):
+    each item's children (loop body, phases) are mapped first, then `fn` gets the item holding them.
+    Paths and expressions are the original ones until `fn` changes them, so bindings still resolve."""
+    if isinstance(item, LoopNode):
+        item = replace(item, body=tuple(map_tree(c, fn) for c in item.body))
+    elif isinstance(item, ExecutionNode) and item.phases:
+        item = replace(item, phases=tuple(map_tree(c, fn) for c in item.phases))
+    return fn(item)
+
+
+def map_workflow(wf: Workflow, fn: Callable[[Item], Item]) -> Workflow:
+    """`map_tree` over the whole iteration."""
+    root = map_tree(wf.root, fn)
+    assert isinstance(root, LoopNode)
+    return replace(wf, root=root)
 
 
 def replace_body(wf: Workflow, parent: Path, body: Sequence[Item]) -> Workflow:

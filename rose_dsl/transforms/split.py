@@ -17,6 +17,7 @@ from ..errors import SourcePos
 from ..expr import Call, Expr, Int, Ref, Slice
 from ..ir import Carry, ExecutionNode, Item, LoopNode, MergeNode, Workflow, iter_items
 from ..resolve import CarryIn, IterSelect, LoopIndex, NodePort, Resolver, expr_fields
+from .chain import forward_merge_slices
 from .common import (
     RefFn,
     RefUse,
@@ -33,7 +34,7 @@ from .common import (
     uses_by_id,
 )
 
-__all__ = ["row_groups", "split_node", "split_loop_body"]
+__all__ = ["row_groups", "split_node", "split_loop_body", "check_separable", "map_subtree", "map_field"]
 
 Path = tuple[str, ...]
 
@@ -57,7 +58,7 @@ def _batch_size(node: ExecutionNode, batch_size: int | None) -> int:
     return size
 
 
-def _check_separable(node: ExecutionNode) -> None:
+def check_separable(node: ExecutionNode) -> None:
     if node.batch is None:
         raise Refused(f"'{node.name}' ({node.call}) is not batch-separable: it has no 'batch:' declaration, so its "
                       "rows may depend on each other", at=node.pos)
@@ -158,7 +159,7 @@ def split_node(wf: Workflow, path: Path, k: int, batch_size: int | None = None, 
     if not isinstance(node, ExecutionNode):
         raise Refused(f"'{node.name}' is a loop: split its body (split_loop_body) or its iterations (temporal split)")
     if not force:
-        _check_separable(node)
+        check_separable(node)
     _check_no_dynamic_loop(node, f"the phases of '{node.name}'")
     groups = row_groups(_batch_size(node, batch_size), k, f"'{node.name}'", _batch_pos(node))
     resolver = Resolver(wf)
@@ -173,7 +174,7 @@ def split_node(wf: Workflow, path: Path, k: int, batch_size: int | None = None, 
         items.append(_with_rows(group, rows))
     items.append(MergeNode(path=path, sources=tuple(f"{node.name}@{g}" for g in range(k)),
                            ports=tuple((p, 0) for p in node.outputs)))
-    new = replace_item(wf, path, items)
+    new = forward_merge_slices(replace_item(wf, path, items))
 
     def locate(p: Path, idx: tuple[int, ...]):
         if p[: len(path)] == path and len(p) > len(path):
@@ -203,7 +204,7 @@ def _splittable_loop(wf: Workflow, path: Path, batch_size: int | None) -> tuple[
                 (isinstance(item, LoopNode) and (item.split_of or item.iterations is not None)):
             raise Refused(f"loop '{loop.name}' already contains split groups ('{item.name}')", at=item.pos)
         if isinstance(item, ExecutionNode):
-            _check_separable(item)
+            check_separable(item)
             if item.batch_size is not None:
                 sizes.add(item.batch_size)
     _check_no_dynamic_loop(replace(loop, until=None), f"loop '{loop.name}'")
@@ -298,7 +299,7 @@ def split_loop_body(wf: Workflow, path: Path, k: int, batch_size: int | None = N
     merged = _merged_carries(resolver, loop, k)
     collects = tuple((n, map_field(resolver, loop, f"collect.{n}", e, merged)) for n, e in loop.collects)
     new = replace_item(wf, path, replace(loop, body=tuple(body), carries=tuple(carries), collects=collects))
-    new = _rewrite_outside(new, wf, resolver, path, merged)
+    new = forward_merge_slices(_rewrite_outside(new, wf, resolver, path, merged))
     outputs = {item.name for item in loop.body if item.outputs}
 
     def locate(p: Path, idx: tuple[int, ...]):

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, example, given, note, settings
 from hypothesis import strategies as st
 
 from rose_dsl import load_workflow_text
-from rose_dsl.ir import LoopNode, MergeNode, Workflow
+from rose_dsl.ir import ExecutionNode, LoopNode, MergeNode, Workflow
 from rose_dsl.resolve import check_workflow
 from rose_dsl.serialize import to_yaml
 from rose_dsl.transforms import apply_request, compose
@@ -36,7 +36,7 @@ from ..strategies import workflows
 from .found import ACCEPTED, FORCED
 from .harness import differences, execute, orders
 
-OPS = ("rewire", "split_node", "split_loop", "interleave", "fuse", "split_time")
+OPS = ("rewire", "split_node", "split_loop", "interleave", "fuse", "split_time", "split_chain")
 Step = tuple[str, int, int, int] | str
 STEPS = st.tuples(st.sampled_from(OPS), st.integers(0, 999), st.integers(0, 999), st.integers(0, 999))
 
@@ -67,6 +67,10 @@ def request_for(wf: Workflow, step: Step) -> str | None:
     if op == "split_node":
         node = pick([i for i in items if not isinstance(i, LoopNode | MergeNode)], a)
         return None if node is None else f"split {_name(node.path)} {2 + b % 2}"
+    if op == "split_chain":  # a node and the next one or two nodes of its body
+        chains = [c for c in (_chain(wf, i, 2 + c % 2) for i in items if isinstance(i, ExecutionNode)) if c]
+        chain = pick(chains, a)
+        return None if chain is None else f"split-chain {' '.join(_name(n.path) for n in chain)} {2 + b % 2}"
     if op == "interleave":  # among loops whose body holds groups (else there is nothing to interleave)
         loops = [lp for lp in loops if any(getattr(i, "split_of", None) for i in lp.body)]
     if op == "fuse":  # among loops with a later sibling loop
@@ -81,6 +85,14 @@ def request_for(wf: Workflow, step: Step) -> str | None:
     if op == "split_time":
         return f"split-time {_name(loop.path)} {2 + b % 2}"
     return f"fuse {_name(loop.path)} {_name(pick(_later_loops(wf, loop), b).path)}"
+
+
+def _chain(wf: Workflow, node: ExecutionNode, n: int) -> list[ExecutionNode] | None:
+    parent = wf.find(node.path[:-1])
+    body = list(parent.body if isinstance(parent, LoopNode) else parent.phases or ())
+    at = [i.path for i in body].index(node.path)
+    run = body[at:at + n]
+    return run if len(run) == n and all(isinstance(i, ExecutionNode) for i in run) else None  # type: ignore[return-value]
 
 
 def _later_loops(wf: Workflow, loop: LoopNode) -> list[LoopNode]:
