@@ -52,11 +52,7 @@ def _wants_process_group(comp: Component, allowed: Sequence[str]) -> bool:
 
 
 def group_of(node: ExecutionNode) -> int | None:
-    name = node.path[-1]
-    for part in reversed(node.path):
-        if "@" in part:
-            return int(part.rsplit("@", 1)[1])
-    return int(name.rsplit("@", 1)[1]) if "@" in name else None
+    return node.group  # the split group the call runs in (its own or the enclosing one's), a plan's field
 
 
 def _loop_indices(step: Step, loops_of) -> tuple:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rose_dsl.analysis import _DepOps, _Deps
+from rose_dsl.analysis import DepOps, DepSet
 from rose_dsl.ir import Workflow
 from rose_dsl.semantics import CallSite, Frame, Invocation, Program, SemanticError, run_sequential
 
@@ -47,7 +47,7 @@ class _Caller:
 def schedule_dependencies(program: Program, sites: list[CallSite]) -> dict[Invocation, set[Invocation]]:
     """For each call: the calls it must wait for (its data producers and the previous call of its component)."""
     outputs: dict[Invocation, dict[str, Any]] = {}
-    frame = Frame(lambda inv, port: outputs[inv][port], _DepOps())
+    frame = Frame(lambda inv, port: outputs[inv][port], DepOps())
     deps: dict[Invocation, set[Invocation]] = defaultdict(set)
     last_of: dict[str, Invocation] = {}
     for site in sites:
@@ -58,7 +58,7 @@ def schedule_dependencies(program: Program, sites: list[CallSite]) -> dict[Invoc
         if prev is not None:
             deps[site.inv].add(prev)
         last_of[site.node.component] = site.inv
-        outputs[site.inv] = {p: _Deps({(site.inv, p)}) for p in site.node.outputs}
+        outputs[site.inv] = {p: DepSet({(site.inv, p)}) for p in site.node.outputs}
     return deps
 
 

@@ -23,7 +23,7 @@ from .resolve import Resolver, expr_fields
 from .semantics import CallSite, Invocation, Program, enclosing_loops, run_sequential
 
 __all__ = [
-    "Dep", "InvocationGraph", "invocation_graph", "representative", "REPRESENTATIVE", "LoopKind", "ItemEdge", "Analysis", "analyze", "loop_kinds",
+    "Dep", "DepSet", "DepOps", "InvocationGraph", "invocation_graph", "representative", "REPRESENTATIVE", "LoopKind", "ItemEdge", "Analysis", "analyze", "loop_kinds",
     "state_access_order",
 ]
 
@@ -87,6 +87,12 @@ class _DepOps:
 
     def truth(self, value):
         return True  # unreached: dynamic loops are made static first (`representative`)
+
+
+# Public names for the dependency interpretation of values, used by the reference interpreter to find
+# which calls a call must wait for.
+DepSet = _Deps
+DepOps = _DepOps
 
 
 class _DepTracker:

@@ -76,7 +76,9 @@ class Component:
     env: dict[str, str] = field(default_factory=dict)
     python_path: tuple[str, ...] = ()
     venv: str | None = None
-    replica_of: str | None = None  # plan-only: a copy made by a temporal split, same impl and args
+    # plan-only: this component is a copy of `copy_of` (same impl, args and state objects), made by a
+    # temporal split so that a group of iterations has its own state; not a data-parallel replica
+    copy_of: str | None = None
     pos: SourcePos = field(default=NOWHERE, compare=False)
 
     def state_object(self, name: str) -> StateObject | None:
@@ -99,6 +101,9 @@ class ExecutionNode:
     expand: bool = False  # plan-only: run `phases` instead of the entry
     rows: tuple[int, int] | None = None  # plan-only: this split group's global batch rows
     split_of: str | None = None  # plan-only: the name of the node this group was split from
+    # plan-only: the group (row group or iteration group) this item runs in: its own number when it is a
+    # group (`split_of` set), else the innermost enclosing group's; None outside groups
+    group: int | None = None
     # plan-only: the path this item had in the source workflow when a rewrite moved it elsewhere (a loop
     # fusion moves `update.sgd` into `epoch`); groups and their contents are traced through `split_of`
     moved_from: tuple[str, ...] | None = None
@@ -149,6 +154,7 @@ class LoopNode:
     collects: tuple[tuple[str, Expr], ...] = ()  # evaluated after the last iteration
     iterations: tuple[int, ...] | None = None  # plan-only: the iterations this temporal group runs
     split_of: str | None = None
+    group: int | None = None  # plan-only: as ExecutionNode.group
     moved_from: tuple[str, ...] | None = None  # plan-only: as ExecutionNode.moved_from
     after: tuple[str, ...] = ()
     priority: int = 0

@@ -16,7 +16,7 @@ bindings, never from strings.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Union
 
@@ -26,7 +26,7 @@ from .ir import Access, ExecutionNode, Item, LoopNode, MergeNode, Workflow
 
 __all__ = [
     "NodePort", "LoopIndex", "CarryIn", "ParentInput", "IterSelect", "Binding", "Use", "Scope", "Resolver",
-    "ResolveError", "check_workflow", "expr_fields",
+    "ResolveError", "check_workflow", "expr_fields", "binding_table",
 ]
 
 Path = tuple[str, ...]
@@ -126,6 +126,7 @@ class Resolver:
         self.items: dict[Path, Item] = {}
         self.scope_of: dict[Path, tuple[Scope, int]] = {}  # item -> (scope containing it, position)
         self.body_scope: dict[Path, Scope] = {}  # loop or phased node -> the scope of its body
+        self._tables: dict[tuple[Path, str, int], dict[int, Binding]] = {}  # see `bindings`
         root = Scope(wf.root, wf.root.body, None, 0)
         self.items[wf.root.path] = wf.root
         self.body_scope[wf.root.path] = root
@@ -257,6 +258,25 @@ class Resolver:
         self._walk(expr, body, float(len(body.items)), None, uses)
         return uses
 
+    # -- binding tables: the one place references are looked up from -------------------------------
+    def bindings(self, item: Item, field: str, expr: Expr) -> Mapping[int, Binding]:
+        """The binding of every reference in field `field` of `item` (whose value is `expr`), keyed by
+        `id` of the reference object, those inside iteration selections included. Cached: evaluators and
+        rewrites look every field up many times. Raises ResolveError for an unresolvable field."""
+        key = (item.path, field, id(expr))
+        table = self._tables.get(key)
+        if table is None:  # resolved where this workflow's item stands (a rewrite may pass a rebuilt copy)
+            table = self._tables[key] = binding_table(self.resolve_field(self.items.get(item.path, item), field, expr))
+        return table
+
+    def body_bindings(self, expr: Expr, loop: Path) -> Mapping[int, Binding]:
+        """`bindings` of `expr` read at the end of `loop`'s body (a temporal group's share of a selection)."""
+        key = (loop, "<body>", id(expr))
+        table = self._tables.get(key)
+        if table is None:
+            table = self._tables[key] = binding_table(self.resolve_in_body(expr, loop))
+        return table
+
     def _find_loop(self, e: IterRef, scope: Scope, pos: float, self_loop: LoopNode | None) -> LoopNode | tuple[LoopNode, ...]:
         if self_loop is not None and self_loop.name == e.loop:
             return self_loop
@@ -359,9 +379,7 @@ def check_workflow(wf: Workflow) -> list[Diagnostic]:
                     diags.append(Diagnostic(fpos(item, key, exc.offset), where(item, key),
                                             f"in '{_text(expr)}': {exc.message}", exc.hint))
                 continue
-            bound: dict[int, Binding] = {}
-            for u in _all_uses(uses):
-                bound[id(u.expr)] = u.binding
+            bound = binding_table(uses)
             for x in walk(expr):
                 for off, msg, hint in _type_errors(x, bound, "top" if x is expr and not key.startswith("collect") else ""):
                     diags.append(Diagnostic(fpos(item, key, off), where(item, key), f"in '{_text(expr)}': {msg}", hint))
@@ -405,6 +423,11 @@ def _check_idempotent(r: Resolver) -> list[Diagnostic]:
                                             "a retry would apply the update twice",
                                             "only calls that read or refresh state may be retried"))
     return diags
+
+
+def binding_table(uses: list[Use] | tuple[Use, ...]) -> dict[int, Binding]:
+    """id(reference) -> binding, over every use and the inner uses of iteration selections."""
+    return {id(u.expr): u.binding for u in _all_uses(uses)}
 
 
 def _all_uses(uses: list[Use] | tuple[Use, ...]) -> Iterator[Use]:

@@ -93,25 +93,10 @@ class Program:
         self.resolver = Resolver(wf)
         self.items = self.resolver.items
         self.loops_of = {p: enclosing_loops(p, self.items) for p in self.items}
-        self._bindings: dict[tuple[Path, str], dict[int, Binding]] = {}
-        self._family_tables: dict[tuple[int, Path], dict[int, Binding]] = {}
 
     # -- bindings ---------------------------------------------------------------------------
-    def bound(self, item: Item, key: str, expr: Expr) -> dict[int, Binding]:
-        cache_key = (item.path, key)
-        table = self._bindings.get(cache_key)
-        if table is None:
-            table = {}
-
-            def add(uses):
-                for u in uses:
-                    table[id(u.expr)] = u.binding
-                    if isinstance(u.binding, IterSelect):
-                        add(u.binding.inner)
-
-            add(self.resolver.resolve_field(item, key, expr))
-            self._bindings[cache_key] = table
-        return table
+    def bound(self, item: Item, key: str, expr: Expr) -> Mapping[int, Binding]:
+        return self.resolver.bindings(item, key, expr)
 
     def indices_of(self, path: Path, ctx: Ctx) -> tuple[int, ...]:
         return tuple(ctx[loop] for loop in self.loops_of[path])
@@ -259,19 +244,7 @@ class Program:
             if j not in owner:
                 raise SemanticError(f"iteration {j} of loop '{expr.loop}' did not run")
             member = owner[j]
-            key = (id(expr), member)
-            table = self._family_tables.get(key)
-            if table is None:
-                table = {}
-
-                def add(uses, table=table):
-                    for u in uses:
-                        table[id(u.expr)] = u.binding
-                        if isinstance(u.binding, IterSelect):
-                            add(u.binding.inner)
-
-                add(self.resolver.resolve_in_body(expr.inner, member))
-                self._family_tables[key] = table
+            table = self.resolver.body_bindings(expr.inner, member)
             results.append(self.evaluate(expr.inner, table, {**ctx, member: j}, frame))
         return results if ix.kind == "all" else results[0]
 

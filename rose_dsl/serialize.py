@@ -39,8 +39,8 @@ def _component(c: Component) -> dict[str, Any]:
         out["python_path"] = list(c.python_path)
     if c.venv:
         out["venv"] = c.venv
-    if c.replica_of:
-        out["replica_of"] = c.replica_of
+    if c.copy_of:
+        out["copy_of"] = c.copy_of
     return out
 
 
@@ -70,6 +70,7 @@ def _item(item: Item) -> dict[str, Any]:
             out["rows"] = list(item.rows)
         if item.split_of:
             out["split_of"] = item.split_of
+            out["group"] = item.group  # written on groups only: the items inside inherit it
         if item.moved_from:
             out["moved_from"] = ".".join(item.moved_from[1:])
         if item.idempotent:
@@ -92,6 +93,7 @@ def _item(item: Item) -> dict[str, Any]:
             out["iterations"] = list(item.iterations)
         if item.split_of:
             out["split_of"] = item.split_of
+            out["group"] = item.group
         if item.moved_from:
             out["moved_from"] = ".".join(item.moved_from[1:])
         _plan_fields(item, out)

@@ -20,9 +20,10 @@ from dataclasses import replace
 from ..expr import BinOp, Call, Expr, Int, IterRef, Neg, Record, Ref, Slice
 from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from ..resolve import Binding, NodePort, Resolver
-from .common import Refused, Rewritten, find, map_item_exprs, map_workflow, uses_by_id
+from .rewritten import Refused, Rewritten, compose
+from .tree import children, find, map_item_exprs, map_workflow
 
-__all__ = ["forward_merge_slices", "split_chain"]
+__all__ = ["forward_merge_slices", "build_split_chain"]
 
 Path = tuple[str, ...]
 Rows = tuple[int, int]
@@ -110,22 +111,22 @@ def forward_merge_slices(wf: Workflow) -> Workflow:
         return wf
 
     def fn(item: Item) -> Item:
-        return map_item_exprs(item, lambda key, e: _forward(e, uses_by_id(resolver, item, key, e), groups, dims))
+        return map_item_exprs(item, lambda key, e: _forward(e, resolver.bindings(item, key, e), groups, dims))
 
     return map_workflow(wf, fn)
 
 
-def split_chain(wf: Workflow, paths: Sequence[Path], k: int) -> Rewritten:
+def build_split_chain(wf: Workflow, paths: Sequence[Path], k: int) -> Rewritten:
     """Split consecutive batch-separable siblings into the same k row groups, as one region: group g of
     each reads group g of the one before (through `forward_merge_slices`), so the groups pipeline."""
-    from .split import check_separable, split_node
+    from .split import build_split_node, check_separable
 
     if len(paths) < 2:
         raise Refused("a chain needs at least two nodes")
     parent = paths[0][:-1]
     if any(p[:-1] != parent for p in paths):
         raise Refused("the nodes of a chain must be siblings (in one body)")
-    body = [i.name for i in _body(wf, parent)]
+    body = [i.name for i in children(find(wf, parent))]
     order = [body.index(p[-1]) if p[-1] in body else -1 for p in paths]
     if order != sorted(order) or len(set(order)) != len(order):
         raise Refused(f"the chain must name its nodes in program order ({', '.join(n for n in body if n in {p[-1] for p in paths})})")
@@ -140,24 +141,8 @@ def split_chain(wf: Workflow, paths: Sequence[Path], k: int) -> Rewritten:
         raise Refused(f"the nodes of a chain must have one batch size to share row groups ({sizes})")
     result = None
     for p in paths:
-        step = split_node(result.workflow if result is not None else wf, p, k)
-        result = step if result is None else _compose(result, step)
+        step = build_split_node(result.workflow if result is not None else wf, p, k)
+        result = step if result is None else compose(result, step)
     assert result is not None
     names = ", ".join(p[-1] for p in paths)
     return Rewritten(result.workflow, result.locate, f"split the chain {names} into {k} row groups each")
-
-
-def _body(wf: Workflow, parent: Path) -> tuple[Item, ...]:
-    owner = find(wf, parent)
-    if isinstance(owner, LoopNode):
-        return owner.body
-    assert isinstance(owner, ExecutionNode)
-    return owner.phases or ()
-
-
-def _compose(first: Rewritten, second: Rewritten) -> Rewritten:
-    def locate(path, idx):
-        loc = first.locate(path, idx)
-        return None if loc is None else second.locate(*loc)
-
-    return Rewritten(second.workflow, locate, f"{first.description}; {second.description}")

@@ -23,7 +23,7 @@ from ..errors import SourcePos
 from ..ir import ExecutionNode, Item, Workflow
 from ..resolve import check_workflow
 from ..semantics import Invocation, enclosing_loops
-from .common import Locate, Refused
+from .rewritten import Locate, Refused
 
 __all__ = ["check_well_formed", "check_order_preserved", "describe_invocation", "dependency_pos"]
 

@@ -29,12 +29,15 @@ from pathlib import Path as FilePath
 
 from ..analysis import Dep, InvocationGraph, invocation_graph
 from ..errors import Diagnostic, SourcePos, WorkflowError
-from ..expr import unparse
+from ..expr import Expr, unparse
 from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
+from ..resolve import Resolver
 from ..semantics import Invocation
 from .legality import describe_invocation
+from .refs import RefUse, binding_target, map_field, rename_ref
+from .tree import source_paths
 
-__all__ = ["PlanDifference", "plan_differences", "source_paths", "check_plan_source"]
+__all__ = ["PlanDifference", "plan_differences", "check_plan_source"]
 
 Path = tuple[str, ...]
 Rows = tuple[int, int] | None
@@ -46,28 +49,6 @@ class PlanDifference:
     pos: SourcePos
     path: str  # the plan item, dotted
     message: str
-
-
-def _base(item: Item) -> str:
-    split_of = getattr(item, "split_of", None)
-    return split_of if split_of else item.name
-
-
-def source_paths(wf: Workflow) -> dict[Path, Path]:
-    """Every item's path in the workflow it was rewritten from: groups are their `split_of`, moved items
-    their `moved_from`. An unrewritten workflow maps every path to itself."""
-    out: dict[Path, Path] = {wf.root.path: wf.root.path}
-
-    def walk(item: Item, src: Path) -> None:
-        children = item.body if isinstance(item, LoopNode) else item.phases if isinstance(item, ExecutionNode) else None
-        for child in children or ():
-            moved = getattr(child, "moved_from", None)
-            mine = moved if moved else src + (_base(child),)
-            out[child.path] = mine
-            walk(child, mine)
-
-    walk(wf.root, wf.root.path)
-    return out
 
 
 def _rows(node: ExecutionNode) -> Rows:
@@ -102,6 +83,7 @@ class _Checker:
         self.plan_items = {i.path: i for i in plan.items()}
         self.origin = source_paths(plan)
         self.out: list[PlanDifference] = []
+        self._resolver: Resolver | None = None
 
     def differ(self, item: Item | None, message: str) -> None:
         pos = item.pos if item is not None else SourcePos(self.plan.file, 0, 0)
@@ -123,7 +105,7 @@ class _Checker:
     # -- items ------------------------------------------------------------------------------------
     def component_of(self, name: str) -> str:
         comp = self.plan.components.get(name)
-        return comp.replica_of if comp is not None and comp.replica_of else name
+        return comp.copy_of if comp is not None and comp.copy_of else name
 
     def items(self) -> None:
         for name, comp in self.plan.components.items():
@@ -166,11 +148,28 @@ class _Checker:
             self.differ(item, f"is a row group of '{src.name}', which is not declared batch-separable (dim 0)")
 
     def loop(self, item: LoopNode, src: LoopNode) -> None:
-        if item.dynamic != src.dynamic or (item.dynamic and _plain(item.until) != _plain(src.until)):
+        if item.dynamic != src.dynamic or (item.dynamic and self.as_source(item) != _text(src.until)):
             self.differ(item, f"ends {'on ' + unparse(item.until) if item.until else 'after a count'} where the "
                               f"source's '{src.name}' ends {'on ' + unparse(src.until) if src.until else 'after a count'}")
         if item.dynamic and item.count != src.count:
             self.differ(item, f"runs at most {item.count} iterations where the source's '{src.name}' runs {src.count}")
+
+    def as_source(self, loop: LoopNode) -> str:
+        """A plan loop's end condition written with the source's names (each reference renamed to the
+        item it stands for), to compare with the source loop's."""
+        assert loop.until is not None
+        resolver = self.resolver()
+
+        def fn(use: RefUse) -> Expr:
+            target = binding_target(use.binding)
+            return rename_ref(use, {target: self.origin[target][-1]}) if target in self.origin else use.expr
+
+        return unparse(map_field(resolver, loop, "until", loop.until, fn))
+
+    def resolver(self) -> Resolver:
+        if self._resolver is None:
+            self._resolver = Resolver(self.plan)
+        return self._resolver
 
     def merge(self, item: MergeNode) -> None:
         parent = item.path[:-1]
@@ -253,11 +252,8 @@ class _Checker:
                         return
 
 
-def _plain(e) -> str:
-    """An expression with the group suffixes of its names dropped (`env@0.done` -> `env.done`)."""
-    import re
-
-    return re.sub(r"@[0-9]+", "", unparse(e)) if e is not None else ""
+def _text(e: Expr | None) -> str:
+    return unparse(e) if e is not None else ""
 
 
 def _first_rows(item: Item) -> tuple[int, int] | None:

@@ -1,12 +1,17 @@
 """Spatial split and Merge (paper §4.3.1, Figure 9a).
 
-`split_node` turns a batch-separable ExecutionNode into k groups over contiguous row ranges (`act@0`
-with `rows: [0, 4]`, ...), followed by a MergeNode named like the original (`merge: act`), so every
-consumer keeps reading `act.port` and sees the same values. `split_loop_body` does the same for every
-item of a loop body at once -- the simulator-group pipelining of RLinf, derived: each group gets its
-own carried values (`step.obs@0`), its own calls over its rows, and merges at the end of each
-iteration for the unsplit consumers (the collects, later nodes). Each group keeps its iteration order;
-groups touch disjoint rows of any per-row state (the component contract's `rows=`).
+`build_split_node` turns a batch-separable ExecutionNode into k groups over contiguous row ranges
+(`act@0` with `rows: [0, 4]`, `group: 0`, ...), followed by a MergeNode named like the original (`merge:
+act`), so every consumer keeps reading `act.port` and sees the same values. `build_split_loop_body` does
+the same for every item of a loop body at once -- the simulator-group pipelining of RLinf, derived: each
+group gets its own carried values (`step.obs@0`), its own calls over its rows, and merges at the end of
+each iteration for the unsplit consumers (the collects, later nodes). Each group keeps its iteration
+order; groups touch disjoint rows of any per-row state (the component contract's `rows=`).
+
+What makes a split legal is checked while building it (the pass runner, `passes.py`, adds the checks of
+the result): every split node is batch-separable along dim 0, every value a group reads from outside
+has its batch on dim 0 (so the group can take its rows), and no loop that ends on a condition is
+copied into groups (each copy would stop on its own rows' condition, not on all rows').
 """
 
 from __future__ import annotations
@@ -14,32 +19,32 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..errors import SourcePos
-from ..expr import Call, Expr, Int, Ref, Slice
+from ..expr import Call, Expr, Int, Ref, Slice, unparse
 from ..ir import Carry, ExecutionNode, Item, LoopNode, MergeNode, Workflow, iter_items
-from ..resolve import CarryIn, IterSelect, LoopIndex, NodePort, Resolver, expr_fields
+from ..resolve import CarryIn, IterSelect, LoopIndex, NodePort, Resolver
 from .chain import forward_merge_slices
-from .common import (
+from .refs import (
     RefFn,
     RefUse,
-    Refused,
-    Rewritten,
     batch_dim,
     binding_target,
-    find,
-    map_item_exprs,
-    map_refs,
+    map_field,
+    map_outside,
+    map_subtree,
+    port_dim,
     ref_dim,
     rename_ref,
-    replace_item,
-    uses_by_id,
 )
+from .rewritten import Refused, Rewritten
+from .tree import find, into_group, repath, replace_item
 
-__all__ = ["row_groups", "split_node", "split_loop_body", "check_separable", "map_subtree", "map_field"]
+__all__ = ["row_groups", "check_separable", "build_split_node", "build_split_loop_body"]
 
 Path = tuple[str, ...]
+Rows = tuple[int, int]
 
 
-def row_groups(size: int, k: int, what: str, at: SourcePos | None = None) -> list[tuple[int, int]]:
+def row_groups(size: int, k: int, what: str, at: SourcePos | None = None) -> list[Rows]:
     if k < 2:
         raise Refused(f"splitting {what} into {k} group(s) does nothing: k must be at least 2")
     if size < k:
@@ -50,26 +55,26 @@ def row_groups(size: int, k: int, what: str, at: SourcePos | None = None) -> lis
     return [(g * step, (g + 1) * step) for g in range(k)]
 
 
-def _batch_size(node: ExecutionNode, batch_size: int | None) -> int:
-    size = node.batch_size if node.batch_size is not None else batch_size
-    if size is None:
-        raise Refused(f"the batch size of '{node.name}' is unknown: declare it (batch: {{dim: 0, size: ...}}) or pass it",
-                      at=_batch_pos(node))
-    return size
-
-
 def check_separable(node: ExecutionNode) -> None:
     if node.batch is None:
         raise Refused(f"'{node.name}' ({node.call}) is not batch-separable: it has no 'batch:' declaration, so its "
                       "rows may depend on each other", at=node.pos)
     if node.batch != 0:
         raise Refused(f"'{node.name}' is separable along dim {node.batch}; rose splits dim 0 only", at=_batch_pos(node))
-    if node.rows is not None or node.split_of is not None:
-        raise Refused(f"'{node.name}' is already a split group", at=node.pos)
+    if node.split_of is not None or node.rows is not None:
+        raise Refused(f"'{node.name}' is already a split group (or inside one: it works on rows {node.rows})", at=node.pos)
 
 
 def _batch_pos(node: ExecutionNode) -> SourcePos:
     return node.field_pos.get("batch") or node.pos
+
+
+def _batch_size(node: ExecutionNode, batch_size: int | None) -> int:
+    size = node.batch_size if node.batch_size is not None else batch_size
+    if size is None:
+        raise Refused(f"the batch size of '{node.name}' is unknown: declare it (batch: {{dim: 0, size: ...}}) or pass it",
+                      at=_batch_pos(node))
+    return size
 
 
 def _check_no_dynamic_loop(item: Item, region: str) -> None:
@@ -82,78 +87,27 @@ def _check_no_dynamic_loop(item: Item, region: str) -> None:
                           at=inner.field_pos.get("until") or inner.pos)
 
 
-def _slice_input(resolver: Resolver, item: Item, key: str, expr: Expr, rows: tuple[int, int], what: str) -> Expr:
-    bound = uses_by_id(resolver, item, key, expr)
-    dim = batch_dim(resolver, expr, bound)
+def _slice_input(resolver: Resolver, item: Item, key: str, expr: Expr, rows: Rows, what: str) -> Expr:
+    """A value read by a group (a node's input, a carry's first value): the group's rows of it."""
+    dim = batch_dim(resolver, expr, resolver.bindings(item, key, expr))
+    at = item.field_pos.get(key) or item.pos
     if dim is None:
         return expr  # an integer: the same for every group
     if dim == "unknown":
-        raise Refused(f"input {key} of {what} ('{_text(expr)}') comes from a value whose rows rose cannot tell "
-                      "(its producer is not batch-separable)", at=item.field_pos.get(key) or item.pos)
+        raise Refused(f"input {key} of {what} ('{unparse(expr)}') comes from a value whose rows rose cannot tell "
+                      "(its producer is not batch-separable)", at=at)
     if dim != 0:
-        raise Refused(f"input {key} of {what} ('{_text(expr)}') has its batch on dim {dim}; rose slices dim 0 only",
-                      at=item.field_pos.get(key) or item.pos)
+        raise Refused(f"input {key} of {what} ('{unparse(expr)}') has its batch on dim {dim}; rose slices dim 0 only", at=at)
     return _rows_of(expr, rows)
 
 
-def _rows_of(expr: Expr, rows: tuple[int, int]) -> Expr:
+def _rows_of(expr: Expr, rows: Rows) -> Expr:
     return Slice(expr.offset, expr, Int(0, rows[0]), Int(0, rows[1]))
 
 
-def _text(e: Expr) -> str:
-    from ..expr import unparse
+# -- one node -----------------------------------------------------------------------------------------
 
-    return unparse(e)
-
-
-def _with_rows(item: Item, rows: tuple[int, int]) -> Item:
-    """Every call in a group's subtree works on the group's rows."""
-    if isinstance(item, ExecutionNode):
-        phases = tuple(_with_rows(p, rows) for p in item.phases) if item.phases else item.phases
-        return replace(item, rows=rows, phases=phases)
-    if isinstance(item, LoopNode):
-        return replace(item, body=tuple(_with_rows(c, rows) for c in item.body))
-    return item
-
-
-def _repath(item: Item, old: Path, new: Path) -> Item:
-    """Move a subtree from prefix `old` to prefix `new` (paths are identities)."""
-    path = new + item.path[len(old):]
-    if isinstance(item, ExecutionNode):
-        phases = tuple(_repath(p, old, new) for p in item.phases) if item.phases else item.phases
-        return replace(item, path=path, phases=phases, src=())
-    if isinstance(item, LoopNode):
-        return replace(item, path=path, body=tuple(_repath(c, old, new) for c in item.body), src=())
-    return replace(item, path=path, src=())
-
-
-def map_field(resolver: Resolver, item: Item, key: str, expr: Expr, fn: RefFn) -> Expr:
-    """One expression field of `item` with each reference passed through `fn`; a refusal raised by `fn`
-    is placed at the field."""
-    try:
-        return map_refs(expr, uses_by_id(resolver, item, key, expr), fn)
-    except Refused as exc:
-        if exc.at is not None or exc.internal:
-            raise
-        raise Refused(exc.reason, at=item.field_pos.get(key) or item.pos) from None
-
-
-def map_subtree(resolver: Resolver, item: Item, fn: RefFn) -> Item:
-    """`item` and every item below it with each reference passed through `fn` (bindings are those of the
-    workflow `resolver` was built on, which holds `item`)."""
-    out = map_item_exprs(item, lambda key, e: map_field(resolver, item, key, e, fn))
-    if isinstance(out, LoopNode):
-        return replace(out, body=tuple(map_subtree(resolver, c, fn) for c in out.body))
-    if isinstance(out, ExecutionNode) and out.phases:
-        return replace(out, phases=tuple(map_subtree(resolver, c, fn) for c in out.phases))
-    return out
-
-
-def _under(path: Path, prefix: Path) -> bool:
-    return path[: len(prefix)] == prefix
-
-
-def split_node(wf: Workflow, path: Path, k: int, batch_size: int | None = None, *, force: bool = False) -> Rewritten:
+def build_split_node(wf: Workflow, path: Path, k: int, batch_size: int | None = None, *, force: bool = False) -> Rewritten:
     """`force` skips the separability check (only to show, in tests, what the check prevents)."""
     node = find(wf, path)
     if not isinstance(node, ExecutionNode):
@@ -163,15 +117,14 @@ def split_node(wf: Workflow, path: Path, k: int, batch_size: int | None = None, 
     _check_no_dynamic_loop(node, f"the phases of '{node.name}'")
     groups = row_groups(_batch_size(node, batch_size), k, f"'{node.name}'", _batch_pos(node))
     resolver = Resolver(wf)
-    parent = path[:-1]
     items: list[Item] = []
     for g, rows in enumerate(groups):
         name = f"{node.name}@{g}"
         # the phases read the node's inputs as `node.port`: a group's phases read `node@g.port`
         group = map_subtree(resolver, node, lambda u, name=name: rename_ref(u, {path: name}))
         inputs = tuple((p, _slice_input(resolver, node, f"in.{p}", e, rows, f"'{node.name}'")) for p, e in node.inputs)
-        group = _repath(replace(group, inputs=inputs, split_of=node.name), path, parent + (name,))
-        items.append(_with_rows(group, rows))
+        group = replace(group, inputs=inputs, split_of=node.name)
+        items.append(into_group(repath(group, path, path[:-1] + (name,)), g, rows))
     items.append(MergeNode(path=path, sources=tuple(f"{node.name}@{g}" for g in range(k)),
                            ports=tuple((p, 0) for p in node.outputs)))
     new = forward_merge_slices(replace_item(wf, path, items))
@@ -184,7 +137,38 @@ def split_node(wf: Workflow, path: Path, k: int, batch_size: int | None = None, 
     return Rewritten(new, locate, f"split {'.'.join(path)} into {k} groups of rows {groups}")
 
 
-# -- the body of a loop ---------------------------------------------------------------------------
+# -- the body of a loop -------------------------------------------------------------------------------
+
+def build_split_loop_body(wf: Workflow, path: Path, k: int, batch_size: int | None = None) -> Rewritten:
+    """Every item of a loop body split into k row groups (each with its own carried values), merged at
+    the end of each iteration for the readers outside the groups."""
+    loop, size = _splittable_loop(wf, path, batch_size)
+    groups = row_groups(size, k, f"loop '{loop.name}'", loop.pos)
+    resolver = Resolver(wf)
+    _check_carries(resolver, loop)
+    body: list[Item] = []
+    carries: list[Carry] = []
+    for g, rows in enumerate(groups):
+        refs = _group_refs(resolver, loop, g, rows)
+        body += [_group_item(resolver, loop, item, g, rows, refs) for item in loop.body]
+        carries += [_group_carry(resolver, loop, c, g, rows, refs) for c in loop.carries]
+    body += [MergeNode(path=item.path, sources=tuple(f"{item.name}@{g}" for g in range(k)),
+                       ports=tuple((p, _output_dim(resolver, item, p)) for p in item.outputs))
+             for item in loop.body if item.outputs]
+    merged = _merged_carries(loop, k)
+    collects = tuple((n, map_field(resolver, loop, f"collect.{n}", e, merged)) for n, e in loop.collects)
+    new = replace_item(wf, path, replace(loop, body=tuple(body), carries=tuple(carries), collects=collects))
+    new = forward_merge_slices(map_outside(new, resolver, path, merged))
+    outputs = {item.name for item in loop.body if item.outputs}
+
+    def locate(p: Path, idx: tuple[int, ...]):
+        if p[: len(path)] == path and len(p) > len(path):
+            if len(p) > len(path) + 1 or p[len(path)] not in outputs:
+                return None  # nested items, and items with no outputs, exist once per group
+        return p, idx
+
+    return Rewritten(new, locate, f"split the body of loop {'.'.join(path)} into {k} groups of rows {groups}")
+
 
 def _splittable_loop(wf: Workflow, path: Path, batch_size: int | None) -> tuple[LoopNode, int]:
     """The loop at `path` and its batch size, or a refusal saying why its body cannot be split."""
@@ -194,14 +178,13 @@ def _splittable_loop(wf: Workflow, path: Path, batch_size: int | None) -> tuple[
     if loop.dynamic:
         raise Refused(f"loop '{loop.name}' ends on a condition (until): split into row groups, each group would stop "
                       "on its own rows' condition instead of when all rows are done", at=loop.field_pos.get("until"))
-    if "@" in loop.name:
+    if loop.split_of is not None:
         raise Refused(f"loop '{loop.name}' is already a split group", at=loop.pos)
     sizes = set()
     for item in iter_items(loop):
         if item is loop:
             continue
-        if isinstance(item, MergeNode) or (isinstance(item, ExecutionNode) and (item.rows or item.split_of)) or \
-                (isinstance(item, LoopNode) and (item.split_of or item.iterations is not None)):
+        if isinstance(item, MergeNode) or item.split_of is not None:
             raise Refused(f"loop '{loop.name}' already contains split groups ('{item.name}')", at=item.pos)
         if isinstance(item, ExecutionNode):
             check_separable(item)
@@ -218,8 +201,8 @@ def _splittable_loop(wf: Workflow, path: Path, batch_size: int | None) -> tuple[
 
 def _check_carries(resolver: Resolver, loop: LoopNode) -> None:
     for c in loop.carries:
-        dims = {batch_dim(resolver, c.init, uses_by_id(resolver, loop, f"carry.{c.name}.init", c.init)),
-                batch_dim(resolver, c.next, uses_by_id(resolver, loop, f"carry.{c.name}.next", c.next))}
+        dims = {batch_dim(resolver, c.init, resolver.bindings(loop, f"carry.{c.name}.init", c.init)),
+                batch_dim(resolver, c.next, resolver.bindings(loop, f"carry.{c.name}.next", c.next))}
         if len(dims) > 1:
             raise Refused(f"carried value '{c.name}' of loop '{loop.name}' does not keep its batch dimension "
                           f"(init and next give {sorted(map(str, dims))}): its groups could not be merged", at=c.pos)
@@ -229,7 +212,24 @@ def _check_carries(resolver: Resolver, loop: LoopNode) -> None:
                           at=c.pos)
 
 
-def _group_refs(resolver: Resolver, loop: LoopNode, g: int, rows: tuple[int, int]) -> RefFn:
+def _group_item(resolver: Resolver, loop: LoopNode, item: Item, g: int, rows: Rows, refs: RefFn) -> Item:
+    """Group g's copy of one item of the body: its own name, references and rows."""
+    copy = replace(map_subtree(resolver, item, refs), split_of=item.name, after=tuple(f"{a}@{g}" for a in item.after))
+    return into_group(repath(copy, item.path, loop.path + (f"{item.name}@{g}",)), g, rows)
+
+
+def _group_carry(resolver: Resolver, loop: LoopNode, c: Carry, g: int, rows: Rows, refs: RefFn) -> Carry:
+    """Group g's own carried value: its rows of the first value, its copy of the next."""
+    init = _slice_input(resolver, loop, f"carry.{c.name}.init", c.init, rows, f"loop '{loop.name}'")
+    nxt = map_field(resolver, loop, f"carry.{c.name}.next", c.next, refs)
+    return replace(c, name=f"{c.name}@{g}", init=init, next=nxt)
+
+
+def _under(path: Path, prefix: Path) -> bool:
+    return path[: len(prefix)] == prefix
+
+
+def _group_refs(resolver: Resolver, loop: LoopNode, g: int, rows: Rows) -> RefFn:
     """How group g's copy of the body reads: the body's items and the loop's carried values are the
     group's own (`act@g`, `step.obs@g`); a value from outside the loop is read as the group's rows."""
     names = {item.path: f"{item.name}@{g}" for item in loop.body}
@@ -248,22 +248,22 @@ def _group_refs(resolver: Resolver, loop: LoopNode, g: int, rows: tuple[int, int
             why = ("no known batch dimension" if dim == "unknown" else f"its batch on dim {dim}" if dim != 0
                    else "its rows selected inside an iteration reference" if use.within is not None
                    else "its rows combined by stack, cat or a slice")
-            raise Refused(f"'{_text(use.original)}' read inside loop '{loop.name}' has {why}; rose cannot give each "
+            raise Refused(f"'{unparse(use.original)}' read inside loop '{loop.name}' has {why}; rose cannot give each "
                           "group its rows")
         return _rows_of(new, rows)
 
     return fn
 
 
-def _merged_carries(resolver: Resolver, loop: LoopNode, k: int) -> RefFn:
+def _merged_carries(loop: LoopNode, k: int) -> RefFn:
     """How the split loop is read from outside its groups (its collects, later items): a carried value is
     the concatenation of its groups' values; the body's items are their merges."""
     carried = {c.name for c in loop.carries}
 
     def fn(use: RefUse) -> Expr | None:
         b = use.binding
-        if isinstance(b, IterSelect) and b.loop[: len(loop.path)] == loop.path and len(b.loop) > len(loop.path):
-            raise Refused(f"'{_text(use.original)}' selects iterations of loop '{b.loop[-1]}' inside loop "
+        if isinstance(b, IterSelect) and _under(b.loop, loop.path) and len(b.loop) > len(loop.path):
+            raise Refused(f"'{unparse(use.original)}' selects iterations of loop '{b.loop[-1]}' inside loop "
                           f"'{loop.name}' from outside it: split into row groups, those iterations run once per group")
         var = b.var if isinstance(b, CarryIn) and b.loop == loop.path else \
             b.port if isinstance(b, NodePort) and b.node == loop.path else None
@@ -274,76 +274,14 @@ def _merged_carries(resolver: Resolver, loop: LoopNode, k: int) -> RefFn:
     return fn
 
 
-def split_loop_body(wf: Workflow, path: Path, k: int, batch_size: int | None = None) -> Rewritten:
-    """Split every item of a loop body into k row groups (each with its own carried values), merged at
-    the end of each iteration for the readers outside the groups."""
-    loop, size = _splittable_loop(wf, path, batch_size)
-    groups = row_groups(size, k, f"loop '{loop.name}'", loop.pos)
-    resolver = Resolver(wf)
-    _check_carries(resolver, loop)
-    body: list[Item] = []
-    carries: list[Carry] = []
-    for g, rows in enumerate(groups):
-        refs = _group_refs(resolver, loop, g, rows)
-        for item in loop.body:
-            group = replace(map_subtree(resolver, item, refs), split_of=item.name, after=tuple(f"{a}@{g}" for a in item.after))
-            body.append(_with_rows(_repath(group, item.path, path + (f"{item.name}@{g}",)), rows))
-        for c in loop.carries:
-            init = _slice_input(resolver, loop, f"carry.{c.name}.init", c.init, rows, f"loop '{loop.name}'")
-            nxt = map_field(resolver, loop, f"carry.{c.name}.next", c.next, refs)
-            carries.append(replace(c, name=f"{c.name}@{g}", init=init, next=nxt))
-    for item in loop.body:
-        if item.outputs:
-            dims = tuple((p, _output_dim(resolver, item, p)) for p in item.outputs)
-            body.append(MergeNode(path=item.path, sources=tuple(f"{item.name}@{g}" for g in range(k)), ports=dims))
-    merged = _merged_carries(resolver, loop, k)
-    collects = tuple((n, map_field(resolver, loop, f"collect.{n}", e, merged)) for n, e in loop.collects)
-    new = replace_item(wf, path, replace(loop, body=tuple(body), carries=tuple(carries), collects=collects))
-    new = forward_merge_slices(_rewrite_outside(new, wf, resolver, path, merged))
-    outputs = {item.name for item in loop.body if item.outputs}
-
-    def locate(p: Path, idx: tuple[int, ...]):
-        if p[: len(path)] == path and len(p) > len(path):
-            if len(p) > len(path) + 1 or p[len(path)] not in outputs:
-                return None  # nested items, and items with no outputs, exist once per group
-        return p, idx
-
-    return Rewritten(new, locate, f"split the body of loop {'.'.join(path)} into {k} groups of rows {groups}")
-
-
 def _output_dim(resolver: Resolver, item: Item, port: str) -> int:
+    """The dimension a merge concatenates an output of the body's groups along."""
     if isinstance(item, ExecutionNode):
         return 0
     assert isinstance(item, LoopNode)
-    expr = dict(item.collects).get(port)
-    key = f"collect.{port}"
-    if expr is None:
-        c = item.carry(port)
-        assert c is not None
-        expr, key = c.init, f"carry.{port}.init"
-    dim = batch_dim(resolver, expr, uses_by_id(resolver, item, key, expr))
+    dim = port_dim(resolver, item, port)
     if not isinstance(dim, int):
-        raise Refused(f"output '{port}' of nested loop '{item.name}' has no known batch dimension; it cannot be merged",
-                      at=item.field_pos.get(key) or item.pos)
+        key = f"collect.{port}" if port in dict(item.collects) else f"carry.{port}.init"
+        raise Refused(f"output '{port}' of nested loop '{item.name}' has no known batch dimension (a carried value "
+                      "must keep one from its first value on); it cannot be merged", at=item.field_pos.get(key) or item.pos)
     return dim
-
-
-def _rewrite_outside(new: Workflow, old: Workflow, resolver: Resolver, loop_path: Path, fn: RefFn) -> Workflow:
-    """Apply `fn` to the expressions of items outside the loop (they read its carries and iterations)."""
-    for item in old.items():
-        if item.path[: len(loop_path)] == loop_path:
-            continue
-        fields = dict(expr_fields(item))
-        if not fields:
-            continue
-        changed = {}
-        for key, e in fields.items():
-            e2 = map_field(resolver, item, key, e, fn)
-            if e2 != e:
-                changed[key] = e2
-        if changed:
-            current = new.find(item.path)
-            assert current is not None
-            updated = map_item_exprs(current, lambda key, e, ch=changed: ch.get(key, e))
-            new = replace_item(new, item.path, updated)
-    return new

@@ -11,7 +11,7 @@ from interpreter.reference import ReferenceRun, run_reference
 from interpreter.values import TorchOps
 from rose_dsl.ir import Workflow
 from rose_dsl.semantics import Frame
-from rose_dsl.transforms.common import Locate
+from rose_dsl.transforms.rewritten import Locate
 
 ALLOWED = ("tests.",)
 

@@ -139,12 +139,14 @@ def test_fuse_refuses_a_body_reading_another_iteration_of_the_first_loop() -> No
 def test_a_rewrite_that_fails_inside_rose_is_a_clean_refusal(monkeypatch) -> None:
     """A bug in a rewrite must not escape as an exception (the optimizer calls rewrites on workflows
     nobody checked): it is refused, marked internal."""
-    import rose_dsl.transforms as transforms
+    import dataclasses
+
+    from rose_dsl.transforms import passes
 
     def broken(*args, **kwargs):
         raise KeyError("planted")
 
-    monkeypatch.setattr(transforms, "split_loop_body", broken)
+    monkeypatch.setitem(passes.PASSES, "split-loop", dataclasses.replace(passes.PASSES["split-loop"], build=broken))
     wf = load_workflow_text(NESTED_COLLECT, "wf.yaml")
     with pytest.raises(Refused) as info:
         apply_request(wf, "split outer 2")
@@ -265,7 +267,7 @@ def test_a_full_batch_update_fused_into_the_rollout_names_the_epoch_it_needs() -
     wf = _ppo()
     sgd = wf.find(("iteration", "update", "sgd"))
     full = dataclasses.replace(sgd, inputs=(("traj", parse_expr("stack(epoch[*].step.traj)")),))
-    from rose_dsl.transforms.common import replace_item
+    from rose_dsl.transforms.tree import replace_item
 
     wf = replace_item(wf, sgd.path, full)
     with pytest.raises(Refused) as info:

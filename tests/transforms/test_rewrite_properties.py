@@ -25,12 +25,11 @@ from rose_dsl import load_workflow_text
 from rose_dsl.ir import ExecutionNode, LoopNode, MergeNode, Workflow
 from rose_dsl.resolve import check_workflow
 from rose_dsl.serialize import to_yaml
-from rose_dsl.transforms import apply_request, compose
-from rose_dsl.transforms.common import Refused, Rewritten
+from rose_dsl.transforms import Refused, Rewritten, apply_request, compose, split_node, split_temporal
 from rose_dsl.transforms.plan_check import plan_differences
-from rose_dsl.transforms.reorder import rewire
-from rose_dsl.transforms.split import split_node
-from rose_dsl.transforms.temporal import split_temporal
+from rose_dsl.transforms.reorder import build_rewire
+from rose_dsl.transforms.split import build_split_node
+from rose_dsl.transforms.temporal import build_split_temporal
 
 from ..strategies import workflows
 from .found import ACCEPTED, FORCED
@@ -155,7 +154,7 @@ def test_accepted_rewrites_preserve_results_in_any_legal_order(doc, steps) -> No
 
 def _forced_rewire(wf: Workflow, request: str) -> Workflow:
     _, name, side, anchor = request.split()
-    return rewire(wf, tuple(name.split(".")), check=False, **{side: anchor}).workflow
+    return build_rewire(wf, tuple(name.split(".")), **{side: anchor}).workflow  # built, not checked
 
 
 @settings()
@@ -242,6 +241,6 @@ def test_forced_splits_of_what_the_checker_refuses_change_the_result() -> None:
     with pytest.raises(Refused, match="is dependent"):
         split_temporal(wf, loop, 3)
     ref_run, ref_comps = execute(wf, "program")
-    for forced in (split_node(wf, q, 2, batch_size=6, force=True), split_temporal(wf, loop, 3, force=True, check=False)):
+    for forced in (build_split_node(wf, q, 2, batch_size=6, force=True), build_split_temporal(wf, loop, 3, force=True)):
         run, comps = execute(forced.workflow, "program")
         assert differences(wf, ref_run, ref_comps, forced.workflow, run, comps, forced.locate), forced.description
