@@ -159,6 +159,70 @@ ACCEPTED = [
         ("split iteration.n2 2",)),
 ]
 
+ACCEPTED += [
+    Found(
+        "a loop-body split merged a nested loop's carried value along its first value's batch dim, though "
+        "its next value has another -- a sibling of 3f12747, there since the split was written (found by the "
+        "default profile during the issue 13 refactoring)",
+        _wf(_mock("c0", [], {"n3": SEP, "n5": SEP, "n7": SEP, "n10": "{state: {}, out: [o0], separable: false}"}), """\
+    - loop: l1
+      count: 1
+      body:
+        - loop: l2
+          count: 1
+          body:
+            - {node: n3, call: c0.n3, batch: {dim: 0, size: 6}}
+            - {node: n5, call: c0.n5, out: [o0], batch: {dim: 0, size: 6}}
+          collect: {c: "stack(l2[*].n5.o0)"}
+        - loop: l6
+          count: 1
+          carry: {v: {init: l2.c, next: n7.o0}}
+          body:
+            - {node: n7, call: c0.n7, out: [o0], batch: {dim: 0, size: 6}}
+    - {node: n10, call: c0.n10, in: {x: "l1[-1].l6.v"}, out: [o0]}
+""", count=1),
+        ("split iteration.l1 2",)),
+    Found(
+        "a chain split of nodes inside a loop-body group, which already work on the group's rows: the "
+        "check was lost in the issue 13 refactoring (found by the default profile drawing split-chain)",
+        _wf(_mock("c0", ["s0"], {"n4": "{state: {s0: update}, out: [o0], separable: true}", "n5": SEP}), """\
+    - loop: l1
+      count: 2
+      body:
+        - loop: l2
+          count: 2
+          body:
+            - {node: n4, call: c0.n4, in: {t: l2.i}, state: {s0: update}, out: [o0], batch: {dim: 0, size: 6}}
+            - {node: n5, call: c0.n5, in: {x: n4.o0}, out: [o0], batch: {dim: 0, size: 6}}
+"""),
+        ("split iteration.l1 3", "split-chain iteration.l1.l2@0.n4 iteration.l1.l2@0.n5 2")),
+    Found(
+        "loop fusion inside a loop whose carried value reads an item after the fused loops: the outer "
+        "loop's bindings were resolved on its rebuilt (shorter) body, an internal refusal (found by a "
+        "sweep of the suite's steps during the issue 13 refactoring)",
+        _wf(_mock("c0", [], {"n3": "{state: {}, out: [o0], separable: false}", "n6": SEP,
+                             "n8": "{state: {}, out: [], separable: false}",
+                             "n9": "{state: {}, out: [o0, o1], separable: false}"}), """\
+    - {node: n3, call: c0.n3, in: {x0: iteration.i}, out: [o0]}
+    - loop: l4
+      count: 2
+      carry: {v: {init: n3.o0, next: n9.o1}}
+      body:
+        - loop: l5
+          count: 2
+          body:
+            - {node: n6, call: c0.n6, in: {x0: l4.v}, out: [o0], batch: {dim: 0, size: 6}}
+          collect: {c: "stack(l5[*].n6.o0)"}
+        - loop: l7
+          count: 2
+          body:
+            - {node: n8, call: c0.n8}
+        - {node: n9, call: c0.n9, out: [o0, o1]}
+      collect: {c: "stack(l4[*].l4.v)"}
+"""),
+        ("fuse iteration.l4.l5 iteration.l4.l7",)),
+]
+
 # Found by property 2 (a refused reorder, forced through, changes something): test_refused_reorders...
 FORCED = [
     Found(
