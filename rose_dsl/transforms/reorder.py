@@ -19,7 +19,7 @@ from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from ..resolve import CarryIn, IterSelect, Resolver
 from .refs import RefUse, map_outside, map_subtree, rename_ref
 from .rewritten import Refused, Rewritten, identity_locate
-from .tree import base_name, children, find, repath, replace_body, source_paths, unique_name
+from .tree import base_name, children, find, into_group, repath, replace_body, source_paths, unique_name
 
 __all__ = ["build_rewire", "build_fuse_loops", "build_interleave", "build_expand"]
 
@@ -97,6 +97,8 @@ def build_fuse_loops(wf: Workflow, first: Path, second: Path) -> Rewritten:
             # where a plan check finds it in the source; a moved group stands for its renamed base
             m = replace(m, moved_from=origin[item.path],
                         split_of=bases[m.split_of] if m.split_of is not None else None)
+            if m.group is None and a.group is not None:
+                m = into_group(m, a.group)  # moved into a group: it runs in that group
         moved.append(m)
     parent, body = _siblings(wf, first)
     fused = replace(a, body=a.body + tuple(moved))

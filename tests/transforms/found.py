@@ -222,6 +222,24 @@ ACCEPTED += [
 """),
         ("fuse iteration.l4.l5 iteration.l4.l7",)),
 ]
+ACCEPTED.append(Found(
+    "loop fusion of two row groups of one loop (`l3@0`, `l3@1`): the items moved into group 0 kept group "
+    "1, which the plan did not write, so it read back different (found by a sweep of the suite's steps "
+    "without the pinned examples)",
+    _wf(_mock("c0", [], {"n2": "{state: {}, out: [], separable: true}", "n4": "{state: {}, out: [], separable: true}",
+                         "n5": SEP}), """\
+    - loop: l1
+      count: 2
+      body:
+        - {node: n2, call: c0.n2, in: {x0: iteration.i}, batch: {dim: 0, size: 6}}
+        - loop: l3
+          count: 2
+          body:
+            - {node: n4, call: c0.n4, in: {x0: l3.i}, batch: {dim: 0, size: 6}}
+        - {node: n5, call: c0.n5, in: {x0: l1.i}, out: [o0], batch: {dim: 0, size: 6}}
+      collect: {c: "stack(l1[*].n5.o0)"}
+""", count=1),
+    ("split iteration.l1 2", "fuse iteration.l1.l3@0 iteration.l1.l3@1")))
 
 # Found by property 2 (a refused reorder, forced through, changes something): test_refused_reorders...
 FORCED = [
