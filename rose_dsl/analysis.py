@@ -159,8 +159,8 @@ class _DepTracker:
             for later_inv, later in seq[position + 1:]:
                 if later_inv.indices[0] != inv.indices[0] or later.reads_previous:
                     break  # the end of the RL iteration (a checkpoint) or a reader observes it
-                if later is Access.REFRESH:
-                    observed = False
+                if later is Access.REFRESH and _covers(self.g.node[later_inv].rows, self.g.node[inv].rows):
+                    observed = False  # overwritten unobserved (a row group's refresh hides only its rows)
                     break
             if observed:
                 for w in earlier:
@@ -172,6 +172,11 @@ class _DepTracker:
 
     def _add(self, consumer: Invocation, producer: Invocation, dep: Dep) -> None:
         self.g.deps[consumer].setdefault(producer, set()).add(dep)
+
+
+def _covers(a: tuple[int, int] | None, b: tuple[int, int] | None) -> bool:
+    """Rows `a` include rows `b` (None: every row)."""
+    return a is None or (b is not None and a[0] <= b[0] and b[1] <= a[1])
 
 
 def _clamped(wf: Workflow, limit: int | None) -> Workflow:

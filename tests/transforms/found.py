@@ -258,3 +258,18 @@ FORCED = [
 """),
         ("rewire iteration.n2 before n1",)),
 ]
+
+ACCEPTED.append(Found(
+    "the legality oracle took a row group's refresh of per-row state for an overwrite of all rows: a "
+    "full refresh before it looked unobserved, so moving the group ahead of it was accepted and the full "
+    "refresh then overwrote the group's rows (found by a sweep without the pinned examples: the plan check "
+    "refused what the oracle accepted)",
+    _wf(_mock("c1", ["s0", "s1"], {
+        "n1": "{state: {s1: update}, out: [], separable: true}",
+        "n2": "{state: {s0: refresh, s1: read}, out: [], separable: true}",
+        "n3": "{state: {s0: refresh, s1: read}, out: [o0], separable: true}"}), """\
+    - {node: n1, call: c1.n1, state: {s1: update}, batch: {dim: 0, size: 6}}
+    - {node: n2, call: c1.n2, in: {x0: iteration.i}, state: {s0: refresh, s1: read}, batch: {dim: 0, size: 6}}
+    - {node: n3, call: c1.n3, in: {x0: iteration.i}, state: {s0: refresh, s1: read}, out: [o0], batch: {dim: 0, size: 6}}
+"""),
+    ("split iteration.n3 2", "rewire iteration.n3@0 after n1")))
