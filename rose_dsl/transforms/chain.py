@@ -75,10 +75,11 @@ def _forward(expr: Expr, bound: Mapping[int, Binding], groups: Mapping[Path, lis
                 if chosen and covered[0][0] == lo and covered[-1][1] == hi:
                     refs = tuple(Ref(ref.offset, name, ref.attr) for name in chosen)
                     return refs[0] if len(refs) == 1 else Call(ref.offset, "cat", refs)
-                inside = [(name, a) for name, (a, z) in parts if lo is not None and hi is not None and a <= lo and hi <= z]
-                if inside:  # rows of one group: that group's output, sliced relative to its first row
-                    name, a = inside[0]
-                    return Slice(expr.offset, Ref(ref.offset, name, ref.attr), Int(0, lo - a), Int(0, hi - a))
+                if lo is not None and hi is not None:
+                    inside = [(name, a) for name, (a, z) in parts if a <= lo and hi <= z]
+                    if inside:  # rows of one group: that group's output, sliced relative to its first row
+                        name, a = inside[0]
+                        return Slice(expr.offset, Ref(ref.offset, name, ref.attr), Int(0, lo - a), Int(0, hi - a))
             return replace(expr, target=again(expr.target))
         case Slice(target=t, start=s, stop=p):
             return replace(expr, target=again(t), start=None if s is None else again(s), stop=None if p is None else again(p))

@@ -294,7 +294,7 @@ def check_plan_source(plan: Workflow, source_file: str | FilePath | None = None)
     if source_file is None and not recorded:
         return
     here = FilePath(plan.file).parent
-    candidates = [FilePath(source_file)] if source_file is not None else [FilePath(recorded), here / str(recorded)]
+    candidates = [FilePath(source_file)] if source_file is not None else [FilePath(str(recorded)), here / str(recorded)]
     found = next((c for c in candidates if c.is_file()), None)
     if found is None:
         raise WorkflowError([Diagnostic(SourcePos(plan.file, 1, 1), "plan.source",

@@ -166,7 +166,7 @@ def batch_dim(resolver: Resolver, expr: Expr, bound: Mapping[int, Binding], dept
             if len(dims) != 1:
                 return "unknown"
             d = dims.pop()
-            if d is None or d == "unknown":
+            if not isinstance(d, int):
                 return "unknown"
             return d + 1 if fn == "stack" else ("unknown" if d == 0 else d)
     return "unknown"

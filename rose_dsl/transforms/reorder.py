@@ -56,7 +56,7 @@ def build_expand(wf: Workflow, path: Path, on: bool = True) -> Rewritten:
     if not isinstance(node, ExecutionNode) or not node.phases:
         raise Refused(f"'{node.name}' exposes no phases", at=node.pos)
     parent, body = _siblings(wf, path)
-    new = replace_body(wf, parent.path, [replace(i, expand=on) if i.path == path else i for i in body])
+    new = replace_body(wf, parent.path, [replace(node, expand=on) if i.path == path else i for i in body])
 
     def locate(p: Path, idx: tuple[int, ...]):
         return (p, idx) if on or p[: len(path)] != path or p == path else None
@@ -175,5 +175,5 @@ def build_interleave(wf: Workflow, loop_path: Path, stagger: int = 1) -> Rewritt
         assert isinstance(i, ExecutionNode | LoopNode) and i.group is not None
         return (stages.index(base_name(i)) + i.group * stagger, i.group)
 
-    new = replace_body(wf, loop_path, sorted(groups, key=key) + merges)
+    new = replace_body(wf, loop_path, [*sorted(groups, key=key), *merges])
     return Rewritten(new, identity_locate, f"interleaving the groups of '{loop.name}' with stagger {stagger}")

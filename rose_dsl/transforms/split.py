@@ -121,7 +121,8 @@ def build_split_node(wf: Workflow, path: Path, k: int, batch_size: int | None = 
     for g, rows in enumerate(groups):
         name = f"{node.name}@{g}"
         # the phases read the node's inputs as `node.port`: a group's phases read `node@g.port`
-        group = map_subtree(resolver, node, lambda u, name=name: rename_ref(u, {path: name}))
+        group = map_subtree(resolver, node, _renaming({path: name}))
+        assert isinstance(group, ExecutionNode)
         inputs = tuple((p, _slice_input(resolver, node, f"in.{p}", e, rows, f"'{node.name}'")) for p, e in node.inputs)
         group = replace(group, inputs=inputs, split_of=node.name)
         items.append(into_group(repath(group, path, path[:-1] + (name,)), g, rows))
@@ -135,6 +136,13 @@ def build_split_node(wf: Workflow, path: Path, k: int, batch_size: int | None = 
         return p, idx
 
     return Rewritten(new, locate, f"split {'.'.join(path)} into {k} groups of rows {groups}")
+
+
+def _renaming(names: dict[Path, str]) -> RefFn:
+    def fn(use: RefUse) -> Expr:
+        return rename_ref(use, names)
+
+    return fn
 
 
 # -- the body of a loop -------------------------------------------------------------------------------
@@ -214,7 +222,9 @@ def _check_carries(resolver: Resolver, loop: LoopNode) -> None:
 
 def _group_item(resolver: Resolver, loop: LoopNode, item: Item, g: int, rows: Rows, refs: RefFn) -> Item:
     """Group g's copy of one item of the body: its own name, references and rows."""
-    copy = replace(map_subtree(resolver, item, refs), split_of=item.name, after=tuple(f"{a}@{g}" for a in item.after))
+    copy = map_subtree(resolver, item, refs)
+    assert isinstance(copy, ExecutionNode | LoopNode)  # a body holding merges is refused
+    copy = replace(copy, split_of=item.name, after=tuple(f"{a}@{g}" for a in item.after))
     return into_group(repath(copy, item.path, loop.path + (f"{item.name}@{g}",)), g, rows)
 
 
