@@ -273,3 +273,36 @@ ACCEPTED.append(Found(
     - {node: n3, call: c1.n3, in: {x0: iteration.i}, state: {s0: refresh, s1: read}, out: [o0], batch: {dim: 0, size: 6}}
 """),
     ("split iteration.n3 2", "rewire iteration.n3@0 after n1")))
+
+FORCED.append(Found(
+    "a refused reorder inside a loop that ends on a condition, forced through, made a later such loop stop "
+    "one iteration earlier: the comparison looked up a call the forced run never made and crashed instead "
+    "of reporting the difference (a test-harness bug; found by the long profile)",
+    _wf(_mock("c0", ["s0", "s1"], {
+        "n2": "{state: {s0: read}, out: [o0], separable: true}",
+        "n3": "{state: {s0: update, s1: read}, out: [o0], separable: true, flags: [o0]}",
+        "n6": "{state: {}, out: [o0, o1], separable: true}",
+        "n7": "{state: {s0: read}, out: [o0], separable: true, flags: [o0]}",
+        "n8": "{state: {}, out: [o0], separable: true, flags: [o0]}"}), """\
+    - loop: l1
+      count: 2
+      until: n3.o0
+      body:
+        - {node: n2, call: c0.n2, state: {s0: read}, out: [o0], batch: {dim: 0, size: 6}}
+        - {node: n3, call: c0.n3, in: {t: l1.i}, state: {s0: update, s1: read}, out: [o0], batch: {dim: 0, size: 6}}
+      collect: {c: "stack(l1[*].n2.o0)"}
+    - loop: l4
+      count: 2
+      until: n8.o0
+      carry: {v: {init: l1.c, next: l5.v}}
+      body:
+        - loop: l5
+          count: 2
+          until: n7.o0
+          carry: {v: {init: l1.c, next: n6.o0}}
+          body:
+            - {node: n6, call: c0.n6, in: {x0: "{a: l1.c, b: l1.c}"}, out: [o0, o1], batch: {dim: 0, size: 6}}
+            - {node: n7, call: c0.n7, in: {x0: "{a: l1.c, b: l1.c}", t: l5.i}, state: {s0: read}, out: [o0], batch: {dim: 0, size: 6}}
+        - {node: n8, call: c0.n8, in: {x0: "{a: l1.c, b: l1.c}", t: l4.i}, out: [o0], batch: {dim: 0, size: 6}}
+""", count=1),
+    ("rewire iteration.l1.n2 after n3",)))

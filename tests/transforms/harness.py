@@ -46,7 +46,11 @@ def differences(wf_a: Workflow, run_a: ReferenceRun, comps_a: dict[str, Any], wf
             path, idx = loc
             ctx = dict(zip(run_b.program.loops_of[path], idx, strict=True))
             for port, value in values.items():
-                other = run_b.program.output(path, port, ctx, frame)
+                try:
+                    other = run_b.program.output(path, port, ctx, frame)
+                except KeyError:  # run_b never made this call (a loop that ends on a condition stopped earlier)
+                    diffs.append(f"{inv} not run")
+                    break
                 if not torch.equal(value, other):
                     diffs.append(f"{inv}.{port}")
     for name, comp in wf_a.components.items():
