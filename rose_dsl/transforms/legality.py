@@ -1,31 +1,35 @@
-"""The legality oracle of the rewrites: the rewritten workflow is well formed, and every dependency of
-the original still runs producer before consumer.
+"""The legality oracle of the rewrites: the rewritten workflow is well formed, every data producer still
+runs before its consumer, and every state access sees the values of the same calls.
 
 A reordering keeps every invocation and every reference; it only changes program order, which is
-each component's execution order (and so the order of its state accesses). It is legal iff the
-rewritten workflow is well formed and every dependency of the original -- data, and state conflicts
-(read/update/refresh after a write, a write after a read) -- still runs producer before consumer. The
-check works on the invocation graphs of two consecutive RL iterations, so a refusal names the exact
-dependency and invocations it would break ("epoch[1].step[2].env -> update[0].sgd"), and where the
-consumer reads it in the original workflow (file:line:col).
+each component's execution order (and so the order of its state accesses). The runtime gives every
+data dependency a future, so data edges need only their producer earlier; state is the component's
+own object, changed in place in program order, so what matters is which write each access observes
+(`state_observations`, row aware: a row group's write replaces its rows only) and which writes are left
+at the end of an RL iteration (for the next one and checkpoints) -- exact, where keeping the order of
+every two conflicting accesses would refuse legal moves (a write that is overwritten before anyone sees
+it may move past the reads of other values). The check works on the invocation graphs of two
+consecutive RL iterations, so a refusal names the exact invocations ("epoch[1].step[2].env ->
+update[0].sgd") and where the consumer asks for the value in the original workflow (file:line:col).
 
-A temporal split gives some groups their own copy of a component: an in-place order between two calls
-that now touch different copies is gone with the shared object, and is not required; a value that
-would flow from one copy to the other is (it would not arrive).
+A temporal split gives some groups their own copy of a component: a state object of its own, so calls
+on a copy see only the copy's values -- a value that would have to flow from one copy to another makes
+the split refused.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..analysis import Dep, invocation_graph
+from ..analysis import Dep, InvocationGraph, invocation_graph
 from ..errors import SourcePos
 from ..ir import ExecutionNode, Item, Workflow
 from ..resolve import check_workflow
 from ..semantics import Invocation, enclosing_loops
 from .rewritten import Locate, Refused
 
-__all__ = ["check_well_formed", "check_order_preserved", "describe_invocation", "dependency_pos"]
+__all__ = ["check_well_formed", "check_order_preserved", "state_observations", "on_component", "describe_invocation",
+           "dependency_pos", "values_of"]
 
 
 def describe_invocation(inv: Invocation, items: Mapping[tuple[str, ...], Item]) -> str:
@@ -55,11 +59,11 @@ def check_well_formed(new: Workflow, what: str) -> None:
         raise Refused(f"{what} would break a data dependency: {d.path}: {d.message}", at=d.pos)
 
 
-def check_order_preserved(orig: Workflow, new: Workflow, locate: Locate, what: str, *,
-                          copies: bool = False) -> None:
-    """Refuse unless every dependency of `orig` runs producer before consumer in `new`. With `copies`,
-    the order between calls on different copies of a component (a temporal split) is not required,
-    unless a value flows between them."""
+def check_order_preserved(orig: Workflow, new: Workflow, locate: Locate, what: str) -> None:
+    """Refuse unless `new` keeps every dependency of `orig`: each data producer still runs before its
+    consumer, and each state access sees the values of the same calls (and the same calls' values are
+    left at the end of each RL iteration). A temporal split's copies of a component are state objects of
+    their own: a call on a copy sees the copy's values."""
     check_well_formed(new, what)
     g0 = invocation_graph(orig, iterations=2)
     g1 = invocation_graph(new, iterations=2)
@@ -79,17 +83,91 @@ def check_order_preserved(orig: Workflow, new: Workflow, locate: Locate, what: s
     if len(g0.order) != len(g1.order):
         raise Refused(f"{what}: it runs {len(g1.order)} calls instead of {len(g0.order)} (a bug in rose)", internal=True)
     for producer, consumer, dep in sorted(g0.edges(), key=lambda e: (str(e[1]), str(e[0]))):
-        a, b = image(producer), image(consumer)
-        if copies and dep.kind == "state" and g1.node[a].component != g1.node[b].component:
-            if not dep.flow:
-                continue  # an in-place order on an object the two calls no longer share
-            raise Refused(_broken(what, producer, consumer, dep, items, "would read it from another copy of the "
-                                  f"component ('{g1.node[b].component}' instead of '{g1.node[a].component}')"),
-                          at=dependency_pos(g0.node[consumer], dep))
-        if position[a] > position[b]:
+        if dep.kind == "data" and position[image(producer)] > position[image(consumer)]:
             raise Refused(_broken(what, producer, consumer, dep, items,
                                   f"{describe_invocation(consumer, items)} would run first"),
                           at=dependency_pos(g0.node[consumer], dep))
+    seen0, left0 = state_observations(g0)
+    seen1, left1 = state_observations(g1)
+
+    def images(writers: frozenset[Invocation | None]) -> frozenset[Invocation | None]:
+        return frozenset(None if w is None else image(w) for w in writers)
+
+    for (reader, state), writers in sorted(seen0.items(), key=lambda x: (position[image(x[0][0])], x[0][1])):
+        r1 = image(reader)
+        got = seen1.get((r1, on_component(state, g1.node[r1].component)), frozenset())
+        if got != images(writers):
+            node = g0.node[reader]
+            new_items = {i.path: i for i in new.items()}
+            raise Refused(f"{what} would break the state dependency {_writers(writers, items, 'initial value')} -> "
+                          f"{describe_invocation(reader, items)} ('{state}': {_access(node, state)}): "
+                          f"{describe_invocation(reader, items)} would see {values_of(got, new_items)} instead",
+                          at=node.field_pos.get("state") or node.pos)
+    for (k, state), writers in sorted(left0.items()):
+        got = left1.get((k, state), frozenset())
+        if got != images(writers):
+            raise Refused(f"{what} would change which value of '{state}' RL iteration {k} leaves for the next one and "
+                          f"checkpoints: {values_of(got, {i.path: i for i in new.items()})} instead of "
+                          f"{values_of(writers, items)}")
+
+
+Rows = tuple[int, int] | None
+_ALL = 1 << 62
+
+
+def state_observations(g: InvocationGraph) -> tuple[dict[tuple[Invocation, str], frozenset[Invocation | None]],
+                                                     dict[tuple[int, str], frozenset[Invocation | None]]]:
+    """Which calls' values each state access sees, and which are left at the end of each RL iteration.
+
+    Per state object, in program order (the order its component runs its calls): a `read` or `update`
+    sees the last write of each of its rows (None: the value before the first iteration); a write
+    replaces its rows (a row group's write only its own rows). Two workflows whose accesses see the same
+    writes, and leave the same, compute the same state from the same inputs -- the exact condition a
+    reordering must keep, where an order between every two conflicting accesses is a conservative one.
+    """
+    seen: dict[tuple[Invocation, str], frozenset[Invocation | None]] = {}
+    left: dict[tuple[int, str], frozenset[Invocation | None]] = {}
+    for state, seq in g.accesses.items():
+        # every row: up to the end of the row groups that touch this state (their batch), if any do
+        end = max((r[1] for r in (g.node[inv].rows for inv, _ in seq) if r is not None), default=_ALL)
+        segments: list[tuple[int, int, Invocation | None]] = [(0, end, None)]
+        k: int | None = None
+        for inv, acc in seq:
+            if k is not None and inv.indices[0] != k:
+                left[(k, state)] = frozenset(w for _, _, w in segments)
+            k = inv.indices[0]
+            lo, hi = g.node[inv].rows or (0, end)
+            if acc.reads_previous:
+                seen[(inv, state)] = frozenset(w for a, b, w in segments if a < hi and lo < b)
+            if acc.writes:
+                kept = [(a, min(b, lo), w) for a, b, w in segments if a < lo]
+                kept += [(max(a, hi), b, w) for a, b, w in segments if b > hi]
+                segments = sorted(kept + [(lo, hi, inv)], key=lambda x: x[0])
+        if k is not None:
+            left[(k, state)] = frozenset(w for _, _, w in segments)
+    return seen, left
+
+
+def on_component(state: str, component: str) -> str:
+    """The same state object on another component (a temporal split's copy): `sim.episode` -> `sim@0.episode`."""
+    return f"{component}.{state.split('.', 1)[1]}"
+
+
+def _access(node: ExecutionNode, state: str) -> str:
+    return next((e.access.value for e in node.effects if e.state == state), "?")
+
+
+def _writers(writers: frozenset[Invocation | None], items: Mapping[tuple[str, ...], Item], none: str) -> str:
+    names = sorted(none if w is None else describe_invocation(w, items) for w in writers)
+    return " and ".join(names) if names else "no call"
+
+
+def values_of(writers: frozenset[Invocation | None], items: Mapping[tuple[str, ...], Item]) -> str:
+    """`the value of update[3].sgd`, `the initial value`: what a state access sees, in words."""
+    if not writers:
+        return "no value"
+    parts = sorted("the initial value" if w is None else f"the value of {describe_invocation(w, items)}" for w in writers)
+    return " and ".join(parts)
 
 
 def _broken(what: str, producer: Invocation, consumer: Invocation, dep: Dep,

@@ -9,8 +9,7 @@ Each rewrite is a `Pass`: a pure `build` function (in `split.py`, `chain.py`, `t
 | pass | checks after building |
 | --- | --- |
 | split, split-loop, split-chain, expand | well formed, writable as a plan |
-| split-time | the above, every dependency kept (except in-place orders between component copies) |
-| rewire, interleave, fuse | the above, every dependency kept |
+| split-time, rewire, interleave, fuse | the above, every dependency kept (`legality.check_order_preserved`) |
 
 `apply(wf, request)` is the entry point for a search (the optimizer): it returns `Rewritten` or
 `Refused`, never raises; `apply_request` raises `Refused`. Requests are the small language of `rose
@@ -61,10 +60,6 @@ def order_kept(orig: Workflow, result: Rewritten) -> None:
     check_order_preserved(orig, result.workflow, result.locate, result.description)
 
 
-def order_kept_across_copies(orig: Workflow, result: Rewritten) -> None:
-    check_order_preserved(orig, result.workflow, result.locate, result.description, copies=True)
-
-
 @dataclass(frozen=True)
 class Pass:
     name: str  # the request's first word
@@ -77,7 +72,7 @@ PASSES = {
     "split": Pass("split", build_split_node, _SHAPE),
     "split-loop": Pass("split-loop", build_split_loop_body, _SHAPE),
     "split-chain": Pass("split-chain", build_split_chain, _SHAPE),
-    "split-time": Pass("split-time", build_split_temporal, (*_SHAPE, order_kept_across_copies)),
+    "split-time": Pass("split-time", build_split_temporal, (*_SHAPE, order_kept)),
     "rewire": Pass("rewire", build_rewire, (*_SHAPE, order_kept)),
     "fuse": Pass("fuse", build_fuse_loops, (*_SHAPE, order_kept)),
     "interleave": Pass("interleave", build_interleave, (*_SHAPE, order_kept)),

@@ -9,9 +9,10 @@ two RL iterations (like the legality oracle), with every exposed phase run:
   group), with the same state effects, outputs and batch declaration;
 * every data dependency of the source reaches each of the consumer's row groups from producer groups
   whose rows cover the consumer's, and the plan has no data dependency the source lacks (same ports);
-* every state dependency runs producer before consumer on the same component (the runtime runs each
-  component's calls in program order), except an in-place order between two copies of a component; a
-  value may not flow from one copy to another;
+* every state access sees the values of the same calls as in the source (per row group), and each RL
+  iteration leaves the same calls' values: the runtime runs each component's calls in program order,
+  so this is what its state accesses observe (a temporal split's copy of a component is a state object
+  of its own, whose values no call of another copy sees);
 * loops that end on a condition are kept, with the same condition; merges take their groups in row
   order.
 
@@ -33,7 +34,7 @@ from ..expr import Expr, unparse
 from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from ..resolve import Resolver
 from ..semantics import Invocation
-from .legality import describe_invocation
+from .legality import describe_invocation, on_component, state_observations, values_of
 from .refs import RefUse, binding_target, map_field, rename_ref
 from .tree import source_paths
 
@@ -229,27 +230,30 @@ class _Checker:
                     return
 
     def state(self, g0: InvocationGraph, g1: InvocationGraph, images: dict[Invocation, list[Invocation]]) -> None:
-        position = {inv: i for i, inv in enumerate(g1.order)}
-        for sp, sc, dep in sorted(g0.edges(), key=lambda e: (str(e[1]), str(e[0]))):
-            if dep.kind != "state":
-                continue
-            for qp in images[sp]:
-                for qc in images[sc]:
-                    a, b = g1.node[qp], g1.node[qc]
-                    if not _overlap(a.rows, b.rows):
-                        continue  # disjoint rows of per-row state
-                    if a.component != b.component:
-                        if dep.flow:
-                            self.differ(b, f"{describe_invocation(qc, self.plan_items)} would not see the value of "
-                                           f"'{dep.detail.split(':')[0]}' written by {describe_invocation(qp, self.plan_items)} "
-                                           f"(on '{a.component}', it runs on '{b.component}')")
-                            return
-                        continue  # an in-place order between copies that no longer share the object
-                    if position[qp] > position[qc]:
-                        self.differ(b, f"{describe_invocation(qc, self.plan_items)} runs before "
-                                       f"{describe_invocation(qp, self.plan_items)}, breaking the state dependency "
-                                       f"of the source ({dep.detail})")
-                        return
+        """Each state access of the plan sees the values of the calls the source's access sees (per row
+        group: a group's access, the writes of its rows), and each RL iteration leaves the same calls'
+        values (`legality.state_observations`)."""
+        seen0, left0 = state_observations(g0)
+        seen1, left1 = state_observations(g1)
+
+        def source(writers: frozenset[Invocation | None]) -> frozenset[Invocation | None]:
+            return frozenset(None if w is None else Invocation(self.origin[w.path], w.indices) for w in writers)
+
+        for (q, state), writers in seen1.items():
+            s = Invocation(self.origin[q.path], q.indices)
+            original = on_component(state, self.component_of(state.split(".", 1)[0]))
+            want = seen0.get((s, original), frozenset())
+            if source(writers) != want:
+                node = g1.node[q]
+                self.differ(node, f"{describe_invocation(q, self.plan_items)} would see {values_of(writers, self.plan_items)} "
+                                  f"of '{state}', where the source's call sees {values_of(want, self.src_items)}")
+                return
+        for (k, state), writers in left0.items():
+            got = source(left1.get((k, state), frozenset()))
+            if got != writers:
+                self.differ(None, f"RL iteration {k} would leave {values_of(got, self.src_items)} of '{state}', where "
+                                  f"the source leaves {values_of(writers, self.src_items)}")
+                return
 
 
 def _text(e: Expr | None) -> str:

@@ -6,8 +6,8 @@ A component whose state the loop writes gets a copy per group (`sim@0`, `copy_of
 same impl and args): each group refreshes its own copy. The group that runs the loop's last iteration
 keeps the original component, so after the loop the state is the one the last iteration left -- what
 the declared workflow leaves. `loop[j]` references from outside follow iteration j to the group that
-ran it. The pass runner checks the result keeps every dependency, except the in-place order between
-calls that now touch different copies (`legality.check_order_preserved(copies=True)`).
+ran it. The pass runner checks the result keeps every dependency (`legality.check_order_preserved`: a
+call on a copy must see the values it saw, which a copy can give only within its own group).
 """
 
 from __future__ import annotations

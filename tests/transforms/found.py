@@ -306,3 +306,39 @@ FORCED.append(Found(
         - {node: n8, call: c0.n8, in: {x0: "{a: l1.c, b: l1.c}", t: l4.i}, out: [o0], batch: {dim: 0, size: 6}}
 """, count=1),
     ("rewire iteration.l1.n2 after n3",)))
+
+_OVERWRITTEN = Found(
+    "a refresh overwritten before anyone sees it (n1, then n2's refresh) was kept before that later write, "
+    "though moving it past the readers of n2's value, before the next refresh, changes nothing: the "
+    "oracle kept an order between every two conflicting accesses; it now compares what every access sees "
+    "(found by the long profile: a refused reorder that, forced through, changed nothing)",
+    _wf(_mock("c0", ["s0", "s1"], {
+        "n1": "{state: {s0: refresh}, out: [], separable: false}",
+        "n2": "{state: {s0: refresh}, out: [o0], separable: false}",
+        "n5": "{state: {s0: read}, out: [], separable: true}",
+        "n6": "{state: {}, out: [o0], separable: true, flags: [o0]}",
+        "n7": "{state: {}, out: [], separable: true}",
+        "n9": "{state: {s0: refresh, s1: read}, out: [], separable: false}",
+        "n10": "{state: {}, out: [o0], separable: false, flags: [o0]}"}), """\
+    - {node: n1, call: c0.n1, state: {s0: refresh}}
+    - {node: n2, call: c0.n2, state: {s0: refresh}, out: [o0]}
+    - loop: l3
+      count: 1
+      body:
+        - loop: l4
+          count: 2
+          until: n6.o0
+          body:
+            - {node: n5, call: c0.n5, state: {s0: read}, batch: {dim: 0, size: 6}}
+            - {node: n6, call: c0.n6, in: {t: l4.i}, out: [o0], batch: {dim: 0, size: 6}}
+        - {node: n7, call: c0.n7, batch: {dim: 0, size: 6}}
+    - loop: l8
+      count: 2
+      until: n10.o0
+      body:
+        - {node: n9, call: c0.n9, state: {s0: refresh, s1: read}}
+        - {node: n10, call: c0.n10, in: {t: l8.i}, out: [o0]}
+""", count=1),
+    ("rewire iteration.n1 after l3",))
+FORCED.append(_OVERWRITTEN)
+ACCEPTED.append(_OVERWRITTEN)

@@ -255,7 +255,7 @@ def test_a_broken_state_dependency_names_both_invocations_and_the_line() -> None
     line = next(n for n, text in enumerate(PPO.read_text().splitlines(), 1) if "node: publish" in text)
     assert info.value.reason == (
         f"{PPO}:{line + 2}:14: moving 'publish' before 'update' would break the state dependency update[3].sgd -> "
-        "publish (trainer.weights: read after update): publish would run first")
+        "publish ('trainer.weights': read): publish would see the initial value instead")
 
 
 def test_a_full_batch_update_fused_into_the_rollout_names_the_epoch_it_needs() -> None:
