@@ -86,7 +86,7 @@ def test_probes_preserve_results_and_comparison_graphs_stand_alone(doc, data) ->
     pw = probe_workflow(wf, [Probe(1, region, c0.externals)], SINK)
     if isinstance(pw, str):
         return
-    from rose_dsl.transforms.common import Rewritten
+    from rose_dsl.transforms import Rewritten
 
     event("probe workflow executed")
     assert _same(wf, Rewritten(pw, lambda p, i: (p, i), "probes")) == []
