@@ -124,7 +124,8 @@ def _body(g: _Gen, scope: _Scope, depth: int) -> tuple[list[dict[str, Any]], lis
         if g.nodes >= g.max_nodes:
             break
         if depth < g.max_depth and d(st.integers(0, 2)) == 0:
-            item, outs, loop = _loop(g, local, depth)
+            earlier = [lp.count for lp in local.loops[len(scope.loops):] if not lp.dynamic]  # this body's loops
+            item, outs, loop = _loop(g, local, depth, earlier[-1] if earlier else None)
             local.loops.append(loop)
             if loop.inner:  # reaching into a nested loop's iterations
                 ref = d(st.sampled_from(loop.inner))
@@ -141,11 +142,13 @@ def _body(g: _Gen, scope: _Scope, depth: int) -> tuple[list[dict[str, Any]], lis
     return items, produced, produced + ends
 
 
-def _loop(g: _Gen, scope: _Scope, depth: int) -> tuple[dict[str, Any], list[str], _Loop]:
+def _loop(g: _Gen, scope: _Scope, depth: int, sibling_count: int | None = None) -> tuple[dict[str, Any], list[str], _Loop]:
     d = g.draw
     name = g.fresh("l")
     dynamic = d(st.integers(0, 4)) == 0
     count = d(st.sampled_from([2, 3, 4] if dynamic else [1, 2, 2, 2, 3]))  # a dynamic loop's most iterations
+    if sibling_count is not None and not dynamic and d(st.booleans()):
+        count = sibling_count  # matched sibling loops (epoch / update): what fusion and interleaving need
     inner_scope = scope.copy()
     inner_scope.ints.append(f"{name}.i")
     if not dynamic:

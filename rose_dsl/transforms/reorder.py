@@ -12,6 +12,7 @@ The pass runner checks each with `legality.check_order_preserved`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from ..expr import Expr, Index, IterRef, unparse
@@ -128,7 +129,9 @@ def _fusable(wf: Workflow, first: Path, second: Path) -> tuple[LoopNode, LoopNod
         raise Refused(f"loop '{dyn.name}' ends on a condition (until): its iterations are known only as it runs, so "
                       "they cannot be paired with another loop's", at=dyn.field_pos.get("until") or dyn.pos)
     if a.indices() != b.indices():
-        raise Refused(f"'{a.name}' and '{b.name}' run different iterations ({len(a.indices())} vs {len(b.indices())})",
+        ia, ib = a.indices(), b.indices()
+        what = f"{len(ia)} vs {len(ib)}" if len(ia) != len(ib) else f"indices {_span(ia)} vs {_span(ib)}"
+        raise Refused(f"'{a.name}' and '{b.name}' run different iterations ({what})",
                       at=b.field_pos.get("count") or b.pos)
     if b.carries or b.collects:
         raise Refused(f"'{b.name}' has carried values or collected outputs; fusing it would change them", at=b.pos)
@@ -177,3 +180,11 @@ def build_interleave(wf: Workflow, loop_path: Path, stagger: int = 1) -> Rewritt
 
     new = replace_body(wf, loop_path, [*sorted(groups, key=key), *merges])
     return Rewritten(new, identity_locate, f"interleaving the groups of '{loop.name}' with stagger {stagger}")
+
+
+def _span(indices: Sequence[int]) -> str:
+    """Loop indices for a message: '0..3' when consecutive, else the list."""
+    xs = list(indices)
+    if xs and xs == list(range(xs[0], xs[0] + len(xs))):
+        return str(xs[0]) if len(xs) == 1 else f"{xs[0]}..{xs[-1]}"
+    return str(xs)

@@ -83,7 +83,12 @@ def request_for(wf: Workflow, step: Step) -> str | None:
         return f"interleave {_name(loop.path)} {1 + b % 2}"
     if op == "split_time":
         return f"split-time {_name(loop.path)} {2 + b % 2}"
-    return f"fuse {_name(loop.path)} {_name(pick(_later_loops(wf, loop), b).path)}"
+    partners = _later_loops(wf, loop)
+    # half the time a partner that can be fused at all (same iterations, nothing carried or collected):
+    # drawn blindly, nearly every pair is refused for those reasons and fusion is rarely exercised
+    fusable = [p for p in partners if p.indices() == loop.indices() and not p.carries and not p.collects
+               and not p.dynamic and not loop.dynamic]
+    return f"fuse {_name(loop.path)} {_name(pick(fusable if fusable and c % 2 == 0 else partners, b).path)}"
 
 
 def _chain(wf: Workflow, node: ExecutionNode, n: int) -> list[ExecutionNode] | None:
