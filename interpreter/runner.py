@@ -55,10 +55,11 @@ class IterationResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def _structural(node: str) -> str:
+def _structural(wf: Workflow) -> dict[str, str]:
     """`iteration.epoch@1.step.act@0` -> `iteration.epoch.step.act`: a split group is its node."""
-    return ".".join(part.split("@")[0] for part in node.split("."))
+    from rose_dsl.transforms import source_paths
 
+    return {".".join(p): ".".join(s) for p, s in source_paths(wf).items()}
 
 
 def _as_gpu_activity(sampler: Any) -> Any:
@@ -94,6 +95,7 @@ class Runner:
         self.backend = backend
         self.config = config
         self.schedule = schedule or Schedule(wf)
+        self._structural = _structural(wf)  # a call's node -> the source node (split groups merged)
         self._replicas = max((c.replicas for c in wf.components.values()), default=1)
         if self._replicas > 1 and not backend.capabilities.replicas:
             raise ValueError(f"replicas: {self._replicas} needs a backend with one process per replica (--backend ray)")
@@ -276,9 +278,11 @@ class Runner:
         """Busy time per top-level item of the iteration (rollout, training, sync...), groups merged.
         (From this iteration's records: a scan of the whole trace every iteration grew with the run.)"""
         out: dict[str, int] = defaultdict(int)
+        structural = self._structural
         for r in self._fresh:
             if r.host_start_ns >= t0 and (r.end_ns or 0) <= t1 and r.duration_ns:
-                top = r.node.split(".")[1].split("@")[0] if "." in r.node else r.node
+                node = structural.get(r.node, r.node)
+                top = node.split(".")[1] if "." in node else node
                 out[top] += r.duration_ns
         return dict(out)
 
@@ -348,9 +352,10 @@ class Runner:
         """Per structural node (split groups merged): invocations, mean and total duration, and the
         time-weighted mean SM activity over its invocations when a sampler ran (paper §4.3.2's D_v, a_v)."""
         by_node: dict[str, list[InvocationRecord]] = defaultdict(list)
+        structural = self._structural
         for r in self.trace.records():
             if r.duration_ns:
-                by_node[_structural(r.node)].append(r)
+                by_node[structural.get(r.node, r.node)].append(r)
         iterations = max(1, len(self.results))
         rows = []
         for node, recs in by_node.items():

@@ -437,6 +437,12 @@ class TrialSession:
                     continue
                 new = id(plans[i]) not in self._proven
                 try:
+                    if new:
+                        # a plan's first iteration carries its start-up: processes for new component copies,
+                        # programs compiled and CUDA graphs captured for new batch sizes (tens of seconds on
+                        # the GPU). It is training (kept), not a measurement: timed, it made one trial an
+                        # outlier that widened the noise margin and hid real gains.
+                        self._iteration(plans[i], labels[i], guard=i > 0)
                     out[i].append(self._iteration(plans[i], labels[i], guard=new and i > 0))
                 except TrialFailed as exc:  # the plan fails: its trial is lost, training goes on with the others
                     self.last_failures[i] = str(exc)
@@ -462,11 +468,13 @@ class TrialSession:
         snap = {c: self.executor.get_states(c) for c in writes}
         self.books["snapshot_s"] += time.perf_counter() - t
         out: list[list[IterationRun]] = [[] for _ in graphs]
-        order = [(r, i) for i in range(len(graphs)) for r in range(repeats)] if self.executor.switch_is_costly else \
-            [(r, i) for r in range(repeats) for i in range(len(graphs))]
+        # one untimed run of each graph first (r = -1): its start-up (new copies, compiled programs, captured
+        # graphs for new batch sizes) is not what the graph costs per run
+        order = [(r, i) for i in range(len(graphs)) for r in range(-1, repeats)] if self.executor.switch_is_costly else \
+            [(r, i) for r in range(-1, repeats) for i in range(len(graphs))]
         self.last_failures = {}
         try:
-            for _, i in order:
+            for r, i in order:
                 if i in self.last_failures:
                     continue
                 for c, s in snap.items():
@@ -480,8 +488,9 @@ class TrialSession:
                 self._watch_cpu()
                 if self.cpu is not None:
                     self.cpu.poll()
-                out[i].append(IterationRun(seconds, self._calls(graphs[i].workflow, records), t0, t1))
                 self.books["local_runs"] += 1
+                if r >= 0:
+                    out[i].append(IterationRun(seconds, self._calls(graphs[i].workflow, records), t0, t1))
         finally:
             for c, s in snap.items():
                 self.executor.set_states(c, s)

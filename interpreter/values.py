@@ -43,6 +43,8 @@ class TorchOps:
     def slice(self, value: Any, start: int | None, stop: int | None) -> Any:
         if isinstance(value, Mapping):
             return {k: self.slice(v, start, stop) for k, v in value.items()}
+        if isinstance(value, int | float):  # an integer field of a record (a loop index): the same for every row
+            return value
         return value[start:stop]
 
     def part(self, value: Any, dim: int, index: int, parts: int) -> Any:

@@ -27,12 +27,9 @@ __all__ = ["ComponentWorker", "CallFailed", "replica_name", "group_of"]
 
 
 def group_of(node: ExecutionNode) -> int | None:
-    """The split group a node belongs to (`act@1`, or any item around it named `x@g`), None outside one."""
-    name = node.path[-1]
-    for part in reversed(node.path):
-        if "@" in part:
-            return int(part.rsplit("@", 1)[1])
-    return int(name.rsplit("@", 1)[1]) if "@" in name else None
+    """The split group a node runs in (its own or the enclosing group's: the plan's `group` field), None
+    outside groups."""
+    return node.group
 
 
 def replica_name(component: str, replica: int) -> str:

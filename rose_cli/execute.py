@@ -74,7 +74,7 @@ def execute(
     if resume and out_dir is None:
         err.print("error: --resume needs --out (the run directory holding the checkpoints)", markup=False)
         raise typer.Exit(ExitCode.INVALID)
-    wf = load_or_exit(plan or file, sets)
+    wf = load_or_exit(plan or file, sets, source=file if plan is not None else None)
     policy = TrustPolicy.from_options(allow_module, allow_env, allow_path)
     report_problems(wf, check_trust(wf, policy), "(the workflow asks to run code the command line did not allow)")
 

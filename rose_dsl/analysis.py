@@ -19,14 +19,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from .bulk import in_bulk
-from .expr import IterRef, Ref, walk
+from .expr import IterRef, Ref, unparse, walk
 from .ir import Access, ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from .resolve import Resolver, expr_fields
 from .semantics import CallSite, Invocation, Program, ValueOps, enclosing_loops, run_sequential
 
 __all__ = [
-    "Dep", "Deps", "DepOps", "InvocationGraph", "invocation_graph", "clear_graph_cache", "LoopKind", "ItemEdge",
-    "Analysis", "analyze", "loop_kinds", "state_access_order", "AfterOrder",
+    "Dep", "Deps", "DepOps", "InvocationGraph", "invocation_graph", "clear_graph_cache", "representative",
+    "REPRESENTATIVE", "LoopKind", "ItemEdge", "Analysis", "analyze", "loop_kinds", "state_access_order", "AfterOrder",
 ]
 
 Path = tuple[str, ...]
@@ -89,10 +89,7 @@ class DepOps:
         return value
 
     def truth(self, value: Any) -> bool:
-        return True  # a dynamic loop is analysed through one representative iteration
-
-
-
+        return True  # unreached: dynamic loops are made static first (`representative`)
 
 
 class AfterOrder:
@@ -214,12 +211,20 @@ class _DepTracker:
         for state, position, unobserved, n in self._pending:
             seq = self.g.accesses[state]
             inv = seq[position][0]
-            # observed unless the next access overwrites all of it in the same RL iteration (a reader
-            # observes it; at the end of the RL iteration a checkpoint does; a split group's refresh
-            # writes only its rows, so the value around them survives)
-            after = seq[position + 1] if position + 1 < len(seq) else None
-            if after is None or after[0].indices[0] != inv.indices[0] or after[1] is not Access.REFRESH \
-                    or self.g.node[after[0]].rows is not None:
+            # observed unless a later refresh in the same RL iteration overwrites all of its rows before
+            # anything reads them (a reader observes it; at the end of the RL iteration a checkpoint does;
+            # a row group's refresh hides only its own rows). Walked by index, stopping at the first
+            # reader: the walk is as long as the run of unread refreshes, never a copy of the rest.
+            rows = self.g.node[inv].rows
+            observed = True
+            for at in range(position + 1, len(seq)):
+                later_inv, later = seq[at]
+                if later_inv.indices[0] != inv.indices[0] or later is not Access.REFRESH:
+                    break  # the end of the RL iteration (a checkpoint) or a reader observes it
+                if _covers(self.g.node[later_inv].rows, rows):
+                    observed = False  # overwritten unobserved
+                    break
+            if observed:
                 for w, w_mode in unobserved[:n]:
                     if w != inv:
                         self._add(inv, w, self._reason(("state", state, "refresh", w_mode, False)))
@@ -253,6 +258,11 @@ class _DepTracker:
             why.add(dep)
 
 
+def _covers(a: tuple[int, int] | None, b: tuple[int, int] | None) -> bool:
+    """Rows `a` include rows `b` (None: every row)."""
+    return a is None or (b is not None and a[0] <= b[0] and b[1] <= a[1])
+
+
 def _clamped(wf: Workflow, limit: int | None) -> Workflow:
     """The workflow with loop counts capped (keeping every iteration an expression names explicitly),
     so that an explanation of a long workflow stays small. The edges' *relations* are unchanged."""
@@ -280,6 +290,31 @@ def _clamped(wf: Workflow, limit: int | None) -> Workflow:
     return replace(wf, root=clamp(wf.root))  # type: ignore[arg-type]
 
 
+REPRESENTATIVE = 2  # iterations through which a loop that ends on a condition is analysed
+
+
+def representative(wf: Workflow) -> Workflow:
+    """The workflow with every loop that ends on a condition run as a static loop of its first
+    `REPRESENTATIVE` iterations (fewer if its `count` says so). How many iterations such a loop runs is
+    known only at run time; two show every kind of edge it can have: into its first iteration, between
+    consecutive iterations (carried values, state), and out of its last. Rewrites keep these loops whole,
+    so nothing depends on the number."""
+    if not any(isinstance(i, LoopNode) and i.dynamic for i in wf.items()):
+        return wf
+
+    def fix(item: Item) -> Item:
+        if isinstance(item, LoopNode):
+            body = tuple(fix(c) for c in item.body)
+            if item.dynamic:
+                return replace(item, body=body, until=None, count=min(item.count or REPRESENTATIVE, REPRESENTATIVE))
+            return replace(item, body=body)
+        if isinstance(item, ExecutionNode) and item.phases:
+            return replace(item, phases=tuple(fix(c) for c in item.phases))
+        return item
+
+    return replace(wf, root=fix(wf.root))  # type: ignore[arg-type]
+
+
 _RECENT: OrderedDict[tuple, tuple[Workflow, InvocationGraph]] = OrderedDict()  # see invocation_graph
 _RECENT_KEPT = 4
 _RECENT_LOCK = threading.Lock()
@@ -287,7 +322,8 @@ _RECENT_LOCK = threading.Lock()
 
 def invocation_graph(wf: Workflow, iterations: int = 2, count_limit: int | None = None,
                      expand_phases: bool = False, edges: bool = True) -> InvocationGraph:
-    """Dependencies of every invocation over `iterations` consecutive RL iterations (0..n-1).
+    """Dependencies of every invocation over `iterations` consecutive RL iterations (0..n-1); a loop
+    that ends on a condition is analysed through representative iterations (`representative`).
 
     With `edges=False` only program order and the state accesses are recorded (what the policy-version
     lines need): no input is evaluated, which is most of the cost.
@@ -318,7 +354,7 @@ def clear_graph_cache() -> None:
 @in_bulk
 def _invocation_graph(wf: Workflow, iterations: int, count_limit: int | None, expand_phases: bool,
                       edges: bool) -> InvocationGraph:
-    wf = _clamped(wf, count_limit)
+    wf = representative(_clamped(wf, count_limit))
     if expand_phases:
         wf = replace(wf, root=_expand_all(wf.root))
     graph = InvocationGraph()
@@ -378,7 +414,8 @@ _PAST = {Access.READ: "read", Access.UPDATE: "updated", Access.REFRESH: "refresh
 def _loop_kind(loop: LoopNode) -> LoopKind:
     reasons: list[str] = []
     if loop.dynamic:
-        reasons.append("ends on a condition (until)")
+        reasons.append(f"ends on a condition (until {unparse(loop.until)}; analysed through its first "  # type: ignore[arg-type]
+                       f"{REPRESENTATIVE} iterations, which show every edge kind it has)")
     for c in loop.carries:
         reasons.append(f"carries '{c.name}'")
     accesses = state_access_order(loop.body)
@@ -426,9 +463,11 @@ class Analysis:
 
 
 def _relation(pairs: list[tuple[Invocation, Invocation]], loops: Mapping[Path, tuple[Path, ...]],
-              counts: Mapping[Path, int]) -> str:
+              counts: Mapping[Path, int], dynamic: frozenset[Path] = frozenset()) -> str:
     """Describe how a producer's loop iterations relate to its consumer's, over every edge of a group:
-    `same iteration`, `previous iteration of step`, `epoch = update.i`, `every step`, `epoch 0`."""
+    `same iteration`, `previous iteration of step`, `epoch = update.i`, `every step`, `epoch 0`, and,
+    when one iteration of a loop of the consumer's alone depends, `into step 0`. The iterations of a loop
+    that ends on a condition are representative: `first step`, never `step 0`."""
     p0, c0 = pairs[0]
     pl, cl = loops[p0.path], loops[c0.path]
     parts = []
@@ -448,10 +487,20 @@ def _relation(pairs: list[tuple[Invocation, Invocation]], loops: Mapping[Path, t
             parts.append(f"{name} = {cl[match][-1]}.i")
         elif len(values) == 1 and n > 0 and values[0] == counts.get(loop, -1) - 1 and values[0] > 0:
             parts.append(f"last {name}")
+        elif len(values) == 1 and loop in dynamic:
+            parts.append(f"first {name}" if values[0] == 0 else f"a later {name}")
         elif len(values) == 1:
             parts.append(f"{name} {values[0]}")
         else:
             parts.append(f"every {name}")
+    for m, loop in enumerate(cl):  # the consumer's own loops: say when only one of their iterations depends
+        values = sorted({c.indices[m] for _, c in pairs})
+        if loop in pl or m == 0 or len(values) != 1 or counts.get(loop, 0) < 2:
+            continue
+        v, name = values[0], loop[-1]
+        which = (f"last {name}" if v == counts[loop] - 1 else f"first {name}" if v == 0 and loop in dynamic
+                 else f"{name} {v}")
+        parts.append(f"into {which}")
     return ", ".join(parts) if parts else "same iteration"
 
 
@@ -467,7 +516,8 @@ def analyze(wf: Workflow, explain: bool = False, count_limit: int = 3) -> Analys
     versions: list[str] = []
     if True:  # the policy-version lines need the invocation graph even without --explain
         # without --explain only the version lines need the graph: one iteration of each loop shows them
-        clamped = _clamped(wf, count_limit if explain else 1)
+        clamped = representative(_clamped(wf, count_limit if explain else 1))
+        dynamic = frozenset(i.path for i in wf.items() if isinstance(i, LoopNode) and i.dynamic)
         counts = {i.path: len(i.indices()) for i in clamped.items() if isinstance(i, LoopNode)}
         g = invocation_graph(clamped, iterations=2, edges=explain)
         items = Resolver(clamped).items
@@ -480,7 +530,7 @@ def analyze(wf: Workflow, explain: bool = False, count_limit: int = 3) -> Analys
                 cross = p.indices[0] != c.indices[0]
                 grouped[(p.path, c.path, dep.kind, dep.detail, dep.flow, cross)].append((p, c))
             for (pp, cp, kind, detail, flow, _), pairs in sorted(grouped.items()):
-                edges.append(ItemEdge(pp, cp, kind, _relation(pairs, loops, counts), detail, flow))
+                edges.append(ItemEdge(pp, cp, kind, _relation(pairs, loops, counts, dynamic), detail, flow))
         versions = _versions(g)
     return Analysis(wf, kinds, edges, versions, dict(accessors))
 

@@ -8,7 +8,7 @@ effects) are checked by `resolve.py` on the finished IR, so that transformed pla
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .bulk import in_bulk
@@ -25,6 +25,7 @@ from .ir import (
     StateEffect,
     StateObject,
     Workflow,
+    iter_items,
 )
 from .loader import Document, FieldPositions, Path_
 from .schema import check_schema
@@ -191,7 +192,7 @@ def _component(ctx: _Ctx, name: str, raw: Mapping[str, Any]) -> Component:
         device=raw.get("device", "cpu"), state=tuple(state), gpu=_placement_int(ctx, path + ("gpu",), raw.get("gpu"), 0),
         mps_quota=_placement_int(ctx, path + ("mps_quota",), raw.get("mps_quota"), 1, 100), replicas=_placement_int(ctx, path + ("replicas",), raw.get("replicas", 1), 1) or 1,
         env=env, python_path=tuple(raw.get("python_path", ())),
-        venv=raw.get("venv"), replica_of=raw.get("replica_of"), pos=ctx.doc.key_pos(path), field_pos=fpos,
+        venv=raw.get("venv"), copy_of=raw.get("copy_of"), pos=ctx.doc.key_pos(path), field_pos=fpos,
     )
 
 
@@ -277,7 +278,7 @@ class _ItemBuilder:
         return ExecutionNode(
             path=me, component=comp_name, method=method, inputs=tuple(inputs), outputs=tuple(raw.get("out") or ()),
             effects=tuple(effects), batch=batch, batch_size=batch_size, phases=phases, expand=bool(raw.get("expand", False)),
-            rows=rows, split_of=raw.get("split_of"), after=tuple(raw.get("after") or ()),
+            rows=rows, split_of=raw.get("split_of"), group=raw.get("group"), moved_from=_moved_from(raw), after=tuple(raw.get("after") or ()),
             idempotent=bool(raw.get("idempotent", False)),
             timeout_s=raw.get("timeout_s"), shard=raw.get("shard"), pos=ctx.doc.pos(path + ("node",)),
             field_pos=self._fpos(path, raw, _NODE_FIELDS), src=path,
@@ -322,6 +323,7 @@ class _ItemBuilder:
         return LoopNode(
             path=me, body=self.body(raw["body"], path + ("body",), me), count=count, until=until,
             carries=tuple(carries), collects=tuple(collects), iterations=iterations, split_of=raw.get("split_of"),
+            group=raw.get("group"), moved_from=_moved_from(raw),
             after=tuple(raw.get("after") or ()),
             pos=ctx.doc.pos(path + ("loop",)) if "loop" in raw else ctx.doc.pos(path), field_pos=fpos, src=path,
         )
@@ -355,6 +357,32 @@ def build_workflow(doc: Document, overrides: Mapping[str, Any] | None = None) ->
     root = builder.loop(root_raw, ("iteration",), (), "iteration")
     if ctx.diags:
         raise WorkflowError(ctx.diags, doc.text)
+    root = _inherit_groups(root)
     seed = ctx.params.get("seed", 0)
     return Workflow(name=data["name"], version=data["rose"], params=ctx.params, components=components, root=root,
-                    file=doc.file, seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else 0)
+                    file=doc.file, seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else 0,
+                    plan=dict(data["plan"]) if isinstance(data.get("plan"), dict) else None)
+
+
+def _inherit_groups(root: LoopNode) -> LoopNode:
+    """A plan writes `group:` on group items only; the items inside a group run in it too."""
+    if not any(getattr(i, "group", None) is not None for i in iter_items(root)):
+        return root
+
+    def walk(item: Item, group: int | None) -> Item:
+        if isinstance(item, MergeNode):
+            return item
+        own = item.group if item.group is not None else group
+        if isinstance(item, LoopNode):
+            return replace(item, group=own, body=tuple(walk(c, own) for c in item.body))
+        return replace(item, group=own, phases=tuple(walk(c, own) for c in item.phases) if item.phases else item.phases)
+
+    out = walk(root, None)
+    assert isinstance(out, LoopNode)
+    return out
+
+
+def _moved_from(raw: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """`moved_from: update.sgd` (a path below the iteration) -> ("iteration", "update", "sgd")."""
+    text = raw.get("moved_from")
+    return ("iteration",) + tuple(text.split(".")) if text else None

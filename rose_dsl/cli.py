@@ -111,10 +111,17 @@ def _overrides(items: list[str] | None) -> dict[str, object]:
     return result
 
 
-def load_or_exit(path: Path, sets: list[str] | None) -> Workflow:
-    """The checked workflow, or every problem printed and exit 2."""
+def load_or_exit(path: Path, sets: list[str] | None, source: Path | None = None) -> Workflow:
+    """The checked workflow, or every problem printed and exit 2. A plan is also checked against its
+    source workflow (`source`, else the one its `plan: source:` records): it must keep every dependency
+    of it (`transforms.plan_check`), since anyone may edit a plan by hand."""
     try:
-        return load_workflow(path, _overrides(sets))
+        wf = load_workflow(path, _overrides(sets))
+        if wf.plan is not None or source is not None:
+            from .transforms.plan_check import check_plan_source  # the rewrites are loaded for plans only
+
+            check_plan_source(wf, source)
+        return wf
     except WorkflowError as exc:
         n = len(exc.diagnostics)
         err.print(exc.format(), markup=False)
@@ -275,7 +282,7 @@ def rewrite(
     header = "\n".join([f"# plan written by `rose rewrite` from {file}", *[f"#   {a}" for a in applied]])
     text = to_yaml(wf, plan={"source": str(file), "rewrites": list(do)}, header=header)
     try:
-        load_workflow_text(text, str(output or "<plan>"))
+        load_workflow_text(text, "<plan, not written>")  # positions refer to the text shown, no file
     except WorkflowError as exc:  # a bug: a rewrite produced an invalid plan
         err.print(exc.format(), markup=False)
         err.print("internal error: the rewritten plan does not validate (a bug in rose); nothing written")

@@ -76,7 +76,9 @@ class Component:
     env: dict[str, str] = field(default_factory=dict)
     python_path: tuple[str, ...] = ()
     venv: str | None = None
-    replica_of: str | None = None  # plan-only: a copy made by a temporal split, same impl and args
+    # plan-only: this component is a copy of `copy_of` (same impl, args and state objects), made by a
+    # temporal split so that a group of iterations has its own state; not a data-parallel replica
+    copy_of: str | None = None
     pos: SourcePos = field(default=NOWHERE, compare=False)
     # where the fields that choose code came from ("impl", "env.NAME", "python_path[0]", "venv"), so that
     # a refusal or a failed import points at the value, not at the component's key
@@ -102,6 +104,12 @@ class ExecutionNode:
     expand: bool = False  # plan-only: run `phases` instead of the entry
     rows: tuple[int, int] | None = None  # plan-only: this split group's global batch rows
     split_of: str | None = None  # plan-only: the name of the node this group was split from
+    # plan-only: the group (row group or iteration group) this item runs in: its own number when it is a
+    # group (`split_of` set), else the innermost enclosing group's; None outside groups
+    group: int | None = None
+    # plan-only: the path this item had in the source workflow when a rewrite moved it elsewhere (a loop
+    # fusion moves `update.sgd` into `epoch`); groups and their contents are traced through `split_of`
+    moved_from: tuple[str, ...] | None = None
     after: tuple[str, ...] = ()  # run after these earlier siblings, in the same iterations of the loops around both
     idempotent: bool = False
     timeout_s: float | None = None
@@ -148,6 +156,8 @@ class LoopNode:
     collects: tuple[tuple[str, Expr], ...] = ()  # evaluated after the last iteration
     iterations: tuple[int, ...] | None = None  # plan-only: the iterations this temporal group runs
     split_of: str | None = None
+    group: int | None = None  # plan-only: as ExecutionNode.group
+    moved_from: tuple[str, ...] | None = None  # plan-only: as ExecutionNode.moved_from
     after: tuple[str, ...] = ()  # run after these earlier siblings, in the same iterations of the loops around both
     pos: SourcePos = field(default=NOWHERE, compare=False)
     # Where each field came from ("in.obs" -> position) and the item's path in the YAML document
@@ -214,6 +224,9 @@ class Workflow:
     root: LoopNode  # path ("iteration",)
     file: str = field(default="<string>", compare=False)
     seed: int = 0
+    # a plan's metadata (`plan:` in the file: its source workflow, the rewrites that made it), None for a
+    # workflow; not part of what the workflow computes
+    plan: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
     def state_objects(self) -> dict[str, StateObject]:
         return {s.key: s for c in self.components.values() for s in c.state}

@@ -179,7 +179,13 @@ class Scopes:
 
 class Resolver(Scopes):
     """Resolution of a workflow's expressions to bindings, by the lexical rules of the module docstring:
-    every `Ref` and `IterRef` of an expression becomes a `Use`, or a `ResolveError` says why not."""
+    every `Ref` and `IterRef` of an expression becomes a `Use`, or a `ResolveError` says why not.
+    `tables` keeps each field's resolution (`BindingTables`): ask it, not `resolve_field`, when a field
+    is read more than once."""
+
+    def __init__(self, wf: Workflow) -> None:
+        super().__init__(wf)
+        self.tables = BindingTables(self)
 
     def resolve_field(self, item: Item, field: str, expr: Expr) -> list[Use]:
         scope, pos, self_loop = self.site(item, field)
@@ -322,27 +328,42 @@ def binding_table(uses: list[Use] | tuple[Use, ...]) -> dict[int, Binding]:
 
 
 class BindingTables:
-    """The binding tables of a workflow's fields, each resolved once. Evaluating every call of two RL
-    iterations reads the same few fields thousands of times; resolving them each time was the cost."""
+    """The binding tables of a workflow's fields, each resolved once: the one cache every reader of
+    bindings goes through (the evaluator, the analysis, the rewrites; `Resolver.tables`). Evaluating
+    every call of two RL iterations reads the same few fields thousands of times; resolving them each
+    time was the cost.
+
+    A table is kept per field together with the expression it was made for, and used only for that
+    same expression object: a rewrite may ask about a rebuilt copy of an item (same path, new
+    expressions), whose references are other objects, so a table keyed by the path alone would miss
+    them -- and one keyed by `id(expr)` alone could be handed to a new expression that reuses a freed
+    one's id."""
 
     def __init__(self, resolver: Resolver) -> None:
         self.resolver = resolver
-        self._fields: dict[tuple[Path, str], dict[int, Binding]] = {}
-        self._bodies: dict[tuple[int, Path], dict[int, Binding]] = {}
+        self._fields: dict[tuple[Path, str], tuple[Expr, dict[int, Binding]]] = {}
+        self._bodies: dict[tuple[int, Path], tuple[Expr, dict[int, Binding]]] = {}
 
     def field(self, item: Item, key: str, expr: Expr) -> dict[int, Binding]:
-        """The table of field `key` ("in.obs", "carry.x.next", ...) of `item`, whose expression is `expr`."""
-        table = self._fields.get((item.path, key))
-        if table is None:
-            table = self._fields[item.path, key] = binding_table(self.resolver.resolve_field(item, key, expr))
+        """The table of field `key` ("in.obs", "carry.x.next", ...) of `item`, whose expression is `expr`.
+        Resolved where the resolver's workflow has an item at `item.path` (a rebuilt copy stands there).
+        Raises ResolveError for a field that does not resolve."""
+        hit = self._fields.get((item.path, key))
+        if hit is not None and hit[0] is expr:
+            return hit[1]
+        site = self.resolver.items.get(item.path, item)
+        table = binding_table(self.resolver.resolve_field(site, key, expr))
+        self._fields[item.path, key] = (expr, table)
         return table
 
     def in_body(self, expr: Expr, loop: Path) -> dict[int, Binding]:
         """The table of `expr` resolved at the end of `loop`'s body (an iteration reference's inner part
         read in one group of a loop split in time)."""
-        table = self._bodies.get((id(expr), loop))
-        if table is None:
-            table = self._bodies[id(expr), loop] = binding_table(self.resolver.resolve_in_body(expr, loop))
+        hit = self._bodies.get((id(expr), loop))
+        if hit is not None and hit[0] is expr:
+            return hit[1]
+        table = binding_table(self.resolver.resolve_in_body(expr, loop))
+        self._bodies[id(expr), loop] = (expr, table)
         return table
 
 

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple, Protocol
 
 from .expr import BinOp, Call, Expr, Int, IterRef, Neg, Param, Record, Ref, Slice
 from .ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
-from .resolve import Binding, BindingTables, CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver
+from .resolve import Binding, CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver
 
 __all__ = ["Invocation", "CallSite", "ValueOps", "Frame", "Program", "SemanticError", "enclosing_loops",
            "run_sequential"]
@@ -109,7 +109,7 @@ class Program:
         self.resolver = Resolver(wf)
         self.items = self.resolver.items
         self.loops_of = self.resolver.loops_of
-        self.tables = BindingTables(self.resolver)
+        self.tables = self.resolver.tables  # the workflow's one cache of binding tables
         self._inputs: dict[Path, tuple[tuple[str, Expr, Table], ...]] = {}
         self._indices: dict[Path, Sequence[int]] = {}
 

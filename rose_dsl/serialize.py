@@ -39,8 +39,8 @@ def _component(c: Component) -> dict[str, Any]:
         out["python_path"] = list(c.python_path)
     if c.venv:
         out["venv"] = c.venv
-    if c.replica_of:
-        out["replica_of"] = c.replica_of
+    if c.copy_of:
+        out["copy_of"] = c.copy_of
     return out
 
 
@@ -49,7 +49,9 @@ def _plan_fields(item: Item, out: dict[str, Any]) -> None:
         out["after"] = list(item.after)
 
 
-def _item(item: Item) -> dict[str, Any]:
+def _item(item: Item, inherited: int | None = None) -> dict[str, Any]:
+    """One item as YAML; `inherited` is the group of the enclosing item (`group:` is written only where an
+    item's group is not the one it would inherit: on groups, and on items moved in from another group)."""
     if isinstance(item, ExecutionNode):
         out: dict[str, Any] = {"node": item.name, "call": item.call}
         if item.inputs:
@@ -61,13 +63,17 @@ def _item(item: Item) -> dict[str, Any]:
         if item.batch is not None:
             out["batch"] = {"dim": item.batch, "size": item.batch_size} if item.batch_size is not None else item.batch
         if item.phases:
-            out["phases"] = [_item(p) for p in item.phases]
+            out["phases"] = [_item(p, item.group) for p in item.phases]
         if item.expand:
             out["expand"] = True
         if item.rows is not None:
             out["rows"] = list(item.rows)
         if item.split_of:
             out["split_of"] = item.split_of
+        if item.group is not None and item.group != inherited:
+            out["group"] = item.group
+        if item.moved_from:
+            out["moved_from"] = ".".join(item.moved_from[1:])
         if item.idempotent:
             out["idempotent"] = True
         if item.timeout_s is not None:
@@ -88,8 +94,12 @@ def _item(item: Item) -> dict[str, Any]:
             out["iterations"] = list(item.iterations)
         if item.split_of:
             out["split_of"] = item.split_of
+        if item.group is not None and item.group != inherited:
+            out["group"] = item.group
+        if item.moved_from:
+            out["moved_from"] = ".".join(item.moved_from[1:])
         _plan_fields(item, out)
-        out["body"] = [_item(c) for c in item.body]
+        out["body"] = [_item(c, item.group) for c in item.body]
         if item.collects:
             out["collect"] = {name: _expr(e) for name, e in item.collects}
         return out

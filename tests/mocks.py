@@ -1,7 +1,8 @@
 """Deterministic mock components for the semantics and rewrite property suites.
 
 A mock's behaviour per method is given at construction (by the test's workflow generator): which
-state objects it reads / updates / refreshes, and whether it is batch-separable. Every value is a
+state objects it reads / updates / refreshes, whether it is batch-separable, and which outputs are
+per-row 0/1 flags (`flags`, for loops that end `until:` every row is done). Every value is a
 float64 vector over the batch (the last dimension; stacked values are `[T, ..., B]`), so row r of an
 output depends only on row r of the inputs and of the state for separable methods, and on all rows
 for the others. Every state operation is logged.
@@ -77,6 +78,12 @@ class Mock:
             for j, port in enumerate(spec.get("out", [])):
                 base = mix if separable else mix.cumsum(0)
                 outs[port] = torch.tanh(base * (0.5 + 0.1 * j) + _const(method, port))
+                if port in spec.get("flags", ()):  # a per-row 'done' flag (0 or 1), for `until:`
+                    # row r's flag depends on row r's value and on r itself (a global row: `rows` is the
+                    # group's), so that rows finish at different iterations
+                    offset = torch.tensor([_const(self.name, method, port, str(r)) for r in range(*idx.indices(self.batch))],
+                                          dtype=torch.float64)
+                    outs[port] = (outs[port] + offset > 0).to(torch.float64)
             return outs
 
         return call

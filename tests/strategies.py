@@ -1,6 +1,14 @@
 """hypothesis strategies: random *valid* workflows (as YAML documents), for round-trip, fuzzing and
 the rewrite property suites. Every reference points at something visible and earlier, so the result
-must validate; what varies is nesting, carries, collects, iteration selections and state patterns."""
+must validate; what varies is nesting, carries, collects, iteration selections and state patterns.
+
+The generator is meant to reach every construct a rewrite must handle (each one was the cause of a
+bug the suite missed before it was added here): loops that end on a condition (`until:` over a per-row
+done flag, so that row groups would stop at other iterations than the whole batch), loops nested inside
+loops whose every node is separable (the candidates of a loop-body split), collects that read the
+loop's own carried value, records, selections by another loop's index (`l2[l3.i].x`) and selections
+that reach into a nested loop (`l1[-1].l2[0].x`).
+"""
 
 from __future__ import annotations
 
@@ -30,28 +38,61 @@ class _Gen:
 
 
 @dataclass
+class _Loop:
+    """An earlier loop visible from here: what its iterations may be selected by."""
+
+    name: str
+    count: int
+    dynamic: bool
+    inner: list[str]  # references valid at the end of its body
+
+
+@dataclass
 class _Scope:
     values: list[str] = field(default_factory=list)  # expressions usable as values here
     ints: list[str] = field(default_factory=list)  # loop indices
-    loops: list[tuple[str, list[str]]] = field(default_factory=list)  # earlier loops: (name, inner value refs)
+    loops: list[_Loop] = field(default_factory=list)  # earlier loops
+    enclosing: list[tuple[str, int]] = field(default_factory=list)  # static enclosing loops: (name, count)
+
+    def copy(self) -> _Scope:
+        return _Scope(list(self.values), list(self.ints), list(self.loops), list(self.enclosing))
 
 
-def _node(g: _Gen, scope: _Scope) -> tuple[dict[str, Any], list[str]]:
+def _selections(loop: _Loop, scope: _Scope, ref: str) -> list[str]:
+    """Ways to read `ref` (valid at the end of `loop`'s body) from after the loop."""
+    out = [f"{loop.name}[-1].{ref}", f"stack({loop.name}[*].{ref})"]
+    if not loop.dynamic:
+        out.append(f"{loop.name}[0].{ref}")
+        out += [f"{loop.name}[{m}.i].{ref}" for m, c in scope.enclosing if c <= loop.count]
+    return out
+
+
+def _value(g: _Gen, scope: _Scope) -> str | None:
+    d = g.draw
+    choices = scope.values + scope.ints
+    for loop in scope.loops:
+        if loop.inner:
+            choices += _selections(loop, scope, d(st.sampled_from(loop.inner)))
+    if not choices:
+        return None
+    first = d(st.sampled_from(choices))
+    if scope.values and d(st.integers(0, 5)) == 0:  # a record
+        return f"{{a: {first}, b: {d(st.sampled_from(scope.values))}}}"
+    return first
+
+
+def _node(g: _Gen, scope: _Scope, flag: bool = False) -> tuple[dict[str, Any], list[str]]:
     d = g.draw
     name = g.fresh("n")
     comp = d(st.sampled_from(sorted(g.components)))
     method = name  # one method per node: the mock's behaviour is the node's declaration
-    outs = [f"o{i}" for i in range(d(st.integers(0, 2)))]
+    outs = [f"o{i}" for i in range(d(st.integers(1 if flag else 0, 2)))]
     node: dict[str, Any] = {"node": name, "call": f"{comp}.{method}"}
     ins: dict[str, str] = {}
     for i in range(d(st.integers(0, 2))):
-        choices = scope.values + scope.ints
-        for loop_name, inner in scope.loops:
-            if inner:
-                ins_ref = d(st.sampled_from(inner))
-                choices += [f"{loop_name}[-1].{ins_ref}", f"{loop_name}[0].{ins_ref}", f"stack({loop_name}[*].{ins_ref})"]
-        if choices:
-            ins[f"x{i}"] = d(st.sampled_from(choices))
+        v = _value(g, scope)
+        if v is not None:
+            ins[f"x{i}"] = v
     if ins:
         node["in"] = ins
     if outs:
@@ -64,22 +105,31 @@ def _node(g: _Gen, scope: _Scope) -> tuple[dict[str, Any], list[str]]:
     separable = g.all_separable or d(st.integers(0, 3)) > 0
     if separable:
         node["batch"] = {"dim": 0, "size": g.batch}
-    g.behaviors.setdefault(comp, {})[method] = {"state": dict(node.get("state", {})), "out": outs, "separable": separable}
+    behavior = {"state": dict(node.get("state", {})), "out": outs, "separable": separable}
+    if flag:
+        behavior["flags"] = [outs[0]]  # a 0/1 per-row 'done' flag, for an `until:`
+    g.behaviors.setdefault(comp, {})[method] = behavior
     g.nodes += 1
     return node, [f"{name}.{o}" for o in outs]
 
 
-def _body(g: _Gen, scope: _Scope, depth: int) -> tuple[list[dict[str, Any]], list[str]]:
+def _body(g: _Gen, scope: _Scope, depth: int) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """Items of a body, the values they produce, and every reference valid at the end of the body."""
     d = g.draw
     items: list[dict[str, Any]] = []
-    local = _Scope(list(scope.values), list(scope.ints), list(scope.loops))
+    local = scope.copy()
     produced: list[str] = []
+    ends: list[str] = []
     for _ in range(d(st.integers(1, 4 if depth == 1 else 3))):
         if g.nodes >= g.max_nodes:
             break
         if depth < g.max_depth and d(st.integers(0, 2)) == 0:
-            item, outs, inner = _loop(g, local, depth)
-            local.loops.append((item["loop"], inner))
+            earlier = [lp.count for lp in local.loops[len(scope.loops):] if not lp.dynamic]  # this body's loops
+            item, outs, loop = _loop(g, local, depth, earlier[-1] if earlier else None)
+            local.loops.append(loop)
+            if loop.inner:  # reaching into a nested loop's iterations
+                ref = d(st.sampled_from(loop.inner))
+                ends += [f"{loop.name}[-1].{ref}"] + ([] if loop.dynamic else [f"{loop.name}[0].{ref}"])
         else:
             item, outs = _node(g, local)
         items.append(item)
@@ -89,21 +139,33 @@ def _body(g: _Gen, scope: _Scope, depth: int) -> tuple[list[dict[str, Any]], lis
         item, outs = _node(g, local)
         items.append(item)
         produced += outs
-    return items, produced
+    return items, produced, produced + ends
 
 
-def _loop(g: _Gen, scope: _Scope, depth: int) -> tuple[dict[str, Any], list[str], list[str]]:
+def _loop(g: _Gen, scope: _Scope, depth: int, sibling_count: int | None = None) -> tuple[dict[str, Any], list[str], _Loop]:
     d = g.draw
     name = g.fresh("l")
-    inner_scope = _Scope(list(scope.values), scope.ints + [f"{name}.i"], list(scope.loops))
+    dynamic = d(st.integers(0, 4)) == 0
+    count = d(st.sampled_from([2, 3, 4] if dynamic else [1, 2, 2, 2, 3]))  # a dynamic loop's most iterations
+    if sibling_count is not None and not dynamic and d(st.booleans()):
+        count = sibling_count  # matched sibling loops (epoch / update): what fusion and interleaving need
+    inner_scope = scope.copy()
+    inner_scope.ints.append(f"{name}.i")
+    if not dynamic:
+        inner_scope.enclosing.append((name, count))
     carry_init = d(st.sampled_from(scope.values)) if scope.values and d(st.booleans()) else None
     if carry_init is not None:
         inner_scope.values.append(f"{name}.v")
     outer_flag = g.all_separable
     g.all_separable = outer_flag or d(st.booleans())
-    body, produced = _body(g, inner_scope, depth + 1)
+    body, produced, ends = _body(g, inner_scope, depth + 1)
+    loop: dict[str, Any] = {"loop": name, "count": count}
+    if dynamic:  # ends when every row's flag is set (or after `count` iterations)
+        flag_node, flag_outs = _node(g, _Scope(inner_scope.values + produced, list(inner_scope.ints)), flag=True)
+        flag_node["in"] = {**flag_node.get("in", {}), "t": f"{name}.i"}  # rows finish at different iterations
+        body.append(flag_node)
+        loop["until"] = flag_outs[0]
     g.all_separable = outer_flag
-    loop: dict[str, Any] = {"loop": name, "count": d(st.sampled_from([1, 2, 2, 3]))}
     outs: list[str] = []
     if carry_init is not None and produced:
         loop["carry"] = {"v": {"init": carry_init, "next": d(st.sampled_from(produced))}}
@@ -113,9 +175,12 @@ def _loop(g: _Gen, scope: _Scope, depth: int) -> tuple[dict[str, Any], list[str]
         body = _strip(body, f"{name}.v", carry_init)
     loop["body"] = body
     if produced and d(st.booleans()):
-        loop["collect"] = {"c": f"stack({name}[*].{d(st.sampled_from(produced))})"}
+        # the loop's own carried value, when it keeps one shape (its first value is a node's output, like every next)
+        own = [f"{name}.v"] if "carry" in loop and carry_init.startswith("n") else []
+        picked = d(st.sampled_from(produced + own))
+        loop["collect"] = {"c": f"stack({name}[*].{picked})"}
         outs.append(f"{name}.c")
-    return loop, outs, produced
+    return loop, outs, _Loop(name, count, dynamic, ends)
 
 
 def _strip(body: Any, ref: str, replacement: str) -> Any:
@@ -134,7 +199,7 @@ def workflows(draw, max_nodes: int = 14, max_depth: int = 3) -> dict[str, Any]:
     ncomp = draw(st.integers(1, 3))
     components = {f"c{i}": [f"s{j}" for j in range(draw(st.integers(0, 2)))] for i in range(ncomp)}
     g = _Gen(draw, components, max_depth=max_depth, max_nodes=max_nodes)
-    body, _ = _body(g, _Scope(ints=["iteration.i"]), 1)
+    body, _, _ = _body(g, _Scope(ints=["iteration.i"]), 1)
     return {
         "rose": 1,
         "name": "random",

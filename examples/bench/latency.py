@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Source", "Policy", "Sim", "Scorer", "Trainer"]
+__all__ = ["Source", "Policy", "Sim", "Scorer", "Trainer", "Stage"]
 
 DTYPE = torch.float64
 
@@ -190,3 +190,35 @@ class Trainer(_Timed):
         out = {"loss": sum(self._losses) / len(self._losses)} if self._losses else {}
         self._losses = []
         return out
+
+
+class Stage:
+    """One component for every stage of the chain-pipelining benchmark (benchmarks/chain_pipelining.py,
+    tests/transforms/test_chain.py): `generate` -> `score` -> `learn`, each call sleeping a fixed time plus
+    a time per row (`time.sleep` frees the GIL, as a call waiting on a device or a remote server does),
+    then computing a deterministic row-wise function -- so splitting it into row groups gives
+    bit-identical results, and only the overlap of groups changes the wall time."""
+
+    def __init__(self, rows: int = 128, fixed_ms: float = 5.0, per_row_ms: float = 1.0, width: int = 4, seed: int = 0) -> None:
+        self.rows, self.fixed, self.per_row, self.width, self.seed = rows, fixed_ms / 1e3, per_row_ms / 1e3, width, seed
+        self.w = torch.zeros(width, dtype=DTYPE)  # the learner's state
+
+    def _wait(self, n: int) -> None:
+        time.sleep(self.fixed + self.per_row * n)
+
+    def generate(self, it: Any, rows: slice | None = None) -> dict[str, torch.Tensor]:
+        """Row r of iteration `it` depends only on (seed, it, r)."""
+        idx = _rows(rows, self.rows)
+        self._wait(len(idx))
+        base = torch.tensor([[(self.seed * 7919 + int(it) * 131 + r * 17 + c) % 97 for c in range(self.width)]
+                             for r in idx], dtype=DTYPE)
+        return {"tokens": torch.sin(base + self.w)}
+
+    def score(self, tokens: torch.Tensor, rows: slice | None = None) -> dict[str, torch.Tensor]:
+        self._wait(tokens.shape[0])
+        return {"reward": torch.tanh(tokens).sum(1)}
+
+    def learn(self, tokens: torch.Tensor, reward: torch.Tensor) -> dict[str, torch.Tensor]:
+        self._wait(0)
+        self.w = self.w + 1e-3 * (tokens * reward[:, None]).mean(0)
+        return {"loss": -reward.mean()}

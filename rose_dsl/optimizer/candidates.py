@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from ..analysis import loop_kinds
 from ..ir import Component, ExecutionNode, Item, LoopNode, MergeNode, Workflow
-from ..transforms import REQUEST_HELP, Refused, apply_request
+from ..transforms import Refused, apply
 from .profile import base_component, structural
 
 __all__ = ["Alternative", "Feasible", "Infeasible", "alternatives", "sweep", "check", "find_structural",
@@ -141,10 +141,6 @@ def _temporal(wf: Workflow, loop: LoopNode, target: str, groups: Sequence[int], 
             for k in groups if 1 < k <= n]
 
 
-def _chain_supported() -> bool:
-    return "split-chain" in REQUEST_HELP
-
-
 def alternatives(wf: Workflow, target: str, groups: Sequence[int] = DEFAULT_GROUPS) -> list[Alternative]:
     """The candidate transformations for target node `target` (a structural path), in the paper's order
     (not yet checked for legality: `check` does that)."""
@@ -197,23 +193,22 @@ def _split_node(wf: Workflow, node: ExecutionNode, target: str, groups: Sequence
     for k in _divisors(node.batch_size, groups):
         out.append(Alternative((f"split {name} {k}",), "split-node", target, (), k, (_spath(node.path),),
                                f"split '{node.name}' into {k} row groups"))
-    if _chain_supported():
-        body = _body(_parent(wf, node.path))
-        names = [i.name for i in body]
-        at = names.index(node.name)
-        chain = [node.name]
-        for nxt in body[at + 1:]:
-            if isinstance(nxt, ExecutionNode) and nxt.batch == 0 and nxt.batch_size == node.batch_size:
-                chain.append(nxt.name)
-            else:
-                break
-        if len(chain) > 1:
-            parts = [request_name(wf, node.path[:-1] + (c,)) for c in chain]
-            for k in _divisors(node.batch_size, groups):
-                out.append(Alternative((f"split-chain {' '.join(parts)} {k}",), "split-chain", target,
-                                       tuple(_spath(node.path[:-1] + (c,)) for c in chain[1:]), k,
-                                       tuple(_spath(node.path[:-1] + (c,)) for c in chain),
-                                       f"pipeline the chain {' -> '.join(chain)} in {k} row groups"))
+    body = _body(_parent(wf, node.path))
+    names = [i.name for i in body]
+    at = names.index(node.name)
+    chain = [node.name]
+    for nxt in body[at + 1:]:
+        if isinstance(nxt, ExecutionNode) and nxt.batch == 0 and nxt.batch_size == node.batch_size:
+            chain.append(nxt.name)
+        else:
+            break
+    if len(chain) > 1:
+        parts = [request_name(wf, node.path[:-1] + (c,)) for c in chain]
+        for k in _divisors(node.batch_size, groups):
+            out.append(Alternative((f"split-chain {' '.join(parts)} {k}",), "split-chain", target,
+                                   tuple(_spath(node.path[:-1] + (c,)) for c in chain[1:]), k,
+                                   tuple(_spath(node.path[:-1] + (c,)) for c in chain),
+                                   f"pipeline the chain {' -> '.join(chain)} in {k} row groups"))
     return out
 
 
@@ -274,7 +269,7 @@ def sweep(wf: Workflow, groups: Sequence[int] = DEFAULT_GROUPS) -> list[Alternat
                 out.append(Alternative((f"fuse {request_name(wf, a.path)} {request_name(wf, b.path)}",), "fuse", SWEEP,
                                        tuple(_spath(n.path) for n in _calls(b)),
                                        note=f"run iteration j of '{b.name}' right after iteration j of '{a.name}'"))
-            if isinstance(a, ExecutionNode) and a.batch == 0 and _chain_supported():
+            if isinstance(a, ExecutionNode) and a.batch == 0:
                 out += [x for x in _split_node(wf, a, SWEEP, groups, "") if x.family == "split-chain"]
     return _dedupe(out)
 
@@ -298,12 +293,9 @@ def check(wf: Workflow, alt: Alternative, memory: MemoryCheck | None = None) -> 
     current = wf
     done = []
     for request in alt.requests:
-        try:
-            result = apply_request(current, request)
-        except Refused as exc:
-            return Infeasible(alt, f"{request}: {exc.reason}")
-        except (ValueError, KeyError, AssertionError, IndexError) as exc:  # a rewrite's own bug: say so, go on
-            return Infeasible(alt, f"{request}: internal error in the rewrite ({type(exc).__name__}: {exc})")
+        result = apply(current, request)  # the pass runner: built and checked, never raises
+        if isinstance(result, Refused):  # a bug in a rewrite is refused too (`internal`): said, and the search goes on
+            return Infeasible(alt, f"{request}: {'internal error in the rewrite: ' if result.internal else ''}{result.reason}")
         current = result.workflow
         done.append(result.description)
     if current == wf:

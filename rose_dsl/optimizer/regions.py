@@ -33,7 +33,7 @@ from ..resolve import (
     Resolver,
     check_workflow,
 )
-from ..transforms.common import uses_by_id
+from ..transforms.tree import children, map_item_exprs, map_tree, repath, replace_item
 
 __all__ = ["changed_regions", "common_ancestor", "LocalGraph", "local_graphs", "probe_workflow",
            "FEED", "PROBE", "Probe", "feed_component", "probe_component"]
@@ -44,14 +44,6 @@ PROBE = "__probe__"  # the component whose nodes capture them during a real iter
 
 
 # -- where two workflows differ -------------------------------------------------------------------
-
-def _children(item: Item) -> tuple[Item, ...]:
-    if isinstance(item, LoopNode):
-        return item.body
-    if isinstance(item, ExecutionNode) and item.phases:
-        return item.phases
-    return ()
-
 
 def _shell(item: Item) -> Item:
     """The item without its children (to compare its own fields)."""
@@ -68,7 +60,7 @@ def changed_regions(old: Workflow, new: Workflow) -> set[Path]:
     regions: set[Path] = set()
 
     def walk(o: Item, n: Item) -> None:
-        oc, nc = _children(o), _children(n)
+        oc, nc = children(o), children(n)
         if [c.name for c in oc] != [c.name for c in nc]:
             regions.add(o.path)
             return
@@ -189,33 +181,11 @@ def _externalize(expr: Expr, bound: Mapping[int, Binding], region: Path, port: C
 
 
 def _rewrite_item(item: Item, resolver: Resolver, region: Path, port: Callable[[str], str]) -> Item:
-    def field_fn(it: Item):
-        def fn(key: str, e: Expr) -> Expr:
-            return _externalize(e, uses_by_id(resolver, it, key, e), region, port)
-        return fn
+    """`item` and everything below it with the values from outside the region read from feed ports."""
+    def fields(it: Item) -> Item:
+        return map_item_exprs(it, lambda key, e: _externalize(e, resolver.tables.field(it, key, e), region, port))
 
-    fn = field_fn(item)
-    if isinstance(item, ExecutionNode):
-        phases = tuple(_rewrite_item(c, resolver, region, port) for c in item.phases) if item.phases else item.phases
-        return replace(item, inputs=tuple((p, fn(f"in.{p}", e)) for p, e in item.inputs), phases=phases)
-    if isinstance(item, LoopNode):
-        carries = tuple(replace(c, init=fn(f"carry.{c.name}.init", c.init), next=fn(f"carry.{c.name}.next", c.next))
-                        for c in item.carries)
-        until = fn("until", item.until) if item.until is not None else None
-        collects = tuple((n, fn(f"collect.{n}", e)) for n, e in item.collects)
-        body = tuple(_rewrite_item(c, resolver, region, port) for c in item.body)
-        return replace(item, carries=carries, until=until, collects=collects, body=body)
-    return item
-
-
-def _repath(item: Item, old: Path, new: Path) -> Item:
-    path = new + item.path[len(old):]
-    if isinstance(item, ExecutionNode):
-        phases = tuple(_repath(p, old, new) for p in item.phases) if item.phases else item.phases
-        return replace(item, path=path, phases=phases)
-    if isinstance(item, LoopNode):
-        return replace(item, path=path, body=tuple(_repath(c, old, new) for c in item.body))
-    return replace(item, path=path)
+    return map_tree(item, fields)
 
 
 def _windowed(item: Item, window: int | None) -> Item:
@@ -236,7 +206,7 @@ def _writers(item: Item) -> set[str]:
 
 def _walk(item: Item) -> Iterator[Item]:
     yield item
-    for c in _children(item):
+    for c in children(item):
         yield from _walk(c)
 
 
@@ -268,7 +238,7 @@ def _local(wf: Workflow, region: Path, window: int | None, ports: dict[str, str]
     except _Unreplayable as exc:
         return f"'{exc.args[0]}' selects outside values by an index of the region: its inputs cannot be replayed"
     root_path = wf.root.path
-    local = _repath(_windowed(replace(body_item, after=()), window), region, root_path + (region[-1],))
+    local = repath(_windowed(replace(body_item, after=()), window), region, root_path + (region[-1],))
     feed = ExecutionNode(path=root_path + (FEED,), component=FEED, method="get", outputs=tuple(sorted(used, key=_port_key)))
     root = replace(wf.root, body=(feed, local), count=1, carries=(), collects=(), until=None)
     comps = dict(wf.components)
@@ -321,7 +291,7 @@ def probe_workflow(wf: Workflow, probes: Sequence[Probe], probe_impl: str) -> Wo
         names = [i.name for i in parent.body]
         at = names.index(probe.region[-1])
         body = parent.body[:at] + (node,) + parent.body[at:]
-        out = _replace(out, parent.path, replace(parent, body=body))
+        out = replace_item(out, parent.path, replace(parent, body=body))
     comps = dict(out.components)
     comps[PROBE] = probe_component(probe_impl)
     out = replace(out, components=comps)
@@ -329,12 +299,6 @@ def probe_workflow(wf: Workflow, probes: Sequence[Probe], probe_impl: str) -> Wo
     if diags:
         return f"the probes do not fit ({diags[0].path}: {diags[0].message})"
     return out
-
-
-def _replace(wf: Workflow, path: Path, new: Item) -> Workflow:
-    from ..transforms.common import replace_item
-
-    return replace_item(wf, path, new)
 
 
 def external_texts(graphs: Sequence[LocalGraph]) -> tuple[tuple[str, str], ...]:

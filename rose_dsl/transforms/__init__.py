@@ -1,93 +1,57 @@
 """Graph transformations (paper §4.3.1): pure functions `Workflow -> Rewritten` that refuse, with the
 dependency or property that forbids it, any rewrite that would change what training computes.
 
-| rewrite | function |
-| --- | --- |
-| Split (spatial) + Merge | `split_node`, `split_loop_body` |
-| Rewire | `rewire` (among siblings), `fuse_loops` (across loop levels) |
-| Interleave | `interleave` |
-| run exposed phases | `expand` |
+Public API (what `rose rewrite` and the optimizer build on; every function here runs the checks its
+rewrite needs, and every failure is a `Refused`):
 
-`apply_request` parses the small command language of `rose rewrite --do "..."`.
+| rewrite | function | request (`apply`) |
+| --- | --- | --- |
+| Split (spatial) + Merge | `split_node`, `split_loop_body` | `split NAME K` |
+| chain pipelining | `split_chain` (and `forward_merge_slices`, which every split runs) | `split-chain A B ... K` |
+| Split (temporal) | `split_temporal` | `split-time LOOP K` |
+| Rewire | `rewire` (among siblings), `fuse_loops` (across loop levels) | `rewire`, `fuse` |
+| Interleave | `interleave` | `interleave LOOP [STAGGER]` |
+| run exposed phases | `expand` | `expand NODE` |
+
+* `apply(wf, request) -> Rewritten | Refused` never raises: the entry point for a search.
+  `apply_request` raises `Refused`. `compose(first, second)` chains two results.
+* `Rewritten`: the new `workflow`, `locate(path, indices)` (where an original call runs in it, None for
+  calls that run once per group), a `description`, `notes`.
+* `Refused`: `reason` (leading with file:line:col of what forbids it, in the user's file), `at`, and
+  `internal` (True when rose failed, a bug: a search should skip it and report it).
+* `plan_differences(source, plan)` / `check_plan_source(plan)`: a plan (possibly edited by hand) checked
+  against its source workflow. `source_paths(wf)`: each item's path in the workflow it was rewritten
+  from (a group is the item it was split from), e.g. to report a plan's times per source node.
+
+Layout: `rewritten.py` (results), `tree.py` (the item tree map), `refs.py` (the expression map with
+renaming, batch dimensions), `split.py`, `chain.py`, `temporal.py`, `reorder.py` (the rewrites, as
+unchecked `build_*` functions), `legality.py` (the order oracle), `plan_check.py`, `passes.py` (the
+runner and the request language).
 """
 
 from __future__ import annotations
 
-from ..ir import ExecutionNode, LoopNode, Workflow
-from .common import Refused, Rewritten, item_paths
-from .reorder import expand, fuse_loops, interleave, rewire
-from .split import split_loop_body, split_node
-from .temporal import split_temporal
+from .chain import forward_merge_slices
+from .passes import (
+    REQUEST_HELP,
+    apply,
+    apply_request,
+    expand,
+    fuse_loops,
+    interleave,
+    resolve_name,
+    rewire,
+    split_chain,
+    split_loop_body,
+    split_node,
+    split_temporal,
+)
+from .plan_check import check_plan_source, plan_differences
+from .rewritten import Refused, Rewritten, compose
+from .tree import source_paths
 
-__all__ = ["Refused", "Rewritten", "split_node", "split_loop_body", "split_temporal", "rewire", "fuse_loops", "interleave", "expand",
-           "apply_request", "compose", "REQUEST_HELP"]
-
-REQUEST_HELP = """rewrite requests (names are item names, or dotted paths below `iteration` when a name is ambiguous):
-  split NAME K               split a batch-separable node, or every item of a loop body, into K row groups
-  split-time LOOP K          split the iterations of a free loop into K groups (round robin) that may overlap
-  interleave LOOP [STAGGER]  stagger the groups of a split loop body
-  fuse LOOP_A LOOP_B         run iteration j of LOOP_B right after iteration j of LOOP_A
-  rewire NAME before|after SIBLING
-  expand NODE                run the node's exposed phases instead of its entry"""
-
-
-def resolve_name(wf: Workflow, name: str) -> tuple[str, ...]:
-    if "." in name:
-        path = ("iteration",) + tuple(name.split("."))
-        if wf.find(path) is None:
-            raise Refused(f"no item '{name}' (a path below 'iteration')")
-        return path
-    paths = item_paths(wf).get(name, [])
-    if not paths:
-        from ..errors import did_you_mean
-
-        hint = did_you_mean(name, item_paths(wf))
-        raise Refused(f"no item named '{name}'" + (f"; {hint}" if hint else ""))
-    if len(paths) > 1:
-        options = ", ".join(".".join(p[1:]) for p in paths)
-        raise Refused(f"'{name}' is ambiguous ({options}): give its path")
-    return paths[0]
-
-
-def _int(text: str, what: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise Refused(f"{what} must be an integer, not {text!r}") from None
-
-
-def apply_request(wf: Workflow, request: str) -> Rewritten:
-    words = request.split()
-    if not words:
-        raise Refused("empty rewrite request")
-    op, args = words[0], words[1:]
-    if op == "split" and len(args) == 2:
-        path = resolve_name(wf, args[0])
-        k = _int(args[1], "K")
-        item = wf.find(path)
-        if isinstance(item, LoopNode):
-            return split_loop_body(wf, path, k)
-        return split_node(wf, path, k)
-    if op == "split-time" and len(args) == 2:
-        return split_temporal(wf, resolve_name(wf, args[0]), _int(args[1], "K"))
-    if op == "interleave" and len(args) in (1, 2):
-        return interleave(wf, resolve_name(wf, args[0]), _int(args[1], "STAGGER") if len(args) == 2 else 1)
-    if op == "fuse" and len(args) == 2:
-        return fuse_loops(wf, resolve_name(wf, args[0]), resolve_name(wf, args[1]))
-    if op == "rewire" and len(args) == 3 and args[1] in ("before", "after"):
-        path = resolve_name(wf, args[0])
-        return rewire(wf, path, **{args[1]: args[2]})
-    if op == "expand" and len(args) == 1:
-        path = resolve_name(wf, args[0])
-        if not isinstance(wf.find(path), ExecutionNode):
-            raise Refused(f"'{args[0]}' is not a node")
-        return expand(wf, path)
-    raise Refused(f"cannot read rewrite request {request!r}\n{REQUEST_HELP}")
-
-
-def compose(first: Rewritten, second: Rewritten) -> Rewritten:
-    def locate(path, idx):
-        loc = first.locate(path, idx)
-        return None if loc is None else second.locate(*loc)
-
-    return Rewritten(second.workflow, locate, f"{first.description}; {second.description}")
+__all__ = [
+    "Refused", "Rewritten", "compose", "apply", "apply_request", "resolve_name", "REQUEST_HELP",
+    "split_node", "split_loop_body", "split_chain", "forward_merge_slices", "split_temporal", "rewire", "fuse_loops",
+    "interleave", "expand", "plan_differences", "check_plan_source", "source_paths",
+]

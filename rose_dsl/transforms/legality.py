@@ -1,53 +1,195 @@
-"""The legality oracle of reordering rewrites (Rewire, Interleave, loop fusion).
+"""The legality oracle of the rewrites: the rewritten workflow is well formed, every data producer still
+runs before its consumer, and every state access sees the values of the same calls.
 
 A reordering keeps every invocation and every reference; it only changes program order, which is
-each component's execution order (and so the order of its state accesses). It is legal iff the
-rewritten workflow is well formed and every dependency of the original -- data, and state conflicts
-(read/update/refresh after a write, a write after a read) -- still runs producer before consumer. The
-check works on the invocation graphs of two consecutive RL iterations, so a refusal names the exact
-dependency and invocations it would break.
+each component's execution order (and so the order of its state accesses). The runtime gives every
+data dependency a future, so data edges need only their producer earlier; state is the component's
+own object, changed in place in program order, so what matters is which write each access observes
+(`state_observations`, row aware: a row group's write replaces its rows only) and which writes are left
+at the end of an RL iteration (for the next one and checkpoints) -- exact, where keeping the order of
+every two conflicting accesses would refuse legal moves (a write that is overwritten before anyone sees
+it may move past the reads of other values). The check works on the invocation graphs of two
+consecutive RL iterations, so a refusal names the exact invocations ("epoch[1].step[2].env ->
+update[0].sgd") and where the consumer asks for the value in the original workflow (file:line:col).
+
+A temporal split gives some groups their own copy of a component: a state object of its own, so calls
+on a copy see only the copy's values -- a value that would have to flow from one copy to another makes
+the split refused.
 """
 
 from __future__ import annotations
 
-from ..analysis import invocation_graph
-from ..ir import Workflow
-from ..resolve import check_workflow
-from ..semantics import Invocation
-from .common import Locate, Refused
+from collections.abc import Mapping
 
-__all__ = ["check_well_formed", "check_order_preserved"]
+from ..analysis import Dep, InvocationGraph, invocation_graph
+from ..errors import SourcePos
+from ..ir import ExecutionNode, Item, Workflow
+from ..resolve import check_workflow
+from ..semantics import Invocation, enclosing_loops
+from .rewritten import Locate, Refused
+
+__all__ = ["check_well_formed", "check_order_preserved", "state_observations", "on_component", "describe_invocation",
+           "dependency_pos", "values_of"]
+
+
+def describe_invocation(inv: Invocation, items: Mapping[tuple[str, ...], Item]) -> str:
+    """`epoch[1].step[2].act`: the path below the RL iteration with each loop's iteration number; the
+    RL iteration itself is named only when it is not the first (`(next RL iteration)`)."""
+    loops = enclosing_loops(inv.path, items)
+    index = dict(zip(loops, inv.indices, strict=False))
+    parts = [name + (f"[{index[inv.path[:n + 1]]}]" if inv.path[:n + 1] in index else "")
+             for n, name in enumerate(inv.path) if n > 0]
+    rl = inv.indices[0] if inv.indices else 0
+    return ".".join(parts) + (" (next RL iteration)" if rl > 0 else "")
+
+
+def dependency_pos(consumer: Invocation, dep: Dep, items: Mapping[tuple[str, ...], Item]) -> SourcePos | None:
+    """Where the consumer of a dependency asks for it in its workflow: the input field of a data
+    dependency, the `state:` field of a state one, the `after:` field of the item that orders it (the
+    call's node or a loop around it: the reason starts with that item's name)."""
+    node = items.get(consumer.path)
+    if node is None:
+        return None
+    if dep.kind == "data":
+        key = dep.detail.split(" <- ", 1)[0]  # "in.obs"
+        return node.field_pos.get(key) or node.field_pos.get("in") or node.pos
+    if dep.kind == "after":
+        name = dep.detail.split(":", 1)[0]  # "update: after rollout"
+        owner = next((items[consumer.path[:n]] for n in range(len(consumer.path), 1, -1)
+                      if consumer.path[n - 1] == name and consumer.path[:n] in items), node)
+        return owner.field_pos.get("after") or owner.pos
+    return node.field_pos.get("state") or node.pos
 
 
 def check_well_formed(new: Workflow, what: str) -> None:
     diags = check_workflow(new)
     if diags:
         d = diags[0]
-        raise Refused(f"{what} would break a data dependency: {d.path}: {d.message}")
+        raise Refused(f"{what} would break a data dependency: {d.path}: {d.message}", at=d.pos)
 
 
 def check_order_preserved(orig: Workflow, new: Workflow, locate: Locate, what: str) -> None:
+    """Refuse unless `new` keeps every dependency of `orig`: each data producer (and each item an `after:`
+    names) still runs before its consumer, and each state access sees the values of the same calls (and
+    the same calls' values are left at the end of each RL iteration). A temporal split's copies of a
+    component are state objects of their own: a call on a copy sees the copy's values.
+
+    Every edge is checked in one pass over positions; only the broken ones are sorted, to name the first
+    (by consumer, then producer): an optimizer asks this thousands of times and refusals are the rare case."""
     check_well_formed(new, what)
     g0 = invocation_graph(orig, iterations=2)
     g1 = invocation_graph(new, iterations=2)
     position = {inv: i for i, inv in enumerate(g1.order)}
+    items = {item.path: item for item in orig.items()}
 
     def image(inv: Invocation) -> Invocation:
         loc = locate(inv.path, inv.indices)
         if loc is None:
-            raise Refused(f"{what}: internal error: {inv} has no counterpart")
+            raise Refused(f"{what}: {describe_invocation(inv, items)} has no counterpart (a bug in rose)", internal=True)
         return Invocation(*loc)
 
-    moved: dict[Invocation, int] = {}  # original invocation -> position of its image in the rewrite
+    moved: dict[Invocation, Invocation] = {}  # original invocation -> its image in the rewrite
+    at: dict[Invocation, int] = {}  # original invocation -> the position of its image
     for inv in g0.order:
-        at = position.get(image(inv))
-        if at is None:
-            raise Refused(f"{what}: internal error: {inv} is not run by the rewritten workflow")
-        moved[inv] = at
+        img = moved[inv] = image(inv)
+        where = position.get(img)
+        if where is None:
+            raise Refused(f"{what}: {describe_invocation(inv, items)} is not run by the rewritten workflow "
+                          "(a bug in rose)", internal=True)
+        at[inv] = where
     if len(g0.order) != len(g1.order):
-        raise Refused(f"{what}: internal error: it runs {len(g1.order)} calls instead of {len(g0.order)}")
-    broken = [e for e in g0.edges() if moved[e[0]] > moved[e[1]]]
-    if broken:  # name the first by consumer, then producer (sorting only the broken ones: refusals are rare)
+        raise Refused(f"{what}: it runs {len(g1.order)} calls instead of {len(g0.order)} (a bug in rose)", internal=True)
+    broken = [e for e in g0.edges() if e[2].kind != "state" and at[e[0]] > at[e[1]]]
+    if broken:
         producer, consumer, dep = min(broken, key=lambda e: (str(e[1]), str(e[0])))
-        kind = {"data": "data dependency", "after": "ordering constraint"}.get(dep.kind, "state dependency")
-        raise Refused(f"{what} would run {image(consumer)} before {image(producer)}, breaking the {kind} {dep.detail}")
+        raise Refused(_broken(what, producer, consumer, dep, items, f"{describe_invocation(consumer, items)} would run first"),
+                      at=dependency_pos(consumer, dep, items))
+    seen0, left0 = state_observations(g0)
+    seen1, left1 = state_observations(g1)
+
+    def images(writers: frozenset[Invocation | None]) -> frozenset[Invocation | None]:
+        return frozenset(None if w is None else moved[w] for w in writers)
+
+    differ = [(reader, state) for (reader, state), writers in seen0.items()
+              if seen1.get((moved[reader], on_component(state, g1.node[moved[reader]].component)), frozenset())
+              != images(writers)]
+    if differ:
+        reader, state = min(differ, key=lambda x: (at[x[0]], x[1]))
+        r1 = moved[reader]
+        got = seen1.get((r1, on_component(state, g1.node[r1].component)), frozenset())
+        node = g0.node[reader]
+        raise Refused(f"{what} would break the state dependency {_writers(seen0[reader, state], items, 'initial value')} -> "
+                      f"{describe_invocation(reader, items)} ('{state}': {_access(node, state)}): "
+                      f"{describe_invocation(reader, items)} would see {values_of(got, {i.path: i for i in new.items()})} instead",
+                      at=node.field_pos.get("state") or node.pos)
+    for (k, state), writers in sorted(left0.items()):
+        got = left1.get((k, state), frozenset())
+        if got != images(writers):
+            raise Refused(f"{what} would change which value of '{state}' RL iteration {k} leaves for the next one and "
+                          f"checkpoints: {values_of(got, {i.path: i for i in new.items()})} instead of {values_of(writers, items)}")
+
+
+Rows = tuple[int, int] | None
+_ALL = 1 << 62
+
+
+def state_observations(g: InvocationGraph) -> tuple[dict[tuple[Invocation, str], frozenset[Invocation | None]],
+                                                     dict[tuple[int, str], frozenset[Invocation | None]]]:
+    """Which calls' values each state access sees, and which are left at the end of each RL iteration.
+
+    Per state object, in program order (the order its component runs its calls): a `read` or `update`
+    sees the last write of each of its rows (None: the value before the first iteration); a write
+    replaces its rows (a row group's write only its own rows). Two workflows whose accesses see the same
+    writes, and leave the same, compute the same state from the same inputs -- the exact condition a
+    reordering must keep, where an order between every two conflicting accesses is a conservative one.
+    """
+    seen: dict[tuple[Invocation, str], frozenset[Invocation | None]] = {}
+    left: dict[tuple[int, str], frozenset[Invocation | None]] = {}
+    for state, seq in g.accesses.items():
+        # every row: up to the end of the row groups that touch this state (their batch), if any do
+        end = max((r[1] for r in (g.node[inv].rows for inv, _ in seq) if r is not None), default=_ALL)
+        segments: list[tuple[int, int, Invocation | None]] = [(0, end, None)]
+        k: int | None = None
+        for inv, acc in seq:
+            if k is not None and inv.indices[0] != k:
+                left[(k, state)] = frozenset(w for _, _, w in segments)
+            k = inv.indices[0]
+            lo, hi = g.node[inv].rows or (0, end)
+            if acc.reads_previous:
+                seen[(inv, state)] = frozenset(w for a, b, w in segments if a < hi and lo < b)
+            if acc.writes:
+                kept = [(a, min(b, lo), w) for a, b, w in segments if a < lo]
+                kept += [(max(a, hi), b, w) for a, b, w in segments if b > hi]
+                segments = sorted(kept + [(lo, hi, inv)], key=lambda x: x[0])
+        if k is not None:
+            left[(k, state)] = frozenset(w for _, _, w in segments)
+    return seen, left
+
+
+def on_component(state: str, component: str) -> str:
+    """The same state object on another component (a temporal split's copy): `sim.episode` -> `sim@0.episode`."""
+    return f"{component}.{state.split('.', 1)[1]}"
+
+
+def _access(node: ExecutionNode, state: str) -> str:
+    return next((e.access.value for e in node.effects if e.state == state), "?")
+
+
+def _writers(writers: frozenset[Invocation | None], items: Mapping[tuple[str, ...], Item], none: str) -> str:
+    names = sorted(none if w is None else describe_invocation(w, items) for w in writers)
+    return " and ".join(names) if names else "no call"
+
+
+def values_of(writers: frozenset[Invocation | None], items: Mapping[tuple[str, ...], Item]) -> str:
+    """`the value of update[3].sgd`, `the initial value`: what a state access sees, in words."""
+    if not writers:
+        return "no value"
+    parts = sorted("the initial value" if w is None else f"the value of {describe_invocation(w, items)}" for w in writers)
+    return " and ".join(parts)
+
+
+def _broken(what: str, producer: Invocation, consumer: Invocation, dep: Dep,
+            items: Mapping[tuple[str, ...], Item], how: str) -> str:
+    kind = {"data": "data dependency", "after": "ordering constraint"}.get(dep.kind, "state dependency")
+    return (f"{what} would break the {kind} {describe_invocation(producer, items)} -> "
+            f"{describe_invocation(consumer, items)} ({dep.detail}): {how}")

@@ -1,52 +1,40 @@
 """Rewire, Interleave, Expand and loop fusion: rewrites that change program order, not the work.
 
-* `rewire` moves an item among its siblings (before or after another one).
-* `fuse_loops` moves the body of a later loop into an earlier sibling loop with the same iterations --
-  the paper's Rewire across loop levels (Figure 9b): PPO update j runs right after rollout epoch j's
-  trajectories exist, overlapping rollout epoch j+1, instead of after all epochs.
-* `interleave` staggers the groups of a split loop body so that stage s of group g is next to stage
-  s-1 of group g+1 (policy(B) next to sim(A)), each group keeping its own order.
-* `expand` runs a node's exposed phases instead of its entry (never both).
-Each is checked by `legality.check_order_preserved`.
+* `build_rewire` moves an item among its siblings (before or after another one).
+* `build_fuse_loops` moves the body of a later loop into an earlier sibling loop with the same
+  iterations -- the paper's Rewire across loop levels (Figure 9b): PPO update j runs right after rollout
+  epoch j's trajectories exist, overlapping rollout epoch j+1, instead of after all epochs.
+* `build_interleave` staggers the groups of a split loop body so that stage s of group g is next to
+  stage s-1 of group g+1 (policy(B) next to sim(A)), each group keeping its own order.
+* `build_expand` runs a node's exposed phases instead of its entry (never both).
+The pass runner checks each with `legality.check_order_preserved`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
-from ..expr import Expr, IterRef, Ref
+from ..expr import Expr, Index, IterRef, unparse
 from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
-from ..resolve import Binding, CarryIn, IterSelect, LoopIndex, NodePort, Resolver
-from .common import (
-    Refused,
-    Rewritten,
-    find,
-    identity_locate,
-    map_item_exprs,
-    replace_body,
-    rewrite_expr,
-    unique_name,
-    uses_by_id,
-)
-from .legality import check_order_preserved, check_well_formed
-from .split import _repath
+from ..resolve import CarryIn, IterSelect, Resolver
+from .refs import RefUse, map_outside, map_subtree, rename_ref
+from .rewritten import Refused, Rewritten, identity_locate
+from .tree import base_name, children, find, into_group, repath, replace_body, source_paths, unique_name
 
-__all__ = ["rewire", "fuse_loops", "interleave", "expand"]
+__all__ = ["build_rewire", "build_fuse_loops", "build_interleave", "build_expand"]
 
 Path = tuple[str, ...]
 
 
 def _siblings(wf: Workflow, path: Path) -> tuple[Item, tuple[Item, ...]]:
-    parent = find(wf, path[:-1]) if len(path) > 1 else None
-    if parent is None:
+    if len(path) <= 1:
         raise Refused("the iteration loop itself cannot be moved")
-    body = parent.body if isinstance(parent, LoopNode) else parent.phases
-    assert body is not None
-    return parent, body
+    parent = find(wf, path[:-1])
+    return parent, children(parent)
 
 
-def rewire(wf: Workflow, path: Path, *, before: str | None = None, after: str | None = None,
-           check: bool = True) -> Rewritten:
+def build_rewire(wf: Workflow, path: Path, *, before: str | None = None, after: str | None = None) -> Rewritten:
     """Move the item at `path` right before or right after a sibling."""
     item = find(wf, path)
     parent, body = _siblings(wf, path)
@@ -55,26 +43,21 @@ def rewire(wf: Workflow, path: Path, *, before: str | None = None, after: str | 
     if anchor is None or (before and after):
         raise Refused("say where to move it: before=<sibling> or after=<sibling>")
     if anchor not in names:
-        raise Refused(f"'{anchor}' is not a sibling of '{item.name}' (siblings: {', '.join(names)})")
+        raise Refused(f"'{anchor}' is not a sibling of '{item.name}' (siblings: {', '.join(names)})", at=item.pos)
     if anchor == item.name:
         raise Refused(f"'{item.name}' cannot move relative to itself")
     rest = [i for i in body if i.name != item.name]
     at = [i.name for i in rest].index(anchor) + (0 if before else 1)
-    new_body = rest[:at] + [item] + rest[at:]
-    new = replace_body(wf, parent.path, new_body)
-    what = f"moving '{item.name}' {'before' if before else 'after'} '{anchor}'"
-    if check:
-        check_order_preserved(wf, new, identity_locate, what)
-    return Rewritten(new, identity_locate, what)
+    new = replace_body(wf, parent.path, rest[:at] + [item] + rest[at:])
+    return Rewritten(new, identity_locate, f"moving '{item.name}' {'before' if before else 'after'} '{anchor}'")
 
 
-def expand(wf: Workflow, path: Path, on: bool = True) -> Rewritten:
+def build_expand(wf: Workflow, path: Path, on: bool = True) -> Rewritten:
     node = find(wf, path)
     if not isinstance(node, ExecutionNode) or not node.phases:
-        raise Refused(f"'{node.name}' exposes no phases")
+        raise Refused(f"'{node.name}' exposes no phases", at=node.pos)
     parent, body = _siblings(wf, path)
-    new = replace_body(wf, parent.path, [replace(i, expand=on) if i.path == path else i for i in body])
-    check_well_formed(new, f"expanding '{node.name}'")
+    new = replace_body(wf, parent.path, [replace(node, expand=on) if i.path == path else i for i in body])
 
     def locate(p: Path, idx: tuple[int, ...]):
         return (p, idx) if on or p[: len(path)] != path or p == path else None
@@ -82,109 +65,102 @@ def expand(wf: Workflow, path: Path, on: bool = True) -> Rewritten:
     return Rewritten(new, locate, f"{'run the phases of' if on else 'run the entry of'} {'.'.join(path)}")
 
 
-def fuse_loops(wf: Workflow, first: Path, second: Path, *, check: bool = True) -> Rewritten:
+def build_fuse_loops(wf: Workflow, first: Path, second: Path) -> Rewritten:
     """Run iteration j of `second` at the end of iteration j of `first` (same iteration numbers)."""
-    a, b = find(wf, first), find(wf, second)
-    if not isinstance(a, LoopNode) or not isinstance(b, LoopNode):
-        raise Refused("both items must be loops")
-    if first[:-1] != second[:-1]:
-        raise Refused(f"'{a.name}' and '{b.name}' are not siblings")
-    parent, body = _siblings(wf, first)
-    names = [i.name for i in body]
-    if names.index(a.name) > names.index(b.name):
-        raise Refused(f"'{a.name}' runs after '{b.name}': fuse the earlier loop first")
-    if a.dynamic or b.dynamic:
-        raise Refused("loops that end on a condition are kept whole")
-    if a.indices() != b.indices():
-        raise Refused(f"'{a.name}' and '{b.name}' run different iterations ({len(a.indices())} vs {len(b.indices())})")
-    if b.carries or b.collects:
-        raise Refused(f"'{b.name}' has carried values or collected outputs; fusing it would change them")
+    a, b = _fusable(wf, first, second)
     resolver = Resolver(wf)
-    taken = {i.name for i in a.body}
-    renames: dict[str, str] = {}
-    for item in b.body:
-        renames[item.name] = unique_name(item.name, taken)
-        taken.add(renames[item.name])
+    renames, bases = _fused_names(a, b)
+    # b's items become items of a's body (renamed where a name is taken); b's index is a's index
+    names = {second + (n,): new for n, new in renames.items()} | {second: a.name}
 
-    def fn(expr: Expr, bnd: Binding) -> Expr | None:
-        match bnd:
-            case LoopIndex(loop=lp) if lp == second:
-                return Ref(expr.offset, a.name, "i")
-            case IterSelect(loop=lp, index=ix, index_loop=il) if lp == first and ix.kind == "loop" and il == second:
-                assert isinstance(expr, IterRef)
-                return expr.inner  # iteration update.i of epoch, inside the fused body = this iteration
-            case NodePort(node=node) if node[: len(second)] == second and len(node) == len(second) + 1:
-                assert isinstance(expr, Ref)
-                return replace(expr, head=renames[expr.head])
+    def fn(use: RefUse) -> Expr | None:
+        match use.binding:
+            case IterSelect(loop=lp, index=ix, index_loop=il) if lp == first:
+                if ix.kind == "loop" and il == second:
+                    assert isinstance(use.expr, IterRef)
+                    return use.expr.inner  # iteration update.i of epoch, inside the fused body = this iteration
+                j = a.indices()[-1] if ix.kind in ("all", "last") else ix.value if ix.kind == "int" else None
+                later = f"{a.name}[{j}]" if j is not None and j > 0 else f"a later iteration of '{a.name}'"
+                raise Refused(f"'{b.name}' reads '{unparse(use.original)}' ({_which(ix, a.name)}): fused, "
+                              f"{b.name}[0] would run inside {a.name}[0], before {later} has computed it")
             case CarryIn(loop=lp) if lp == second:
-                raise Refused("unreachable: carries were refused")
-        return None
+                raise Refused("unreachable: carries were refused", internal=True)
+        return rename_ref(use, names, families=bases)
 
-    def move(item: Item) -> Item:
-        def per_field(key: str, e: Expr) -> Expr:
-            return rewrite_expr(e, uses_by_id(resolver, item, key, e), fn)
-
-        out = map_item_exprs(item, per_field)
-        if isinstance(out, LoopNode):
-            out = replace(out, body=tuple(move(c) for c in out.body))
-        elif isinstance(out, ExecutionNode) and out.phases:
-            out = replace(out, phases=tuple(move(c) for c in out.phases))
-        return out
-
+    origin = source_paths(wf)
     moved = []
     for item in b.body:
-        m = move(item)
-        m = _repath(m, item.path, first + (renames[item.name],))
-        moved.append(replace(m, after=tuple(renames.get(x, x) for x in m.after)))
-    # references to `second[j].X` from later siblings now select `first[j].X'`
+        m = repath(map_subtree(resolver, item, fn), item.path, first + (renames[item.name],))
+        m = replace(m, after=tuple(renames.get(x, x) for x in m.after))
+        if isinstance(m, MergeNode):
+            m = replace(m, sources=tuple(renames[x] for x in m.sources))
+        else:
+            # where a plan check finds it in the source; a moved group stands for its renamed base
+            m = replace(m, moved_from=origin[item.path],
+                        split_of=bases[m.split_of] if m.split_of is not None else None)
+            if m.group is None and a.group is not None:
+                m = into_group(m, a.group)  # moved into a group: it runs in that group
+        moved.append(m)
+    parent, body = _siblings(wf, first)
     fused = replace(a, body=a.body + tuple(moved))
-    new_body = [fused if i.path == first else i for i in body if i.path != second]
-    new = replace_body(wf, parent.path, new_body)
-    new = _retarget_iterrefs(new, wf, resolver, second, a.name, renames)
+    new = replace_body(wf, parent.path, [fused if i.path == first else i for i in body if i.path != second])
+    # later items reading `second[j].X` now read `first[j].X'`
+    new = map_outside(new, resolver, second, lambda use: rename_ref(use, names, families=bases))
 
     def locate(p: Path, idx: tuple[int, ...]):
         if p[: len(second)] == second and len(p) > len(second):
             return first + (renames[p[len(second)]],) + p[len(second) + 1:], idx
         return p, idx
 
-    what = f"fusing loop '{b.name}' into loop '{a.name}'"
-    if check:
-        check_order_preserved(wf, new, locate, what)
-    return Rewritten(new, locate, what)
+    return Rewritten(new, locate, f"fusing loop '{b.name}' into loop '{a.name}'")
 
 
-def _retarget_iterrefs(new: Workflow, old: Workflow, resolver: Resolver, loop: Path, to: str,
-                       renames: dict[str, str]) -> Workflow:
-    from ..resolve import expr_fields
-
-    def fn(expr: Expr, bnd: Binding) -> Expr | None:
-        if isinstance(bnd, IterSelect) and bnd.loop == loop:
-            assert isinstance(expr, IterRef)
-            inner = expr.inner
-            if isinstance(inner, Ref) and inner.head in renames:
-                inner = replace(inner, head=renames[inner.head])
-            return replace(expr, loop=to, inner=inner)
-        return None
-
-    for item in old.items():
-        if item.path[: len(loop)] == loop:
-            continue
-        for key, e in expr_fields(item):
-            e2 = rewrite_expr(e, uses_by_id(resolver, item, key, e), fn)
-            if e2 != e:
-                cur = new.find(item.path)
-                assert cur is not None
-                new = _replace_field(new, cur, key, e2)
-    return new
+def _fusable(wf: Workflow, first: Path, second: Path) -> tuple[LoopNode, LoopNode]:
+    a, b = find(wf, first), find(wf, second)
+    if not isinstance(a, LoopNode) or not isinstance(b, LoopNode):
+        raise Refused("both items must be loops")
+    if first[:-1] != second[:-1]:
+        raise Refused(f"'{a.name}' and '{b.name}' are not siblings")
+    names = [i.name for i in _siblings(wf, first)[1]]
+    if names.index(a.name) > names.index(b.name):
+        raise Refused(f"'{a.name}' runs after '{b.name}': fuse the earlier loop first", at=a.pos)
+    if a.dynamic or b.dynamic:
+        dyn = a if a.dynamic else b
+        raise Refused(f"loop '{dyn.name}' ends on a condition (until): its iterations are known only as it runs, so "
+                      "they cannot be paired with another loop's", at=dyn.field_pos.get("until") or dyn.pos)
+    if a.indices() != b.indices():
+        ia, ib = a.indices(), b.indices()
+        what = f"{len(ia)} vs {len(ib)}" if len(ia) != len(ib) else f"indices {_span(ia)} vs {_span(ib)}"
+        raise Refused(f"'{a.name}' and '{b.name}' run different iterations ({what})",
+                      at=b.field_pos.get("count") or b.pos)
+    if b.carries or b.collects:
+        raise Refused(f"'{b.name}' has carried values or collected outputs; fusing it would change them", at=b.pos)
+    return a, b
 
 
-def _replace_field(wf: Workflow, item: Item, key: str, expr: Expr) -> Workflow:
-    from .common import replace_item
+def _fused_names(a: LoopNode, b: LoopNode) -> tuple[dict[str, str], dict[str, str]]:
+    """The names b's items take in a's body: a name taken there gets a suffix, and the groups of a split
+    item and their merge keep one base (`n1@0` -> `n1_2@0`, `n1` -> `n1_2`). Returns (item renames,
+    base renames)."""
+    taken = {i.name for i in a.body} | {base_name(i) for i in a.body}
+    bases: dict[str, str] = {}
+    renames: dict[str, str] = {}
+    for item in b.body:
+        base = base_name(item)
+        if base not in bases:
+            bases[base] = unique_name(base, taken)
+            taken.add(bases[base])
+        group = item.group if isinstance(item, ExecutionNode | LoopNode) and item.split_of is not None else None
+        renames[item.name] = bases[base] if group is None else f"{bases[base]}@{group}"
+    return renames, bases
 
-    return replace_item(wf, item.path, map_item_exprs(item, lambda k, e: expr if k == key else e))
+
+def _which(ix: Index, loop: str) -> str:
+    return {"int": f"iteration {ix.value} of '{loop}'", "last": f"the last iteration of '{loop}'",
+            "all": f"every iteration of '{loop}'", "loop": f"iteration '{ix.loop}.i' of '{loop}'"}[ix.kind]
 
 
-def interleave(wf: Workflow, loop_path: Path, stagger: int = 1, *, check: bool = True) -> Rewritten:
+def build_interleave(wf: Workflow, loop_path: Path, stagger: int = 1) -> Rewritten:
     """Order a split loop body by (stage + group * stagger): stage s of group g next to stage s-stagger
     of group g+1, so that different components work on different groups at the same time."""
     loop = find(wf, loop_path)
@@ -192,22 +168,23 @@ def interleave(wf: Workflow, loop_path: Path, stagger: int = 1, *, check: bool =
         raise Refused(f"'{loop.name}' is not a loop")
     groups = [i for i in loop.body if not isinstance(i, MergeNode)]
     merges = [i for i in loop.body if isinstance(i, MergeNode)]
-    if not groups or any(i.split_of is None or "@" not in i.name for i in groups):
-        raise Refused(f"the body of '{loop.name}' is not split into groups: split it first")
-    stages: list[str] = []
-    for i in groups:
-        if i.split_of not in stages:
-            stages.append(i.split_of)  # type: ignore[arg-type]
+    if not groups or any(i.split_of is None or i.group is None for i in groups):
+        raise Refused(f"the body of '{loop.name}' is not split into groups: split it first", at=loop.pos)
     if stagger < 1:
         raise Refused("stagger must be at least 1")
+    stages = list(dict.fromkeys(base_name(i) for i in groups))
 
     def key(i: Item) -> tuple[int, int]:
-        g = int(i.name.rsplit("@", 1)[1])
-        return (stages.index(i.split_of) + g * stagger, g)  # type: ignore[arg-type]
+        assert isinstance(i, ExecutionNode | LoopNode) and i.group is not None
+        return (stages.index(base_name(i)) + i.group * stagger, i.group)
 
-    new_body = sorted(groups, key=key) + merges
-    new = replace_body(wf, loop_path, new_body)
-    what = f"interleaving the groups of '{loop.name}' with stagger {stagger}"
-    if check:
-        check_order_preserved(wf, new, identity_locate, what)
-    return Rewritten(new, identity_locate, what)
+    new = replace_body(wf, loop_path, [*sorted(groups, key=key), *merges])
+    return Rewritten(new, identity_locate, f"interleaving the groups of '{loop.name}' with stagger {stagger}")
+
+
+def _span(indices: Sequence[int]) -> str:
+    """Loop indices for a message: '0..3' when consecutive, else the list."""
+    xs = list(indices)
+    if xs and xs == list(range(xs[0], xs[0] + len(xs))):
+        return str(xs[0]) if len(xs) == 1 else f"{xs[0]}..{xs[-1]}"
+    return str(xs)

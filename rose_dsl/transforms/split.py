@@ -1,130 +1,134 @@
 """Spatial split and Merge (paper §4.3.1, Figure 9a).
 
-`split_node` turns a batch-separable ExecutionNode into k groups over contiguous row ranges (`act@0`
-with `rows: [0, 4]`, ...), followed by a MergeNode named like the original (`merge: act`), so every
-consumer keeps reading `act.port` and sees the same values. `split_loop_body` does the same for every
-item of a loop body at once -- the simulator-group pipelining of RLinf, derived: each group gets its
-own carried values (`step.obs@0`), its own calls over its rows, and merges at the end of each
-iteration for the unsplit consumers (the collects, later nodes). Each group keeps its iteration order;
-groups touch disjoint rows of any per-row state (the component contract's `rows=`).
+`build_split_node` turns a batch-separable ExecutionNode into k groups over contiguous row ranges
+(`act@0` with `rows: [0, 4]`, `group: 0`, ...), followed by a MergeNode named like the original (`merge:
+act`), so every consumer keeps reading `act.port` and sees the same values. `build_split_loop_body` does
+the same for every item of a loop body at once -- the simulator-group pipelining of RLinf, derived: each
+group gets its own carried values (`step.obs@0`), its own calls over its rows, and merges at the end of
+each iteration for the unsplit consumers (the collects, later nodes). Each group keeps its iteration
+order; groups touch disjoint rows of any per-row state (the component contract's `rows=`).
+
+What makes a split legal is checked while building it (the pass runner, `passes.py`, adds the checks of
+the result): every split node is batch-separable along dim 0, every value a group reads from outside
+has its batch on dim 0 (so the group can take its rows), and no loop that ends on a condition is
+copied into groups (each copy would stop on its own rows' condition, not on all rows').
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ..expr import Call, Expr, Int, IterRef, Ref, Slice
-from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow, iter_items
-from ..resolve import Binding, CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver, expr_fields
-from .common import (
-    Refused,
-    Rewritten,
+from ..errors import SourcePos
+from ..expr import Call, Expr, Int, Ref, Slice, unparse
+from ..ir import Carry, ExecutionNode, Item, LoopNode, MergeNode, Workflow, iter_items
+from ..resolve import CarryIn, IterSelect, LoopIndex, NodePort, Resolver
+from .chain import forward_merge_slices
+from .refs import (
+    RefFn,
+    RefUse,
     batch_dim,
-    find,
-    map_item_exprs,
-    rename_head,
-    replace_item,
-    rewrite_expr,
-    uses_by_id,
+    binding_target,
+    map_field,
+    map_outside,
+    map_subtree,
+    port_dim,
+    ref_dim,
+    rename_ref,
 )
+from .rewritten import Refused, Rewritten
+from .tree import find, into_group, repath, replace_item
 
-__all__ = ["row_groups", "split_node", "split_loop_body"]
+__all__ = ["row_groups", "check_separable", "build_split_node", "build_split_loop_body"]
 
 Path = tuple[str, ...]
+Rows = tuple[int, int]
 
 
-def row_groups(size: int, k: int, what: str) -> list[tuple[int, int]]:
+def row_groups(size: int, k: int, what: str, at: SourcePos | None = None) -> list[Rows]:
     if k < 2:
         raise Refused(f"splitting {what} into {k} group(s) does nothing: k must be at least 2")
     if size < k:
-        raise Refused(f"splitting {what} (batch {size}) into {k} groups would leave empty groups")
+        raise Refused(f"splitting {what} (batch {size}) into {k} groups would leave empty groups", at=at)
     if size % k:
-        raise Refused(f"k={k} does not divide the batch of {what} ({size} rows)")
+        raise Refused(f"k={k} does not divide the batch of {what} ({size} rows)", at=at)
     step = size // k
     return [(g * step, (g + 1) * step) for g in range(k)]
+
+
+def check_separable(node: ExecutionNode) -> None:
+    if node.batch is None:
+        raise Refused(f"'{node.name}' ({node.call}) is not batch-separable: it has no 'batch:' declaration, so its "
+                      "rows may depend on each other", at=node.pos)
+    if node.batch != 0:
+        raise Refused(f"'{node.name}' is separable along dim {node.batch}; rose splits dim 0 only", at=_batch_pos(node))
+    if node.split_of is not None or node.rows is not None:
+        raise Refused(f"'{node.name}' is already a split group (or inside one: it works on rows {node.rows})", at=node.pos)
+
+
+def _batch_pos(node: ExecutionNode) -> SourcePos:
+    return node.field_pos.get("batch") or node.pos
 
 
 def _batch_size(node: ExecutionNode, batch_size: int | None) -> int:
     size = node.batch_size if node.batch_size is not None else batch_size
     if size is None:
-        raise Refused(f"the batch size of '{node.name}' is unknown: declare it (batch: {{dim: 0, size: ...}}) or pass it")
+        raise Refused(f"the batch size of '{node.name}' is unknown: declare it (batch: {{dim: 0, size: ...}}) or pass it",
+                      at=_batch_pos(node))
     return size
 
 
-def _check_separable(node: ExecutionNode) -> None:
-    if node.batch is None:
-        raise Refused(f"'{node.name}' ({node.call}) is not batch-separable: it has no 'batch:' declaration, so its "
-                      "rows may depend on each other")
-    if node.batch != 0:
-        raise Refused(f"'{node.name}' is separable along dim {node.batch}; rose splits dim 0 only")
-    if node.rows is not None or node.split_of is not None:
-        raise Refused(f"'{node.name}' is already a split group")
+def _check_no_dynamic_loop(item: Item, region: str) -> None:
+    """A loop that ends on a condition, copied into row groups, would end on each group's rows' condition
+    instead of on all rows': the groups could run other numbers of iterations than the declared loop."""
+    for inner in iter_items(item):
+        if isinstance(inner, LoopNode) and inner.dynamic:
+            raise Refused(f"loop '{inner.name}' inside {region} ends on a condition (until): split into row groups, "
+                          "each group would stop on its own rows' condition instead of when all rows are done",
+                          at=inner.field_pos.get("until") or inner.pos)
 
 
-def _slice_input(resolver: Resolver, item: Item, key: str, expr: Expr, rows: tuple[int, int], what: str) -> Expr:
-    bound = uses_by_id(resolver, item, key, expr)
-    dim = batch_dim(resolver, expr, bound)
+def _slice_input(resolver: Resolver, item: Item, key: str, expr: Expr, rows: Rows, what: str) -> Expr:
+    """A value read by a group (a node's input, a carry's first value): the group's rows of it."""
+    dim = batch_dim(resolver, expr, resolver.tables.field(item, key, expr))
+    at = item.field_pos.get(key) or item.pos
     if dim is None:
         return expr  # an integer: the same for every group
     if dim == "unknown":
-        raise Refused(f"input {key} of {what} ('{_text(expr)}') comes from a value whose rows rose cannot tell "
-                      "(its producer is not batch-separable)")
+        raise Refused(f"input {key} of {what} ('{unparse(expr)}') comes from a value whose rows rose cannot tell "
+                      "(its producer is not batch-separable)", at=at)
     if dim != 0:
-        raise Refused(f"input {key} of {what} ('{_text(expr)}') has its batch on dim {dim}; rose slices dim 0 only")
+        raise Refused(f"input {key} of {what} ('{unparse(expr)}') has its batch on dim {dim}; rose slices dim 0 only", at=at)
+    return _rows_of(expr, rows)
+
+
+def _rows_of(expr: Expr, rows: Rows) -> Expr:
     return Slice(expr.offset, expr, Int(0, rows[0]), Int(0, rows[1]))
 
 
-def _text(e: Expr) -> str:
-    from ..expr import unparse
+# -- one node -----------------------------------------------------------------------------------------
 
-    return unparse(e)
-
-
-def _with_rows(item: Item, rows: tuple[int, int], group: int) -> Item:
-    """Every call in a group's subtree works on the group's rows."""
-    if isinstance(item, ExecutionNode):
-        phases = tuple(_with_rows(p, rows, group) for p in item.phases) if item.phases else item.phases
-        return replace(item, rows=rows, phases=phases)
-    if isinstance(item, LoopNode):
-        return replace(item, body=tuple(_with_rows(c, rows, group) for c in item.body))
-    return item
-
-
-def _repath(item: Item, old: Path, new: Path) -> Item:
-    """Move a subtree from prefix `old` to prefix `new` (paths are identities)."""
-    path = new + item.path[len(old):]
-    if isinstance(item, ExecutionNode):
-        phases = tuple(_repath(p, old, new) for p in item.phases) if item.phases else item.phases
-        return replace(item, path=path, phases=phases, src=())
-    if isinstance(item, LoopNode):
-        return replace(item, path=path, body=tuple(_repath(c, old, new) for c in item.body), src=())
-    return replace(item, path=path, src=())
-
-
-def split_node(wf: Workflow, path: Path, k: int, batch_size: int | None = None, *, force: bool = False) -> Rewritten:
+def build_split_node(wf: Workflow, path: Path, k: int, batch_size: int | None = None, *, force: bool = False) -> Rewritten:
     """`force` skips the separability check (only to show, in tests, what the check prevents)."""
     node = find(wf, path)
     if not isinstance(node, ExecutionNode):
         raise Refused(f"'{node.name}' is a loop: split its body (split_loop_body) or its iterations (temporal split)")
     if not force:
-        _check_separable(node)
-    groups = row_groups(_batch_size(node, batch_size), k, f"'{node.name}'")
+        check_separable(node)
+    _check_no_dynamic_loop(node, f"the phases of '{node.name}'")
+    groups = row_groups(_batch_size(node, batch_size), k, f"'{node.name}'", _batch_pos(node))
     resolver = Resolver(wf)
-    parent = path[:-1]
     items: list[Item] = []
     for g, rows in enumerate(groups):
         name = f"{node.name}@{g}"
-        inputs = tuple((p, _slice_input(resolver, node, f"in.{p}", e, rows, f"'{node.name}'")) for p, e in node.inputs)
-        group = replace(node, inputs=inputs, split_of=node.name, src=())
-        group = _repath(group, path, parent + (name,))
+        # the phases read the node's inputs as `node.port`: a group's phases read `node@g.port`
+        group = map_subtree(resolver, node, _renaming({path: name}))
         assert isinstance(group, ExecutionNode)
-        if group.phases:
-            group = replace(group, phases=tuple(map_phase_refs(p, node.name, name) for p in group.phases))
-        items.append(_with_rows(group, rows, g))
-    merge = MergeNode(path=path, sources=tuple(f"{node.name}@{g}" for g in range(k)),
-                      ports=tuple((p, 0) for p in node.outputs))
-    items.append(merge)
-    new = replace_item(wf, path, items)
+        inputs = tuple((p, _slice_input(resolver, node, f"in.{p}", e, rows, f"'{node.name}'")) for p, e in node.inputs)
+        group = replace(group, inputs=inputs, split_of=node.name)
+        items.append(into_group(repath(group, path, path[:-1] + (name,)), g, rows))
+    items.append(MergeNode(path=path, sources=tuple(f"{node.name}@{g}" for g in range(k)),
+                           ports=tuple((p, 0) for p in node.outputs)))
+    new = forward_merge_slices(replace_item(wf, path, items))
 
     def locate(p: Path, idx: tuple[int, ...]):
         if p[: len(path)] == path and len(p) > len(path):
@@ -134,178 +138,160 @@ def split_node(wf: Workflow, path: Path, k: int, batch_size: int | None = None, 
     return Rewritten(new, locate, f"split {'.'.join(path)} into {k} groups of rows {groups}")
 
 
-def map_phase_refs(item: Item, old: str, new: str) -> Item:
-    """Phases read their parent's inputs as `parent.port`; a group's phases read `parent@g.port`."""
-    out = map_item_exprs(item, lambda key, e: rename_head(e, old, new))
-    if isinstance(out, LoopNode):
-        return replace(out, body=tuple(map_phase_refs(c, old, new) for c in out.body))
-    if isinstance(out, ExecutionNode) and out.phases:
-        return replace(out, phases=tuple(map_phase_refs(c, old, new) for c in out.phases))
-    return out
+def _renaming(names: dict[Path, str]) -> RefFn:
+    def fn(use: RefUse) -> Expr:
+        return rename_ref(use, names)
+
+    return fn
 
 
-def split_loop_body(wf: Workflow, path: Path, k: int, batch_size: int | None = None) -> Rewritten:
-    loop = find(wf, path)
-    if not isinstance(loop, LoopNode) or path == wf.root.path:
-        raise Refused(f"'{loop.name}' is not a loop inside the iteration")
-    if loop.dynamic:
-        raise Refused(f"loop '{loop.name}' ends on a condition; its iterations are kept whole")
-    if "@" in loop.name:
-        raise Refused(f"loop '{loop.name}' is already a split group")
-    sizes = set()
-    for item in iter_items(loop):
-        if item is loop:
-            continue
-        if isinstance(item, MergeNode) or (isinstance(item, ExecutionNode) and (item.rows or item.split_of)) or \
-                (isinstance(item, LoopNode) and (item.split_of or item.iterations is not None)):
-            raise Refused(f"loop '{loop.name}' already contains split groups ('{item.name}')")
-        if isinstance(item, ExecutionNode):
-            _check_separable(item)
-            if item.batch_size is not None:
-                sizes.add(item.batch_size)
-    if batch_size is not None:
-        sizes.add(batch_size)
-    if len(sizes) != 1:
-        raise Refused(f"the batch size of loop '{loop.name}' is " + ("unknown: declare batch sizes or pass one" if not sizes
-                      else f"ambiguous: its nodes declare {sorted(sizes)}"))
-    groups = row_groups(sizes.pop(), k, f"loop '{loop.name}'")
+# -- the body of a loop -------------------------------------------------------------------------------
+
+def build_split_loop_body(wf: Workflow, path: Path, k: int, batch_size: int | None = None) -> Rewritten:
+    """Every item of a loop body split into k row groups (each with its own carried values), merged at
+    the end of each iteration for the readers outside the groups."""
+    loop, size = _splittable_loop(wf, path, batch_size)
+    groups = row_groups(size, k, f"loop '{loop.name}'", loop.pos)
     resolver = Resolver(wf)
-    top_names = {item.name for item in loop.body}
-    carries = {c.name for c in loop.carries}
-    for c in loop.carries:
-        dims = {batch_dim(resolver, c.init, uses_by_id(resolver, loop, f"carry.{c.name}.init", c.init)),
-                batch_dim(resolver, c.next, uses_by_id(resolver, loop, f"carry.{c.name}.next", c.next))}
-        if len(dims) > 1:
-            raise Refused(f"carried value '{c.name}' of loop '{loop.name}' does not keep its batch dimension "
-                          f"(init and next give {sorted(map(str, dims))}): its groups could not be merged")
-        dim = dims.pop()
-        if dim not in (0, None):
-            raise Refused(f"carried value '{c.name}' of loop '{loop.name}' has its batch on dim {dim}; rose slices dim 0 only")
-    inside = path  # items whose path starts with this are inside the loop
-
-    def target(b: Binding) -> Path | None:
-        match b:
-            case NodePort(node=p) | ParentInput(node=p):
-                return p
-            case CarryIn(loop=p) | IterSelect(loop=p) | LoopIndex(loop=p):
-                return p
-        return None
-
-    def group_fn(g: int, rows: tuple[int, int]):
-        def fn(expr: Expr, b: Binding) -> Expr | None:
-            tgt = target(b)
-            if isinstance(b, CarryIn) and b.loop == path:
-                return Ref(expr.offset, loop.name, f"{b.var}@{g}")
-            if tgt is not None and tgt[: len(inside)] == inside and len(tgt) > len(inside):
-                # inside the split body: top-level items are now this group's copies
-                if tgt[len(inside)] not in top_names or len(tgt) > len(inside) + 1 and not isinstance(b, NodePort | IterSelect):
-                    return None
-                if isinstance(expr, Ref) and expr.head == tgt[len(inside)]:
-                    return replace(expr, head=f"{expr.head}@{g}")
-                if isinstance(expr, IterRef) and expr.loop == tgt[len(inside)]:
-                    return replace(expr, loop=f"{expr.loop}@{g}")
-                return None
-            if tgt is not None and tgt[: len(inside)] == inside:
-                return None  # the loop's own index
-            # a value from outside the loop: this group's rows of it
-            dim = batch_dim(resolver, expr, {id(expr): b})
-            if dim is None:
-                return None
-            if dim != 0:
-                raise Refused(f"'{_text(expr)}' read inside loop '{loop.name}' has "
-                              f"{'no known batch dimension' if dim == 'unknown' else f'its batch on dim {dim}'}; "
-                              "rose cannot give each group its rows")
-            return Slice(expr.offset, expr, Int(0, rows[0]), Int(0, rows[1]))
-        return fn
-
-    def rewrite_subtree(item: Item, fn) -> Item:
-        def per_field(key: str, e: Expr) -> Expr:
-            return rewrite_expr(e, uses_by_id(resolver, item, key, e), fn)
-
-        out = map_item_exprs(item, per_field)
-        if isinstance(out, LoopNode):
-            return replace(out, body=tuple(rewrite_subtree(c, fn) for c in out.body))
-        if isinstance(out, ExecutionNode) and out.phases:
-            return replace(out, phases=tuple(rewrite_subtree(c, fn) for c in out.phases))
-        return out
-
+    _check_carries(resolver, loop)
     body: list[Item] = []
-    new_carries = []
+    carries: list[Carry] = []
     for g, rows in enumerate(groups):
-        fn = group_fn(g, rows)
-        for item in loop.body:
-            moved = rewrite_subtree(item, fn)
-            moved = replace(moved, split_of=item.name) if not isinstance(moved, MergeNode) else moved
-            moved = _repath(moved, item.path, path + (f"{item.name}@{g}",))
-            if isinstance(moved, ExecutionNode) and moved.phases:
-                moved = replace(moved, phases=tuple(map_phase_refs(p, item.name, f"{item.name}@{g}") for p in moved.phases))
-            moved = replace(moved, after=tuple(f"{a}@{g}" for a in moved.after))
-            body.append(_with_rows(moved, rows, g))
-        for c in loop.carries:
-            init = _slice_input(resolver, loop, f"carry.{c.name}.init", c.init, rows, f"loop '{loop.name}'")
-            nxt = rewrite_expr(c.next, uses_by_id(resolver, loop, f"carry.{c.name}.next", c.next), fn)
-            new_carries.append(replace(c, name=f"{c.name}@{g}", init=init, next=nxt))
-    for item in loop.body:
-        if item.outputs and not isinstance(item, MergeNode):
-            dims = tuple((p, _output_dim(resolver, item, p)) for p in item.outputs)
-            body.append(MergeNode(path=item.path, sources=tuple(f"{item.name}@{g}" for g in range(k)), ports=dims))
-
-    # Outside the groups (collects, consumers after the loop) a split carry is the concatenation of its groups.
-    def merged_carry(expr: Expr, b: Binding) -> Expr | None:
-        if isinstance(b, CarryIn | NodePort) and (b.loop if isinstance(b, CarryIn) else b.node) == path:
-            var = b.var if isinstance(b, CarryIn) else b.port
-            if var in carries:
-                return Call(expr.offset, "cat", tuple(Ref(expr.offset, loop.name, f"{var}@{g}") for g in range(k)))
-        return None
-
-    collects = tuple((n, rewrite_expr(e, uses_by_id(resolver, loop, f"collect.{n}", e), merged_carry)) for n, e in loop.collects)
-    new_loop = replace(loop, body=tuple(body), carries=tuple(new_carries), collects=collects)
-    new = replace_item(wf, path, new_loop)
-    new = _rewrite_outside(new, wf, resolver, path, merged_carry)
-
-    merged = {item.name for item in loop.body if item.outputs}
+        refs = _group_refs(resolver, loop, g, rows)
+        body += [_group_item(resolver, loop, item, g, rows, refs) for item in loop.body]
+        carries += [_group_carry(resolver, loop, c, g, rows, refs) for c in loop.carries]
+    body += [MergeNode(path=item.path, sources=tuple(f"{item.name}@{g}" for g in range(k)),
+                       ports=tuple((p, _output_dim(resolver, item, p)) for p in item.outputs))
+             for item in loop.body if item.outputs]
+    merged = _merged_carries(loop, k)
+    collects = tuple((n, map_field(resolver, loop, f"collect.{n}", e, merged)) for n, e in loop.collects)
+    new = replace_item(wf, path, replace(loop, body=tuple(body), carries=tuple(carries), collects=collects))
+    new = forward_merge_slices(map_outside(new, resolver, path, merged))
+    outputs = {item.name for item in loop.body if item.outputs}
 
     def locate(p: Path, idx: tuple[int, ...]):
         if p[: len(path)] == path and len(p) > len(path):
-            if len(p) > len(path) + 1 or p[len(path)] not in merged:
+            if len(p) > len(path) + 1 or p[len(path)] not in outputs:
                 return None  # nested items, and items with no outputs, exist once per group
         return p, idx
 
     return Rewritten(new, locate, f"split the body of loop {'.'.join(path)} into {k} groups of rows {groups}")
 
 
+def _splittable_loop(wf: Workflow, path: Path, batch_size: int | None) -> tuple[LoopNode, int]:
+    """The loop at `path` and its batch size, or a refusal saying why its body cannot be split."""
+    loop = find(wf, path)
+    if not isinstance(loop, LoopNode) or path == wf.root.path:
+        raise Refused(f"'{loop.name}' is not a loop inside the iteration")
+    if loop.dynamic:
+        raise Refused(f"loop '{loop.name}' ends on a condition (until): split into row groups, each group would stop "
+                      "on its own rows' condition instead of when all rows are done", at=loop.field_pos.get("until"))
+    if loop.split_of is not None:
+        raise Refused(f"loop '{loop.name}' is already a split group", at=loop.pos)
+    sizes = set()
+    for item in iter_items(loop):
+        if item is loop:
+            continue
+        if isinstance(item, MergeNode) or item.split_of is not None:
+            raise Refused(f"loop '{loop.name}' already contains split groups ('{item.name}')", at=item.pos)
+        if isinstance(item, ExecutionNode):
+            check_separable(item)
+            if item.batch_size is not None:
+                sizes.add(item.batch_size)
+    _check_no_dynamic_loop(replace(loop, until=None), f"loop '{loop.name}'")
+    if batch_size is not None:
+        sizes.add(batch_size)
+    if len(sizes) != 1:
+        raise Refused(f"the batch size of loop '{loop.name}' is " + ("unknown: declare batch sizes or pass one" if not sizes
+                      else f"ambiguous: its nodes declare {sorted(sizes)}"), at=loop.pos)
+    return loop, sizes.pop()
+
+
+def _check_carries(resolver: Resolver, loop: LoopNode) -> None:
+    for c in loop.carries:
+        dims = {batch_dim(resolver, c.init, resolver.tables.field(loop, f"carry.{c.name}.init", c.init)),
+                batch_dim(resolver, c.next, resolver.tables.field(loop, f"carry.{c.name}.next", c.next))}
+        if len(dims) > 1:
+            raise Refused(f"carried value '{c.name}' of loop '{loop.name}' does not keep its batch dimension "
+                          f"(init and next give {sorted(map(str, dims))}): its groups could not be merged", at=c.pos)
+        dim = dims.pop()
+        if dim not in (0, None):
+            raise Refused(f"carried value '{c.name}' of loop '{loop.name}' has its batch on dim {dim}; rose slices dim 0 only",
+                          at=c.pos)
+
+
+def _group_item(resolver: Resolver, loop: LoopNode, item: Item, g: int, rows: Rows, refs: RefFn) -> Item:
+    """Group g's copy of one item of the body: its own name, references and rows."""
+    copy = map_subtree(resolver, item, refs)
+    assert isinstance(copy, ExecutionNode | LoopNode)  # a body holding merges is refused
+    copy = replace(copy, split_of=item.name, after=tuple(f"{a}@{g}" for a in item.after))
+    return into_group(repath(copy, item.path, loop.path + (f"{item.name}@{g}",)), g, rows)
+
+
+def _group_carry(resolver: Resolver, loop: LoopNode, c: Carry, g: int, rows: Rows, refs: RefFn) -> Carry:
+    """Group g's own carried value: its rows of the first value, its copy of the next."""
+    init = _slice_input(resolver, loop, f"carry.{c.name}.init", c.init, rows, f"loop '{loop.name}'")
+    nxt = map_field(resolver, loop, f"carry.{c.name}.next", c.next, refs)
+    return replace(c, name=f"{c.name}@{g}", init=init, next=nxt)
+
+
+def _under(path: Path, prefix: Path) -> bool:
+    return path[: len(prefix)] == prefix
+
+
+def _group_refs(resolver: Resolver, loop: LoopNode, g: int, rows: Rows) -> RefFn:
+    """How group g's copy of the body reads: the body's items and the loop's carried values are the
+    group's own (`act@g`, `step.obs@g`); a value from outside the loop is read as the group's rows."""
+    names = {item.path: f"{item.name}@{g}" for item in loop.body}
+    carries = {(loop.path, c.name): f"{c.name}@{g}" for c in loop.carries}
+
+    def fn(use: RefUse) -> Expr:
+        new = rename_ref(use, names, carries)
+        if _under(binding_target(use.binding), loop.path) or isinstance(use.binding, LoopIndex):
+            return new
+        if use.within is not None and not _under(binding_target(use.within), loop.path):
+            return new  # inside a selection of an outside loop's iterations: that selection is sliced as a whole
+        dim = ref_dim(resolver, use.original, use.binding)
+        if dim is None:
+            return new  # an integer: the same for every group
+        if dim != 0 or use.within is not None or not use.whole:
+            why = ("no known batch dimension" if dim == "unknown" else f"its batch on dim {dim}" if dim != 0
+                   else "its rows selected inside an iteration reference" if use.within is not None
+                   else "its rows combined by stack, cat or a slice")
+            raise Refused(f"'{unparse(use.original)}' read inside loop '{loop.name}' has {why}; rose cannot give each "
+                          "group its rows")
+        return _rows_of(new, rows)
+
+    return fn
+
+
+def _merged_carries(loop: LoopNode, k: int) -> RefFn:
+    """How the split loop is read from outside its groups (its collects, later items): a carried value is
+    the concatenation of its groups' values; the body's items are their merges."""
+    carried = {c.name for c in loop.carries}
+
+    def fn(use: RefUse) -> Expr | None:
+        b = use.binding
+        if isinstance(b, IterSelect) and _under(b.loop, loop.path) and len(b.loop) > len(loop.path):
+            raise Refused(f"'{unparse(use.original)}' selects iterations of loop '{b.loop[-1]}' inside loop "
+                          f"'{loop.name}' from outside it: split into row groups, those iterations run once per group")
+        var = b.var if isinstance(b, CarryIn) and b.loop == loop.path else \
+            b.port if isinstance(b, NodePort) and b.node == loop.path else None
+        if var in carried:
+            return Call(use.expr.offset, "cat", tuple(Ref(use.expr.offset, loop.name, f"{var}@{g}") for g in range(k)))
+        return None
+
+    return fn
+
+
 def _output_dim(resolver: Resolver, item: Item, port: str) -> int:
+    """The dimension a merge concatenates an output of the body's groups along."""
     if isinstance(item, ExecutionNode):
         return 0
     assert isinstance(item, LoopNode)
-    expr = dict(item.collects).get(port)
-    key = f"collect.{port}"
-    if expr is None:
-        c = item.carry(port)
-        assert c is not None
-        expr, key = c.init, f"carry.{port}.init"
-    dim = batch_dim(resolver, expr, uses_by_id(resolver, item, key, expr))
+    dim = port_dim(resolver, item, port)
     if not isinstance(dim, int):
-        raise Refused(f"output '{port}' of nested loop '{item.name}' has no known batch dimension; it cannot be merged")
+        key = f"collect.{port}" if port in dict(item.collects) else f"carry.{port}.init"
+        raise Refused(f"output '{port}' of nested loop '{item.name}' has no known batch dimension (a carried value "
+                      "must keep one from its first value on); it cannot be merged", at=item.field_pos.get(key) or item.pos)
     return dim
-
-
-def _rewrite_outside(new: Workflow, old: Workflow, resolver: Resolver, loop_path: Path, fn) -> Workflow:
-    """Apply `fn` to the expressions of items outside the loop that read its (split) carries."""
-    for item in old.items():
-        if item.path[: len(loop_path)] == loop_path:
-            continue
-        fields = dict(expr_fields(item))
-        if not fields:
-            continue
-        changed = {}
-        for key, e in fields.items():
-            e2 = rewrite_expr(e, uses_by_id(resolver, item, key, e), fn)
-            if e2 != e:
-                changed[key] = e2
-        if changed:
-            current = new.find(item.path)
-            assert current is not None
-            updated = map_item_exprs(current, lambda key, e, ch=changed: ch.get(key, e))
-            new = replace_item(new, item.path, updated)
-    return new

@@ -2,159 +2,135 @@
 
 Iterations of a free loop share no carried value and start from refreshed state, so they can run in
 separate groups (`epoch@0` runs iterations 0, 2, ...; `epoch@1` runs 1, 3, ...) that overlap in time.
-A component whose state the loop writes is replicated per group (`sim@0` is a copy of `sim`, built
-from the same impl and args): each group refreshes its own copy. The group that runs the loop's last
-iteration keeps the original component, so after the loop the state is the one the last iteration
-left -- what the declared workflow leaves. `loop[j]` references from outside follow iteration j to the
-group that ran it.
+A component whose state the loop writes gets a copy per group (`sim@0`, `copy_of: sim`, built from the
+same impl and args): each group refreshes its own copy. The group that runs the loop's last iteration
+keeps the original component, so after the loop the state is the one the last iteration left -- what
+the declared workflow leaves. `loop[j]` references from outside follow iteration j to the group that
+ran it. The pass runner checks the result keeps every dependency (`legality.check_order_preserved`: a
+call on a copy must see the values it saw, which a copy can give only within its own group).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ..analysis import invocation_graph, loop_kinds, state_access_order
-from ..expr import Expr, Ref
+from ..analysis import loop_kinds, state_access_order
+from ..expr import Expr
 from ..ir import Component, ExecutionNode, Item, LoopNode, StateEffect, StateObject, Workflow
-from ..resolve import Binding, LoopIndex, Resolver
-from ..semantics import Invocation
-from .common import Refused, Rewritten, find, map_item_exprs, replace_item, rewrite_expr, uses_by_id
-from .legality import check_well_formed
-from .split import _repath
+from ..resolve import Resolver
+from .refs import RefUse, map_subtree, rename_ref
+from .rewritten import Refused, Rewritten
+from .tree import find, into_group, map_tree, repath, replace_item
 
-__all__ = ["split_temporal"]
+__all__ = ["build_split_temporal"]
 
 Path = tuple[str, ...]
 
 
-def split_temporal(wf: Workflow, path: Path, k: int, blocks: bool = False, *, check: bool = True,
-                   force: bool = False) -> Rewritten:
+def build_split_temporal(wf: Workflow, path: Path, k: int, blocks: bool = False, *, force: bool = False) -> Rewritten:
     """`force` skips the free-loop requirement (only to show, in tests, what the check prevents)."""
-    loop = find(wf, path)
-    if not isinstance(loop, LoopNode) or path == wf.root.path:
-        raise Refused(f"'{loop.name}' is not a loop inside the iteration")
-    if loop.dynamic:
-        raise Refused(f"loop '{loop.name}' ends on a condition; its iterations are kept whole")
-    if loop.iterations is not None or loop.split_of is not None or "@" in loop.name:
-        raise Refused(f"loop '{loop.name}' is already a split group")
-    kind = loop_kinds(wf)[path]
-    if kind.kind != "free" and not force:
-        raise Refused(f"loop '{loop.name}' is dependent ({'; '.join(kind.reasons)}): its iterations must run in order, "
-                      "so they cannot be split into independent groups")
-    if loop.collects and not force:
-        raise Refused(f"loop '{loop.name}' has collected outputs; read its iterations as '{loop.name}[j]...' instead")
+    loop = _splittable(wf, path, force)
     indices = list(loop.indices())
     if k < 2:
         raise Refused(f"splitting loop '{loop.name}' into {k} group(s) does nothing: k must be at least 2")
     if k > len(indices):
-        raise Refused(f"loop '{loop.name}' runs {len(indices)} iterations: {k} groups would leave some empty")
+        raise Refused(f"loop '{loop.name}' runs {len(indices)} iterations: {k} groups would leave some empty",
+                      at=loop.field_pos.get("count") or loop.pos)
     if blocks:
         size = -(-len(indices) // k)
         groups = [tuple(indices[g * size:(g + 1) * size]) for g in range(k)]
     else:
         groups = [tuple(indices[g::k]) for g in range(k)]
     owner = next(g for g, its in enumerate(groups) if indices[-1] in its)
-
-    # components whose state the loop writes get one copy per (non-owner) group
-    accesses = state_access_order(loop.body)
-    written = {s for s, a, _ in accesses if a.writes}
-    replicated = sorted({s.split(".", 1)[0] for s in written})
-    everywhere = {s for s, a, _ in state_access_order(wf.root.body) if a.writes}
-    for s, _, at in accesses:
-        comp = s.split(".", 1)[0]
-        if comp in replicated and s not in written and s in everywhere:
-            raise Refused(f"'{s}' is read by '{at[-1]}' inside loop '{loop.name}' and written elsewhere: a copy of "
-                          f"'{comp}' for another group would not see its value")
+    copied = _copied_components(wf, loop)
     resolver = Resolver(wf)
-
-    def rename_index(member: str):
-        def fn(expr: Expr, b: Binding) -> Expr | None:
-            if isinstance(b, LoopIndex) and b.loop == path and isinstance(expr, Ref):
-                return Ref(expr.offset, member, "i")
-            return None
-        return fn
-
-    def copy_for(item: Item, fn, comp_names: dict[str, str]) -> Item:
-        out = map_item_exprs(item, lambda key, e: rewrite_expr(e, uses_by_id(resolver, item, key, e), fn))
-        if isinstance(out, ExecutionNode):
-            if out.component in comp_names:
-                new = comp_names[out.component]
-                out = replace(out, component=new, effects=tuple(
-                    StateEffect(f"{new}.{e.state.split('.', 1)[1]}", e.access, e.pos) for e in out.effects))
-            if out.phases:
-                out = replace(out, phases=tuple(copy_for(c, fn, comp_names) for c in out.phases))
-        elif isinstance(out, LoopNode):
-            out = replace(out, body=tuple(copy_for(c, fn, comp_names) for c in out.body))
-        return out
-
-    members: list[LoopNode] = []
     components = dict(wf.components)
+    members: list[Item] = []
     for g, its in enumerate(groups):
         member = f"{loop.name}@{g}"
-        names = {} if g == owner else {c: _copy_name(wf.components[c], components) for c in replicated}
-        for c, copy in names.items():
+        copies = {} if g == owner else {c: _copy_name(wf.components[c], components) for c in copied}
+        for c, copy in copies.items():
             orig = wf.components[c]
-            components[copy] = replace(orig, name=copy, replica_of=orig.replica_of or c,
+            components[copy] = replace(orig, name=copy, copy_of=orig.copy_of or c,
                                        state=tuple(StateObject(copy, s.name, s.attr, s.pos) for s in orig.state))
-        body = tuple(copy_for(item, rename_index(member), names) for item in loop.body)
-        group = replace(loop, body=body, iterations=its, split_of=loop.name, src=())
-        members.append(_repath(group, path, path[:-1] + (member,)))  # type: ignore[arg-type]
+        # the loop's own index is the member's (`epoch.i` -> `epoch@0.i`, the same iteration number)
+        body = [_on_copies(map_subtree(resolver, item, _renamer(path, member)), copies) for item in loop.body]
+        group = replace(loop, body=tuple(body), iterations=its, split_of=loop.name)
+        members.append(into_group(repath(group, path, path[:-1] + (member,)), g))
     new = replace_item(replace(wf, components=components), path, members)
     member_of = {j: g for g, its in enumerate(groups) for j in its}
-    depth = _loop_depth(wf, path)  # the position of this loop's index in an invocation's indices
+    depth = sum(isinstance(wf.find(path[:n]), LoopNode) for n in range(1, len(path)))  # this loop's index position
 
     def locate(p: Path, idx: tuple[int, ...]):
         if p[: len(path)] == path and len(p) > len(path):
-            j = idx[depth]
-            return path[:-1] + (f"{loop.name}@{member_of[j]}",) + p[len(path):], idx
+            return path[:-1] + (f"{loop.name}@{member_of[idx[depth]]}",) + p[len(path):], idx
         return p, idx
 
-    what = f"splitting the iterations of loop '{loop.name}' into {k} groups {groups}"
-    if check:
-        check_well_formed(new, what)
-        _check_replicated_order(wf, new, locate, what)
-    notes = tuple(f"'{c.name}' is a copy of '{c.replica_of}' for a group of '{loop.name}'"
+    notes = tuple(f"'{c.name}' is a copy of '{c.copy_of}' for a group of '{loop.name}'"
                   for name, c in components.items() if name not in wf.components)
-    return Rewritten(new, locate, what, notes)
+    return Rewritten(new, locate, f"splitting the iterations of loop '{loop.name}' into {k} groups {groups}", notes)
+
+
+def _splittable(wf: Workflow, path: Path, force: bool) -> LoopNode:
+    loop = find(wf, path)
+    if not isinstance(loop, LoopNode) or path == wf.root.path:
+        raise Refused(f"'{loop.name}' is not a loop inside the iteration")
+    if loop.dynamic:
+        raise Refused(f"loop '{loop.name}' ends on a condition (until): how many iterations it runs is known only "
+                      "as it runs, so its iterations are kept whole", at=loop.field_pos.get("until"))
+    if loop.iterations is not None or loop.split_of is not None:
+        raise Refused(f"loop '{loop.name}' is already a split group", at=loop.pos)
+    kind = loop_kinds(wf)[path]
+    if kind.kind != "free" and not force:
+        raise Refused(f"loop '{loop.name}' is dependent ({'; '.join(kind.reasons)}): its iterations must run in order, "
+                      "so they cannot be split into independent groups", at=loop.pos)
+    if loop.collects and not force:
+        raise Refused(f"loop '{loop.name}' has collected outputs; read its iterations as '{loop.name}[j]...' instead",
+                      at=loop.field_pos.get("collect") or loop.pos)
+    return loop
+
+
+def _copied_components(wf: Workflow, loop: LoopNode) -> list[str]:
+    """The components whose state the loop writes: each non-owner group gets a copy. Refused when such
+    a component's state is read in the loop but written elsewhere: a copy would not see that value."""
+    accesses = state_access_order(loop.body)
+    written = {s for s, a, _ in accesses if a.writes}
+    copied = sorted({s.split(".", 1)[0] for s in written})
+    everywhere = {s for s, a, _ in state_access_order(wf.root.body) if a.writes}
+    for s, _, reader in accesses:
+        comp = s.split(".", 1)[0]
+        if comp in copied and s not in written and s in everywhere:
+            node = wf.find(reader)
+            raise Refused(f"'{s}' is read by '{reader[-1]}' inside loop '{loop.name}' and written elsewhere: a copy of "
+                          f"'{comp}' for another group would not see its value",
+                          at=(node.field_pos.get("state") or node.pos) if node is not None else None)
+    return copied
+
+
+def _renamer(path: Path, member: str):
+    def fn(use: RefUse) -> Expr | None:
+        return rename_ref(use, {path: member})
+
+    return fn
+
+
+def _on_copies(item: Item, copies: dict[str, str]) -> Item:
+    """Every call of a copied component calls the group's copy (and touches its state)."""
+    def fn(it: Item) -> Item:
+        if isinstance(it, ExecutionNode) and it.component in copies:
+            new = copies[it.component]
+            return replace(it, component=new, effects=tuple(
+                StateEffect(f"{new}.{e.state.split('.', 1)[1]}", e.access, e.pos) for e in it.effects))
+        return it
+
+    return map_tree(item, fn) if copies else item
 
 
 def _copy_name(comp: Component, taken: dict[str, Component]) -> str:
     """A fresh name for one more copy of a component: `sim@1`, numbered over every copy of the original
-    (a copy of a copy is named after the original: nested splits never nest names, `c0@0@0`, which the
-    schema refuses)."""
-    root = comp.replica_of or comp.name
+    (a copy of a copy is named after the original: nested splits never nest names, `c0@0@0`)."""
+    root = comp.copy_of or comp.name
     n = 0
     while f"{root}@{n}" in taken:
         n += 1
     return f"{root}@{n}"
-
-
-def _loop_depth(wf: Workflow, path: Path) -> int:
-    """How many loops enclose `path`'s body items before `path` itself (its index position)."""
-    depth = 0
-    for n in range(1, len(path)):
-        if isinstance(wf.find(path[:n]), LoopNode):
-            depth += 1
-    return depth
-
-
-def _component_of(wf: Workflow, inv: Invocation) -> str:
-    item = wf.find(inv.path)
-    assert isinstance(item, ExecutionNode)
-    return item.component
-
-
-def _check_replicated_order(orig: Workflow, new: Workflow, locate, what: str) -> None:
-    """Every dependency is kept, except the in-place order between calls that now touch different
-    copies of a component's state (they no longer share the object)."""
-    g0, g1 = invocation_graph(orig, 2), invocation_graph(new, 2)
-    position = {inv: i for i, inv in enumerate(g1.order)}
-    for producer, consumer, dep in g0.edges():
-        a, b = Invocation(*locate(producer.path, producer.indices)), Invocation(*locate(consumer.path, consumer.indices))
-        if a not in position or b not in position:
-            raise Refused(f"{what}: internal error: {a} or {b} is not run")
-        if dep.kind == "state" and _component_of(new, a) != _component_of(new, b):
-            continue
-        if position[a] > position[b]:
-            raise Refused(f"{what} would run {b} before {a}, breaking the {dep.kind} dependency {dep.detail}")
-

@@ -70,7 +70,9 @@ def test_local_trials_leave_training_state_as_it_was(session) -> None:
     c0, (c1,) = local_graphs(wf, [plan], region, 1, "interpreter.trials:Feed")
     pw = probe_workflow(wf, [Probe(1, region, c0.externals)], "interpreter.trials:Probe")
     captured = s.capture(pw)
-    assert captured[1]["v0"] == 1  # the iteration index the epoch loop saw in training iteration 1
+    # the iteration index the epoch loop saw: training iteration 2 (complete() ran the plan's untimed first
+    # iteration, then its timed one)
+    assert captured[1]["v0"] == 2
     before = {c: s.executor.get_states(c) for c in wf.components}
     runs = s.local([c0, c1], 2, captured, 1)
     assert [len(r) for r in runs] == [2, 2]
@@ -78,7 +80,7 @@ def test_local_trials_leave_training_state_as_it_was(session) -> None:
     assert {c.rows for c in runs[1][0].calls if "act" in c.node} == {32}
     after = {c: s.executor.get_states(c) for c in wf.components}
     assert _same(before, after)
-    assert s.books["local_runs"] == 4
+    assert s.books["local_runs"] == 6  # two graphs: one untimed run (start-up) and two timed each
     # not vacuous: running the comparison graph without the session's restore does change training state
     s.executor.run(c0.workflow, 0)
     assert not _same(before["sim"], s.executor.get_states("sim"))
@@ -106,8 +108,9 @@ def test_finish_writes_a_resumable_checkpoint(tmp_path) -> None:
     finally:
         s.close()
     ckpt = load_checkpoint(latest_complete(tmp_path / "checkpoints"))
-    assert ckpt.iteration == 1 and set(ckpt.states) == {"sim", "policy", "trainer"}
-    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+    # three trained iterations: the plan's untimed first one and the two timed
+    assert ckpt.iteration == 2 and set(ckpt.states) == {"sim", "policy", "trainer"}
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 3
 
 
 def test_root_carries_are_refused() -> None:
@@ -161,7 +164,7 @@ def test_ray_compiled_executor_switches_plans_and_restores_state() -> None:
         split = apply_request(wf, "split epoch.step 2").workflow
         temporal = apply_request(wf, "split-time epoch 2").workflow
         runs = s.complete([wf, split, temporal], 1)
-        assert [len(r) for r in runs] == [1, 1, 1] and s.k == 3
+        assert [len(r) for r in runs] == [1, 1, 1] and s.k == 6  # each new plan: one untimed iteration first
         # each plan ran as a compiled graph of its own (no silent fall-back to per-call dispatch)
         assert s.executor.compiled and s.executor.backend.capabilities.compiled and s.executor.loads == 3
         assert any(c.startswith("sim@") for c in s.executor.components())
@@ -217,7 +220,7 @@ def test_a_failing_candidate_loses_its_trial_not_the_training() -> None:
             s.close()
     (out, failures, k, states), (_, _, k_ref, ref_states) = runs
     assert list(failures) == [1] and "rows" in failures[1]
-    assert out[1] == [] and len(out[0]) == 3 and k == k_ref == 3
+    assert out[1] == [] and len(out[0]) == 3 and k == k_ref == 4  # + the declared plan's untimed first iteration
     assert _same(states, ref_states)
 
 

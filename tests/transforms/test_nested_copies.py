@@ -34,5 +34,5 @@ def test_a_copy_of_a_copy_is_named_after_the_original_and_the_plan_reads_back(gr
     once = apply_request(wf, "split-time l1 2").workflow
     twice = apply_request(once, f"split-time {group}.l2 2").workflow
     assert sorted(twice.components) == ["c0", "c0@0", "c0@1"]
-    assert {c.replica_of for n, c in twice.components.items() if n != "c0"} == {"c0"}
+    assert {c.copy_of for n, c in twice.components.items() if n != "c0"} == {"c0"}
     assert load_workflow_text(to_yaml(twice), "plan.yaml") == twice

@@ -48,7 +48,10 @@ def _same(original, rewritten, seeds=(0, 1, 2)):
     ("split reset 2",),
     ("split-time epoch 2",),  # Figure 9b: rollout epochs in two groups, each with its own simulator copy
     ("split-time epoch 2", "split epoch@0.step 2", "split epoch@1.step 2"),
-])
+    # issue 12.1: a loop body holding a nested loop with a collect (the inner collect follows its loop)
+    ("split epoch 2",),
+    ("split epoch 3", "interleave epoch"),
+], ids=" + ".join)
 def test_paper_rewrites_preserve_results(ppo, requests) -> None:
     result = _apply(ppo, *requests)
     check(result.workflow)

@@ -1,0 +1,149 @@
+"""Pipelining a chain of batch-separable nodes without a loop (issue 15): group g of a consumer starts
+as soon as group g of its producer is done.
+
+Splitting `generate` and then `score` into row groups makes `score@0` read `generate.tokens[0:64]`: a
+slice of the merge of generate's groups, which waits for every group. But rows [0, 64) of the merge are
+exactly what `generate@0` computed, so the slice is the same value as `generate@0.tokens`.
+`forward_merge_slices` makes that simplification everywhere (a slice that is exactly one group's rows
+becomes that group's output; one that spans several whole groups, their concatenation; one inside a
+group, a slice of that group's output): a pure
+rewrite of expressions, values unchanged, dependencies only fewer. Every split runs it, so the order of
+the splits does not matter; `split_chain` splits consecutive separable siblings into the same row
+groups as one request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from ..expr import BinOp, Call, Expr, Int, IterRef, Neg, Record, Ref, Slice
+from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
+from ..resolve import Binding, NodePort, Resolver
+from .rewritten import Refused, Rewritten, compose
+from .tree import children, find, map_item_exprs, map_workflow
+
+__all__ = ["forward_merge_slices", "build_split_chain"]
+
+Path = tuple[str, ...]
+Rows = tuple[int, int]
+
+
+def _group_rows(resolver: Resolver, merge: MergeNode) -> list[tuple[str, Rows]] | None:
+    """The merge's sources with the rows each holds, when they are row groups in order from row 0."""
+    out = []
+    lo = 0
+    for name in merge.sources:
+        src = resolver.items.get(merge.path[:-1] + (name,))
+        rows = _rows(src) if src is not None else None
+        if rows is None or rows[0] != lo:
+            return None
+        out.append((name, rows))
+        lo = rows[1]
+    return out
+
+
+def _rows(item: Item) -> Rows | None:
+    """The rows of a group: a split node's `rows`, or the one row range every call in a split loop body
+    group works on."""
+    if isinstance(item, ExecutionNode):
+        return item.rows
+    if isinstance(item, LoopNode):
+        found = {r for x in item.body for r in [_rows(x)]}
+        return found.pop() if len(found) == 1 else None
+    return None
+
+
+def _bound(e: Expr | None) -> int | None:
+    return e.value if isinstance(e, Int) else None
+
+
+def _forward(expr: Expr, bound: Mapping[int, Binding], groups: Mapping[Path, list[tuple[str, Rows]]],
+             dims: Mapping[tuple[Path, str], int]) -> Expr:
+    def again(e: Expr) -> Expr:
+        return _forward(e, bound, groups, dims)
+
+    match expr:
+        case Slice(target=Ref() as ref, start=start, stop=stop):
+            b = bound.get(id(ref))
+            if isinstance(b, NodePort) and b.node in groups and dims.get((b.node, b.port)) == 0:
+                parts = groups[b.node]
+                lo = _bound(start) if start is not None else 0
+                hi = _bound(stop) if stop is not None else parts[-1][1][1]
+                chosen = [name for name, (a, z) in parts if lo is not None and hi is not None and lo <= a and z <= hi]
+                covered = [(a, z) for name, (a, z) in parts if name in chosen]
+                if chosen and covered[0][0] == lo and covered[-1][1] == hi:
+                    refs = tuple(Ref(ref.offset, name, ref.attr) for name in chosen)
+                    return refs[0] if len(refs) == 1 else Call(ref.offset, "cat", refs)
+                if lo is not None and hi is not None:
+                    inside = [(name, a) for name, (a, z) in parts if a <= lo and hi <= z]
+                    if inside:  # rows of one group: that group's output, sliced relative to its first row
+                        name, a = inside[0]
+                        return Slice(expr.offset, Ref(ref.offset, name, ref.attr), Int(0, lo - a), Int(0, hi - a))
+            return replace(expr, target=again(expr.target))
+        case Slice(target=t, start=s, stop=p):
+            return replace(expr, target=again(t), start=None if s is None else again(s), stop=None if p is None else again(p))
+        case IterRef(inner=inner):
+            return replace(expr, inner=again(inner))
+        case BinOp(left=a, right=b):
+            return replace(expr, left=again(a), right=again(b))
+        case Neg(operand=a):
+            return replace(expr, operand=again(a))
+        case Record(fields=fields):
+            return replace(expr, fields=tuple((n, again(v)) for n, v in fields))
+        case Call(args=args):
+            return replace(expr, args=tuple(again(a) for a in args))
+    return expr
+
+
+def forward_merge_slices(wf: Workflow) -> Workflow:
+    """Every `merge.port[a:b]` (dim-0 merge) whose rows are exactly whole groups reads those groups
+    instead: `generate.tokens[0:64]` -> `generate@0.tokens`. The same values; fewer dependencies."""
+    resolver = Resolver(wf)
+    groups = {}
+    dims: dict[tuple[Path, str], int] = {}
+    for path, item in resolver.items.items():
+        if isinstance(item, MergeNode):
+            rows = _group_rows(resolver, item)
+            if rows is not None:
+                groups[path] = rows
+                dims.update(((path, port), dim) for port, dim in item.ports)
+    if not groups:
+        return wf
+
+    def fn(item: Item) -> Item:
+        return map_item_exprs(item, lambda key, e: _forward(e, resolver.tables.field(item, key, e), groups, dims))
+
+    return map_workflow(wf, fn)
+
+
+def build_split_chain(wf: Workflow, paths: Sequence[Path], k: int) -> Rewritten:
+    """Split consecutive batch-separable siblings into the same k row groups, as one region: group g of
+    each reads group g of the one before (through `forward_merge_slices`), so the groups pipeline."""
+    from .split import build_split_node, check_separable
+
+    if len(paths) < 2:
+        raise Refused("a chain needs at least two nodes")
+    parent = paths[0][:-1]
+    if any(p[:-1] != parent for p in paths):
+        raise Refused("the nodes of a chain must be siblings (in one body)")
+    body = [i.name for i in children(find(wf, parent))]
+    order = [body.index(p[-1]) if p[-1] in body else -1 for p in paths]
+    if order != sorted(order) or len(set(order)) != len(order):
+        raise Refused(f"the chain must name its nodes in program order ({', '.join(n for n in body if n in {p[-1] for p in paths})})")
+    sizes = {}
+    for p in paths:
+        node = find(wf, p)
+        if not isinstance(node, ExecutionNode):
+            raise Refused(f"'{node.name}' is not a node: a chain splits nodes", at=node.pos)
+        check_separable(node)
+        sizes[node.name] = node.batch_size
+    if len(set(sizes.values())) != 1:
+        raise Refused(f"the nodes of a chain must have one batch size to share row groups ({sizes})")
+    result = None
+    for p in paths:
+        step = build_split_node(result.workflow if result is not None else wf, p, k)
+        result = step if result is None else compose(result, step)
+    assert result is not None
+    names = ", ".join(p[-1] for p in paths)
+    return Rewritten(result.workflow, result.locate, f"split the chain {names} into {k} row groups each")

@@ -1,0 +1,314 @@
+"""A plan checked against its source workflow: every dependency of the source must hold in the plan.
+
+A plan is a workflow file that anyone may edit by hand, so its rewrites are not trusted: the plan is
+compared with the workflow it says it was made from (`plan: source:`), at invocation granularity, over
+two RL iterations (like the legality oracle), with every exposed phase run:
+
+* every call of the source runs in the plan, once -- or once per row group, the groups' rows
+  partitioning the batch -- as the same component method (a copy of the component for a temporal
+  group), with the same state effects, outputs and batch declaration;
+* every data dependency of the source reaches each of the consumer's row groups from producer groups
+  whose rows cover the consumer's, and the plan has no data dependency the source lacks (same ports);
+* every state access sees the values of the same calls as in the source (per row group), and each RL
+  iteration leaves the same calls' values: the runtime runs each component's calls in program order,
+  so this is what its state accesses observe (a temporal split's copy of a component is a state object
+  of its own, whose values no call of another copy sees);
+* loops that end on a condition are kept, with the same condition; merges take their groups in row
+  order.
+
+Plan invocations are traced to source ones through the plan's own annotations: a group is its
+`split_of` (its iteration numbers are the source's), an item a rewrite moved names where it came from
+(`moved_from`). What is not checked: which rows of a merged value a slice takes (dependencies are
+tracked per row group, not per row), and the values components compute.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path as FilePath
+
+from ..analysis import Dep, InvocationGraph, invocation_graph
+from ..errors import Diagnostic, SourcePos, WorkflowError
+from ..expr import Expr, unparse
+from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
+from ..resolve import Resolver
+from ..semantics import Invocation
+from .legality import describe_invocation, on_component, state_observations, values_of
+from .refs import RefUse, binding_target, map_field, rename_ref
+from .tree import source_paths
+
+__all__ = ["PlanDifference", "plan_differences", "check_plan_source"]
+
+Path = tuple[str, ...]
+Rows = tuple[int, int] | None
+MAX_SHOWN = 12
+
+
+@dataclass(frozen=True)
+class PlanDifference:
+    pos: SourcePos
+    path: str  # the plan item, dotted
+    message: str
+
+
+def _rows(node: ExecutionNode) -> Rows:
+    return node.rows
+
+
+def _overlap(a: Rows, b: Rows) -> bool:
+    return a is None or b is None or (a[0] < b[1] and b[0] < a[1])
+
+
+def _covers(parts: list[Rows], want: Rows, size: int | None) -> bool:
+    if any(p is None for p in parts):
+        return True
+    lo, hi = want if want is not None else (0, size if size is not None else max((p[1] for p in parts if p), default=0))
+    for a, b in sorted(p for p in parts if p is not None):
+        if a > lo:
+            return False
+        lo = max(lo, b)
+    return lo >= hi
+
+
+def _key(dep: Dep) -> tuple[str, str]:
+    """(consumer input, producer port) of a data dependency, whatever the producer is called."""
+    port, _, producer = dep.detail.partition(" <- ")
+    return port, producer.rsplit(".", 1)[-1]
+
+
+class _Checker:
+    def __init__(self, source: Workflow, plan: Workflow) -> None:
+        self.source, self.plan = source, plan
+        self.src_items = {i.path: i for i in source.items()}
+        self.plan_items = {i.path: i for i in plan.items()}
+        self.origin = source_paths(plan)
+        self.out: list[PlanDifference] = []
+        self._resolver: Resolver | None = None
+
+    def differ(self, item: Item | None, message: str) -> None:
+        pos = item.pos if item is not None else SourcePos(self.plan.file, 0, 0)
+        path = ".".join(item.path[1:]) if item is not None else "<plan>"
+        self.out.append(PlanDifference(pos, path, message))
+
+    def run(self) -> list[PlanDifference]:
+        self.items()
+        if self.out:
+            return self.out  # the calls do not correspond: comparing dependencies would only repeat it
+        g0 = invocation_graph(self.source, iterations=2, expand_phases=True)
+        g1 = invocation_graph(self.plan, iterations=2, expand_phases=True)
+        images = self.calls(g0, g1)
+        if not self.out:
+            self.data(g0, g1, images)
+            self.state(g0, g1, images)
+        return self.out
+
+    # -- items ------------------------------------------------------------------------------------
+    def component_of(self, name: str) -> str:
+        comp = self.plan.components.get(name)
+        return comp.copy_of if comp is not None and comp.copy_of else name
+
+    def items(self) -> None:
+        for name, comp in self.plan.components.items():
+            original = self.source.components.get(self.component_of(name))
+            if original is None:
+                self.differ(None, f"component '{name}' is not in the source")
+            elif (comp.impl, comp.args, [s.name for s in comp.state]) != (original.impl, original.args,
+                                                                          [s.name for s in original.state]):
+                self.differ(None, f"component '{name}' is not built as the source's '{original.name}' "
+                                  "(impl, args or state differ)")
+        for path, item in self.plan_items.items():
+            if path == self.plan.root.path:
+                continue
+            src = self.src_items.get(self.origin[path])
+            where = ".".join(self.origin[path][1:])
+            if isinstance(item, MergeNode):
+                self.merge(item)
+                continue
+            if src is None or type(src) is not type(item):
+                self.differ(item, f"has no counterpart in the source (it stands for '{where}')")
+            elif isinstance(item, ExecutionNode):
+                assert isinstance(src, ExecutionNode)
+                self.node(item, src)
+            else:
+                assert isinstance(src, LoopNode) and isinstance(item, LoopNode)
+                self.loop(item, src)
+
+    def node(self, item: ExecutionNode, src: ExecutionNode) -> None:
+        comp = self.component_of(item.component)
+        effects = {(e.state.split(".", 1)[1], e.access) for e in item.effects}
+        src_effects = {(e.state.split(".", 1)[1], e.access) for e in src.effects}
+        if (comp, item.method) != (src.component, src.method):
+            self.differ(item, f"calls {item.call} where the source's '{src.name}' calls {src.call}")
+        if effects != src_effects:
+            show = ", ".join(f"{s}: {a.value}" for s, a in sorted(src_effects)) or "none"
+            self.differ(item, f"its state accesses differ from the source's '{src.name}' ({show})")
+        if set(item.outputs) != set(src.outputs) or (item.batch, item.batch_size) != (src.batch, src.batch_size):
+            self.differ(item, f"its outputs or batch declaration differ from the source's '{src.name}'")
+        if item.rows is not None and src.batch != 0:
+            self.differ(item, f"is a row group of '{src.name}', which is not declared batch-separable (dim 0)")
+
+    def loop(self, item: LoopNode, src: LoopNode) -> None:
+        if item.dynamic != src.dynamic or (item.dynamic and self.as_source(item) != _text(src.until)):
+            self.differ(item, f"ends {'on ' + unparse(item.until) if item.until else 'after a count'} where the "
+                              f"source's '{src.name}' ends {'on ' + unparse(src.until) if src.until else 'after a count'}")
+        if item.dynamic and item.count != src.count:
+            self.differ(item, f"runs at most {item.count} iterations where the source's '{src.name}' runs {src.count}")
+
+    def as_source(self, loop: LoopNode) -> str:
+        """A plan loop's end condition written with the source's names (each reference renamed to the
+        item it stands for), to compare with the source loop's."""
+        assert loop.until is not None
+        resolver = self.resolver()
+
+        def fn(use: RefUse) -> Expr:
+            target = binding_target(use.binding)
+            return rename_ref(use, {target: self.origin[target][-1]}) if target in self.origin else use.expr
+
+        return unparse(map_field(resolver, loop, "until", loop.until, fn))
+
+    def resolver(self) -> Resolver:
+        if self._resolver is None:
+            self._resolver = Resolver(self.plan)
+        return self._resolver
+
+    def merge(self, item: MergeNode) -> None:
+        parent = item.path[:-1]
+        rows = []
+        for name in item.sources:
+            group = self.plan_items.get(parent + (name,))
+            rows.append(_first_rows(group) if group is not None else None)
+        if all(r is not None for r in rows) and rows != sorted(rows):  # type: ignore[type-var]
+            self.differ(item, f"merges its groups out of row order ({', '.join(item.sources)})")
+
+    # -- calls ------------------------------------------------------------------------------------
+    def calls(self, g0: InvocationGraph, g1: InvocationGraph) -> dict[Invocation, list[Invocation]]:
+        images: dict[Invocation, list[Invocation]] = defaultdict(list)
+        for q in g1.order:
+            s = Invocation(self.origin[q.path], q.indices)
+            if s not in g0.node:
+                self.differ(g1.node[q], f"runs {describe_invocation(q, self.plan_items)}, which stands for no call "
+                                        f"of the source ({describe_invocation(s, self.src_items)})")
+                continue
+            images[s].append(q)
+        for s in g0.order:
+            qs = images.get(s, [])
+            node = g0.node[s]
+            if not qs:
+                self.differ(node, f"the source's {describe_invocation(s, self.src_items)} is not run by the plan")
+            elif not _partition([g1.node[q].rows for q in qs], node.batch_size):
+                shown = ", ".join(f"{describe_invocation(q, self.plan_items)} rows {g1.node[q].rows}" for q in qs)
+                self.differ(g1.node[qs[0]], f"the source's {describe_invocation(s, self.src_items)} runs as {shown}: "
+                                            "not once, nor as row groups that partition its batch")
+            if len(self.out) >= MAX_SHOWN:
+                break
+        return images
+
+    # -- dependencies -------------------------------------------------------------------------------
+    def data(self, g0: InvocationGraph, g1: InvocationGraph, images: dict[Invocation, list[Invocation]]) -> None:
+        src_edges = {(p, c, _key(d)) for p, c, d in g0.edges() if d.kind == "data"}
+        plan_edges: dict[tuple[Invocation, tuple[str, str]], list[Invocation]] = defaultdict(list)
+        for p, c, d in g1.edges():
+            if d.kind != "data":
+                continue
+            key = _key(d)
+            sp, sc = Invocation(self.origin[p.path], p.indices), Invocation(self.origin[c.path], c.indices)
+            plan_edges[(c, key)].append(p)
+            if (sp, sc, key) not in src_edges:
+                self.differ(g1.node[c], f"{describe_invocation(c, self.plan_items)} reads {d.detail.split(' <- ')[1]} "
+                                        f"of {describe_invocation(p, self.plan_items)} ({d.detail}), which the "
+                                        "source's call does not")
+                return
+        for sp, sc, key in sorted(src_edges, key=str):
+            for qc in images[sc]:
+                got = [p for p in plan_edges.get((qc, key), []) if Invocation(self.origin[p.path], p.indices) == sp]
+                want = g1.node[qc].rows
+                if not got or not _covers([g1.node[p].rows for p in got], want, g0.node[sp].batch_size):
+                    self.differ(g1.node[qc], f"{describe_invocation(qc, self.plan_items)} does not read "
+                                             f"{key[1]} of the source's {describe_invocation(sp, self.src_items)} "
+                                             f"({key[0]}){'' if not got else ' for all of its rows'}")
+                    return
+
+    def state(self, g0: InvocationGraph, g1: InvocationGraph, images: dict[Invocation, list[Invocation]]) -> None:
+        """Each state access of the plan sees the values of the calls the source's access sees (per row
+        group: a group's access, the writes of its rows), and each RL iteration leaves the same calls'
+        values (`legality.state_observations`)."""
+        seen0, left0 = state_observations(g0)
+        seen1, left1 = state_observations(g1)
+
+        def source(writers: frozenset[Invocation | None]) -> frozenset[Invocation | None]:
+            return frozenset(None if w is None else Invocation(self.origin[w.path], w.indices) for w in writers)
+
+        for (q, state), writers in seen1.items():
+            s = Invocation(self.origin[q.path], q.indices)
+            original = on_component(state, self.component_of(state.split(".", 1)[0]))
+            want = seen0.get((s, original), frozenset())
+            if source(writers) != want:
+                node = g1.node[q]
+                self.differ(node, f"{describe_invocation(q, self.plan_items)} would see {values_of(writers, self.plan_items)} "
+                                  f"of '{state}', where the source's call sees {values_of(want, self.src_items)}")
+                return
+        for (k, state), writers in left0.items():
+            got = source(left1.get((k, state), frozenset()))
+            if got != writers:
+                self.differ(None, f"RL iteration {k} would leave {values_of(got, self.src_items)} of '{state}', where "
+                                  f"the source leaves {values_of(writers, self.src_items)}")
+                return
+
+
+def _text(e: Expr | None) -> str:
+    return unparse(e) if e is not None else ""
+
+
+def _first_rows(item: Item) -> tuple[int, int] | None:
+    for x in (item, *(getattr(item, "body", None) or ())):
+        if isinstance(x, ExecutionNode) and x.rows is not None:
+            return x.rows
+    return None
+
+
+def _partition(parts: list[Rows], size: int | None) -> bool:
+    if len(parts) == 1:
+        return parts[0] is None or (size is not None and parts[0] == (0, size))
+    if any(p is None for p in parts):
+        return False
+    ordered = sorted(parts)  # type: ignore[type-var]
+    lo = 0
+    for a, b in ordered:  # type: ignore[misc]
+        if a != lo:
+            return False
+        lo = b
+    return size is None or lo == size
+
+
+def plan_differences(source: Workflow, plan: Workflow) -> list[PlanDifference]:
+    """How `plan` fails to keep the dependencies of `source` ([] when it keeps them all)."""
+    return _Checker(source, plan).run()
+
+
+def check_plan_source(plan: Workflow, source_file: str | FilePath | None = None) -> None:
+    """If `plan` is a plan (it has `plan: source:`), load its source workflow -- `source_file` if given
+    (e.g. the workflow `rose execute FILE --plan PLAN` names), else the recorded path, relative to the
+    working directory or to the plan's own directory -- and raise WorkflowError, positioned in the plan,
+    unless the plan keeps every dependency of it."""
+    from .. import load_workflow
+
+    meta = plan.plan or {}
+    recorded = meta.get("source")
+    if source_file is None and not recorded:
+        return
+    here = FilePath(plan.file).parent
+    candidates = [FilePath(source_file)] if source_file is not None else [FilePath(str(recorded)), here / str(recorded)]
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None:
+        raise WorkflowError([Diagnostic(SourcePos(plan.file, 1, 1), "plan.source",
+                                        f"the plan's source workflow '{recorded}' is not found (looked in "
+                                        f"{', '.join(str(c) for c in candidates)}): the plan cannot be checked",
+                                        "run it from the directory it was written in, or give the source: "
+                                        "rose execute SOURCE --plan PLAN")])
+    source = load_workflow(found, plan.params)
+    diffs = plan_differences(source, plan)
+    if diffs:
+        text = FilePath(plan.file).read_text() if FilePath(plan.file).is_file() else None
+        raise WorkflowError([Diagnostic(d.pos, d.path, f"the plan differs from its source {found}: {d.message}")
+                             for d in diffs[:MAX_SHOWN]], text)

@@ -1,0 +1,344 @@
+"""Every failure the property suites ever found, kept as explicit hypothesis examples so that CI
+re-checks each on every run (hypothesis would otherwise only replay them from a local database).
+
+Each entry is the smallest workflow that showed the failure (in the generator's format: one mock
+method per node) and the rewrite requests that triggered it. Where the original falsifying example is
+lost (found before this file existed) the workflow is rebuilt from the commit that fixed it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+
+@dataclass(frozen=True)
+class Found:
+    title: str  # what went wrong, and where it was found
+    text: str  # the workflow
+    requests: tuple[str, ...]
+
+    @property
+    def doc(self) -> dict[str, Any]:
+        return yaml.safe_load(self.text)
+
+
+def _mock(name: str, states: list[str], behaviors: dict[str, str]) -> str:
+    beh = ", ".join(f"{m}: {b}" for m, b in behaviors.items())
+    return (f'  {name}: {{impl: "tests.mocks:Mock", state: {states}, args: {{name: {name}, batch: 6, '
+            f"states: {states}, behaviors: {{{beh}}}}}}}\n")
+
+
+def _wf(components: str, body: str, count: int = 2) -> str:
+    return f"rose: 1\nname: found\ncomponents:\n{components}iteration:\n  count: {count}\n  body:\n{body}"
+
+
+SEP = "{state: {}, out: [o0], separable: true}"
+
+# Found by property 1 (accepted rewrites compute the same): test_accepted_rewrites_preserve_results...
+ACCEPTED = [
+    Found(
+        "issue 12.1: a split loop body holding a nested loop whose collect selects its own iterations "
+        "(`stack(l2[*].{l2.v})`): the inner collect kept the old loop name, so the plan did not validate "
+        "(found on workflows/embodied_ppo.yaml by hand; the generator did not make such collects)",
+        _wf(_mock("c0", [], {"n1": SEP, "n3": SEP}), """\
+    - loop: l1
+      count: 2
+      body:
+        - {node: n1, call: c0.n1, in: {t: l1.i}, out: [o0], batch: {dim: 0, size: 6}}
+        - loop: l2
+          count: 2
+          carry: {v: {init: n1.o0, next: n3.o0}}
+          body:
+            - {node: n3, call: c0.n3, in: {x: l2.v}, out: [o0], batch: {dim: 0, size: 6}}
+          collect: {c: "stack(l2[*].{l2.v, n3.o0})"}
+"""),
+        ("split iteration.l1 2",)),
+    Found(
+        "issue 12.2: a loop that ends on a condition inside a loop split into row groups: each group "
+        "stopped on its own rows' flags (found by the long profile once the generator made until loops)",
+        _wf(_mock("c0", ["s0", "s1"], {
+            "n3": "{state: {}, out: [], separable: true}",
+            "n4": "{state: {}, out: [o0], separable: true, flags: [o0]}",
+            "n6": "{state: {s0: update}, out: [], separable: true}",
+            "n7": "{state: {}, out: [o0], separable: true, flags: [o0]}"}), """\
+    - loop: l1
+      count: 1
+      body:
+        - loop: l2
+          count: 2
+          until: n4.o0
+          body:
+            - {node: n3, call: c0.n3, batch: {dim: 0, size: 6}}
+            - {node: n4, call: c0.n4, in: {t: l2.i}, out: [o0], batch: {dim: 0, size: 6}}
+        - loop: l5
+          count: 2
+          until: n7.o0
+          body:
+            - {node: n6, call: c0.n6, state: {s0: update}, batch: {dim: 0, size: 6}}
+            - {node: n7, call: c0.n7, in: {t: l5.i}, out: [o0], batch: {dim: 0, size: 6}}
+""", count=1),
+        ("split iteration.l1 2",)),
+    Found(
+        "issue 12.3: nested temporal splits named a component copy 'c0@0@0', which is not a name "
+        "(found by the default profile in CI, on a rare draw)",
+        _wf(_mock("c0", ["s0"], {
+            "a": "{state: {s0: refresh}, out: [o0], separable: true}",
+            "b": "{state: {s0: refresh}, out: [o0], separable: true}",
+            "d": "{state: {s0: update}, out: [o0], separable: true}"}), """\
+    - loop: l1
+      count: 2
+      body:
+        - {node: a, call: c0.a, in: {t: l1.i}, state: {s0: refresh}, out: [o0]}
+        - loop: l2
+          count: 2
+          body:
+            - {node: b, call: c0.b, in: {t: l2.i, x: a.o0}, state: {s0: refresh}, out: [o0]}
+            - {node: d, call: c0.d, in: {x: b.o0}, state: {s0: update}, out: [o0]}
+"""),
+        ("split-time iteration.l1 2", "split-time iteration.l1@0.l2 2")),
+    Found(
+        "commit d12fdfd: a loop-body split of a loop holding temporal groups nested the group names "
+        "('l3@0@0'); splits now refuse loops that hold groups (found by the long profile)",
+        _wf(_mock("c0", ["s0"], {
+            "n2": SEP,
+            "n4": "{state: {s0: refresh}, out: [o0], separable: true}"}), """\
+    - loop: l1
+      count: 2
+      body:
+        - {node: n2, call: c0.n2, in: {t: l1.i}, out: [o0], batch: {dim: 0, size: 6}}
+        - loop: l3
+          count: 2
+          body:
+            - {node: n4, call: c0.n4, in: {x: n2.o0, t: l3.i}, state: {s0: refresh}, out: [o0], batch: {dim: 0, size: 6}}
+"""),
+        ("split-time iteration.l1.l3 2", "split iteration.l1 2")),
+    Found(
+        "commit 3f12747 (1): merging a carried value whose next is a stacked collect (its batch moves from "
+        "dim 0 to dim 1) as if it kept dim 0 (found by the long profile)",
+        _wf(_mock("c0", [], {"n1": SEP, "n3": SEP, "n4": SEP}), """\
+    - {node: n1, call: c0.n1, in: {t: iteration.i}, out: [o0], batch: {dim: 0, size: 6}}
+    - loop: l1
+      count: 2
+      carry: {v: {init: n1.o0, next: l2.c}}
+      body:
+        - loop: l2
+          count: 2
+          body:
+            - {node: n3, call: c0.n3, in: {x: l1.v, t: l2.i}, out: [o0], batch: {dim: 0, size: 6}}
+          collect: {c: "stack(l2[*].n3.o0)"}
+    - {node: n4, call: c0.n4, in: {x: l1.v}, out: [o0], batch: {dim: 0, size: 6}}
+"""),
+        ("split iteration.l1 2",)),
+    Found(
+        "commit 3f12747 (2): slicing such a carried value's final value for a split node (its rows are on "
+        "dim 1: the slice took time steps) (found by the long profile)",
+        _wf(_mock("c0", [], {"n1": SEP, "n3": SEP, "n4": SEP}), """\
+    - {node: n1, call: c0.n1, in: {t: iteration.i}, out: [o0], batch: {dim: 0, size: 6}}
+    - loop: l1
+      count: 2
+      carry: {v: {init: n1.o0, next: l2.c}}
+      body:
+        - loop: l2
+          count: 2
+          body:
+            - {node: n3, call: c0.n3, in: {x: l1.v, t: l2.i}, out: [o0], batch: {dim: 0, size: 6}}
+          collect: {c: "stack(l2[*].n3.o0)"}
+    - {node: n4, call: c0.n4, in: {x: l1.v}, out: [o0], batch: {dim: 0, size: 6}}
+"""),
+        ("split iteration.n4 2",)),
+    Found(
+        "a record with an integer field, split by rows: the values layer sliced the integer "
+        "(found by the default profile once the generator made records)",
+        _wf(_mock("c0", [], {"n1": SEP, "n2": "{state: {}, out: [], separable: true}"}), """\
+    - {node: n1, call: c0.n1, out: [o0], batch: {dim: 0, size: 6}}
+    - {node: n2, call: c0.n2, in: {x0: "{a: n1.o0, b: n1.o0}", x1: "{a: iteration.i, b: n1.o0}"}, batch: {dim: 0, size: 6}}
+"""),
+        ("split iteration.n2 2",)),
+]
+
+ACCEPTED += [
+    Found(
+        "a loop-body split merged a nested loop's carried value along its first value's batch dim, though "
+        "its next value has another -- a sibling of 3f12747, there since the split was written (found by the "
+        "default profile during the issue 13 refactoring)",
+        _wf(_mock("c0", [], {"n3": SEP, "n5": SEP, "n7": SEP, "n10": "{state: {}, out: [o0], separable: false}"}), """\
+    - loop: l1
+      count: 1
+      body:
+        - loop: l2
+          count: 1
+          body:
+            - {node: n3, call: c0.n3, batch: {dim: 0, size: 6}}
+            - {node: n5, call: c0.n5, out: [o0], batch: {dim: 0, size: 6}}
+          collect: {c: "stack(l2[*].n5.o0)"}
+        - loop: l6
+          count: 1
+          carry: {v: {init: l2.c, next: n7.o0}}
+          body:
+            - {node: n7, call: c0.n7, out: [o0], batch: {dim: 0, size: 6}}
+    - {node: n10, call: c0.n10, in: {x: "l1[-1].l6.v"}, out: [o0]}
+""", count=1),
+        ("split iteration.l1 2",)),
+    Found(
+        "a chain split of nodes inside a loop-body group, which already work on the group's rows: the "
+        "check was lost in the issue 13 refactoring (found by the default profile drawing split-chain)",
+        _wf(_mock("c0", ["s0"], {"n4": "{state: {s0: update}, out: [o0], separable: true}", "n5": SEP}), """\
+    - loop: l1
+      count: 2
+      body:
+        - loop: l2
+          count: 2
+          body:
+            - {node: n4, call: c0.n4, in: {t: l2.i}, state: {s0: update}, out: [o0], batch: {dim: 0, size: 6}}
+            - {node: n5, call: c0.n5, in: {x: n4.o0}, out: [o0], batch: {dim: 0, size: 6}}
+"""),
+        ("split iteration.l1 3", "split-chain iteration.l1.l2@0.n4 iteration.l1.l2@0.n5 2")),
+    Found(
+        "loop fusion inside a loop whose carried value reads an item after the fused loops: the outer "
+        "loop's bindings were resolved on its rebuilt (shorter) body, an internal refusal (found by a "
+        "sweep of the suite's steps during the issue 13 refactoring)",
+        _wf(_mock("c0", [], {"n3": "{state: {}, out: [o0], separable: false}", "n6": SEP,
+                             "n8": "{state: {}, out: [], separable: false}",
+                             "n9": "{state: {}, out: [o0, o1], separable: false}"}), """\
+    - {node: n3, call: c0.n3, in: {x0: iteration.i}, out: [o0]}
+    - loop: l4
+      count: 2
+      carry: {v: {init: n3.o0, next: n9.o1}}
+      body:
+        - loop: l5
+          count: 2
+          body:
+            - {node: n6, call: c0.n6, in: {x0: l4.v}, out: [o0], batch: {dim: 0, size: 6}}
+          collect: {c: "stack(l5[*].n6.o0)"}
+        - loop: l7
+          count: 2
+          body:
+            - {node: n8, call: c0.n8}
+        - {node: n9, call: c0.n9, out: [o0, o1]}
+      collect: {c: "stack(l4[*].l4.v)"}
+"""),
+        ("fuse iteration.l4.l5 iteration.l4.l7",)),
+]
+ACCEPTED.append(Found(
+    "loop fusion of two row groups of one loop (`l3@0`, `l3@1`): the items moved into group 0 kept group "
+    "1, which the plan did not write, so it read back different (found by a sweep of the suite's steps "
+    "without the pinned examples)",
+    _wf(_mock("c0", [], {"n2": "{state: {}, out: [], separable: true}", "n4": "{state: {}, out: [], separable: true}",
+                         "n5": SEP}), """\
+    - loop: l1
+      count: 2
+      body:
+        - {node: n2, call: c0.n2, in: {x0: iteration.i}, batch: {dim: 0, size: 6}}
+        - loop: l3
+          count: 2
+          body:
+            - {node: n4, call: c0.n4, in: {x0: l3.i}, batch: {dim: 0, size: 6}}
+        - {node: n5, call: c0.n5, in: {x0: l1.i}, out: [o0], batch: {dim: 0, size: 6}}
+      collect: {c: "stack(l1[*].n5.o0)"}
+""", count=1),
+    ("split iteration.l1 2", "fuse iteration.l1.l3@0 iteration.l1.l3@1")))
+
+# Found by property 2 (a refused reorder, forced through, changes something): test_refused_reorders...
+FORCED = [
+    Found(
+        "commit ecb8334: a refresh that the next refresh overwrites unobserved was kept after the writes "
+        "before it, so moving it was refused although, forced through, nothing changed",
+        _wf(_mock("c0", ["s0"], {
+            "n1": "{state: {s0: refresh}, out: [o0], separable: false}",
+            "n2": "{state: {s0: refresh}, out: [o0], separable: false}",
+            "n3": "{state: {s0: refresh}, out: [o0], separable: false}",
+            "n4": "{state: {s0: read}, out: [o0], separable: false}"}), """\
+    - {node: n1, call: c0.n1, in: {t: iteration.i}, state: {s0: refresh}, out: [o0]}
+    - {node: n2, call: c0.n2, in: {t: iteration.i}, state: {s0: refresh}, out: [o0]}
+    - {node: n3, call: c0.n3, in: {t: iteration.i}, state: {s0: refresh}, out: [o0]}
+    - {node: n4, call: c0.n4, state: {s0: read}, out: [o0]}
+"""),
+        ("rewire iteration.n2 before n1",)),
+]
+
+ACCEPTED.append(Found(
+    "the legality oracle took a row group's refresh of per-row state for an overwrite of all rows: a "
+    "full refresh before it looked unobserved, so moving the group ahead of it was accepted and the full "
+    "refresh then overwrote the group's rows (found by a sweep without the pinned examples: the plan check "
+    "refused what the oracle accepted)",
+    _wf(_mock("c1", ["s0", "s1"], {
+        "n1": "{state: {s1: update}, out: [], separable: true}",
+        "n2": "{state: {s0: refresh, s1: read}, out: [], separable: true}",
+        "n3": "{state: {s0: refresh, s1: read}, out: [o0], separable: true}"}), """\
+    - {node: n1, call: c1.n1, state: {s1: update}, batch: {dim: 0, size: 6}}
+    - {node: n2, call: c1.n2, in: {x0: iteration.i}, state: {s0: refresh, s1: read}, batch: {dim: 0, size: 6}}
+    - {node: n3, call: c1.n3, in: {x0: iteration.i}, state: {s0: refresh, s1: read}, out: [o0], batch: {dim: 0, size: 6}}
+"""),
+    ("split iteration.n3 2", "rewire iteration.n3@0 after n1")))
+
+FORCED.append(Found(
+    "a refused reorder inside a loop that ends on a condition, forced through, made a later such loop stop "
+    "one iteration earlier: the comparison looked up a call the forced run never made and crashed instead "
+    "of reporting the difference (a test-harness bug; found by the long profile)",
+    _wf(_mock("c0", ["s0", "s1"], {
+        "n2": "{state: {s0: read}, out: [o0], separable: true}",
+        "n3": "{state: {s0: update, s1: read}, out: [o0], separable: true, flags: [o0]}",
+        "n6": "{state: {}, out: [o0, o1], separable: true}",
+        "n7": "{state: {s0: read}, out: [o0], separable: true, flags: [o0]}",
+        "n8": "{state: {}, out: [o0], separable: true, flags: [o0]}"}), """\
+    - loop: l1
+      count: 2
+      until: n3.o0
+      body:
+        - {node: n2, call: c0.n2, state: {s0: read}, out: [o0], batch: {dim: 0, size: 6}}
+        - {node: n3, call: c0.n3, in: {t: l1.i}, state: {s0: update, s1: read}, out: [o0], batch: {dim: 0, size: 6}}
+      collect: {c: "stack(l1[*].n2.o0)"}
+    - loop: l4
+      count: 2
+      until: n8.o0
+      carry: {v: {init: l1.c, next: l5.v}}
+      body:
+        - loop: l5
+          count: 2
+          until: n7.o0
+          carry: {v: {init: l1.c, next: n6.o0}}
+          body:
+            - {node: n6, call: c0.n6, in: {x0: "{a: l1.c, b: l1.c}"}, out: [o0, o1], batch: {dim: 0, size: 6}}
+            - {node: n7, call: c0.n7, in: {x0: "{a: l1.c, b: l1.c}", t: l5.i}, state: {s0: read}, out: [o0], batch: {dim: 0, size: 6}}
+        - {node: n8, call: c0.n8, in: {x0: "{a: l1.c, b: l1.c}", t: l4.i}, out: [o0], batch: {dim: 0, size: 6}}
+""", count=1),
+    ("rewire iteration.l1.n2 after n3",)))
+
+_OVERWRITTEN = Found(
+    "a refresh overwritten before anyone sees it (n1, then n2's refresh) was kept before that later write, "
+    "though moving it past the readers of n2's value, before the next refresh, changes nothing: the "
+    "oracle kept an order between every two conflicting accesses; it now compares what every access sees "
+    "(found by the long profile: a refused reorder that, forced through, changed nothing)",
+    _wf(_mock("c0", ["s0", "s1"], {
+        "n1": "{state: {s0: refresh}, out: [], separable: false}",
+        "n2": "{state: {s0: refresh}, out: [o0], separable: false}",
+        "n5": "{state: {s0: read}, out: [], separable: true}",
+        "n6": "{state: {}, out: [o0], separable: true, flags: [o0]}",
+        "n7": "{state: {}, out: [], separable: true}",
+        "n9": "{state: {s0: refresh, s1: read}, out: [], separable: false}",
+        "n10": "{state: {}, out: [o0], separable: false, flags: [o0]}"}), """\
+    - {node: n1, call: c0.n1, state: {s0: refresh}}
+    - {node: n2, call: c0.n2, state: {s0: refresh}, out: [o0]}
+    - loop: l3
+      count: 1
+      body:
+        - loop: l4
+          count: 2
+          until: n6.o0
+          body:
+            - {node: n5, call: c0.n5, state: {s0: read}, batch: {dim: 0, size: 6}}
+            - {node: n6, call: c0.n6, in: {t: l4.i}, out: [o0], batch: {dim: 0, size: 6}}
+        - {node: n7, call: c0.n7, batch: {dim: 0, size: 6}}
+    - loop: l8
+      count: 2
+      until: n10.o0
+      body:
+        - {node: n9, call: c0.n9, state: {s0: refresh, s1: read}}
+        - {node: n10, call: c0.n10, in: {t: l8.i}, out: [o0]}
+""", count=1),
+    ("rewire iteration.n1 after l3",))
+FORCED.append(_OVERWRITTEN)
+ACCEPTED.append(_OVERWRITTEN)

@@ -1,0 +1,114 @@
+"""Issue 12.6: a plan is checked against its source workflow (the same invocation-level dependencies,
+mapped through the plan's groups); hand edits that change what it computes are refused with the
+difference, hand edits that keep every dependency are accepted."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from rose_dsl import WorkflowError, load_workflow, load_workflow_text
+from rose_dsl.serialize import to_yaml
+from rose_dsl.transforms import apply_request, compose
+from rose_dsl.transforms.plan_check import check_plan_source, plan_differences
+
+PPO = Path(__file__).resolve().parents[2] / "workflows" / "embodied_ppo.yaml"
+SMALL = {"num_envs": 4, "steps": 3, "epochs": 2, "denoise_steps": 2}
+
+
+@pytest.fixture(scope="module")
+def ppo():
+    return load_workflow(PPO, SMALL)
+
+
+def _plan(wf, *requests):
+    result = apply_request(wf, requests[0])
+    for r in requests[1:]:
+        result = compose(result, apply_request(result.workflow, r))
+    return result.workflow
+
+
+def _edited(plan, *edits: tuple[str, str]):
+    """The plan written out, edited by hand (regex substitutions, each must apply), and read back."""
+    text = to_yaml(plan, plan={"source": str(PPO)})
+    for pattern, new in edits:
+        text, n = re.subn(pattern, new, text, count=1)
+        assert n == 1, pattern
+    return load_workflow_text(text, "plan.yaml")
+
+
+@pytest.mark.parametrize("requests", [
+    ("split step 2", "interleave step"),
+    ("fuse epoch update",),
+    ("split-time epoch 2", "split epoch@0.step 2"),
+    ("split epoch 2",),
+    ("split act 2", "expand act@0"),
+    ("expand act", "split step 2"),
+    ("split step 2", "fuse epoch update"),
+], ids=" + ".join)
+def test_plans_that_rose_writes_keep_every_dependency(ppo, requests) -> None:
+    assert plan_differences(ppo, _plan(ppo, *requests)) == []
+
+
+@pytest.mark.parametrize(("edit", "expected"), [
+    ((r"state: \{episode: update\}", "state: {episode: read}"), "its state accesses differ from the source's 'env'"),
+    ((r"(loop: step\n\s+count:) 3", r"\1 2"), "is not run by the plan"),
+    ((r"from: \[act@0, act@1\]", "from: [act@1, act@0]"), "merges its groups out of row order"),
+    ((r"in: {obs: step\.obs@0", "in: {obs: step.obs@1"), "does not read obs of the source's"),
+    ((r"rows: \[0, 2\]", "rows: [0, 1]"), "not once, nor as row groups that partition its batch"),
+    ((r"call: policy\.act", "call: policy.head"), "calls policy.head where the source's 'act' calls policy.act"),
+], ids=["state annotation", "loop count", "merge order", "another group's carry", "rows", "method"])
+def test_hand_edits_that_change_the_computation_are_refused(ppo, edit, expected) -> None:
+    plan = _edited(_plan(ppo, "split step 2"), edit)
+    messages = [d.message for d in plan_differences(ppo, plan)]
+    assert any(expected in m for m in messages), messages
+
+
+def test_a_hand_reordering_that_breaks_a_state_dependency_is_refused(ppo) -> None:
+    """publish moved (by hand) before the update loop: it would publish the old weights."""
+    plan = _edited(_plan(ppo, "split step 2"), (r"(  - loop: update\n(?:    .*\n)+)(  - node: publish\n(?:    .*\n)+)", r"\2\1"))
+    messages = [d.message for d in plan_differences(ppo, plan)]
+    assert any("publish would see the initial value of 'trainer.weights', where the source's call sees the value "
+               "of update[1].sgd" in m for m in messages), messages
+
+
+def test_a_hand_reordering_that_keeps_every_dependency_is_accepted(ppo) -> None:
+    """Interleaving the groups by hand (what `interleave step` does) keeps every dependency."""
+    plan = _plan(ppo, "split step 2")
+    text = to_yaml(plan)
+    act1 = re.search(r"      - node: act@1\n(?:        .*\n)+", text).group(0)
+    by_hand = text.replace(act1, "")
+    by_hand = by_hand.replace("      - node: env@0\n", act1 + "      - node: env@0\n", 1)
+    edited = load_workflow_text(by_hand, "plan.yaml")
+    names = [i.name for i in edited.find(("iteration", "epoch", "step")).body]
+    assert names[:3] == ["act@0", "act@1", "env@0"]
+    assert plan_differences(ppo, edited) == []
+
+
+def test_a_changed_end_condition_is_refused() -> None:
+    source = Path(__file__).resolve().parents[1] / "dsl" / "fixtures" / "until.yaml"
+    wf = load_workflow(source)
+    edited = load_workflow_text(to_yaml(wf).replace("until: env.done", "until: env.reward"), "plan.yaml")
+    messages = [d.message for d in plan_differences(wf, edited)]
+    assert any("ends on env.reward where the source's 'step' ends on env.done" in m for m in messages), messages
+
+
+def test_the_check_runs_where_plans_are_loaded(ppo, tmp_path) -> None:
+    """`check_plan_source` finds the source from `plan: source:`, and refuses a plan whose source is gone."""
+    plan = _plan(ppo, "split step 2")
+    good = tmp_path / "plan.yaml"
+    good.write_text(to_yaml(plan, plan={"source": str(PPO)}))
+    check_plan_source(load_workflow(good))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(good.read_text().replace("state: {episode: update}", "state: {episode: read}", 1))
+    with pytest.raises(WorkflowError) as info:
+        check_plan_source(load_workflow(bad))
+    first = info.value.diagnostics[0].format()
+    assert first.startswith(f"{bad}:") and "the plan differs from its source" in first
+    lost = tmp_path / "lost.yaml"
+    lost.write_text(to_yaml(plan, plan={"source": "nowhere/none.yaml"}))
+    with pytest.raises(WorkflowError, match="the plan's source workflow 'nowhere/none.yaml' is not found"):
+        check_plan_source(load_workflow(lost))
+    check_plan_source(load_workflow(lost), PPO)  # the source given explicitly (rose execute SOURCE --plan PLAN)
