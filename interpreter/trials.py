@@ -304,6 +304,7 @@ class TrialSession:
                                         "quota_s": 0.0}
         self.retained: list[dict[str, Any]] = []  # one line per training iteration (metrics.jsonl)
         self._proven: set[int] = set()  # plans (by id) that completed an iteration
+        self._last_plan: Workflow | None = None  # the plan of the last complete iteration
         self.last_failures: dict[int, str] = {}  # the last complete()/local() call: plan index -> why it failed
         executor.add_components({FEED: feed_component(FEED_IMPL)})
         self._watch_cpu()
@@ -408,6 +409,7 @@ class TrialSession:
             self.books["snapshot_s"] += time.perf_counter() - t
         seconds, t0, t1, metrics, records = self._guarded(plan, self.k, snap)
         self._proven.add(id(plan))
+        self._last_plan = plan
         self._watch_cpu()
         if self.cpu is not None:
             self.cpu.poll()
@@ -437,15 +439,18 @@ class TrialSession:
                     continue
                 new = id(plans[i]) not in self._proven
                 try:
-                    if new:
-                        # a plan's first iteration carries its start-up: processes for new component copies,
-                        # programs compiled and CUDA graphs captured for new batch sizes (tens of seconds on
-                        # the GPU). It is training (kept), not a measurement: timed, it made one trial an
-                        # outlier that widened the noise margin and hid real gains.
-                        self._iteration(plans[i], labels[i], guard=i > 0)
-                    out[i].append(self._iteration(plans[i], labels[i], guard=new and i > 0))
+                    if new or self._last_plan is not plans[i]:
+                        # The first iteration of a plan, and the first after a switch from another, are
+                        # training (kept), not measurements: a plan's first carries its start-up (processes
+                        # for new copies, programs compiled and CUDA graphs captured for new batch sizes),
+                        # and one right after a switch ran up to 3x its steady time on the CPU (the previous
+                        # plan's compiled graph still winding down). Timed, they made the reference of an
+                        # interleaved comparison slower than the candidates and gave slower plans a benefit.
+                        self._iteration(plans[i], labels[i], guard=new and i > 0)
+                    out[i].append(self._iteration(plans[i], labels[i], guard=False))
                 except TrialFailed as exc:  # the plan fails: its trial is lost, training goes on with the others
                     self.last_failures[i] = str(exc)
+                    self._last_plan = None  # the workers had switched to it
                     self.log(f"  trial failed ({labels[i] or 'plan'}): {exc}")
         return out
 
@@ -494,6 +499,7 @@ class TrialSession:
         finally:
             for c, s in snap.items():
                 self.executor.set_states(c, s)
+            self._last_plan = None  # the workers ran other graphs: the next complete iteration follows a switch
         self.books["local_s"] += time.perf_counter() - t
         return out
 
