@@ -211,16 +211,19 @@ def test_a_failing_candidate_loses_its_trial_not_the_training() -> None:
     wf = load_workflow_text(BROKEN, "broken.yaml")
     bad = apply_request(wf, "split score 2").workflow
     runs = []
-    for plans in ([wf, bad], [wf]):
+    # the reference trains as many iterations as the session with the failure: there, the declared plan's
+    # first iteration after the failed one is training again (the workers had switched away from it)
+    for plans, rounds in (([wf, bad], 3), ([wf], 4)):
         s = TrialSession(wf, _executor(wf, allowed=("examples.", "tests.")), log=lambda m: None)
         try:
-            out = s.complete(plans, 3)
+            out = s.complete(plans, rounds)
             runs.append((out, dict(s.last_failures), s.k, {c: s.executor.get_states(c) for c in wf.components}))
         finally:
             s.close()
     (out, failures, k, states), (_, _, k_ref, ref_states) = runs
     assert list(failures) == [1] and "rows" in failures[1]
-    assert out[1] == [] and len(out[0]) == 3 and k == k_ref == 4  # + the declared plan's untimed first iteration
+    # 3 timed + the declared plan's untimed first iteration + its untimed first iteration after the failure
+    assert out[1] == [] and len(out[0]) == 3 and k == k_ref == 5
     assert _same(states, ref_states)
 
 
