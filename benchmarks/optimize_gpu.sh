@@ -9,7 +9,9 @@
 # Usage (repository root; Ray from the bundle, see DEVELOPERS.md "The GPU machine"):
 #   WORKFLOW=workflows/paper_mjx_vla.yaml SETS="--set iterations=100" BUDGET=300 bash benchmarks/optimize_gpu.sh
 # BUDGET is --budget-s for both stages (stage 1 gets about two thirds); ROUNDS (default 1) stage-1 rounds;
-# EXTRA more options (e.g. "--no-compiled", "--no-quota"); LIMIT a hard timeout for the whole command.
+# EXTRA more options (e.g. "--no-compiled", "--no-quota"); LIMIT a hard timeout for the whole command;
+# TRUST the --allow-* options the workflow's processes need (default for MJX workflows: their import path
+# and JAX cache variable).
 #   SMOKE=1 bash benchmarks/optimize_gpu.sh          # CPU check of this script: local backend, latency workflow
 # Then feed the plans to the paper table (`benchmarks/paper_table.py --row mjx:stage1=.../stage1.yaml
 # --row mjx:stage1_mps=.../stage1.yaml --row mjx:rose=.../plan.yaml`) in a second call.
@@ -33,13 +35,17 @@ else
   SETS=${SETS:---set iterations=100}
   BACKEND=${BACKEND:-ray}; BUDGET=${BUDGET:-300}; LIMIT=${LIMIT:-540}
   # the MJX simulator's own import path (wheels carried in .whl), when the workload needs it
-  if grep -q "mjx" "$WORKFLOW" && [ -f benchmarks/mjx_env.sh ]; then bash benchmarks/mjx_env.sh > "$WORK/mjx_env.log" 2>&1; fi
+  if grep -q "mjx" "$WORKFLOW" && [ -f benchmarks/mjx_env.sh ]; then
+    bash benchmarks/mjx_env.sh > "$WORK/mjx_env.log" 2>&1
+    # what the MJX simulator's process needs allowed (its import path, JAX's cache): paper_workloads.py's trust
+    TRUST=${TRUST:---allow-env JAX_COMPILATION_CACHE_DIR --allow-path /tmp/mjxenv --allow-path .mjxenv}
+  fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$WORK/gpu.csv" 2>&1 || true
 fi
 rm -rf /tmp/rose-optimize-run
 # shellcheck disable=SC2086 # SETS holds several --set options
 timeout "$LIMIT" python3 -m rose_cli optimize "$WORKFLOW" $SETS -o "$WORK/plan.yaml" --report "$WORK/report" \
-  --out /tmp/rose-optimize-run --backend "$BACKEND" --budget-s "$BUDGET" --rounds "${ROUNDS:-1}" ${EXTRA:-} \
+  --out /tmp/rose-optimize-run --backend "$BACKEND" --budget-s "$BUDGET" --rounds "${ROUNDS:-1}" ${TRUST:-} ${EXTRA:-} \
   > "$WORK/optimize.log" 2>&1
 CODE=$?
 echo "rose optimize exit $CODE" >> "$WORK/optimize.log"

@@ -9,8 +9,12 @@ best point, and keeps the result only if complete iterations get faster.
 
 Branches here are read from the trace: a process's calls under one top-level item of the iteration and
 one iteration of it (`epoch[1]` on the policy process, `update[0]` on the trainer's), per RL iteration.
-Two branches of distinct processes on the same GPU whose spans overlap are a pair; each pair's
-readiness times are the branches' ends. Pure functions: the runtime measures, these decide.
+Two branches of distinct processes on the same GPU whose calls run at the same time are a pair; each
+pair's readiness times are the branches' ends. Overlap is the time both processes have a call running,
+not the overlap of the branches' spans: a policy and a simulator that take turns inside one rollout epoch
+(act -> step -> act) have overlapping spans but never share the GPU, and giving one of them SMs away can
+only slow the chain down (the first H200 run of stage 2 tuned exactly such a pair). Pure functions: the
+runtime measures, these decide.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from dataclasses import dataclass, field
 
 from .profile import Call, IterationRun
 
-__all__ = ["Branch", "BranchPair", "find_branches", "distinct_levels", "QuotaSearch", "quota_search", "branch_key"]
+__all__ = ["Branch", "BranchPair", "find_branches", "distinct_levels", "QuotaSearch", "quota_search", "branch_key",
+           "merge_intervals", "concurrent_ns"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,34 @@ class Branch:
     start_ns: int
     end_ns: int
     calls: int
+    busy: tuple[tuple[int, int], ...] = ()  # when the process runs one of the branch's calls (disjoint, sorted)
+
+
+def merge_intervals(spans: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """The union of half-open intervals, as disjoint sorted intervals."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return tuple(out)
+
+
+def concurrent_ns(x: Sequence[tuple[int, int]], y: Sequence[tuple[int, int]]) -> int:
+    """How long two sets of disjoint sorted intervals both cover (a merge of the two lists)."""
+    i = j = total = 0
+    while i < len(x) and j < len(y):
+        lo, hi = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        if hi > lo:
+            total += hi - lo
+        if x[i][1] <= y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
 
 
 @dataclass(frozen=True)
@@ -67,7 +100,8 @@ def _branches(runs: Sequence[IterationRun], processes: set[str]) -> dict[str, li
                 spans[(c.component, branch_key(c)[1], c.iteration)].append(c)
     out: dict[str, list[Branch]] = defaultdict(list)
     for (proc, key, it), calls in spans.items():
-        out[proc].append(Branch(proc, key, it, min(c.start_ns for c in calls), max(c.end_ns for c in calls), len(calls)))
+        out[proc].append(Branch(proc, key, it, min(c.start_ns for c in calls), max(c.end_ns for c in calls), len(calls),
+                                merge_intervals([(c.start_ns, c.end_ns) for c in calls])))
     return out
 
 
@@ -108,7 +142,9 @@ def _pair(x: str, y: str, bx: list[Branch], by: list[Branch], gpu: int | None, i
         for b in by:
             if a.iteration != b.iteration:
                 continue
-            ov = (min(a.end_ns, b.end_ns) - max(a.start_ns, b.start_ns)) / 1e9
+            if min(a.end_ns, b.end_ns) <= max(a.start_ns, b.start_ns):
+                continue
+            ov = concurrent_ns(a.busy, b.busy) / 1e9  # both processes running a call: sharing the GPU
             if ov <= 0:
                 continue
             n += 1
