@@ -194,6 +194,56 @@ def run_rounds(prep: Prepared, args: argparse.Namespace, address: str | None,
     return runs
 
 
+def run_session(prep: Prepared, args: argparse.Namespace, address: str | None) -> dict[str, list[dict[str, Any]]]:
+    """`--session`: every configuration on ONE set of workers (`rose compare`): the components start once
+    and each round trains one iteration of every plan, interleaved A B C / C B A, each plan's first
+    iteration after a switch untimed; the measured iterations are written as run directories
+    (runs/WORKLOAD/CONFIG/roundR, one iteration each) that the summary reads as it reads separate runs.
+    Saves every configuration's start-up (a minute for the 360M-parameter VLA on the H200). Only plans of
+    the workload's workflow can share the workers: configurations that change the processes (`simS`: a
+    params change) or run another workflow file (a hand-written variant) are refused here and say so."""
+    runs: dict[str, list[dict[str, Any]]] = {c.name: [] for c in prep.configs}
+    rows = []
+    for cfg in prep.configs:
+        if cfg.kind == "declared":
+            continue
+        if cfg.sets or cfg.plan is None or cfg.workflow != prep.workflow:
+            prep.errors[cfg.name] = ("not a plan of the workflow (it changes params or runs another workflow file): "
+                                     "cannot share the workers in --session; run without --session")
+            continue
+        rows.append(cfg)
+    prep.configs = [c for c in prep.configs if c.name not in prep.errors]
+    session_dir = args.runs / prep.wl.name
+    n = args.warmup + 2 * args.rounds * (len(rows) + 1) + 1
+    cmd = ["compare", str(prep.workflow), *_sets({**prep.params, "iterations": n}), "--backend", args.backend,
+           "--rounds", str(args.rounds), "--warmup", str(args.warmup), "--runs", str(session_dir / "session"),
+           "--json", str(session_dir / "compare.json"), "--overwrite", "-q", *prep.wl.trust,
+           *[a for c in rows for a in ("--plan", f"{c.name}={c.plan}")]]
+    if address:
+        cmd += ["--address", address]
+    if (session_dir / "session").exists():
+        shutil.rmtree(session_dir / "session")
+    session_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    timeout = args.run_timeout * (len(rows) + 1) * max(1, args.rounds)
+    proc = _rose(args, *cmd, timeout=timeout, log=session_dir / "compare.log")
+    wall = time.monotonic() - t0
+    print(f"  {prep.wl.name} session of {len(rows) + 1} configurations x {args.rounds} rounds: exit {proc.returncode} "
+          f"{wall:6.1f} s", flush=True)
+    doc = json.loads((session_dir / "compare.json").read_text()) if (session_dir / "compare.json").exists() else None
+    failed = {r["label"]: r["failed"] for r in (doc or {}).get("rows", []) if r.get("failed")}
+    for cfg in prep.configs:
+        label = "declared" if cfg.kind == "declared" else cfg.name
+        dirs = sorted((session_dir / "session" / label).glob("round*"), key=lambda p: int(p.name[5:]))
+        for r, d in enumerate(dirs):
+            runs[cfg.name].append({"round": r, "run_dir": str(d), "exit": 0, "wall_s": wall})
+        if not dirs or label in failed:
+            why = failed.get(label) or (proc.stderr or proc.stdout).strip().splitlines()[-6:]
+            runs[cfg.name].append({"round": len(dirs), "run_dir": None, "exit": proc.returncode or 3, "wall_s": wall,
+                                   "error": why})
+    return runs
+
+
 def summarize(prep: Prepared, runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace,
               calibration: dict[str, Any] | None) -> dict[str, Any]:
     wl = prep.wl
@@ -203,9 +253,10 @@ def summarize(prep: Prepared, runs: dict[str, list[dict[str, Any]]], args: argpa
     figures: dict[str, list[dict[str, Any]]] = {}
     for cfg in prep.configs:
         per_round = []
+        warmup = 0 if args.session else args.warmup  # a session's run directories hold measured iterations only
         for rec in runs.get(cfg.name, []):
             if rec["exit"] == 0:
-                fig = run_figures(load_run(Path(rec["run_dir"])), args.warmup, wl.work_metric, wl.loop, wl.policy_node)
+                fig = run_figures(load_run(Path(rec["run_dir"])), warmup, wl.work_metric, wl.loop, wl.policy_node)
                 per_round.append({**rec, **fig})
         figures[cfg.name] = per_round
         out["configs"][cfg.name] = _config_row(cfg, runs.get(cfg.name, []), per_round)
@@ -297,7 +348,7 @@ def _bound(prep: Prepared, declared: list[dict[str, Any]], args: argparse.Namesp
         return None
     paths = []
     for f in declared:
-        cp = critical_path(load_run(Path(f["run_dir"])), prep.workflow, prep.params, args.warmup)
+        cp = critical_path(load_run(Path(f["run_dir"])), prep.workflow, prep.params, 0 if args.session else args.warmup)
         if cp:
             paths.append(cp)
     gpu = _median([w for f in declared for w in f["gpu_work_s"]])
@@ -330,7 +381,9 @@ def _timelines(result: dict[str, Any], wl_name: str, args: argparse.Namespace) -
         if not cfg or not cfg["rounds_seconds"]:
             out[key] = None
             continue
-        run_dir = args.runs / wl_name / name / f"round{len(cfg['rounds_seconds']) - 1}"
+        label = "declared" if name == "declared" else name
+        run_dir = (args.runs / wl_name / "session" / label if args.session else args.runs / wl_name / name) \
+            / f"round{len(cfg['rounds_seconds']) - 1}"
         png = args.results / f"{wl_name}_{key}_timeline.png"
         try:
             plot(run_dir / "trace.json", png, None, f"{wl_name}: {key} ({name})")
@@ -474,6 +527,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rose-cmd", default=f"{sys.executable} -m rose_cli", help="how to run the rose command")
     ap.add_argument("--learn", type=int, default=0, metavar="N",
                     help="after the rounds, run the declared workflow for N iterations and record its learning curve")
+    ap.add_argument("--session", action="store_true",
+                    help="every configuration on one set of workers (rose compare): one start-up, iterations interleaved")
     ap.add_argument("--smoke", action="store_true", help="CPU: tiny sizes, CPU simulators, one round, local backend")
     ap.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
                     help="merge the workloads of these paper_table.json files (and their timelines) into --results")
@@ -498,7 +553,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {
         "script": "benchmarks/paper_table.py", "argv": sys.argv[1:] if argv is None else argv, "machine": host,
         "versions": versions(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "settings": {k: v for k, v in vars(args).items() if k in ("rounds", "warmup", "iterations", "backend", "smoke")},
+        "settings": {k: v for k, v in vars(args).items() if k in ("rounds", "warmup", "iterations", "backend", "smoke",
+                                                                     "session")},
         "definitions": {"throughput": "the workload's count (env steps or tokens) over the seconds of the measured "
                         "iterations of one run (one round); median and spread (max-min)/median over rounds",
                         "sm_activity": "time-weighted mean of the device-wide NVML GPM SM activity over the measured "
@@ -520,7 +576,8 @@ def main(argv: list[str] | None = None) -> int:
                 results["workloads"][name] = {**summarize(prep, runs, args, calibration), "partial": True}
                 out_json.write_text(json.dumps(results, indent=1, default=str) + "\n")
 
-            runs = run_rounds(prep, args, cluster.address, partial)
+            runs = run_session(prep, args, cluster.address) if args.session else \
+                run_rounds(prep, args, cluster.address, partial)
             result = summarize(prep, runs, args, calibration)
             result["timelines"] = _timelines(result, name, args)
             if args.learn:

@@ -421,12 +421,15 @@ class TrialSession:
         return run
 
     def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0,
-                 labels: Sequence[str] = ()) -> list[list[IterationRun]]:
+                 labels: Sequence[str] = (), before: Callable[[int], None] | None = None) -> list[list[IterationRun]]:
         """`rounds` iterations of each plan, interleaved A B A B (reversed every other round, so a drift
         in time hits both alike); `warmup` iterations of the first plan first, not returned. `labels`
-        name the plans (their rewrite requests) in the run's metrics lines."""
+        name the plans (their rewrite requests) in the run's metrics lines. `before(i)` runs before each
+        turn of plan i (e.g. moving a component under the plan's MPS quota: `rose compare`)."""
         labels = list(labels) or ["" for _ in plans]
         self.last_failures = {}
+        if warmup and before is not None:
+            before(0)
         for _ in range(warmup):
             self._iteration(plans[0], labels[0])
         out: list[list[IterationRun]] = [[] for _ in plans]
@@ -439,6 +442,8 @@ class TrialSession:
                     continue
                 new = id(plans[i]) not in self._proven
                 try:
+                    if before is not None:
+                        before(i)
                     if new or self._last_plan is not plans[i]:
                         # The first iteration of a plan, and the first after a switch from another, are
                         # training (kept), not measurements: a plan's first carries its start-up (processes

@@ -15,7 +15,7 @@ import sys
 from rose_dsl import cli as language
 from rose_dsl.cli import make_app, run_app
 
-from . import execute, optimize
+from . import compare, execute, optimize
 
 __all__ = ["COMMANDS", "app", "main"]
 
@@ -23,6 +23,7 @@ COMMANDS = (
     language.register,  # validate, graph, rewrite
     execute.register,  # execute
     optimize.register,  # optimize
+    compare.register,  # compare
 )
 
 app = make_app("rose: declarative RL workflows, rewritten for overlap and run on Ray.")

@@ -39,7 +39,7 @@ from rose_dsl.ir import Workflow
 
 from . import report
 
-__all__ = ["ExecuteOptions", "SetupError", "Gpu", "RunContext", "execute_workflow", "guarded", "prepare", "gpu_session",
+__all__ = ["ExecuteOptions", "SetupError", "Gpu", "RunContext", "execute_workflow", "guarded", "prepare", "gpu_session", "check_quotas",
            "build_backend", "FAILURES", "Failure"]
 
 
@@ -130,7 +130,7 @@ def _check_reachable(address: str) -> None:
         raise SetupError(f"--address {address}: no Ray cluster answers there ({exc.strerror or exc})") from None
 
 
-def _check_quotas(components: list[Any], daemon: Any, err: Console) -> None:
+def check_quotas(components: list[Any], daemon: Any, err: Console) -> None:
     """Refuse a quota below 100% under which this machine's GEMMs compute wrong values (issue 16: cuBLAS
     under MPS at some SM counts); each (machine, quota) is checked once and cached."""
     from interpreter.quota_safety import UnsafeQuota, check_quota, known_safe, machine_fingerprint
@@ -171,7 +171,7 @@ def gpu_session(wf: Workflow, opts: ExecuteOptions, err: Console) -> Iterator[Gp
             if gpu.daemon.active:
                 gpu.mps_env = {c.name: gpu.daemon.client_env(c.mps_quota) for c in gpu_components}
                 if opts.check_quotas:
-                    _check_quotas(gpu_components, gpu.daemon, err)
+                    check_quotas(gpu_components, gpu.daemon, err)
         sampler = GpuActivity.open_all(torch.cuda.device_count())  # every GPU of this machine (NVML index)
         stack.callback(sampler.close)
         gpu.sampler = sampler if sampler.per_gpu else None  # no NVML: run without activity

@@ -66,6 +66,28 @@ def test_smoke_mjx_writes_the_table_and_configurations_compute_the_same(tmp_path
     assert learning["exit"] == 0 and learning["metric"] == "sim/episode_return" and len(learning["curve"]) == 2
 
 
+def test_smoke_session_runs_every_configuration_on_one_set_of_workers(tmp_path: Path) -> None:
+    """`--session`: one `rose compare` per workload (one start-up; one iteration of each plan per round,
+    interleaved); its run directories give the same table. A configuration that changes params cannot
+    share the workers and is refused, saying so."""
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    code = main(["--smoke", "--session", "--workloads", "mjx", "--configs", "declared,pipe2,fuse,sim2", "--rounds", "2",
+                 "--results", str(results), "--runs", str(runs)])
+    assert code == 0
+    doc = json.loads((results / "paper_table.json").read_text())
+    assert doc["settings"]["session"] is True
+    wl = doc["workloads"]["mjx"]
+    assert set(wl["configs"]) == {"declared", "pipe2", "fuse"} and "--session" in wl["refused"]["sim2"]
+    for name, row in wl["configs"].items():
+        assert len(row["rounds_seconds"]) == 2 and all(len(r) == 1 for r in row["rounds_seconds"]), name
+        assert row["throughput"]["median"] > 0 and row["policy_call_s"] > 0
+    assert wl["lower_bound"]["critical_path_s"] > 0 and 0 < wl["shape"]["loop_share"] <= 1
+    rows = json.loads((runs / "mjx" / "compare.json").read_text())["rows"]
+    assert [r["label"] for r in rows] == ["declared", "pipe2", "fuse"]
+    assert (runs / "mjx" / "session" / "declared" / "round1" / "trace.json").exists()  # what the timeline draws
+    assert wl["timelines"]["declared"].endswith(".png") or "matplotlib" in wl["timelines"]["declared"]
+
+
 def test_smoke_metaworld_with_simulator_processes_on_ray(tmp_path: Path) -> None:
     """Several simulator processes (hybrid replicas through Ray) roll out what one process does."""
     pytest.importorskip("metaworld", reason="Meta-World is an optional extra (pip install -e '.[metaworld]')")

@@ -1,0 +1,380 @@
+"""`rose compare FILE --plan A.yaml --plan B.yaml`: is a plan faster? Measured on ONE set of workers.
+
+A user who rewrote a workflow by hand (or got a plan from `rose optimize`) wants to know whether it
+trains faster, and by how much, on this machine. Separate `rose execute` runs answer that badly on a
+shared, noisy machine: each pays its own start-up (processes, models, compiled programs, CUDA graphs:
+a minute for a 360M-parameter VLA) and sees the machine at another moment. `rose compare` starts the
+components once and trains the declared workflow and every plan on the same workers, one iteration of
+each per round, interleaved A B C / C B A (`interpreter.trials.TrialSession.complete`, the optimizer's
+own measurement). Every plan computes what the declared workflow computes, so all the iterations are
+one training run: none is wasted, and the run directory (`--out`) holds its checkpoint. The first
+iteration of a plan after a switch is training, not a measurement (a switch recompiles the iteration;
+a new process captures its CUDA graphs). A plan with other MPS quotas moves its GPU components to
+processes under those quotas on each switch, state moved with them.
+
+Written: a table (median seconds per iteration, spread, ratio to the declared workflow, every `*_per_s`
+throughput metric, mean SM activity on a GPU), `--json` with every measured iteration, and `--runs DIR`:
+per plan and round a run directory (`metrics.jsonl`, Chrome `trace.json` with the SM-activity counter)
+in the layout `rose execute --out` writes, so the tools that read run directories
+(`benchmarks/paper_profile.py`, Perfetto) read these too.
+
+Exit codes as `rose execute` (`rose_cli.run.FAILURES`); a plan that fails loses its rows and makes the
+exit code 3 after everything else was measured and written.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from dataclasses import replace as dc_replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.table import Table
+
+from rose_dsl.cli import (
+    AllowEnvOpt,
+    AllowModuleOpt,
+    AllowPathOpt,
+    ExitCode,
+    FileArg,
+    SetOpt,
+    err,
+    load_or_exit,
+    out,
+    report_problems,
+)
+from rose_dsl.ir import LoopNode, Workflow
+from rose_dsl.trust import TrustPolicy, check_trust
+
+from .execute import BackendName
+
+if TYPE_CHECKING:
+    from rose_dsl.optimizer.profile import IterationRun
+
+    from .run import RunContext
+
+__all__ = ["register", "compare", "Entry", "same_computation", "write_run_dir", "plan_rows"]
+
+TRIAL_MODULES = ("interpreter.trials",)  # TrialSession adds its own components (`__feed__`, `__probe__`)
+LOW_ACTIVITY = 0.5
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="compare")(compare)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One row of the comparison: the declared workflow or a plan of it."""
+
+    label: str
+    file: Path
+    workflow: Workflow
+
+
+def _parse_plan(value: str) -> tuple[str, Path]:
+    """`LABEL=PATH` or `PATH` (labelled by its file name)."""
+    label, sep, path = value.partition("=")
+    if not sep:
+        return Path(value).stem, Path(value)
+    if not label or not path:
+        raise typer.BadParameter(f"--plan takes PATH or LABEL=PATH, not {value!r}")
+    return label, Path(path)
+
+
+def same_computation(wf: Workflow, plan: Workflow) -> list[str]:
+    """How `plan` differs from `wf` in what it computes (empty: the same): every component of the
+    workflow must be there with the same code, arguments, device and replicas. A plan may add copies of
+    components (a temporal split) and choose other MPS quotas (which change speed, not values)."""
+    diffs = []
+    for name, comp in wf.components.items():
+        other = plan.components.get(name)
+        if other is None:
+            diffs.append(f"component {name!r} is missing")
+            continue
+        for what in ("impl", "args", "device", "replicas", "gpu"):
+            a, b = getattr(comp, what, None), getattr(other, what, None)
+            if a != b:
+                diffs.append(f"component {name!r}: {what} {b!r} where the workflow has {a!r}")
+    return diffs
+
+
+def compare(
+    file: FileArg,
+    plans: Annotated[list[str] | None, typer.Option("--plan", help="a plan of FILE to compare, PATH or LABEL=PATH "
+                                                                  "(repeatable)")] = None,
+    rounds: Annotated[int, typer.Option("--rounds", "-r", min=1, help="measured iterations of each plan, one per round")] = 3,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="iterations of the declared workflow first, not measured")] = 1,
+    backend: Annotated[BackendName, typer.Option("--backend", help="local (threads in this process) or ray (one actor "
+                                                                 "per component); auto: ray for workflows with GPU "
+                                                                 "components or replicas, local otherwise")] = BackendName.AUTO,
+    json_path: Annotated[Path | None, typer.Option("--json", dir_okay=False, help="write every measurement here")] = None,
+    runs_dir: Annotated[Path | None, typer.Option("--runs", file_okay=False,
+                                                  help="write a run directory per plan and round here (metrics.jsonl, trace.json)")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", file_okay=False,
+                                                 help="run directory of the training done (metrics, checkpoint)")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace earlier outputs in --out, --runs and --json")] = False,
+    address: Annotated[str | None, typer.Option("--address", help="join this Ray cluster instead of starting one")] = None,
+    call_timeout: Annotated[float, typer.Option("--call-timeout", min=0.001, help="watchdog: seconds an iteration's calls may take")] = 900.0,
+    allow_module: AllowModuleOpt = None,
+    allow_env: AllowEnvOpt = None,
+    allow_path: AllowPathOpt = None,
+    mps: Annotated[bool, typer.Option("--mps/--no-mps", help="run GPU components under NVIDIA MPS with their quotas")] = True,
+    compiled: Annotated[bool, typer.Option("--compiled/--no-compiled", help="ray: compile each iteration into a Ray Compiled Graph")] = True,
+    quota_check: Annotated[bool, typer.Option("--quota-check/--no-quota-check",
+                                              help="check GEMMs under every MPS quota below 100% first (cached)")] = True,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress lines")] = False,
+    sets: SetOpt = None,
+) -> None:
+    """Compare the declared workflow with plans of it, interleaved on one set of workers: seconds per
+    iteration (median, spread), throughput, SM activity. The iterations are one training run."""
+    wf = load_or_exit(file, sets)
+    entries = [Entry("declared", file, wf)]
+    for value in plans or []:
+        label, path = _parse_plan(value)
+        if not path.is_file():
+            err.print(f"error: --plan {value}: no such file", markup=False)
+            raise typer.Exit(ExitCode.INVALID)
+        entries.append(Entry(label, path, load_or_exit(path, None, source=file)))
+    labels = [e.label for e in entries]
+    if len(set(labels)) != len(labels):
+        err.print(f"error: two rows have one label ({', '.join(labels)}); name them with --plan LABEL=PATH", markup=False)
+        raise typer.Exit(ExitCode.INVALID)
+    for e in entries[1:]:
+        diffs = same_computation(wf, e.workflow)
+        if diffs:
+            err.print(f"error: {e.file} does not compute what {file} computes (with these --set values): "
+                      + "; ".join(diffs[:4]) + ("; ..." if len(diffs) > 4 else ""), markup=False)
+            raise typer.Exit(ExitCode.INVALID)
+    policy = TrustPolicy.from_options(allow_module, allow_env, allow_path)
+    for e in entries:
+        report_problems(e.workflow, check_trust(e.workflow, policy),
+                        "(the workflow asks to run code the command line did not allow)")
+
+    from interpreter.backends import default_backend
+    from interpreter.trials import unsupported
+
+    problem = unsupported(wf)
+    if problem:
+        err.print(f"error: {file}: {problem}", markup=False)
+        raise typer.Exit(ExitCode.INVALID)
+    need = warmup + 2 * rounds * len(entries)
+    if wf.root.count is not None and wf.root.count < need:
+        err.print(f"error: comparing {len(entries)} rows over {rounds} rounds trains up to {need} iterations and "
+                  f"{file} trains {wf.root.count}; raise its iteration count (e.g. --set iterations={need})", markup=False)
+        raise typer.Exit(ExitCode.INVALID)
+    for path in (p for p in (json_path, runs_dir) if p is not None):
+        if path.exists() and not overwrite and (path.is_file() or any(path.iterdir())):
+            err.print(f"error: {path} already exists; choose another path or pass --overwrite", markup=False)
+            raise typer.Exit(ExitCode.INVALID)
+
+    from .run import ExecuteOptions, guarded
+
+    run = ExecuteOptions(backend=default_backend(wf) if backend is BackendName.AUTO else backend.value, out_dir=out_dir,
+                         overwrite=overwrite, address=address, call_timeout=call_timeout,
+                         allowed=(*policy.modules, *TRIAL_MODULES), mps=mps, quiet=quiet, compiled=compiled,
+                         check_quotas=quota_check)
+    options = _Options(rounds, warmup, json_path, runs_dir)
+    code: dict[str, int] = {}
+    exit_code = guarded(lambda teardown, ctx: _run(entries, run, options, teardown, ctx, code), run, err)
+    raise typer.Exit(exit_code or code.get("exit", 0))
+
+
+@dataclass(frozen=True)
+class _Options:
+    rounds: int
+    warmup: int
+    json_path: Path | None
+    runs_dir: Path | None
+
+
+def _run(entries: list[Entry], run: Any, opts: _Options, teardown: ExitStack, ctx: RunContext, code: dict[str, int]) -> None:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from interpreter.trials import Executor, TrialSession, trial_components
+
+    from .run import build_backend, check_quotas, gpu_session, prepare
+
+    started = time.perf_counter()
+    wf = entries[0].workflow
+    prepare(wf, run)
+    gpu = teardown.enter_context(gpu_session(wf, run, ctx.err))
+    # the quotas the plans ask for (checked once each, as rose execute does) and the copies they add
+    # (started now: on Ray, GPU processes are placed when the workers start)
+    extra: dict[str, Any] = dict(trial_components())
+    for e in entries[1:]:
+        for name, comp in e.workflow.components.items():
+            if name not in wf.components and name not in extra:
+                extra[name] = comp
+                if gpu.quotas_work:
+                    gpu.mps_env[name] = gpu.client_env(comp.mps_quota)
+    gpu_comps = [c for e in entries for c in e.workflow.components.values() if c.device == "gpu"]
+    if gpu.quotas_work and run.check_quotas:
+        check_quotas(gpu_comps, gpu.daemon, ctx.err)
+    quotas_differ = len({(c.name, c.mps_quota) for c in gpu_comps}) > len({c.name for c in gpu_comps})
+    if quotas_differ and not gpu.quotas_work:
+        ctx.err.print("warning: the plans ask for other MPS quotas, which do not bind without an MPS daemon: "
+                      "they run under the same SMs", markup=False)
+
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=out,
+                        transient=True, disable=run.quiet)
+    task = progress.add_task("starting the components", total=None)
+
+    def log(msg: str) -> None:
+        progress.update(task, description=msg)
+        if not run.quiet:
+            progress.console.print(msg, markup=False)
+
+    with progress:
+        ctx.phase = "starting components"
+        per_call = dc_replace(run, compiled=False)  # the Executor compiles each plan it runs itself
+        executor = Executor(wf, lambda w, s: build_backend(w, s, per_call, gpu, ctx.err), compiled=run.compiled,
+                            call_timeout_s=run.call_timeout, sampler=gpu.sampler, log=log, extra_components=extra)
+        teardown.callback(executor.close)
+        ctx.backend = executor.backend
+        session = TrialSession(wf, executor, out_dir=run.out_dir, gpu_sampler=gpu.sampler, log=log)
+        teardown.callback(session.close)
+        ctx.phase = "running"
+        current = {c.name: c.mps_quota for c in wf.components.values() if c.device == "gpu"}
+
+        def before(i: int) -> None:
+            """Move GPU components under the quotas of the plan about to run (state moved with them)."""
+            progress.update(task, description=f"round: {entries[i].label}")
+            if not gpu.quotas_work:
+                return
+            for name, comp in entries[i].workflow.components.items():
+                if name in current and comp.mps_quota != current[name]:
+                    log(f"  {entries[i].label}: {name} to MPS quota {comp.mps_quota}%")
+                    executor.replace_quota(name, comp.mps_quota, gpu.client_env(comp.mps_quota))
+                    current[name] = comp.mps_quota
+
+        results = session.complete([e.workflow for e in entries], opts.rounds, opts.warmup,
+                                   [e.label for e in entries], before)
+        failures = dict(session.last_failures)
+        session.finish("rose compare")
+    rows = plan_rows(entries, results, failures)
+    total = time.perf_counter() - started
+    _print_table(rows, total, session.books)
+    if opts.runs_dir is not None:
+        for e, runs in zip(entries, results, strict=True):
+            for r, it in enumerate(runs):
+                write_run_dir(opts.runs_dir / e.label / f"round{r}", e.workflow, [it])
+        out.print(f"wrote run directories under {opts.runs_dir}", markup=False)
+    if opts.json_path is not None:
+        doc = {"workflow": str(entries[0].file), "rounds": opts.rounds, "warmup": opts.warmup, "backend": run.backend,
+               "seconds_total": total, "books": dict(session.books), "rows": rows}
+        opts.json_path.parent.mkdir(parents=True, exist_ok=True)
+        opts.json_path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        out.print(f"wrote {opts.json_path}", markup=False)
+    if failures:
+        for i, why in sorted(failures.items()):
+            ctx.err.print(f"error: {entries[i].label} failed: {why}", markup=False)
+        code["exit"] = ExitCode.COMPONENT
+
+
+def _activity(run: IterationRun) -> tuple[float | None, float | None]:
+    """Time-weighted mean SM activity over the iteration's samples, and the fraction below 50%."""
+    covered = integral = below = 0.0
+    for a, b, v in run.activity_samples:
+        lo, hi = max(a, run.start_ns), min(b, run.end_ns)
+        if hi > lo:
+            covered += hi - lo
+            integral += v * (hi - lo)
+            below += (hi - lo) if v < LOW_ACTIVITY else 0.0
+    return (integral / covered, below / covered) if covered else (None, None)
+
+
+def plan_rows(entries: list[Entry], results: list[list[IterationRun]], failures: dict[int, str]) -> list[dict[str, Any]]:
+    """One summary per row: every measured iteration, the median and spread, the ratio to the declared
+    workflow (> 1: faster), each `*_per_s` metric's median, SM activity."""
+    rows: list[dict[str, Any]] = []
+    base = None
+    for i, (e, runs) in enumerate(zip(entries, results, strict=True)):
+        seconds = [r.seconds for r in runs]
+        med = statistics.median(seconds) if seconds else None
+        if i == 0:
+            base = med
+        rates: dict[str, float] = {}
+        for key in sorted({k for r in runs for k in r.metrics if k.endswith("_per_s")}):
+            vals = [float(r.metrics[key]) for r in runs if r.metrics.get(key) is not None]
+            if vals:
+                rates[key] = statistics.median(vals)
+        act = [_activity(r) for r in runs]
+        sm = [a for a, _ in act if a is not None]
+        low = [b for _, b in act if b is not None]
+        plan_meta = e.workflow.plan
+        rows.append({
+            "label": e.label, "file": str(e.file),
+            "requests": list(plan_meta.get("rewrites") or []) if plan_meta else [],
+            "mps_quota": {n: c.mps_quota for n, c in e.workflow.components.items() if c.device == "gpu"},
+            "iterations": [{"iteration": r.iteration, "seconds": r.seconds, "metrics": r.metrics} for r in runs],
+            "seconds": seconds, "median_s": med,
+            "spread": (max(seconds) - min(seconds)) / med if seconds and med else None,
+            "speedup": base / med if base and med else None,
+            "throughput": rates,
+            "sm_activity": statistics.mean(sm) if sm else None,
+            "frac_below_50": statistics.mean(low) if low else None,
+            "failed": failures.get(i),
+        })
+    return rows
+
+
+def _print_table(rows: list[dict[str, Any]], total: float, books: dict[str, float]) -> None:
+    rates = sorted({k for r in rows for k in r["throughput"]})
+    table = Table(title="seconds per iteration, interleaved on one set of workers")
+    for col in ("plan", "median s", "spread", "n", "vs declared", *rates, "SM activity"):
+        table.add_column(col, justify="left" if col == "plan" else "right")
+    for r in rows:
+        if r["failed"]:
+            table.add_row(r["label"], "failed", "", str(len(r["seconds"])), "", *["" for _ in rates], "")
+            continue
+        table.add_row(r["label"], f"{r['median_s']:.4f}" if r["median_s"] else "-",
+                      f"{r['spread']:.0%}" if r["spread"] is not None else "-", str(len(r["seconds"])),
+                      f"{r['speedup']:.2f}x" if r["speedup"] else "-",
+                      *[f"{r['throughput'][k]:.1f}" if k in r["throughput"] else "-" for k in rates],
+                      f"{r['sm_activity']:.0%}" if r["sm_activity"] is not None else "-")
+    out.print(table)
+    out.print(f"{int(books.get('complete_iterations', 0))} training iterations in {total:.1f} s (start-up and "
+              "plan switches included)", markup=False)
+
+
+def _loop_names(plan: Workflow, node: str, depth: int) -> list[str]:
+    """The names of the loops enclosing an executed node (`iteration.epoch@1.step.act@0` -> iteration,
+    epoch, step), outermost first; `l<i>` where the plan does not say."""
+    parts = node.split(".")
+    names = []
+    for n in range(1, len(parts)):
+        item = plan.find(tuple(parts[:n]))
+        if isinstance(item, LoopNode):
+            names.append(parts[n - 1].split("@")[0])
+    if len(names) != depth:
+        names = ["iteration"] + [f"l{i}" for i in range(1, depth)]
+    return names
+
+
+def write_run_dir(path: Path, plan: Workflow, runs: list[IterationRun]) -> None:
+    """A run directory as `rose execute --out` writes it, for these iterations: `metrics.jsonl` (one line
+    per iteration: its index, `iteration_s`, its metrics) and a Chrome trace (`trace.json`: a complete
+    event per call, category = process, `args.loops` = loop indices; the SM-activity counter)."""
+    path.mkdir(parents=True, exist_ok=True)
+    with (path / "metrics.jsonl").open("w") as f:
+        for r in runs:
+            f.write(json.dumps({"iteration": r.iteration, "iteration_s": r.seconds, **r.metrics}) + "\n")
+    pids: dict[str, int] = {}
+    events: list[dict[str, Any]] = []
+    for r in runs:
+        for c in r.calls:
+            pid = pids.setdefault(c.component, len(pids) + 1)
+            loops = dict(zip(_loop_names(plan, c.node, len(c.indices)), c.indices, strict=True))
+            events.append({"name": c.node, "cat": c.component, "ph": "X", "pid": pid, "tid": 0,
+                           "ts": c.start_ns / 1e3, "dur": (c.end_ns - c.start_ns) / 1e3, "args": {"loops": loops}})
+        for a, _, v in r.activity_samples:
+            events.append({"name": "SM activity", "ph": "C", "pid": 0, "ts": a / 1e3, "args": {"sm_activity": v * 100}})
+    meta = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": comp}} for comp, pid in pids.items()]
+    meta.append({"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "GPU"}})
+    (path / "trace.json").write_text(json.dumps({"traceEvents": meta + events, "displayTimeUnit": "ms"}))

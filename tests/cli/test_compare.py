@@ -1,0 +1,102 @@
+"""`rose compare`: plans measured against the declared workflow on one set of workers. The iterations it
+trains are one training run, bit-identical to `rose execute` of the declared workflow for as many
+iterations; its run directories read like `rose execute`'s; what it refuses, it refuses before anything
+starts, with exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WF = ROOT / "workflows" / "latency_interaction.yaml"
+SETS = ["--set", "iterations=40", "--set", "per_row_ms=0.02", "--set", "fixed_ms=0.2"]
+
+
+def rose(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-m", "rose_cli", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("plans")
+    out = {}
+    for name, requests in (("split2", ["split epoch.step 2", "interleave epoch.step"]),
+                           ("copies", ["split-time epoch 2"])):
+        out[name] = d / f"{name}.yaml"
+        r = rose("rewrite", str(WF), *SETS, *[a for q in requests for a in ("--do", q)], "-o", str(out[name]))
+        assert r.returncode == 0, r.stderr
+    return out
+
+
+def _training(line: dict) -> dict:
+    return {k: v for k, v in line.items() if "/" in k and not k.startswith("time/") and not k.endswith("_per_s")}
+
+
+def test_compare_measures_every_plan_and_trains_like_the_declared_workflow(tmp_path: Path, plans: dict[str, Path]) -> None:
+    run, js, runs = tmp_path / "run", tmp_path / "c.json", tmp_path / "runs"
+    r = rose("compare", str(WF), *SETS, "--plan", str(plans["split2"]), "--plan", f"time2={plans['copies']}",
+             "--rounds", "3", "--out", str(run), "--json", str(js), "--runs", str(runs))
+    assert r.returncode == 0, r.stderr
+    assert "vs declared" in r.stdout and "split2" in r.stdout and "time2" in r.stdout
+    doc = json.loads(js.read_text())
+    rows = {row["label"]: row for row in doc["rows"]}
+    assert list(rows) == ["declared", "split2", "time2"]
+    assert rows["declared"]["speedup"] == 1.0
+    assert rows["split2"]["requests"] == ["split epoch.step 2", "interleave epoch.step"]
+    for row in rows.values():
+        assert len(row["seconds"]) == 3 and row["median_s"] > 0 and not row["failed"]
+        assert row["throughput"]["env_steps_per_s"] > 0
+    # the training: every iteration it ran (measured or not), in order, is what the declared workflow
+    # computes -- bit for bit against rose execute of as many iterations
+    trained = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    n = len(trained)
+    assert [t["iteration"] for t in trained] == list(range(n)) and n >= 1 + 3 * 3
+    ref_dir = tmp_path / "ref"
+    r = rose("execute", str(WF), *SETS, "-n", str(n), "--out", str(ref_dir), "-q")
+    assert r.returncode == 0, r.stderr
+    ref = [json.loads(line) for line in (ref_dir / "metrics.jsonl").read_text().splitlines()]
+    for k, (a, b) in enumerate(zip(ref, trained, strict=True)):
+        ta, tb = _training(a), _training(b)
+        assert ta.keys() == tb.keys(), k
+        for key in ta:  # the temporal copies' mean reward is summed in another order
+            assert tb[key] == pytest.approx(ta[key], rel=1e-12, abs=1e-12), (k, key)
+    # run directories the run-directory readers read: one measured iteration per round
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.paper_profile import load_run, run_figures
+
+    for label in rows:
+        for rnd in range(3):
+            data = load_run(runs / label / f"round{rnd}")
+            assert len(data.metrics) == 1 and data.calls
+            fig = run_figures(data, 0, "env_steps", ("iteration", "epoch", "step"), "act")
+            assert fig["iteration_s"] == [rows[label]["seconds"][rnd]] and fig["throughput"] > 0
+            assert 0 < fig["loop_share"][0] <= 1.0
+        assert {dict(c.loops).get("step") for c in data.calls if c.structural.endswith("step.act")} == set(range(10))
+
+
+def test_compare_refuses_before_anything_starts(tmp_path: Path, plans: dict[str, Path]) -> None:
+    other = tmp_path / "other.yaml"
+    r = rose("rewrite", str(WF), *SETS, "--set", "num_envs=32", "--do", "split epoch.step 2", "-o", str(other))
+    assert r.returncode == 0, r.stderr
+    cases = [
+        (["--plan", str(other)], "does not compute what"),  # another batch: another computation
+        (["--plan", f"a={plans['split2']}", "--plan", f"a={plans['copies']}"], "one label"),
+        (["--plan", str(tmp_path / "missing.yaml")], "no such file"),
+        (["--plan", str(plans["split2"]), "--rounds", "30"], "raise its iteration count"),
+    ]
+    for extra, message in cases:
+        r = rose("compare", str(WF), *SETS, *extra)
+        assert r.returncode == 2, (extra, r.stdout, r.stderr)
+        assert message in r.stderr and "Traceback" not in r.stderr, (extra, r.stderr)
+    taken = tmp_path / "taken.json"
+    taken.write_text("{}")
+    r = rose("compare", str(WF), *SETS, "--json", str(taken))
+    assert r.returncode == 2 and "--overwrite" in r.stderr
