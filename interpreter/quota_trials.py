@@ -58,7 +58,6 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     if isinstance(pair, str):
         return {"skipped": f"no eligible branch pair: {pair}; quotas kept"}
     started = time.perf_counter()
-    executor = session.executor
     total = total_sms or _total_sms()
     levels = distinct_levels(quota_levels(total))  # [(percent, SMs)] ascending: level k is levels[k - 1]
     q0 = plan.components[pair.target].mps_quota or 100
@@ -73,7 +72,7 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
 
     def use(percent: int) -> None:
         if current["percent"] != percent:
-            executor.replace_quota(pair.target, percent, gpu.client_env(percent))
+            session.replace_quota(pair.target, percent, gpu.client_env(percent))
             current["percent"] = percent
 
     unsafe: dict[int, str] = {}

@@ -459,6 +459,15 @@ class TrialSession:
                     self.log(f"  trial failed ({labels[i] or 'plan'}): {exc}")
         return out
 
+    def replace_quota(self, comp: str, quota: int | None, mps_env: dict[str, str] | None) -> dict[str, Any]:
+        """Move a GPU component to a new process under another MPS quota (`Executor.replace_quota`). The
+        next complete iteration is training, not a measurement: the new process compiles its programs,
+        captures its CUDA graphs and fills its allocator on its first calls (timed, that start-up was
+        charged to the quota being tried)."""
+        out = self.executor.replace_quota(comp, quota, mps_env)
+        self._last_plan = None
+        return out
+
     def capture(self, probe_wf: Workflow) -> dict[int, dict[str, Any]]:
         """One training iteration of the current graph with probes; the values they captured."""
         t = time.perf_counter()

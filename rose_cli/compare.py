@@ -250,7 +250,7 @@ def _run(entries: list[Entry], run: Any, opts: _Options, teardown: ExitStack, ct
             for name, comp in entries[i].workflow.components.items():
                 if name in current and comp.mps_quota != current[name]:
                     log(f"  {entries[i].label}: {name} to MPS quota {comp.mps_quota}%")
-                    executor.replace_quota(name, comp.mps_quota, gpu.client_env(comp.mps_quota))
+                    session.replace_quota(name, comp.mps_quota, gpu.client_env(comp.mps_quota))
                     current[name] = comp.mps_quota
 
         results = session.complete([e.workflow for e in entries], opts.rounds, opts.warmup,

@@ -150,6 +150,9 @@ class _FakeSession:
     def _t(self) -> float:
         return 1.0 + 0.0005 * (self.executor.quota["trainer"] - self.best) ** 2
 
+    def replace_quota(self, comp: str, percent: int, env: dict) -> None:
+        self.executor.replace_quota(comp, percent, env)
+
     def complete(self, plans, rounds, warmup=0, labels=()):
         return [[IterationRun(self._t() * (1 + 0.001 * i), ()) for i in range(rounds)] for _ in plans]
 

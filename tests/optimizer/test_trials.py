@@ -239,3 +239,18 @@ def test_switching_back_to_a_plan_reloads_its_nodes(session) -> None:
             assert {c.rows for c in run.calls if c.structural == "iteration.epoch.step.act"} == {rows}
             assert run.metrics["sim/env_steps"] == 2 * 3 * 64
     assert s.executor.loads == 3
+
+
+def test_a_process_moved_under_a_new_quota_gets_a_warm_up_iteration(session, monkeypatch) -> None:
+    """After `replace_quota` (a new process: its first calls compile, capture CUDA graphs, fill the
+    allocator) the next complete iteration of the same plan is training, not a measurement."""
+    wf, s = session
+    moved: list[tuple[str, int]] = []
+    monkeypatch.setattr(s.executor, "replace_quota", lambda comp, quota, env: moved.append((comp, quota)) or {})
+    s.complete([wf], 1)  # the plan's first iteration (untimed) + one measured
+    assert s.k == 2
+    s.complete([wf], 1)  # no switch: measured at once
+    assert s.k == 3
+    s.replace_quota("policy", 50, {})
+    runs = s.complete([wf], 1)
+    assert moved == [("policy", 50)] and s.k == 5 and len(runs[0]) == 1
