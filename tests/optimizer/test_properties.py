@@ -42,7 +42,7 @@ def _same(original, result, seeds=(0,)) -> list[str]:
     return out
 
 
-@settings(max_examples=150)
+@settings(max_examples=max(150, settings.default.max_examples // 4))  # 150 by default, 750 in the long profile
 @given(workflows(max_nodes=9), st.data())
 def test_every_feasible_alternative_and_combination_preserves_results(doc, data) -> None:
     wf = load_workflow_text(yaml.safe_dump(doc, sort_keys=False), "wf.yaml")
@@ -67,7 +67,7 @@ def test_every_feasible_alternative_and_combination_preserves_results(doc, data)
             assert _same(wf, combo) == [], (a.alt.label, b.alt.label)
 
 
-@settings(max_examples=150)
+@settings(max_examples=max(150, settings.default.max_examples // 4))  # 150 by default, 750 in the long profile
 @given(workflows(max_nodes=9), st.data())
 def test_probes_preserve_results_and_comparison_graphs_stand_alone(doc, data) -> None:
     wf = load_workflow_text(yaml.safe_dump(doc, sort_keys=False), "wf.yaml")
