@@ -333,6 +333,10 @@ def _summary(out: Console, doc: dict[str, Any], opts: OptimizeOptions, run_dir: 
     out.print(f"declared {doc['baseline_iteration_s']:.3f} s -> plan {doc['plan_iteration_s']:.3f} s per iteration: "
               f"{doc['speedup']:.2f}x", markup=False)
     out.print("plan: " + ("; ".join(doc["plan_requests"]) or "the declared graph"), markup=False)
+    if doc.get("cut_short"):
+        out.print(f"note: the search was cut short ({doc['stopped']}) before it had decided every round it began: "
+                  "give it more training iterations (the workflow's iteration count, e.g. --set iterations=N) or "
+                  "more time (--budget-s)", markup=False)
     if doc.get("stage2"):
         s2 = doc["stage2"]
         out.print("stage 2: " + (s2.get("summary") or f"skipped ({s2.get('skipped')})"), markup=False)

@@ -93,7 +93,7 @@ def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: f
         "baseline_iteration_s": base, "plan_iteration_s": plan,
         "speedup": base / plan if plan > 0 else math.nan,
         "baseline": _s(result.baseline), "plan": _s(result.final), "plan_requests": list(result.requests),
-        "rounds": [_round(r) for r in result.rounds], "stopped": result.stopped,
+        "rounds": [_round(r) for r in result.rounds], "stopped": result.stopped, "cut_short": result.cut_short,
         "trials": trials,
         "overhead_s": overhead(total_s, books.get("complete_s", 0.0), int(books.get("complete_iterations", 0)),
                                plan, base),

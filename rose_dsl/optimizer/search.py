@@ -172,6 +172,9 @@ class Stage1Result:
     rounds: list[RoundRecord]
     model_errors: list[tuple[str, float, float]]  # (what, predicted s, measured s)
     stopped: str = ""
+    # the search ran out of training iterations or time before it had decided every round it began: a
+    # plan kept for that reason says nothing about what would have been faster
+    cut_short: bool = False
     baseline_runs: list[IterationRun] = field(default_factory=list, repr=False)
     final_runs: list[IterationRun] = field(default_factory=list, repr=False)
 
@@ -543,7 +546,7 @@ def optimize_graph(wf: Workflow, measurer: Measurer, settings: Settings | None =
     g: Workflow = wf
     requests: tuple[str, ...] = ()
     rounds: list[RoundRecord] = []
-    stopped = ""
+    stopped, cut_short = "", False
     try:
         runs = search.complete([wf], s.reference_iterations, warmup=s.warmup, labels=[""])[0]
     except OutOfBudget as exc:
@@ -563,7 +566,7 @@ def optimize_graph(wf: Workflow, measurer: Measurer, settings: Settings | None =
         else:
             stopped = f"{s.rounds} round(s) done"
     except OutOfBudget as exc:
-        stopped = str(exc)
+        stopped, cut_short = str(exc), True
         log(f"stopping: {stopped}")
     final_runs = list(runs)
     if requests and s.final_rounds:
@@ -576,7 +579,7 @@ def optimize_graph(wf: Workflow, measurer: Measurer, settings: Settings | None =
             baseline_runs, final_runs = before, after
         except OutOfBudget as exc:
             log(f"no before/after comparison: {exc}")
-    return Stage1Result(g, requests, baseline, final, rounds, search.errors, stopped, baseline_runs, final_runs)
+    return Stage1Result(g, requests, baseline, final, rounds, search.errors, stopped, cut_short, baseline_runs, final_runs)
 
 
 def _plan(m: Measured) -> Workflow:

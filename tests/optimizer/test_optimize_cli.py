@@ -166,3 +166,14 @@ def test_what_it_would_overwrite_or_run_without_leave_is_refused_before_anything
     r = rose("optimize", "workflows/latency_interaction.yaml", "-o", str(plan), "--overwrite", "--set", "iterations=2")
     assert r.returncode == 2 and "not even the reference profile" in r.stderr and not (run / "metrics.jsonl").exists()
     assert "Traceback" not in r.stderr and not plan.exists()
+
+
+def test_a_search_cut_short_says_so(tmp_path: Path) -> None:
+    """With the workflow's own 20 iterations the search runs out of training before it decides its round:
+    the plan is the declared graph for that reason, and the command says so (and how to give it more)."""
+    plan = tmp_path / "plan.yaml"
+    r = rose("optimize", str(WF / "latency_interaction.yaml"), "-o", str(plan), "-q")
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "plan_report" / "report.json").read_text())
+    assert report["cut_short"] and "iterations are all trained" in report["stopped"]
+    assert "cut short" in r.stdout and "--set iterations=N" in r.stdout

@@ -195,7 +195,7 @@ def _stage1(root: Path):
         calls.append(_c("iteration.update.sgd", "trainer", (it, 0), base + 1000, base + 3500))
     runs = [IterationRun(10.0, tuple(c for c in calls if c.iteration == it)) for it in range(2)]
     s = summarize([1.0, 1.0, 1.0])
-    return wf, Stage1Result(wf, (), s, s, [], [], "", runs, runs)
+    return wf, Stage1Result(wf, (), s, s, [], [], "", baseline_runs=runs, final_runs=runs)
 
 
 def test_tune_quota_searches_validates_and_writes_the_quota() -> None:
