@@ -41,7 +41,8 @@ def test_smoke_mjx_writes_the_table_and_configurations_compute_the_same(tmp_path
     assert code == 0
     doc = json.loads((results / "paper_table.json").read_text())
     assert doc["machine"]["cpu_count"] and doc["versions"]["torch"]
-    assert doc["settings"] == {"rounds": 1, "warmup": 1, "iterations": 1, "backend": "local", "smoke": True}
+    assert doc["settings"] == {"rounds": 1, "warmup": 1, "iterations": 1, "backend": "local", "smoke": True,
+                               "session": False}
     wl = doc["workloads"]["mjx"]
     assert set(wl["configs"]) == {"declared", "pipe2", "fuse", "stage1"}
     assert "bogus" in wl["refused"]  # an unknown configuration is reported, not fatal
