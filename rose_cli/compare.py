@@ -51,7 +51,7 @@ from rose_dsl.cli import (
 from rose_dsl.ir import LoopNode, Workflow
 from rose_dsl.trust import TrustPolicy, check_trust
 
-from .execute import BackendName
+from .execute import BackendName, positive_seconds
 
 if TYPE_CHECKING:
     from rose_dsl.optimizer.profile import IterationRun
@@ -120,7 +120,8 @@ def compare(
                                                  help="run directory of the training done (metrics, checkpoint)")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace earlier outputs in --out, --runs and --json")] = False,
     address: Annotated[str | None, typer.Option("--address", help="join this Ray cluster instead of starting one")] = None,
-    call_timeout: Annotated[float, typer.Option("--call-timeout", min=0.001, help="watchdog: seconds an iteration's calls may take")] = 900.0,
+    call_timeout: Annotated[float, typer.Option("--call-timeout", callback=positive_seconds,
+                                                help="watchdog: seconds an iteration's calls may take")] = 900.0,
     allow_module: AllowModuleOpt = None,
     allow_env: AllowEnvOpt = None,
     allow_path: AllowPathOpt = None,

@@ -22,7 +22,7 @@ from rose_dsl.cli import (
 )
 from rose_dsl.trust import TrustPolicy, check_trust
 
-__all__ = ["execute", "register"]
+__all__ = ["execute", "register", "positive_seconds", "BackendName"]
 
 
 class BackendName(StrEnum):
@@ -31,10 +31,14 @@ class BackendName(StrEnum):
     RAY = "ray"
 
 
-def _positive(value: float) -> float:
-    if not value > 0:  # also refuses nan
+def positive_seconds(value: float) -> float:
+    """An option callback: a duration must be more than 0 seconds (`not value > 0` also refuses nan)."""
+    if not value > 0:
         raise typer.BadParameter(f"must be more than 0 seconds, not {value}")
     return value
+
+
+
 
 
 def execute(
@@ -53,7 +57,7 @@ def execute(
     resume: Annotated[bool, typer.Option("--resume", help="continue the run in --out from its last usable checkpoint")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace the outputs of an earlier run in --out")] = False,
     address: Annotated[str | None, typer.Option("--address", help="join this Ray cluster instead of starting one")] = None,
-    call_timeout: Annotated[float, typer.Option("--call-timeout", callback=_positive,
+    call_timeout: Annotated[float, typer.Option("--call-timeout", callback=positive_seconds,
                                                 help="watchdog: seconds an iteration's calls may take")] = 900.0,
     allow_module: AllowModuleOpt = None,
     allow_env: AllowEnvOpt = None,
