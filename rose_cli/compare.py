@@ -262,7 +262,10 @@ def _run(entries: list[Entry], run: Any, opts: _Options, teardown: ExitStack, ct
     total = time.perf_counter() - started
     _print_table(rows, total, session.books)
     if opts.runs_dir is not None:
+        import shutil
+
         for e, runs in zip(entries, results, strict=True):
+            shutil.rmtree(opts.runs_dir / e.label, ignore_errors=True)  # (--overwrite: no round of an earlier run stays)
             for r, it in enumerate(runs):
                 write_run_dir(opts.runs_dir / e.label / f"round{r}", e.workflow, [it])
         out.print(f"wrote run directories under {opts.runs_dir}", markup=False)
