@@ -89,8 +89,8 @@ def test_execute_refuses_an_unsafe_quota_naming_the_safe_levels(monkeypatch, tmp
 
     comps = [Component("policy", "m:C", {}, "gpu", mps_quota=50), Component("trainer", "m:C", {}, "gpu", mps_quota=60)]
     with pytest.raises(run.SetupError) as caught:
-        run._check_quotas(comps, Daemon(), Console(file=open(tmp_path / "log", "w")))
+        run.check_quotas(comps, Daemon(), Console(file=open(tmp_path / "log", "w")))
     message = str(caught.value)
     assert "MPS quota 60% (78 SMs) is unsafe" in message and "50%, 100%" in message and "--no-quota-check" in message
-    run._check_quotas(comps[:1], Daemon(), Console(file=open(tmp_path / "log2", "w")))  # 50% passes
+    run.check_quotas(comps[:1], Daemon(), Console(file=open(tmp_path / "log2", "w")))  # 50% passes
     assert isinstance(UnsafeQuota(verdicts[60]), ValueError)
