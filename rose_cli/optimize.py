@@ -79,6 +79,10 @@ def optimize(
     top_k: Annotated[int, typer.Option("--top-k", min=1, help="targets per round (K)")] = 3,
     alternatives: Annotated[int, typer.Option("--alternatives", min=1, help="alternatives measured per target (L)")] = 4,
     quota: Annotated[bool, typer.Option("--quota/--no-quota", help="stage 2: tune the MPS quota of the process with slack")] = True,
+    stage1: Annotated[Path | None, typer.Option("--stage1", exists=True, dir_okay=False, readable=True,
+                                                help="skip the graph search: this plan of FILE (e.g. an earlier "
+                                                     "run's stage1.yaml) is the graph; measure it against FILE, "
+                                                     "then tune quotas on it with the whole budget")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", file_okay=False,
                                                  help="run directory for the training done while optimizing "
                                                       "(default: REPORT/run)")] = None,
@@ -100,6 +104,17 @@ def optimize(
     wf = load_or_exit(file, sets)
     policy = TrustPolicy.from_options(allow_module, allow_env, allow_path)
     report_problems(wf, check_trust(wf, policy), "(the workflow asks to run code the command line did not allow)")
+    given = None
+    if stage1 is not None:
+        from .compare import same_computation
+
+        given = load_or_exit(stage1, None, source=file)
+        diffs = same_computation(wf, given)
+        if diffs:
+            err.print(f"error: --stage1 {stage1} does not compute what {file} computes (with these --set values): "
+                      + "; ".join(diffs[:4]), markup=False)
+            raise typer.Exit(ExitCode.INVALID)
+        report_problems(given, check_trust(given, policy), "(the plan asks to run code the command line did not allow)")
 
     from interpreter.backends import default_backend
 
@@ -111,7 +126,7 @@ def optimize(
                          call_timeout=call_timeout, allowed=(*policy.modules, *TRIAL_MODULES), mps=mps, quiet=quiet,
                          compiled=compiled)
     opts = OptimizeOptions(file=file, output=output, report_dir=report_dir, budget_s=budget_s, rounds=rounds,
-                           top_k=top_k, alternatives=alternatives, quota=quota)
+                           top_k=top_k, alternatives=alternatives, quota=quota, stage1=given)
     raise typer.Exit(optimize_workflow(wf, opts, run, out, err))
 
 
@@ -127,6 +142,7 @@ class OptimizeOptions:
     top_k: int = 3
     alternatives: int = 4
     quota: bool = True
+    stage1: Workflow | None = None  # --stage1: the graph is this plan (no search)
 
 
 def optimize_workflow(wf: Workflow, opts: OptimizeOptions, run: Any, out: Console, err: Console) -> int:
@@ -176,15 +192,18 @@ def clear_report(report_dir: Path) -> None:
         (report_dir / name).unlink(missing_ok=True)
 
 
-def _start_with(wf: Workflow, backend: str, gpu: Gpu) -> dict[str, Any]:
+def _start_with(wf: Workflow, backend: str, gpu: Gpu, given: Workflow | None = None) -> dict[str, Any]:
     """The components the workers start with besides the workflow's: the trial components, and on Ray
-    the GPU copies a temporal split in two groups would need (GPU processes are placed at start)."""
+    the GPU copies a temporal split in two groups would need (GPU processes are placed at start), or
+    those of the given stage-1 plan (`--stage1`)."""
     from interpreter.trials import trial_components
     from rose_dsl.optimizer.candidates import temporal_copies
 
     extra: dict[str, Any] = dict(trial_components())
     if backend == "ray" and any(c.device == "gpu" for c in wf.components.values()):
         copies = {n: c for n, c in temporal_copies(wf, 2).items() if c.device == "gpu"}
+        if given is not None:
+            copies = {n: c for n, c in given.components.items() if n not in wf.components and c.device == "gpu"}
         extra.update(copies)
         for name, comp in copies.items():  # a copy runs under its original's MPS quota
             if gpu.quotas_work:
@@ -198,7 +217,7 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
 
     from interpreter.trials import Executor, TrialSession
     from rose_dsl.optimizer.report import write_report
-    from rose_dsl.optimizer.search import Settings, optimize_graph
+    from rose_dsl.optimizer.search import Settings, given_plan, optimize_graph
 
     from .run import build_backend, gpu_session, prepare
 
@@ -210,7 +229,7 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
         clear_report(opts.report_dir)  # the schedule, replicas, the cluster address, the run directory (cleared with --overwrite)
     gpu = teardown.enter_context(gpu_session(wf, run, ctx.err))
     quota_stage = opts.quota and run.backend == "ray" and any(c.device == "gpu" for c in wf.components.values())
-    # with stage 2 to come, stage 1 gets about two thirds of the budget
+    # with stage 2 to come, stage 1 gets about two thirds of the budget (all of it goes to stage 2 with --stage1)
     settings = Settings(top_k=opts.top_k, alternatives=opts.alternatives, rounds=opts.rounds,
                         budget_s=None if opts.budget_s is None else opts.budget_s * (0.65 if quota_stage else 1.0))
     deadline = None if opts.budget_s is None else started + opts.budget_s
@@ -229,13 +248,17 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
         per_call = dc_replace(run, compiled=False)
         executor = Executor(wf, lambda w, s: build_backend(w, s, per_call, gpu, ctx.err), compiled=run.compiled,
                             call_timeout_s=run.call_timeout, sampler=gpu.sampler, log=log,
-                            extra_components=_start_with(wf, run.backend, gpu))
+                            extra_components=_start_with(wf, run.backend, gpu, opts.stage1))
         teardown.callback(executor.close)
         ctx.backend = executor.backend
         session = TrialSession(wf, executor, out_dir=run.out_dir, gpu_sampler=gpu.sampler, log=log)
         teardown.callback(session.close)
         ctx.phase = "running"
-        result = optimize_graph(wf, session, settings, log)
+        if opts.stage1 is not None:
+            requests = [str(r) for r in (opts.stage1.plan or {}).get("rewrites") or []]
+            result = given_plan(wf, opts.stage1, requests, session, settings, log)
+        else:
+            result = optimize_graph(wf, session, settings, log)
         stage2 = _stage2(wf, result, session, gpu, opts.quota, run.backend, settings, log, deadline)
         plan = stage2.pop("plan", None) or result.plan
         _write_plan(plan, opts.output, opts.file, result, stage2)

@@ -35,7 +35,7 @@ from .regions import (
 )
 
 __all__ = ["Settings", "Measurer", "Measured", "TargetRecord", "RoundRecord", "Stage1Result", "optimize_graph",
-           "OutOfBudget", "DEVIATIONS"]
+           "OutOfBudget", "DEVIATIONS", "given_plan"]
 
 FEED_IMPL = "interpreter.trials:Feed"
 PROBE_IMPL = "interpreter.trials:Probe"
@@ -580,6 +580,24 @@ def optimize_graph(wf: Workflow, measurer: Measurer, settings: Settings | None =
         except OutOfBudget as exc:
             log(f"no before/after comparison: {exc}")
     return Stage1Result(g, requests, baseline, final, rounds, search.errors, stopped, cut_short, baseline_runs, final_runs)
+
+
+def given_plan(wf: Workflow, plan: Workflow, requests: Sequence[str], measurer: Measurer,
+               settings: Settings | None = None, log: Log = print) -> Stage1Result:
+    """Stage 1 skipped: `plan` (a plan of `wf`, e.g. an earlier run's stage-1 plan) is the graph. Its
+    before/after against the declared graph is measured as `optimize_graph` measures its own (complete,
+    interleaved, retained iterations), so stage 2 and the report see the same kind of result."""
+    s = settings or Settings()
+    label = "; ".join(requests)
+    log(f"stage 1 skipped: the graph is the given plan ({label or 'no rewrite'}); before/after: "
+        f"{s.final_rounds} complete iterations each")
+    try:
+        before, after = measurer.complete([wf, plan], max(1, s.final_rounds), s.warmup, ["", label])
+    except OutOfBudget as exc:
+        raise OutOfBudget(f"{exc}: not even the before/after of the given plan fits") from None
+    return Stage1Result(plan, tuple(requests), summarize([r.seconds for r in before]),
+                        summarize([r.seconds for r in after]), [], [], "stage 1 skipped: the given plan", False,
+                        list(before), list(after))
 
 
 def _plan(m: Measured) -> Workflow:

@@ -177,3 +177,24 @@ def test_a_search_cut_short_says_so(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "plan_report" / "report.json").read_text())
     assert report["cut_short"] and "iterations are all trained" in report["stopped"]
     assert "cut short" in r.stdout and "--set iterations=N" in r.stdout
+
+
+def test_stage1_given_skips_the_search_and_measures_the_plan(tmp_path: Path) -> None:
+    """`--stage1 PLAN`: no graph search; the given plan is measured against the declared workflow
+    (interleaved complete iterations) and is the plan written (stage 2 would follow on a GPU). A plan of
+    other params is refused before anything starts."""
+    sets = ["--set", "iterations=40", "--set", "per_row_ms=0.2", "--set", "fixed_ms=0.5"]
+    given = tmp_path / "given.yaml"
+    r = rose("rewrite", str(WF / "latency_interaction.yaml"), *sets, "--do", "split-time epoch 2", "-o", str(given))
+    assert r.returncode == 0, r.stderr
+    plan = tmp_path / "plan.yaml"
+    r = rose("optimize", str(WF / "latency_interaction.yaml"), *sets, "--stage1", str(given), "-o", str(plan), "-q")
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "plan_report" / "report.json").read_text())
+    assert report["plan_requests"] == ["split-time epoch 2"] and report["rounds"] == []
+    assert "stage 1 skipped" in report["stopped"] and not report["cut_short"]
+    assert report["baseline"]["n"] == report["plan"]["n"] == 5
+    assert "split-time epoch 2" in plan.read_text()
+    r = rose("optimize", str(WF / "latency_interaction.yaml"), "--set", "iterations=40", "--stage1", str(given),
+             "-o", str(tmp_path / "other.yaml"), "-q")
+    assert r.returncode == 2 and "does not compute what" in r.stderr and "Traceback" not in r.stderr
