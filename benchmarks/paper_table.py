@@ -225,20 +225,24 @@ def run_session(prep: Prepared, args: argparse.Namespace, address: str | None) -
         shutil.rmtree(session_dir / "session")
     session_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    timeout = args.run_timeout * (len(rows) + 1) * max(1, args.rounds)
+    # a session cut short (--session-timeout, e.g. inside a device call's limit) still gives its finished rounds
+    timeout = args.session_timeout or args.run_timeout * (len(rows) + 1) * max(1, args.rounds)
     proc = _rose(args, *cmd, timeout=timeout, log=session_dir / "compare.log")
     wall = time.monotonic() - t0
-    print(f"  {prep.wl.name} session of {len(rows) + 1} configurations x {args.rounds} rounds: exit {proc.returncode} "
-          f"{wall:6.1f} s", flush=True)
     doc = json.loads((session_dir / "compare.json").read_text()) if (session_dir / "compare.json").exists() else None
+    done = (doc or {}).get("rounds_done", 0)
+    print(f"  {prep.wl.name} session of {len(rows) + 1} configurations x {args.rounds} rounds: exit {proc.returncode} "
+          f"{wall:6.1f} s, {done} round(s) finished", flush=True)
     failed = {r["label"]: r["failed"] for r in (doc or {}).get("rows", []) if r.get("failed")}
     for cfg in prep.configs:
         label = "declared" if cfg.kind == "declared" else cfg.name
         dirs = sorted((session_dir / "session" / label).glob("round*"), key=lambda p: int(p.name[5:]))
+        dirs = [d for d in dirs if int(d.name[5:]) < done]  # (a round cut short mid-way is not a round)
         for r, d in enumerate(dirs):
             runs[cfg.name].append({"round": r, "run_dir": str(d), "exit": 0, "wall_s": wall})
-        if not dirs or label in failed:
-            why = failed.get(label) or (proc.stderr or proc.stdout).strip().splitlines()[-6:]
+        if not dirs or label in failed or done < args.rounds:
+            why = failed.get(label) or (f"the session ended after {done} of {args.rounds} rounds" if dirs else
+                                        (proc.stderr or proc.stdout).strip().splitlines()[-6:])
             runs[cfg.name].append({"round": len(dirs), "run_dir": None, "exit": proc.returncode or 3, "wall_s": wall,
                                    "error": why})
     return runs
@@ -527,6 +531,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rose-cmd", default=f"{sys.executable} -m rose_cli", help="how to run the rose command")
     ap.add_argument("--learn", type=int, default=0, metavar="N",
                     help="after the rounds, run the declared workflow for N iterations and record its learning curve")
+    ap.add_argument("--session-timeout", type=float, default=None, metavar="S",
+                    help="--session: stop the session after S seconds, keeping the rounds it finished")
     ap.add_argument("--session", action="store_true",
                     help="every configuration on one set of workers (rose compare): one start-up, iterations interleaved")
     ap.add_argument("--smoke", action="store_true", help="CPU: tiny sizes, CPU simulators, one round, local backend")

@@ -31,8 +31,13 @@ case "$WORKLOAD" in
 esac
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 set -o pipefail
-python3 benchmarks/paper_table.py --workloads "$WORKLOAD" --results "$OUT/paper_table_$WORKLOAD" \
-  --runs /tmp/paper_runs "$@" 2>&1 | tee "$OUT/log_$WORKLOAD.txt"
+# LIMIT: seconds for the table (default 540, inside the device's 600-s call) so that the archive below is
+# still written; with --session the session itself stops a minute earlier, keeping its finished rounds
+LIMIT=${LIMIT:-540}
+extra=()
+case " $* " in *" --session "*) case " $* " in *" --session-timeout "*) ;; *) extra=(--session-timeout $((LIMIT - 60)));; esac;; esac
+timeout "$LIMIT" python3 benchmarks/paper_table.py --workloads "$WORKLOAD" --results "$OUT/paper_table_$WORKLOAD" \
+  --runs /tmp/paper_runs "${extra[@]}" "$@" 2>&1 | tee "$OUT/log_$WORKLOAD.txt"
 code=$?
 (cd /tmp/paper_runs 2>/dev/null && tar czf "$OUT/runs_$WORKLOAD.tgz" --exclude=tb --exclude=trace.jsonl \
   --exclude=mps --exclude=checkpoints .)

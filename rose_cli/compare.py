@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from dataclasses import replace as dc_replace
@@ -254,31 +255,58 @@ def _run(entries: list[Entry], run: Any, opts: _Options, teardown: ExitStack, ct
                     session.replace_quota(name, comp.mps_quota, gpu.client_env(comp.mps_quota))
                     current[name] = comp.mps_quota
 
-        results = session.complete([e.workflow for e in entries], opts.rounds, opts.warmup,
-                                   [e.label for e in entries], before)
-        failures = dict(session.last_failures)
-        session.finish("rose compare")
-    rows = plan_rows(entries, results, failures)
-    total = time.perf_counter() - started
-    _print_table(rows, total, session.books)
-    if opts.runs_dir is not None:
-        import shutil
+        # one round at a time (A B C, then C B A), each written as soon as it is measured: a run cut short
+        # (a device call's time limit, ^C) leaves every finished round on disk
+        if opts.runs_dir is not None:
+            import shutil
 
-        for e, runs in zip(entries, results, strict=True):
-            shutil.rmtree(opts.runs_dir / e.label, ignore_errors=True)  # (--overwrite: no round of an earlier run stays)
-            for r, it in enumerate(runs):
-                write_run_dir(opts.runs_dir / e.label / f"round{r}", e.workflow, [it])
+            for e in entries:  # (--overwrite: no round of an earlier run stays)
+                shutil.rmtree(opts.runs_dir / e.label, ignore_errors=True)
+        results: list[list[IterationRun]] = [[] for _ in entries]
+        failures: dict[int, str] = {}
+        for r in range(opts.rounds):
+            order = [i for i in (range(len(entries)) if r % 2 == 0 else reversed(range(len(entries))))
+                     if i not in failures]
+            got = session.complete([entries[i].workflow for i in order], 1, opts.warmup if r == 0 else 0,
+                                   [entries[i].label for i in order], _in(order, before))
+            for j, why in session.last_failures.items():
+                failures[order[j]] = why
+            for j, i in enumerate(order):
+                results[i] += got[j]
+                if got[j] and opts.runs_dir is not None:
+                    write_run_dir(opts.runs_dir / entries[i].label / f"round{len(results[i]) - 1}",
+                                  entries[i].workflow, got[j])
+            _write_json(opts, entries, results, failures, run.backend, time.perf_counter() - started,
+                        session.books, r + 1)
+        session.finish("rose compare")
+    total = time.perf_counter() - started
+    _print_table(plan_rows(entries, results, failures), total, session.books)
+    if opts.runs_dir is not None:
         out.print(f"wrote run directories under {opts.runs_dir}", markup=False)
     if opts.json_path is not None:
-        doc = {"workflow": str(entries[0].file), "rounds": opts.rounds, "warmup": opts.warmup, "backend": run.backend,
-               "seconds_total": total, "books": dict(session.books), "rows": rows}
-        opts.json_path.parent.mkdir(parents=True, exist_ok=True)
-        opts.json_path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
         out.print(f"wrote {opts.json_path}", markup=False)
     if failures:
         for i, why in sorted(failures.items()):
             ctx.err.print(f"error: {entries[i].label} failed: {why}", markup=False)
         code["exit"] = ExitCode.COMPONENT
+
+
+def _in(order: list[int], before: Callable[[int], None]) -> Callable[[int], None]:
+    """`before` for one round's call of `complete`, whose plan j is row order[j]."""
+    return lambda j: before(order[j])
+
+
+def _write_json(opts: _Options, entries: list[Entry], results: list[list[IterationRun]], failures: dict[int, str],
+                backend: str, seconds: float, books: dict[str, float], rounds_done: int) -> None:
+    if opts.json_path is None:
+        return
+    doc = {"workflow": str(entries[0].file), "rounds": opts.rounds, "rounds_done": rounds_done, "warmup": opts.warmup,
+           "backend": backend, "seconds_total": seconds, "books": dict(books),
+           "rows": plan_rows(entries, results, failures)}
+    opts.json_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = opts.json_path.with_name(opts.json_path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    tmp.replace(opts.json_path)
 
 
 def _activity(run: IterationRun) -> tuple[float | None, float | None]:

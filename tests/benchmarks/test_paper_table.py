@@ -89,6 +89,18 @@ def test_smoke_session_runs_every_configuration_on_one_set_of_workers(tmp_path: 
     assert wl["timelines"]["declared"].endswith(".png") or "matplotlib" in wl["timelines"]["declared"]
 
 
+def test_a_session_cut_short_keeps_its_finished_rounds(tmp_path: Path) -> None:
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    code = main(["--smoke", "--session", "--workloads", "mjx", "--configs", "declared,fuse", "--rounds", "500",
+                 "--session-timeout", "8", "--results", str(results), "--runs", str(runs)])
+    assert code == 0
+    wl = json.loads((results / "paper_table.json").read_text())["workloads"]["mjx"]
+    for row in wl["configs"].values():
+        done = len(row["rounds_seconds"])
+        assert 1 <= done < 500 and row["throughput"]["n"] == done
+        assert row["failed_rounds"] == [{"round": done, "exit": 124, "error": f"the session ended after {done} of 500 rounds"}]
+
+
 def test_smoke_metaworld_with_simulator_processes_on_ray(tmp_path: Path) -> None:
     """Several simulator processes (hybrid replicas through Ray) roll out what one process does."""
     pytest.importorskip("metaworld", reason="Meta-World is an optional extra (pip install -e '.[metaworld]')")

@@ -100,3 +100,28 @@ def test_compare_refuses_before_anything_starts(tmp_path: Path, plans: dict[str,
     taken.write_text("{}")
     r = rose("compare", str(WF), *SETS, "--json", str(taken))
     assert r.returncode == 2 and "--overwrite" in r.stderr
+
+
+def test_every_finished_round_is_on_disk_when_a_run_is_cut_short(tmp_path: Path) -> None:
+    """A comparison killed mid-way (a device call's time limit) leaves each round it finished: the JSON
+    says how many, and their run directories are there."""
+    import signal
+    import time
+
+    js, runs = tmp_path / "c.json", tmp_path / "runs"
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    slow = ["--set", "iterations=400", "--set", "per_row_ms=0.02", "--set", "fixed_ms=2.0"]
+    proc = subprocess.Popen([sys.executable, "-m", "rose_cli", "compare", str(WF), *slow, "--rounds", "100", "-q",
+                             "--json", str(js), "--runs", str(runs)], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (js.exists() and json.loads(js.read_text())["rounds_done"] >= 2):
+            time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    doc = json.loads(js.read_text())
+    done = doc["rounds_done"]
+    assert 2 <= done < 100 and len(doc["rows"][0]["seconds"]) == done
+    assert (runs / "declared" / f"round{done - 1}" / "trace.json").exists()
