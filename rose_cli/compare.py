@@ -30,7 +30,6 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
-from dataclasses import replace as dc_replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -61,7 +60,6 @@ if TYPE_CHECKING:
 
 __all__ = ["register", "compare", "Entry", "same_computation", "write_run_dir", "plan_rows"]
 
-TRIAL_MODULES = ("interpreter.trials",)  # TrialSession adds its own components (`__feed__`, `__probe__`)
 LOW_ACTIVITY = 0.5
 
 
@@ -175,7 +173,7 @@ def compare(
             err.print(f"error: {path} already exists; choose another path or pass --overwrite", markup=False)
             raise typer.Exit(ExitCode.INVALID)
 
-    from .run import ExecuteOptions, guarded
+    from .run import TRIAL_MODULES, ExecuteOptions, guarded
 
     run = ExecuteOptions(backend=default_backend(wf) if backend is BackendName.AUTO else backend.value, out_dir=out_dir,
                          overwrite=overwrite, address=address, call_timeout=call_timeout,
@@ -196,25 +194,13 @@ class _Options:
 
 
 def _run(entries: list[Entry], run: Any, opts: _Options, teardown: ExitStack, ctx: RunContext, code: dict[str, int]) -> None:
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    from interpreter.trials import Executor, TrialSession, trial_components
-
-    from .run import build_backend, check_quotas, gpu_session, prepare
+    from .run import check_quotas, gpu_session, prepare, progress_log, start_trial_session
 
     started = time.perf_counter()
     wf = entries[0].workflow
     prepare(wf, run)
     gpu = teardown.enter_context(gpu_session(wf, run, ctx.err))
-    # the quotas the plans ask for (checked once each, as rose execute does) and the copies they add
-    # (started now: on Ray, GPU processes are placed when the workers start)
-    extra: dict[str, Any] = dict(trial_components())
-    for e in entries[1:]:
-        for name, comp in e.workflow.components.items():
-            if name not in wf.components and name not in extra:
-                extra[name] = comp
-                if gpu.quotas_work:
-                    gpu.mps_env[name] = gpu.client_env(comp.mps_quota)
+    # the quotas the plans ask for (checked once each, as rose execute does)
     gpu_comps = [c for e in entries for c in e.workflow.components.values() if c.device == "gpu"]
     if gpu.quotas_work and run.check_quotas:
         check_quotas(gpu_comps, gpu.daemon, ctx.err)
@@ -222,31 +208,14 @@ def _run(entries: list[Entry], run: Any, opts: _Options, teardown: ExitStack, ct
     if quotas_differ and not gpu.quotas_work:
         ctx.err.print("warning: the plans ask for other MPS quotas, which do not bind without an MPS daemon: "
                       "they run under the same SMs", markup=False)
-
-    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=out,
-                        transient=True, disable=run.quiet)
-    task = progress.add_task("starting the components", total=None)
-
-    def log(msg: str) -> None:
-        progress.update(task, description=msg)
-        if not run.quiet:
-            progress.console.print(msg, markup=False)
-
-    with progress:
-        ctx.phase = "starting components"
-        per_call = dc_replace(run, compiled=False)  # the Executor compiles each plan it runs itself
-        executor = Executor(wf, lambda w, s: build_backend(w, s, per_call, gpu, ctx.err), compiled=run.compiled,
-                            call_timeout_s=run.call_timeout, sampler=gpu.sampler, log=log, extra_components=extra)
-        teardown.callback(executor.close)
-        ctx.backend = executor.backend
-        session = TrialSession(wf, executor, out_dir=run.out_dir, gpu_sampler=gpu.sampler, log=log)
-        teardown.callback(session.close)
-        ctx.phase = "running"
+    # the copies the plans add, started now (on Ray, GPU processes are placed when the workers start)
+    copies = {n: c for e in entries[1:] for n, c in e.workflow.components.items()}
+    with progress_log(out, run.quiet) as log:
+        session = start_trial_session(wf, run, gpu, ctx, teardown, copies, log)
         current = {c.name: c.mps_quota for c in wf.components.values() if c.device == "gpu"}
 
         def before(i: int) -> None:
             """Move GPU components under the quotas of the plan about to run (state moved with them)."""
-            progress.update(task, description=f"round: {entries[i].label}")
             if not gpu.quotas_work:
                 return
             for name, comp in entries[i].workflow.components.items():

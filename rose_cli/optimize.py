@@ -23,7 +23,6 @@ import sys
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
-from dataclasses import replace as dc_replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -52,7 +51,6 @@ if TYPE_CHECKING:
 
 __all__ = ["register", "optimize", "OptimizeOptions", "optimize_workflow"]
 
-TRIAL_MODULES = ("interpreter.trials",)  # the trial components (`__feed__`, `__probe__`) are rose's own code
 
 
 def register(app: typer.Typer) -> None:
@@ -118,7 +116,7 @@ def optimize(
 
     from interpreter.backends import default_backend
 
-    from .run import ExecuteOptions
+    from .run import TRIAL_MODULES, ExecuteOptions
 
     report_dir = report or output.with_name(output.stem + "_report")
     run = ExecuteOptions(backend=default_backend(wf) if backend is BackendName.AUTO else backend.value,
@@ -192,34 +190,23 @@ def clear_report(report_dir: Path) -> None:
         (report_dir / name).unlink(missing_ok=True)
 
 
-def _start_with(wf: Workflow, backend: str, gpu: Gpu, given: Workflow | None = None) -> dict[str, Any]:
-    """The components the workers start with besides the workflow's: the trial components, and on Ray
-    the GPU copies a temporal split in two groups would need (GPU processes are placed at start), or
-    those of the given stage-1 plan (`--stage1`)."""
-    from interpreter.trials import trial_components
+def _copies(wf: Workflow, backend: str, given: Workflow | None) -> dict[str, Any]:
+    """The components to start besides the workflow's: on Ray (GPU processes are placed at start) the GPU
+    copies a temporal split in two groups would need, or those of the given stage-1 plan (`--stage1`)."""
     from rose_dsl.optimizer.candidates import temporal_copies
 
-    extra: dict[str, Any] = dict(trial_components())
-    if backend == "ray" and any(c.device == "gpu" for c in wf.components.values()):
-        copies = {n: c for n, c in temporal_copies(wf, 2).items() if c.device == "gpu"}
-        if given is not None:
-            copies = {n: c for n, c in given.components.items() if n not in wf.components and c.device == "gpu"}
-        extra.update(copies)
-        for name, comp in copies.items():  # a copy runs under its original's MPS quota
-            if gpu.quotas_work:
-                gpu.mps_env[name] = gpu.client_env(comp.mps_quota)
-    return extra
+    if backend != "ray" or not any(c.device == "gpu" for c in wf.components.values()):
+        return {}
+    copies = temporal_copies(wf, 2) if given is None else given.components
+    return {n: c for n, c in copies.items() if n not in wf.components and c.device == "gpu"}
 
 
 # --- the run ---------------------------------------------------------------------------------------------
 def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunContext, out: Console) -> None:
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    from interpreter.trials import Executor, TrialSession
     from rose_dsl.optimizer.report import write_report
     from rose_dsl.optimizer.search import Settings, given_plan, optimize_graph
 
-    from .run import build_backend, gpu_session, prepare
+    from .run import gpu_session, prepare, progress_log, start_trial_session
 
     started = time.perf_counter()
     run = ctx.opts
@@ -233,27 +220,8 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
     settings = Settings(top_k=opts.top_k, alternatives=opts.alternatives, rounds=opts.rounds,
                         budget_s=None if opts.budget_s is None else opts.budget_s * (0.65 if quota_stage else 1.0))
     deadline = None if opts.budget_s is None else started + opts.budget_s
-    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=out,
-                        transient=True, disable=run.quiet)
-    task = progress.add_task("starting the components", total=None)
-
-    def log(msg: str) -> None:
-        progress.update(task, description=msg)
-        if not run.quiet:
-            progress.console.print(msg, markup=False)
-
-    with progress:
-        ctx.phase = "starting components"
-        # the Executor compiles each plan it runs itself: no compiled graph of the declared workflow first
-        per_call = dc_replace(run, compiled=False)
-        executor = Executor(wf, lambda w, s: build_backend(w, s, per_call, gpu, ctx.err), compiled=run.compiled,
-                            call_timeout_s=run.call_timeout, sampler=gpu.sampler, log=log,
-                            extra_components=_start_with(wf, run.backend, gpu, opts.stage1))
-        teardown.callback(executor.close)
-        ctx.backend = executor.backend
-        session = TrialSession(wf, executor, out_dir=run.out_dir, gpu_sampler=gpu.sampler, log=log)
-        teardown.callback(session.close)
-        ctx.phase = "running"
+    with progress_log(out, run.quiet) as log:
+        session = start_trial_session(wf, run, gpu, ctx, teardown, _copies(wf, run.backend, opts.stage1), log)
         if opts.stage1 is not None:
             requests = [str(r) for r in (opts.stage1.plan or {}).get("rewrites") or []]
             result = given_plan(wf, opts.stage1, requests, session, settings, log)

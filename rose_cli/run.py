@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from interpreter.backends import Backend, CallFailed, WatchdogTimeout, make_backend
 from interpreter.checkpoint import CheckpointError
@@ -40,7 +40,7 @@ from rose_dsl.ir import Workflow
 from . import report
 
 __all__ = ["ExecuteOptions", "SetupError", "Gpu", "RunContext", "execute_workflow", "guarded", "prepare", "gpu_session", "check_quotas",
-           "build_backend", "FAILURES", "Failure"]
+           "build_backend", "FAILURES", "Failure", "TRIAL_MODULES", "progress_log", "start_trial_session"]
 
 
 @dataclass(frozen=True)
@@ -184,6 +184,54 @@ def build_backend(wf: Workflow, schedule: Schedule, opts: ExecuteOptions, gpu: G
     dispatches call by call on the same processes."""
     return make_backend(opts.backend, wf, schedule, compiled=opts.compiled, address=opts.address, mps_env=gpu.mps_env,
                         device=gpu.device, allowed=opts.allowed, log=lambda line: err.print(line, markup=False))
+
+
+# --- measuring plans on one set of workers (rose optimize, rose compare) --------------------------------
+TRIAL_MODULES = ("interpreter.trials",)  # the trial components (`__feed__`, `__probe__`) are rose's own code
+
+
+@contextmanager
+def progress_log(out: Console, quiet: bool) -> Iterator[Callable[[str], None]]:
+    """A spinner with the latest line, and `log(line)` that also prints the line (unless quiet)."""
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=out,
+                        transient=True, disable=quiet)
+    task = progress.add_task("starting the components", total=None)
+
+    def log(msg: str) -> None:
+        progress.update(task, description=msg)
+        if not quiet:
+            progress.console.print(msg, markup=False)
+
+    with progress:
+        yield log
+
+
+def start_trial_session(wf: Workflow, opts: ExecuteOptions, gpu: Gpu, ctx: RunContext, teardown: ExitStack,
+                        copies: dict[str, Any], log: Callable[[str], None]) -> Any:
+    """The workers of `wf` plus the trial components and `copies` (components plans add: on Ray, GPU
+    processes are placed when the workers start; each copy runs under its own MPS quota), as a
+    `TrialSession`; both stopped by the teardown."""
+    from dataclasses import replace
+
+    from interpreter.trials import Executor, TrialSession, trial_components
+
+    extra: dict[str, Any] = dict(trial_components())
+    for name, comp in copies.items():
+        if name not in wf.components and name not in extra:
+            extra[name] = comp
+            if gpu.quotas_work:
+                gpu.mps_env[name] = gpu.client_env(comp.mps_quota)
+    ctx.phase = "starting components"
+    # the Executor compiles each plan it runs itself: no compiled graph of the declared workflow first
+    per_call = replace(opts, compiled=False)
+    executor = Executor(wf, lambda w, s: build_backend(w, s, per_call, gpu, ctx.err), compiled=opts.compiled,
+                        call_timeout_s=opts.call_timeout, sampler=gpu.sampler, log=log, extra_components=extra)
+    teardown.callback(executor.close)
+    ctx.backend = executor.backend
+    session = TrialSession(wf, executor, out_dir=opts.out_dir, gpu_sampler=gpu.sampler, log=log)
+    teardown.callback(session.close)
+    ctx.phase = "running"
+    return session
 
 
 # --- failures -> exit codes ------------------------------------------------------------------------------
