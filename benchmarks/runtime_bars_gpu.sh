@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One device call on the H200 for the runtime's performance bars (issue 13) and the quota self-check at
+# every level (issue 16), each part under its own time limit so that one slow part cannot take the others'
+# results with it. Writes into $OUT:
+#   dispatch.json            benchmarks/dispatch.py: no-op dependent calls, rose's backends vs bare Ray
+#   quota_safety_levels.json benchmarks/quota_safety_levels.py: the MPS quota self-check, 10%..100%
+#   call_overhead.json       benchmarks/call_overhead.py: a real act/step direct vs through rose
+#   *.log                    each part's output
+# Usage (repository root, carrying .raybundle):
+#   bash benchmarks/runtime_bars_gpu.sh            # PARTS="dispatch quota overhead" by default
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site || exit 1
+export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+code=0
+for part in ${PARTS:-dispatch quota overhead}; do
+  start=$(date +%s)
+  case "$part" in
+    dispatch) timeout "${DISPATCH_S:-90}" python3 benchmarks/dispatch.py --calls 200 --cg-calls 100 --rounds 5 \
+                --out "$OUT/dispatch.json" > "$OUT/dispatch.log" 2>&1 ;;
+    quota) timeout "${QUOTA_S:-120}" python3 benchmarks/quota_safety_levels.py \
+             --out "$OUT/quota_safety_levels.json" > "$OUT/quota_safety_levels.log" 2>&1 ;;
+    overhead) timeout "${OVERHEAD_S:-180}" python3 benchmarks/call_overhead.py --rounds 3 \
+                --out "$OUT/call_overhead.json" > "$OUT/call_overhead.log" 2>&1 ;;
+    *) echo "unknown part $part" >&2; exit 2 ;;
+  esac
+  rc=$?
+  echo "$part: exit $rc in $(( $(date +%s) - start )) s"
+  tail -n 25 "$OUT/$( [ "$part" = quota ] && echo quota_safety_levels || { [ "$part" = overhead ] && echo call_overhead || echo dispatch; } ).log"
+  [ $rc -ne 0 ] && code=$rc
+done
+exit $code
