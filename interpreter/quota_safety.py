@@ -28,13 +28,17 @@ from typing import Any
 
 __all__ = ["QuotaVerdict", "UnsafeQuota", "check_quota", "gemm_errors", "known_safe", "machine_fingerprint", "CHECK_SHAPES"]
 
-# (rows, in, out): Linear layers of a transformer block (hidden 512: attention 512->1024, MLP 512->2048,
-# 2048->512) over row counts of minibatches and value batches (tokens x rows): the products that failed
+# (rows, in, out): the Linear layers of examples/embodied/model.py's transformer blocks -- q (d->d), kv
+# (d->2d), out (d->d), MLP (d->4d->d) -- at hidden 512 (embodied_ppo_gpu) over the row counts of its PPO
+# minibatches and value batches (tokens x rows: 3200, 6400, 16384), and at hidden 1024 (the paper-shaped
+# VLA workloads). Each (rows, in, out) picks its own cuBLAS kernel, and a kernel can be wrong at one SM
+# count and right at the next, so the check covers every layer shape, not one per model. The first set
+# (9 shapes, without d->d and 3200 rows) passed at 20% (26 SMs), where the real first PPO update of
+# embodied_ppo_gpu was NaN (benchmarks/results/quota_safety_levels.json); this set adds d->d (q, out,
+# time MLP, value head), the expert's 3200-row products and hidden 1024's real q/kv shapes.
 CHECK_SHAPES: tuple[tuple[int, int, int], ...] = tuple(
-    (r, k, n) for r in (6400, 9216, 16384) for k, n in ((512, 1024), (512, 2048), (2048, 512))) + tuple(
-    # and hidden 1024 (the paper-shaped VLA workloads: qkv 1024->3072, MLP 1024->4096->1024): other
-    # shapes pick other GEMM kernels
-    (9216, k, n) for k, n in ((1024, 3072), (1024, 4096), (4096, 1024)))
+    (r, k, n) for r in (3200, 6400, 16384) for k, n in ((512, 512), (512, 1024), (512, 2048), (2048, 512))) + tuple(
+    (9216, k, n) for k, n in ((1024, 1024), (1024, 2048), (1024, 4096), (4096, 1024)))
 _WRONG = 0.05  # an element off by more than this fraction of the reference's largest magnitude is wrong
 _CACHE_ENV = "ROSE_CACHE_DIR"
 
@@ -126,6 +130,13 @@ def machine_fingerprint() -> str:
     return f"{gpu}|driver {driver}|torch {torch.__version__}|cuda {torch.version.cuda}"
 
 
+def _checks_id() -> str:
+    """Which check a cached verdict came from: a new shape list is a new check (old verdicts do not count)."""
+    import hashlib
+
+    return hashlib.sha1(repr((CHECK_SHAPES, _WRONG)).encode()).hexdigest()[:10]
+
+
 def _cache_file() -> Path:
     return Path(os.environ.get(_CACHE_ENV) or Path.home() / ".cache" / "rose") / "mps_quota_checks.json"
 
@@ -144,7 +155,7 @@ def check_quota(quota: int, client_env: Mapping[str, str], *, fingerprint: str |
     `client_env` (the daemon's pipe directory and the quota). `run_child` replaces the subprocess (tests)."""
     fingerprint = fingerprint if fingerprint is not None else machine_fingerprint()
     path = cache or _cache_file()
-    key = f"{fingerprint}|quota {quota}"
+    key = f"{fingerprint}|check {_checks_id()}|quota {quota}"
     cached = _load_cache(path).get(key)
     if cached is not None:
         return QuotaVerdict(**cached)
@@ -180,5 +191,5 @@ def check_quota(quota: int, client_env: Mapping[str, str], *, fingerprint: str |
 
 def known_safe(fingerprint: str, cache: Path | None = None) -> list[int]:
     """Quotas already verified safe on this machine (from the cache)."""
-    prefix = f"{fingerprint}|quota "
+    prefix = f"{fingerprint}|check {_checks_id()}|quota "
     return sorted(v["quota"] for k, v in _load_cache(cache or _cache_file()).items() if k.startswith(prefix) and v["ok"])

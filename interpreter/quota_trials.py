@@ -92,12 +92,15 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
             log(f"  quota {percent}% ({verdict.sm_count} SMs) skipped: GEMMs are wrong under it here ({verdict.detail})")
         return verdict.ok
 
+    def usable(k: int) -> bool:
+        t = time.perf_counter()
+        verdict = safe(levels[k - 1][0])
+        session.books["quota_s"] += time.perf_counter() - t
+        return verdict
+
     def measure(k: int) -> float:
         percent = levels[k - 1][0]
         t = time.perf_counter()
-        if not safe(percent):
-            session.books["quota_s"] += time.perf_counter() - t
-            return math.inf  # never chosen; the search treats it as slower
         use(percent)
         values = measure_graph()
         samples[k] = values
@@ -107,12 +110,16 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         return statistics.median(values)
 
     search = quota_search(len(levels), k0, measure, rho=rho, max_trials=MAX_TRIALS,
-                          out_of_time=None if deadline is None else (lambda: time.perf_counter() > deadline))
+                          out_of_time=None if deadline is None else (lambda: time.perf_counter() > deadline),
+                          usable=usable)
     best_percent = levels[search.best - 1][0]
     curve = [{"percent": levels[k - 1][0], "sms": levels[k - 1][1],
               "seconds": search.history[k] if math.isfinite(search.history[k]) else None,
               "n": len(samples.get(k, [])), "samples": samples.get(k, []),
-              "unsafe": levels[k - 1][0] in unsafe} for k in sorted(search.history)]
+              "unsafe": False} for k in sorted(search.history)]
+    curve += [{"percent": levels[k - 1][0], "sms": levels[k - 1][1], "seconds": None, "n": 0, "samples": [], "unsafe": True}
+              for k in search.skipped]
+    curve.sort(key=lambda row: row["sms"])
     out: dict[str, Any] = {
         "target": pair.target, "other": pair.other, "gpu": pair.gpu, "slack_s": pair.slack_s, "overlap_s": pair.overlap_s,
         "branches": {"target": list(pair.target_branches), "other": list(pair.other_branches)},

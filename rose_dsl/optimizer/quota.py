@@ -178,6 +178,7 @@ class QuotaSearch:
     order: list[int] = field(default_factory=list)  # levels in the order they were measured
     best: int = 0
     stopped: str = ""
+    skipped: list[int] = field(default_factory=list)  # levels `usable` refused, in the order asked
 
     @property
     def trials(self) -> int:
@@ -185,12 +186,18 @@ class QuotaSearch:
 
 
 def quota_search(q: int, k0: int, measure: Callable[[int], float], rho: int = 4, max_trials: int = 7,
-                 out_of_time: Callable[[], bool] | None = None) -> QuotaSearch:
+                 out_of_time: Callable[[], bool] | None = None,
+                 usable: Callable[[int], bool] | None = None) -> QuotaSearch:
     """Algorithm 2 over levels 1..q starting at k0: coarse steps of `rho` levels downward while the time
     does not rise (or the minimum level is reached), then unit steps in both directions around the best
     coarse level (the anchor), a direction stopping when its time exceeds the anchor's; at most
     `max_trials` measurements (the first, at k0, included), fewer when `out_of_time()` says the time
-    budget is spent. Returns every measurement and the best level."""
+    budget is spent. Returns every measurement and the best level.
+
+    `usable(k)` (asked at most once per level) says whether level k may run at all -- on the H200 some
+    SM counts compute wrong GEMMs (quota_safety.py). The search steps past an unusable level to the next
+    one in the same direction instead of reading it as a rise: a hole in the curve is not its minimum.
+    Unusable levels cost no trial; they are listed in `skipped`."""
     if not 1 <= k0 <= q:
         raise ValueError(f"the starting level {k0} is outside 1..{q}")
     if rho < 2:
@@ -208,11 +215,30 @@ def quota_search(q: int, k0: int, measure: Callable[[int], float], rho: int = 4,
         s.order.append(k)
         return s.history[k]
 
+    verdicts: dict[int, bool] = {}
+
+    def ok(k: int) -> bool:
+        if k not in verdicts:
+            verdicts[k] = usable is None or k == k0 or usable(k)
+            if not verdicts[k]:
+                s.skipped.append(k)
+        return verdicts[k]
+
+    def next_usable(k: int, d: int) -> int | None:
+        """k itself or the first usable level beyond it in direction d (None: none left in 1..q)."""
+        while 1 <= k <= q:
+            if k in s.history or ok(k):
+                return k
+            k += d
+        return None
+
     kb = k0
     if t(kb) is None:
         return s
     while kb > 1:  # coarse search
-        k = max(1, kb - rho)
+        k = next_usable(max(1, kb - rho), -1)
+        if k is None:
+            break
         v = t(k)
         if v is None:
             break
@@ -220,12 +246,12 @@ def quota_search(q: int, k0: int, measure: Callable[[int], float], rho: int = 4,
             break
         kb = k
     for d in (-1, +1):  # fine search around the anchor
-        k = kb + d
-        while 1 <= k <= q and k not in s.history:
+        k = next_usable(kb + d, d)
+        while k is not None and k not in s.history:
             v = t(k)
             if v is None or v > s.history[kb]:
                 break
-            k += d
+            k = next_usable(k + d, d)
     s.best = min(s.history, key=lambda k: (s.history[k], -k))
     s.stopped = s.stopped or "both directions rose above the anchor"
     return s

@@ -175,17 +175,24 @@ def report_markdown(doc: Mapping[str, Any], picture: str | None) -> str:
         lines += [f"| {e['what']} | {e['predicted_s']:.4f} s | {e['measured_s']:.4f} s | {_pct(e['error'])} |"
                   for e in m["errors"]]
         lines.append("")
-    s2 = doc.get("stage2") or {}
-    if s2.get("curve"):
-        lines += ["## Quota curve (stage 2)", "", "| quota % | SMs | local time |", "| --- | --- | --- |"]
-        lines += [f"| {p['percent']} | {p.get('sms', '-')} | {p['seconds']:.4f} s |" for p in s2["curve"]]
-        lines += ["", "![quota curve](quota_curve.svg)"]
-        lines.append("")
+    lines += quota_curve_markdown(doc.get("stage2") or {})
     lines += ["## Deviations from the paper", ""] + [f"- {d}" for d in doc["deviations"]] + [""]
     if doc.get("run_dir"):
         lines += ["## Continue training", "", f"The iterations trained while optimizing are checkpointed in "
                   f"`{doc['run_dir']}`: `rose execute {doc['file']} --plan {doc['plan_file']} --out {doc['run_dir']} --resume`", ""]
     return "\n".join(lines)
+
+
+def quota_curve_markdown(stage2: Mapping[str, Any]) -> list[str]:
+    """The stage-2 quota curve as a table (a level skipped because its GEMMs are wrong has no time)."""
+    if not stage2.get("curve"):
+        return []
+    lines = ["## Quota curve (stage 2)", "", "| quota % | SMs | local time |", "| --- | --- | --- |"]
+    lines += [f"| {p['percent']} | {p.get('sms', '-')} | "
+              + (f"{p['seconds']:.4f} s |" if p.get("seconds") is not None else
+                 "not run: GEMMs are wrong under it on this machine |" if p.get("unsafe") else "- |")
+              for p in stage2["curve"]]
+    return lines + ["", "![quota curve](quota_curve.svg)", ""]
 
 
 # -- pictures ----------------------------------------------------------------------------------------
@@ -284,7 +291,8 @@ def write_report(doc: Mapping[str, Any], out_dir: Path, panels: Sequence[tuple[s
         written.append(out_dir / "timeline.svg")
     s2 = doc.get("stage2") or {}
     if s2.get("curve"):
-        (out_dir / "quota_curve.svg").write_text(curve_svg([(p["percent"], p["seconds"]) for p in s2["curve"]]))
+        (out_dir / "quota_curve.svg").write_text(curve_svg([(p["percent"], p["seconds"]) for p in s2["curve"]
+                                                              if p.get("seconds") is not None]))
         written.append(out_dir / "quota_curve.svg")
     (out_dir / "report.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     (out_dir / "report.md").write_text(report_markdown(doc, picture))

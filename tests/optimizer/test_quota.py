@@ -121,6 +121,26 @@ def test_monotone_curves_stop_by_the_rules() -> None:
     assert s.trials == 3 and s.best == 58 and "budget" in s.stopped
 
 
+def test_unusable_levels_are_stepped_past_not_read_as_a_rise() -> None:
+    """Holes in the curve (levels whose GEMMs are wrong) must not stop the search: it takes the next
+    usable level in the same direction, asks about each level once and spends no trial on a hole."""
+    curve = {k: 1.0 + 0.002 * (k - 58) ** 2 for k in range(1, 67)}
+    asked: list[int] = []
+
+    def usable(k: int) -> bool:
+        asked.append(k)
+        return k not in (62, 58)
+
+    s = quota_search(66, 66, lambda k: curve[k], rho=4, max_trials=7, usable=usable)
+    # coarse 66 -> (62 unusable) 61 -> 57 -> 53 rises; fine: 56 rises, (58 unusable) 59 ties, 60 rises
+    assert s.order == [66, 61, 57, 53, 56, 59, 60] and s.skipped == [62, 58]
+    assert 62 not in s.history and 58 not in s.history and len(asked) == len(set(asked))
+    assert s.best in (57, 59) and s.trials == 7
+    # every level below the start unusable: the start is the only measurement, and the best
+    s = quota_search(10, 10, lambda k: 1.0, rho=2, usable=lambda k: False)
+    assert s.order == [10] and s.best == 10 and s.skipped == list(range(8, 0, -1)) + [9]
+
+
 def test_bad_search_arguments() -> None:
     with pytest.raises(ValueError):
         quota_search(10, 11, lambda k: 1.0)
@@ -247,6 +267,11 @@ def test_tune_quota_never_uses_a_level_whose_gemms_are_wrong() -> None:
     assert bad in check.seen and bad in out["unsafe_levels"]
     assert out["best_percent"] != bad and bad not in session.executor.replaced
     assert any(p["unsafe"] and p["seconds"] is None for p in out["curve"])
+    assert session.books["quota_trials"] == out["trials"] == sum(1 for p in out["curve"] if not p["unsafe"])
+    # the report shows the hole in the curve instead of failing on it
+    from rose_dsl.optimizer.report import quota_curve_markdown
+
+    assert "not run: GEMMs are wrong" in "\n".join(quota_curve_markdown(out))
 
 
 def test_concurrent_time_is_the_measure_of_the_intersection() -> None:
