@@ -98,8 +98,16 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         session.books["quota_s"] += time.perf_counter() - t
         return verdict
 
+    # the starting level of a whole-iteration comparison graph is what stage 1 measured last: complete
+    # iterations of this plan under these quotas -- reused instead of measured again
+    reused = [r.seconds for r in result.final_runs] if region == plan.root.path and len(result.final_runs) >= repeats else []
+
     def measure(k: int) -> float:
         percent = levels[k - 1][0]
+        if k == k0 and reused:
+            samples[k] = reused
+            log(f"  quota {percent}% ({levels[k - 1][1]} SMs): {statistics.median(reused):.4f} s (stage 1's measurement)")
+            return statistics.median(reused)
         t = time.perf_counter()
         use(percent)
         values = measure_graph()
@@ -109,14 +117,14 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         log(f"  quota {percent}% ({levels[k - 1][1]} SMs): {statistics.median(values):.4f} s")
         return statistics.median(values)
 
-    search = quota_search(len(levels), k0, measure, rho=rho, max_trials=MAX_TRIALS,
+    search = quota_search(len(levels), k0, measure, rho=rho, max_trials=MAX_TRIALS + bool(reused),
                           out_of_time=None if deadline is None else (lambda: time.perf_counter() > deadline),
                           usable=usable)
     best_percent = levels[search.best - 1][0]
     curve = [{"percent": levels[k - 1][0], "sms": levels[k - 1][1],
               "seconds": search.history[k] if math.isfinite(search.history[k]) else None,
               "n": len(samples.get(k, [])), "samples": samples.get(k, []),
-              "unsafe": False} for k in sorted(search.history)]
+              "unsafe": False, "reused": k == k0 and bool(reused)} for k in sorted(search.history)]
     curve += [{"percent": levels[k - 1][0], "sms": levels[k - 1][1], "seconds": None, "n": 0, "samples": [], "unsafe": True}
               for k in search.skipped]
     curve.sort(key=lambda row: row["sms"])
@@ -124,11 +132,11 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         "target": pair.target, "other": pair.other, "gpu": pair.gpu, "slack_s": pair.slack_s, "overlap_s": pair.overlap_s,
         "branches": {"target": list(pair.target_branches), "other": list(pair.other_branches)},
         "comparison_graph": ".".join(region), "levels": len(levels), "rho": rho, "start_percent": q0,
-        "curve": curve, "unsafe_levels": unsafe, "trials": search.trials, "search_stopped": search.stopped, "best_percent": best_percent,
+        "curve": curve, "unsafe_levels": unsafe, "trials": search.trials - bool(reused), "search_stopped": search.stopped, "best_percent": best_percent,
     }
     if best_percent == q0:
         use(q0)
-        out["summary"] = f"kept {pair.target} at {q0}%: no other level was faster locally ({search.trials} trials)"
+        out["summary"] = f"kept {pair.target} at {q0}%: no other level was faster locally ({out['trials']} trials)"
         out["trial_seconds"] = time.perf_counter() - started
         return out
     log(f"stage 2: validating {pair.target} at {best_percent}% against {q0}% on complete iterations")
@@ -150,7 +158,7 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
                                            pair.target: replace(plan.components[pair.target], mps_quota=best_percent)})
     out.update(quotas={pair.target: best_percent}, plan=quota_plan,
                summary=f"{pair.target} at {best_percent}% (was {q0}%): {ref.median / cand.median:.2f}x on complete "
-                       f"iterations ({search.trials} quota trials)")
+                       f"iterations ({out['trials']} quota trials)")
     return out
 
 

@@ -246,6 +246,25 @@ def test_tune_quota_keeps_the_default_when_nothing_is_faster() -> None:
     assert session.executor.quota["trainer"] == 100
 
 
+def test_a_whole_iteration_graph_reuses_stage_1s_measurement_as_its_first_point() -> None:
+    """The comparison graph of update/epoch is the whole iteration: the starting quota's time is what
+    stage 1 measured last (complete iterations of the same plan and quotas), not three more iterations."""
+    from dataclasses import replace
+
+    from interpreter.quota_trials import tune_quota
+    from rose_dsl.optimizer.search import Settings
+
+    wf, result = _stage1(ROOT)
+    result = replace(result, final_runs=[*result.final_runs, result.final_runs[0]])  # 3 runs: enough to reuse
+    session = _FakeSession(best=80)
+    out = tune_quota(wf, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132, check=_checked())
+    start = next(p for p in out["curve"] if p["percent"] == 100)
+    assert start["reused"] and start["samples"] == [r.seconds for r in result.final_runs]
+    assert 100 not in session.executor.replaced[:1]  # the first trial moved the trainer to a new level
+    assert out["trials"] == session.books["quota_trials"] == sum(1 for p in out["curve"] if not p["reused"])
+    assert 1 <= out["trials"] <= 7 and out["best_percent"] < 100
+
+
 def test_the_time_budget_ends_the_search_with_the_best_so_far() -> None:
     calls: list[int] = []
     s = quota_search(66, 66, lambda k: calls.append(k) or 1.0 + 0.001 * k, rho=4, out_of_time=lambda: len(calls) >= 2)

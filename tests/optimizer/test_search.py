@@ -138,3 +138,25 @@ def test_timeline_draws_the_sm_activity_counter_when_there_is_one() -> None:
     svg = timeline_svg([("plan", run)], "sm")
     ET.fromstring(svg)
     assert "SM activity" in svg and "90%" in svg
+
+
+def test_a_given_plan_that_is_the_declared_graph_is_measured_once(wf) -> None:
+    """`--stage1` with the declared graph (an earlier run kept it): before and after are one measurement,
+    not the same graph twice, interleaved (every switch between them pays a warm-up iteration); a plan
+    with a rewrite, or with another quota, is measured against the declared workflow."""
+    from dataclasses import replace
+
+    from rose_dsl.optimizer.search import declared_graph, given_plan
+    from rose_dsl.transforms import apply
+
+    m = FakeMeasurer(LATENCY)
+    result = given_plan(wf, wf, [], m, Settings(final_rounds=3, warmup=0), log=lambda s: None)
+    assert [k for k, _ in m.log] == ["complete"] * 3 and result.baseline == result.final
+    assert result.baseline_runs == result.final_runs and len(result.final_runs) == 3
+    split = apply(wf, "split-time epoch 2").workflow
+    assert not declared_graph(wf, split, ["split-time epoch 2"])
+    quota = replace(wf, components={**wf.components, "policy": replace(wf.components["policy"], mps_quota=50)})
+    assert not declared_graph(wf, quota, []) and declared_graph(wf, wf, [])
+    m = FakeMeasurer(LATENCY)
+    given_plan(wf, quota, [], m, Settings(final_rounds=3, warmup=0), log=lambda s: None)
+    assert len(m.log) == 6
