@@ -121,7 +121,7 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
                           out_of_time=None if deadline is None else (lambda: time.perf_counter() > deadline),
                           usable=usable)
     best_percent = levels[search.best - 1][0]
-    curve = [{"percent": levels[k - 1][0], "sms": levels[k - 1][1],
+    curve: list[dict[str, Any]] = [{"percent": levels[k - 1][0], "sms": levels[k - 1][1],
               "seconds": search.history[k] if math.isfinite(search.history[k]) else None,
               "n": len(samples.get(k, [])), "samples": samples.get(k, []),
               "unsafe": False, "reused": k == k0 and bool(reused)} for k in sorted(search.history)]
