@@ -6,8 +6,12 @@
 #   quota_safety_levels.json benchmarks/quota_safety_levels.py: the MPS quota self-check, 10%..100%
 #   call_overhead.json       benchmarks/call_overhead.py: a real act/step direct vs through rose
 #   *.log                    each part's output
-# Usage (repository root, carrying .raybundle):
+# Usage (repository root, carrying .raybundle -- built with gymnasium: `bash ../shared/tools/ray-bundle.sh
+# 2.60.0 gymnasium==1.4.0 farama-notifications cloudpickle` -- and .mjxbundle):
 #   bash benchmarks/runtime_bars_gpu.sh            # PARTS="dispatch quota overhead" by default
+# call_overhead.py steps embodied_ppo_gpu's Reacher (gymnasium + MuJoCo) in its own process; the GPU image
+# has neither, so that part takes MuJoCo from the MJX import dir (benchmarks/mjx_env.sh: mujoco 3.17, not
+# the project's 3.3.0 -- a timing benchmark, not a bit-for-bit run).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site || exit 1
@@ -20,8 +24,9 @@ for part in ${PARTS:-dispatch quota overhead}; do
                 --out "$OUT/dispatch.json" > "$OUT/dispatch.log" 2>&1 ;;
     quota) timeout "${QUOTA_S:-120}" python3 benchmarks/quota_safety_levels.py \
              --out "$OUT/quota_safety_levels.json" > "$OUT/quota_safety_levels.log" 2>&1 ;;
-    overhead) timeout "${OVERHEAD_S:-180}" python3 benchmarks/call_overhead.py --rounds 3 \
-                --out "$OUT/call_overhead.json" > "$OUT/call_overhead.log" 2>&1 ;;
+    overhead) bash benchmarks/mjx_env.sh > "$OUT/call_overhead.log" 2>&1 &&
+              PYTHONPATH=/tmp/mjxenv:$PYTHONPATH timeout "${OVERHEAD_S:-180}" python3 benchmarks/call_overhead.py \
+                --rounds 3 --out "$OUT/call_overhead.json" >> "$OUT/call_overhead.log" 2>&1 ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
   rc=$?

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from interpreter.quota_safety import QuotaVerdict, UnsafeQuota, check_quota, gemm_errors, known_safe
+from interpreter.quota_safety import QuotaVerdict, UnsafeQuota, block_errors, check_quota, gemm_errors, known_safe
 
 SMALL = ((64, 32, 48), (96, 64, 32))
 
@@ -38,6 +38,31 @@ def test_an_unwritten_output_reading_poison_is_caught() -> None:
 
     bad = gemm_errors(unwritten, device="cpu", dtype_name="float32", shapes=SMALL[:1])
     assert [b["wrong_elements"] for b in bad] == [1, 1, 1]
+
+
+TINY_BLOCKS = ((16, 8, 64, 4), (4, 32, 32, 2))
+
+
+def test_a_correct_transformer_block_passes_in_float32_and_bf16() -> None:
+    """The block check has no false alarms: bf16 through a whole block stays inside the band."""
+    assert block_errors(device="cpu", dtype_name="float32", cases=TINY_BLOCKS) == []
+    assert block_errors(device="cpu", dtype_name="bfloat16", cases=TINY_BLOCKS) == []
+
+
+def test_a_faulty_attention_kernel_is_caught_in_the_output_and_the_gradients() -> None:
+    """What the GEMM list cannot see: a wrong SDPA (here NaN in a few outputs, as an unwritten tile
+    reads the poisoned allocator) shows up in the block's output and in the gradients behind it."""
+    import torch.nn.functional as F
+
+    def faulty(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        y = F.scaled_dot_product_attention(q, k, v)
+        mask = torch.zeros_like(y, dtype=torch.bool)
+        mask[0, 0, 0, :4] = True
+        return torch.where(mask, torch.full_like(y, float("nan")), y)
+
+    bad = block_errors(device="cpu", dtype_name="float32", cases=TINY_BLOCKS[:1], attention=faulty)
+    names = {b["product"] for b in bad}
+    assert {"block y", "block dx", "block dq"} <= names and all(b["shape"] == [16, 8, 64] for b in bad)
 
 
 def _child_output(bad: list) -> str:
