@@ -109,6 +109,30 @@ def gemm_errors(matmul: Callable[[Any, Any], Any] | None = None, device: str = "
     return bad
 
 
+def _block(x: Any, p: Mapping[str, Any], heads: int, attend: Callable[..., Any]) -> Any:
+    """A pre-norm transformer block as examples/embodied/model.py builds it (without its biases)."""
+    import torch.nn.functional as F
+
+    n, t, d = x.shape
+    h = F.layer_norm(x, (d,))
+    q = F.linear(h, p["q"]).view(n, t, heads, d // heads).transpose(1, 2)
+    k, v = F.linear(h, p["kv"]).view(n, t, 2, heads, d // heads).permute(2, 0, 3, 1, 4)
+    a = attend(q, k, v).transpose(1, 2).reshape(n, t, d)
+    x = x + F.linear(a, p["out"])
+    return x + F.linear(F.gelu(F.linear(F.layer_norm(x, (d,)), p["up"])), p["down"])
+
+
+def _block_pass(x: Any, gy: Any, params: Mapping[str, Any], heads: int, device: str, dtype: Any,
+                attend: Callable[..., Any]) -> dict[str, Any]:
+    """The block's output and the gradients of its input and weights, on `device` in `dtype` (to the CPU)."""
+    xs = x.to(device, dtype, copy=True).requires_grad_()  # copies: the reference's leaves stay its own
+    ps = {k: w.to(device, dtype, copy=True).requires_grad_() for k, w in params.items()}
+    y = _block(xs, ps, heads, attend)
+    y.backward(gy.to(device, dtype))
+    out = {"y": y.detach(), "dx": xs.grad, **{f"d{k}": w.grad for k, w in ps.items()}}
+    return {k: v.float().cpu() for k, v in out.items()}
+
+
 def block_errors(device: str = "cuda", dtype_name: str = "bfloat16",
                  cases: Sequence[tuple[int, int, int, int]] = BLOCK_CASES,
                  poison: Callable[[], None] | None = None,
@@ -120,36 +144,16 @@ def block_errors(device: str = "cuda", dtype_name: str = "bfloat16",
     import torch.nn.functional as F
 
     dtype = getattr(torch, dtype_name)
-    sdpa = attention or F.scaled_dot_product_attention
     bad: list[dict[str, Any]] = []
     for rows, tokens, d, heads in cases:
         g = torch.Generator().manual_seed(1)
-        weights = {"q": (d, d), "kv": (2 * d, d), "out": (d, d), "up": (4 * d, d), "down": (d, 4 * d)}
-        params = {k: torch.randn(*shape, generator=g) / shape[1] ** 0.5 for k, shape in weights.items()}
+        shapes = {"q": (d, d), "kv": (2 * d, d), "out": (d, d), "up": (4 * d, d), "down": (d, 4 * d)}
+        params = {k: torch.randn(*shape, generator=g) / shape[1] ** 0.5 for k, shape in shapes.items()}
         x, gy = torch.randn(rows, tokens, d, generator=g), torch.randn(rows, tokens, d, generator=g)
-
-        def block(x: Any, p: dict[str, Any], attend: Callable[..., Any]) -> Any:
-            n, t, _ = x.shape
-            h = F.layer_norm(x, (d,))
-            q = F.linear(h, p["q"]).view(n, t, heads, d // heads).transpose(1, 2)
-            k, v = F.linear(h, p["kv"]).view(n, t, 2, heads, d // heads).permute(2, 0, 3, 1, 4)
-            a = attend(q, k, v).transpose(1, 2).reshape(n, t, d)
-            x = x + F.linear(a, p["out"])
-            return x + F.linear(F.gelu(F.linear(F.layer_norm(x, (d,)), p["up"])), p["down"])
-
-        def run(dev: str, dt: Any, attend: Callable[..., Any]) -> dict[str, Any]:
-            xs = x.to(dev, dt, copy=True).requires_grad_()  # copies: the reference's leaves stay its own
-            ps = {k: w.to(dev, dt, copy=True).requires_grad_() for k, w in params.items()}
-            y = block(xs, ps, attend)
-            y.backward(gy.to(dev, dt))
-            out = {"y": y.detach(), "dx": xs.grad}
-            out.update({f"d{k}": w.grad for k, w in ps.items()})
-            return {k: v.float().cpu() for k, v in out.items()}
-
-        ref = run("cpu", torch.float32, F.scaled_dot_product_attention)
+        ref = _block_pass(x, gy, params, heads, "cpu", torch.float32, F.scaled_dot_product_attention)
         if poison is not None:
             poison()
-        got = run(device, dtype, sdpa)
+        got = _block_pass(x, gy, params, heads, device, dtype, attention or F.scaled_dot_product_attention)
         for name, r in ref.items():
             off = (got[name] - r).abs()
             scale = float(r.abs().max()) or 1.0

@@ -9,7 +9,14 @@ import json
 import pytest
 import torch
 
-from interpreter.quota_safety import QuotaVerdict, UnsafeQuota, block_errors, check_quota, gemm_errors, known_safe
+from interpreter.quota_safety import (
+    QuotaVerdict,
+    UnsafeQuota,
+    block_errors,
+    check_quota,
+    gemm_errors,
+    known_safe,
+)
 
 SMALL = ((64, 32, 48), (96, 64, 32))
 

@@ -40,7 +40,7 @@ def test_processes_that_take_turns_are_not_a_pair() -> None:
     (act -> step -> act), so their branches' spans overlap but they never share the GPU; stage 2 used to
     tune the policy against its own simulator there (the first H200 run of `rose optimize`). The pair
     that does share the GPU is the rollout of epoch 1 against the PPO update of epoch 0."""
-    trace = ROOT / "benchmarks" / "results" / "paper_table" / "runs_mjx_h200" / "mjx" / "declared" / "round0" / "trace.json"
+    trace = ROOT / "benchmarks" / "results" / "paper_table" / "frame_skip4_1round" / "runs_mjx_h200" / "mjx" / "declared" / "round0" / "trace.json"
     runs, gpu_of = runs_from_chrome_trace(json.loads(trace.read_text()))
     assert gpu_of == {"sim": 0, "policy": 0, "trainer": 0}
     pair = find_branches(runs[1:], gpu_of)
