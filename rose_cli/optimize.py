@@ -312,11 +312,16 @@ def _machine(backend: str) -> dict[str, Any]:
 
 def _report_doc(wf: Workflow, result: Any, session: Any, total: float, opts: OptimizeOptions, run_dir: Path | None,
                 settings: Any, backend: str, stage2: dict[str, Any]) -> dict[str, Any]:
+    from rose_dsl.optimizer.bound import reorder_bound
     from rose_dsl.optimizer.report import build_report
 
+    try:
+        bound = reorder_bound(wf, result.baseline_runs)
+    except Exception as exc:  # noqa: BLE001 - an estimate for the report must not cost the plan and the report
+        bound = {"error": f"{type(exc).__name__}: {exc}"}
     return build_report(result, books=session.sync_books(), total_s=total, workflow=wf.name, file=str(opts.file),
                         settings=asdict(settings), machine=_machine(backend), stage2=stage2, plan_file=str(opts.output),
-                        run_dir=str(run_dir) if run_dir else None, activity_kind=session.activity_kind)
+                        run_dir=str(run_dir) if run_dir else None, activity_kind=session.activity_kind, bound=bound)
 
 
 def _summary(out: Console, doc: dict[str, Any], opts: OptimizeOptions, run_dir: Path | None) -> None:

@@ -72,7 +72,9 @@ def overhead(total_s: float, retained_s: float, iterations: int, plan_iteration_
 
 def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: float, workflow: str, file: str,
                  settings: Mapping[str, Any], machine: Mapping[str, Any], stage2: Mapping[str, Any] | None,
-                 plan_file: str, run_dir: str | None, activity_kind: str) -> dict[str, Any]:
+                 plan_file: str, run_dir: str | None, activity_kind: str,
+                 bound: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """report.json's document. `bound`: `bound.reorder_bound` of the declared graph's profile."""
     base, plan = result.baseline.median, result.final.median
     rel = [(p - m) / m if m else None for _, p, m in result.model_errors]
     errors = [{"what": w, "predicted_s": p, "measured_s": m, "error": e}
@@ -99,6 +101,7 @@ def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: f
                                plan, base),
         "model": {"errors": errors, "mean_abs_error": sum(abs_err) / len(abs_err) if abs_err else None},
         "stage2": dict(stage2) if stage2 is not None else None,
+        "reorder_bound": dict(bound) if bound is not None else None,
         "settings": dict(settings), "machine": dict(machine), "deviations": list(DEVIATIONS),
         "run_dir": run_dir,
     }
@@ -132,6 +135,12 @@ def report_markdown(doc: Mapping[str, Any], picture: str | None) -> str:
         s2 = doc["stage2"]
         lines += ["Stage 2 (MPS quotas): " + s2.get("summary", s2.get("skipped", "")), ""]
     lines += [f"Stopped: {doc['stopped']}.", ""]
+    b = doc.get("reorder_bound")
+    if b and b.get("speedup_bound"):
+        lines += [f"Reorder bound: the declared iteration's longest dependency chain at the measured durations is "
+                  f"{b['seconds']:.3f} s of {b['iteration_s']:.3f} s, so rewrites that only change when calls run "
+                  f"can give about {b['speedup_bound']:.2f}x at most (chain: {' -> '.join(b['chain'][:6])}"
+                  f"{' -> ...' if len(b['chain']) > 6 else ''}; `bound.py` says why it is an estimate).", ""]
     if picture:
         lines += [f"![one iteration before and after]({picture})", ""]
     for r in doc["rounds"]:

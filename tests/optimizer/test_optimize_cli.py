@@ -119,6 +119,10 @@ def test_chain_plan_is_never_slower(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "plan_report" / "report.json").read_text())
     r = rose("validate", str(plan))
     assert r.returncode == 0, r.stderr
+    # the reorder bound: the declared chain's calls were matched to its invocations and give a bound
+    bound = report["reorder_bound"]
+    assert bound["matched"] == bound["invocations"] and 0 < bound["seconds"] <= bound["iteration_s"] * 1.05
+    assert "Reorder bound" in (tmp_path / "plan_report" / "report.md").read_text()
     _timing_is_meaningful()
     assert report["speedup"] >= 0.95
 
