@@ -44,7 +44,8 @@ DEVIATIONS = (
     "on the CPU, a node's activity a_v is its component's CPU busy fraction over its calls (no SM activity)",
     "candidates are ordered by the duration mismatch of target and partner both after the split",
     "alternatives the calibrated model predicts to be slower are not measured; the first split of each "
-    "family (k = 2) is always measured, as calibration",
+    "family (k = 2) is measured as calibration -- the first one always, the others unless the model, calibrated "
+    "by the first, predicts them more than 25% slower than the unchanged comparison graph",
     "alternatives whose comparison graph is the whole iteration are measured by complete iterations "
     "(real, retained training) instead of local trials on snapshots",
     "when a combination of several targets fails validation, the best single alternative is validated "
@@ -110,6 +111,9 @@ class Settings:
     groups: tuple[int, ...] = (2, 4, 8)
     budget_s: float | None = None
     tolerance: float = 0.05  # measure what the model predicts no slower than (1 + tolerance) x G
+    # a further calibration split (another family's k = 2), after the first one taught the model: measured
+    # unless predicted slower than (1 + calibration_band) x the unchanged comparison graph
+    calibration_band: float = 0.25
 
 
 @dataclass
@@ -383,16 +387,19 @@ class _Search:
                 m.summary, m.status, m.predicted_local_s = hit.summary, hit.status, hit.predicted_local_s
                 m.reason = hit.reason
         todo = [m for m in chosen if m.requests not in cache]
-        # calibration first (k = 2, or no prediction), then the rest re-predicted with what it taught the model
+        # calibration first (k = 2, or no prediction) -- one measurement, then every other calibration
+        # candidate re-predicted with what it taught the model and measured only unless clearly slower
+        # (`calibration_band`); then the rest, re-predicted with the model's tolerance
         first = [m for m in todo if m.groups == 2 or m.groups is None and m.predicted_iteration_s is None] or todo[:1]
         rest = [m for m in todo if m not in first]
         c0_runs = self.c0_runs.setdefault(c0.region, [])
-        for batch in (first, rest):
+        for n, batch in enumerate((first[:1], first[1:], rest)):
             if not batch:
                 continue
             self.budget()
-            if batch is rest:
-                batch = [m for m in batch if self._still_promising(m, c0, graph_of[id(m)])]
+            if n:
+                band = self.s.calibration_band if n == 1 else self.s.tolerance
+                batch = [m for m in batch if self._still_promising(m, c0, graph_of[id(m)], band)]
                 if not batch:
                     continue
             self.log(f"  {t.node.removeprefix('iteration.')}: local trials of {len(batch)} alternative(s) on "
@@ -434,11 +441,11 @@ class _Search:
         best = [m for m in chosen if m.significant]
         t.best = max(best, key=lambda m: m.benefit_s) if best else None
 
-    def _still_promising(self, m: Measured, c0: LocalGraph, lg: LocalGraph) -> bool:
+    def _still_promising(self, m: Measured, c0: LocalGraph, lg: LocalGraph, band: float) -> bool:
         p, p0 = self.model.predict(lg.workflow), self.model.predict(c0.workflow)
         if p.seconds is None or not p0.seconds:
             return True
-        if p.seconds > (1 + self.s.tolerance) * p0.seconds:
+        if p.seconds > (1 + band) * p0.seconds:
             m.status, m.reason = "skipped", (f"after calibration the model predicts the comparison graph "
                                              f"{p.seconds / p0.seconds:.2f}x the unchanged one")
             return False

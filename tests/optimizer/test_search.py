@@ -61,6 +61,24 @@ def test_never_selects_an_over_split_plan(wf) -> None:
     assert result.final.median <= result.baseline.median * 1.02
 
 
+def test_a_calibration_that_shows_splits_are_slow_spares_the_other_families(wf) -> None:
+    """Fixed costs dominate: the first split family's k = 2 is measured and teaches the model that
+    splitting only adds calls; the other families' k = 2 are then predicted clearly slower and skipped
+    (each would have cost its local trials), while the default keeps measuring what is close."""
+    result = optimize_graph(wf, FakeMeasurer(FIXED), Settings(), **QUIET)
+    splits = [m for r in result.rounds for t in r.targets for m in t.alternatives
+              if m.groups == 2 and m.family in ("split-interleave", "split-chain", "split-node")]
+    measured = [m for m in splits if m.status == "measured"]
+    skipped = [m for m in splits if m.status == "skipped"]
+    assert measured and skipped, [(m.label, m.status) for m in splits]
+    assert all("after calibration" in m.reason for m in skipped)
+    # with an infinite band every calibration split is measured, as before
+    wide = optimize_graph(wf, FakeMeasurer(FIXED), Settings(calibration_band=float("inf")), **QUIET)
+    assert not [m for r in wide.rounds for t in r.targets for m in t.alternatives
+                if m.groups == 2 and m.status == "skipped" and "after calibration" in m.reason
+                and m.label in {x.label for x in skipped}]
+
+
 def test_a_slower_combination_is_rejected_on_complete_iterations(wf) -> None:
     """Local trials can mislead (here: a contention the local graph does not show). Validation on
     complete iterations catches it."""
