@@ -198,6 +198,7 @@ class _Search:
         self.label = ""  # the requests that made the current graph, as a prefix for plan labels
         self.local_cache: dict[tuple[str, ...], dict[tuple[str, ...], Measured]] = {}  # per round
         self.c0_runs: dict[tuple[str, ...], list[IterationRun]] = {}
+        self.calibrated = False  # has a split been measured locally (the model knows what splitting costs)?
 
     # -- helpers ----------------------------------------------------------------------------------
     def budget(self) -> None:
@@ -393,7 +394,9 @@ class _Search:
         first = [m for m in todo if m.groups == 2 or m.groups is None and m.predicted_iteration_s is None] or todo[:1]
         rest = [m for m in todo if m not in first]
         c0_runs = self.c0_runs.setdefault(c0.region, [])
-        for n, batch in enumerate((first[:1], first[1:], rest)):
+        # a split measured earlier (another target's comparison graph) has calibrated the model already
+        forced = [] if self.calibrated else first[:1]
+        for n, batch in enumerate((forced, [m for m in first if m not in forced], rest)):
             if not batch:
                 continue
             self.budget()
@@ -421,6 +424,7 @@ class _Search:
                     continue
                 m.summary = summarize([r.seconds for r in rs])
                 m.status = "measured"
+                self.calibrated = self.calibrated or m.groups is not None
                 pred = self.model.predict(graph_of[id(m)].workflow)
                 if pred.seconds is not None and p0.seconds:
                     m.predicted_local_s = base * pred.seconds / p0.seconds
