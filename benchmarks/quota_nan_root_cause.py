@@ -18,7 +18,11 @@ One command, one device call, everything adaptive:
      difference left is the concurrent policy process);
   5. the first update at every quota from 10% to 100% in 10% steps (the safety table).
 
-  python3 benchmarks/quota_nan_root_cause.py OUT_DIR [--quick]
+  python3 benchmarks/quota_nan_root_cause.py OUT_DIR [--quick] [--quotas 100,20,10]
+
+`--quotas` sets step 2's first quotas (default 100,60,50): the first failing one is the one studied. At 20%
+(26 SMs) the first update was NaN although the GEMM self-check passes there (issue 16): `--quotas 100,20,10`
+asks which op fails at that level.
 Writes OUT_DIR/quota_nan_root_cause.json and prints a short table last.
 """
 
@@ -192,6 +196,9 @@ def _child(code: str, args: list[str], env: dict[str, str], timeout: int = 240) 
 def main() -> None:
     out_dir = Path(sys.argv[1])
     quick = "--quick" in sys.argv
+    quotas = (100, 60, 50)
+    if "--quotas" in sys.argv:
+        quotas = tuple(int(q) for q in sys.argv[sys.argv.index("--quotas") + 1].split(","))
     out_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="nanprobe-"))
     base = _env(os.environ, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}", PYTHONUNBUFFERED="1")
@@ -234,7 +241,7 @@ def main() -> None:
         return r
 
     try:
-        first = {q: replay(q) for q in (100, 60, 50)}
+        first = {q: replay(q) for q in quotas}
         failing = [q for q, r in first.items() if not r.get("finite")]
         report["failing_quotas_initial"] = failing
         if failing:

@@ -5,6 +5,8 @@
 #   dispatch.json            benchmarks/dispatch.py: no-op dependent calls, rose's backends vs bare Ray
 #   quota_safety_levels.json benchmarks/quota_safety_levels.py: the MPS quota self-check, 10%..100%
 #   call_overhead.json       benchmarks/call_overhead.py: a real act/step direct vs through rose
+#   quota_nan_20/            (PARTS=... nan20) benchmarks/quota_nan_root_cause.py at 100/20/10%: which op is
+#                            non-finite at 20%, where the GEMM check passes
 #   *.log                    each part's output
 # Usage (repository root, carrying .raybundle -- built with gymnasium: `bash ../shared/tools/ray-bundle.sh
 # 2.60.0 gymnasium==1.4.0 farama-notifications cloudpickle` -- and .mjxbundle):
@@ -27,11 +29,15 @@ for part in ${PARTS:-dispatch quota overhead}; do
     overhead) bash benchmarks/mjx_env.sh > "$OUT/call_overhead.log" 2>&1 &&
               PYTHONPATH=/tmp/mjxenv:$PYTHONPATH timeout "${OVERHEAD_S:-180}" python3 benchmarks/call_overhead.py \
                 --rounds 3 --out "$OUT/call_overhead.json" >> "$OUT/call_overhead.log" 2>&1 ;;
+    nan20) bash benchmarks/mjx_env.sh > "$OUT/quota_nan_20.log" 2>&1 &&   # the replay's capture steps Reacher
+           PYTHONPATH=/tmp/mjxenv:$PYTHONPATH timeout "${NAN_S:-240}" python3 benchmarks/quota_nan_root_cause.py \
+             "$OUT/quota_nan_20" --quick --quotas 100,20,10 >> "$OUT/quota_nan_20.log" 2>&1 ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
   rc=$?
   echo "$part: exit $rc in $(( $(date +%s) - start )) s"
-  tail -n 25 "$OUT/$( [ "$part" = quota ] && echo quota_safety_levels || { [ "$part" = overhead ] && echo call_overhead || echo dispatch; } ).log"
+  case "$part" in quota) log=quota_safety_levels ;; overhead) log=call_overhead ;; nan20) log=quota_nan_20 ;; *) log=dispatch ;; esac
+  tail -n 25 "$OUT/$log.log"
   [ $rc -ne 0 ] && code=$rc
 done
 exit $code
