@@ -17,10 +17,13 @@
 # --row mjx:stage1_mps=.../stage1.yaml --row mjx:rose=.../plan.yaml`) in a second call.
 set -uo pipefail
 OUT=${OUT:-/tmp/rose-optimize-out}
-WORK=$OUT/optimize
+# everything is written under $WORK_ROOT/optimize and only the archive lands in $OUT: the device tool brings
+# back at most 8 files from $OUT (a report alone has 5), so a second script in the same call still fits
+WORK_ROOT=${WORK_ROOT:-/tmp/rose-optimize-work}
+WORK=$WORK_ROOT/optimize
 rm -rf "$WORK"  # this script's own output (rose optimize refuses to write over an earlier one)
-mkdir -p "$WORK"
-if [ -f .raybundle/ray-site.tar.xz ]; then
+mkdir -p "$WORK" "$OUT"
+if [ -f .raybundle/ray-site.tar.xz ] && [ "${SMOKE:-0}" != "1" ]; then  # the bundle is Python 3.12's (the GPU machine)
   mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site
   export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
 else
@@ -49,7 +52,7 @@ timeout "$LIMIT" python3 -m rose_cli optimize "$WORKFLOW" $SETS -o "$WORK/plan.y
   > "$WORK/optimize.log" 2>&1
 CODE=$?
 echo "rose optimize exit $CODE" >> "$WORK/optimize.log"
-tar -czf "$OUT/optimize.tgz" -C "$OUT" optimize
+tar -czf "$OUT/optimize.tgz" -C "$WORK_ROOT" optimize
 tail -n 25 "$WORK/optimize.log"
 if [ -f "$WORK/report/report.md" ]; then sed -n '1,12p' "$WORK/report/report.md"; fi
 exit $CODE
