@@ -600,7 +600,7 @@ def given_plan(wf: Workflow, plan: Workflow, requests: Sequence[str], measurer: 
     interleaved, retained iterations), so stage 2 and the report see the same kind of result."""
     s = settings or Settings()
     label = "; ".join(requests)
-    same = declared_graph(wf, plan, requests)
+    same = declared_graph(wf, plan)
     log(f"stage 1 skipped: the graph is the given plan ({label or 'no rewrite'}); "
         + (f"it is the declared graph: {s.final_rounds} complete iterations of it, once" if same else
            f"before/after: {s.final_rounds} complete iterations each"))
@@ -616,10 +616,11 @@ def given_plan(wf: Workflow, plan: Workflow, requests: Sequence[str], measurer: 
                         list(before), list(after))
 
 
-def declared_graph(wf: Workflow, plan: Workflow, requests: Sequence[str]) -> bool:
-    """Is `plan` (already checked to compute what `wf` computes) the declared graph itself: no rewrite,
-    the same components, each under the same MPS quota?"""
-    if requests or set(plan.components) != set(wf.components):
+def declared_graph(wf: Workflow, plan: Workflow) -> bool:
+    """Is `plan` (already checked to compute what `wf` computes) the declared graph itself: the same
+    iteration tree (source positions aside), the same components, each under the same MPS quota? Judged
+    on the graphs, not on the plan's metadata: a hand-edited plan may name no rewrite and still differ."""
+    if plan.root != wf.root or set(plan.components) != set(wf.components):
         return False
     return all((plan.components[n].mps_quota or 100) == (c.mps_quota or 100) for n, c in wf.components.items())
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rose_dsl import check, load_workflow
+from rose_dsl import check, load_workflow, load_workflow_text
 from rose_dsl.optimizer.report import build_report, report_markdown, timeline_svg
 from rose_dsl.optimizer.search import OutOfBudget, Settings, optimize_graph
 
@@ -172,9 +172,13 @@ def test_a_given_plan_that_is_the_declared_graph_is_measured_once(wf) -> None:
     assert [k for k, _ in m.log] == ["complete"] * 3 and result.baseline == result.final
     assert result.baseline_runs == result.final_runs and len(result.final_runs) == 3
     split = apply(wf, "split-time epoch 2").workflow
-    assert not declared_graph(wf, split, ["split-time epoch 2"])
+    assert not declared_graph(wf, split)
     quota = replace(wf, components={**wf.components, "policy": replace(wf.components["policy"], mps_quota=50)})
-    assert not declared_graph(wf, quota, []) and declared_graph(wf, wf, [])
+    assert not declared_graph(wf, quota) and declared_graph(wf, wf)
+    # judged on the graph, not on metadata: a plan file of the declared graph, read back, is the declared graph
+    from rose_dsl.serialize import to_yaml
+
+    assert declared_graph(wf, load_workflow_text(to_yaml(wf)))
     m = FakeMeasurer(LATENCY)
     given_plan(wf, quota, [], m, Settings(final_rounds=3, warmup=0), log=lambda s: None)
     assert len(m.log) == 6
