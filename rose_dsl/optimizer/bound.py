@@ -1,11 +1,13 @@
 """How much could any reordering give? The critical path of the declared iteration at measured durations.
 
-Rewire, fusion, interleaving and temporal splits only change *when* calls run, never what they are. With
-every call at its measured duration and unlimited overlap (a call starts as soon as every producer it
-depends on -- data or state -- is done), one RL iteration cannot be shorter than its longest dependency
-chain. The profiled iteration time over that length is therefore about the most such rewrites can give.
-It is an estimate, not a proof: spatial splits change the calls themselves (half the rows), and calls
-measured while overlapping others may run faster alone. The report puts it next to the search's result
+Rewire, fusion and interleaving only change *when* calls run, never what they are or which process runs
+them. With every call at its measured duration and unlimited overlap (a call starts as soon as every
+producer it depends on -- data or state -- is done), one RL iteration cannot be shorter than its longest
+dependency chain. The profiled iteration time over that length is therefore about the most such rewrites
+can give. It does not bound the others: a spatial split changes the calls themselves (fewer rows each),
+and a temporal split runs calls on copies of a component, which removes the state order between them.
+It is an estimate, not a proof: calls measured while overlapping others may run faster alone (an MPS
+quota can make them so). The report puts it next to the search's result
 so that "nothing was faster" comes with its reason when the chain is the iteration (a training-bound
 workload), and a large gap says the search left something on the table.
 """

@@ -138,8 +138,9 @@ def report_markdown(doc: Mapping[str, Any], picture: str | None) -> str:
     b = doc.get("reorder_bound")
     if b and b.get("speedup_bound"):
         lines += [f"Reorder bound: the declared iteration's longest dependency chain at the measured durations is "
-                  f"{b['seconds']:.3f} s of {b['iteration_s']:.3f} s, so rewrites that only change when calls run "
-                  f"can give about {b['speedup_bound']:.2f}x at most (chain: {' -> '.join(b['chain'][:6])}"
+                  f"{b['seconds']:.3f} s of {b['iteration_s']:.3f} s, so rewiring, fusing and interleaving these "
+                  f"calls can give about {b['speedup_bound']:.2f}x at most; splits (smaller calls) and temporal "
+                  f"splits (calls on component copies) are not bounded by it (chain: {' -> '.join(b['chain'][:6])}"
                   f"{' -> ...' if len(b['chain']) > 6 else ''}; `bound.py` says why it is an estimate).", ""]
     if picture:
         lines += [f"![one iteration before and after]({picture})", ""]
