@@ -146,37 +146,19 @@ def _loop_span(run: RunData, k: int, loop: tuple[str, ...]) -> float:
 
 def critical_path(run: RunData, workflow: Path, overrides: dict[str, Any], warmup: int) -> dict[str, Any] | None:
     """The longest dependency chain of one RL iteration with the run's median duration of each invocation
-    and unlimited overlap (a call starts as soon as every producer it depends on is done)."""
+    and unlimited overlap (a call starts as soon as every producer it depends on is done): the optimizer's
+    own computation (`rose_dsl.optimizer.bound.critical_path`) on this run's trace."""
     from rose_dsl import load_workflow
-    from rose_dsl.analysis import invocation_graph
+    from rose_dsl.optimizer.bound import critical_path as chain_of
 
-    wf = load_workflow(workflow, overrides)
-    graph = invocation_graph(wf, iterations=1)
     durations: dict[tuple[str, tuple[int, ...]], list[float]] = defaultdict(list)
     for c in run.calls:
         if c.iteration >= warmup:
             durations[(c.node, tuple(v for _, v in c.loops[1:]))].append(c.end - c.start)
-    finish: dict[Any, float] = {}
-    missing = 0
-    chain: dict[Any, Any] = {}
-    for inv in graph.order:  # program order is a topological order of the dependencies
-        key = (".".join(inv.path), tuple(inv.indices[1:]))
-        times = durations.get(key)
-        if not times:
-            missing += 1
-        start, prev = 0.0, None
-        for p in graph.producers(inv):
-            if p in finish and finish[p] > start:
-                start, prev = finish[p], p
-        finish[inv] = start + (statistics.median(times) if times else 0.0)
-        chain[inv] = prev
-    if not finish:
+    found = chain_of(load_workflow(workflow, overrides), durations)
+    if found is None:
         return None
-    last = max(finish, key=finish.__getitem__)
-    path = []
-    node = last
-    while node is not None:
-        path.append(str(node))
-        node = chain[node]
-    return {"seconds": finish[last], "invocations": len(graph.order), "unmatched": missing,
-            "path": path[::-1][:40] + (["..."] if len(path) > 40 else [])}
+    path = found["chain"]
+    return {"seconds": found["seconds"], "invocations": found["invocations"],
+            "unmatched": found["invocations"] - found["matched"],
+            "path": path[:40] + (["..."] if len(path) > 40 else [])}

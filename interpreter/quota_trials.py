@@ -11,7 +11,6 @@ blocks (q*, q0, q*: each switch restarts a process) and kept only if faster by t
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections.abc import Callable
@@ -122,7 +121,7 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
                           usable=usable)
     best_percent = levels[search.best - 1][0]
     curve: list[dict[str, Any]] = [{"percent": levels[k - 1][0], "sms": levels[k - 1][1],
-              "seconds": search.history[k] if math.isfinite(search.history[k]) else None,
+              "seconds": search.history[k],
               "n": len(samples.get(k, [])), "samples": samples.get(k, []),
               "unsafe": False, "reused": k == k0 and bool(reused)} for k in sorted(search.history)]
     curve += [{"percent": levels[k - 1][0], "sms": levels[k - 1][1], "seconds": None, "n": 0, "samples": [], "unsafe": True}

@@ -16,26 +16,20 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..analysis import invocation_graph
 from ..ir import Workflow
 from .profile import IterationRun
 
-__all__ = ["reorder_bound"]
+__all__ = ["critical_path", "reorder_bound"]
 
 
-def reorder_bound(wf: Workflow, runs: Sequence[IterationRun]) -> dict[str, Any] | None:
-    """The longest dependency chain of one iteration of `wf` with each invocation at its median measured
-    duration over `runs` (complete iterations of `wf`), and the iteration's median over it. None when the
-    runs hold no calls of `wf` (e.g. measured on another graph)."""
-    durations: dict[tuple[str, tuple[int, ...]], list[float]] = defaultdict(list)
-    for run in runs:
-        for c in run.calls:
-            durations[(c.node, tuple(c.indices[1:]))].append(c.seconds)
-    if not durations or not runs:
-        return None
+def critical_path(wf: Workflow, durations: Mapping[tuple[str, tuple[int, ...]], Sequence[float]]) -> dict[str, Any] | None:
+    """The longest dependency chain of one RL iteration of `wf`, each invocation at the median of its
+    `durations` (keyed by node path and loop indices below the RL iteration; a missing one counts 0 s).
+    None when no invocation has a duration."""
     graph = invocation_graph(wf, iterations=1)
     finish: dict[Any, float] = {}
     before: dict[Any, Any] = {}
@@ -56,7 +50,19 @@ def reorder_bound(wf: Workflow, runs: Sequence[IterationRun]) -> dict[str, Any] 
     while node is not None:
         chain.append(".".join(node.path[1:]) + "".join(f"[{i}]" for i in node.indices[1:]))
         node = before[node]
+    return {"seconds": finish[last], "invocations": len(graph.order), "matched": matched, "chain": chain[::-1]}
+
+
+def reorder_bound(wf: Workflow, runs: Sequence[IterationRun]) -> dict[str, Any] | None:
+    """`critical_path` with the median measured duration of each invocation over `runs` (complete
+    iterations of `wf`), and the iteration's median over it. None when the runs hold no calls of `wf`
+    (e.g. measured on another graph)."""
+    durations: dict[tuple[str, tuple[int, ...]], list[float]] = defaultdict(list)
+    for run in runs:
+        for c in run.calls:
+            durations[(c.node, tuple(c.indices[1:]))].append(c.seconds)
+    path = critical_path(wf, durations) if durations else None
+    if path is None:
+        return None
     iteration = statistics.median(r.seconds for r in runs)
-    seconds = finish[last]
-    return {"seconds": seconds, "iteration_s": iteration, "speedup_bound": iteration / seconds if seconds else None,
-            "invocations": len(graph.order), "matched": matched, "chain": chain[::-1]}
+    return {**path, "iteration_s": iteration, "speedup_bound": iteration / path["seconds"] if path["seconds"] else None}

@@ -59,7 +59,7 @@ def test_smoke_mjx_writes_the_table_and_configurations_compute_the_same(tmp_path
     assert wl["stage1"]["kind"] == "stage1" and wl["stage1_mps"] is None and wl["rose"] is None
     bound = wl["lower_bound"]
     assert bound["critical_path_s"] > 0 and bound["gpu_work_s"] is None and bound["binding"] == "critical_path"
-    assert bound["critical_path"][0].startswith("iteration.epoch.reset")
+    assert bound["critical_path"][0].startswith("epoch.reset")
     shape = wl["shape"]
     assert 0 < shape["loop_share"] <= 1 and shape["halving_in_run"] > 0
     _same_training(runs, "mjx", ["pipe2", "fuse", "stage1"])
