@@ -20,6 +20,11 @@ trap 'rm -rf "$work"' EXIT
 shopt -s nullglob
 wheels=("$WHEELS"/mujoco-3.17.0-*.whl "$WHEELS"/mujoco_mjx-3.17.0-*.whl "$WHEELS"/trimesh-*.whl)
 [ "${#wheels[@]}" -eq 3 ] || { echo "need mujoco 3.17.0, mujoco_mjx 3.17.0 and trimesh wheels in $WHEELS" >&2; exit 1; }
+# gymnasium's MuJoCo envs (embodied_ppo_gpu's Reacher, stepped by benchmarks/call_overhead.py and the
+# NaN replay) import glfw and imageio at module load for their viewer, which no run opens; the GPU image
+# has neither, so they travel too when their wheels are in $WHEELS (~0.6 MB; `pip download --no-deps
+# --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 -d .whl glfw imageio`).
+wheels+=("$WHEELS"/glfw-*.whl "$WHEELS"/imageio-*.whl)
 for w in "${wheels[@]}"; do python3 -m zipfile -e "$w" "$work"; done   # a wheel is a zip: unpacked = installed
 rm -rf "$work/mujoco/experimental" "$work/mujoco/mjx/test_data" "$work/mujoco/mjx/integration_test"
 find "$work" -name '*_test.py' -delete

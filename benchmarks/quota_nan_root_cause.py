@@ -220,7 +220,7 @@ def main() -> None:
     if not saved.exists():
         (out_dir / "quota_nan_root_cause.json").write_text(json.dumps(report, indent=1))
         print(p.stdout[-3000:], p.stderr[-3000:])
-        return
+        sys.exit("the capture run saved no first update: nothing to replay")
 
     root = tempfile.mkdtemp(prefix="mps-")
     mps = _env(base, CUDA_MPS_PIPE_DIRECTORY=f"{root}/pipe", CUDA_MPS_LOG_DIRECTORY=f"{root}/log")
