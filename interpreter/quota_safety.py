@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["QuotaVerdict", "UnsafeQuota", "check_quota", "gemm_errors", "block_errors", "BLOCK_CASES", "known_safe", "machine_fingerprint", "CHECK_SHAPES"]
+__all__ = ["QuotaVerdict", "UnsafeQuota", "check_quota", "check_quotas", "gemm_errors", "block_errors", "BLOCK_CASES", "known_safe", "machine_fingerprint", "CHECK_SHAPES"]
 
 # (rows, in, out): the Linear layers of examples/embodied/model.py's transformer blocks -- q (d->d), kv
 # (d->2d), out (d->d), MLP (d->4d->d) -- at hidden 512 (embodied_ppo_gpu) over the row counts of its PPO
@@ -223,22 +223,62 @@ def check_quota(quota: int, client_env: Mapping[str, str], *, fingerprint: str |
                 run_child: Callable[[dict[str, str]], str] | None = None) -> QuotaVerdict:
     """The verdict for `quota` on this machine: cached, else measured in a fresh MPS client started with
     `client_env` (the daemon's pipe directory and the quota). `run_child` replaces the subprocess (tests)."""
+    return check_quotas([quota], lambda q: client_env, fingerprint=fingerprint, cache=cache, timeout=timeout,
+                        run_child=run_child)[quota]
+
+
+def check_quotas(quotas: Sequence[int], client_env_of: Callable[[int], Mapping[str, str]], *,
+                 fingerprint: str | None = None, cache: Path | None = None, timeout: float = 180.0,
+                 parallel: int = 1, run_child: Callable[[dict[str, str]], str] | None = None) -> dict[int, QuotaVerdict]:
+    """Verdicts for several quotas: cached ones read, the others measured -- up to `parallel` fresh MPS
+    clients at once, each at its own quota. A check is one CUDA start plus a few seconds of small GEMMs
+    (~18 s on the H200), so a search that meets a run of unsafe levels (on the H200, 60% to 88% are
+    nearly all unsafe) checks them side by side instead of one after another; each client sees only its
+    own quota's SMs, so the checks do not change each other's kernels."""
+    from concurrent.futures import ThreadPoolExecutor
+
     fingerprint = fingerprint if fingerprint is not None else machine_fingerprint()
     path = cache or _cache_file()
-    key = f"{fingerprint}|check {_checks_id()}|quota {quota}"
-    cached = _load_cache(path).get(key)
-    if cached is not None:
-        return QuotaVerdict(**cached)
-    env = {**os.environ, **client_env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(quota)}
+    key = f"{fingerprint}|check {_checks_id()}|quota "
+    entries = _load_cache(path)
+    verdicts = {q: QuotaVerdict(**entries[key + str(q)]) for q in quotas if key + str(q) in entries}
+    todo = [q for q in dict.fromkeys(quotas) if q not in verdicts]
+    if not todo:
+        return verdicts
     root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     if run_child is None:
         def run_child(e: dict[str, str]) -> str:
-            p = subprocess.run([sys.executable, "-c", _CHILD], env=e, capture_output=True, text=True, timeout=timeout)
+            try:
+                p = subprocess.run([sys.executable, "-c", _CHILD], env=e, capture_output=True, text=True, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                return f"the check took longer than {timeout:.0f} s"
             return p.stdout + (f"\n{p.stderr[-800:]}" if p.returncode else "")
-    output = run_child(env)
+
+    def one(quota: int) -> QuotaVerdict:
+        env = {**os.environ, **client_env_of(quota), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(quota)}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        return _verdict(quota, run_child(env), fingerprint)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(todo)))) as pool:
+        measured = dict(zip(todo, pool.map(one, todo), strict=True))
+    verdicts.update(measured)
+    entries = _load_cache(path)
+    # a check that did not run (sm_count None) says nothing about the quota: not cached
+    entries.update({key + str(q): asdict(v) for q, v in measured.items() if v.sm_count is not None})
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(entries, indent=1))
+        tmp.replace(path)
+    except OSError:  # a read-only home: the verdicts still hold for this run
+        pass
+    return verdicts
+
+
+def _verdict(quota: int, output: str, fingerprint: str) -> QuotaVerdict:
+    """A check's output read as a verdict; a check that did not run is not safe (unknown is not safe)."""
     line = next((ln for ln in reversed(output.splitlines()) if ln.startswith("QUOTA-CHECK ")), None)
-    if line is None:  # the check itself failed: unknown is not safe, and it is not cached
+    if line is None:
         return QuotaVerdict(quota, None, False, products_checked(), products_checked(),
                             f"the check did not run: {output.strip()[-300:]}", fingerprint)
     result = json.loads(line[len("QUOTA-CHECK "):])
@@ -246,17 +286,7 @@ def check_quota(quota: int, client_env: Mapping[str, str], *, fingerprint: str |
     worst = max(bad, key=lambda b: b["wrong_elements"]) if bad else None
     detail = (f"e.g. {worst['product']} of {'x'.join(map(str, worst['shape']))}: {worst['wrong_elements']} elements wrong"
               if worst else "every element within bf16 rounding")
-    verdict = QuotaVerdict(quota, result["sm_count"], not bad, products_checked(), len(bad), detail, fingerprint)
-    entries = _load_cache(path)
-    entries[key] = asdict(verdict)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(entries, indent=1))
-        tmp.replace(path)
-    except OSError:  # a read-only home: the verdict still holds for this run
-        pass
-    return verdict
+    return QuotaVerdict(quota, result["sm_count"], not bad, products_checked(), len(bad), detail, fingerprint)
 
 
 def known_safe(fingerprint: str, cache: Path | None = None) -> list[int]:

@@ -23,11 +23,12 @@ from rose_dsl.optimizer.quota import BranchPair, distinct_levels, find_branches,
 from rose_dsl.optimizer.regions import Probe, common_ancestor, local_graphs, probe_workflow
 
 from .mps import expected_sms, quota_levels
-from .quota_safety import QuotaVerdict, check_quota, machine_fingerprint
+from .quota_safety import QuotaVerdict, check_quotas, machine_fingerprint
 
 __all__ = ["tune_quota"]
 
 MAX_TRIALS = 7  # the paper's budget (§5.4): seven short quota trials
+PARALLEL_CHECKS = 6  # quota self-checks side by side: fresh MPS clients (MPS admits 48 per GPU), ~6 GB each
 
 
 def _total_sms() -> int:
@@ -47,11 +48,12 @@ def _region(plan: Workflow, pair: BranchPair) -> tuple[str, ...]:
 
 def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any, log: Callable[[str], None],
                total_sms: int | None = None, repeats: int = 3, deadline: float | None = None,
-               check: Callable[[int], QuotaVerdict] | None = None) -> dict[str, Any]:
+               check: Callable[[list[int]], dict[int, QuotaVerdict]] | None = None) -> dict[str, Any]:
     """Algorithm 2 for the stage-1 plan `result.plan`; returns the report's stage-2 section, with
     `quotas` and `plan` when a quota is kept. `deadline` (a `time.perf_counter()` value) ends the search
-    early with the best level measured so far. `check(percent)` says whether GEMMs are correct under a
-    level on this machine (default: `quota_safety.check_quota`, cached); an unsafe level is never used."""
+    early with the best level measured so far (leaving time for the validation). `check(percents)` says for
+    each level whether GEMMs are correct under it on this machine (default: `quota_safety.check_quotas`,
+    cached, PARALLEL_CHECKS at once); an unsafe level is never used."""
     plan = result.plan
     pair = find_branches(result.final_runs, _gpu_of(plan))
     if isinstance(pair, str):
@@ -75,17 +77,30 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
             current["percent"] = percent
 
     unsafe: dict[int, str] = {}
+    checked: dict[int, QuotaVerdict] = {}  # percent -> verdict, for every level checked (asked or prefetched)
     if check is None:
         fingerprint = machine_fingerprint()
 
-        def check(percent: int) -> QuotaVerdict:
-            return check_quota(percent, gpu.client_env(percent), fingerprint=fingerprint)
+        def check(percents: list[int]) -> dict[int, QuotaVerdict]:
+            return check_quotas(percents, gpu.client_env, fingerprint=fingerprint, parallel=PARALLEL_CHECKS)
 
-    def safe(percent: int) -> bool:
+    def prefetch(k: int) -> None:
+        """Check level k together with the unchecked levels nearest below it (the search goes down; the
+        levels above are asked only around the anchor), PARALLEL_CHECKS at once -- a batch costs about
+        what one check costs."""
+        near = sorted((j for j in range(1, len(levels) + 1) if levels[j - 1][0] < 100 and levels[j - 1][0] not in checked
+                       and j != k), key=lambda j: (j > k, abs(j - k)))
+        batch = [levels[j - 1][0] for j in [k, *near[:PARALLEL_CHECKS - 1]]]
+        checked.update(check(batch))
+
+    def safe(k: int) -> bool:
         """A level under which this machine's GEMMs are wrong is never tried (quota_safety.py, issue 16)."""
+        percent = levels[k - 1][0]
         if percent >= 100:
             return True
-        verdict = check(percent)
+        if percent not in checked:
+            prefetch(k)
+        verdict = checked[percent]
         if not verdict.ok:
             unsafe[percent] = verdict.detail
             log(f"  quota {percent}% ({verdict.sm_count} SMs) skipped: GEMMs are wrong under it here ({verdict.detail})")
@@ -93,7 +108,7 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
 
     def usable(k: int) -> bool:
         t = time.perf_counter()
-        verdict = safe(levels[k - 1][0])
+        verdict = safe(k)
         session.books["quota_s"] += time.perf_counter() - t
         return verdict
 
@@ -109,6 +124,7 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
             return statistics.median(reused)
         t = time.perf_counter()
         use(percent)
+        cost["restart"] = max(cost["restart"], time.perf_counter() - t)
         values = measure_graph()
         samples[k] = values
         session.books["quota_trials"] += 1
@@ -116,9 +132,17 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         log(f"  quota {percent}% ({levels[k - 1][1]} SMs): {statistics.median(values):.4f} s")
         return statistics.median(values)
 
+    # the search leaves time for the validation that follows it: three blocks of complete iterations
+    # and the process restarts between them (a restart's cost: the slowest trial's overhead so far)
+    per_block = max(2, settings.validation_rounds // 2 + 1)
+    iteration_s = statistics.median(r.seconds for r in result.final_runs) if result.final_runs else 0.0
+    cost = {"restart": 0.0}
+
+    def out_of_time() -> bool:
+        return deadline is not None and time.perf_counter() + 3 * (per_block * iteration_s + cost["restart"]) > deadline
+
     search = quota_search(len(levels), k0, measure, rho=rho, max_trials=MAX_TRIALS + bool(reused),
-                          out_of_time=None if deadline is None else (lambda: time.perf_counter() > deadline),
-                          usable=usable)
+                          out_of_time=out_of_time, usable=usable)
     best_percent = levels[search.best - 1][0]
     curve: list[dict[str, Any]] = [{"percent": levels[k - 1][0], "sms": levels[k - 1][1],
               "seconds": search.history[k],
@@ -131,7 +155,8 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         "target": pair.target, "other": pair.other, "gpu": pair.gpu, "slack_s": pair.slack_s, "overlap_s": pair.overlap_s,
         "branches": {"target": list(pair.target_branches), "other": list(pair.other_branches)},
         "comparison_graph": ".".join(region), "levels": len(levels), "rho": rho, "start_percent": q0,
-        "curve": curve, "unsafe_levels": unsafe, "trials": search.trials - bool(reused), "search_stopped": search.stopped, "best_percent": best_percent,
+        "curve": curve, "unsafe_levels": unsafe,
+        "checked_levels": {p: {"sms": v.sm_count, "safe": v.ok} for p, v in sorted(checked.items())}, "trials": search.trials - bool(reused), "search_stopped": search.stopped, "best_percent": best_percent,
     }
     if best_percent == q0:
         use(q0)

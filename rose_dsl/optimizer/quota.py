@@ -197,7 +197,8 @@ def quota_search(q: int, k0: int, measure: Callable[[int], float], rho: int = 4,
     `usable(k)` (asked at most once per level) says whether level k may run at all -- on the H200 some
     SM counts compute wrong GEMMs (quota_safety.py). The search steps past an unusable level to the next
     one in the same direction instead of reading it as a rise: a hole in the curve is not its minimum.
-    Unusable levels cost no trial; they are listed in `skipped`."""
+    Unusable levels cost no trial; they are listed in `skipped`. Asking costs time (a check per level), so
+    `out_of_time()` is consulted before each new question as before each measurement."""
     if not 1 <= k0 <= q:
         raise ValueError(f"the starting level {k0} is outside 1..{q}")
     if rho < 2:
@@ -225,9 +226,15 @@ def quota_search(q: int, k0: int, measure: Callable[[int], float], rho: int = 4,
         return verdicts[k]
 
     def next_usable(k: int, d: int) -> int | None:
-        """k itself or the first usable level beyond it in direction d (None: none left in 1..q)."""
+        """k itself or the first usable level beyond it in direction d (None: none left in 1..q, or the
+        time budget ran out while asking -- each question may cost a check, so it is budgeted too)."""
         while 1 <= k <= q:
-            if k in s.history or ok(k):
+            if k in s.history:
+                return k
+            if k not in verdicts and out_of_time is not None and out_of_time():
+                s.stopped = s.stopped or "the time budget is spent"
+                return None
+            if ok(k):
                 return k
             k += d
         return None

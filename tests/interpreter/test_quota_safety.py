@@ -102,6 +102,42 @@ def test_a_check_that_did_not_run_is_unsafe_and_not_cached(tmp_path) -> None:
     assert check_quota(40, {}, fingerprint="f", cache=cache, run_child=lambda env: _child_output([])).ok
 
 
+def test_several_quotas_are_checked_side_by_side_each_in_its_own_client(tmp_path) -> None:
+    """check_quotas runs the uncached checks concurrently (the optimizer meets runs of unsafe levels),
+    each child under its own quota, and caches what ran; a cached level starts no child."""
+    import threading
+    import time
+
+    from interpreter.quota_safety import check_quotas
+
+    running, peak, lock = [0], [0], threading.Lock()
+    quotas_seen: list[str] = []
+
+    def child(env: dict) -> str:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+            quotas_seen.append(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+        q = int(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"])
+        return "crash" if q == 30 else _child_output([] if q % 20 == 0 else [{"shape": [1, 1, 1], "product": "fwd",
+                                                                                   "wrong_elements": 1, "max_error": 1.0}])
+
+    cache = tmp_path / "checks.json"
+    check_quota(40, {}, fingerprint="f", cache=cache, run_child=child)  # cached before
+    quotas_seen.clear()
+    got = check_quotas([40, 50, 60, 70, 80, 30], lambda q: {"CUDA_MPS_PIPE_DIRECTORY": f"/p{q}"}, fingerprint="f",
+                       cache=cache, parallel=4, run_child=child)
+    assert sorted(quotas_seen) == ["30", "50", "60", "70", "80"] and peak[0] > 1
+    assert {q for q, v in got.items() if v.ok} == {40, 60, 80}
+    assert "did not run" in got[30].detail
+    assert known_safe("f", cache) == [40, 60, 80]
+    again = check_quotas([30, 50], lambda q: {}, fingerprint="f", cache=cache, run_child=lambda env: _child_output([]))
+    assert again[30].ok and not again[50].ok  # 30 was not cached (it did not run), 50 was
+
+
 def test_execute_refuses_an_unsafe_quota_naming_the_safe_levels(monkeypatch, tmp_path) -> None:
     import interpreter.quota_safety as qs
     from rose_cli import run

@@ -187,13 +187,16 @@ def _checked(unsafe: tuple[int, ...] = ()):
     from interpreter.quota_safety import QuotaVerdict
 
     seen: list[int] = []
+    batches: list[list[int]] = []
 
-    def check(percent: int) -> QuotaVerdict:
-        seen.append(percent)
-        bad = percent in unsafe
-        return QuotaVerdict(percent, None, not bad, 27, int(bad), "wrong" if bad else "exact", "test")
+    def check(percents: list[int]) -> dict[int, QuotaVerdict]:
+        batches.append(list(percents))
+        seen.extend(percents)
+        return {p: QuotaVerdict(p, None, p not in unsafe, 27, int(p in unsafe), "wrong" if p in unsafe else "exact", "test")
+                for p in percents}
 
     check.seen = seen  # type: ignore[attr-defined]
+    check.batches = batches  # type: ignore[attr-defined]
     return check
 
 
@@ -271,6 +274,22 @@ def test_the_time_budget_ends_the_search_with_the_best_so_far() -> None:
     assert s.order == [66, 62] and s.best == 62 and "time budget" in s.stopped
 
 
+def test_stepping_past_unusable_levels_stops_when_the_time_budget_is_spent() -> None:
+    """H200, 2026-12-02: after 94% a run of unsafe levels (88% down to 78%) was checked one by one, ~18 s
+    each, past the budget until the command's hard limit killed it without a report. Asking is budgeted."""
+    asked: list[int] = []
+    clock = {"t": 0.0}
+
+    def usable(k: int) -> bool:
+        asked.append(k)
+        clock["t"] += 18.0
+        return k <= 30
+
+    s = quota_search(66, 66, lambda k: 1.0 + 0.001 * k, rho=4, usable=usable, out_of_time=lambda: clock["t"] > 100)
+    # 62, 61, ... are unusable; after six questions (108 s) the budget is spent: no seventh, no trial
+    assert s.order == [66] and asked == [62, 61, 60, 59, 58, 57] and "time budget" in s.stopped and s.best == 66
+
+
 def test_tune_quota_never_uses_a_level_whose_gemms_are_wrong() -> None:
     """Issue 16: on the H200 cuBLAS is wrong at 78 and 92 SMs; the search must route around such levels."""
     from interpreter.quota_trials import tune_quota
@@ -291,6 +310,25 @@ def test_tune_quota_never_uses_a_level_whose_gemms_are_wrong() -> None:
     from rose_dsl.optimizer.report import quota_curve_markdown
 
     assert "not run: GEMMs are wrong" in "\n".join(quota_curve_markdown(out))
+
+
+def test_a_run_of_unsafe_levels_is_checked_in_parallel_batches() -> None:
+    """H200, 2026-12-02: below 94% nearly every level down to 50% is unsafe; checked one at a time (~18 s
+    each) they took the whole stage-2 budget. The search asks level by level; the checks go in batches of
+    the nearest unchecked levels, each level checked once."""
+    from interpreter.quota_trials import PARALLEL_CHECKS, tune_quota
+    from rose_dsl.optimizer.search import Settings
+
+    wf, result = _stage1(ROOT)
+    unsafe = tuple(range(51, 89))  # 51%..88%, as on the H200 (roughly)
+    check = _checked(unsafe=unsafe)
+    out = tune_quota(wf, result, _FakeSession(best=40), _Gpu(), Settings(), log=lambda m: None, total_sms=132, check=check)
+    assert all(len(b) <= PARALLEL_CHECKS for b in check.batches)
+    assert len(check.seen) == len(set(check.seen))  # no level checked twice
+    asked_unsafe = [p for p in out["unsafe_levels"]]
+    assert len(asked_unsafe) > PARALLEL_CHECKS and len(check.batches) <= len(asked_unsafe) // (PARALLEL_CHECKS // 2) + 2
+    assert out["best_percent"] not in unsafe and out["best_percent"] < 51
+    assert set(out["checked_levels"]) == set(check.seen)
 
 
 def test_concurrent_time_is_the_measure_of_the_intersection() -> None:
