@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rose_dsl.importcheck import DEFAULT_ALLOWED, module_allowed
@@ -77,12 +77,15 @@ def instantiate(wf: Workflow, allowed: Iterable[str] = DEFAULT_ALLOWED, device: 
     return {name: construct(c, wf.seed, device, allowed) for name, c in wf.components.items()}
 
 
-def invoke(obj: Any, node: ExecutionNode, inputs: Mapping[str, Any], where: str = "") -> dict[str, Any]:
-    """Call `node.method` on `obj` and check the result against the node's declared outputs."""
+def invoke(obj: Any, node: ExecutionNode, inputs: Mapping[str, Any], where: str | Callable[[], str] = "") -> dict[str, Any]:
+    """Call `node.method` on `obj` and check the result against the node's declared outputs. `where`
+    names the invocation in messages (or builds that name: only a failing call needs it)."""
+    def label() -> str:
+        return (where() if callable(where) else where) or ".".join(node.path)
+
     method = getattr(obj, node.method, None)
-    label = where or ".".join(node.path)
     if method is None or not callable(method):
-        raise ComponentError(f"{label}: component '{node.component}' has no method '{node.method}'")
+        raise ComponentError(f"{label()}: component '{node.component}' has no method '{node.method}'")
     kwargs = dict(inputs)
     if node.rows is not None:
         kwargs["rows"] = slice(*node.rows)
@@ -93,11 +96,11 @@ def invoke(obj: Any, node: ExecutionNode, inputs: Mapping[str, Any], where: str 
     if len(outs) == 1 and not (isinstance(result, Mapping) and set(result) == {outs[0]}):
         return {outs[0]: result}
     if not isinstance(result, Mapping):
-        raise ComponentError(f"{label}: {node.call} returned {type(result).__name__}; expected a dict with "
+        raise ComponentError(f"{label()}: {node.call} returned {type(result).__name__}; expected a dict with "
                              f"{', '.join(outs)}")
     missing = [o for o in outs if o not in result]
     if missing:
-        raise ComponentError(f"{label}: {node.call} did not return {', '.join(missing)} (returned {', '.join(map(str, result))})")
+        raise ComponentError(f"{label()}: {node.call} did not return {', '.join(missing)} (returned {', '.join(map(str, result))})")
     return {o: result[o] for o in outs}
 
 

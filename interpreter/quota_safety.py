@@ -10,8 +10,9 @@ the garbage. It is a library fault rose cannot repair, so rose does the narrowes
 GPU component runs under a quota below 100%, a fresh MPS client at that quota computes the GEMM shapes
 of the models' transformer layers, and whole blocks forward and backward (SDPA, LayerNorm, GELU), in bf16
 and compares every output element with a float32 CPU reference, with the allocator poisoned (NaN) so an
-unwritten output element is caught too. Not proven complete: at 20% (26 SMs) the GEMM list passed where
-the real first PPO update was NaN; the block cases were added after and are not yet run on the H200. A quota that fails is
+unwritten output element is caught too. Not proven complete: at 20% (26 SMs) every product passes --
+the GEMM list and, on the H200 on 2026-12-02, the block cases too (benchmarks/results/
+quota_safety_levels_blocks.json) -- where the real first PPO update was NaN. A quota that fails is
 refused (`rose execute` exits 2 naming the quota and the levels found safe) and the optimizer's quota
 search only considers levels that pass. Verdicts are cached per GPU, driver, torch/CUDA and quota (a
 check costs one CUDA start, ~10 s).
@@ -44,8 +45,8 @@ CHECK_SHAPES: tuple[tuple[int, int, int], ...] = tuple(
 # (rows, tokens, hidden, heads): whole transformer blocks, forward and backward, for what the GEMM list
 # cannot show -- SDPA, LayerNorm and GELU kernels and their backward reductions, at the sequence shapes of
 # the models: the PPO update's prefix (1600 rows x 4 tokens, embodied_ppo_gpu), a 64-token block, and the
-# paper-shaped VLA's 256-token prefix at hidden 1024. The GEMM list passed at 20% (26 SMs), where the real
-# first PPO update was NaN; which kernel failed there is not known.
+# paper-shaped VLA's 256-token prefix at hidden 1024. Both lists pass at 20% (26 SMs; H200, 2026-12-02),
+# where the real first PPO update was NaN: which kernel failed there is not known.
 BLOCK_CASES: tuple[tuple[int, int, int, int], ...] = ((1600, 4, 512, 8), (64, 64, 512, 8), (16, 256, 1024, 16))
 _WRONG = 0.05  # an element off by more than this fraction of the reference's largest magnitude is wrong
 # A block's output and gradients pass through several bf16 roundings: in bf16 on the CPU each stays within

@@ -20,7 +20,7 @@ from typing import Any
 from rose_dsl.ir import Component, ExecutionNode
 
 from .components import ComponentError, check_batch, construct, get_state, invoke, set_state
-from .recipe import evaluate, resolve_k
+from .recipe import IterVar, Leaf, evaluate, resolve_k
 from .trace import InvocationRecord
 
 __all__ = ["ComponentWorker", "CallFailed", "replica_name", "group_of"]
@@ -83,9 +83,15 @@ def _torch() -> Any:
     return sys.modules.get("torch")
 
 
+_CUDA_SEEN = False  # CUDA, once initialised in a process, stays initialised: asked once per call otherwise
+
+
 def _cuda_initialized() -> bool:
-    torch = _torch()
-    return torch is not None and torch.cuda.is_initialized()
+    global _CUDA_SEEN
+    if not _CUDA_SEEN:
+        torch = _torch()
+        _CUDA_SEEN = torch is not None and torch.cuda.is_initialized()
+    return _CUDA_SEEN
 
 
 @dataclass(frozen=True)
@@ -116,7 +122,7 @@ class ComponentWorker:
         self._k = 0  # the RL iteration being executed (compiled graphs pass it to the first call only)
         self.retried: list[str] = []  # what was retried (reported with the metrics)
         # the call running now: (node info, indices, label, start ns), read by `overdue`
-        self.current: tuple[_NodeInfo, tuple[int, ...], str, int] | None = None
+        self.current: tuple[_NodeInfo, tuple[int, ...], str | None, int] | None = None
         self._stack_file = None
         if os.environ.get("ROSE_STACK_DIR"):  # a process of its own (Ray): dump stacks on SIGUSR1
             import faulthandler
@@ -170,7 +176,7 @@ class ComponentWorker:
         else:
             self._k = k
         info = self.nodes[path]
-        concrete = tuple(i if type(i) is int else resolve_k(i, k) for i in indices)
+        concrete = tuple(i if type(i) is int else k if type(i) is IterVar else resolve_k(i, k) for i in indices)
         leaves = [producers[n] if p < 0 else producers[n][p] for n, p in ports]
         values = self.call(info, None, concrete, recipe, leaves, k)
         return values[0] if len(values) == 1 else values
@@ -182,31 +188,32 @@ class ComponentWorker:
         when not given."""
         node = info.node
         start = time.perf_counter_ns()
-        if label is None:
-            label = info.label(indices)
-        self.current = (info, indices, label, start)
+        self.current = (info, indices, label, start)  # the label is built when a message needs it (~1 µs a call)
         try:
-            inputs = {port: evaluate(r, leaves, None, k) for port, r in recipe}
+            inputs = {port: leaves[r.index] if type(r) is Leaf else evaluate(r, leaves, None, k) for port, r in recipe}
             attempt = 0
             while True:
                 try:
-                    outs = invoke(self.obj, node, inputs, label)
+                    outs = invoke(self.obj, node, inputs, label or (lambda: info.label(indices)))
                     break
                 except Exception as exc:  # noqa: BLE001 - retried only where the workflow allows it, else re-raised
                     attempt += 1
                     if not node.idempotent or attempt > self.retries or is_fatal_gpu_error(exc):
                         raise
+                    label = label or info.label(indices)
                     self.retried.append(f"{label}: attempt {attempt} failed "
                                         f"({type(exc).__name__}: {exc}); retrying")
                     time.sleep(min(2.0, 0.05 * 2**attempt))
             if node.batch is not None:
-                check_batch(node, outs, label)
+                check_batch(node, outs, label or info.label(indices))
             device_end = self._wait_device(outs)
         except ComponentError as exc:
+            label = label or info.label(indices)
             self._record(info, indices, start, time.perf_counter_ns(), None, str(exc))
             # the contract checks name the invocation too; CallFailed names it once
             raise CallFailed(label, self.name, str(exc).removeprefix(f"{label}: ")) from None
         except Exception as exc:  # noqa: BLE001 - reported with the node path, not swallowed
+            label = label or info.label(indices)
             self._record(info, indices, start, time.perf_counter_ns(), None, repr(exc))
             raise CallFailed(label, self.process, f"{type(exc).__name__}: {exc}",
                              traceback.format_exc(limit=8), gpu_fatal=is_fatal_gpu_error(exc)) from None
@@ -227,7 +234,7 @@ class ComponentWorker:
         timeout = info.node.timeout_s
         if not timeout or time.perf_counter_ns() - start <= timeout * 1e9:
             return None
-        return (label, timeout)
+        return (label or info.label(indices), timeout)
 
     def _wait_device(self, outs: dict[str, Any]) -> int | None:
         """Block until the device work behind the outputs is done; return the host time it was.
