@@ -300,7 +300,7 @@ class TrialSession:
         self.limit = wf.root.count
         self.started = time.perf_counter()
         self.books: dict[str, float] = {"complete_iterations": 0, "complete_s": 0.0, "local_runs": 0, "local_s": 0.0,
-                                        "captures": 0, "capture_s": 0.0, "snapshot_s": 0.0, "quota_trials": 0,
+                                        "local_abandoned": 0, "captures": 0, "capture_s": 0.0, "snapshot_s": 0.0, "quota_trials": 0,
                                         "quota_s": 0.0}
         self.retained: list[dict[str, Any]] = []  # one line per training iteration (metrics.jsonl)
         self._proven: set[int] = set()  # plans (by id) that completed an iteration
@@ -480,7 +480,8 @@ class TrialSession:
         return captured
 
     # -- local trials (not training) --------------------------------------------------------------
-    def local(self, graphs: Sequence[LocalGraph], repeats: int, captured: Mapping[int, Any], probe_id: int) -> list[list[IterationRun]]:
+    def local(self, graphs: Sequence[LocalGraph], repeats: int, captured: Mapping[int, Any], probe_id: int,
+              abandon_above: float | None = None) -> list[list[IterationRun]]:
         t = time.perf_counter()
         self.executor.set_states(FEED, {"values": captured.get(probe_id, {})})
         writes = sorted({c for g in graphs for c in g.writes})
@@ -493,8 +494,9 @@ class TrialSession:
             [(r, i) for r in range(-1, repeats) for i in range(len(graphs))]
         self.last_failures = {}
         try:
+            abandoned: set[int] = set()
             for r, i in order:
-                if i in self.last_failures:
+                if i in self.last_failures or i in abandoned:
                     continue
                 for c, s in snap.items():
                     self.executor.set_states(c, s)
@@ -510,6 +512,10 @@ class TrialSession:
                 self.books["local_runs"] += 1
                 if r >= 0:
                     out[i].append(IterationRun(seconds, self._calls(graphs[i].workflow, records), t0, t1))
+                    if (r == 0 and i > 0 and abandon_above is not None and out[0]
+                            and seconds > abandon_above * out[0][0].seconds):
+                        abandoned.add(i)  # clearly slower: its other repeats would only cost time
+                        self.books["local_abandoned"] += repeats - 1
         finally:
             for c, s in snap.items():
                 self.executor.set_states(c, s)

@@ -83,7 +83,9 @@ def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: f
     trials = {"complete": {"count": int(books.get("complete_iterations", 0)), "seconds": books.get("complete_s", 0.0),
                            "note": "real training iterations (retained)"},
               "local": {"count": int(books.get("local_runs", 0)), "seconds": books.get("local_s", 0.0),
-                        "note": "comparison graphs on state snapshots (not training)"},
+                        "abandoned": int(books.get("local_abandoned", 0)),
+                        "note": "comparison graphs on state snapshots (not training); abandoned: repeats "
+                                "not run because the first run was clearly slower"},
               "captures": {"count": int(books.get("captures", 0)), "seconds": books.get("capture_s", 0.0)},
               "quota": {"count": int(books.get("quota_trials", 0)), "seconds": books.get("quota_s", 0.0)},
               "setup": {"count": int(books.get("plan_loads", 0)),

@@ -79,8 +79,11 @@ class Measurer(Protocol):
     def capture(self, probe_wf: Workflow) -> Any:
         """One real iteration of a probe workflow; the captured values per probe id (opaque)."""
 
-    def local(self, graphs: Sequence[LocalGraph], repeats: int, captured: Any, probe_id: int) -> list[list[IterationRun]]:
-        """Interleaved runs of local graphs on the captured inputs, state restored before each."""
+    def local(self, graphs: Sequence[LocalGraph], repeats: int, captured: Any, probe_id: int,
+              abandon_above: float | None = None) -> list[list[IterationRun]]:
+        """Interleaved runs of local graphs on the captured inputs, state restored before each. A graph
+        whose first timed run took more than `abandon_above` x the first timed run of graphs[0] (the
+        unchanged comparison graph) gets no further runs: its list is shorter than `repeats`."""
 
     def elapsed(self) -> float: ...
 
@@ -114,6 +117,11 @@ class Settings:
     # a further calibration split (another family's k = 2), after the first one taught the model: measured
     # unless predicted slower than (1 + calibration_band) x the unchanged comparison graph
     calibration_band: float = 0.25
+    # a local trial stops repeating an alternative whose first run took more than this many times the
+    # unchanged graph's first run: ±15% run-to-run noise cannot make a candidate that slow a win, and on
+    # the H200 (2026-12-01) spatial splits ran 1.7-2x the unchanged graph three times each -- most of the
+    # local-trial seconds of that run. None: every alternative gets all its repeats.
+    abandon_factor: float | None = 1.3
 
 
 @dataclass
@@ -408,7 +416,7 @@ class _Search:
             self.log(f"  {t.node.removeprefix('iteration.')}: local trials of {len(batch)} alternative(s) on "
                      f"{'.'.join(c0.region[1:])} (x{self.s.local_repeats})")
             graphs = [c0] + [graph_of[id(m)] for m in batch]
-            runs = self.m.local(graphs, self.s.local_repeats, captured, probe_id)
+            runs = self.m.local(graphs, self.s.local_repeats, captured, probe_id, self.s.abandon_factor)
             failed = dict(self.m.last_failures)
             if 0 in failed or not runs[0]:
                 t.local_note = f"the unchanged comparison graph failed: {failed.get(0, 'no run completed')}"
@@ -424,6 +432,10 @@ class _Search:
                     continue
                 m.summary = summarize([r.seconds for r in rs])
                 m.status = "measured"
+                if len(rs) < self.s.local_repeats and runs[0]:
+                    m.reason = (f"abandoned after {len(rs)} of {self.s.local_repeats} runs: "
+                                f"{rs[0].seconds / runs[0][0].seconds:.2f}x the unchanged graph's first run "
+                                f"(the limit is {self.s.abandon_factor}x)")
                 self.calibrated = self.calibrated or m.groups is not None
                 pred = self.model.predict(graph_of[id(m)].workflow)
                 if pred.seconds is not None and p0.seconds:

@@ -91,12 +91,18 @@ class FakeMeasurer:
         self._step(probe_wf)
         return {}
 
-    def local(self, graphs: Sequence[LocalGraph], repeats: int, captured: Any, probe_id: int) -> list[list[IterationRun]]:
+    def local(self, graphs: Sequence[LocalGraph], repeats: int, captured: Any, probe_id: int,
+              abandon_above: float | None = None) -> list[list[IterationRun]]:
         out: list[list[IterationRun]] = [[] for _ in graphs]
-        for _ in range(repeats):
+        abandoned: set[int] = set()
+        for r in range(repeats):
             for i, g in enumerate(graphs):
+                if i in abandoned:
+                    continue
                 self.log.append(("local", ".".join(g.region)))
                 out[i].append(self._run(g.workflow, 0))
+                if r == 0 and i > 0 and abandon_above is not None and out[i][0].seconds > abandon_above * out[0][0].seconds:
+                    abandoned.add(i)
         return out
 
 

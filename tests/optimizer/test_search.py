@@ -79,6 +79,23 @@ def test_a_calibration_that_shows_splits_are_slow_spares_the_other_families(wf) 
                 and m.label in {x.label for x in skipped}]
 
 
+def test_a_clearly_slower_alternative_is_abandoned_after_its_first_local_run(wf) -> None:
+    """Local trials stop repeating an alternative whose first run is more than abandon_factor x the
+    unchanged graph's: fewer local runs, the same plan, and the report says why it has one sample."""
+    SLOW = GroundTruth(fixed={"sim": 0.02, "policy": 0.02, "trainer": 0.02},  # fixed costs: splits are 2x+ slower
+                       per_row={"sim": 0.00001, "policy": 0.00001}, activity={"sim": 0.05, "policy": 0.05})
+    full = FakeMeasurer(SLOW)
+    kept = optimize_graph(wf, full, Settings(abandon_factor=None), **QUIET)
+    short = FakeMeasurer(SLOW)
+    cut = optimize_graph(wf, short, Settings(), **QUIET)
+    assert cut.requests == kept.requests
+    local_runs = lambda m: sum(1 for entry in m.log if entry[0] == "local")  # noqa: E731
+    assert local_runs(short) < local_runs(full)
+    abandoned = [m for r in cut.rounds for t in r.targets for m in t.alternatives if "abandoned" in m.reason]
+    assert abandoned and all(m.summary is not None and m.summary.n == 1 and not m.significant for m in abandoned)
+    assert all("x the unchanged graph's first run" in m.reason for m in abandoned)
+
+
 def test_a_slower_combination_is_rejected_on_complete_iterations(wf) -> None:
     """Local trials can mislead (here: a contention the local graph does not show). Validation on
     complete iterations catches it."""

@@ -86,6 +86,23 @@ def test_local_trials_leave_training_state_as_it_was(session) -> None:
     assert not _same(before["sim"], s.executor.get_states("sim"))
 
 
+def test_a_local_trial_abandons_a_graph_whose_first_run_is_clearly_slower(session) -> None:
+    """abandon_above: a graph slower than that many times the unchanged graph's first timed run gets no
+    more repeats (the unchanged graph itself always gets all of them); the state is restored as ever."""
+    wf, s = session
+    s.complete([wf], 1)
+    plan = apply_request(wf, "split epoch.step 2").workflow
+    region = ("iteration", "epoch")
+    c0, (c1,) = local_graphs(wf, [plan], region, 1, "interpreter.trials:Feed")
+    captured = s.capture(probe_workflow(wf, [Probe(1, region, c0.externals)], "interpreter.trials:Probe"))
+    before = {c: s.executor.get_states(c) for c in wf.components}
+    runs = s.local([c0, c1], 3, captured, 1, abandon_above=1e-9)  # every run is "clearly slower"
+    assert [len(r) for r in runs] == [3, 1] and s.books["local_abandoned"] == 2
+    assert _same(before, {c: s.executor.get_states(c) for c in wf.components})
+    runs = s.local([c0, c1], 3, captured, 1, abandon_above=1e9)  # none is
+    assert [len(r) for r in runs] == [3, 3] and s.books["local_abandoned"] == 2
+
+
 def test_plans_with_copies_share_the_workers_and_fold_their_metrics(session) -> None:
     wf, s = session
     temporal = apply_request(wf, "split-time epoch 2").workflow
