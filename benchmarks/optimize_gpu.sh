@@ -9,7 +9,8 @@
 # Usage (repository root; Ray from the bundle, see DEVELOPERS.md "The GPU machine"):
 #   WORKFLOW=workflows/paper_mjx_vla.yaml SETS="--set iterations=100" BUDGET=300 bash benchmarks/optimize_gpu.sh
 # BUDGET is --budget-s for both stages (stage 1 gets about two thirds); ROUNDS (default 1) stage-1 rounds;
-# EXTRA more options (e.g. "--no-compiled", "--no-quota"); LIMIT a hard timeout for the whole command;
+# EXTRA more options (e.g. "--no-compiled", "--no-quota"); LIMIT a timeout for the whole command (SIGTERM, then
+# SIGKILL GRACE s later: keep LIMIT + GRACE under the device call's own limit);
 # TRUST the --allow-* options the workflow's processes need (default for MJX workflows: their import path
 # and JAX cache variable).
 #   SMOKE=1 bash benchmarks/optimize_gpu.sh          # CPU check of this script: local backend, latency workflow
@@ -47,7 +48,9 @@ else
 fi
 rm -rf /tmp/rose-optimize-run
 # shellcheck disable=SC2086 # SETS holds several --set options
-timeout "$LIMIT" python3 -m rose_cli optimize "$WORKFLOW" $SETS -o "$WORK/plan.yaml" --report "$WORK/report" \
+# SIGTERM at LIMIT: rose optimize stops at its next decision point and writes the plan and the report of
+# what it measured (exit 130); SIGKILL GRACE seconds later if winding down takes longer
+timeout -k "${GRACE:-60}" "$LIMIT" python3 -m rose_cli optimize "$WORKFLOW" $SETS -o "$WORK/plan.yaml" --report "$WORK/report" \
   --out /tmp/rose-optimize-run --backend "$BACKEND" --budget-s "$BUDGET" --rounds "${ROUNDS:-1}" ${TRUST:-} ${EXTRA:-} \
   > "$WORK/optimize.log" 2>&1
 CODE=$?

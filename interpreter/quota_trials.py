@@ -48,7 +48,8 @@ def _region(plan: Workflow, pair: BranchPair) -> tuple[str, ...]:
 
 def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any, log: Callable[[str], None],
                total_sms: int | None = None, repeats: int = 3, deadline: float | None = None,
-               check: Callable[[list[int]], dict[int, QuotaVerdict]] | None = None) -> dict[str, Any]:
+               check: Callable[[list[int]], dict[int, QuotaVerdict]] | None = None,
+               stop: Callable[[], str | None] | None = None) -> dict[str, Any]:
     """Algorithm 2 for the stage-1 plan `result.plan`; returns the report's stage-2 section, with
     `quotas` and `plan` when a quota is kept. `deadline` (a `time.perf_counter()` value) ends the search
     early with the best level measured so far (leaving time for the validation). `check(percents)` says for
@@ -139,6 +140,8 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     cost = {"restart": 0.0}
 
     def out_of_time() -> bool:
+        if stop is not None and stop():
+            return True
         return deadline is not None and time.perf_counter() + 3 * (per_block * iteration_s + cost["restart"]) > deadline
 
     search = quota_search(len(levels), k0, measure, rho=rho, max_trials=MAX_TRIALS + bool(reused),
@@ -158,6 +161,15 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         "curve": curve, "unsafe_levels": unsafe,
         "checked_levels": {p: {"sms": v.sm_count, "safe": v.ok} for p, v in sorted(checked.items())}, "trials": search.trials - bool(reused), "search_stopped": search.stopped, "best_percent": best_percent,
     }
+    reason = stop() if stop is not None else None
+    if reason:
+        out["search_stopped"] = reason
+    if reason and best_percent != q0:  # stopped: an unvalidated level is not kept
+        use(q0)
+        out["summary"] = (f"stopped before validating {pair.target} at {best_percent}% ({reason}): kept {q0}% "
+                          f"({out['trials']} trials)")
+        out["trial_seconds"] = time.perf_counter() - started
+        return out
     if best_percent == q0:
         use(q0)
         out["summary"] = f"kept {pair.target} at {q0}%: no other level was faster locally ({out['trials']} trials)"

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import os
 import platform
+import signal
 import sys
+import threading
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
@@ -154,8 +156,11 @@ def optimize_workflow(wf: Workflow, opts: OptimizeOptions, run: Any, out: Consol
         ctx.err.print(f"error: {exc}; raise --budget-s or the workflow's iteration count", markup=False)
 
     # (a candidate plan that fails loses its trial, not the run: only the declared workflow's failures end it)
+    def stopped(exc: BaseException, ctx: RunContext) -> None:
+        ctx.err.print(f"interrupted: {exc}", markup=False)
+
     return guarded(lambda teardown, ctx: _run(wf, opts, teardown, ctx, out), run, err,
-                   ((OutOfBudget, ExitCode.INVALID, budget),))
+                   ((OutOfBudget, ExitCode.INVALID, budget), (Stopped, ExitCode.INTERRUPTED, stopped)))
 
 
 # --- before anything starts ------------------------------------------------------------------------
@@ -202,9 +207,54 @@ def _copies(wf: Workflow, backend: str, given: Workflow | None) -> dict[str, Any
 
 
 # --- the run ---------------------------------------------------------------------------------------------
+class Stopped(Exception):
+    """`rose optimize` was stopped by a signal and wrote what it had measured (exit 130)."""
+
+
+class GracefulStop:
+    """The first SIGINT or SIGTERM (Ctrl-C, `timeout`, a scheduler's pre-emption) asks the optimizer to
+    stop at its next decision point as a spent budget would: the measurement in progress ends, no new
+    one starts, and the plan, the report and the checkpoint are written with what was measured. A second
+    signal, a second or more later, stops at once (KeyboardInterrupt: the usual teardown, nothing written). Calling the object
+    gives the reason to stop, or None. Why: on the H200 a `timeout` twice killed a run minutes into its
+    measurements and nothing of them was left."""
+
+    def __init__(self, log: Any) -> None:
+        self.log = log
+        self.reason: str | None = None
+        self._first = 0.0
+        self._previous: dict[int, Any] = {}
+
+    def __call__(self) -> str | None:
+        return self.reason
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        now = time.monotonic()
+        if self.reason is not None:
+            # coreutils `timeout` signals the command and then its whole process group: one request
+            # arrives twice within microseconds, so a repeat within a second is the same request
+            if now - self._first > 1.0:
+                raise KeyboardInterrupt
+            return
+        self._first = now
+        self.reason = f"stopped by {signal.Signals(signum).name}"
+        self.log(f"{self.reason}: ending the measurement in progress, then writing the plan and the report "
+                 f"(send it again to stop at once)")
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
 def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunContext, out: Console) -> None:
     from rose_dsl.optimizer.report import write_report
-    from rose_dsl.optimizer.search import Settings, given_plan, optimize_graph
+    from rose_dsl.optimizer.search import OutOfBudget, Settings, given_plan, optimize_graph
 
     from .run import gpu_session, prepare, progress_log, start_trial_session
 
@@ -222,12 +272,18 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
     deadline = None if opts.budget_s is None else started + opts.budget_s
     with progress_log(out, run.quiet) as log:
         session = start_trial_session(wf, run, gpu, ctx, teardown, _copies(wf, run.backend, opts.stage1), log)
-        if opts.stage1 is not None:
-            requests = [str(r) for r in (opts.stage1.plan or {}).get("rewrites") or []]
-            result = given_plan(wf, opts.stage1, requests, session, settings, log)
-        else:
-            result = optimize_graph(wf, session, settings, log)
-        stage2 = _stage2(wf, result, session, gpu, opts.quota, run.backend, settings, log, deadline)
+        stop = teardown.enter_context(GracefulStop(log))  # after Ray's start: its handlers are replaced
+        try:
+            if opts.stage1 is not None:
+                requests = [str(r) for r in (opts.stage1.plan or {}).get("rewrites") or []]
+                result = given_plan(wf, opts.stage1, requests, session, settings, log)
+            else:
+                result = optimize_graph(wf, session, settings, log, stop)
+        except OutOfBudget:
+            if stop():  # stopped before the reference was measured: nothing to write
+                raise KeyboardInterrupt from None
+            raise
+        stage2 = _stage2(wf, result, session, gpu, opts.quota, run.backend, settings, log, deadline, stop)
         plan = stage2.pop("plan", None) or result.plan
         _write_plan(plan, opts.output, opts.file, result, stage2)
         # the graph of stage 1 alone (the paper table's `stage1` / `stage1_mps` rows)
@@ -235,9 +291,13 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
         ckpt = session.finish(opts.output.name)
     run_dir = run.out_dir if ckpt else None
     doc = _report_doc(wf, result, session, time.perf_counter() - started, opts, run_dir, settings, run.backend, stage2)
+    if stop():
+        doc["interrupted"] = stop()  # the signal that ended the run early (what was measured is all here)
     panels = [("declared", _typical(result.baseline_runs)), ("plan", _typical(result.final_runs))]
     write_report(doc, opts.report_dir, [p for p in panels if p[1] is not None])
     _summary(out, doc, opts, run_dir)
+    if stop():
+        raise Stopped(f"{stop()}: the plan and {opts.report_dir / 'report.md'} hold what was measured before it")
 
 
 def _typical(runs: list[Any]) -> Any:
@@ -249,7 +309,7 @@ def _typical(runs: list[Any]) -> Any:
 
 
 def _stage2(wf: Workflow, result: Any, session: Any, gpu: Gpu, quota: bool, backend: str, settings: Any,
-            log: Any, deadline: float | None) -> dict[str, Any]:
+            log: Any, deadline: float | None, stop: Any = None) -> dict[str, Any]:
     if not quota:
         return {"skipped": "--no-quota"}
     if not any(c.device == "gpu" for c in wf.components.values()):
@@ -260,9 +320,11 @@ def _stage2(wf: Workflow, result: Any, session: Any, gpu: Gpu, quota: bool, back
         return {"skipped": "MPS is not active here (see the warning above), so quotas cannot bind"}
     from interpreter.quota_trials import tune_quota
 
+    if stop is not None and stop():
+        return {"skipped": stop()}
     if deadline is not None and time.perf_counter() > deadline:
         return {"skipped": "the time budget (--budget-s) was spent by stage 1"}
-    return tune_quota(wf, result, session, gpu, settings, log, deadline=deadline)
+    return tune_quota(wf, result, session, gpu, settings, log, deadline=deadline, stop=stop)
 
 
 def _write_plan(plan: Workflow, output: Path, file: Path, result: Any, stage2: dict[str, Any]) -> None:

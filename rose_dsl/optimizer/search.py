@@ -35,7 +35,7 @@ from .regions import (
 )
 
 __all__ = ["Settings", "Measurer", "Measured", "TargetRecord", "RoundRecord", "Stage1Result", "optimize_graph",
-           "OutOfBudget", "DEVIATIONS", "given_plan"]
+           "OutOfBudget", "DEVIATIONS", "given_plan", "Stop"]
 
 FEED_IMPL = "interpreter.trials:Feed"
 PROBE_IMPL = "interpreter.trials:Probe"
@@ -194,9 +194,13 @@ class Stage1Result:
 Log = Callable[[str], None]
 
 
+Stop = Callable[[], str | None]  # why the search must end now (a signal, say), or None to go on
+
+
 class _Search:
-    def __init__(self, wf: Workflow, measurer: Measurer, settings: Settings, log: Log) -> None:
+    def __init__(self, wf: Workflow, measurer: Measurer, settings: Settings, log: Log, stop: Stop | None = None) -> None:
         self.wf, self.m, self.s, self.log = wf, measurer, settings, log
+        self.stop = stop
         self.model = CostModel()
         fits = memory_estimate(measurer.component_bytes, measurer.memory_limits, wf.components)
         placement = getattr(measurer, "placement", None)
@@ -210,6 +214,9 @@ class _Search:
 
     # -- helpers ----------------------------------------------------------------------------------
     def budget(self) -> None:
+        reason = self.stop() if self.stop is not None else None
+        if reason:
+            raise OutOfBudget(reason)
         if self.s.budget_s is not None and self.m.elapsed() > self.s.budget_s:
             raise OutOfBudget(f"the time budget of {self.s.budget_s:.0f} s is spent")
 
@@ -562,10 +569,13 @@ class _Search:
         return rec, None, (), []
 
 
-def optimize_graph(wf: Workflow, measurer: Measurer, settings: Settings | None = None, log: Log = print) -> Stage1Result:
-    """Algorithm 1 on `wf`: returns the selected plan and everything measured on the way."""
+def optimize_graph(wf: Workflow, measurer: Measurer, settings: Settings | None = None, log: Log = print,
+                   stop: Stop | None = None) -> Stage1Result:
+    """Algorithm 1 on `wf`: returns the selected plan and everything measured on the way. `stop()`, asked
+    wherever the time budget is, ends the search early as a spent budget does (and skips the final
+    before/after): what was decided so far is the result."""
     s = settings or Settings()
-    search = _Search(wf, measurer, s, log)
+    search = _Search(wf, measurer, s, log, stop)
     g: Workflow = wf
     requests: tuple[str, ...] = ()
     rounds: list[RoundRecord] = []
@@ -592,7 +602,10 @@ def optimize_graph(wf: Workflow, measurer: Measurer, settings: Settings | None =
         stopped, cut_short = str(exc), True
         log(f"stopping: {stopped}")
     final_runs = list(runs)
-    if requests and s.final_rounds:
+    stop_reason = stop() if stop is not None else None
+    if stop_reason and requests:
+        log(f"no before/after comparison: {stop_reason}")
+    elif requests and s.final_rounds:
         # before / after, interleaved: the figures the report leads with
         try:
             log(f"before/after: {s.final_rounds} complete iterations each of the declared graph and the plan")

@@ -202,3 +202,47 @@ def test_stage1_given_skips_the_search_and_measures_the_plan(tmp_path: Path) -> 
     r = rose("optimize", str(WF / "latency_interaction.yaml"), "--set", "iterations=40", "--stage1", str(given),
              "-o", str(tmp_path / "other.yaml"), "-q")
     assert r.returncode == 2 and "does not compute what" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_sigterm_stops_the_search_and_still_writes_the_plan_and_report(tmp_path: Path) -> None:
+    """`timeout` or a scheduler sends SIGTERM: the search ends at its next decision point, as a spent
+    budget would, writes the plan and the report of what it measured and exits 130 (H200, 2026-12-02:
+    a killed run had left nothing of several minutes of measurements)."""
+    import signal
+    import threading
+    import time
+
+    plan = tmp_path / "plan.yaml"
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.Popen([sys.executable, "-m", "rose_cli", "optimize", str(WF / "latency_interaction.yaml"),
+                          "--set", "iterations=400", "--set", "per_row_ms=0.2", "--set", "fixed_ms=0.5",
+                          "-o", str(plan)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    signalled = threading.Event()
+
+    def read() -> None:
+        assert p.stdout is not None
+        for line in p.stdout:
+            lines.append(line)
+            if "local trials" in line and not signalled.is_set():
+                signalled.set()
+                p.send_signal(signal.SIGTERM)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    t0 = time.monotonic()
+    try:
+        code = p.wait(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    reader.join(10)
+    err = p.stderr.read() if p.stderr else ""
+    out = "".join(lines)
+    assert signalled.is_set(), out[-2000:] + err[-2000:]
+    assert code == 130, out[-2000:] + err[-2000:]
+    assert "stopped by SIGTERM" in out and "interrupted: stopped by SIGTERM" in err
+    report = json.loads((tmp_path / "plan_report" / "report.json").read_text())
+    assert report["cut_short"] and "SIGTERM" in report["stopped"] and report["interrupted"] == "stopped by SIGTERM"
+    assert rose("validate", str(plan)).returncode == 0
+    assert time.monotonic() - t0 < 240

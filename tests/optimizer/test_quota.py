@@ -349,3 +349,24 @@ def test_concurrent_time_is_the_measure_of_the_intersection() -> None:
         assert concurrent_ns(mx, my) == sum(covered(x, t) and covered(y, t) for t in range(41))
 
     check()
+
+
+def test_a_stop_request_ends_the_quota_search_and_keeps_the_unvalidated_level_out() -> None:
+    """A signal during stage 2 (`rose optimize`'s GracefulStop): no new trial starts, and a level that was
+    faster locally but not validated on complete iterations is not kept."""
+    from interpreter.quota_trials import tune_quota
+    from rose_dsl.optimizer.search import Settings
+
+    wf, result = _stage1(ROOT)
+    session = _FakeSession(best=80)
+    asked = {"n": 0}
+
+    def stop() -> str | None:
+        asked["n"] += 1
+        return "stopped by SIGTERM" if session.books["quota_trials"] >= 2 else None
+
+    out = tune_quota(wf, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132, check=_checked(),
+                     stop=stop)
+    assert out["trials"] == 2 and asked["n"] > 0
+    assert out["search_stopped"] == "stopped by SIGTERM" and "validation" not in out and "quotas" not in out
+    assert "stopped before validating" in out["summary"] and session.executor.quota["trainer"] == 100
