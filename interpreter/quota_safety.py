@@ -10,9 +10,11 @@ the garbage. It is a library fault rose cannot repair, so rose does the narrowes
 GPU component runs under a quota below 100%, a fresh MPS client at that quota computes the GEMM shapes
 of the models' transformer layers, and whole blocks forward and backward (SDPA, LayerNorm, GELU), in bf16
 and compares every output element with a float32 CPU reference, with the allocator poisoned (NaN) so an
-unwritten output element is caught too. Not proven complete: at 20% (26 SMs) every product passes --
-the GEMM list and, on the H200 on 2026-12-02, the block cases too (benchmarks/results/
-quota_safety_levels_blocks.json) -- where the real first PPO update was NaN. A quota that fails is
+unwritten output element is caught too. At 20% (26 SMs) every GEMM and block case passed (H200,
+2026-12-02, benchmarks/results/quota_safety_levels_blocks.json) where the real first PPO update was NaN;
+the replay recorded why (quota_nan/before_fix.json): the first non-finite value there came out of a Linear
+applied to ONE vector (the time-embedding MLP), a matrix-vector product, so the check now runs those too
+(VECTOR_SHAPES) -- whether that makes it refuse 20% is not yet measured on the H200. A quota that fails is
 refused (`rose execute` exits 2 naming the quota and the levels found safe) and the optimizer's quota
 search only considers levels that pass. Verdicts are cached per GPU, driver, torch/CUDA and quota (a
 check costs one CUDA start, ~10 s).
@@ -29,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["QuotaVerdict", "UnsafeQuota", "check_quota", "check_quotas", "gemm_errors", "block_errors", "BLOCK_CASES", "known_safe", "machine_fingerprint", "CHECK_SHAPES"]
+__all__ = ["QuotaVerdict", "UnsafeQuota", "check_quota", "check_quotas", "gemm_errors", "block_errors", "BLOCK_CASES", "VECTOR_SHAPES", "vector_errors", "known_safe", "machine_fingerprint", "CHECK_SHAPES"]
 
 # (rows, in, out): the Linear layers of examples/embodied/model.py's transformer blocks -- q (d->d), kv
 # (d->2d), out (d->d), MLP (d->4d->d) -- at hidden 512 (embodied_ppo_gpu) over the row counts of its PPO
@@ -48,6 +50,14 @@ CHECK_SHAPES: tuple[tuple[int, int, int], ...] = tuple(
 # paper-shaped VLA's 256-token prefix at hidden 1024. Both lists pass at 20% (26 SMs; H200, 2026-12-02),
 # where the real first PPO update was NaN: which kernel failed there is not known.
 BLOCK_CASES: tuple[tuple[int, int, int, int], ...] = ((1600, 4, 512, 8), (64, 64, 512, 8), (16, 256, 1024, 16))
+# (in, out): Linear layers applied to ONE vector, no batch dimension -- the flow-matching time-embedding
+# MLP of examples/embodied/model.py (`time_mlp(_time_features(tau))`: a [d] input, d = 512 in
+# embodied_ppo_gpu, 1024 in the paper-shaped VLAs, 2048 at the 1B size). That is a matrix-vector product
+# (cuBLAS gemv), a kernel no GEMM or block case runs: at 20% (26 SMs), where both lists pass, the replayed
+# first PPO update's first non-finite value was time_mlp.2's output -- 1 of 512 elements, its input finite
+# (benchmarks/results/quota_nan/before_fix.json, the 20% step). Forward (W x + b), dgrad (W^T g) and wgrad
+# (the outer product g x^T).
+VECTOR_SHAPES: tuple[tuple[int, int], ...] = ((512, 512), (1024, 1024), (2048, 2048))
 _WRONG = 0.05  # an element off by more than this fraction of the reference's largest magnitude is wrong
 # A block's output and gradients pass through several bf16 roundings: in bf16 on the CPU each stays within
 # 1% of its largest magnitude (these cases), so the GEMMs' 5% band holds for them too.
@@ -110,6 +120,41 @@ def gemm_errors(matmul: Callable[[Any, Any], Any] | None = None, device: str = "
     return bad
 
 
+def vector_errors(linear: Callable[[Any, Any, Any], Any] | None = None, device: str = "cuda",
+                  dtype_name: str = "bfloat16", shapes: Sequence[tuple[int, int]] = VECTOR_SHAPES,
+                  poison: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+    """Forward, dgrad and wgrad of a Linear applied to one vector, as autograd runs them (F.linear on a
+    1-D input and its backward), compared element by element with float32 on the CPU. `linear(x, w, b)`
+    replaces F.linear (tests inject faults). One row per wrong tensor."""
+    import torch
+    import torch.nn.functional as F
+
+    dtype = getattr(torch, dtype_name)
+    lin = linear or F.linear
+    g = torch.Generator().manual_seed(2)
+    bad: list[dict[str, Any]] = []
+    for k, n in shapes:
+        x, w = torch.randn(k, generator=g) * 0.5, torch.randn(n, k, generator=g) / k ** 0.5
+        b, gy = torch.randn(n, generator=g) * 0.1, torch.randn(n, generator=g)
+        ref = {"vec fwd": w @ x + b, "vec dgrad": w.T @ gy, "vec wgrad": torch.outer(gy, x)}
+        if poison is not None:
+            poison()
+        xd = x.to(device, dtype, copy=True).requires_grad_()
+        wd = w.to(device, dtype, copy=True).requires_grad_()
+        y = lin(xd, wd, b.to(device, dtype))
+        y.backward(gy.to(device, dtype))
+        got = {"vec fwd": y.detach(), "vec dgrad": xd.grad, "vec wgrad": wd.grad}
+        for name, r in ref.items():
+            out = got[name].float().cpu()
+            off = (out - r).abs()
+            scale = float(r.abs().max()) or 1.0
+            wrong = int((~torch.isfinite(out)).sum()) + int((off > _WRONG * scale).sum())
+            if wrong:
+                bad.append({"shape": [1, k, n], "product": name, "wrong_elements": wrong,
+                            "max_error": float(off.nan_to_num(posinf=float("inf")).max() / scale)})
+    return bad
+
+
 def _block(x: Any, p: Mapping[str, Any], heads: int, attend: Callable[..., Any]) -> Any:
     """A pre-norm transformer block as examples/embodied/model.py builds it (without its biases)."""
     import torch.nn.functional as F
@@ -166,17 +211,17 @@ def block_errors(device: str = "cuda", dtype_name: str = "bfloat16",
 
 
 def products_checked() -> int:
-    """How many tensors one check compares: three per GEMM shape, seven per block case."""
-    return 3 * len(CHECK_SHAPES) + 7 * len(BLOCK_CASES)
+    """How many tensors one check compares: three per GEMM shape and per vector shape, seven per block case."""
+    return 3 * len(CHECK_SHAPES) + 3 * len(VECTOR_SHAPES) + 7 * len(BLOCK_CASES)
 
 
 _CHILD = r'''
 import json, sys, torch
-from interpreter.quota_safety import block_errors, gemm_errors
+from interpreter.quota_safety import block_errors, gemm_errors, vector_errors
 def poison():
     blocks = [torch.full((64 << 20,), float("nan"), dtype=torch.float32, device="cuda") for _ in range(24)]
     del blocks
-bad = gemm_errors(poison=poison) + block_errors(poison=poison)
+bad = gemm_errors(poison=poison) + vector_errors(poison=poison) + block_errors(poison=poison)
 print("QUOTA-CHECK " + json.dumps({"sm_count": torch.cuda.get_device_properties(0).multi_processor_count, "bad": bad}))
 '''
 
@@ -205,7 +250,7 @@ def _checks_id() -> str:
     """Which check a cached verdict came from: a new shape list is a new check (old verdicts do not count)."""
     import hashlib
 
-    return hashlib.sha1(repr((CHECK_SHAPES, _WRONG, BLOCK_CASES)).encode()).hexdigest()[:10]
+    return hashlib.sha1(repr((CHECK_SHAPES, _WRONG, BLOCK_CASES, VECTOR_SHAPES)).encode()).hexdigest()[:10]
 
 
 def _cache_file() -> Path:

@@ -10,12 +10,15 @@ import pytest
 import torch
 
 from interpreter.quota_safety import (
+    BLOCK_CASES,
+    CHECK_SHAPES,
     QuotaVerdict,
     UnsafeQuota,
     block_errors,
     check_quota,
     gemm_errors,
     known_safe,
+    vector_errors,
 )
 
 SMALL = ((64, 32, 48), (96, 64, 32))
@@ -70,6 +73,29 @@ def test_a_faulty_attention_kernel_is_caught_in_the_output_and_the_gradients() -
     bad = block_errors(device="cpu", dtype_name="float32", cases=TINY_BLOCKS[:1], attention=faulty)
     names = {b["product"] for b in bad}
     assert {"block y", "block dx", "block dq"} <= names and all(b["shape"] == [16, 8, 64] for b in bad)
+
+
+def test_vector_products_pass_and_a_wrong_element_of_one_is_caught() -> None:
+    """The matrix-vector products (a Linear on one vector, the time-embedding MLP's): no false alarm in
+    float32 or bf16; one wrong output element -- what time_mlp.2 returned at 26 SMs on the H200 -- is
+    caught in the forward and, through autograd, in the gradients behind it."""
+    import torch.nn.functional as F
+
+    shapes = ((64, 64), (128, 32))
+    assert vector_errors(device="cpu", dtype_name="float32", shapes=shapes) == []
+    assert vector_errors(device="cpu", dtype_name="bfloat16", shapes=shapes) == []
+
+    def faulty(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, w, b)
+        return torch.where(torch.arange(y.shape[0]) == 3, torch.full_like(y, float("nan")), y) if x.dim() == 1 else y
+
+    bad = vector_errors(faulty, device="cpu", dtype_name="float32", shapes=shapes[:1])
+    assert [b["product"] for b in bad] == ["vec fwd", "vec dgrad", "vec wgrad"]
+    assert bad[0]["wrong_elements"] == 1 and bad[0]["shape"] == [1, 64, 64]
+    from interpreter.quota_safety import VECTOR_SHAPES, products_checked
+
+    assert products_checked() == 3 * len(CHECK_SHAPES) + 3 * len(VECTOR_SHAPES) + 7 * len(BLOCK_CASES)
+    assert (512, 512) in VECTOR_SHAPES  # the time MLP of embodied_ppo_gpu, where 20% failed
 
 
 def _child_output(bad: list) -> str:
