@@ -265,11 +265,13 @@ def timeline_svg(panels: Sequence[tuple[str, IterationRun]], activity: str = "cp
             + "".join(parts) + "</svg>\n")
 
 
-def curve_svg(points: Sequence[tuple[int, float]], width: int = 480, height: int = 260) -> str:
-    """Local completion time against the quota (paper Figure 15)."""
+def curve_svg(points: Sequence[tuple[int, float]], width: int = 480, height: int = 260,
+              holes: Sequence[int] = ()) -> str:
+    """Local completion time against the quota (paper Figure 15); `holes`, the levels not run because the
+    quota self-check found wrong products under them, as grey crosses on the axis."""
     if not points:
         return ""
-    xs = [p for p, _ in points]
+    xs = [p for p, _ in points] + list(holes)
     ys = [s for _, s in points]
     x0, x1 = min(xs), max(xs)
     y0, y1 = min(ys) * 0.95, max(ys) * 1.05
@@ -277,14 +279,21 @@ def curve_svg(points: Sequence[tuple[int, float]], width: int = 480, height: int
     def sx(x: float) -> float:
         return 50 + (x - x0) / ((x1 - x0) or 1) * (width - 70)
 
-    def sy(v: float) -> float:
-        return height - 30 - (v - y0) / ((y1 - y0) or 1) * (height - 50)
+    def sy(v: float) -> float:  # the plot's top at y = 40: the title and the legend above it
+        return height - 30 - (v - y0) / ((y1 - y0) or 1) * (height - 70)
 
     pts = sorted(points)
     path = " ".join(f"{'M' if i == 0 else 'L'}{sx(x):.1f},{sy(v):.1f}" for i, (x, v) in enumerate(pts))
     dots = "".join(f'<circle cx="{sx(x):.1f}" cy="{sy(v):.1f}" r="3" fill="#e15759"><title>{x}%: {v:.4f} s</title></circle>'
                    for x, v in pts)
     labels = "".join(f'<text x="{sx(x):.1f}" y="{height - 12}" font-size="9" text-anchor="middle">{x}</text>' for x, _ in pts)
+    base = height - 30
+    labels += "".join(f'<text x="{sx(x):.1f}" y="{base + 3:.1f}" font-size="10" fill="#999" text-anchor="middle">'
+                      f'x<title>{x}%: not run (wrong products under it here)</title></text>' for x in holes)
+    if holes:
+        named = ", ".join(map(str, sorted(holes))) if len(holes) <= 4 else f"{len(holes)} levels, {min(holes)}-{max(holes)}"
+        labels += (f'<text x="4" y="27" font-size="9" fill="#999">x: not run, the quota self-check found wrong '
+                   f'products under it ({named}%)</text>')
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif">'
             f'<text x="4" y="14" font-size="12">local completion time vs SM quota of the target process</text>'
             f'<text x="4" y="{sy(y1) + 10:.0f}" font-size="9">{y1:.3f} s</text><text x="4" y="{sy(y0):.0f}" font-size="9">{y0:.3f} s</text>'
@@ -304,7 +313,8 @@ def write_report(doc: Mapping[str, Any], out_dir: Path, panels: Sequence[tuple[s
     s2 = doc.get("stage2") or {}
     if s2.get("curve"):
         (out_dir / "quota_curve.svg").write_text(curve_svg([(p["percent"], p["seconds"]) for p in s2["curve"]
-                                                              if p.get("seconds") is not None]))
+                                                              if p.get("seconds") is not None],
+                                                             holes=[p["percent"] for p in s2["curve"] if p.get("unsafe")]))
         written.append(out_dir / "quota_curve.svg")
     (out_dir / "report.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     (out_dir / "report.md").write_text(report_markdown(doc, picture))

@@ -370,3 +370,13 @@ def test_a_stop_request_ends_the_quota_search_and_keeps_the_unvalidated_level_ou
     assert out["trials"] == 2 and asked["n"] > 0
     assert out["search_stopped"] == "stopped by SIGTERM" and "validation" not in out and "quotas" not in out
     assert "stopped before validating" in out["summary"] and session.executor.quota["trainer"] == 100
+
+
+def test_the_quota_curve_picture_marks_the_levels_not_run() -> None:
+    """The H200 leaves holes in the curve (levels whose products are wrong): the picture shows them as
+    such instead of drawing a line through them or leaving them out silently."""
+    from rose_dsl.optimizer.report import curve_svg
+
+    svg = curve_svg([(100, 9.05), (94, 8.34)], holes=[88, 87, 78])
+    assert svg.count("not run (wrong products under it here)") == 3 and "(78, 87, 88%)" in svg
+    assert "not run" not in curve_svg([(100, 9.05), (94, 8.34)])
