@@ -49,8 +49,10 @@ fi
 rm -rf /tmp/rose-optimize-run
 # shellcheck disable=SC2086 # SETS holds several --set options
 # SIGTERM at LIMIT: rose optimize stops at its next decision point and writes the plan and the report of
-# what it measured (exit 130); SIGKILL GRACE seconds later if winding down takes longer
-timeout -k "${GRACE:-60}" "$LIMIT" python3 -m rose_cli optimize "$WORKFLOW" $SETS -o "$WORK/plan.yaml" --report "$WORK/report" \
+# what it measured (exit 130); SIGKILL GRACE seconds later if winding down takes longer. --foreground: the
+# signal goes to rose alone -- without it `timeout` signals its whole process group, where Ray's GCS and
+# raylet (started by rose) die of SIGTERM under the run (tested on the CPU: exit 137, no report)
+timeout --foreground -k "${GRACE:-60}" "$LIMIT" python3 -m rose_cli optimize "$WORKFLOW" $SETS -o "$WORK/plan.yaml" --report "$WORK/report" \
   --out /tmp/rose-optimize-run --backend "$BACKEND" --budget-s "$BUDGET" --rounds "${ROUNDS:-1}" ${TRUST:-} ${EXTRA:-} \
   > "$WORK/optimize.log" 2>&1
 CODE=$?
