@@ -14,16 +14,25 @@ tests -- a fake measurer that simulates time.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Sequence
 
 from ..ir import LoopNode, Workflow
 from .candidates import SWEEP, Alternative, Feasible, Infeasible, alternatives, check, memory_estimate, sweep
 from .decide import Summary, faster, summarize
 from .model import CostModel
 from .profile import IterationRun, node_stats, structural
-from .rank import Ranking, rank_nodes
+from .rank import rank_nodes
+from .records import (
+    Log,
+    Measured,
+    Measurer,
+    OutOfBudget,
+    RoundRecord,
+    Settings,
+    Stage1Result,
+    Stop,
+    TargetRecord,
+)
 from .regions import (
     LocalGraph,
     Probe,
@@ -51,150 +60,9 @@ DEVIATIONS = (
     "when a combination of several targets fails validation, the best single alternative is validated "
     "before the round ends",
     "a node's phases are ranked only when the graph runs them expanded",
+    "a local trial stops repeating an alternative whose first run took more than abandon_factor (1.3) x the "
+    "unchanged comparison graph's first run",
 )
-
-
-class OutOfBudget(Exception):
-    """The time budget or the workflow's iterations are spent: stop with what is validated."""
-
-
-class Measurer(Protocol):
-    @property
-    def activity_kind(self) -> str:
-        """"sm" (GPU SM activity), "cpu" (component busy fraction) or "none"."""
-
-    @property
-    def component_bytes(self) -> Mapping[str, int]:
-        """State bytes per component (for the memory estimate; may be fetched lazily)."""
-
-    @property
-    def memory_limits(self) -> Mapping[str, int]:
-        """Bytes available per device kind for the processes a plan adds."""
-
-    def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0,
-                 labels: Sequence[str] = ()) -> list[list[IterationRun]]:
-        """Interleaved complete iterations (real training) of each plan (named by `labels`, the rewrite
-        requests that made it, for the run's records); raises OutOfBudget."""
-
-    def capture(self, probe_wf: Workflow) -> Any:
-        """One real iteration of a probe workflow; the captured values per probe id (opaque)."""
-
-    def local(self, graphs: Sequence[LocalGraph], repeats: int, captured: Any, probe_id: int,
-              abandon_above: float | None = None) -> list[list[IterationRun]]:
-        """Interleaved runs of local graphs on the captured inputs, state restored before each. A graph
-        whose first timed run took more than `abandon_above` x the first timed run of graphs[0] (the
-        unchanged comparison graph) gets no further runs: its list is shorter than `repeats`."""
-
-    def elapsed(self) -> float: ...
-
-    @property
-    def last_failures(self) -> Mapping[int, str]:
-        """Plans (by index) of the last `complete`/`local` call that failed -- a component raised; the
-        state they may have changed is restored and training goes on -- with the reason."""
-
-    def placement(self, plan: Workflow) -> str | None:
-        """Why the runtime cannot run `plan` on its processes (None: it can)."""
-
-
-@dataclass
-class Settings:
-    top_k: int = 3  # K
-    alternatives: int = 4  # L
-    rounds: int = 2  # R
-    tau_a: float = 1.0  # absolute eligibility threshold (s)
-    tau_r: float = 0.05  # relative eligibility threshold (of T_iter)
-    eps_min: float = 0.03  # the smallest accepted improvement
-    z: float = 2.0  # the noise margin in standard errors
-    warmup: int = 1  # iterations run before the first profile (not timed)
-    reference_iterations: int = 3
-    validation_rounds: int = 3
-    final_rounds: int = 5  # the before/after comparison at the end (training, kept)
-    local_repeats: int = 3
-    window_fraction: float = 0.25  # a loop region runs about this fraction of an iteration locally
-    groups: tuple[int, ...] = (2, 4, 8)
-    budget_s: float | None = None
-    tolerance: float = 0.05  # measure what the model predicts no slower than (1 + tolerance) x G
-    # a further calibration split (another family's k = 2), after the first one taught the model: measured
-    # unless predicted slower than (1 + calibration_band) x the unchanged comparison graph
-    calibration_band: float = 0.25
-    # a local trial stops repeating an alternative whose first run took more than this many times the
-    # unchanged graph's first run: ±15% run-to-run noise cannot make a candidate that slow a win, and on
-    # the H200 (2026-12-01) spatial splits ran 1.7-2x the unchanged graph three times each -- most of the
-    # local-trial seconds of that run. None: every alternative gets all its repeats.
-    abandon_factor: float | None = 1.3
-
-
-@dataclass
-class Measured:
-    label: str
-    requests: tuple[str, ...] = ()
-    family: str = ""
-    groups: int | None = None
-    partners: tuple[str, ...] = ()
-    delta_s: float | None = None
-    predicted_iteration_s: float | None = None
-    predicted_local_s: float | None = None
-    summary: Summary | None = None
-    status: str = "pending"  # measured | skipped | infeasible | unmeasurable | complete
-    reason: str = ""
-    benefit_s: float = 0.0  # estimated iteration time saved
-    significant: bool = False
-    workflow: Workflow | None = field(default=None, repr=False)
-    runs: list[IterationRun] = field(default_factory=list, repr=False)  # complete-iteration trials
-
-
-@dataclass
-class TargetRecord:
-    node: str
-    total_s: float = 0.0
-    mean_s: float = 0.0
-    activity: float | None = None
-    tier: int | None = None
-    score: float = 0.0
-    rank: int | None = None
-    region: str | None = None
-    window: int | None = None
-    local_note: str = ""
-    c0: Measured | None = None
-    alternatives: list[Measured] = field(default_factory=list)
-    best: Measured | None = None
-
-
-@dataclass
-class RoundRecord:
-    index: int
-    reference: Summary
-    ranking: Ranking | None = None
-    targets: list[TargetRecord] = field(default_factory=list)
-    combined: list[str] = field(default_factory=list)  # the requests of the combination
-    combined_predicted_s: float | None = None
-    candidate: Summary | None = None
-    reference_validation: Summary | None = None
-    margin: float | None = None
-    accepted: bool = False
-    note: str = ""
-
-
-@dataclass
-class Stage1Result:
-    plan: Workflow
-    requests: tuple[str, ...]
-    baseline: Summary
-    final: Summary
-    rounds: list[RoundRecord]
-    model_errors: list[tuple[str, float, float]]  # (what, predicted s, measured s)
-    stopped: str = ""
-    # the search ran out of training iterations or time before it had decided every round it began: a
-    # plan kept for that reason says nothing about what would have been faster
-    cut_short: bool = False
-    baseline_runs: list[IterationRun] = field(default_factory=list, repr=False)
-    final_runs: list[IterationRun] = field(default_factory=list, repr=False)
-
-
-Log = Callable[[str], None]
-
-
-Stop = Callable[[], str | None]  # why the search must end now (a signal, say), or None to go on
 
 
 class _Search:
