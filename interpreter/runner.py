@@ -188,15 +188,17 @@ class Runner:
     # -- iterations -------------------------------------------------------------------------
     def run_iteration(self, k: int) -> IterationResult:
         t0 = time.perf_counter_ns()
+        failed = True
         try:
             if self.backend.capabilities.compiled:
                 self.backend.execute_iteration(k, self.config.call_timeout_s)
             else:
                 self._dispatch(k)
+            failed = False
         except Overdue as late:
             raise self._watchdog(late) from None
         finally:
-            self._collect_records()
+            self._collect_records(failed)
         return self._finish(k, t0, time.perf_counter_ns())
 
     def _dispatch(self, k: int) -> None:
@@ -263,10 +265,12 @@ class Runner:
             (self.config.out_dir / "stacks.txt").write_text(text)
         return exc
 
-    def _collect_records(self) -> None:
-        # best effort and bounded: a stuck component (the watchdog fired) must not hold up the report
+    def _collect_records(self, failed: bool = False) -> None:
+        # best effort and bounded: a stuck component (the watchdog fired) or a failed iteration (whose
+        # processes, or Ray's own services, may be gone: each ask then waits its whole timeout) must not
+        # hold up the report
         self._fresh = []  # this iteration's records (the trace keeps them all)
-        timeout = 1.0 if self._stuck else 120.0  # (idle components answer at once)
+        timeout = 1.0 if self._stuck else 5.0 if failed else 120.0  # (idle components answer at once)
         for comp in self.component_processes():
             try:
                 records = self.backend.control(comp, "pop_records", timeout=timeout)

@@ -74,3 +74,28 @@ def test_more_slots_than_gpus_is_a_clear_error(ray_four_gpus) -> None:
     wf = load_workflow_text(WF, "placed.yaml", {"replicas": 3, "trainer_gpu": 3})
     with pytest.raises(CallFailed, match="places processes on 6 GPUs .* but the Ray cluster has 4"):
         RayBackend(wf, ("tests.",), {}, gpu_device="cpu")
+
+
+def test_dead_processes_are_found_in_one_timeout_not_one_each(ray_four_gpus) -> None:
+    """`dead_components` asks every process at once: with several dead it answers within its timeout
+    (one by one, each dead process cost the whole timeout: a minute when Ray's services died under a run;
+    that case is not reproduced here -- a killed actor is reported at once -- the bound is the contract)."""
+    import os
+    import signal
+    import time
+
+    wf = load_workflow_text(WF, "placed.yaml", {"replicas": 2})
+    be = RayBackend(wf, ("tests.",), {}, gpu_device="cpu")
+    try:
+        assert be.dead_components(timeout=5) == []
+        pids = {p: be.control(p, "info")["pid"] for p in be.components()}
+        victims = ["sim#1", "policy", "trainer#1"]
+        for p in victims:
+            os.kill(pids[p], signal.SIGKILL)
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        dead = be.dead_components(timeout=3)
+        assert sorted(dead) == sorted(victims) and dead == [p for p in be.components() if p in victims]
+        assert time.monotonic() - t0 < 3 * 1.5  # all at once: about one timeout, not three
+    finally:
+        be.shutdown()
