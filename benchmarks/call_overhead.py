@@ -265,12 +265,17 @@ def main() -> None:
 
     def measure(phase: dict[str, Callable[[dict[str, list[float]]], None]]) -> None:
         """Warm every variant up once, then run them round by round (interleaved)."""
+        # progress on stdout as it goes: a device call cut at its limit still shows how far each variant got
         for v, fn in phase.items():
+            t0 = time.perf_counter()
             fn({"act": [], "step": []})
             timed.setdefault(v, {"act": [], "step": []})
-        for _ in range(args.rounds):
+            print(f"warm-up {v}: {time.perf_counter() - t0:.1f} s", flush=True)
+        for r in range(args.rounds):
             for v, fn in phase.items():
+                t0 = time.perf_counter()
                 fn(timed[v])
+                print(f"round {r} {v}: {time.perf_counter() - t0:.2f} s", flush=True)
 
     def with_rose(phase: dict, name: str, kind: str, mps_env: dict | None, closers: list) -> None:
         if not want(name):
