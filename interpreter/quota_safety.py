@@ -218,8 +218,12 @@ def products_checked() -> int:
 _CHILD = r'''
 import json, sys, torch
 from interpreter.quota_safety import block_errors, gemm_errors, vector_errors
+# up to 24 blocks of 256 MB, at most a quarter of the free memory: several checks run side by side next to
+# a training run (the optimizer's stage 2), and a check that runs out of memory proves nothing
+free, _ = torch.cuda.mem_get_info()
+N = max(1, min(24, int(free * 0.25) // (256 << 20)))
 def poison():
-    blocks = [torch.full((64 << 20,), float("nan"), dtype=torch.float32, device="cuda") for _ in range(24)]
+    blocks = [torch.full((64 << 20,), float("nan"), dtype=torch.float32, device="cuda") for _ in range(N)]
     del blocks
 bad = gemm_errors(poison=poison) + vector_errors(poison=poison) + block_errors(poison=poison)
 print("QUOTA-CHECK " + json.dumps({"sm_count": torch.cuda.get_device_properties(0).multi_processor_count, "bad": bad}))

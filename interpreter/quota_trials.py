@@ -104,7 +104,9 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         verdict = checked[percent]
         if not verdict.ok:
             unsafe[percent] = verdict.detail
-            log(f"  quota {percent}% ({verdict.sm_count} SMs) skipped: GEMMs are wrong under it here ({verdict.detail})")
+            why = ("its self-check did not run, so it is not known to be safe" if verdict.sm_count is None
+                   else "GEMMs are wrong under it here")
+            log(f"  quota {percent}% ({verdict.sm_count} SMs) skipped: {why} ({verdict.detail})")
         return verdict.ok
 
     def usable(k: int) -> bool:

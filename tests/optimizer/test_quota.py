@@ -380,3 +380,22 @@ def test_the_quota_curve_picture_marks_the_levels_not_run() -> None:
     svg = curve_svg([(100, 9.05), (94, 8.34)], holes=[88, 87, 78])
     assert svg.count("not run (wrong products under it here)") == 3 and "(78, 87, 88%)" in svg
     assert "not run" not in curve_svg([(100, 9.05), (94, 8.34)])
+
+
+def test_a_level_whose_check_did_not_run_is_skipped_and_said_so() -> None:
+    """A self-check that could not run (out of memory next to the training run, say) leaves the level
+    unproven: skipped like an unsafe one, but the log does not claim its GEMMs are wrong."""
+    from interpreter.quota_safety import QuotaVerdict
+    from interpreter.quota_trials import tune_quota
+    from rose_dsl.optimizer.search import Settings
+
+    def check(percents: list[int]) -> dict[int, QuotaVerdict]:
+        return {p: QuotaVerdict(p, None, False, 78, 78, "the check did not run: CUDA out of memory", "t") if p == 94
+                else QuotaVerdict(p, 120, True, 78, 0, "exact", "t") for p in percents}
+
+    wf, result = _stage1(ROOT)
+    lines: list[str] = []
+    out = tune_quota(wf, result, _FakeSession(best=80), _Gpu(), Settings(), log=lines.append, total_sms=132, check=check)
+    said = [ln for ln in lines if "94%" in ln]
+    assert said and "did not run" in said[0] and "GEMMs are wrong" not in said[0]
+    assert 94 in out["unsafe_levels"] and out["best_percent"] != 94
