@@ -17,7 +17,7 @@ applied to ONE vector (the time-embedding MLP), a matrix-vector product, so the 
 (VECTOR_SHAPES) -- whether that makes it refuse 20% is not yet measured on the H200. A quota that fails is
 refused (`rose execute` exits 2 naming the quota and the levels found safe) and the optimizer's quota
 search only considers levels that pass. Verdicts are cached per GPU, driver, torch/CUDA and quota (a
-check costs one CUDA start, ~10 s).
+check costs one CUDA start and 17-23 s on the H200 with the block cases).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ CHECK_SHAPES: tuple[tuple[int, int, int], ...] = tuple(
 # cannot show -- SDPA, LayerNorm and GELU kernels and their backward reductions, at the sequence shapes of
 # the models: the PPO update's prefix (1600 rows x 4 tokens, embodied_ppo_gpu), a 64-token block, and the
 # paper-shaped VLA's 256-token prefix at hidden 1024. Both lists pass at 20% (26 SMs; H200, 2026-12-02),
-# where the real first PPO update was NaN: which kernel failed there is not known.
+# where the real first PPO update was NaN: the product that failed there is a vector one (VECTOR_SHAPES).
 BLOCK_CASES: tuple[tuple[int, int, int, int], ...] = ((1600, 4, 512, 8), (64, 64, 512, 8), (16, 256, 1024, 16))
 # (in, out): Linear layers applied to ONE vector, no batch dimension -- the flow-matching time-embedding
 # MLP of examples/embodied/model.py (`time_mlp(_time_features(tau))`: a [d] input, d = 512 in
@@ -88,6 +88,20 @@ class QuotaVerdict:
     fingerprint: str
 
 
+def _wrong(got: Any, ref: Any, shape: Sequence[int], product: str) -> dict[str, Any] | None:
+    """One product compared element by element with its float32 reference (both on the CPU): the row
+    for the report when any element is non-finite or off by more than _WRONG of the largest magnitude."""
+    import torch
+
+    scale = float(ref.abs().max()) or 1.0
+    off = (got - ref).abs()
+    wrong = int((~torch.isfinite(got)).sum()) + int((off > _WRONG * scale).sum())
+    if not wrong:
+        return None
+    return {"shape": list(shape), "product": product, "wrong_elements": wrong,
+            "max_error": float(off.nan_to_num(posinf=float("inf")).max() / scale)}
+
+
 def gemm_errors(matmul: Callable[[Any, Any], Any] | None = None, device: str = "cuda", dtype_name: str = "bfloat16",
                 shapes: Sequence[tuple[int, int, int]] = CHECK_SHAPES,
                 poison: Callable[[], None] | None = None) -> list[dict[str, Any]]:
@@ -110,13 +124,9 @@ def gemm_errors(matmul: Callable[[Any, Any], Any] | None = None, device: str = "
             if poison is not None:
                 poison()
             got = mm(left, right)
-            got = (got + bias if bias is not None else got).float().cpu()
-            scale = float(ref.abs().max())
-            off = (got - ref).abs()
-            wrong = int((~torch.isfinite(got)).sum()) + int((off > _WRONG * scale).sum())
-            if wrong:
-                bad.append({"shape": [rows, k, n], "product": name, "wrong_elements": wrong,
-                            "max_error": float(off.nan_to_num(posinf=float("inf")).max() / scale)})
+            row = _wrong((got + bias if bias is not None else got).float().cpu(), ref, (rows, k, n), name)
+            if row:
+                bad.append(row)
     return bad
 
 
@@ -144,14 +154,7 @@ def vector_errors(linear: Callable[[Any, Any, Any], Any] | None = None, device: 
         y = lin(xd, wd, b.to(device, dtype))
         y.backward(gy.to(device, dtype))
         got = {"vec fwd": y.detach(), "vec dgrad": xd.grad, "vec wgrad": wd.grad}
-        for name, r in ref.items():
-            out = got[name].float().cpu()
-            off = (out - r).abs()
-            scale = float(r.abs().max()) or 1.0
-            wrong = int((~torch.isfinite(out)).sum()) + int((off > _WRONG * scale).sum())
-            if wrong:
-                bad.append({"shape": [1, k, n], "product": name, "wrong_elements": wrong,
-                            "max_error": float(off.nan_to_num(posinf=float("inf")).max() / scale)})
+        bad += [row for name, r in ref.items() if (row := _wrong(got[name].float().cpu(), r, (1, k, n), name))]
     return bad
 
 
@@ -200,13 +203,7 @@ def block_errors(device: str = "cuda", dtype_name: str = "bfloat16",
         if poison is not None:
             poison()
         got = _block_pass(x, gy, params, heads, device, dtype, attention or F.scaled_dot_product_attention)
-        for name, r in ref.items():
-            off = (got[name] - r).abs()
-            scale = float(r.abs().max()) or 1.0
-            wrong = int((~torch.isfinite(got[name])).sum()) + int((off > _WRONG * scale).sum())
-            if wrong:
-                bad.append({"shape": [rows, tokens, d], "product": f"block {name}", "wrong_elements": wrong,
-                            "max_error": float(off.nan_to_num(posinf=float("inf")).max() / scale)})
+        bad += [row for name, r in ref.items() if (row := _wrong(got[name], r, (rows, tokens, d), f"block {name}"))]
     return bad
 
 

@@ -28,7 +28,8 @@ from .quota_safety import QuotaVerdict, check_quotas, machine_fingerprint
 __all__ = ["tune_quota"]
 
 MAX_TRIALS = 7  # the paper's budget (§5.4): seven short quota trials
-PARALLEL_CHECKS = 6  # quota self-checks side by side: fresh MPS clients (MPS admits 48 per GPU), ~6 GB each
+PARALLEL_CHECKS = 6  # quota self-checks side by side: fresh MPS clients (MPS admits 48 per GPU), each
+# poisoning at most a quarter of the free GPU memory
 
 
 def _total_sms() -> int:
