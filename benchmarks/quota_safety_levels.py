@@ -26,7 +26,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.common import machine, versions  # noqa: E402
 from interpreter.mps import MpsDaemon  # noqa: E402
-from interpreter.quota_safety import check_quota, machine_fingerprint  # noqa: E402
+from interpreter.quota_safety import check_quotas, machine_fingerprint  # noqa: E402
 
 
 def _update_finite_before_fix() -> dict[int, bool]:
@@ -47,9 +47,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("quota_safety_levels.json"))
     ap.add_argument("--levels", default="10,20,30,40,50,60,70,80,90,100")
+    ap.add_argument("--parallel", type=int, default=5,
+                    help="fresh MPS clients checked side by side (each sees only its own quota's SMs)")
+    ap.add_argument("--cache", type=Path, default=None,
+                    help="verdict cache to write (default: a fresh temporary one). Must not exist yet, so that "
+                         "every level is measured here; pointing it at rose's own cache lets a later "
+                         "`rose optimize` in the same device call reuse these verdicts")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
-    cache = Path(tempfile.mkdtemp(prefix="rose-quota-")) / "checks.json"  # fresh: every level measured here
+    if args.cache is not None and args.cache.exists():
+        print(f"{args.cache} exists: this benchmark measures every level afresh", file=sys.stderr)
+        return 2
+    cache = args.cache or Path(tempfile.mkdtemp(prefix="rose-quota-")) / "checks.json"
     before = _update_finite_before_fix()
     rows = []
     with MpsDaemon(tempfile.mkdtemp(prefix="rose-mps-")) as mps:
@@ -57,17 +66,20 @@ def main() -> int:
             print(f"MPS is not available: {mps.warning}", file=sys.stderr)
             return 3
         fingerprint = machine_fingerprint()
+        t = time.perf_counter()
+        verdicts = check_quotas(levels, mps.client_env, fingerprint=fingerprint, cache=cache, parallel=args.parallel)
+        wall = time.perf_counter() - t
         for q in levels:
-            t = time.perf_counter()
-            v = check_quota(q, mps.client_env(q), fingerprint=fingerprint, cache=cache)
+            v = verdicts[q]
             row = {"quota": q, "sm_count": v.sm_count, "safe": v.ok, "products": v.products,
-                   "wrong_products": v.bad_products, "detail": v.detail, "check_s": round(time.perf_counter() - t, 2),
+                   "wrong_products": v.bad_products, "detail": v.detail,
                    "first_update_finite_before_fix": before.get(q)}
             rows.append(row)
             print(json.dumps(row), flush=True)
     consistent = all(r["first_update_finite_before_fix"] is not False for r in rows if r["safe"])
     result = {"script": "benchmarks/quota_safety_levels.py", "machine": machine(), "versions": versions(),
-              "fingerprint": fingerprint, "levels": rows, "safe_levels": [r["quota"] for r in rows if r["safe"]],
+              "fingerprint": fingerprint, "parallel": args.parallel,
+              "wall_s": round(wall, 1), "levels": rows, "safe_levels": [r["quota"] for r in rows if r["safe"]],
               "every_safe_level_had_a_finite_update": consistent}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
