@@ -67,7 +67,10 @@ def main() -> int:
             return 3
         fingerprint = machine_fingerprint()
         t = time.perf_counter()
-        verdicts = check_quotas(levels, mps.client_env, fingerprint=fingerprint, cache=cache, parallel=args.parallel)
+        verdicts = check_quotas(levels, mps.client_env, fingerprint=fingerprint, cache=cache, parallel=args.parallel,
+                                on_verdict=lambda v: print(f"{time.perf_counter() - t:6.1f} s  {v.quota}% "
+                                                           f"({v.sm_count} SMs): {'safe' if v.ok else 'UNSAFE'}, "
+                                                           f"{v.detail}", flush=True))
         wall = time.perf_counter() - t
         for q in levels:
             v = verdicts[q]
@@ -75,7 +78,6 @@ def main() -> int:
                    "wrong_products": v.bad_products, "detail": v.detail,
                    "first_update_finite_before_fix": before.get(q)}
             rows.append(row)
-            print(json.dumps(row), flush=True)
     consistent = all(r["first_update_finite_before_fix"] is not False for r in rows if r["safe"])
     result = {"script": "benchmarks/quota_safety_levels.py", "machine": machine(), "versions": versions(),
               "fingerprint": fingerprint, "parallel": args.parallel,

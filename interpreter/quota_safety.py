@@ -104,7 +104,8 @@ def _wrong(got: Any, ref: Any, shape: Sequence[int], product: str) -> dict[str, 
 
 def gemm_errors(matmul: Callable[[Any, Any], Any] | None = None, device: str = "cuda", dtype_name: str = "bfloat16",
                 shapes: Sequence[tuple[int, int, int]] = CHECK_SHAPES,
-                poison: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+                poison: Callable[[], None] | None = None,
+                refs: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Forward (x @ W^T + b), dgrad (gy @ W) and wgrad (gy^T @ x) of every shape on `device`, each compared
     element by element with a float32 CPU reference. `poison` runs before each product (on CUDA: fill the
     allocator's free memory with NaN). Returns one row per wrong product (empty: all correct)."""
@@ -112,22 +113,38 @@ def gemm_errors(matmul: Callable[[Any, Any], Any] | None = None, device: str = "
 
     dtype = getattr(torch, dtype_name)
     mm = matmul or (lambda a, b: a @ b)
-    g = torch.Generator().manual_seed(0)
     bad: list[dict[str, Any]] = []
-    for rows, k, n in shapes:
-        x, w = torch.randn(rows, k, generator=g) * 0.5, torch.randn(n, k, generator=g) / k ** 0.5
-        b, gy = torch.randn(n, generator=g) * 0.1, torch.randn(rows, n, generator=g)
+    for (rows, k, n), (x, w, b, gy) in zip(shapes, _gemm_inputs(shapes), strict=True):
         xd, wd, bd, gyd = (t.to(device, dtype) for t in (x, w, b, gy))
-        products = {"fwd": ((xd, wd.T, bd), x @ w.T + b), "dgrad": ((gyd, wd, None), gy @ w),
-                    "wgrad": ((gyd.T, xd, None), gy.T @ x)}
-        for name, ((left, right, bias), ref) in products.items():
+        products = {"fwd": (xd, wd.T, bd), "dgrad": (gyd, wd, None), "wgrad": (gyd.T, xd, None)}
+        for name, (left, right, bias) in products.items():
             if poison is not None:
                 poison()
             got = mm(left, right)
+            key = f"gemm {rows}x{k}x{n} {name}"
+            ref = refs[key].float() if refs is not None else _gemm_reference(name, x, w, b, gy)
             row = _wrong((got + bias if bias is not None else got).float().cpu(), ref, (rows, k, n), name)
             if row:
                 bad.append(row)
     return bad
+
+
+def _gemm_inputs(shapes: Sequence[tuple[int, int, int]]) -> Any:
+    """Each shape's x, W, b and the output gradient, from one seeded generator (the same in every process)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    for rows, k, n in shapes:
+        x, w = torch.randn(rows, k, generator=g) * 0.5, torch.randn(n, k, generator=g) / k ** 0.5
+        yield x, w, torch.randn(n, generator=g) * 0.1, torch.randn(rows, n, generator=g)
+
+
+def _gemm_reference(product: str, x: Any, w: Any, b: Any, gy: Any) -> Any:
+    """A GEMM product's float32 CPU reference. These (and the blocks') are the check's CPU cost, ~0.5 TFLOP
+    and most of a check's 20 s on the H200, and they do not depend on the quota: `check_quotas` computes
+    them once (`references`) and lends them to each level's check, so checks side by side do not repeat
+    them (six at once on 16 cores took > 150 s for 19 levels on 2026-12-02, where one alone takes 20 s)."""
+    return {"fwd": lambda: x @ w.T + b, "dgrad": lambda: gy @ w, "wgrad": lambda: gy.T @ x}[product]()
 
 
 def vector_errors(linear: Callable[[Any, Any, Any], Any] | None = None, device: str = "cuda",
@@ -146,7 +163,7 @@ def vector_errors(linear: Callable[[Any, Any, Any], Any] | None = None, device: 
     for k, n in shapes:
         x, w = torch.randn(k, generator=g) * 0.5, torch.randn(n, k, generator=g) / k ** 0.5
         b, gy = torch.randn(n, generator=g) * 0.1, torch.randn(n, generator=g)
-        ref = {"vec fwd": w @ x + b, "vec dgrad": w.T @ gy, "vec wgrad": torch.outer(gy, x)}
+        ref = {"vec fwd": w @ x + b, "vec dgrad": w.T @ gy, "vec wgrad": torch.outer(gy, x)}  # O(n k): cheap
         if poison is not None:
             poison()
         xd = x.to(device, dtype, copy=True).requires_grad_()
@@ -185,7 +202,8 @@ def _block_pass(x: Any, gy: Any, params: Mapping[str, Any], heads: int, device: 
 def block_errors(device: str = "cuda", dtype_name: str = "bfloat16",
                  cases: Sequence[tuple[int, int, int, int]] = BLOCK_CASES,
                  poison: Callable[[], None] | None = None,
-                 attention: Callable[..., Any] | None = None) -> list[dict[str, Any]]:
+                 attention: Callable[..., Any] | None = None,
+                 refs: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """One pre-norm transformer block (LayerNorm, q/kv/out projections, SDPA, GELU MLP) per case on
     `device`: its output and the gradients of its input and of every weight, compared with the same block
     in float32 on the CPU. `attention` replaces SDPA (tests inject faults). One row per wrong tensor."""
@@ -199,7 +217,9 @@ def block_errors(device: str = "cuda", dtype_name: str = "bfloat16",
         shapes = {"q": (d, d), "kv": (2 * d, d), "out": (d, d), "up": (4 * d, d), "down": (d, 4 * d)}
         params = {k: torch.randn(*shape, generator=g) / shape[1] ** 0.5 for k, shape in shapes.items()}
         x, gy = torch.randn(rows, tokens, d, generator=g), torch.randn(rows, tokens, d, generator=g)
-        ref = _block_pass(x, gy, params, heads, "cpu", torch.float32, F.scaled_dot_product_attention)
+        prefix = f"block {rows}x{tokens}x{d}x{heads} "
+        ref = ({name[len(prefix):]: t.float() for name, t in refs.items() if name.startswith(prefix)} if refs is not None
+               else _block_pass(x, gy, params, heads, "cpu", torch.float32, F.scaled_dot_product_attention))
         if poison is not None:
             poison()
         got = _block_pass(x, gy, params, heads, device, dtype, attention or F.scaled_dot_product_attention)
@@ -207,14 +227,46 @@ def block_errors(device: str = "cuda", dtype_name: str = "bfloat16",
     return bad
 
 
+def references(shapes: Sequence[tuple[int, int, int]] = CHECK_SHAPES,
+               cases: Sequence[tuple[int, int, int, int]] = BLOCK_CASES) -> dict[str, Any]:
+    """Every GEMM product's and block tensor's float32 CPU reference, keyed as `gemm_errors` and
+    `block_errors` look them up, stored in bf16 (its rounding, <= 0.4% of an element, is far inside the
+    5% band): what `check_quotas` computes once and lends to each level's check."""
+    import torch
+    import torch.nn.functional as F
+
+    out: dict[str, Any] = {}
+    for (rows, k, n), (x, w, b, gy) in zip(shapes, _gemm_inputs(shapes), strict=True):
+        for name in ("fwd", "dgrad", "wgrad"):
+            out[f"gemm {rows}x{k}x{n} {name}"] = _gemm_reference(name, x, w, b, gy).to(torch.bfloat16)
+    for rows, tokens, d, heads in cases:
+        g = torch.Generator().manual_seed(1)
+        shapes_ = {"q": (d, d), "kv": (2 * d, d), "out": (d, d), "up": (4 * d, d), "down": (d, 4 * d)}
+        params = {k: torch.randn(*shape, generator=g) / shape[1] ** 0.5 for k, shape in shapes_.items()}
+        x, gy = torch.randn(rows, tokens, d, generator=g), torch.randn(rows, tokens, d, generator=g)
+        for name, t in _block_pass(x, gy, params, heads, "cpu", torch.float32, F.scaled_dot_product_attention).items():
+            out[f"block {rows}x{tokens}x{d}x{heads} {name}"] = t.to(torch.bfloat16)
+    return out
+
+
 def products_checked() -> int:
     """How many tensors one check compares: three per GEMM shape and per vector shape, seven per block case."""
     return 3 * len(CHECK_SHAPES) + 3 * len(VECTOR_SHAPES) + 7 * len(BLOCK_CASES)
 
 
+_REFERENCES = r'''
+import sys, torch
+from interpreter.quota_safety import references
+torch.save(references(), sys.argv[1] + ".part")
+import os; os.replace(sys.argv[1] + ".part", sys.argv[1])
+'''
+
 _CHILD = r'''
-import json, sys, torch
+import json, os, sys, torch
 from interpreter.quota_safety import block_errors, gemm_errors, vector_errors
+if os.environ.get("ROSE_CHECK_THREADS"):  # checks side by side share the CPU
+    torch.set_num_threads(int(os.environ["ROSE_CHECK_THREADS"]))
+refs = torch.load(os.environ["ROSE_CHECK_REFERENCES"], mmap=True) if os.environ.get("ROSE_CHECK_REFERENCES") else None
 # up to 24 blocks of 256 MB, at most a quarter of the free memory: several checks run side by side next to
 # a training run (the optimizer's stage 2), and a check that runs out of memory proves nothing
 free, _ = torch.cuda.mem_get_info()
@@ -222,7 +274,7 @@ N = max(1, min(24, int(free * 0.25) // (256 << 20)))
 def poison():
     blocks = [torch.full((64 << 20,), float("nan"), dtype=torch.float32, device="cuda") for _ in range(N)]
     del blocks
-bad = gemm_errors(poison=poison) + vector_errors(poison=poison) + block_errors(poison=poison)
+bad = gemm_errors(poison=poison, refs=refs) + vector_errors(poison=poison) + block_errors(poison=poison, refs=refs)
 print("QUOTA-CHECK " + json.dumps({"sm_count": torch.cuda.get_device_properties(0).multi_processor_count, "bad": bad}))
 '''
 
@@ -276,12 +328,15 @@ def check_quota(quota: int, client_env: Mapping[str, str], *, fingerprint: str |
 
 def check_quotas(quotas: Sequence[int], client_env_of: Callable[[int], Mapping[str, str]], *,
                  fingerprint: str | None = None, cache: Path | None = None, timeout: float = 180.0,
-                 parallel: int = 1, run_child: Callable[[dict[str, str]], str] | None = None) -> dict[int, QuotaVerdict]:
+                 parallel: int = 1, run_child: Callable[[dict[str, str]], str] | None = None,
+                 on_verdict: Callable[[QuotaVerdict], None] | None = None) -> dict[int, QuotaVerdict]:
     """Verdicts for several quotas: cached ones read, the others measured -- up to `parallel` fresh MPS
     clients at once, each at its own quota. A check is one CUDA start plus a few seconds of small GEMMs
     (~18 s on the H200), so a search that meets a run of unsafe levels (on the H200, 60% to 88% are
     nearly all unsafe) checks them side by side instead of one after another; each client sees only its
-    own quota's SMs, so the checks do not change each other's kernels."""
+    own quota's SMs, so the checks do not change each other's kernels. The CPU references are computed
+    once and shared (`references`), and each check gets its share of the CPU threads: six checks of 16
+    threads each on 16 cores did not finish 19 levels in 150 s on the H200 host."""
     from concurrent.futures import ThreadPoolExecutor
 
     fingerprint = fingerprint if fingerprint is not None else machine_fingerprint()
@@ -293,7 +348,13 @@ def check_quotas(quotas: Sequence[int], client_env_of: Callable[[int], Mapping[s
     if not todo:
         return verdicts
     root = str(Path(__file__).resolve().parent.parent)
+    shared: dict[str, str] = {}
     if run_child is None:
+        refs_path = _references_file(path, root, timeout)
+        if refs_path is not None:
+            shared["ROSE_CHECK_REFERENCES"] = str(refs_path)
+        shared["ROSE_CHECK_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, min(parallel, len(todo)))))
+
         def run_child(e: dict[str, str]) -> str:
             try:
                 p = subprocess.run([sys.executable, "-c", _CHILD], env=e, capture_output=True, text=True, timeout=timeout)
@@ -302,9 +363,12 @@ def check_quotas(quotas: Sequence[int], client_env_of: Callable[[int], Mapping[s
             return p.stdout + (f"\n{p.stderr[-800:]}" if p.returncode else "")
 
     def one(quota: int) -> QuotaVerdict:
-        env = {**os.environ, **client_env_of(quota), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(quota)}
+        env = {**os.environ, **shared, **client_env_of(quota), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(quota)}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-        return _verdict(quota, run_child(env), fingerprint)
+        verdict = _verdict(quota, run_child(env), fingerprint)
+        if on_verdict is not None:  # progress, as each check ends (a batch can take a while)
+            on_verdict(verdict)
+        return verdict
 
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(todo)))) as pool:
         measured = dict(zip(todo, pool.map(one, todo), strict=True))
@@ -320,6 +384,25 @@ def check_quotas(quotas: Sequence[int], client_env_of: Callable[[int], Mapping[s
     except OSError:  # a read-only home: the verdicts still hold for this run
         pass
     return verdicts
+
+
+def _references_file(cache: Path, root: str, timeout: float) -> Path | None:
+    """The references every check compares with, computed once on the CPU (no CUDA) next to the verdict
+    cache; None (each check computes its own) when they cannot be written."""
+    import torch
+
+    path = cache.parent / f"mps_quota_references_{_checks_id()}_torch{torch.__version__}.pt"
+    if path.exists():
+        return path
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "",
+           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-c", _REFERENCES, str(path)], env=env, capture_output=True, timeout=timeout,
+                       check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return path if path.exists() else None
 
 
 def _verdict(quota: int, output: str, fingerprint: str) -> QuotaVerdict:

@@ -75,6 +75,35 @@ def test_a_faulty_attention_kernel_is_caught_in_the_output_and_the_gradients() -
     assert {"block y", "block dx", "block dq"} <= names and all(b["shape"] == [16, 8, 64] for b in bad)
 
 
+def test_shared_references_give_the_same_verdicts_as_computing_them_in_the_check(tmp_path) -> None:
+    """`check_quotas` computes the CPU references once and lends them (saved, memory-mapped) to every
+    level's check: with them a correct run still passes, the same faults are still caught, and every
+    product the check compares has its reference."""
+    from interpreter.quota_safety import references
+
+    path = tmp_path / "refs.pt"
+    torch.save(references(shapes=SMALL, cases=TINY_BLOCKS), path)
+    refs = torch.load(path, mmap=True)
+    assert gemm_errors(device="cpu", dtype_name="float32", shapes=SMALL, refs=refs) == []
+    assert block_errors(device="cpu", dtype_name="bfloat16", cases=TINY_BLOCKS, refs=refs) == []
+
+    def faulty(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        out = a @ b
+        out[0, 0] = float("nan")
+        return out
+
+    def rows(bad: list[dict]) -> list[tuple]:  # max_error differs in the last bits: the shared refs are bf16
+        return [(b["shape"], b["product"], b["wrong_elements"]) for b in bad]
+
+    assert (rows(gemm_errors(faulty, device="cpu", dtype_name="float32", shapes=SMALL, refs=refs))
+            == rows(gemm_errors(faulty, device="cpu", dtype_name="float32", shapes=SMALL)))
+    assert len(gemm_errors(faulty, device="cpu", dtype_name="float32", shapes=SMALL, refs=refs)) == 6
+    with pytest.raises(KeyError):  # a missing reference is an error, never a silent pass
+        gemm_errors(device="cpu", dtype_name="float32", shapes=((8, 8, 8),), refs=refs)
+    block_keys = {k for k in refs if k.startswith("block ")}
+    assert len(block_keys) == 7 * len(TINY_BLOCKS)
+
+
 def test_vector_products_pass_and_a_wrong_element_of_one_is_caught() -> None:
     """The matrix-vector products (a Linear on one vector, the time-embedding MLP's): no false alarm in
     float32 or bf16; one wrong output element -- what time_mlp.2 returned at 26 SMs on the H200 -- is
