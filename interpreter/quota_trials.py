@@ -182,8 +182,18 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     runs_best: list[Any] = []
     runs_ref: list[Any] = []
     for percent, bucket in ((best_percent, runs_best), (q0, runs_ref), (best_percent, runs_best)):
+        # a stop request between the blocks (A/B/A, each a restart and a few iterations): end here rather
+        # than after the whole validation -- on the H200 the three blocks took ~90 s, longer than the
+        # SIGKILL grace of a device call (2026-12-02: killed in validation, no report)
+        reason = stop() if stop is not None else None
+        if reason:
+            use(q0)
+            out.update(search_stopped=reason, trial_seconds=time.perf_counter() - started,
+                       summary=f"stopped while validating {pair.target} at {best_percent}% ({reason}): kept {q0}% "
+                               f"({out['trials']} trials)")
+            return out
         use(percent)
-        bucket += session.complete([plan], max(2, settings.validation_rounds // 2 + 1), 0, [f"mps {pair.target} {percent}%"])[0]
+        bucket += session.complete([plan], per_block, 0, [f"mps {pair.target} {percent}%"])[0]
     ref, cand = summarize([r.seconds for r in runs_ref]), summarize([r.seconds for r in runs_best])
     ok, eps = faster(ref, cand, settings.eps_min, settings.z)
     out["validation"] = {"reference": ref.to_json(), "candidate": cand.to_json(), "margin": eps, "accepted": ok}

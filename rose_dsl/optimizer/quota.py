@@ -198,7 +198,9 @@ def quota_search(q: int, k0: int, measure: Callable[[int], float], rho: int = 4,
     SM counts compute wrong GEMMs (quota_safety.py). The search steps past an unusable level to the next
     one in the same direction instead of reading it as a rise: a hole in the curve is not its minimum.
     Unusable levels cost no trial; they are listed in `skipped`. Asking costs time (a check per level), so
-    `out_of_time()` is consulted before each new question as before each measurement."""
+    `out_of_time()` is consulted before each new question as before each measurement. A hole wider than
+    `rho` levels is crossed after the fine search around the anchor, not before (a stated deviation:
+    Algorithm 2 knows no holes)."""
     if not 1 <= k0 <= q:
         raise ValueError(f"the starting level {k0} is outside 1..{q}")
     if rho < 2:
@@ -225,40 +227,64 @@ def quota_search(q: int, k0: int, measure: Callable[[int], float], rho: int = 4,
                 s.skipped.append(k)
         return verdicts[k]
 
-    def next_usable(k: int, d: int) -> int | None:
-        """k itself or the first usable level beyond it in direction d (None: none left in 1..q, or the
-        time budget ran out while asking -- each question may cost a check, so it is budgeted too)."""
+    hole: dict[str, int] = {}  # where a downward walk met more than `rho` unusable levels in a row
+
+    def next_usable(k: int, d: int, max_skip: int | None = None) -> int | None:
+        """k itself or the first usable level beyond it in direction d (None: none left in 1..q, more
+        than `max_skip` unusable levels in a row -- a downward hole is remembered in `hole` --, or the
+        time budget ran out while asking: each question may cost a check, so it is budgeted too)."""
+        skipped = 0
         while 1 <= k <= q:
             if k in s.history:
                 return k
+            if max_skip is not None and skipped > max_skip:
+                if d < 0:
+                    hole.setdefault("below", k)
+                return None
             if k not in verdicts and out_of_time is not None and out_of_time():
                 s.stopped = s.stopped or "the time budget is spent"
                 return None
             if ok(k):
                 return k
+            skipped += 1
             k += d
         return None
+
+    def coarse_then_fine(kb: int) -> int:
+        while kb > 1:  # coarse search
+            k = next_usable(max(1, kb - rho), -1, max_skip=rho)
+            if k is None:
+                break
+            v = t(k)
+            if v is None or v > s.history[kb]:
+                break
+            kb = k
+        for d in (-1, +1):  # fine search around the anchor
+            k = next_usable(kb + d, d, max_skip=rho)
+            while k is not None and k not in s.history:
+                v = t(k)
+                if v is None or v > s.history[kb]:
+                    break
+                k = next_usable(k + d, d, max_skip=rho)
+        return kb
 
     kb = k0
     if t(kb) is None:
         return s
-    while kb > 1:  # coarse search
-        k = next_usable(max(1, kb - rho), -1)
-        if k is None:
+    kb = coarse_then_fine(kb)
+    # A run of unusable levels wider than the coarse step (on the H200, 60-88% of the SMs) is crossed
+    # only after the fine search around the anchor: with a few trials left, the anchor's neighbours are
+    # the likelier gain than a level past the hole. Then the first usable level below the hole is
+    # measured, and the search goes on from it if it is no slower than the best so far.
+    while "below" in hole and not s.stopped:
+        k = next_usable(hole.pop("below"), -1)
+        if k is None or k in s.history:
             break
         v = t(k)
-        if v is None:
+        best = min(s.history.values())
+        if v is None or v > best:
             break
-        if v > s.history[kb]:
-            break
-        kb = k
-    for d in (-1, +1):  # fine search around the anchor
-        k = next_usable(kb + d, d)
-        while k is not None and k not in s.history:
-            v = t(k)
-            if v is None or v > s.history[kb]:
-                break
-            k = next_usable(k + d, d)
+        kb = coarse_then_fine(k)
     s.best = min(s.history, key=lambda k: (s.history[k], -k))
     s.stopped = s.stopped or "both directions rose above the anchor"
     return s

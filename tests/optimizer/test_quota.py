@@ -138,7 +138,8 @@ def test_unusable_levels_are_stepped_past_not_read_as_a_rise() -> None:
     assert s.best in (57, 59) and s.trials == 7
     # every level below the start unusable: the start is the only measurement, and the best
     s = quota_search(10, 10, lambda k: 1.0, rho=2, usable=lambda k: False)
-    assert s.order == [10] and s.best == 10 and s.skipped == list(range(8, 0, -1)) + [9]
+    # (8, 7, 6: a hole wider than rho; the anchor's neighbour 9; then across the hole from 5)
+    assert s.order == [10] and s.best == 10 and s.skipped == [8, 7, 6, 9, 5, 4, 3, 2, 1]
 
 
 def test_bad_search_arguments() -> None:
@@ -286,8 +287,29 @@ def test_stepping_past_unusable_levels_stops_when_the_time_budget_is_spent() -> 
         return k <= 30
 
     s = quota_search(66, 66, lambda k: 1.0 + 0.001 * k, rho=4, usable=usable, out_of_time=lambda: clock["t"] > 100)
-    # 62, 61, ... are unusable; after six questions (108 s) the budget is spent: no seventh, no trial
-    assert s.order == [66] and asked == [62, 61, 60, 59, 58, 57] and "time budget" in s.stopped and s.best == 66
+    # 62..58 unusable (a hole wider than the coarse step), then the anchor's neighbour 65, unusable too:
+    # after six questions (108 s) the budget is spent: no seventh, no trial
+    assert s.order == [66] and asked == [62, 61, 60, 59, 58, 65] and "time budget" in s.stopped and s.best == 66
+
+
+def test_a_wide_hole_is_crossed_after_the_fine_search_around_the_anchor() -> None:
+    """The H200's shape (levels = SM count / 2): 90-94% safe, 60-88% (levels 30-58) unsafe, 50% safe. With
+    few trials the anchor's safe neighbours (93%, 91%) are measured before anything past the hole; with
+    more, the search crosses the hole and keeps going only if the level below is no slower."""
+    curve = {k: 1.0 + 0.01 * abs(k - 60) for k in range(1, 67)}  # minimum at level 60 (91%)
+    unsafe = set(range(30, 59))
+    s = quota_search(66, 66, lambda k: curve[k], rho=4, max_trials=5, usable=lambda k: k not in unsafe)
+    # coarse 66 -> 62 -> (58..54 unsafe: a hole); fine 61, 60, 59 (none slower than the anchor 62); the
+    # trial budget ends it
+    assert s.order == [66, 62, 61, 60, 59] and s.best == 60 and not set(s.order) & unsafe
+    s = quota_search(66, 66, lambda k: curve[k], rho=4, max_trials=12, usable=lambda k: k not in unsafe)
+    # the fine search goes down to 59 and up to 63 (slower than the anchor); then the hole is crossed:
+    # 29 is slower than the best, so the search ends there
+    assert s.order[:6] == [66, 62, 61, 60, 59, 63] and s.order[-1] == 29 and s.best == 60
+    # a curve that keeps falling below the hole: the search goes on from there (coarse again)
+    falling = {k: 1.0 + 0.01 * k for k in range(1, 67)}
+    s = quota_search(66, 66, lambda k: falling[k], rho=4, max_trials=12, usable=lambda k: k not in unsafe)
+    assert 29 in s.order and 25 in s.order and s.best < 29
 
 
 def test_tune_quota_never_uses_a_level_whose_gemms_are_wrong() -> None:
@@ -370,6 +392,38 @@ def test_a_stop_request_ends_the_quota_search_and_keeps_the_unvalidated_level_ou
     assert out["trials"] == 2 and asked["n"] > 0
     assert out["search_stopped"] == "stopped by SIGTERM" and "validation" not in out and "quotas" not in out
     assert "stopped before validating" in out["summary"] and session.executor.quota["trainer"] == 100
+
+
+def test_a_stop_request_during_validation_ends_it_between_blocks_and_keeps_the_default() -> None:
+    """The validation's A/B/A blocks are minutes on the GPU: a signal after the first block ends it there
+    (no half-validated quota is kept, the process is back at its default)."""
+    from interpreter.quota_trials import tune_quota
+    from rose_dsl.optimizer.search import Settings
+
+    wf, result = _stage1(ROOT)
+    session = _FakeSession(best=80)
+    calls = {"complete": 0}
+    complete = session.complete
+
+    def counted(*a, **k):
+        calls["complete"] += 1
+        return complete(*a, **k)
+
+    session.complete = counted  # type: ignore[method-assign]
+    searched = {"done": False}
+
+    def stop() -> str | None:
+        return "stopped by SIGTERM" if searched["done"] else None
+
+    def log(message: str) -> None:
+        if "validating" in message:
+            searched["done"] = True  # the signal lands as the validation starts its first block
+            calls["at_validation"] = calls["complete"]
+
+    out = tune_quota(wf, result, session, _Gpu(), Settings(), log=log, total_sms=132, check=_checked(), stop=stop)
+    assert calls["complete"] == calls["at_validation"]  # no validation block ran after the signal
+    assert "stopped while validating" in out["summary"] and "quotas" not in out and "validation" not in out
+    assert session.executor.quota["trainer"] == 100
 
 
 def test_the_quota_curve_picture_marks_the_levels_not_run() -> None:
