@@ -27,7 +27,7 @@ for part in ${PARTS:-dispatch quota overhead}; do
     quota) timeout "${QUOTA_S:-120}" python3 benchmarks/quota_safety_levels.py \
              --out "$OUT/quota_safety_levels.json" > "$OUT/quota_safety_levels.log" 2>&1 ;;
     overhead) bash benchmarks/mjx_env.sh > "$OUT/call_overhead.log" 2>&1 &&
-              PYTHONPATH=/tmp/mjxenv:$PYTHONPATH timeout "${OVERHEAD_S:-180}" python3 benchmarks/call_overhead.py \
+              PYTHONPATH=/tmp/mjxenv:$PYTHONPATH timeout "${OVERHEAD_S:-240}" python3 benchmarks/call_overhead.py \
                 --rounds 3 --out "$OUT/call_overhead.json" >> "$OUT/call_overhead.log" 2>&1 ;;
     nan20) bash benchmarks/mjx_env.sh > "$OUT/quota_nan_20.log" 2>&1 &&   # the replay's capture steps Reacher
            PYTHONPATH=/tmp/mjxenv:$PYTHONPATH timeout "${NAN_S:-240}" python3 benchmarks/quota_nan_root_cause.py \

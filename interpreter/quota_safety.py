@@ -71,7 +71,7 @@ class UnsafeQuota(ValueError):
         self.verdict = verdict
         known = f"; levels found safe here: {', '.join(f'{q}%' for q in safe)}" if safe else ""
         super().__init__(
-            f"MPS quota {verdict.quota}% ({verdict.sm_count} SMs) is unsafe on this machine: bf16 GEMMs computed "
+            f"MPS quota {verdict.quota}% ({verdict.sm_count} SMs) is unsafe on this machine: bf16 products computed "
             f"under it were wrong in {verdict.bad_products} of {verdict.products} checked products "
             f"({verdict.detail}){known}. This is a fault of the GPU's math library under MPS "
             f"(docs/reliability.md, 'MPS quotas'); choose another quota")

@@ -106,7 +106,7 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         if not verdict.ok:
             unsafe[percent] = verdict.detail
             why = ("its self-check did not run, so it is not known to be safe" if verdict.sm_count is None
-                   else "GEMMs are wrong under it here")
+                   else "the GPU math self-check fails under it here")
             log(f"  quota {percent}% ({verdict.sm_count} SMs) skipped: {why} ({verdict.detail})")
         return verdict.ok
 

@@ -202,7 +202,7 @@ def quota_curve_markdown(stage2: Mapping[str, Any]) -> list[str]:
     lines = ["## Quota curve (stage 2)", "", "| quota % | SMs | local time |", "| --- | --- | --- |"]
     lines += [f"| {p['percent']} | {p.get('sms', '-')} | "
               + (f"{p['seconds']:.4f} s |" if p.get("seconds") is not None else
-                 "not run: GEMMs are wrong under it on this machine |" if p.get("unsafe") else "- |")
+                 "not run: the GPU math self-check fails under it on this machine |" if p.get("unsafe") else "- |")
               for p in stage2["curve"]]
     return lines + ["", "![quota curve](quota_curve.svg)", ""]
 

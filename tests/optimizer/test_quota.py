@@ -331,7 +331,7 @@ def test_tune_quota_never_uses_a_level_whose_gemms_are_wrong() -> None:
     # the report shows the hole in the curve instead of failing on it
     from rose_dsl.optimizer.report import quota_curve_markdown
 
-    assert "not run: GEMMs are wrong" in "\n".join(quota_curve_markdown(out))
+    assert "not run: the GPU math self-check fails" in "\n".join(quota_curve_markdown(out))
 
 
 def test_a_run_of_unsafe_levels_is_checked_in_parallel_batches() -> None:
