@@ -301,7 +301,7 @@ class TrialSession:
         self.started = time.perf_counter()
         self.books: dict[str, float] = {"complete_iterations": 0, "complete_s": 0.0, "local_runs": 0, "local_s": 0.0,
                                         "local_abandoned": 0, "captures": 0, "capture_s": 0.0, "snapshot_s": 0.0, "quota_trials": 0,
-                                        "quota_s": 0.0}
+                                        "quota_s": 0.0, "quota_checks": 0, "quota_check_s": 0.0}
         self.retained: list[dict[str, Any]] = []  # one line per training iteration (metrics.jsonl)
         self._proven: set[int] = set()  # plans (by id) that completed an iteration
         self._last_plan: Workflow | None = None  # the plan of the last complete iteration

@@ -453,3 +453,21 @@ def test_a_level_whose_check_did_not_run_is_skipped_and_said_so() -> None:
     said = [ln for ln in lines if "94%" in ln]
     assert said and "did not run" in said[0] and "GEMMs are wrong" not in said[0]
     assert 94 in out["unsafe_levels"] and out["best_percent"] != 94
+
+
+def test_the_self_checks_are_booked_apart_as_a_once_per_machine_cost() -> None:
+    """The quota self-checks are cached per machine: the report gives the net overhead with and without
+    them, and counts every level asked."""
+    from interpreter.quota_trials import tune_quota
+    from rose_dsl.optimizer.report import overhead
+    from rose_dsl.optimizer.search import Settings
+
+    wf, result = _stage1(ROOT)
+    session = _FakeSession(best=80)
+    check = _checked(unsafe=(94, 93))
+    tune_quota(wf, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132, check=check)
+    assert session.books["quota_checks"] == len(check.seen) > 0 and session.books["quota_check_s"] >= 0.0
+    ov = overhead(400.0, 160.0, 18, 8.0, 8.7, once_per_machine_s=90.0)
+    assert ov["net"] == 240.0 and ov["net_repeat"] == 150.0
+    assert ov["fraction_of_1h_net_repeat"] == pytest.approx(150.0 / 3600)
+    assert overhead(400.0, 160.0, 18, 8.0, 8.7)["net_repeat"] == 240.0
