@@ -350,7 +350,7 @@ def check_quotas(quotas: Sequence[int], client_env_of: Callable[[int], Mapping[s
     root = str(Path(__file__).resolve().parent.parent)
     shared: dict[str, str] = {}
     if run_child is None:
-        refs_path = _references_file(path, root, timeout)
+        refs_path = _references_file(root, timeout)
         if refs_path is not None:
             shared["ROSE_CHECK_REFERENCES"] = str(refs_path)
         shared["ROSE_CHECK_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, min(parallel, len(todo)))))
@@ -386,18 +386,27 @@ def check_quotas(quotas: Sequence[int], client_env_of: Callable[[int], Mapping[s
     return verdicts
 
 
-def _references_file(cache: Path, root: str, timeout: float) -> Path | None:
-    """The references every check compares with, computed once on the CPU (no CUDA) next to the verdict
-    cache; None (each check computes its own) when they cannot be written."""
-    import torch
+_REFERENCES_DIR: list[Path] = []  # this process's directory for the references (removed at exit)
 
-    path = cache.parent / f"mps_quota_references_{_checks_id()}_torch{torch.__version__}.pt"
+
+def _references_file(root: str, timeout: float) -> Path | None:
+    """The references every check compares with, computed once per process on the CPU (no CUDA) into a
+    temporary directory removed when this process exits -- 0.8 GB, too much to leave in a user's cache
+    for a check whose verdicts are cached anyway; None (each check computes its own) when they cannot be
+    written."""
+    import atexit
+    import shutil
+    import tempfile
+
+    if not _REFERENCES_DIR:
+        _REFERENCES_DIR.append(Path(tempfile.mkdtemp(prefix="rose-quota-refs-")))
+        atexit.register(shutil.rmtree, _REFERENCES_DIR[0], True)
+    path = _REFERENCES_DIR[0] / f"references_{_checks_id()}.pt"
     if path.exists():
         return path
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "",
            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-c", _REFERENCES, str(path)], env=env, capture_output=True, timeout=timeout,
                        check=True)
     except (OSError, subprocess.SubprocessError):

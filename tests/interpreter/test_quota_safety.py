@@ -217,3 +217,23 @@ def test_execute_refuses_an_unsafe_quota_naming_the_safe_levels(monkeypatch, tmp
     assert "MPS quota 60% (78 SMs) is unsafe" in message and "50%, 100%" in message and "--no-quota-check" in message
     run.check_quotas(comps[:1], Daemon(), Console(file=open(tmp_path / "log2", "w")))  # 50% passes
     assert isinstance(UnsafeQuota(verdicts[60]), ValueError)
+
+
+def test_the_shared_references_are_computed_once_per_process_in_a_temporary_directory(monkeypatch) -> None:
+    """The references (0.8 GB for the real check set) live in a directory of this process's, not in the
+    user's cache, and are computed once however many batches of checks ask for them."""
+    import tempfile
+    from pathlib import Path
+
+    import interpreter.quota_safety as qs
+
+    tiny = ("import sys, torch\nfrom interpreter.quota_safety import references\n"
+            "torch.save(references(shapes=((8, 8, 8),), cases=()), sys.argv[1])\n")
+    monkeypatch.setattr(qs, "_REFERENCES", tiny)
+    monkeypatch.setattr(qs, "_REFERENCES_DIR", [])
+    root = str(Path(qs.__file__).resolve().parents[1])
+    first = qs._references_file(root, 120.0)
+    assert first is not None and first.is_file() and str(first).startswith(tempfile.gettempdir())
+    stamp = first.stat().st_mtime_ns
+    assert qs._references_file(root, 120.0) == first and first.stat().st_mtime_ns == stamp  # not recomputed
+    assert set(torch.load(first)) == {"gemm 8x8x8 fwd", "gemm 8x8x8 dgrad", "gemm 8x8x8 wgrad"}
