@@ -136,6 +136,13 @@ class Backend(ABC):
         with it; the new process's `info` (`capabilities.restartable`)."""
         raise Unsupported(f"the {self.name} backend cannot move a component to a new process")
 
+    def replace_component(self, comp: Component) -> None:
+        """Stop every process of `comp.name` and start `comp`'s instead -- another replica count or other
+        constructor arguments (a layout: `rose optimize --layout`) -- with fresh state; the caller vouches
+        that each iteration refreshes that state before anything reads it (`optimizer/layouts.py`). The
+        other components keep their processes. Load a schedule afterwards (`load`): the nodes changed."""
+        raise Unsupported(f"the {self.name} backend cannot change a component's processes")
+
     def compile(self, schedule: Schedule) -> None:
         """Compile `schedule`'s iteration into one graph (`capabilities.compilable`); afterwards
         `capabilities.compiled` holds. Raises CompileError when it cannot be compiled: the backend then

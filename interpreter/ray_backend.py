@@ -343,6 +343,43 @@ class RayBackend(Backend):
             self.compile(schedule)
         return self.control(name, "info")
 
+    def replace_component(self, comp: Component) -> None:
+        """A layout switch: `comp.name`'s processes stopped, `comp`'s (its replica count, its args) started
+        fresh. A start that fails stops the new processes and raises CallFailed, leaving the backend
+        running without that component (the caller puts the old definition back)."""
+        from dataclasses import replace as dc_replace
+
+        old = self.wf.components[comp.name]
+        for c in (old, comp):
+            if c.device == "gpu" and self._placement_group is not None:
+                raise Unsupported(f"cannot change GPU component '{c.name}''s processes (GPU placement is fixed when "
+                                  "the processes start)")
+            if c.replicas > 1 and _wants_process_group(c, self.allowed):
+                raise Unsupported(f"'{c.name}''s replicas form a torch.distributed group, which is fixed when the "
+                                  "processes start")
+        self._teardown_dag()
+        self._schedule = None
+        names = [n for n in self.actors if n.partition("#")[0] == comp.name]
+        for name in names:
+            self._kill(name)
+        self._wait_gone([self.pids.pop(n) for n in names if n in self.pids])
+        for name in names:
+            del self.actors[name]
+        self.wf = dc_replace(self.wf, components={**self.wf.components, comp.name: comp})
+        new = [replica_name(comp.name, r) for r in range(comp.replicas)]
+        for r, name in enumerate(new):
+            self.actors[name] = self._launch(comp, r)
+        for name in new:
+            try:
+                info = self.ray.get(self.actors[name].info.remote(), timeout=self.start_timeout_s)
+            except self.ray.exceptions.RayError as exc:  # a constructor raised, a process died, a timeout
+                for other in new:
+                    self._kill(other)
+                    self.actors.pop(other, None)
+                    self.pids.pop(other, None)
+                raise CallFailed(f"starting component '{name}'", name, _unwrap(exc)) from None
+            self.pids[name] = info["pid"]
+
     def _env(self, comp: Component, mps: dict[str, str]) -> dict[str, str]:
         env = {k: str(v) for k, v in comp.env.items()}
         env.update(mps)

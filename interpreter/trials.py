@@ -133,6 +133,7 @@ class Executor:
         self.compiled = compiled and caps.compilable
         self._runners: dict[int, tuple[Workflow, Runner]] = {}
         self._loaded: Workflow | None = None  # the plan the workers run now
+        self._defs: dict[str, Component] = dict(workers.components)  # what each running component was started as
         self.loads = 0  # plan switches (each registers nodes, and recompiles when compiled)
         self.prepare_s = 0.0  # switching plans, compiling graphs, adding components
 
@@ -168,8 +169,31 @@ class Executor:
         for name, comp in comps.items():
             if name not in have:
                 self._backend.add_component(comp)
+                self._defs[name] = comp
                 added.append(name)
         return added
+
+    def use_layout(self, wf: Workflow) -> list[str]:
+        """Run `wf`'s components as `wf` defines them from now on: each one whose definition differs from
+        the running one (another replica count or other args: a layout) gets fresh processes
+        (`Backend.replace_component`), the others keep theirs and their state. The replaced ones, in
+        order; the next `run` loads its plan afresh."""
+        replaced = []
+        for name, comp in wf.components.items():
+            running = self._defs.get(name)
+            if running is not None and (running.replicas, running.args) != (comp.replicas, comp.args):
+                copies = sorted(n for n, c in self._defs.items() if c.copy_of == name)
+                if copies:  # (layouts are tried before stage 1 starts any copy)
+                    raise Unsupported(f"cannot change '{name}''s processes while its copies {', '.join(copies)} run")
+                self._loaded = None
+                try:
+                    self._backend.replace_component(comp)
+                except CallFailed:
+                    self._backend.replace_component(running)  # the old processes back, then say why
+                    raise
+                self._defs[name] = comp
+                replaced.append(name)
+        return replaced
 
     def _runner(self, plan: Workflow) -> Runner:
         entry = self._runners.get(id(plan))
@@ -421,11 +445,14 @@ class TrialSession:
         return run
 
     def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0,
-                 labels: Sequence[str] = (), before: Callable[[int], None] | None = None) -> list[list[IterationRun]]:
+                 labels: Sequence[str] = (), before: Callable[[int], None] | None = None,
+                 guard_first: bool = False) -> list[list[IterationRun]]:
         """`rounds` iterations of each plan, interleaved A B A B (reversed every other round, so a drift
         in time hits both alike); `warmup` iterations of the first plan first, not returned. `labels`
         name the plans (their rewrite requests) in the run's metrics lines. `before(i)` runs before each
-        turn of plan i (e.g. moving a component under the plan's MPS quota: `rose compare`)."""
+        turn of plan i (e.g. moving a component under the plan's MPS quota: `rose compare`). A plan's
+        first iteration ever is guarded (a failure loses the trial, not the training) unless it is the
+        first plan, the reference -- or with `guard_first` (a layout trial's plan, alone in the call)."""
         labels = list(labels) or ["" for _ in plans]
         self.last_failures = {}
         if warmup and before is not None:
@@ -451,13 +478,27 @@ class TrialSession:
                         # and one right after a switch ran up to 3x its steady time on the CPU (the previous
                         # plan's compiled graph still winding down). Timed, they made the reference of an
                         # interleaved comparison slower than the candidates and gave slower plans a benefit.
-                        self._iteration(plans[i], labels[i], guard=new and i > 0)
+                        self._iteration(plans[i], labels[i], guard=new and (i > 0 or guard_first))
                     out[i].append(self._iteration(plans[i], labels[i], guard=False))
                 except TrialFailed as exc:  # the plan fails: its trial is lost, training goes on with the others
                     self.last_failures[i] = str(exc)
                     self._last_plan = None  # the workers had switched to it
                     self.log(f"  trial failed ({labels[i] or 'plan'}): {exc}")
         return out
+
+    def use_layout(self, wf: Workflow) -> list[str]:
+        """Train `wf` -- the workflow with other layout knob values (`optimizer/layouts.py`) -- from the
+        next iteration on: the components it defines differently get fresh processes
+        (`Executor.use_layout`), and the plans measured from now on are `wf`'s. Booked as `layout_s`."""
+        t = time.perf_counter()
+        replaced = self.executor.use_layout(wf)
+        self.wf = wf
+        if replaced:
+            self._last_plan = None  # the next iteration is the new processes' first: training, not timed
+            self.component_bytes = _StateSizes(self.executor)
+            self.books["layout_switches"] = self.books.get("layout_switches", 0) + 1
+        self.books["layout_s"] = self.books.get("layout_s", 0.0) + time.perf_counter() - t
+        return replaced
 
     def replace_quota(self, comp: str, quota: int | None, mps_env: dict[str, str] | None) -> dict[str, Any]:
         """Move a GPU component to a new process under another MPS quota (`Executor.replace_quota`). The

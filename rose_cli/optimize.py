@@ -97,6 +97,11 @@ def optimize(
     mps: Annotated[bool, typer.Option("--mps/--no-mps", help="run GPU components under NVIDIA MPS with their quotas")] = True,
     compiled: Annotated[bool, typer.Option("--compiled/--no-compiled", help="ray: compile each iteration into a Ray Compiled Graph")] = True,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress lines")] = False,
+    layout: Annotated[list[str] | None, typer.Option(
+        "--layout", help="NAME=V1,V2,...: a workflow param that changes only how many processes a component runs "
+                         "as and their arguments (e.g. sim_replicas=1,2,4: simulator processes); each value is "
+                         "measured on complete iterations before stage 1 and the fastest kept (repeatable; "
+                         "docs/optimizer.md)")] = None,
     sets: SetOpt = None,
 ) -> None:
     """Find a faster plan for a workflow by measuring it: rewrites that overlap work (stage 1), then the
@@ -116,18 +121,54 @@ def optimize(
             raise typer.Exit(ExitCode.INVALID)
         report_problems(given, check_trust(given, policy), "(the plan asks to run code the command line did not allow)")
 
+    layouts = _layouts(file, wf, sets, layout or [], given is not None)
+
     from interpreter.backends import default_backend
 
     from .run import TRIAL_MODULES, ExecuteOptions
 
     report_dir = report or output.with_name(output.stem + "_report")
-    run = ExecuteOptions(backend=default_backend(wf) if backend is BackendName.AUTO else backend.value,
+    auto = "ray" if layouts else default_backend(wf)  # (a layout's processes are replicas: Ray's)
+    run = ExecuteOptions(backend=auto if backend is BackendName.AUTO else backend.value,
                          out_dir=out_dir or report_dir / "run", overwrite=overwrite, address=address,
                          call_timeout=call_timeout, allowed=(*policy.modules, *TRIAL_MODULES), mps=mps, quiet=quiet,
                          compiled=compiled)
     opts = OptimizeOptions(file=file, output=output, report_dir=report_dir, budget_s=budget_s, rounds=rounds,
-                           top_k=top_k, alternatives=alternatives, quota=quota, stage1=given)
+                           top_k=top_k, alternatives=alternatives, quota=quota, stage1=given, layouts=tuple(layouts))
     raise typer.Exit(optimize_workflow(wf, opts, run, out, err))
+
+
+def _layouts(file: Path, wf: Workflow, sets: list[str] | None, options: list[str], with_stage1: bool) -> list[Any]:
+    """The `--layout` values to try, each checked (`optimizer/layouts.py`); exit 2 on a bad option."""
+    if not options:
+        return []
+    from rose_dsl import load_workflow
+    from rose_dsl.cli import _overrides
+    from rose_dsl.errors import WorkflowError
+    from rose_dsl.optimizer.layouts import layouts, parse_layout_option
+
+    if with_stage1:
+        err.print("error: --layout and --stage1 do not go together: --stage1's plan fixes the layout", markup=False)
+        raise typer.Exit(ExitCode.INVALID)
+    knobs: dict[str, list[Any]] = {}
+    try:
+        for text in options:
+            name, values = parse_layout_option(text)
+            if name in knobs:
+                raise ValueError(f"--layout {name} is given twice")
+            knobs[name] = values
+        base_sets = _overrides(sets)
+
+        def load(extra: Any) -> Workflow:
+            try:
+                return load_workflow(file, {**base_sets, **extra})
+            except WorkflowError as exc:
+                raise ValueError(exc.format().strip().splitlines()[0]) from None
+
+        return layouts(wf, knobs, load)
+    except ValueError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(ExitCode.INVALID) from None
 
 
 @dataclass(frozen=True)
@@ -143,6 +184,7 @@ class OptimizeOptions:
     alternatives: int = 4
     quota: bool = True
     stage1: Workflow | None = None  # --stage1: the graph is this plan (no search)
+    layouts: tuple[Any, ...] = ()  # --layout: the values to try before stage 1 (optimizer/layouts.py Layout)
 
 
 def optimize_workflow(wf: Workflow, opts: OptimizeOptions, run: Any, out: Console, err: Console) -> int:
@@ -273,6 +315,16 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
     with progress_log(out, run.quiet) as log:
         session = start_trial_session(wf, run, gpu, ctx, teardown, _copies(wf, run.backend, opts.stage1), log)
         stop = teardown.enter_context(GracefulStop(log))  # after Ray's start: its handlers are replaced
+        layout_section = None
+        if opts.layouts:
+            from interpreter.layout_trials import choose_layout
+
+            # layouts first, within about a third of the budget: stage 1's rewrites then apply to the chosen one
+            cap = None if opts.budget_s is None else time.perf_counter() + opts.budget_s * 0.35
+            chosen, layout_section = choose_layout(wf, opts.layouts, session, settings, log, deadline=cap, stop=stop)
+            if chosen is not None and chosen.workflow is not None:
+                wf = chosen.workflow
+                log(f"layout: {layout_section['summary']}; stage 1 goes on with it")
         try:
             if opts.stage1 is not None:
                 requests = [str(r) for r in (opts.stage1.plan or {}).get("rewrites") or []]
@@ -285,12 +337,15 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
             raise
         stage2 = _stage2(wf, result, session, gpu, opts.quota, run.backend, settings, log, deadline, stop)
         plan = stage2.pop("plan", None) or result.plan
-        _write_plan(plan, opts.output, opts.file, result, stage2)
+        _write_plan(plan, opts.output, opts.file, result, stage2, (layout_section or {}).get("chosen"))
         # the graph of stage 1 alone (the paper table's `stage1` / `stage1_mps` rows)
-        _write_plan(result.plan, opts.report_dir / "stage1.yaml", opts.file, result, {})
+        _write_plan(result.plan, opts.report_dir / "stage1.yaml", opts.file, result, {},
+                    (layout_section or {}).get("chosen"))
         ckpt = session.finish(opts.output.name)
     run_dir = run.out_dir if ckpt else None
     doc = _report_doc(wf, result, session, time.perf_counter() - started, opts, run_dir, settings, run.backend, stage2)
+    if layout_section is not None:
+        doc["layout"] = layout_section
     if stop():
         doc["interrupted"] = stop()  # the signal that ended the run early (what was measured is all here)
     panels = [("declared", _typical(result.baseline_runs)), ("plan", _typical(result.final_runs))]
@@ -327,7 +382,8 @@ def _stage2(wf: Workflow, result: Any, session: Any, gpu: Gpu, quota: bool, back
     return tune_quota(wf, result, session, gpu, settings, log, deadline=deadline, stop=stop)
 
 
-def _write_plan(plan: Workflow, output: Path, file: Path, result: Any, stage2: dict[str, Any]) -> None:
+def _write_plan(plan: Workflow, output: Path, file: Path, result: Any, stage2: dict[str, Any],
+                layout: dict[str, Any] | None = None) -> None:
     from rose_dsl import WorkflowError, load_workflow_text
     from rose_dsl.serialize import to_yaml
 
@@ -336,7 +392,10 @@ def _write_plan(plan: Workflow, output: Path, file: Path, result: Any, stage2: d
             "baseline_iteration_s": round(result.baseline.median, 6), "plan_iteration_s": round(result.final.median, 6)}
     if quotas:
         meta["mps_quota"] = dict(quotas)
+    if layout:  # (the plan's params hold these values: `rose execute FILE --plan` checks it against FILE with them)
+        meta["layout"] = dict(layout)
     lines = [f"#   {r}" for r in result.requests] or ["#   (no rewrite: the declared graph was fastest)"]
+    lines += [f"#   layout {k} = {v}" for k, v in (layout or {}).items()]
     header = "\n".join([f"# plan written by `rose optimize` from {file}", *lines,
                         *[f"#   mps_quota {c} = {q}%" for c, q in quotas.items()]])
     text = to_yaml(plan, plan=meta, header=header)
@@ -395,6 +454,8 @@ def _summary(out: Console, doc: dict[str, Any], opts: OptimizeOptions, run_dir: 
         out.print(f"note: the search was cut short ({doc['stopped']}) before it had decided every round it began: "
                   "give it more training iterations (the workflow's iteration count, e.g. --set iterations=N) or "
                   "more time (--budget-s)", markup=False)
+    if doc.get("layout"):
+        out.print("layout: " + doc["layout"]["summary"], markup=False)
     if doc.get("stage2"):
         s2 = doc["stage2"]
         out.print("stage 2: " + (s2.get("summary") or f"skipped ({s2.get('skipped')})"), markup=False)

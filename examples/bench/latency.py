@@ -100,9 +100,14 @@ class Sim(_Timed):
     """`reset(it, ep)` -> obs refreshes the per-row `episode` state; `step(action)` -> obs, reward, done
     updates it. Metrics: mean reward per step and env steps."""
 
-    def __init__(self, num_envs: int = 64, dim: int = 4, act_dim: int = 2, seed: int = 0, **timing: Any) -> None:
+    def __init__(self, num_envs: int = 64, dim: int = 4, act_dim: int = 2, seed: int = 0, replica: int = 0,
+                 **timing: Any) -> None:
         super().__init__(**timing)
         self.num_envs, self.dim, self.act_dim, self.seed = int(num_envs), int(dim), int(act_dim), int(seed)
+        # as one of several simulator processes (replicas), this one's rows are the global rows
+        # [row_offset, row_offset + num_envs): every pattern is keyed by the global row, so any number of
+        # processes computes the same rollout
+        self.row_offset = int(replica) * self.num_envs
         self.episode = torch.zeros(self.num_envs, self.dim, dtype=DTYPE)
         self._reward = torch.zeros(self.num_envs, dtype=DTYPE)  # per row: split-invariant metrics
         self._steps = torch.zeros(self.num_envs, dtype=DTYPE)
@@ -112,7 +117,8 @@ class Sim(_Timed):
         idx = _rows(rows, self.num_envs)
         self.wait(len(idx))
         sl = slice(idx.start, idx.stop)
-        self.episode[sl] = _wave(self.seed, 4.0, it, ep, rows=idx, width=self.dim)
+        rows_global = range(self.row_offset + idx.start, self.row_offset + idx.stop)
+        self.episode[sl] = _wave(self.seed, 4.0, it, ep, rows=rows_global, width=self.dim)
         return self.episode[sl].clone()
 
     def step(self, action: torch.Tensor, rows: slice | None = None) -> dict[str, torch.Tensor]:
@@ -169,9 +175,11 @@ class Trainer(_Timed):
         self.optimizer = torch.zeros_like(self.weights)
         self._losses: list[float] = []
 
-    def update(self, batch: Any, mb: int = 0) -> None:
-        """`mb`: a minibatch index (a different step over the same batch)."""
-        leaves = _leaves(batch)
+    def update(self, batch: Any, mb: int = 0, env: Any = None) -> None:
+        """`mb`: a minibatch index (a different step over the same batch). `env`: the simulator's part of
+        the trajectory as a second input, when the simulator runs as several processes (a value from
+        components of different replica counts travels port by port)."""
+        leaves = _leaves(batch) + (_leaves(env) if env is not None else [])
         if not leaves:
             raise ValueError("update: the batch holds no tensors")
         first = leaves[0]

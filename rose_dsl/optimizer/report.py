@@ -98,6 +98,8 @@ def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: f
               "quota_checks": {"count": int(books.get("quota_checks", 0)), "seconds": books.get("quota_check_s", 0.0),
                                "note": "the GPU math self-check of each quota level asked (fresh MPS clients, "
                                        "several at once); cached per machine, so paid once per machine"},
+              "layout": {"count": int(books.get("layout_switches", 0)), "seconds": books.get("layout_s", 0.0),
+                         "note": "layout switches (`--layout`): stopping and starting the processes a layout changes"},
               "setup": {"count": int(books.get("plan_loads", 0)),
                         "seconds": books.get("startup_s", 0.0) + books.get("prepare_s", 0.0),
                         "note": "starting the components, loading plans onto them, compiling graphs (count: plan "
@@ -180,6 +182,7 @@ def report_markdown(doc: Mapping[str, Any], picture: str | None) -> str:
         lines += ["", f"Combined: `{'; '.join(c['requests']) or '-'}` predicted {_f(c['predicted_iteration_s'])}, measured "
                   f"{_med(c['measured'])} vs reference {_med(c['reference'])}, margin {_pct(c['margin'])}: "
                   f"**{'accepted' if c['accepted'] else 'rejected'}** ({c['note']})", ""]
+    lines += layout_markdown(doc.get("layout"))
     tr, ov = doc["trials"], doc["overhead_s"]
     lines += ["## Trials and overhead", "", "| kind | count | seconds | |", "| --- | --- | --- | --- |"]
     for k, v in tr.items():
@@ -206,6 +209,28 @@ def report_markdown(doc: Mapping[str, Any], picture: str | None) -> str:
         lines += ["## Continue training", "", f"The iterations trained while optimizing are checkpointed in "
                   f"`{doc['run_dir']}`: `rose execute {doc['file']} --plan {doc['plan_file']} --out {doc['run_dir']} --resume`", ""]
     return "\n".join(lines)
+
+
+def layout_markdown(section: Mapping[str, Any] | None) -> list[str]:
+    """The layout trials (`rose optimize --layout`) as a table: each value, its A/B/A measurement against
+    the declared layout, and the decision."""
+    if not section:
+        return []
+    lines = ["## Layout (before stage 1)", "", section["summary"] + (" -- the declared graph and plan above are at "
+             "this layout." if section.get("chosen") else "."), "",
+             "| layout | changes | candidate | declared layout | | decision |", "| --- | --- | --- | --- | --- | --- |"]
+    for row in section["candidates"]:
+        label = ", ".join(f"{k}={v}" for k, v in row["values"].items())
+        changed = ", ".join(row.get("changed") or []) or "-"
+        if row.get("refused"):
+            lines.append(f"| {label} | {changed} | - | - | | not tried: {row['refused']} |")
+        elif "candidate" not in row:
+            lines.append(f"| {label} | {changed} | - | - | | {row.get('failed') or row.get('not_measured')} |")
+        else:
+            lines.append(f"| {label} | {changed} | {_med(row['candidate'])} | {_med(row['reference'])} | "
+                         f"{row['speedup']:.2f}x | {'kept' if row['accepted'] else 'not faster'} "
+                         f"(margin {_pct(row['margin'])}) |")
+    return [*lines, ""]
 
 
 def quota_curve_markdown(stage2: Mapping[str, Any]) -> list[str]:

@@ -134,6 +134,12 @@ def test_chain_plan_is_never_slower(tmp_path: Path) -> None:
     (["optimize", "workflows/latency_interaction.yaml", "-o", "{tmp}/p.yaml", "--set", "iterations=2"],
      "not even the reference profile"),
     (["optimize", "workflows/gpu_two_component.yaml", "-o", "{tmp}/p.yaml"], "need a GPU"),
+    (["optimize", "workflows/latency_sim_processes.yaml", "-o", "{tmp}/p.yaml", "--layout", "sim_procs=1,2"],
+     "not a param of latency-sim-processes"),
+    (["optimize", "workflows/latency_sim_processes.yaml", "-o", "{tmp}/p.yaml", "--layout", "sim_replicas"],
+     "NAME=V1,V2"),
+    (["optimize", "workflows/latency_sim_processes.yaml", "-o", "{tmp}/p.yaml", "--layout", "sim_replicas=2",
+      "--stage1", "workflows/latency_sim_processes.yaml"], "do not go together"),
 ])
 def test_bad_input_gets_one_clear_message(tmp_path: Path, args: list[str], message: str) -> None:
     if "need a GPU" in message and torch.cuda.is_available():

@@ -1,0 +1,180 @@
+"""Layout knobs (`rose optimize --layout`, rose_dsl/optimizer/layouts.py and interpreter/layout_trials.py):
+which param values may be tried (only process counts and arguments change, and the changed components'
+state is refreshed before use), how they are measured (A/B/A complete iterations, kept past the noise),
+and that switching layouts while training keeps the training what the declared workflow computes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from rose_dsl import load_workflow
+from rose_dsl.optimizer.layouts import Layout, changed_components, layouts, parse_layout_option
+
+ROOT = Path(__file__).resolve().parents[2]
+SIM_PROCESSES = ROOT / "workflows" / "latency_sim_processes.yaml"
+PPO = ROOT / "workflows" / "embodied_ppo.yaml"
+
+
+def _loader(path: Path):
+    return lambda params: load_workflow(path, params)
+
+
+def test_simulator_processes_are_an_admissible_layout() -> None:
+    base = load_workflow(SIM_PROCESSES)
+    found = layouts(base, {"sim_replicas": [1, 2, 4]}, _loader(SIM_PROCESSES))
+    assert [dict(x.values) for x in found] == [{"sim_replicas": 2}, {"sim_replicas": 4}]  # 1 is the declared one
+    assert all(x.refused is None and x.changed == ("sim",) for x in found)
+    two = found[0].workflow
+    assert two is not None and two.components["sim"].replicas == 2 and two.components["sim"].args["num_envs"] == 32
+    assert two.components["policy"] == base.components["policy"]
+
+
+def test_a_layout_whose_changed_state_is_read_before_a_refresh_is_refused() -> None:
+    """embodied_ppo's `replicas` changes the policy and trainer too: the policy's rollout weights are read
+    before the iteration refreshes them, so fresh processes would not have them."""
+    found = layouts(load_workflow(PPO), {"replicas": [2]}, _loader(PPO))
+    assert len(found) == 1 and found[0].refused is not None
+    assert "rollout_weights" in found[0].refused and "before any refresh" in found[0].refused
+    assert set(found[0].changed) == {"sim", "policy", "trainer"}
+
+
+def test_what_a_layout_may_not_change() -> None:
+    base = load_workflow(SIM_PROCESSES)
+    sim = base.components["sim"]
+    moved = replace(base, components={**base.components, "sim": replace(sim, env={"X": "1"})})
+    changed, why = changed_components(base, moved)
+    assert why is not None and "env" in why
+    gone = replace(base, components={k: v for k, v in base.components.items() if k != "sim"})
+    assert "removed ['sim']" in (changed_components(base, gone)[1] or "")
+    more = replace(base, components={**base.components, "sim": replace(sim, replicas=3)})
+    assert changed_components(base, more) == (["sim"], None)
+
+
+def test_bad_knobs_and_values() -> None:
+    base = load_workflow(SIM_PROCESSES)
+    with pytest.raises(ValueError, match="not a param"):
+        layouts(base, {"sim_procs": [2]}, _loader(SIM_PROCESSES))
+
+    def invalid(params):
+        raise ValueError("workflows/x.yaml:3:5: params.sim_replicas: must be at least 1")
+
+    (refused,) = layouts(base, {"sim_replicas": [0]}, invalid)
+    assert refused.workflow is None and refused.refused.startswith("not a valid workflow: workflows/x.yaml:3:5")
+    assert parse_layout_option("sim_replicas=1, 2,4") == ("sim_replicas", [1, 2, 4])
+    for bad in ("sim_replicas", "=1,2", "x=", "x=1,,2", "x=1,1"):
+        with pytest.raises(ValueError):
+            parse_layout_option(bad)
+
+
+class _Session:
+    """Complete iterations whose time depends on the layout running (by its workflow's sim replicas)."""
+
+    def __init__(self, seconds: dict[int, float], fail: int | None = None) -> None:
+        self.seconds, self.fail = seconds, fail
+        self.wf = None
+        self.switches: list[int] = []
+        self.last_failures: dict[int, str] = {}
+
+    def use_layout(self, wf) -> list[str]:
+        r = wf.components["sim"].replicas
+        if self.wf is None or self.wf.components["sim"].replicas != r:
+            self.switches.append(r)
+        self.wf = wf
+        return ["sim"]
+
+    def complete(self, plans, rounds, warmup=0, labels=(), before=None, guard_first=False):
+        from rose_dsl.optimizer.profile import IterationRun
+
+        assert guard_first  # a layout's first iteration must not cost the training if it fails
+        r = plans[0].components["sim"].replicas
+        self.last_failures = {0: "constructing sim failed"} if r == self.fail else {}
+        if self.last_failures:
+            return [[]]
+        return [[IterationRun(self.seconds[r] * (1 + 0.001 * i), ()) for i in range(rounds)]]
+
+
+def test_layout_trials_keep_the_fastest_value_past_the_noise_and_say_why_others_were_not() -> None:
+    from interpreter.layout_trials import choose_layout
+    from rose_dsl.optimizer.search import Settings
+
+    base = load_workflow(SIM_PROCESSES)
+    found = layouts(base, {"sim_replicas": [2, 4, 8]}, _loader(SIM_PROCESSES))
+    found.append(Layout({"sim_replicas": 16}, None, refused="not a valid workflow: too many"))
+    session = _Session({1: 1.0, 2: 0.7, 4: 0.6, 8: 0.99}, fail=None)
+    chosen, section = choose_layout(base, found, session, Settings(), log=lambda m: None)
+    assert chosen is not None and dict(chosen.values) == {"sim_replicas": 4}
+    rows = {r["values"]["sim_replicas"]: r for r in section["candidates"]}
+    assert rows[2]["accepted"] and rows[4]["accepted"] and not rows[8]["accepted"]  # 1% faster: inside the noise
+    assert rows[4]["speedup"] == pytest.approx(1.0 / 0.6, rel=0.01)
+    assert rows[16]["refused"] == "not a valid workflow: too many"
+    assert session.wf.components["sim"].replicas == 4  # the chosen layout runs when stage 1 starts
+    # blocks A, B, A for each value, back to the declared layout between values
+    assert session.switches[:4] == [2, 1, 2, 1]
+    json.dumps(section)  # the report's section is plain data
+
+
+def test_a_layout_that_fails_is_lost_and_the_declared_layout_runs_on() -> None:
+    from interpreter.layout_trials import choose_layout
+    from rose_dsl.optimizer.search import Settings
+
+    base = load_workflow(SIM_PROCESSES)
+    found = layouts(base, {"sim_replicas": [2]}, _loader(SIM_PROCESSES))
+    session = _Session({1: 1.0, 2: 0.5}, fail=2)
+    chosen, section = choose_layout(base, found, session, Settings(), log=lambda m: None)
+    assert chosen is None and section["candidates"][0]["failed"] == "constructing sim failed"
+    assert session.wf.components["sim"].replicas == 1 and "declared layout" in section["summary"]
+
+
+def test_a_stop_request_ends_the_layout_trials_with_nothing_half_measured_kept() -> None:
+    from interpreter.layout_trials import choose_layout
+    from rose_dsl.optimizer.search import Settings
+
+    base = load_workflow(SIM_PROCESSES)
+    found = layouts(base, {"sim_replicas": [2]}, _loader(SIM_PROCESSES))
+    session = _Session({1: 1.0, 2: 0.5})
+    calls = {"n": 0}
+
+    def stop():
+        calls["n"] += 1
+        return "stopped by SIGTERM" if calls["n"] > 2 else None  # after the first two blocks
+
+    chosen, section = choose_layout(base, found, session, Settings(), log=lambda m: None, stop=stop)
+    assert chosen is None and section["candidates"][0]["not_measured"] == "stopped by SIGTERM"
+    assert session.wf.components["sim"].replicas == 1
+
+
+def test_rose_optimize_tries_simulator_processes_and_training_stays_the_declared_one(tmp_path: Path) -> None:
+    """End to end on the Ray backend: `--layout sim_replicas=1,2` measures two simulator processes against
+    one while training, keeps the faster, and every iteration it trained (with processes started and
+    stopped between blocks) computed what the declared workflow computes."""
+    from tests.optimizer.test_optimize_cli import _metrics, _timing_is_meaningful, _training, rose
+
+    n = 40
+    sets = ["--set", f"iterations={n}", "--set", "steps=5"]
+    declared = tmp_path / "declared"
+    r = rose("execute", str(SIM_PROCESSES), *sets, "--backend", "local", "--out", str(declared), "-q")
+    assert r.returncode == 0, r.stderr
+    plan = tmp_path / "plan.yaml"
+    r = rose("optimize", str(SIM_PROCESSES), *sets, "-o", str(plan), "--layout", "sim_replicas=1,2", "--rounds", "1",
+             "--budget-s", "60", "-q", timeout=400)
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "plan_report" / "report.json").read_text())
+    (row,) = report["layout"]["candidates"]
+    assert row["values"] == {"sim_replicas": 2} and row["changed"] == ["sim"]
+    assert row["candidate"]["n"] >= 4 and row["reference"]["n"] >= 2  # blocks A, B, A
+    assert report["trials"]["layout"]["count"] >= 3
+    a, b = _metrics(declared / "metrics.jsonl"), _metrics(tmp_path / "plan_report" / "run" / "metrics.jsonl")
+    assert len(b) >= 9 and set(b) <= set(a)
+    for k in b:
+        ta, tb = _training(a[k]), _training(b[k])
+        assert ta.keys() == tb.keys(), k
+        for key in ta:  # the reward is a mean over the simulator processes' rows: only its summation order differs
+            assert tb[key] == (pytest.approx(ta[key], rel=1e-12) if key == "sim/reward" else ta[key]), (k, key)
+    assert "Layout (before stage 1)" in (tmp_path / "plan_report" / "report.md").read_text()
+    _timing_is_meaningful()
+    assert row["accepted"] and report["layout"]["chosen"] == {"sim_replicas": 2}
+    assert "sim_replicas: 2" in plan.read_text()
