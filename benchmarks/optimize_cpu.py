@@ -2,7 +2,7 @@
 wrote, measured outside the optimizer: interleaved rounds (declared, plan, declared, plan, ...) of
 `rose execute`, each in its own process, the first iteration of each run dropped.
 
-    python3 benchmarks/optimize_cpu.py [--workflows interaction,nested,chain] [--rounds 5] [--iterations 8]
+    python3 benchmarks/optimize_cpu.py [--workflows interaction,nested,chain,sim_processes] [--rounds 5] [--iterations 8]
     python3 benchmarks/optimize_cpu.py --smoke        # one workflow, two short rounds (CI-sized)
 
 Writes `--out` (default benchmarks/results/optimize_cpu.json): machine, versions, settings, and per
@@ -27,7 +27,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = {"interaction": "workflows/latency_interaction.yaml", "nested": "workflows/latency_nested.yaml",
-             "chain": "workflows/latency_chain.yaml"}
+             "chain": "workflows/latency_chain.yaml", "sim_processes": "workflows/latency_sim_processes.yaml"}
+# what a workflow's runs need besides the defaults: the simulator-processes one is the `--layout` check, on
+# Ray (replicas are processes) for the optimizer and for both sides of the A/B rounds alike
+OPTIMIZE_ARGS = {"sim_processes": ["--layout", "sim_replicas=1,2,4", "--backend", "ray"]}
+EXECUTE_ARGS = {"sim_processes": ["--backend", "ray"]}
 
 
 def _rose(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -59,7 +63,8 @@ def _versions() -> dict[str, str | None]:
 def bench(name: str, workflow: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     sets = ["--set", "iterations=400"]
     plan = work / name / "plan.yaml"
-    r = _rose("optimize", workflow, *sets, "-o", str(plan), "-q", *(["--rounds", "1"] if args.smoke else []))
+    r = _rose("optimize", workflow, *sets, "-o", str(plan), "-q", *(["--rounds", "1"] if args.smoke else []),
+              *OPTIMIZE_ARGS.get(name, []))
     if r.returncode != 0:
         return {"error": f"rose optimize exited {r.returncode}: {r.stderr.strip()[-800:]}"}
     report = json.loads((work / name / "plan_report" / "report.json").read_text())
@@ -68,7 +73,8 @@ def bench(name: str, workflow: str, args: argparse.Namespace, work: Path) -> dic
         for config in ("declared", "plan") if k % 2 == 0 else ("plan", "declared"):
             run = work / name / f"{config}-{k}"
             extra = ["--plan", str(plan)] if config == "plan" else sets
-            r = _rose("execute", workflow, *extra, "-n", str(args.iterations), "--out", str(run), "-q")
+            r = _rose("execute", workflow, *extra, "-n", str(args.iterations), "--out", str(run), "-q",
+                      *EXECUTE_ARGS.get(name, []))
             if r.returncode != 0:
                 return {"error": f"rose execute ({config}) exited {r.returncode}: {r.stderr.strip()[-800:]}"}
             rounds[config].append(_iteration_seconds(run))
@@ -78,7 +84,8 @@ def bench(name: str, workflow: str, args: argparse.Namespace, work: Path) -> dic
             "optimizer": {"speedup": report["speedup"], "baseline_iteration_s": report["baseline_iteration_s"],
                           "plan_iteration_s": report["plan_iteration_s"], "overhead_s": report["overhead_s"],
                           "trials": report["trials"], "stopped": report["stopped"],
-                          "model_mean_abs_error": report["model"]["mean_abs_error"]},
+                          "model_mean_abs_error": report["model"]["mean_abs_error"],
+                          "layout": report.get("layout")},
             "iteration_s": rounds, "round_medians": per_round, "declared": declared, "plan": planned,
             "speedup": declared["median"] / planned["median"]}
 
@@ -115,8 +122,10 @@ def main() -> int:
             failed = True
             print(f"{n:<12} error: {r['error'][:200]}")
             continue
+        layout = (r["optimizer"].get("layout") or {}).get("chosen")
+        chosen = "; ".join([*(f"layout {k}={v}" for k, v in (layout or {}).items()), *r["plan_requests"]])
         print(f"{n:<12} {r['declared']['median']:>11.4f} {r['plan']['median']:>9.4f} {r['speedup']:>7.2f}x "
-              f"{r['optimizer']['speedup']:>8.2f}x  {'; '.join(r['plan_requests']) or 'declared'}")
+              f"{r['optimizer']['speedup']:>8.2f}x  {chosen or 'declared'}")
     return 1 if failed else 0
 
 
