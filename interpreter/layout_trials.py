@@ -33,7 +33,7 @@ def choose_layout(base: Workflow, candidates: Sequence[Layout], session: Any, se
     (a `time.perf_counter()` value) and `stop` end the trials early; a value not measured is not kept."""
     per_block = max(2, settings.validation_rounds // 2 + 1)
     rows: list[dict[str, Any]] = []
-    best: tuple[float, Layout] | None = None
+    best: tuple[float, Layout, dict[str, Any]] | None = None
     started = time.perf_counter()
     block_s: list[float] = []  # how long a block took (with its switch), to leave the rest of the budget alone
 
@@ -83,13 +83,11 @@ def choose_layout(base: Workflow, candidates: Sequence[Layout], session: Any, se
         log(f"layout {lay.label}: {cand.median:.4f} s against {ref.median:.4f} s declared "
             f"({ref.median / cand.median:.2f}x, margin {eps:.1%}): {'kept' if ok else 'not faster'}")
         if ok and (best is None or cand.median < best[0]):
-            best = (cand.median, lay)
+            best = (cand.median, lay, row)
     chosen = best[1] if best is not None else None
     if chosen is not None and chosen.workflow is not None:
         session.use_layout(chosen.workflow)
-    section = {"candidates": rows, "chosen": dict(chosen.values) if chosen else None,
-               "trial_seconds": time.perf_counter() - started,
-               "summary": (f"{chosen.label}: {next(r['speedup'] for r in rows if r['values'] == dict(chosen.values)):.2f}x "
-                           "on complete iterations" if chosen else
-                           "kept the declared layout (no value was faster by more than the noise)")}
-    return chosen, section
+    summary = (f"{chosen.label}: {best[2]['speedup']:.2f}x on complete iterations" if best is not None and chosen else
+               "kept the declared layout (no value was faster by more than the noise)")
+    return chosen, {"candidates": rows, "chosen": dict(chosen.values) if chosen else None,
+                    "trial_seconds": time.perf_counter() - started, "summary": summary}

@@ -212,11 +212,7 @@ def block_errors(device: str = "cuda", dtype_name: str = "bfloat16",
 
     dtype = getattr(torch, dtype_name)
     bad: list[dict[str, Any]] = []
-    for rows, tokens, d, heads in cases:
-        g = torch.Generator().manual_seed(1)
-        shapes = {"q": (d, d), "kv": (2 * d, d), "out": (d, d), "up": (4 * d, d), "down": (d, 4 * d)}
-        params = {k: torch.randn(*shape, generator=g) / shape[1] ** 0.5 for k, shape in shapes.items()}
-        x, gy = torch.randn(rows, tokens, d, generator=g), torch.randn(rows, tokens, d, generator=g)
+    for (rows, tokens, d, heads), (params, x, gy) in zip(cases, _block_inputs(cases), strict=True):
         prefix = f"block {rows}x{tokens}x{d}x{heads} "
         ref = ({name[len(prefix):]: t.float() for name, t in refs.items() if name.startswith(prefix)} if refs is not None
                else _block_pass(x, gy, params, heads, "cpu", torch.float32, F.scaled_dot_product_attention))
@@ -225,6 +221,17 @@ def block_errors(device: str = "cuda", dtype_name: str = "bfloat16",
         got = _block_pass(x, gy, params, heads, device, dtype, attention or F.scaled_dot_product_attention)
         bad += [row for name, r in ref.items() if (row := _wrong(got[name], r, (rows, tokens, d), f"block {name}"))]
     return bad
+
+
+def _block_inputs(cases: Sequence[tuple[int, int, int, int]]) -> Any:
+    """Each block case's weights, input and output gradient, seeded per case (the same in every process)."""
+    import torch
+
+    for rows, tokens, d, _heads in cases:
+        g = torch.Generator().manual_seed(1)
+        shapes = {"q": (d, d), "kv": (2 * d, d), "out": (d, d), "up": (4 * d, d), "down": (d, 4 * d)}
+        params = {k: torch.randn(*shape, generator=g) / shape[1] ** 0.5 for k, shape in shapes.items()}
+        yield params, torch.randn(rows, tokens, d, generator=g), torch.randn(rows, tokens, d, generator=g)
 
 
 def references(shapes: Sequence[tuple[int, int, int]] = CHECK_SHAPES,
@@ -239,11 +246,7 @@ def references(shapes: Sequence[tuple[int, int, int]] = CHECK_SHAPES,
     for (rows, k, n), (x, w, b, gy) in zip(shapes, _gemm_inputs(shapes), strict=True):
         for name in ("fwd", "dgrad", "wgrad"):
             out[f"gemm {rows}x{k}x{n} {name}"] = _gemm_reference(name, x, w, b, gy).to(torch.bfloat16)
-    for rows, tokens, d, heads in cases:
-        g = torch.Generator().manual_seed(1)
-        shapes_ = {"q": (d, d), "kv": (2 * d, d), "out": (d, d), "up": (4 * d, d), "down": (d, 4 * d)}
-        params = {k: torch.randn(*shape, generator=g) / shape[1] ** 0.5 for k, shape in shapes_.items()}
-        x, gy = torch.randn(rows, tokens, d, generator=g), torch.randn(rows, tokens, d, generator=g)
+    for (rows, tokens, d, heads), (params, x, gy) in zip(cases, _block_inputs(cases), strict=True):
         for name, t in _block_pass(x, gy, params, heads, "cpu", torch.float32, F.scaled_dot_product_attention).items():
             out[f"block {rows}x{tokens}x{d}x{heads} {name}"] = t.to(torch.bfloat16)
     return out

@@ -325,7 +325,8 @@ class TrialSession:
         self.started = time.perf_counter()
         self.books: dict[str, float] = {"complete_iterations": 0, "complete_s": 0.0, "local_runs": 0, "local_s": 0.0,
                                         "local_abandoned": 0, "captures": 0, "capture_s": 0.0, "snapshot_s": 0.0, "quota_trials": 0,
-                                        "quota_s": 0.0, "quota_checks": 0, "quota_check_s": 0.0}
+                                        "quota_s": 0.0, "quota_checks": 0, "quota_check_s": 0.0,
+                                        "layout_switches": 0, "layout_s": 0.0}
         self.retained: list[dict[str, Any]] = []  # one line per training iteration (metrics.jsonl)
         self._proven: set[int] = set()  # plans (by id) that completed an iteration
         self._last_plan: Workflow | None = None  # the plan of the last complete iteration
@@ -496,8 +497,8 @@ class TrialSession:
         if replaced:
             self._last_plan = None  # the next iteration is the new processes' first: training, not timed
             self.component_bytes = _StateSizes(self.executor)
-            self.books["layout_switches"] = self.books.get("layout_switches", 0) + 1
-        self.books["layout_s"] = self.books.get("layout_s", 0.0) + time.perf_counter() - t
+            self.books["layout_switches"] += 1
+        self.books["layout_s"] += time.perf_counter() - t
         return replaced
 
     def replace_quota(self, comp: str, quota: int | None, mps_env: dict[str, str] | None) -> dict[str, Any]:

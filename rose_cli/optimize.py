@@ -143,7 +143,7 @@ def _layouts(file: Path, wf: Workflow, sets: list[str] | None, options: list[str
     if not options:
         return []
     from rose_dsl import load_workflow
-    from rose_dsl.cli import _overrides
+    from rose_dsl.cli import set_overrides
     from rose_dsl.errors import WorkflowError
     from rose_dsl.optimizer.layouts import layouts, parse_layout_option
 
@@ -157,7 +157,7 @@ def _layouts(file: Path, wf: Workflow, sets: list[str] | None, options: list[str
             if name in knobs:
                 raise ValueError(f"--layout {name} is given twice")
             knobs[name] = values
-        base_sets = _overrides(sets)
+        base_sets = set_overrides(sets)
 
         def load(extra: Any) -> Workflow:
             try:

@@ -99,7 +99,8 @@ def run_app(app: typer.Typer, prog_name: str | None = None) -> None:
         sys.exit(ExitCode.INTERNAL)
 
 
-def _overrides(items: list[str] | None) -> dict[str, object]:
+def set_overrides(items: list[str] | None) -> dict[str, object]:
+    """`--set NAME=VALUE` options as params (each value read as YAML)."""
     import yaml
 
     result: dict[str, object] = {}
@@ -116,7 +117,7 @@ def load_or_exit(path: Path, sets: list[str] | None, source: Path | None = None)
     source workflow (`source`, else the one its `plan: source:` records): it must keep every dependency
     of it (`transforms.plan_check`), since anyone may edit a plan by hand."""
     try:
-        wf = load_workflow(path, _overrides(sets))
+        wf = load_workflow(path, set_overrides(sets))
         if wf.plan is not None or source is not None:
             from .transforms.plan_check import check_plan_source  # the rewrites are loaded for plans only
 
