@@ -44,6 +44,11 @@ else
     # what the MJX simulator's process needs allowed (its import path, JAX's cache): paper_workloads.py's trust
     TRUST=${TRUST:---allow-env JAX_COMPILATION_CACHE_DIR --allow-path /tmp/mjxenv --allow-path .mjxenv}
   fi
+  # Meta-World: the packages of the set-up call (benchmarks/paper_table_gpu.sh, SETUP_ONLY=1) and EGL's vendor file
+  if grep -q "sim_metaworld" "$WORKFLOW" && [ -d /tmp/mwsite ]; then
+    export PYTHONPATH=/tmp/mwsite:$PYTHONPATH
+    export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+  fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$WORK/gpu.csv" 2>&1 || true
 fi
 rm -rf /tmp/rose-optimize-run

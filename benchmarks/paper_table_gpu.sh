@@ -11,6 +11,15 @@
 #          metaworld: first a call carrying .whlmw .whlcpu .gl that runs
 #            `WORKLOAD=metaworld SETUP_ONLY=1 bash benchmarks/paper_table_gpu.sh` (installs into /tmp/mwsite,
 #            unpacks the EGL debs), then, within the 30 s the machine stays warm, this script carrying .raybundle.
+#            The wheels (~46 MB with the debs; with Ray's bundle they pass the 64 MiB a call carries):
+#              pip download --no-deps -d .whlmw metaworld==3.1.1 PyOpenGL==3.1.10 imageio glfw==2.11.0 \
+#                --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64
+#              pip download --no-deps -d .whlcpu mujoco==3.3.0 gymnasium==1.4.0 farama-notifications cloudpickle \
+#                --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_17_x86_64
+#              the .gl debs: the device README (libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 libvulkan1)
+#            (gymnasium's MuJoCo renderer imports glfw, and Meta-World's EGL context PyOpenGL, at import time:
+#            without them the simulator's process fails to start.) The same set-up serves `rose optimize`
+#            on Meta-World (benchmarks/optimize_gpu.sh with PYTHONPATH=/tmp/mwsite).
 set -u
 WORKLOAD=${WORKLOAD:-mjx}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
