@@ -115,12 +115,17 @@ class Prepared:
         return out
 
     def _plan(self, cfg: Config, args: argparse.Namespace) -> Config:
-        """Write the configuration's plan with `rose rewrite` (requests, params resolved)."""
-        if cfg.plan is not None or not cfg.requests:
+        """Write the configuration's plan with `rose rewrite` (requests, params resolved). With --session a
+        configuration that sets params (`simS`) gets a layout plan (`rose rewrite --layout`), which `rose
+        compare` runs on the shared workers with its own simulator processes."""
+        layout = bool(cfg.sets) and getattr(args, "session", False)
+        if cfg.plan is not None or not (cfg.requests or layout):
             return cfg
         plan = self.work / "plans" / f"{cfg.name}.yaml"
-        sets = {**self.params, **dict(cfg.sets)}
-        proc = _rose(args, "rewrite", str(cfg.workflow), *_sets(sets), *[a for r in cfg.requests for a in ("--do", r)],
+        sets = dict(self.params) if layout else {**self.params, **dict(cfg.sets)}
+        options = [a for k, v in cfg.sets for a in ("--layout", f"{k}={v}")] if layout else []
+        proc = _rose(args, "rewrite", str(cfg.workflow), *_sets(sets), *options,
+                     *[a for r in cfg.requests for a in ("--do", r)],
                      "-o", str(plan), timeout=120, log=self.work / "plans" / f"{cfg.name}.log")
         if proc.returncode:
             self.errors[cfg.name] = f"rose rewrite refused: {(proc.stderr or proc.stdout).strip()[-400:]}"
@@ -200,15 +205,20 @@ def run_session(prep: Prepared, args: argparse.Namespace, address: str | None) -
     iteration after a switch untimed; the measured iterations are written as run directories
     (runs/WORKLOAD/CONFIG/roundR, one iteration each) that the summary reads as it reads separate runs.
     Saves every configuration's start-up (a minute for the 360M-parameter VLA on the H200). Only plans of
-    the workload's workflow can share the workers: configurations that change the processes (`simS`: a
-    params change) or run another workflow file (a hand-written variant) are refused here and say so."""
+    the workload's workflow can share the workers: `simS` runs as a layout plan (its simulator processes
+    replaced on each switch); a configuration that runs another workflow file (a hand-written variant) is
+    refused here and says so."""
     runs: dict[str, list[dict[str, Any]]] = {c.name: [] for c in prep.configs}
     rows = []
     for cfg in prep.configs:
         if cfg.kind == "declared":
             continue
-        if cfg.sets or cfg.plan is None or cfg.workflow != prep.workflow:
-            prep.errors[cfg.name] = ("not a plan of the workflow (it changes params or runs another workflow file): "
+        if cfg.sets and args.backend != "ray":
+            prep.errors[cfg.name] = ("a layout plan (its own simulator processes) shares the workers in --session "
+                                     "on --backend ray only; run without --session")
+            continue
+        if cfg.plan is None or cfg.workflow != prep.workflow:
+            prep.errors[cfg.name] = ("not a plan of the workflow (it runs another workflow file): "
                                      "cannot share the workers in --session; run without --session")
             continue
         rows.append(cfg)

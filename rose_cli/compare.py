@@ -10,7 +10,11 @@ own measurement). Every plan computes what the declared workflow computes, so al
 one training run: none is wasted, and the run directory (`--out`) holds its checkpoint. The first
 iteration of a plan after a switch is training, not a measurement (a switch recompiles the iteration;
 a new process captures its CUDA graphs). A plan with other MPS quotas moves its GPU components to
-processes under those quotas on each switch, state moved with them.
+processes under those quotas on each switch, state moved with them. A plan written with a layout
+(`plan: layout:`, e.g. `rose optimize --layout`'s, or simulator processes: other `replicas` and
+per-process `args`) gets fresh processes for the components its layout changes on each switch to it and
+back -- admitted only under the rules of `rose_dsl/optimizer/layouts.py` (only replicas and args change;
+the changed components' state is refreshed by every iteration before use), and on Ray.
 
 Written: a table (median seconds per iteration, spread, ratio to the declared workflow, every `*_per_s`
 throughput metric, mean SM activity on a GPU), `--json` with every measured iteration, and `--runs DIR`:
@@ -74,6 +78,7 @@ class Entry:
     label: str
     file: Path
     workflow: Workflow
+    layout: tuple[str, ...] = ()  # the components the plan's layout runs differently (`plan: layout:`)
 
 
 def _parse_plan(value: str) -> tuple[str, Path]:
@@ -145,8 +150,11 @@ def compare(
     if len(set(labels)) != len(labels):
         err.print(f"error: two rows have one label ({', '.join(labels)}); name them with --plan LABEL=PATH", markup=False)
         raise typer.Exit(ExitCode.INVALID)
-    for e in entries[1:]:
+    for k, e in enumerate(entries[1:], start=1):
         diffs = same_computation(wf, e.workflow)
+        if diffs and (e.workflow.plan or {}).get("layout"):
+            entries[k] = e = _as_layout(wf, file, e)
+            diffs = []
         if diffs:
             err.print(f"error: {e.file} does not compute what {file} computes (with these --set values): "
                       + "; ".join(diffs[:4]) + ("; ..." if len(diffs) > 4 else ""), markup=False)
@@ -173,9 +181,21 @@ def compare(
             err.print(f"error: {path} already exists; choose another path or pass --overwrite", markup=False)
             raise typer.Exit(ExitCode.INVALID)
 
+    layouts = [e for e in entries if e.layout]
+    if layouts:
+        _check_layouts(entries, file)
+        if backend is BackendName.LOCAL:
+            err.print(f"error: {layouts[0].label} runs another layout (other processes for "
+                      f"{', '.join(layouts[0].layout)}): that needs --backend ray", markup=False)
+            raise typer.Exit(ExitCode.INVALID)
     from .run import TRIAL_MODULES, ExecuteOptions, guarded
 
-    run = ExecuteOptions(backend=default_backend(wf) if backend is BackendName.AUTO else backend.value, out_dir=out_dir,
+    chosen = default_backend(wf) if backend is BackendName.AUTO else backend.value
+    if layouts and chosen != "ray":
+        err.print("note: --backend ray (a plan runs another layout: its processes are replaced on each switch)",
+                  markup=False)
+        chosen = "ray"
+    run = ExecuteOptions(backend=chosen, out_dir=out_dir,
                          overwrite=overwrite, address=address, call_timeout=call_timeout,
                          allowed=(*policy.modules, *TRIAL_MODULES), mps=mps, quiet=quiet, compiled=compiled,
                          check_quotas=quota_check)
@@ -183,6 +203,35 @@ def compare(
     code: dict[str, int] = {}
     exit_code = guarded(lambda teardown, ctx: _run(entries, run, options, teardown, ctx, code), run, err)
     raise typer.Exit(exit_code or code.get("exit", 0))
+
+
+def _as_layout(wf: Workflow, file: Path, e: Entry) -> Entry:
+    """`e` as a layout plan of `wf` (its `plan: layout:` values), or exit 2 saying why it is not one."""
+    from dataclasses import replace
+
+    from rose_dsl.optimizer.layouts import layout_change
+
+    values = (e.workflow.plan or {}).get("layout")
+    changed, why = layout_change(wf, e.workflow)
+    if why is None and not changed:
+        why = "yet runs every component as the workflow does (and still differs from it)"
+    if why is not None:
+        err.print(f"error: {e.file} declares the layout {values} but is not a layout of {file}: {why}", markup=False)
+        raise typer.Exit(ExitCode.INVALID)
+    return replace(e, layout=tuple(changed))
+
+
+def _check_layouts(entries: list[Entry], file: Path) -> None:
+    """Layout plans replace processes on each switch: refused when another row runs copies of a component
+    a layout changes (the copies would outlive the processes they copy), exit 2."""
+    for e in (x for x in entries if x.layout):
+        for other in entries:
+            copies = sorted(n for n, c in other.workflow.components.items() if c.copy_of in e.layout)
+            if copies:
+                err.print(f"error: {e.label} runs {', '.join(e.layout)} as another layout and {other.label} runs "
+                          f"copies of it ({', '.join(copies)}): they cannot share the workers; compare them in "
+                          "separate runs", markup=False)
+                raise typer.Exit(ExitCode.INVALID)
 
 
 @dataclass(frozen=True)
@@ -214,8 +263,18 @@ def _run(entries: list[Entry], run: Any, opts: _Options, teardown: ExitStack, ct
         session = start_trial_session(wf, run, gpu, ctx, teardown, copies, log)
         current = {c.name: c.mps_quota for c in wf.components.values() if c.device == "gpu"}
 
+        running_layout = [0]  # the entry whose layout the processes run (0: the declared one)
+
         def before(i: int) -> None:
-            """Move GPU components under the quotas of the plan about to run (state moved with them)."""
+            """Run the layout of the plan about to run (fresh processes for what it changes) and move GPU
+            components under its quotas (state moved with them)."""
+            want = i if entries[i].layout else 0
+            if want != running_layout[0]:
+                target = entries[want]
+                replaced = session.use_layout(target.workflow if want else wf)
+                if replaced:
+                    log(f"  {target.label}: new processes for {', '.join(replaced)}")
+                running_layout[0] = want
             if not gpu.quotas_work:
                 return
             for name, comp in entries[i].workflow.components.items():

@@ -142,9 +142,7 @@ def _layouts(file: Path, wf: Workflow, sets: list[str] | None, options: list[str
     """The `--layout` values to try, each checked (`optimizer/layouts.py`); exit 2 on a bad option."""
     if not options:
         return []
-    from rose_dsl import load_workflow
-    from rose_dsl.cli import set_overrides
-    from rose_dsl.errors import WorkflowError
+    from rose_dsl.cli import layout_loader
     from rose_dsl.optimizer.layouts import layouts, parse_layout_option
 
     if with_stage1:
@@ -157,15 +155,7 @@ def _layouts(file: Path, wf: Workflow, sets: list[str] | None, options: list[str
             if name in knobs:
                 raise ValueError(f"--layout {name} is given twice")
             knobs[name] = values
-        base_sets = set_overrides(sets)
-
-        def load(extra: Any) -> Workflow:
-            try:
-                return load_workflow(file, {**base_sets, **extra})
-            except WorkflowError as exc:
-                raise ValueError(exc.format().strip().splitlines()[0]) from None
-
-        return layouts(wf, knobs, load)
+        return layouts(wf, knobs, layout_loader(file, sets))
     except ValueError as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(ExitCode.INVALID) from None
@@ -328,7 +318,7 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
         try:
             if opts.stage1 is not None:
                 requests = [str(r) for r in (opts.stage1.plan or {}).get("rewrites") or []]
-                result = given_plan(wf, opts.stage1, requests, session, settings, log)
+                result = given_plan(wf, opts.stage1, requests, session, settings, log, stop)
             else:
                 result = optimize_graph(wf, session, settings, log, stop)
         except OutOfBudget:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from enum import IntEnum, StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -255,6 +255,9 @@ def rewrite(
     do: Annotated[list[str] | None, typer.Option("--do", help="a rewrite request, applied in order (repeatable); see --help-requests")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="write the plan here", dir_okay=False)] = None,
     help_requests: Annotated[bool, typer.Option("--help-requests", help="list the rewrite requests")] = False,
+    layout: Annotated[list[str] | None, typer.Option("--layout", help="NAME=VALUE: the plan runs with this value of a "
+                                                     "layout param (e.g. sim_replicas=4: simulator processes), "
+                                                     "checked as `rose optimize --layout` checks it (repeatable)")] = None,
     sets: SetOpt = None,
 ) -> None:
     """Apply rewrites by hand and write the plan (itself a workflow file), or say why one is refused."""
@@ -262,14 +265,17 @@ def rewrite(
     from .serialize import to_yaml
     from .transforms import REQUEST_HELP, Refused, apply_request
 
-    if help_requests or not do:
+    if help_requests or not (do or layout):
         out.print(REQUEST_HELP, markup=False)
-        if not do:
+        if not (do or layout):
             raise typer.Exit(ExitCode.OK if help_requests else ExitCode.INVALID)
         return
     wf = load_or_exit(file, sets)
-    applied: list[str] = []
-    for request in do:
+    values = _layout_values(file, wf, sets, layout or [])
+    if values:
+        wf = load_or_exit(file, [*(sets or []), *(f"{k}={v}" for k, v in values.items())])
+    applied: list[str] = [f"layout {k} = {v}" for k, v in values.items()]
+    for request in do or []:
         try:
             result = apply_request(wf, request)
         except Refused as exc:
@@ -281,7 +287,10 @@ def rewrite(
         applied.append(result.description)
         out.print(f"applied: {result.description}", markup=False)
     header = "\n".join([f"# plan written by `rose rewrite` from {file}", *[f"#   {a}" for a in applied]])
-    text = to_yaml(wf, plan={"source": str(file), "rewrites": list(do)}, header=header)
+    meta: dict[str, Any] = {"source": str(file), "rewrites": list(do or [])}
+    if values:  # (the plan's params hold them too: `rose execute FILE --plan` checks it against FILE with them)
+        meta["layout"] = values
+    text = to_yaml(wf, plan=meta, header=header)
     try:
         load_workflow_text(text, "<plan, not written>")  # positions refer to the text shown, no file
     except WorkflowError as exc:  # a bug: a rewrite produced an invalid plan
@@ -292,6 +301,41 @@ def rewrite(
         sys.stdout.write(text)
     else:
         write_output(output, text)
+
+
+def layout_loader(file: Path, sets: list[str] | None) -> Any:
+    """`optimizer.layouts.layouts`'s `load`: `file` with the `--set` values and a layout's params, an
+    invalid one as ValueError with the first line of its message."""
+    base_sets = set_overrides(sets)
+
+    def load(extra: Any) -> Workflow:
+        try:
+            return load_workflow(file, {**base_sets, **extra})
+        except WorkflowError as exc:
+            raise ValueError(exc.format().strip().splitlines()[0]) from None
+
+    return load
+
+
+def _layout_values(file: Path, wf: Workflow, sets: list[str] | None, options: list[str]) -> dict[str, Any]:
+    """`--layout NAME=VALUE` options as {NAME: VALUE}, each an admissible layout of `wf`
+    (`optimizer/layouts.py`); exit 2 with the reason otherwise."""
+    from .optimizer.layouts import layouts, parse_layout_option
+
+    values: dict[str, Any] = {}
+    try:
+        for text in options:
+            name, (value, *more) = parse_layout_option(text)
+            if more or name in values:
+                raise ValueError(f"--layout {text!r}: one value per param here (rose optimize --layout tries several)")
+            values[name] = value
+        for lay in layouts(wf, {k: [v] for k, v in values.items()}, layout_loader(file, sets)):
+            if lay.refused:
+                raise ValueError(f"--layout {lay.label} is not a layout of {file}: {lay.refused}")
+    except ValueError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(ExitCode.INVALID) from None
+    return {k: v for k, v in values.items() if v != wf.params.get(k)}
 
 
 def register(app: typer.Typer) -> None:

@@ -14,7 +14,8 @@ anything runs, for each value:
   them fresh, while the unchanged components keep their processes and state.
 
 Measuring a layout is the runtime's (`interpreter/layout_trials.py`): complete training iterations in
-blocks A, B, A, kept only past the noise margin.
+blocks R, V, R (the declared layout around each value), kept only past the noise margin. `rose compare`
+measures a plan written with a layout (`plan: layout:`) the same way, checked by `layout_change`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import yaml
 from ..analysis import state_access_order
 from ..ir import Access, Workflow
 
-__all__ = ["Layout", "parse_layout_option", "layouts", "changed_components"]
+__all__ = ["Layout", "parse_layout_option", "layouts", "changed_components", "layout_change"]
 
 # what a layout may change in a component: how many processes and their constructor arguments
 _MAY_CHANGE = ("replicas", "args")
@@ -84,6 +85,20 @@ def changed_components(base: Workflow, other: Workflow) -> tuple[list[str], str 
         if any(getattr(comp, f) != getattr(new, f) for f in _MAY_CHANGE):
             changed.append(name)
     return changed, None
+
+
+def layout_change(base: Workflow, plan: Workflow) -> tuple[list[str], str | None]:
+    """The components of `base` that `plan` runs as another layout (other replicas or args), and why
+    `plan` is not an admissible layout of `base` (None: it is) -- the checks `layouts` makes for each
+    value, on a finished plan: the components `plan` adds (a temporal split's copies) are left out, and
+    the state order is `plan`'s own graph's."""
+    from dataclasses import replace
+
+    view = replace(plan, components={n: c for n, c in plan.components.items() if n in base.components})
+    changed, why = changed_components(base, view)
+    if why is None:
+        why = next((s for c in changed if (s := _stale_state(plan, c))), None)
+    return changed, why
 
 
 def _stale_state(wf: Workflow, comp: str) -> str | None:

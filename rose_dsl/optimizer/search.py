@@ -44,7 +44,7 @@ from .regions import (
 )
 
 __all__ = ["Settings", "Measurer", "Measured", "TargetRecord", "RoundRecord", "Stage1Result", "optimize_graph",
-           "OutOfBudget", "DEVIATIONS", "given_plan", "Stop"]
+           "OutOfBudget", "DEVIATIONS", "given_plan", "interleaved", "Stop"]
 
 FEED_IMPL = "interpreter.trials:Feed"
 PROBE_IMPL = "interpreter.trials:Probe"
@@ -478,16 +478,41 @@ def optimize_graph(wf: Workflow, measurer: Measurer, settings: Settings | None =
         try:
             log(f"before/after: {s.final_rounds} complete iterations each of the declared graph and the plan")
             # retained training: not budgeted
-            before, after = measurer.complete([wf, g], s.final_rounds, 0, ["", "; ".join(requests)])
-            baseline, final = summarize([r.seconds for r in before]), summarize([r.seconds for r in after])
-            baseline_runs, final_runs = before, after
+            (before, after), cut = interleaved(measurer, [wf, g], s.final_rounds, ["", "; ".join(requests)], stop)
+            if cut:
+                log(f"before/after cut short after {len(after)} of {s.final_rounds} round(s): {cut}")
+            if before and after:
+                baseline, final = summarize([r.seconds for r in before]), summarize([r.seconds for r in after])
+                baseline_runs, final_runs = before, after
         except OutOfBudget as exc:
             log(f"no before/after comparison: {exc}")
     return Stage1Result(g, requests, baseline, final, rounds, search.errors, stopped, cut_short, baseline_runs, final_runs)
 
 
+def interleaved(measurer: Measurer, plans: Sequence[Workflow], rounds: int, labels: Sequence[str],
+                stop: Stop | None = None, warmup: int = 0) -> tuple[list[list[IterationRun]], str | None]:
+    """`rounds` complete iterations of each plan, interleaved as `Measurer.complete` interleaves them (the
+    order reversed every other round), one round per call so that a stop request (`stop()`) ends the
+    measurement at the next round's boundary instead of after all of them: the rounds finished are
+    returned with the reason. (A before/after of 5 rounds of 8-s iterations is ~2 minutes of a plan
+    switching every iteration; stopped by a signal, waiting for all of it ran into the caller's kill.)"""
+    out: list[list[IterationRun]] = [[] for _ in plans]
+    for r in range(rounds):
+        reason = stop() if stop is not None else None
+        if reason:
+            return out, reason
+        order = list(range(len(plans)))[::-1] if r % 2 else list(range(len(plans)))
+        got = measurer.complete([plans[i] for i in order], 1, warmup if r == 0 else 0, [labels[i] for i in order])
+        for i, runs in zip(order, got, strict=True):
+            out[i] += runs
+        failed = getattr(measurer, "last_failures", None)
+        if failed:  # a plan's iteration failed (its trial is lost; training went on): stop comparing
+            return out, f"{labels[order[next(iter(failed))]] or 'the declared graph'} failed: {next(iter(failed.values()))}"
+    return out, None
+
+
 def given_plan(wf: Workflow, plan: Workflow, requests: Sequence[str], measurer: Measurer,
-               settings: Settings | None = None, log: Log = print) -> Stage1Result:
+               settings: Settings | None = None, log: Log = print, stop: Stop | None = None) -> Stage1Result:
     """Stage 1 skipped: `plan` (a plan of `wf`, e.g. an earlier run's stage-1 plan) is the graph. Its
     before/after against the declared graph is measured as `optimize_graph` measures its own (complete,
     interleaved, retained iterations), so stage 2 and the report see the same kind of result."""
@@ -499,11 +524,16 @@ def given_plan(wf: Workflow, plan: Workflow, requests: Sequence[str], measurer: 
            f"before/after: {s.final_rounds} complete iterations each"))
     try:
         if same:  # measuring the declared graph twice, interleaved, would only pay every switch twice
-            before = after = measurer.complete([plan], max(1, s.final_rounds), s.warmup, [label])[0]
+            (before,), cut = interleaved(measurer, [plan], max(1, s.final_rounds), [label], stop, s.warmup)
+            after = before
         else:
-            before, after = measurer.complete([wf, plan], max(1, s.final_rounds), s.warmup, ["", label])
+            (before, after), cut = interleaved(measurer, [wf, plan], max(1, s.final_rounds), ["", label], stop, s.warmup)
     except OutOfBudget as exc:
         raise OutOfBudget(f"{exc}: not even the before/after of the given plan fits") from None
+    if not before or not after:
+        raise OutOfBudget(f"{cut}: not even the before/after of the given plan was measured")
+    if cut:
+        log(f"before/after cut short after {len(after)} round(s): {cut}")
     return Stage1Result(plan, tuple(requests), summarize([r.seconds for r in before]),
                         summarize([r.seconds for r in after]), [], [], "stage 1 skipped: the given plan", False,
                         list(before), list(after))

@@ -69,8 +69,9 @@ def test_smoke_mjx_writes_the_table_and_configurations_compute_the_same(tmp_path
 
 def test_smoke_session_runs_every_configuration_on_one_set_of_workers(tmp_path: Path) -> None:
     """`--session`: one `rose compare` per workload (one start-up; one iteration of each plan per round,
-    interleaved); its run directories give the same table. A configuration that changes params cannot
-    share the workers and is refused, saying so."""
+    interleaved); its run directories give the same table. `simS` runs there as a layout plan (`rose
+    rewrite --layout`), refused with the reason where it is none: the MJX workflow has no simulator
+    processes to change."""
     results, runs = tmp_path / "results", tmp_path / "runs"
     code = main(["--smoke", "--session", "--workloads", "mjx", "--configs", "declared,pipe2,fuse,sim2", "--rounds", "2",
                  "--results", str(results), "--runs", str(runs)])
@@ -78,7 +79,7 @@ def test_smoke_session_runs_every_configuration_on_one_set_of_workers(tmp_path: 
     doc = json.loads((results / "paper_table.json").read_text())
     assert doc["settings"]["session"] is True
     wl = doc["workloads"]["mjx"]
-    assert set(wl["configs"]) == {"declared", "pipe2", "fuse"} and "--session" in wl["refused"]["sim2"]
+    assert set(wl["configs"]) == {"declared", "pipe2", "fuse"} and "sim_replicas: not a param" in wl["refused"]["sim2"]
     for name, row in wl["configs"].items():
         assert len(row["rounds_seconds"]) == 2 and all(len(r) == 1 for r in row["rounds_seconds"]), name
         assert row["throughput"]["median"] > 0 and row["policy_call_s"] > 0

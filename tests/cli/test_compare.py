@@ -125,3 +125,55 @@ def test_every_finished_round_is_on_disk_when_a_run_is_cut_short(tmp_path: Path)
     done = doc["rounds_done"]
     assert 2 <= done < 100 and len(doc["rows"][0]["seconds"]) == done
     assert (runs / "declared" / f"round{done - 1}" / "trace.json").exists()
+
+
+SIM_PROCESSES = ROOT / "workflows" / "latency_sim_processes.yaml"
+
+
+def test_a_layout_plan_runs_its_own_processes_on_each_switch_and_trains_like_the_declared_workflow(
+        tmp_path: Path) -> None:
+    """A plan written with a layout (`rose rewrite --layout sim_replicas=2`: two simulator processes) is
+    compared on the same workers: on each switch to it and back, the simulator gets fresh processes (Ray,
+    chosen by itself), and the training through every switch is what the declared workflow computes."""
+    sets = ["--set", "iterations=30", "--set", "steps=5"]
+    plan = tmp_path / "sim2.yaml"
+    r = rose("rewrite", str(SIM_PROCESSES), *sets, "--layout", "sim_replicas=2", "-o", str(plan))
+    assert r.returncode == 0, r.stderr
+    run, js = tmp_path / "run", tmp_path / "c.json"
+    r = rose("compare", str(SIM_PROCESSES), *sets, "--plan", f"sim2={plan}", "--rounds", "2", "--out", str(run),
+             "--json", str(js), timeout=400)
+    assert r.returncode == 0, r.stderr
+    assert "--backend ray" in r.stderr and r.stdout.count("new processes for sim") == 2  # A B, B A
+    rows = {row["label"]: row for row in json.loads(js.read_text())["rows"]}
+    assert len(rows["sim2"]["seconds"]) == len(rows["declared"]["seconds"]) == 2
+    trained = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    ref_dir = tmp_path / "ref"
+    r = rose("execute", str(SIM_PROCESSES), *sets, "-n", str(len(trained)), "--backend", "local", "--out", str(ref_dir),
+             "-q")
+    assert r.returncode == 0, r.stderr
+    ref = [json.loads(line) for line in (ref_dir / "metrics.jsonl").read_text().splitlines()]
+    for k, (a, b) in enumerate(zip(ref, trained, strict=True)):
+        ta, tb = _training(a), _training(b)
+        assert ta.keys() == tb.keys(), k
+        for key in ta:  # the reward is a mean over the simulator processes' rows: only its summation order differs
+            assert tb[key] == pytest.approx(ta[key], rel=1e-12), (k, key)
+
+
+def test_a_layout_plan_is_refused_where_it_cannot_be_one(tmp_path: Path) -> None:
+    sets = ["--set", "iterations=30"]
+    plan = tmp_path / "sim2.yaml"
+    r = rose("rewrite", str(SIM_PROCESSES), *sets, "--layout", "sim_replicas=2", "-o", str(plan))
+    assert r.returncode == 0, r.stderr
+    r = rose("compare", str(SIM_PROCESSES), *sets, "--plan", str(plan), "--backend", "local")
+    assert r.returncode == 2 and "needs --backend ray" in r.stderr and "Traceback" not in r.stderr
+    # a plan that says it is a layout but changes more than processes and arguments
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(plan.read_text().replace("impl: examples.bench.latency:Sim\n", "impl: examples.bench.latency:Trainer\n", 1))
+    assert edited.read_text() != plan.read_text()
+    r = rose("compare", str(SIM_PROCESSES), *sets, "--plan", str(edited))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    # rose rewrite --layout checks the value as rose optimize --layout does
+    for bad, message in ((["--layout", "nope=2"], "not a param"), (["--layout", "sim_replicas=1,2"], "one value"),
+                         (["--layout", "sim_replicas=0"], "not a layout of")):
+        r = rose("rewrite", str(SIM_PROCESSES), *sets, *bad)
+        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (bad, r.stderr)

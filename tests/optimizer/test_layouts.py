@@ -81,19 +81,30 @@ class _Session:
 
     def use_layout(self, wf) -> list[str]:
         r = wf.components["sim"].replicas
-        if self.wf is None or self.wf.components["sim"].replicas != r:
+        if self.wf is None:  # (the session starts with the declared layout)
+            self.wf = wf
+            return []
+        changed = self.wf.components["sim"].replicas != r
+        if changed:
             self.switches.append(r)
+            if self.clock is not None:
+                self.clock.now += self.switch_s
         self.wf = wf
-        return ["sim"]
+        return ["sim"] if changed else []
+
+    clock = None
+    switch_s = 0.0
 
     def complete(self, plans, rounds, warmup=0, labels=(), before=None, guard_first=False):
         from rose_dsl.optimizer.profile import IterationRun
 
-        assert guard_first  # a layout's first iteration must not cost the training if it fails
         r = plans[0].components["sim"].replicas
+        assert guard_first == (r != 1)  # a layout's first iteration must not cost the training if it fails
         self.last_failures = {0: "constructing sim failed"} if r == self.fail else {}
         if self.last_failures:
             return [[]]
+        if self.clock is not None:
+            self.clock.now += (rounds + 1) * self.seconds[r]  # (the block's first iteration is not timed)
         return [[IterationRun(self.seconds[r] * (1 + 0.001 * i), ()) for i in range(rounds)]]
 
 
@@ -112,8 +123,10 @@ def test_layout_trials_keep_the_fastest_value_past_the_noise_and_say_why_others_
     assert rows[4]["speedup"] == pytest.approx(1.0 / 0.6, rel=0.01)
     assert rows[16]["refused"] == "not a valid workflow: too many"
     assert session.wf.components["sim"].replicas == 4  # the chosen layout runs when stage 1 starts
-    # blocks A, B, A for each value, back to the declared layout between values
-    assert session.switches[:4] == [2, 1, 2, 1]
+    # blocks R, V, R, V, ...: each value between two blocks of the declared layout, the chosen one last
+    assert session.switches == [2, 1, 4, 1, 8, 1, 4]
+    assert section["reference_blocks"] == 4
+    assert rows[2]["candidate"]["n"] == rows[2]["reference"]["n"] == 4  # as many as its two references together
     json.dumps(section)  # the report's section is plain data
 
 
@@ -140,11 +153,38 @@ def test_a_stop_request_ends_the_layout_trials_with_nothing_half_measured_kept()
 
     def stop():
         calls["n"] += 1
-        return "stopped by SIGTERM" if calls["n"] > 2 else None  # after the first two blocks
+        return "stopped by SIGTERM" if calls["n"] > 2 else None  # after the first two blocks (R, the value)
 
     chosen, section = choose_layout(base, found, session, Settings(), log=lambda m: None, stop=stop)
     assert chosen is None and section["candidates"][0]["not_measured"] == "stopped by SIGTERM"
     assert session.wf.components["sim"].replicas == 1
+
+
+def test_a_value_starts_only_if_it_and_the_next_reference_block_fit_in_the_budget(monkeypatch) -> None:
+    """The estimate comes from the blocks measured so far (iteration time, switch time); a value that
+    would not fit is reported with what it would have needed, and the ones measured keep their verdict."""
+    import interpreter.layout_trials as lt
+    from rose_dsl.optimizer.search import Settings
+
+    class Clock:
+        now = 1000.0
+
+        def perf_counter(self) -> float:
+            return self.now
+
+    clock = Clock()
+    monkeypatch.setattr(lt, "time", clock)
+    base = load_workflow(SIM_PROCESSES)
+    found = layouts(base, {"sim_replicas": [2, 4]}, _loader(SIM_PROCESSES))
+    session = _Session({1: 10.0, 2: 6.0, 4: 5.0})
+    session.clock, session.switch_s = clock, 5.0
+    # R (3 iterations of 10 s = 30 s) + value 2 (5 s switch + 5 x 6 s) + R (5 s + 30 s) = 100 s; a
+    # second value then needs ~5 + 5 x 10 + 5 + 3 x 10 = 90 s by the estimate (median iteration 10 s)
+    chosen, section = lt.choose_layout(base, found, session, Settings(), log=lambda m: None, deadline=1000.0 + 150)
+    rows = {r["values"]["sim_replicas"]: r for r in section["candidates"]}
+    assert rows[2]["accepted"] and chosen is not None and dict(chosen.values) == {"sim_replicas": 2}
+    assert "needs about" in rows[4]["not_measured"] and rows[4]["needed_s"] > 50
+    assert session.switches == [2, 1, 2]  # value 4 never started
 
 
 def test_rose_optimize_tries_simulator_processes_and_training_stays_the_declared_one(tmp_path: Path) -> None:
@@ -165,7 +205,7 @@ def test_rose_optimize_tries_simulator_processes_and_training_stays_the_declared
     report = json.loads((tmp_path / "plan_report" / "report.json").read_text())
     (row,) = report["layout"]["candidates"]
     assert row["values"] == {"sim_replicas": 2} and row["changed"] == ["sim"]
-    assert row["candidate"]["n"] >= 4 and row["reference"]["n"] >= 2  # blocks A, B, A
+    assert row["candidate"]["n"] >= 4 and row["reference"]["n"] >= 4  # blocks R, V, R
     assert report["trials"]["layout"]["count"] >= 3
     a, b = _metrics(declared / "metrics.jsonl"), _metrics(tmp_path / "plan_report" / "run" / "metrics.jsonl")
     assert len(b) >= 9 and set(b) <= set(a)

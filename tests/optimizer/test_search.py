@@ -199,3 +199,28 @@ def test_a_given_plan_that_is_the_declared_graph_is_measured_once(wf) -> None:
     m = FakeMeasurer(LATENCY)
     given_plan(wf, quota, [], m, Settings(final_rounds=3, warmup=0), log=lambda s: None)
     assert len(m.log) == 6
+
+
+def test_a_stop_request_ends_a_before_after_at_the_next_round_with_the_rounds_measured(wf) -> None:
+    """`interleaved` (before/after, `--stage1`'s measurement) asks `stop()` before every round: a signal
+    ends it at the next round's boundary with what was measured, not after all the rounds; the order of
+    the plans is reversed every other round, as `Measurer.complete` interleaves them."""
+    from dataclasses import replace
+
+    from rose_dsl.optimizer.search import interleaved
+    from rose_dsl.transforms import apply
+
+    split = replace(apply(wf, "split-time epoch 2").workflow, name="split")  # (named apart in the log)
+    m = FakeMeasurer(LATENCY)
+    asked = {"n": 0}
+
+    def stop():
+        asked["n"] += 1
+        return "stopped by SIGTERM" if asked["n"] > 2 else None
+
+    (before, after), cut = interleaved(m, [wf, split], 5, ["", "split"], stop)
+    assert cut == "stopped by SIGTERM" and len(before) == len(after) == 2
+    assert [name for _, name in m.log] == [wf.name, split.name, split.name, wf.name]
+    m = FakeMeasurer(LATENCY)
+    (before, after), cut = interleaved(m, [wf, split], 3, ["", "split"])
+    assert cut is None and len(before) == len(after) == 3
