@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rose_dsl.ir import Component, ExecutionNode, Workflow
+from rose_dsl.optimizer.decide import stop_repeating
 from rose_dsl.optimizer.profile import Call, IterationRun
 from rose_dsl.optimizer.regions import FEED, PROBE, LocalGraph, feed_component, probe_component
 from rose_dsl.optimizer.search import OutOfBudget
@@ -523,7 +524,7 @@ class TrialSession:
 
     # -- local trials (not training) --------------------------------------------------------------
     def local(self, graphs: Sequence[LocalGraph], repeats: int, captured: Mapping[int, Any], probe_id: int,
-              abandon_above: float | None = None) -> list[list[IterationRun]]:
+              abandon_above: float | None = None, settle_above: float | None = None) -> list[list[IterationRun]]:
         t = time.perf_counter()
         self.executor.set_states(FEED, {"values": captured.get(probe_id, {})})
         writes = sorted({c for g in graphs for c in g.writes})
@@ -554,10 +555,10 @@ class TrialSession:
                 self.books["local_runs"] += 1
                 if r >= 0:
                     out[i].append(IterationRun(seconds, self._calls(graphs[i].workflow, records), t0, t1))
-                    if (r == 0 and i > 0 and abandon_above is not None and out[0]
-                            and seconds > abandon_above * out[0][0].seconds):
+                    if i > 0 and len(out[i]) < repeats and stop_repeating(
+                            [x.seconds for x in out[0]], [x.seconds for x in out[i]], abandon_above, settle_above):
                         abandoned.add(i)  # clearly slower: its other repeats would only cost time
-                        self.books["local_abandoned"] += repeats - 1
+                        self.books["local_abandoned"] += repeats - len(out[i])
         finally:
             for c, s in snap.items():
                 self.executor.set_states(c, s)

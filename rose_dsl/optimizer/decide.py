@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Summary", "summarize", "margin", "faster"]
+__all__ = ["Summary", "summarize", "margin", "faster", "stop_repeating"]
 
 
 @dataclass(frozen=True)
@@ -54,3 +54,27 @@ def faster(reference: Summary, candidate: Summary, eps_min: float = 0.03, z: flo
     """(is the candidate faster by more than the margin, the margin)."""
     eps = margin(reference, candidate, eps_min, z)
     return candidate.median < (1.0 - eps) * reference.median, eps
+
+
+def stop_repeating(reference: Sequence[float], runs: Sequence[float], abandon_above: float | None,
+                   settle_above: float | None) -> str | None:
+    """Why a local trial should give an alternative no further runs (None: go on), from its timed runs so
+    far and the unchanged comparison graph's (`reference`, in order):
+
+    * after its first run, slower than `abandon_above` x the unchanged graph's first run: clearly slower
+      (run-to-run noise cannot make that a win);
+    * after two runs, both slower than `settle_above` x the unchanged graph's median: the median of three
+      is at least the faster of the two, so it can come out faster than the unchanged graph by the
+      smallest accepted margin eps_min only if that median rises by more than settle_above / (1 - eps_min)
+      - 1 (6% for 1.03 and 3%): the third run would not change the verdict.
+    """
+    if not reference or not runs:
+        return None
+    if len(runs) == 1 and abandon_above is not None and runs[0] > abandon_above * reference[0]:
+        return (f"{runs[0] / reference[0]:.2f}x the unchanged graph's first run (the limit is "
+                f"{abandon_above}x)")
+    med = statistics.median(reference)
+    if len(runs) == 2 and settle_above is not None and med > 0 and min(runs) > settle_above * med:
+        return (f"both runs {min(runs) / med:.2f}x or more the unchanged graph's median (above "
+                f"{settle_above:.2f}x: a third could not make it faster by the margin)")
+    return None

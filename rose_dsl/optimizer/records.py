@@ -44,10 +44,11 @@ class Measurer(Protocol):
         """One real iteration of a probe workflow; the captured values per probe id (opaque)."""
 
     def local(self, graphs: Sequence[LocalGraph], repeats: int, captured: Any, probe_id: int,
-              abandon_above: float | None = None) -> list[list[IterationRun]]:
+              abandon_above: float | None = None, settle_above: float | None = None) -> list[list[IterationRun]]:
         """Interleaved runs of local graphs on the captured inputs, state restored before each. A graph
-        whose first timed run took more than `abandon_above` x the first timed run of graphs[0] (the
-        unchanged comparison graph) gets no further runs: its list is shorter than `repeats`."""
+        that `decide.stop_repeating` says is clearly slower than graphs[0] (the unchanged comparison
+        graph) -- after one run by `abandon_above`, after two by `settle_above` -- gets no further runs:
+        its list is shorter than `repeats`."""
 
     def elapsed(self) -> float: ...
 
@@ -86,6 +87,11 @@ class Settings:
     # the H200 (2026-12-01) spatial splits ran 1.7-2x the unchanged graph three times each -- most of the
     # local-trial seconds of that run. None: every alternative gets all its repeats.
     abandon_factor: float | None = 1.3
+    # ... and one whose first two runs both took more than this many times the unchanged graph's median:
+    # its median of three could not beat the unchanged graph by eps_min (`decide.stop_repeating`). Losing
+    # alternatives were most of the H200 runs' local-trial seconds (92 s of the 165-s net overhead of
+    # 2026-12-01). None: no such stop.
+    settle_factor: float | None = 1.03
 
 
 @dataclass

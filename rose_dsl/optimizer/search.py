@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from ..ir import LoopNode, Workflow
 from .candidates import SWEEP, Alternative, Feasible, Infeasible, alternatives, check, memory_estimate, sweep
-from .decide import Summary, faster, summarize
+from .decide import Summary, faster, stop_repeating, summarize
 from .model import CostModel
 from .profile import IterationRun, node_stats, structural
 from .rank import rank_nodes
@@ -62,6 +62,8 @@ DEVIATIONS = (
     "a node's phases are ranked only when the graph runs them expanded",
     "a local trial stops repeating an alternative whose first run took more than abandon_factor (1.3) x the "
     "unchanged comparison graph's first run",
+    "a local trial stops repeating an alternative whose first two runs both took more than settle_factor "
+    "(1.03) x the unchanged comparison graph's median: its median of three could not win by eps_min",
 )
 
 
@@ -291,7 +293,8 @@ class _Search:
             self.log(f"  {t.node.removeprefix('iteration.')}: local trials of {len(batch)} alternative(s) on "
                      f"{'.'.join(c0.region[1:])} (x{self.s.local_repeats})")
             graphs = [c0] + [graph_of[id(m)] for m in batch]
-            runs = self.m.local(graphs, self.s.local_repeats, captured, probe_id, self.s.abandon_factor)
+            runs = self.m.local(graphs, self.s.local_repeats, captured, probe_id, self.s.abandon_factor,
+                                self.s.settle_factor)
             failed = dict(self.m.last_failures)
             if 0 in failed or not runs[0]:
                 t.local_note = f"the unchanged comparison graph failed: {failed.get(0, 'no run completed')}"
@@ -308,9 +311,12 @@ class _Search:
                 m.summary = summarize([r.seconds for r in rs])
                 m.status = "measured"
                 if len(rs) < self.s.local_repeats and runs[0]:
-                    m.reason = (f"abandoned after {len(rs)} of {self.s.local_repeats} runs: "
-                                f"{rs[0].seconds / runs[0][0].seconds:.2f}x the unchanged graph's first run "
-                                f"(the limit is {self.s.abandon_factor}x)")
+                    # (the unchanged graph's runs as the trial saw them: all first when switches are costly,
+                    # else as many as the alternative's)
+                    why = next(filter(None, (stop_repeating([r.seconds for r in ref], [r.seconds for r in rs],
+                                                            self.s.abandon_factor, self.s.settle_factor)
+                                             for ref in (runs[0], runs[0][:len(rs)]))), None)
+                    m.reason = f"abandoned after {len(rs)} of {self.s.local_repeats} runs: {why or 'clearly slower'}"
                 self.calibrated = self.calibrated or m.groups is not None
                 pred = self.model.predict(graph_of[id(m)].workflow)
                 if pred.seconds is not None and p0.seconds:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rose_dsl.ir import ExecutionNode, Workflow
+from rose_dsl.optimizer.decide import stop_repeating
 from rose_dsl.optimizer.model import rows_of, simulate
 from rose_dsl.optimizer.profile import Call, IterationRun
 from rose_dsl.optimizer.regions import LocalGraph
@@ -92,16 +93,17 @@ class FakeMeasurer:
         return {}
 
     def local(self, graphs: Sequence[LocalGraph], repeats: int, captured: Any, probe_id: int,
-              abandon_above: float | None = None) -> list[list[IterationRun]]:
+              abandon_above: float | None = None, settle_above: float | None = None) -> list[list[IterationRun]]:
         out: list[list[IterationRun]] = [[] for _ in graphs]
         abandoned: set[int] = set()
-        for r in range(repeats):
+        for _ in range(repeats):
             for i, g in enumerate(graphs):
                 if i in abandoned:
                     continue
                 self.log.append(("local", ".".join(g.region)))
                 out[i].append(self._run(g.workflow, 0))
-                if r == 0 and i > 0 and abandon_above is not None and out[i][0].seconds > abandon_above * out[0][0].seconds:
+                if i > 0 and len(out[i]) < repeats and stop_repeating(
+                        [x.seconds for x in out[0]], [x.seconds for x in out[i]], abandon_above, settle_above):
                     abandoned.add(i)
         return out
 
