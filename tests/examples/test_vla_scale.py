@@ -137,3 +137,26 @@ def test_frozen_stem_is_computed_once_per_update_and_changes_nothing() -> None:
     # two critic passes (obs, next_obs), then once for all 3 epochs x 2 minibatches -- not once per minibatch
     assert calls == {"reuse": 3, "again": 3 + 6}  # the copy that ignores the cache recomputes per minibatch
     assert _max_diff(reuse.get_state("weights"), again.get_state("weights")) < 1e-5
+
+
+def test_the_paper_image_configuration_starts_its_update_at_ratio_one() -> None:
+    """The paper workloads' policy shape (camera patches + proprio tokens, a frozen backbone bottom,
+    rollout values): at the rollout weights the trainer's log-probs and values are the rollout's, so PPO's
+    first ratio is exactly 1 and any KL an update reports is the update's own step (the H200 Meta-World
+    runs reported approx_kl 6-96 per update: step size, not a mismatch)."""
+    common = dict(obs_dim=39, act_dim=4, chunk=8, hidden=64, denoise_steps=3, layers=4, heads=4, expert_layers=1,
+                  obs_tokens=4, image=True, image_size=32, patch=8)
+    n, steps = 8, 3
+    policy = FlowPolicy(num_envs=n, seed=0, **common)
+    trainer = PPOTrainer(seed=0, lr=5e-4, ppo_epochs=2, minibatches=4, trainable_blocks=2, values="rollout", **common)
+    g = torch.Generator().manual_seed(1)
+    obs = [{"state": torch.randn(n, 39, generator=g),
+            "image": torch.randint(0, 255, (n, 3, 32, 32), dtype=torch.uint8, generator=g)} for _ in range(steps)]
+    outs = [policy.act(obs=o, it=0, ep=0, t=t) for t, o in enumerate(obs)]
+    cat = {k: torch.cat([o[k] for o in outs]) for k in ("x0", "action", "logp", "value")}
+    with torch.no_grad():
+        logp, value = trainer.model.evaluate({k: torch.cat([o[k] for o in obs]) for k in ("state", "image")},
+                                             cat["x0"], cat["action"])
+    torch.testing.assert_close(logp, cat["logp"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(value, cat["value"], atol=1e-5, rtol=0)
+    assert float(cat["logp"].abs().mean()) > 1.0  # (log-probs of 32 action numbers: a mismatch would show)
