@@ -263,18 +263,18 @@ def _run(entries: list[Entry], run: Any, opts: _Options, teardown: ExitStack, ct
         session = start_trial_session(wf, run, gpu, ctx, teardown, copies, log)
         current = {c.name: c.mps_quota for c in wf.components.values() if c.device == "gpu"}
 
-        running_layout = [0]  # the entry whose layout the processes run (0: the declared one)
+        running_layout = 0  # the entry whose layout the processes run (0: the declared one)
 
         def before(i: int) -> None:
             """Run the layout of the plan about to run (fresh processes for what it changes) and move GPU
             components under its quotas (state moved with them)."""
+            nonlocal running_layout
             want = i if entries[i].layout else 0
-            if want != running_layout[0]:
-                target = entries[want]
-                replaced = session.use_layout(target.workflow if want else wf)
+            if want != running_layout:
+                replaced = session.use_layout(entries[want].workflow)
                 if replaced:
-                    log(f"  {target.label}: new processes for {', '.join(replaced)}")
-                running_layout[0] = want
+                    log(f"  {entries[want].label}: new processes for {', '.join(replaced)}")
+                running_layout = want
             if not gpu.quotas_work:
                 return
             for name, comp in entries[i].workflow.components.items():

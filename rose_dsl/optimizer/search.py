@@ -311,11 +311,11 @@ class _Search:
                 m.summary = summarize([r.seconds for r in rs])
                 m.status = "measured"
                 if len(rs) < self.s.local_repeats and runs[0]:
-                    # (the unchanged graph's runs as the trial saw them: all first when switches are costly,
-                    # else as many as the alternative's)
-                    why = next(filter(None, (stop_repeating([r.seconds for r in ref], [r.seconds for r in rs],
-                                                            self.s.abandon_factor, self.s.settle_factor)
-                                             for ref in (runs[0], runs[0][:len(rs)]))), None)
+                    # the unchanged graph's runs as the trial saw them: all of them first when switches are
+                    # costly, else as many as the alternative's
+                    ref, own = [r.seconds for r in runs[0]], [r.seconds for r in rs]
+                    why = (stop_repeating(ref, own, self.s.abandon_factor, self.s.settle_factor)
+                           or stop_repeating(ref[:len(own)], own, self.s.abandon_factor, self.s.settle_factor))
                     m.reason = f"abandoned after {len(rs)} of {self.s.local_repeats} runs: {why or 'clearly slower'}"
                 self.calibrated = self.calibrated or m.groups is not None
                 pred = self.model.predict(graph_of[id(m)].workflow)

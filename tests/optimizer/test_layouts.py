@@ -1,6 +1,6 @@
 """Layout knobs (`rose optimize --layout`, rose_dsl/optimizer/layouts.py and interpreter/layout_trials.py):
 which param values may be tried (only process counts and arguments change, and the changed components'
-state is refreshed before use), how they are measured (A/B/A complete iterations, kept past the noise),
+state is refreshed before use), how they are measured (blocks R, V, R of complete iterations, kept past the noise),
 and that switching layouts while training keeps the training what the declared workflow computes."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rose_dsl import load_workflow
-from rose_dsl.optimizer.layouts import Layout, changed_components, layouts, parse_layout_option
+from rose_dsl.optimizer.layouts import Layout, changed_components, layout_change, layouts, parse_layout_option
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM_PROCESSES = ROOT / "workflows" / "latency_sim_processes.yaml"
@@ -40,6 +40,25 @@ def test_a_layout_whose_changed_state_is_read_before_a_refresh_is_refused() -> N
     assert len(found) == 1 and found[0].refused is not None
     assert "rollout_weights" in found[0].refused and "before any refresh" in found[0].refused
     assert set(found[0].changed) == {"sim", "policy", "trainer"}
+
+
+def test_a_finished_plan_is_judged_as_a_layout_by_its_original_components_only() -> None:
+    """`layout_change` (what `rose compare` asks of a plan that declares a layout): a rewritten plan of a
+    layout is one (the components a rewrite adds -- a temporal split's copies -- are left out of the
+    comparison), the declared workflow changes nothing, and a plan whose changed component's state is
+    read before a refresh is refused with the reason."""
+    from rose_dsl.transforms import apply
+
+    base = load_workflow(SIM_PROCESSES)
+    two = load_workflow(SIM_PROCESSES, {"sim_replicas": 2})
+    assert layout_change(base, two) == (["sim"], None)
+    copied = apply(two, "split-time epoch 2").workflow
+    assert set(copied.components) > set(base.components)  # (copies added)
+    assert layout_change(base, copied) == (["sim"], None)
+    assert layout_change(base, base) == ([], None)
+    ppo = load_workflow(PPO)
+    changed, why = layout_change(ppo, load_workflow(PPO, {"replicas": 2}))
+    assert set(changed) == {"sim", "policy", "trainer"} and why is not None and "rollout_weights" in why
 
 
 def test_what_a_layout_may_not_change() -> None:
