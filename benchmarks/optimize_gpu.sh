@@ -44,7 +44,11 @@ else
     # what the MJX simulator's process needs allowed (its import path, JAX's cache): paper_workloads.py's trust
     TRUST=${TRUST:---allow-env JAX_COMPILATION_CACHE_DIR --allow-path /tmp/mjxenv --allow-path .mjxenv}
   fi
-  # Meta-World: the packages of the set-up call (benchmarks/paper_table_gpu.sh, SETUP_ONLY=1) and EGL's vendor file
+  # Meta-World: its packages (carried as .mwbundle, benchmarks/mw_bundle.sh; or installed by an earlier
+  # set-up call, paper_table_gpu.sh SETUP_ONLY=1) and EGL's vendor file
+  if grep -q "sim_metaworld" "$WORKFLOW" && [ -f .mwbundle/mw-site.tar.xz ]; then
+    bash benchmarks/mw_env.sh > "$WORK/mw_env.log" 2>&1 || { cat "$WORK/mw_env.log"; exit 1; }
+  fi
   if grep -q "sim_metaworld" "$WORKFLOW" && [ -d /tmp/mwsite ]; then
     export PYTHONPATH=/tmp/mwsite:$PYTHONPATH
     export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json

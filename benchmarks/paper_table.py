@@ -451,9 +451,22 @@ def _table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def merge(files: list[Path], results: Path) -> int:
+def _recalibrate(name: str, wl: dict[str, Any], calibration: Path | None) -> None:
+    """A merged workload's halving target from the calibration JSON when its run had none (the
+    calibration was measured in another device call): `shape.halving_isolated` and `shape.met`."""
+    shape = wl.get("shape") or {}
+    if not shape or shape.get("halving_isolated"):
+        return
+    cal = _calibration(calibration, WORKLOADS[name], wl.get("resolved_params") or {}) if name in WORKLOADS else None
+    if cal:
+        shape["halving_isolated"] = cal
+        shape.setdefault("met", {})["halving"] = cal["ratio"] <= TARGETS["halving_max"]
+
+
+def merge(files: list[Path], results: Path, calibration: Path | None = None) -> int:
     """Combine the workloads of several runs (e.g. one device call per workload) into one table; later
-    files win; the timeline PNGs are copied next to the merged JSON."""
+    files win; the timeline PNGs are copied next to the merged JSON; a workload without the isolated
+    halving figure gets it from `calibration` when that file has it."""
     results.mkdir(parents=True, exist_ok=True)
     target = results / "paper_table.json"
     merged: dict[str, Any] = json.loads(target.read_text()) if target.exists() else {}
@@ -468,6 +481,8 @@ def merge(files: list[Path], results: Path) -> int:
                     wl["timelines"][key] = str((results / src.name).relative_to(ROOT)) \
                         if (results / src.name).is_relative_to(ROOT) else str(results / src.name)
             merged.setdefault("workloads", {})[name] = wl
+    for name, wl in merged.get("workloads", {}).items():
+        _recalibrate(name, wl, calibration)
         runs.append({k: doc.get(k) for k in ("argv", "date", "machine", "versions", "settings")} | {"file": str(path)})
         for key in ("machine", "versions", "settings", "definitions", "script"):
             merged[key] = doc.get(key, merged.get(key))
@@ -550,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="merge the workloads of these paper_table.json files (and their timelines) into --results")
     args = ap.parse_args(argv)
     if args.merge:
-        return merge(args.merge, args.results.resolve())
+        return merge(args.merge, args.results.resolve(), args.calibration)
     if args.smoke:
         args.rounds = min(args.rounds, 1) if "--rounds" not in (argv or sys.argv) else args.rounds
         args.iterations = 1 if "--iterations" not in (argv or sys.argv) else args.iterations

@@ -8,7 +8,8 @@
 #   WORKLOAD=mjx bash benchmarks/paper_table_gpu.sh [paper_table.py options, e.g. --configs declared,pipe2]
 # carries: mjx: .raybundle + .mjxbundle (benchmarks/mjx_bundle.sh) -- one call, ~45 MB.
 #          llm: .raybundle.
-#          metaworld: first a call carrying .whlmw .whlcpu .gl that runs
+#          metaworld: .raybundle + .mwbundle (benchmarks/mw_bundle.sh packs the wheels and debs below, ~15 MB)
+#            -- one call, ~44 MB. Without .mwbundle: first a call carrying .whlmw .whlcpu .gl that runs
 #            `WORKLOAD=metaworld SETUP_ONLY=1 bash benchmarks/paper_table_gpu.sh` (installs into /tmp/mwsite,
 #            unpacks the EGL debs), then, within the 30 s the machine stays warm, this script carrying .raybundle.
 #            The wheels (~46 MB with the debs; with Ray's bundle they pass the 64 MiB a call carries):
@@ -34,6 +35,7 @@ export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
 case "$WORKLOAD" in
   mjx) bash benchmarks/mjx_env.sh || exit 1 ;;
   metaworld)
+    if [ -f .mwbundle/mw-site.tar.xz ]; then bash benchmarks/mw_env.sh || exit 1; fi
     [ -d /tmp/mwsite ] || { echo "run the Meta-World set-up call first (see the header)" >&2; exit 1; }
     export PYTHONPATH=/tmp/mwsite:$PYTHONPATH
     export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json ;;
