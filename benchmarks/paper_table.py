@@ -481,11 +481,11 @@ def merge(files: list[Path], results: Path, calibration: Path | None = None) -> 
                     wl["timelines"][key] = str((results / src.name).relative_to(ROOT)) \
                         if (results / src.name).is_relative_to(ROOT) else str(results / src.name)
             merged.setdefault("workloads", {})[name] = wl
-    for name, wl in merged.get("workloads", {}).items():
-        _recalibrate(name, wl, calibration)
         runs.append({k: doc.get(k) for k in ("argv", "date", "machine", "versions", "settings")} | {"file": str(path)})
         for key in ("machine", "versions", "settings", "definitions", "script"):
             merged[key] = doc.get(key, merged.get(key))
+    for name, wl in merged.get("workloads", {}).items():
+        _recalibrate(name, wl, calibration)
     target.write_text(json.dumps(merged, indent=1, default=str) + "\n")
     print(_table(merged))
     print(f"wrote {target}")

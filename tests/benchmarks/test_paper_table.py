@@ -141,3 +141,26 @@ def test_calibration_gives_the_isolated_halving_and_phase_table(tmp_path: Path) 
                                       "act_graph_sm_activity": 0.7}
     assert _calibration(path, WORKLOADS["mjx"], {"num_envs": 64}) is None
     assert _calibration(tmp_path / "absent.json", WORKLOADS["mjx"], {}) is None
+
+
+def test_merge_records_each_file_once_and_fills_the_halving_from_the_calibration(tmp_path: Path) -> None:
+    from benchmarks.paper_table import merge
+
+    def table(name: str, envs: int) -> dict:
+        shape = {"targets": {}, "halving_in_run": None, "met": {"loop_share": True, "halving": None}}
+        return {"date": "d", "workloads": {name: {
+            "configs": {}, "refused": {}, "timelines": {}, "shape": shape, "throughput_unit": "env_steps_per_s",
+            "best_hand": None, "lower_bound": None, "resolved_params": {"num_envs": envs}}}}
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(table("mjx", 256)))
+    b.write_text(json.dumps(table("metaworld", 32)))
+    cal = tmp_path / "shapes.json"
+    cal.write_text(json.dumps({"policy": {"img128_d1024_l24": {"batches": {
+        "32": {"act_graph_ms": {"median": 40.0}}, "16": {"act_graph_ms": {"median": 30.0}}}}}}))
+    assert merge([a, b], tmp_path / "out", cal) == 0
+    doc = json.loads((tmp_path / "out" / "paper_table.json").read_text())
+    assert [r["file"] for r in doc["runs"]] == [str(a), str(b)]
+    mw, mjx = doc["workloads"]["metaworld"]["shape"], doc["workloads"]["mjx"]["shape"]
+    assert mw["halving_isolated"]["ratio"] == pytest.approx(0.75) and mw["met"]["halving"] is False
+    assert "halving_isolated" not in mjx and mjx["met"]["halving"] is None  # the calibration lacks its policy
