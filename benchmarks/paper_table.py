@@ -273,7 +273,7 @@ def summarize(prep: Prepared, runs: dict[str, list[dict[str, Any]]], args: argpa
                 fig = run_figures(load_run(Path(rec["run_dir"])), warmup, wl.work_metric, wl.loop, wl.policy_node)
                 per_round.append({**rec, **fig})
         figures[cfg.name] = per_round
-        out["configs"][cfg.name] = _config_row(cfg, runs.get(cfg.name, []), per_round)
+        out["configs"][cfg.name] = _config_row(cfg, runs.get(cfg.name, []), per_round, args.rounds)
     hand = {n: c for n, c in out["configs"].items() if c["kind"] in ("declared", "hand") and c["throughput"]["median"]}
     best = max(hand, key=lambda n: hand[n]["throughput"]["median"]) if hand else None
     declared = out["configs"].get("declared")
@@ -306,7 +306,11 @@ def _resolved(prep: Prepared) -> dict[str, Any]:
         return {"error": str(exc)}
 
 
-def _config_row(cfg: Config, records: list[dict[str, Any]], per_round: list[dict[str, Any]]) -> dict[str, Any]:
+def _config_row(cfg: Config, records: list[dict[str, Any]], per_round: list[dict[str, Any]], rounds: int
+                ) -> dict[str, Any]:
+    """One configuration's figures. `rounds_requested` against `rounds_measured`: a table whose process was
+    killed (the device call's limit) is written after every run, so a round that was still running when
+    the kill came is in neither the figures nor `failed_rounds` -- only the count says it is missing."""
     seconds = [s for f in per_round for s in f["iteration_s"]]
     sm = [f["sm_activity"] for f in per_round if f["sm_activity"] is not None]
     below = [f["frac_below_50"] for f in per_round if f["frac_below_50"] is not None]
@@ -321,6 +325,8 @@ def _config_row(cfg: Config, records: list[dict[str, Any]], per_round: list[dict
         "frac_below_50": statistics.mean(below) if below else None,
         "policy_call_s": _median([f["policy_call_s"] for f in per_round]),
         "failed_rounds": [{k: r[k] for k in ("round", "exit", "error") if k in r} for r in records if r["exit"]],
+        "rounds_requested": rounds,
+        "rounds_measured": len(per_round),
         "run_wall_s": [r["wall_s"] for r in records],
     }
 
@@ -434,7 +440,7 @@ def _table(results: dict[str, Any]) -> str:
         lines.append(f"== {name} ({wl['throughput_unit']}; best hand-written: "
                      f"{(wl['best_hand'] or {}).get('name')}; bound {(wl['lower_bound'] or {}).get('seconds')})")
         lines.append(f"{'config':<16}{'median':>10}{'spread':>8}{'s/iter':>8}{'SM':>6}{'<50%':>6}{'vs decl':>8}"
-                     f"{'vs best':>8}{'/bound':>7}  failed")
+                     f"{'vs best':>8}{'/bound':>7}  missing")
         for c in wl["configs"].values():
             def f(v: Any, spec: str) -> str:
                 return format(v, spec) if v is not None else format("-", ">" + spec.split(".")[0])
@@ -442,13 +448,19 @@ def _table(results: dict[str, Any]) -> str:
                          f"{f(c['iteration_s']['median'], '8.2f')}{f(c['sm_activity'], '6.2f')}"
                          f"{f(c['frac_below_50'], '6.2f')}{f(c['ratio_to_declared'], '8.2f')}"
                          f"{f(c['ratio_to_best_hand'], '8.2f')}{f(c['distance_to_bound'], '7.2f')}  "
-                         f"{len(c['failed_rounds'])}")
+                         f"{_missing(c)}")
         shape = wl["shape"]
         lines.append(f"shape: loop share {shape.get('loop_share')}, declared SM {shape.get('declared_sm_activity')}, "
                      f"halving in run {shape.get('halving_in_run')}, met {shape.get('met')}")
         if wl["refused"]:
             lines.append(f"refused: {wl['refused']}")
     return "\n".join(lines)
+
+
+def _missing(row: dict[str, Any]) -> int:
+    """Rounds of a configuration without figures (failed, or never finished); older JSONs lack the counts."""
+    measured = row.get("rounds_measured", len(row["rounds_seconds"]))
+    return row.get("rounds_requested", measured + len(row["failed_rounds"])) - measured
 
 
 def _recalibrate(name: str, wl: dict[str, Any], calibration: Path | None) -> None:

@@ -164,3 +164,19 @@ def test_merge_records_each_file_once_and_fills_the_halving_from_the_calibration
     mw, mjx = doc["workloads"]["metaworld"]["shape"], doc["workloads"]["mjx"]["shape"]
     assert mw["halving_isolated"]["ratio"] == pytest.approx(0.75) and mw["met"]["halving"] is False
     assert "halving_isolated" not in mjx and mjx["met"]["halving"] is None  # the calibration lacks its policy
+
+
+def test_a_round_killed_while_running_is_counted_as_missing() -> None:
+    """A table killed from outside (the device call's `timeout`) was written after its last finished run:
+    the run still in progress left no record, and only rounds_requested > rounds_measured says so."""
+    from benchmarks.paper_table import _config_row, _missing
+    from benchmarks.paper_workloads import Config
+
+    cfg = Config(name="llmpipe", kind="hand", workflow=Path("w.yaml"))
+    fig = {"iteration_s": [1.5, 1.6], "throughput": 10.0, "sm_activity": None, "frac_below_50": None,
+           "policy_call_s": None}
+    records = [{"round": r, "exit": 0, "wall_s": 30.0} for r in range(2)]
+    row = _config_row(cfg, records, [fig, fig], rounds=3)
+    assert (row["rounds_requested"], row["rounds_measured"], row["failed_rounds"]) == (3, 2, [])
+    assert _missing(row) == 1
+    assert _missing({"rounds_seconds": [[1.0]], "failed_rounds": [{"round": 1}]}) == 1  # an older JSON
