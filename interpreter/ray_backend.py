@@ -119,6 +119,9 @@ class RayBackend(Backend):
                 except (AttributeError, RuntimeError, OSError):  # a private Ray API: no session dir known, no reaper
                     session = ""
                 self._reaper = start_reaper(session)
+        from .tensor_transport import register
+
+        register()  # the driver sends and receives tensors too (states, snapshots, metrics)
         self.wf = wf
         self.allowed = list(allowed)
         self.mps_env = dict(mps_env or {})

@@ -117,6 +117,10 @@ class ComponentWorker:
         self.device = device
         self.gpu_index = gpu_index
         self.outputs_to_cpu = outputs_to_cpu
+        if outputs_to_cpu:  # a process of its own (Ray): its values leave it through Ray's serializer
+            from .tensor_transport import register
+
+            register()
         self._records: list[tuple] = []  # raw, turned into InvocationRecords by pop_records (off the hot path)
         self.retries = retries
         self._k = 0  # the RL iteration being executed (compiled graphs pass it to the first call only)

@@ -180,3 +180,15 @@ def test_a_round_killed_while_running_is_counted_as_missing() -> None:
     assert (row["rounds_requested"], row["rounds_measured"], row["failed_rounds"]) == (3, 2, [])
     assert _missing(row) == 1
     assert _missing({"rounds_seconds": [[1.0]], "failed_rounds": [{"round": 1}]}) == 1  # an older JSON
+
+
+def test_weight_transfer_benchmark_smoke_loads_the_same_weights_both_ways(tmp_path: Path) -> None:
+    """benchmarks/weight_transfer.py (the publish -> sync edge with torch's pickling and with rose's tensor
+    transport) runs on the CPU at tiny sizes and finds both transports load bit-identical weights."""
+    pytest.importorskip("ray")
+    from benchmarks.weight_transfer import main as transfer
+
+    out = tmp_path / "wt.json"
+    assert transfer(["--smoke", "--device", "cpu", "--reps", "2", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["bit_identical"] and doc["seconds"]["rose"]["n"] == 4 and doc["seconds"]["default"]["n"] == 4
