@@ -325,7 +325,8 @@ class TrialSession:
         self.limit = wf.root.count
         self.started = time.perf_counter()
         self.books: dict[str, float] = {"complete_iterations": 0, "complete_s": 0.0, "local_runs": 0, "local_s": 0.0,
-                                        "local_abandoned": 0, "captures": 0, "capture_s": 0.0, "snapshot_s": 0.0, "quota_trials": 0,
+                                        "local_abandoned": 0, "captures": 0, "capture_s": 0.0, "snapshot_s": 0.0,
+                                        "guard_snapshots": 0, "guard_snapshot_s": 0.0, "quota_trials": 0,
                                         "quota_s": 0.0, "quota_checks": 0, "quota_check_s": 0.0,
                                         "layout_switches": 0, "layout_s": 0.0}
         self.retained: list[dict[str, Any]] = []  # one line per training iteration (metrics.jsonl)
@@ -433,6 +434,8 @@ class TrialSession:
             t = time.perf_counter()
             snap = {c: self.executor.get_states(c) for c in self._written(plan)}
             self.books["snapshot_s"] += time.perf_counter() - t
+            self.books["guard_snapshots"] += 1  # (local trials' snapshots are inside local_s)
+            self.books["guard_snapshot_s"] += time.perf_counter() - t
         seconds, t0, t1, metrics, records = self._guarded(plan, self.k, snap)
         self._proven.add(id(plan))
         self._last_plan = plan

@@ -84,7 +84,8 @@ def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: f
     errors = [{"what": w, "predicted_s": p, "measured_s": m, "error": e}
               for (w, p, m), e in zip(result.model_errors, rel, strict=True)]
     abs_err = [abs(e) for e in rel if e is not None]
-    trials = {"complete": {"count": int(books.get("complete_iterations", 0)), "seconds": books.get("complete_s", 0.0),
+    trials: dict[str, dict[str, Any]] = {
+              "complete": {"count": int(books.get("complete_iterations", 0)), "seconds": books.get("complete_s", 0.0),
                            "note": "real training iterations (retained)"},
               "local": {"count": int(books.get("local_runs", 0)), "seconds": books.get("local_s", 0.0),
                         "abandoned": int(books.get("local_abandoned", 0)),
@@ -103,7 +104,15 @@ def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: f
               "setup": {"count": int(books.get("plan_loads", 0)),
                         "seconds": books.get("startup_s", 0.0) + books.get("prepare_s", 0.0),
                         "note": "starting the components, loading plans onto them, compiling graphs (count: plan "
-                                "switches)"}}
+                                "switches)"},
+              "snapshots": {"count": int(books.get("guard_snapshots", 0)), "seconds": books.get("guard_snapshot_s", 0.0),
+                            "note": "the state a plan's first iteration writes, copied to the driver before it runs "
+                                    "(a failing trial puts it back; local trials' snapshots are in their row)"}}
+    counted = sum(v["seconds"] for v in trials.values())
+    trials["other"] = {"count": 0, "seconds": max(0.0, total_s - counted),
+                       "note": "what no row above counts: profiling and bookkeeping between trials, the driver's "
+                               "own work, processes stopping (a lower bound where quota trials are training "
+                               "iterations, counted in two rows)"}
     return {
         "workflow": workflow, "file": file, "plan_file": plan_file, "activity": activity_kind,
         "baseline_iteration_s": base, "plan_iteration_s": plan,

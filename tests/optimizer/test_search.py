@@ -162,6 +162,12 @@ def test_report_holds_every_measurement(wf, tmp_path) -> None:
     for key in ("baseline_iteration_s", "plan_iteration_s", "speedup", "rounds", "trials", "overhead_s"):
         assert key in doc
     assert doc["overhead_s"]["net"] == pytest.approx(3.0)
+    assert doc["trials"]["other"]["seconds"] == pytest.approx(8.0 - 5.0 - 1.0)  # what no row counts
+    guarded = build_report(result, books={"complete_s": 5.0, "guard_snapshots": 2, "guard_snapshot_s": 1.5},
+                           total_s=8.0, workflow=wf.name, file="w.yaml", settings={}, machine={}, stage2=None,
+                           plan_file="p.yaml", run_dir=None, activity_kind="cpu")["trials"]
+    assert (guarded["snapshots"]["count"], guarded["snapshots"]["seconds"]) == (2, 1.5)
+    assert guarded["other"]["seconds"] == pytest.approx(1.5)
     assert doc["overhead_s"]["fraction_of_1h_net"] == pytest.approx(3.0 / 3600)
     r1 = doc["rounds"][0]
     assert r1["targets"][0]["D_v"] > 0 and r1["targets"][0]["tier"] == 1
