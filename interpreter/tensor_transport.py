@@ -15,7 +15,11 @@ writable tensor with the same dtype, shape, device and bytes (the stride of a co
 
 What keeps torch's own path (unchanged behaviour): tensors under `MIN_BYTES` (the per-call hot path of small
 values; the detour saves nothing there), tensors that require grad, non-contiguous, sparse, quantized,
-conjugate- or negative-bit tensors, and subclasses (`nn.Parameter`: Ray's dispatch is by exact type).
+conjugate- or negative-bit tensors, views into a larger storage (torch's pickling sends the whole storage and
+keeps the view sharing it with the other tensors of the value), and subclasses (`nn.Parameter`: Ray's
+dispatch is by exact type). The one difference left: two tensors of one value that are each a whole view of
+the SAME storage (`t` and `t.view(...)`) arrive as two tensors of their own, where torch's pickling keeps them
+sharing memory; rose's values are component outputs, which do not rely on that.
 
 `register()` installs it in the calling process (Ray's `register_serializer` is per process): the Ray
 backend calls it in the driver and every component process does in its worker's constructor.
@@ -40,7 +44,8 @@ def pack(t: Any) -> tuple:
 
     if (t.layout != torch.strided or t.requires_grad or t.is_quantized or t.is_conj() or t.is_neg()
             or not t.is_contiguous() or t.device.type not in ("cpu", "cuda")
-            or t.numel() * t.element_size() < MIN_BYTES):
+            or t.numel() * t.element_size() < MIN_BYTES
+            or t.storage_offset() != 0 or t.untyped_storage().nbytes() != t.numel() * t.element_size()):
         return ("torch", t.__reduce_ex__(5))
     host = t.detach().cpu() if t.device.type != "cpu" else t.detach()
     return ("raw", host.reshape(-1).view(torch.uint8).numpy(), str(t.dtype).removeprefix("torch."),

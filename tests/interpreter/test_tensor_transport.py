@@ -57,12 +57,14 @@ def test_what_keeps_torchs_own_path() -> None:
         "non-contiguous": big.t(),
         "requires grad": big.clone().requires_grad_(),
         "zero-dim": torch.tensor(3.5),
+        "a view into a larger storage": big[100:400],
     }
     for what, t in cases.items():
         packed = pack(t)
         assert packed[0] == "torch", what
         got = unpack(pickle.loads(pickle.dumps(packed, protocol=5)))
         assert got.stride() == t.stride() and got.requires_grad == t.requires_grad, what
+        assert got.storage_offset() == t.storage_offset(), what  # (the view keeps its place in its storage)
         assert torch.equal(got.detach(), t.detach()), what
 
 
@@ -111,12 +113,28 @@ def test_between_ray_actors_a_large_tensor_arrives_intact_and_private() -> None:
             def digest(self, w: dict) -> list:
                 return [_bytes(w["w"]), _bytes(w["b"]), str(w["w"].dtype)]
 
+            def mixed(self) -> dict:
+                big = _big(torch.float32, (512, 512))
+                return {"small": torch.arange(10.0), "t": big.t(), "grad": big.clone().requires_grad_(),
+                        "p": torch.nn.Parameter(big.clone()), "view": big[100:400], "nested": [big[::2], (big,)]}
+
+            def shapes(self, d: dict) -> dict:
+                return {k: (type(v).__name__, v.stride(), v.storage_offset(), v.requires_grad)
+                        for k, v in d.items() if isinstance(v, torch.Tensor)}
+
         a, b, c = Holder.remote(), Holder.remote(), Holder.remote()
         ref = a.make.remote()
         ray.get(b.change_and_sum.remote(ref))
         got = ray.get(c.digest.remote(ref))  # the same object, read after b changed its copy
         assert got == [_bytes(_big(torch.bfloat16, (1024, 300))), _bytes(_big(torch.float32, (700, 100))),
                        "torch.bfloat16"]
+        mixed = a.mixed.remote()  # the values that keep torch's path, through Ray's pickler with the transport on
+        assert ray.get(b.shapes.remote(mixed)) == {
+            "small": ("Tensor", (1,), 0, False), "t": ("Tensor", (1, 512), 0, False),
+            "grad": ("Tensor", (512, 1), 0, True), "p": ("Parameter", (512, 1), 0, True),
+            "view": ("Tensor", (512, 1), 100 * 512, False)}
+        d, big = ray.get(mixed), _big(torch.float32, (512, 512))
+        assert torch.equal(d["t"], big.t()) and torch.equal(d["nested"][0], big[::2]) and torch.equal(d["nested"][1][0], big)
     finally:
         if started:
             ray.shutdown()
