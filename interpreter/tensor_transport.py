@@ -30,7 +30,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-__all__ = ["MIN_BYTES", "register", "pack", "unpack"]
+__all__ = ["MIN_BYTES", "register", "unregister", "pack", "unpack"]
 
 MIN_BYTES = 64 * 1024
 
@@ -84,3 +84,14 @@ def register() -> bool:
     ray.util.register_serializer(torch.Tensor, serializer=pack, deserializer=unpack)
     _REGISTERED = True
     return True
+
+
+def unregister() -> None:
+    """Back to torch's own pickling in this process (benchmarks/weight_transfer.py compares the two)."""
+    global _REGISTERED
+    if _REGISTERED:
+        import ray.util
+        import torch
+
+        ray.util.deregister_serializer(torch.Tensor)
+        _REGISTERED = False

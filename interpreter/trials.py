@@ -433,9 +433,10 @@ class TrialSession:
         if guard:  # a plan that has never run: keep what training would lose if it fails
             t = time.perf_counter()
             snap = {c: self.executor.get_states(c) for c in self._written(plan)}
-            self.books["snapshot_s"] += time.perf_counter() - t
+            dt = time.perf_counter() - t
+            self.books["snapshot_s"] += dt
             self.books["guard_snapshots"] += 1  # (local trials' snapshots are inside local_s)
-            self.books["guard_snapshot_s"] += time.perf_counter() - t
+            self.books["guard_snapshot_s"] += dt
         seconds, t0, t1, metrics, records = self._guarded(plan, self.k, snap)
         self._proven.add(id(plan))
         self._last_plan = plan
