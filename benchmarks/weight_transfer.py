@@ -52,6 +52,17 @@ class _Side:
             tensor_transport.unregister()
 
     def publish(self, _: Any = None) -> Any:  # (the argument: a compiled graph's input, unused)
+        from interpreter import tensor_transport
+
+        tensor_transport.device_site(None)  # (this thread may have run publish_ipc before)
+        return self.obj.get_weights()["w"]
+
+    def publish_ipc(self, _: Any = None) -> Any:
+        """The published tensors as rose sends them between processes on one GPU (CUDA IPC: its runtime
+        marks such a compiled call with `device_site`; here every publish is one)."""
+        from interpreter import tensor_transport
+
+        tensor_transport.device_site("publish")
         return self.obj.get_weights()["w"]
 
     def sync(self, w: Any) -> float:
@@ -104,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     trainer = side.options(**gpu).remote(wf.components["trainer"], wf.seed, device)
     policy = side.options(**gpu).remote(wf.components["policy"], wf.seed, device)
     tensors, nbytes = ray.get(trainer.nbytes.remote())
-    names = ("default", "rose", "default_compiled", "rose_compiled")
+    names: tuple[str, ...] = ("default", "rose", "default_compiled", "rose_compiled")
+    if device.startswith("cuda"):  # same-GPU processes: CUDA IPC, what colocated RL frameworks use
+        names += ("rose_ipc", "rose_ipc_compiled")
     seconds: dict[str, list[float]] = {n: [] for n in names}
     digests: dict[str, set[str]] = {n: set() for n in names}
     started = time.perf_counter()
@@ -116,11 +129,18 @@ def main(argv: list[str] | None = None) -> int:
                 from ray.dag import InputNode
 
                 with InputNode() as inp:
-                    dag = policy.sync.bind(trainer.publish.bind(inp)).experimental_compile()
+                    if name.startswith("rose_ipc"):
+                        dag = policy.sync.bind(trainer.publish_ipc.bind(inp)).experimental_compile()
+                    else:
+                        dag = policy.sync.bind(trainer.publish.bind(inp)).experimental_compile()
             for i in range(args.reps):
                 t0 = time.perf_counter()
-                end = ray.get(dag.execute(i)) if dag is not None else \
-                    ray.get(policy.sync.remote(trainer.publish.remote()))
+                if dag is not None:
+                    end = ray.get(dag.execute(i))
+                elif name == "rose_ipc":
+                    end = ray.get(policy.sync.remote(trainer.publish_ipc.remote()))
+                else:
+                    end = ray.get(policy.sync.remote(trainer.publish.remote()))
                 if r:
                     seconds[name].append(max(end, t0) - t0)  # (one host clock: both processes on this machine)
             if dag is not None:
@@ -136,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         "speedup_median": statistics.median(seconds["default"]) / statistics.median(seconds["rose"]),
         "speedup_median_compiled": statistics.median(seconds["default_compiled"])
         / statistics.median(seconds["rose_compiled"]),
+        "speedup_median_ipc": (statistics.median(seconds["default_compiled"])
+                               / statistics.median(seconds["rose_ipc_compiled"]) if "rose_ipc_compiled" in seconds else None),
         "bit_identical": len(set().union(*digests.values())) == 1,
         "elapsed_s": time.perf_counter() - started,
         "definition": "seconds from the driver's submit of trainer.get_weights to the end of policy.load_weights "
@@ -150,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
           f"rose {result['seconds']['rose']['median']:.3f} s ({result['speedup_median']:.2f}x); compiled graph: "
           f"default {result['seconds']['default_compiled']['median']:.3f} s, rose "
           f"{result['seconds']['rose_compiled']['median']:.3f} s ({result['speedup_median_compiled']:.2f}x); "
-          f"bit-identical {result['bit_identical']}")
+          + (f"CUDA IPC {result['seconds']['rose_ipc']['median']:.4f} s, compiled "
+             f"{result['seconds']['rose_ipc_compiled']['median']:.4f} s; " if "rose_ipc" in seconds else "")
+          + f"bit-identical {result['bit_identical']}")
     return 0 if result["bit_identical"] else 1
 
 

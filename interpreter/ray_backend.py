@@ -11,7 +11,7 @@ scheduling by the driver or by Ray's scheduler.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,6 +97,10 @@ class RayBackend(Backend):
 
         self.ray = ray
         self.dag: Any = None  # the compiled iteration (set before the actors start: a failed start shuts down)
+        self._site_of: dict[int, tuple[int, str]] = {}
+        self._readers: dict[int, list[tuple[str, str]]] = {}
+        self._to_driver: set[int] = set()
+        self.device_sites: dict[str, int] = {}  # process -> how many of its compiled calls send CUDA tensors by IPC
         self._schedule: Schedule | None = None
         self._poll_s: float | None = None  # how often to look for overdue calls while a compiled iteration runs
         self.started_cluster = False
@@ -447,6 +451,7 @@ class RayBackend(Backend):
             self.dag = self._build_dag(schedule)
         except Exception as exc:  # noqa: BLE001 - Ray raises many kinds here; each means "not compiled", said once
             raise CompileError(f"{type(exc).__name__}: {exc}") from exc
+        self._set_device_sites()
         self._schedule = schedule
         limits = [n.timeout_s for nodes in self._nodes_by_comp.values() for n in nodes.values() if n.timeout_s]
         # a node's timeout_s is watched by asking the workers for an overdue call, ten times per limit
@@ -467,6 +472,9 @@ class RayBackend(Backend):
         last_on: dict[str, Any] = {}
         consumed: set[int] = set()
         nodes: list[Any] = []
+        # who reads each call's value (for CUDA IPC between processes on one GPU: `_set_device_sites`)
+        self._site_of = {}  # id(graph node) -> (site, producing process)
+        self._readers = {}  # site -> (process, method) of each reading call
         with InputNode() as inp:
             def bind(step: Step, replica: int = 0) -> Sequence[Any]:
                 unique: list[Any] = []
@@ -490,8 +498,13 @@ class RayBackend(Backend):
                 # only a component's first call reads the iteration number from the graph's input; its
                 # later calls (in order, in the same process) reuse it -- one reader of the input per actor
                 k_arg = inp if previous is None else None
+                site = len(nodes)
                 node = self.actors[comp].call_compiled.bind(step.node.path, step.recipe, step.inv.indices,
-                                                            tuple(ports), k_arg, *unique, *tokens)
+                                                            tuple(ports), site, k_arg, *unique, *tokens)
+                method = step.node.call.partition(".")[2]
+                for read in (*unique, *tokens):  # a token is deserialised by its reader too
+                    self._readers.setdefault(self._site_of[id(read)][0], []).append((comp, method))
+                self._site_of[id(node)] = (site, comp)
                 last_on[comp] = node
                 nodes.append(node)
                 whole = len(step.node.outputs) <= 1  # such a call returns its value, not a 1-tuple (cheaper)
@@ -499,8 +512,36 @@ class RayBackend(Backend):
 
             replicas = max((c.replicas for c in self.wf.components.values()), default=1)
             schedule.steps(K, bind if replicas == 1 else replicated(bind, self.wf))
-            out = MultiOutputNode([n for n in nodes if id(n) not in consumed])
+            leaves = [n for n in nodes if id(n) not in consumed]
+            self._to_driver = {self._site_of[id(n)][0] for n in leaves}
+            out = MultiOutputNode(leaves)
         return out.experimental_compile()
+
+    def _set_device_sites(self) -> None:
+        """Tell each GPU process which of its compiled calls send their CUDA tensors by IPC
+        (`device_site_plan`). Every GPU process is told (an empty set too): a previous graph's sites must
+        not stay."""
+        if self._placement_group is None or self.gpu_device == "cpu" or not self.placement.slot_of:
+            return
+        slot = {p: self.placement.slot_of.get(p) for p in self.actors}
+        if os.environ.get("ROSE_CUDA_IPC", "1") == "0":  # off: every value leaves its process through the host
+            slot = {p: None for p in slot}
+        names = sorted({r for reads in self._readers.values() for r, _ in reads if slot.get(r) is not None})
+        device_inputs = dict(zip(names, (set(m) for m in self.ray.get(
+            [self.actors[n].device_inputs.remote() for n in names], timeout=self.start_timeout_s)), strict=True))
+        sites = self.device_site_plan(slot, device_inputs)
+        self.ray.get([self.actors[p].set_device_sites.remote(sorted(sites.get(p, ())))
+                      for p in self.actors if self.placement.slot_of.get(p) is not None], timeout=self.start_timeout_s)
+        self.device_sites = {p: len(v) for p, v in sites.items()}
+
+    def device_site_plan(self, slot: Mapping[str, int | None], device_inputs: Mapping[str, set[str]]) -> dict[str, set[int]]:
+        """The compiled graph's call sites (per producing process) whose CUDA tensors may go by IPC, given
+        each process's GPU slot and the methods of each that take device tensors: `tensor_transport.ipc_sites`
+        over who reads each call's value in the graph (a token input counts: Ray deserialises it too)."""
+        from .tensor_transport import ipc_sites
+
+        producer = {site: proc for site, proc in self._site_of.values()}
+        return ipc_sites(producer, self._readers, self._to_driver, slot, device_inputs)
 
     def execute_iteration(self, k: int, timeout: float | None) -> None:
         """Run RL iteration k; Overdue when a call outlives its node's `timeout_s` or the iteration `timeout`."""

@@ -121,6 +121,7 @@ class ComponentWorker:
             from .tensor_transport import register
 
             register()
+        self._device_sites: frozenset[int] = frozenset()  # compiled call sites whose CUDA outputs go by IPC
         self._records: list[tuple] = []  # raw, turned into InvocationRecords by pop_records (off the hot path)
         self.retries = retries
         self._k = 0  # the RL iteration being executed (compiled graphs pass it to the first call only)
@@ -164,17 +165,37 @@ class ComponentWorker:
             import ray
 
             ray.wait(list(after), num_returns=len(after), fetch_local=False)
+        if self._device_sites:
+            from .tensor_transport import device_site
+
+            device_site(None)
         values = self.call(self.nodes[path], label, indices, recipe, leaves)
         return values[0] if len(values) == 1 else values
 
+    def device_inputs(self) -> list[str]:
+        """The methods of this component that take tensors on its GPU (`rose_device_inputs` on its class):
+        a producer on the same GPU may send them CUDA tensors by IPC instead of CPU copies."""
+        return sorted(getattr(self.obj, "rose_device_inputs", ()))
+
+    def set_device_sites(self, sites: Sequence[int]) -> None:
+        """The compiled call sites (`call_compiled`'s `site`) whose CUDA outputs stay on the GPU and go to
+        their readers by CUDA IPC (the backend's `tensor_transport.ipc_sites`); set after each compile."""
+        self._device_sites = frozenset(sites)
+
     def call_compiled(self, path: tuple[str, ...], recipe: tuple, indices: tuple, ports: tuple[tuple[int, int], ...],
-                      k: int | None, *producers: Any) -> Any:
+                      site: int, k: int | None, *producers: Any) -> Any:
         """The Compiled Graph entry point: `producers` are the values of this call's producers (a call
         with one output returns that value, one with several the tuple of them); `ports` picks each leaf
         as (producer, port), port -1 for a producer's whole value. `indices` and the recipe hold the RL
         iteration symbolically; `k` is its value for this execution (given to a component's first call
         of the iteration; None for the later ones, which run after it in this process: a compiled graph
-        runs an actor's calls in the order they were bound)."""
+        runs an actor's calls in the order they were bound). `site` numbers the call in the graph (see
+        `set_device_sites`)."""
+        on_device = site in self._device_sites
+        if on_device or self._device_sites:
+            from .tensor_transport import device_site
+
+            device_site(site if on_device else None)
         if k is None:
             k = self._k
         else:
@@ -182,14 +203,14 @@ class ComponentWorker:
         info = self.nodes[path]
         concrete = tuple(i if type(i) is int else k if type(i) is IterVar else resolve_k(i, k) for i in indices)
         leaves = [producers[n] if p < 0 else producers[n][p] for n, p in ports]
-        values = self.call(info, None, concrete, recipe, leaves, k)
+        values = self.call(info, None, concrete, recipe, leaves, k, on_device)
         return values[0] if len(values) == 1 else values
 
     def call(self, info: _NodeInfo, label: str | None, indices: tuple[int, ...], recipe: tuple, leaves: Sequence[Any],
-             k: int | None = None) -> tuple[Any, ...]:
+             k: int | None = None, on_device: bool = False) -> tuple[Any, ...]:
         """Run one call: build its inputs, invoke the method (retrying an idempotent node), wait for the
         device, record it. `label` (the invocation, `node[i][j]`, for messages) is built from `indices`
-        when not given."""
+        when not given. `on_device`: the outputs leave by CUDA IPC (`set_device_sites`), not as CPU copies."""
         node = info.node
         start = time.perf_counter_ns()
         self.current = (info, indices, label, start)  # the label is built when a message needs it (~1 µs a call)
@@ -225,7 +246,7 @@ class ComponentWorker:
             self.current = None
         self._record(info, indices, start, time.perf_counter_ns(), device_end, None)
         values = tuple(outs[o] for o in node.outputs)
-        if self.outputs_to_cpu and _cuda_initialized():
+        if self.outputs_to_cpu and not on_device and _cuda_initialized():
             values = tuple(_to_cpu(v) for v in values)  # (no CUDA in this process: no CUDA tensors either)
         return values if values else (None,)
 

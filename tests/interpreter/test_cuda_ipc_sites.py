@@ -1,0 +1,85 @@
+"""Which compiled calls send CUDA tensors by IPC (interpreter/tensor_transport.py `ipc_sites`, the Ray
+backend's `device_site_plan`): only a call whose every reader is another process on the producer's GPU, in a
+method that takes device tensors, and never the driver. The transfer itself needs a GPU: it is exercised on
+the H200 by benchmarks/weight_transfer.py (bit-identical weights, benchmarks/results/weight_transfer_h200.json)
+and by the paper table's runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from interpreter.tensor_transport import ipc_sites
+
+SLOTS = {"trainer": 0, "policy": 0, "sim": None, "other_gpu": 1}
+TAKES = {"policy": {"load_weights"}, "other_gpu": {"load_weights"}, "trainer": set()}
+
+
+def _sites(readers, to_driver=frozenset(), producer=None):
+    producer = producer or {1: "trainer"}
+    return ipc_sites(producer, readers, set(to_driver), SLOTS, TAKES)
+
+
+def test_a_call_read_only_by_a_device_method_on_the_same_gpu_goes_by_ipc() -> None:
+    assert _sites({1: [("policy", "load_weights")]}) == {"trainer": {1}}
+
+
+@pytest.mark.parametrize("readers, to_driver, why", [
+    ({1: [("policy", "act")]}, (), "the reading method takes CPU tensors"),
+    ({1: [("policy", "load_weights"), ("sim", "step")]}, (), "one reader is a CPU process"),
+    ({1: [("other_gpu", "load_weights")]}, (), "the reader is on another GPU"),
+    ({1: [("trainer", "update"), ("policy", "load_weights")]}, (), "the producer reads it itself"),
+    ({1: [("policy", "load_weights")]}, (1,), "the driver reads it"),
+    ({}, (), "nobody reads it"),
+])
+def test_any_other_reader_keeps_the_host_path(readers, to_driver, why) -> None:
+    assert _sites(readers, to_driver) == {}, why
+
+
+def test_a_cpu_producer_never_uses_ipc() -> None:
+    assert _sites({1: [("policy", "load_weights")]}, producer={1: "sim"}) == {}
+
+
+def test_the_ray_backend_knows_who_reads_each_compiled_call() -> None:
+    """On a compiled graph (CPU here), the trainer's publish is read by the policy's load_weights only;
+    with both processes given one GPU slot, that call and only that one is an IPC site."""
+    ray = pytest.importorskip("ray")
+    from interpreter.backends import RayBackend
+    from interpreter.schedule import Schedule
+    from rose_dsl import load_workflow_text
+
+    wf = load_workflow_text("""
+rose: 1
+name: ipc
+components:
+  sim: {impl: "tests.mocks:Mock", args: {name: sim, behaviors: {step: {out: [obs]}}}}
+  policy: {impl: "tests.mocks:Mock", args: {name: policy, behaviors: {act: {out: [action]}, load_weights: {}}}}
+  trainer: {impl: "tests.mocks:Mock", args: {name: trainer, behaviors: {update: {out: [loss]}, publish: {out: [w]}}}}
+iteration:
+  count: 2
+  body:
+    - {node: act, call: policy.act, in: {it: iteration.i}, out: [action]}
+    - {node: env, call: sim.step, in: {a: act.action}, out: [obs]}
+    - {node: upd, call: trainer.update, in: {o: env.obs}, out: [loss]}
+    - {node: publish, call: trainer.publish, in: {l: upd.loss}, out: [w]}
+    - {node: sync, call: policy.load_weights, in: {w: publish.w}}
+""", "ipc.yaml")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=3, include_dashboard=False, logging_level="ERROR")
+    sch = Schedule(wf)
+    be = RayBackend(wf, ("tests.",), sch.program.loops_of)
+    try:
+        be.compile(sch)
+        assert be.dag is not None
+        slots = {"policy": 0, "trainer": 0, "sim": None}
+        plan = be.device_site_plan(slots, {"policy": {"load_weights"}, "trainer": set()})
+        assert list(plan) == ["trainer"] and len(plan["trainer"]) == 1
+        (site,) = plan["trainer"]
+        assert be._readers[site] == [("policy", "load_weights")]
+        # the policy's act goes to a CPU process, the update's loss to the trainer itself: never IPC
+        assert be.device_site_plan({**slots, "sim": 0}, {"policy": {"load_weights"}, "sim": set()}) == plan
+        assert be.device_site_plan(slots, {"policy": set(), "trainer": set()}) == {}
+    finally:
+        be.shutdown()
+        if started:
+            ray.shutdown()
