@@ -44,7 +44,7 @@ from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["MIN_BYTES", "register", "unregister", "pack", "unpack", "device_site", "ipc_sites"]
+__all__ = ["MIN_BYTES", "register", "unregister", "pack", "unpack", "device_site", "release_sites", "ipc_sites"]
 
 MIN_BYTES = 64 * 1024
 
@@ -59,6 +59,12 @@ def device_site(site: Hashable | None) -> None:
     _SITE.key = site
     if site is not None:
         _KEPT.setdefault(site, deque(maxlen=2)).append([])
+
+
+def release_sites() -> None:
+    """Drop every kept clone: the compiled graph whose readers they were for is gone (called when a new
+    graph's sites are set; its calls number their sites anew)."""
+    _KEPT.clear()
 
 
 def current_site() -> Hashable | None:

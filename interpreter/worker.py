@@ -179,7 +179,11 @@ class ComponentWorker:
 
     def set_device_sites(self, sites: Sequence[int]) -> None:
         """The compiled call sites (`call_compiled`'s `site`) whose CUDA outputs stay on the GPU and go to
-        their readers by CUDA IPC (the backend's `tensor_transport.ipc_sites`); set after each compile."""
+        their readers by CUDA IPC (the backend's `tensor_transport.ipc_sites`); set after each compile, when
+        the previous graph is torn down, so the clones kept for its readers go."""
+        from .tensor_transport import release_sites
+
+        release_sites()
         self._device_sites = frozenset(sites)
 
     def call_compiled(self, path: tuple[str, ...], recipe: tuple, indices: tuple, ports: tuple[tuple[int, int], ...],

@@ -83,3 +83,20 @@ iteration:
         be.shutdown()
         if started:
             ray.shutdown()
+
+
+def test_a_site_keeps_the_clones_of_its_last_two_calls_until_the_graph_changes() -> None:
+    from interpreter import tensor_transport as tt
+
+    try:
+        for _ in range(3):
+            tt.device_site("publish")
+            tt._KEPT["publish"][-1].append(object())  # what pack keeps for the call's readers
+        assert len(tt._KEPT["publish"]) == 2 and tt.current_site() == "publish"
+        tt.device_site(None)  # a call that is no site keeps nothing and sends through the host
+        assert tt.current_site() is None and len(tt._KEPT["publish"]) == 2
+        tt.release_sites()  # a new graph: the old one's readers are gone
+        assert tt._KEPT == {}
+    finally:
+        tt.device_site(None)
+        tt.release_sites()
