@@ -73,6 +73,9 @@ class Settings:
     warmup: int = 1  # iterations run before the first profile (not timed)
     reference_iterations: int = 3
     validation_rounds: int = 3
+    # complete-iteration candidates faster by more than eps_min but not by the noise margin get this many
+    # more interleaved rounds (once) before the verdict (`decide.undecided`); 0: decide on the first rounds
+    extra_rounds: int = 3
     final_rounds: int = 5  # the before/after comparison at the end (training, kept)
     local_repeats: int = 3
     window_fraction: float = 0.25  # a loop region runs about this fraction of an iteration locally

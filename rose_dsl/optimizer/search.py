@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from ..ir import LoopNode, Workflow
 from .candidates import SWEEP, Alternative, Feasible, Infeasible, alternatives, check, memory_estimate, sweep
-from .decide import Summary, faster, stop_repeating, summarize
+from .decide import Summary, faster, stop_repeating, summarize, undecided
 from .model import CostModel
 from .profile import IterationRun, node_stats, structural
 from .rank import rank_nodes
@@ -60,6 +60,8 @@ DEVIATIONS = (
     "when a combination of several targets fails validation, the best single alternative is validated "
     "before the round ends",
     "a node's phases are ranked only when the graph runs them expanded",
+    "a complete-iteration candidate faster than the reference by more than eps_min but not by the noise margin "
+    "gets extra_rounds (3) more interleaved rounds, with the reference, before the verdict",
     "a local trial stops repeating an alternative whose first run took more than abandon_factor (1.3) x the "
     "unchanged comparison graph's first run",
     "a local trial stops repeating an alternative whose first two runs both took more than settle_factor "
@@ -366,9 +368,10 @@ class _Search:
         unique = [ms[0] for ms in whole.values()]
         self.budget()
         self.log(f"  complete-iteration trials of {len(unique)} alternative(s) (real training)")
-        runs = self.complete([g] + [_plan(m) for m in unique], self.s.validation_rounds,
-                             labels=[self.label] + [self.label + m.label for m in unique])
+        plans, labels = [g] + [_plan(m) for m in unique], [self.label] + [self.label + m.label for m in unique]
+        runs = self.complete(plans, self.s.validation_rounds, labels=labels)
         failed = dict(self.m.last_failures)
+        runs = self._settle(plans, runs, failed, labels)
         ref_runs += runs[0]
         ref = summarize([r.seconds for r in runs[0]])
         for i, (ms, rs) in enumerate(zip(whole.values(), runs[1:], strict=True), start=1):
@@ -389,6 +392,35 @@ class _Search:
                 top = max(best, key=lambda m: m.benefit_s)
                 if t.best is None or top.benefit_s > t.best.benefit_s:
                     t.best = top
+
+    def _settle(self, plans: Sequence[Workflow], runs: list[list[IterationRun]], failed: dict[int, str],
+                labels: Sequence[str]) -> list[list[IterationRun]]:
+        """`runs` of `plans` (the first the reference) with `extra_rounds` more interleaved rounds of the
+        reference and of every candidate the first rounds left undecided (`decide.undecided`); a candidate
+        that fails in them keeps its first runs. A spent budget keeps what was measured."""
+        if not self.s.extra_rounds or 0 in failed or not runs[0]:
+            return runs
+        ref = summarize([r.seconds for r in runs[0]])
+        open_ = [i for i in range(1, len(plans)) if i not in failed and runs[i]
+                 and undecided(ref, summarize([r.seconds for r in runs[i]]), self.s.eps_min, self.s.z)]
+        if not open_:
+            return runs
+        self.log(f"  {len(open_)} alternative(s) faster but within the noise margin: {self.s.extra_rounds} more "
+                 "interleaved round(s)")
+        try:
+            more = self.complete([plans[0]] + [plans[i] for i in open_], self.s.extra_rounds,
+                                 labels=[labels[0]] + [labels[i] for i in open_])
+        except OutOfBudget:
+            return runs  # (the search's next budget check ends it)
+        failed_more = dict(self.m.last_failures)
+        if 0 in failed_more:
+            return runs
+        out = [list(rs) for rs in runs]
+        out[0] += more[0]
+        for j, i in enumerate(open_, start=1):
+            if j not in failed_more:
+                out[i] += more[j]
+        return out
 
     # -- combine and validate ---------------------------------------------------------------------
     def _combine(self, g: Workflow, rec: RoundRecord) -> list[Measured]:
@@ -421,11 +453,13 @@ class _Search:
                 runs = picked[0].runs
             else:
                 self.log(f"round {rec.index}: validating {'; '.join(requests)} on complete iterations")
-                both = self.complete([g, plan], self.s.validation_rounds,
-                                     labels=[self.label, self.label + "; ".join(requests)])
+                labels = [self.label, self.label + "; ".join(requests)]
+                both = self.complete([g, plan], self.s.validation_rounds, labels=labels)
+                failed = dict(self.m.last_failures)
+                both = self._settle([g, plan], both, failed, labels)
                 ref_runs += both[0]
-                if 1 in self.m.last_failures or not both[1]:
-                    rec.note = f"the combination failed: {self.m.last_failures.get(1, 'no iteration completed')}"
+                if 1 in failed or not both[1]:
+                    rec.note = f"the combination failed: {failed.get(1, 'no iteration completed')}"
                     self.log(f"round {rec.index}: rejected ({rec.note})")
                     continue
                 ref, cand, runs = summarize([r.seconds for r in both[0]]), summarize([r.seconds for r in both[1]]), both[1]

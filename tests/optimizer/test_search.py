@@ -257,3 +257,46 @@ def test_a_stop_request_ends_a_before_after_at_the_next_round_with_the_rounds_me
     m = FakeMeasurer(LATENCY)
     (before, after), cut = interleaved(m, [wf, split], 3, ["", "split"])
     assert cut is None and len(before) == len(after) == 3
+
+
+def _runs(seconds):
+    from rose_dsl.optimizer.profile import IterationRun
+
+    return [IterationRun(s, (), 0, int(s * 1e9), i) for i, s in enumerate(seconds)]
+
+
+def test_an_undecided_candidate_gets_more_rounds_and_then_wins(wf) -> None:
+    """A candidate 10% faster whose three noisy runs leave it within the noise margin is measured again,
+    interleaved with the reference, and accepted on all its runs; one within eps_min of the reference (more
+    runs could never make it win) and a clearly faster one are not measured again."""
+    from rose_dsl.optimizer.decide import faster, summarize, undecided
+    from rose_dsl.optimizer.search import _Search
+
+    class Scripted(FakeMeasurer):
+        def __init__(self) -> None:
+            super().__init__(LATENCY)
+            self.batches: list[tuple[int, int]] = []
+
+        def complete(self, plans, rounds, warmup=0, labels=()):
+            self.batches.append((len(plans), rounds))
+            self.last_failures = {}
+            return [_runs([1.0] * rounds), _runs([0.9] * rounds)][: len(plans)]
+
+    first = [_runs([1.0, 1.1, 0.9]), _runs([0.9, 1.0, 0.8]), _runs([0.99, 1.0, 0.98]), _runs([0.5, 0.5, 0.5])]
+    ref = summarize([r.seconds for r in first[0]])
+    assert undecided(ref, summarize([0.9, 1.0, 0.8])) and not faster(ref, summarize([0.9, 1.0, 0.8]))[0]
+    assert not undecided(ref, summarize([0.99, 1.0, 0.98])) and not undecided(ref, summarize([0.5] * 3))
+    m = Scripted()
+    search = _Search(wf, m, Settings(extra_rounds=3), lambda msg: None)
+    plans = [wf] * 4
+    out = search._settle(plans, first, {}, ["ref", "undecided", "within eps_min", "clear"])
+    assert m.batches == [(2, 3)]  # the reference and the undecided candidate only, 3 more rounds
+    assert [len(rs) for rs in out] == [6, 6, 3, 3]
+    assert faster(summarize([r.seconds for r in out[0]]), summarize([r.seconds for r in out[1]]))[0]
+    # off: decided on the first rounds alone
+    assert Settings(extra_rounds=0).extra_rounds == 0
+    assert _Search(wf, Scripted(), Settings(extra_rounds=0), lambda msg: None)._settle(plans, first, {}, ["a"] * 4) == first
+    # a failed candidate is not measured again
+    m2 = Scripted()
+    _Search(wf, m2, Settings(), lambda msg: None)._settle(plans, first, {1: "it raised"}, ["a"] * 4)
+    assert m2.batches == []
