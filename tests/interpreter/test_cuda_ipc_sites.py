@@ -100,3 +100,43 @@ def test_a_site_keeps_the_clones_of_its_last_two_calls_until_the_graph_changes()
     finally:
         tt.device_site(None)
         tt.release_sites()
+
+
+def _producer(conn) -> None:  # a process of its own (spawned): packs a CUDA tensor as an IPC site would
+    import pickle
+
+    import torch
+
+    from interpreter import tensor_transport as tt
+
+    t = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+    tt.device_site("publish")
+    conn.send(pickle.dumps(tt.pack(t), protocol=5))
+    t.add_(1.0)  # the producer changes its tensor after sending: the reader must not see it
+    conn.recv()  # keep the process (and the transport's clone) until the reader is done
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(),
+                    reason="needs a CUDA GPU: CUDA IPC between two processes on one GPU; exercised on the H200 by "
+                           "benchmarks/weight_transfer.py (results/weight_transfer_h200.json, bit-identical)")
+def test_a_cuda_tensor_crosses_by_ipc_as_a_private_copy() -> None:
+    import multiprocessing as mp
+    import pickle
+
+    import torch
+
+    from interpreter.tensor_transport import unpack
+
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=_producer, args=(there,))
+    proc.start()
+    try:
+        packed = pickle.loads(here.recv())
+        assert packed[0] == "ipc"
+        got = unpack(packed)
+        assert got.device.type == "cuda" and torch.equal(got, torch.arange(1 << 20, dtype=torch.float32, device="cuda"))
+        got.add_(5.0)  # the reader's own: writable, nobody else sees it
+    finally:
+        here.send("done")
+        proc.join(30)
