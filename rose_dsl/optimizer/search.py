@@ -83,6 +83,7 @@ class _Search:
         self.local_cache: dict[tuple[str, ...], dict[tuple[str, ...], Measured]] = {}  # per round
         self.c0_runs: dict[tuple[str, ...], list[IterationRun]] = {}
         self.calibrated = False  # has a split been measured locally (the model knows what splitting costs)?
+        self.complete_reference: list[IterationRun] = []  # the reference's runs beside the complete trials
 
     # -- helpers ----------------------------------------------------------------------------------
     def budget(self) -> None:
@@ -373,6 +374,7 @@ class _Search:
         failed = dict(self.m.last_failures)
         runs = self._settle(plans, runs, failed, labels)
         ref_runs += runs[0]
+        self.complete_reference = list(runs[0])  # what validation compares a reused candidate with
         ref = summarize([r.seconds for r in runs[0]])
         for i, (ms, rs) in enumerate(zip(whole.values(), runs[1:], strict=True), start=1):
             if i in failed or not rs:
@@ -449,7 +451,7 @@ class _Search:
             rec.combined_predicted_s = self.predict(plan, g, reference.median)
             reuse = picked[0].summary if len(picked) == 1 and picked[0].status == "complete" else None
             if reuse is not None:  # RunOrReuse: already measured on complete iterations, interleaved with G
-                cand, ref = reuse, summarize([r.seconds for r in ref_runs[-self.s.validation_rounds:]])
+                cand, ref = reuse, summarize([r.seconds for r in self.complete_reference])
                 runs = picked[0].runs
             else:
                 self.log(f"round {rec.index}: validating {'; '.join(requests)} on complete iterations")
