@@ -1,5 +1,7 @@
 """The trainer -> policy weight refresh between two Ray processes, with torch's own tensor pickling
-(`default`) and with rose's transport (`rose`, interpreter/tensor_transport.py), interleaved round by round.
+(`default`), rose's raw out-of-band bytes (`rose`) and, on a GPU, rose's CUDA IPC path (`rose_ipc`: what the
+runtime uses where both processes share the GPU; interpreter/tensor_transport.py), each as plain calls and
+inside a Ray Compiled Graph (`*_compiled`), interleaved round by round.
 
 What it times, per refresh: `trainer.get_weights()` in the trainer's process, the value's way through Ray
 (the object store), and `policy.load_weights(w)` in the policy's process up to device completion -- the
