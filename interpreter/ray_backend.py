@@ -100,7 +100,6 @@ class RayBackend(Backend):
         self._site_of: dict[int, tuple[int, str]] = {}
         self._readers: dict[int, list[tuple[str, str]]] = {}
         self._to_driver: set[int] = set()
-        self.device_sites: dict[str, int] = {}  # process -> how many of its compiled calls send CUDA tensors by IPC
         self._schedule: Schedule | None = None
         self._poll_s: float | None = None  # how often to look for overdue calls while a compiled iteration runs
         self.started_cluster = False
@@ -532,7 +531,6 @@ class RayBackend(Backend):
         sites = self.device_site_plan(slot, device_inputs)
         self.ray.get([self.actors[p].set_device_sites.remote(sorted(sites.get(p, ())))
                       for p in self.actors if self.placement.slot_of.get(p) is not None], timeout=self.start_timeout_s)
-        self.device_sites = {p: len(v) for p, v in sites.items()}
 
     def device_site_plan(self, slot: Mapping[str, int | None], device_inputs: Mapping[str, set[str]]) -> dict[str, set[int]]:
         """The compiled graph's call sites (per producing process) whose CUDA tensors may go by IPC, given

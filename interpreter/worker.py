@@ -196,7 +196,7 @@ class ComponentWorker:
         runs an actor's calls in the order they were bound). `site` numbers the call in the graph (see
         `set_device_sites`)."""
         on_device = site in self._device_sites
-        if on_device or self._device_sites:
+        if self._device_sites:
             from .tensor_transport import device_site
 
             device_site(site if on_device else None)

@@ -294,7 +294,6 @@ def test_an_undecided_candidate_gets_more_rounds_and_then_wins(wf) -> None:
     assert [len(rs) for rs in out] == [6, 6, 3, 3]
     assert faster(summarize([r.seconds for r in out[0]]), summarize([r.seconds for r in out[1]]))[0]
     # off: decided on the first rounds alone
-    assert Settings(extra_rounds=0).extra_rounds == 0
     assert _Search(wf, Scripted(), Settings(extra_rounds=0), lambda msg: None)._settle(plans, first, {}, ["a"] * 4) == first
     # a failed candidate is not measured again
     m2 = Scripted()
