@@ -9,6 +9,7 @@ or the bare value of a single output).
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import inspect
 from collections.abc import Callable, Iterable, Mapping
@@ -77,6 +78,16 @@ def instantiate(wf: Workflow, allowed: Iterable[str] = DEFAULT_ALLOWED, device: 
     return {name: construct(c, wf.seed, device, allowed) for name, c in wf.components.items()}
 
 
+@functools.lru_cache(maxsize=1024)
+def _takes_rows(cls: type, name: str) -> bool:
+    """Whether method `name` of `cls` accepts the `rows=` keyword (a `rows` parameter or `**kwargs`)."""
+    try:
+        params = inspect.signature(getattr(cls, name)).parameters.values()
+    except (TypeError, ValueError, AttributeError):  # no signature to read: pass it, as before
+        return True
+    return any(p.name == "rows" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
 def invoke(obj: Any, node: ExecutionNode, inputs: Mapping[str, Any], where: str | Callable[[], str] = "") -> dict[str, Any]:
     """Call `node.method` on `obj` and check the result against the node's declared outputs. `where`
     names the invocation in messages (or builds that name: only a failing call needs it)."""
@@ -88,7 +99,15 @@ def invoke(obj: Any, node: ExecutionNode, inputs: Mapping[str, Any], where: str 
         raise ComponentError(f"{label()}: component '{node.component}' has no method '{node.method}'")
     kwargs = dict(inputs)
     if node.rows is not None:
-        kwargs["rows"] = slice(*node.rows)
+        if _takes_rows(type(obj), node.method):
+            kwargs["rows"] = slice(*node.rows)
+        elif node.effects:
+            raise ComponentError(
+                f"{label()}: {node.call} runs on rows {node.rows[0]}:{node.rows[1]} of a split group and declares "
+                f"state ({', '.join(e.state for e in node.effects)}), but takes no `rows=` argument: a split "
+                "method that touches per-row state must take `rows: slice | None = None` (docs/components.md)")
+        # else: no state, inputs already sliced -- the call needs nothing more (docs/components.md: only
+        # a method touching per-row state takes `rows=`)
     result = method(**kwargs)
     outs = node.outputs
     if not outs:

@@ -178,7 +178,9 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         return out
     if best_percent == q0:
         use(q0)
-        out["summary"] = f"kept {pair.target} at {q0}%: no other level was faster locally ({out['trials']} trials)"
+        out["summary"] = (f"kept {pair.target} at {q0}%: no other level was faster locally ({out['trials']} trials)"
+                          if out["trials"] or not search.stopped else
+                          f"kept {pair.target} at {q0}%: no other level was tried ({search.stopped})")
         out["trial_seconds"] = time.perf_counter() - started
         return out
     log(f"stage 2: validating {pair.target} at {best_percent}% against {q0}% on complete iterations")

@@ -62,6 +62,10 @@ DEVIATIONS = (
     "a node's phases are ranked only when the graph runs them expanded",
     "a complete-iteration candidate faster than the reference by more than eps_min but not by the noise margin "
     "gets extra_rounds (3) more interleaved rounds, with the reference, before the verdict",
+    "a block of complete iterations is not started when its estimate (iterations x the reference's median) "
+    "would overrun stage 1's share of the budget: stage 2 keeps its share",
+    "the final before/after (interleaved complete iterations) has the last word: a plan it measures slower "
+    "than the declared graph is dropped for the declared graph",
     "a local trial stops repeating an alternative whose first run took more than abandon_factor (1.3) x the "
     "unchanged comparison graph's first run",
     "a local trial stops repeating an alternative whose first two runs both took more than settle_factor "
@@ -84,18 +88,30 @@ class _Search:
         self.c0_runs: dict[tuple[str, ...], list[IterationRun]] = {}
         self.calibrated = False  # has a split been measured locally (the model knows what splitting costs)?
         self.complete_reference: list[IterationRun] = []  # the reference's runs beside the complete trials
+        self.iteration_s: float | None = None  # the current reference's median iteration (budget estimates)
 
     # -- helpers ----------------------------------------------------------------------------------
-    def budget(self) -> None:
+    def budget(self, need_s: float = 0.0) -> None:
+        """Raise OutOfBudget when stopped, or when the budget is spent -- or would be by a measurement
+        expected to take `need_s` seconds: it is not started (what comes after stage 1, stage 2's quota
+        trials, has its own share of the budget; on the H200 a block of complete trials begun just before
+        the deadline left stage 2 no time for a single trial)."""
         reason = self.stop() if self.stop is not None else None
         if reason:
             raise OutOfBudget(reason)
-        if self.s.budget_s is not None and self.m.elapsed() > self.s.budget_s:
+        if self.s.budget_s is None:
+            return
+        elapsed = self.m.elapsed()
+        if elapsed > self.s.budget_s:
             raise OutOfBudget(f"the time budget of {self.s.budget_s:.0f} s is spent")
+        if need_s > 0 and elapsed + need_s > self.s.budget_s:
+            raise OutOfBudget(f"the time budget of {self.s.budget_s:.0f} s leaves {self.s.budget_s - elapsed:.0f} s "
+                              f"and the next measurement needs about {need_s:.0f} s")
 
     def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0,
                  labels: Sequence[str] = ()) -> list[list[IterationRun]]:
-        self.budget()
+        # the current reference's iteration time estimates each iteration of the block (none yet: no estimate)
+        self.budget((len(plans) * rounds + warmup) * (self.iteration_s or 0.0))
         runs = self.m.complete(plans, rounds, warmup, labels)
         for plan, rs in zip(plans, runs, strict=True):
             self.model.observe(rs, plan)
@@ -112,6 +128,7 @@ class _Search:
                                                                                   tuple[str, ...], list[IterationRun]]:
         reference = summarize([r.seconds for r in ref_runs])
         rec = RoundRecord(index, reference)
+        self.iteration_s = reference.median
         self.rec, self.wf_current = rec, g
         self.local_cache, self.c0_runs = {}, {}
         stats = node_stats(ref_runs)
@@ -526,6 +543,16 @@ def optimize_graph(wf: Workflow, measurer: Measurer, settings: Settings | None =
             if before and after:
                 baseline, final = summarize([r.seconds for r in before]), summarize([r.seconds for r in after])
                 baseline_runs, final_runs = before, after
+                if final.median > baseline.median:
+                    # never slower than declared: the plan was accepted on a reference that drifted (H200,
+                    # 2026-12-03: accepted at 1.09x, then 0.99x over 5 interleaved rounds) -- the declared
+                    # graph is kept, and the report says why
+                    log(f"before/after: the plan ({final.median:.4f} s) is slower than the declared graph "
+                        f"({baseline.median:.4f} s): keeping the declared graph")
+                    stopped = (f"{stopped}; " if stopped else "") + (
+                        f"the plan ({'; '.join(requests)}) was accepted, then measured slower than the declared graph "
+                        f"in the before/after ({final.median:.4f} s against {baseline.median:.4f} s): declared graph kept")
+                    g, requests, final, final_runs = wf, (), baseline, list(before)
         except OutOfBudget as exc:
             log(f"no before/after comparison: {exc}")
     return Stage1Result(g, requests, baseline, final, rounds, search.errors, stopped, cut_short, baseline_runs, final_runs)

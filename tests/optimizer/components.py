@@ -7,11 +7,22 @@ import torch
 
 
 class NoRows:
+    """Breaks the component contract when split: `score` changes per-row state (`seen`, a count per row)
+    but takes no `rows=`, so a group's call cannot tell which rows it has (docs/components.md)."""
+
     def __init__(self, num_envs: int = 8) -> None:
         self.num_envs = num_envs
+        self.seen = torch.zeros(num_envs)
 
     def score(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen += 1
         return torch.cos(x.to(torch.float64).reshape(x.shape[0], -1).sum(1))
+
+    def get_state(self, name: str) -> torch.Tensor:
+        return self.seen.clone()
+
+    def set_state(self, name: str, value: torch.Tensor) -> None:
+        self.seen = value.clone()
 
 
 class Sink:

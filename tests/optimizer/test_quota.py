@@ -471,3 +471,22 @@ def test_the_self_checks_are_booked_apart_as_a_once_per_machine_cost() -> None:
     assert ov["net"] == 240.0 and ov["net_repeat"] == 150.0
     assert ov["fraction_of_1h_net_repeat"] == pytest.approx(150.0 / 3600)
     assert overhead(400.0, 160.0, 18, 8.0, 8.7)["net_repeat"] == 240.0
+
+
+def test_a_spent_budget_before_any_trial_is_said_as_such() -> None:
+    """H200, 2026-12-03 (paper_mjx_vla): stage 1 left stage 2 too little time for one trial, and the report said
+    "no other level was faster locally (0 trials)" -- as if levels had been measured and lost."""
+    import time
+    from dataclasses import replace
+
+    from interpreter.quota_trials import tune_quota
+    from rose_dsl.optimizer.search import Settings
+
+    wf, result = _stage1(ROOT)
+    result = replace(result, final_runs=[*result.final_runs, result.final_runs[0]])  # the first point: reused
+    session = _FakeSession(best=80)
+    out = tune_quota(wf, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132, check=_checked(),
+                     deadline=time.perf_counter())
+    assert out["trials"] == 0 and out["best_percent"] == 100
+    assert "no other level was tried (the time budget is spent)" in out["summary"]
+    assert "faster" not in out["summary"]

@@ -205,7 +205,7 @@ params: {rows: 8}
 components:
   prompts: {impl: "examples.bench.latency:Source", args: {num_envs: 8, fixed_ms: 0.1, per_row_ms: 0.0}, device: cpu}
   gen: {impl: "examples.bench.latency:Policy", args: {num_envs: 8, fixed_ms: 0.1, per_row_ms: 0.0}, device: cpu, state: [weights]}
-  scorer: {impl: "tests.optimizer.components:NoRows", device: cpu}
+  scorer: {impl: "tests.optimizer.components:NoRows", device: cpu, state: [seen]}
   learner: {impl: "examples.bench.latency:Trainer", args: {fixed_ms: 0.1, per_row_ms: 0.0}, device: cpu, state: [weights, optimizer]}
 iteration:
   count: 20
@@ -213,14 +213,14 @@ iteration:
     - {node: sample, call: prompts.sample, in: {it: iteration.i}, out: [x], batch: {dim: 0, size: 8}}
     - {node: generate, call: gen.act, in: {obs: sample.x, it: iteration.i}, state: {weights: read}, out: [action, value], batch: {dim: 0, size: 8}}
     - {node: learn, call: learner.update, in: {batch: "{generate.action, generate.value}"}, state: {weights: update, optimizer: update}}
-    - {node: score, call: scorer.score, in: {x: generate.action}, out: [s], batch: {dim: 0, size: 8}}
+    - {node: score, call: scorer.score, in: {x: generate.action}, state: {seen: update}, out: [s], batch: {dim: 0, size: 8}}
     - {node: publish, call: learner.get_weights, state: {weights: read}, out: [w]}
     - {node: sync, call: gen.load_weights, in: {w: publish.w}, state: {weights: refresh}}
 """
 
 
 def test_a_failing_candidate_loses_its_trial_not_the_training() -> None:
-    """Splitting `score` fails (the component takes no rows=) after the learner already updated its
+    """Splitting `score` fails (it changes per-row state but takes no rows=) after the learner already updated its
     weights in that iteration: the state is put back, the iteration is trained again, and training ends
     exactly where a run of the declared workflow alone ends."""
     from rose_dsl import load_workflow_text
