@@ -9,7 +9,6 @@ or the bare value of a single output).
 from __future__ import annotations
 
 import copy
-import functools
 import importlib
 import inspect
 from collections.abc import Callable, Iterable, Mapping
@@ -78,14 +77,20 @@ def instantiate(wf: Workflow, allowed: Iterable[str] = DEFAULT_ALLOWED, device: 
     return {name: construct(c, wf.seed, device, allowed) for name, c in wf.components.items()}
 
 
-@functools.lru_cache(maxsize=1024)
+_TAKES_ROWS: dict[tuple[type, str], bool] = {}
+
+
 def _takes_rows(cls: type, name: str) -> bool:
-    """Whether method `name` of `cls` accepts the `rows=` keyword (a `rows` parameter or `**kwargs`)."""
-    try:
-        params = inspect.signature(getattr(cls, name)).parameters.values()
-    except (TypeError, ValueError, AttributeError):  # no signature to read: pass it, as before
-        return True
-    return any(p.name == "rows" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    """Whether method `name` of `cls` accepts the `rows=` keyword (a `rows` parameter or `**kwargs`); cached."""
+    key = (cls, name)
+    if key not in _TAKES_ROWS:
+        try:
+            params = list(inspect.signature(getattr(cls, name)).parameters.values())
+        except (TypeError, ValueError, AttributeError):  # no signature to read: pass it, as before
+            _TAKES_ROWS[key] = True
+        else:
+            _TAKES_ROWS[key] = any(p.name == "rows" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    return _TAKES_ROWS[key]
 
 
 def invoke(obj: Any, node: ExecutionNode, inputs: Mapping[str, Any], where: str | Callable[[], str] = "") -> dict[str, Any]:
