@@ -49,7 +49,9 @@ def test_smoke_mjx_writes_the_table_and_configurations_compute_the_same(tmp_path
     for name, row in wl["configs"].items():
         assert len(row["rounds_seconds"]) == 1 and len(row["rounds_seconds"][0]) == 1, name
         assert row["throughput"]["median"] > 0 and row["iteration_s"]["median"] > 0
-        assert row["ratio_to_declared"] > 0 and row["ratio_to_best_hand"] <= 1.0 + 1e-12
+        assert row["ratio_to_declared"] > 0 and row["ratio_to_best_hand"] > 0
+        if row["kind"] in ("declared", "hand"):  # (an optimizer row may beat the best hand-written one: here
+            assert row["ratio_to_best_hand"] <= 1.0 + 1e-12  # stage1 is pipe2's graph, and one round each is noise)
     assert wl["configs"]["declared"]["ratio_to_declared"] == 1.0
     assert wl["configs"]["pipe2"]["plan"].endswith("pipe2.yaml")
     assert wl["configs"]["pipe2"]["requests"] == ["split step 2", "interleave step"]
