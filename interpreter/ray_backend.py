@@ -6,6 +6,13 @@ one by one (`submit`: Ray resolves each call's input ObjectRefs, so data moves p
 after `compile`, as one Ray Compiled Graph per RL iteration: every call bound once, in program order,
 with the iteration number as the graph's input, so an iteration is one `execute(k)` with no per-call
 scheduling by the driver or by Ray's scheduler.
+
+The graphs of the last few plans stay compiled (`GRAPH_CACHE`): `rose optimize` alternates plans every
+iteration to compare them, and compiling a graph cost it seconds per switch on the H200 (104 s for 16
+switches on Meta-World, 2026-12-03). Each graph runs its own execution loop in every actor it uses, on a
+thread of Ray's `_ray_system` concurrency group, which the actors get one more thread of than there are
+cached graphs (with Ray's default of one thread, a second graph's compilation waits forever for the
+first graph's loop). Only one graph executes at a time: the driver waits for each iteration.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rose_dsl.ir import Component, Workflow
+from rose_dsl.ir import Component, ExecutionNode, Workflow
 
 from .backend_base import (
     NODE_LIMIT,
@@ -31,9 +38,22 @@ from .procs import pid_alive
 from .schedule import Schedule, Step, replicated
 from .worker import CallFailed, ComponentWorker, replica_name
 
-__all__ = ["RayBackend", "GpuPlacement"]
+__all__ = ["RayBackend", "GpuPlacement", "GRAPH_CACHE"]
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+GRAPH_CACHE = 4  # compiled graphs kept per backend (the reference and up to three candidates of a comparison)
+
+
+@dataclass
+class _Graph:
+    """A plan's compiled iteration and what the backend knows about its call sites."""
+
+    schedule: Schedule  # (held: its id is the plan's key while the graph lives)
+    dag: Any
+    site_of: dict[int, tuple[int, str]]  # id(graph node) -> (site, producing process)
+    readers: dict[int, list[tuple[str, str]]]  # site -> (process, method) of each reading call
+    to_driver: set[int]  # sites whose values the driver reads
+    poll_s: float | None  # how often to look for overdue calls while an iteration runs
 
 
 def _free_tcp() -> str:
@@ -96,11 +116,15 @@ class RayBackend(Backend):
         import ray
 
         self.ray = ray
-        self.dag: Any = None  # the compiled iteration (set before the actors start: a failed start shuts down)
+        # compiled iterations by plan key (id of the schedule), least recently used first; `_current` is the
+        # one `execute_iteration` runs (set before the actors start: a failed start shuts down)
+        self._graphs: dict[int, _Graph] = {}
+        self._current: _Graph | None = None
         self._site_of: dict[int, tuple[int, str]] = {}
         self._readers: dict[int, list[tuple[str, str]]] = {}
         self._to_driver: set[int] = set()
         self._schedule: Schedule | None = None
+        self._plan_key: int | None = None  # the loaded schedule's key (its nodes are registered under it)
         self._poll_s: float | None = None  # how often to look for overdue calls while a compiled iteration runs
         self.started_cluster = False
         self._reaper = None
@@ -136,7 +160,8 @@ class RayBackend(Backend):
         self.start_timeout_s = start_timeout_s
         self.actors: dict[str, Any] = {}
         self._placement_group: Any = None
-        self._worker_cls = ray.remote(ComponentWorker)
+        # (concurrency groups can only be given here, not per actor in `.options`)
+        self._worker_cls = ray.remote(concurrency_groups={"_ray_system": GRAPH_CACHE + 1})(ComponentWorker)
         self._nodes_by_comp = nodes_by_component(wf)
         self._loops = {p: tuple(v) for p, v in loops_of.items()}
         self._has_gpu = bool(ray.cluster_resources().get("GPU", 0))
@@ -189,7 +214,7 @@ class RayBackend(Backend):
         dist_init, dist_backend = self._dist.get(comp.name, (None, "gloo"))
         actor: Any = self._worker_cls.options(**options).remote(comp, self.wf.seed, device, self.allowed, True,
                                                            slot, 2, replica, dist_init, dist_backend)
-        actor.register_nodes.remote(self._nodes_by_comp[comp.name], self._loops)
+        actor.register_nodes.remote(self._nodes_by_comp[comp.name], self._loops, self._plan_key)
         return actor
 
     def _await_ready(self, name: str) -> None:
@@ -290,18 +315,23 @@ class RayBackend(Backend):
             _time.sleep(0.05)
 
     def load(self, schedule: Schedule) -> None:
-        """Register `schedule`'s nodes with every actor (one round trip each, in parallel); a compiled
-        graph of the previous workflow is torn down first (it was built from the old nodes)."""
+        """Register `schedule`'s nodes with every actor under the plan's key (one round trip each, in
+        parallel), or, when its graph is still compiled, just make it the plan the actors run. The
+        previous plan's compiled graph stops being the one that runs (`compile` makes this plan's)."""
         wf = schedule.workflow
         missing = [name for name in wf.components if replica_name(name, 0) not in self.actors]
         if missing:
             raise ValueError(f"load: component(s) {', '.join(missing)} not running (add_component first)")
-        self._teardown_dag()
-        self._schedule = None
+        self._current = None
+        self._schedule = schedule
+        key = self._plan_key = id(schedule)
         self._loops = {p: tuple(v) for p, v in schedule.program.loops_of.items()}
         self._nodes_by_comp = {**{name: {} for name in self._nodes_by_comp}, **nodes_by_component(wf)}
-        refs = [actor.register_nodes.remote(self._nodes_by_comp[name.partition("#")[0]], self._loops)
-                for name, actor in self.actors.items()]
+        if key in self._graphs:
+            refs = [actor.use_plan.remote(key) for actor in self.actors.values()]
+        else:
+            refs = [actor.register_nodes.remote(self._nodes_by_comp[name.partition("#")[0]], self._loops, key)
+                    for name, actor in self.actors.items()]
         try:
             self.ray.get(refs, timeout=self.start_timeout_s)
         except self.ray.exceptions.RayError as exc:
@@ -364,7 +394,7 @@ class RayBackend(Backend):
                 raise Unsupported(f"'{c.name}''s replicas form a torch.distributed group, which is fixed when the "
                                   "processes start")
         self._teardown_dag()
-        self._schedule = None
+        self._schedule = self._plan_key = None
         names = [n for n in self.actors if n.partition("#")[0] == comp.name]
         for name in names:
             self._kill(name)
@@ -395,6 +425,11 @@ class RayBackend(Backend):
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off (required on the multi-GPU hosts)
         return env
+
+    @property
+    def dag(self) -> Any:
+        """The compiled graph `execute_iteration` runs (None: calls are dispatched one by one)."""
+        return self._current.dag if self._current is not None else None
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -443,18 +478,33 @@ class RayBackend(Backend):
 
     # -- compiled iterations ----------------------------------------------------------------
     def compile(self, schedule: Schedule) -> None:
-        """Compile the RL iteration of `schedule` into one Ray Compiled Graph, its number the graph's
-        input. Raises CompileError (then the backend still dispatches call by call)."""
-        self._teardown_dag()
-        try:
-            self.dag = self._build_dag(schedule)
-        except Exception as exc:  # noqa: BLE001 - Ray raises many kinds here; each means "not compiled", said once
-            raise CompileError(f"{type(exc).__name__}: {exc}") from exc
-        self._set_device_sites()
-        self._schedule = schedule
-        limits = [n.timeout_s for nodes in self._nodes_by_comp.values() for n in nodes.values() if n.timeout_s]
-        # a node's timeout_s is watched by asking the workers for an overdue call, ten times per limit
-        self._poll_s = min(1.0, max(0.02, min(limits) / 10)) if limits else None
+        """Compile the RL iteration of `schedule` (the loaded one) into one Ray Compiled Graph, its number
+        the graph's input, or take its graph from the cache when it was compiled before. Raises
+        CompileError (then the backend still dispatches call by call)."""
+        key = id(schedule)
+        if self._schedule is not schedule:  # (compile without load: the nodes are the ones the actors have)
+            self._schedule, self._plan_key = schedule, key
+            nodes = nodes_by_component(schedule.workflow)
+            loops = {p: tuple(v) for p, v in schedule.program.loops_of.items()}
+            self.ray.get([a.register_nodes.remote(nodes.get(n.partition("#")[0], {}), loops, key)
+                          for n, a in self.actors.items()], timeout=self.start_timeout_s)
+        graph = self._graphs.pop(key, None)
+        if graph is None:
+            while len(self._graphs) >= GRAPH_CACHE:  # the least recently used goes (its loop holds a thread)
+                self._drop_graph(next(iter(self._graphs)))
+            try:
+                dag = self._build_dag(schedule)
+            except Exception as exc:  # noqa: BLE001 - Ray raises many kinds here; each means "not compiled", said once
+                raise CompileError(f"{type(exc).__name__}: {exc}") from exc
+            limits = [n.timeout_s for n in schedule.workflow.items() if isinstance(n, ExecutionNode) and n.timeout_s]
+            # a node's timeout_s is watched by asking the workers for an overdue call, ten times per limit
+            poll_s = min(1.0, max(0.02, min(limits) / 10)) if limits else None
+            graph = _Graph(schedule, dag, self._site_of, self._readers, self._to_driver, poll_s)
+        self._graphs[key] = graph  # (most recently used last)
+        self._current = graph
+        self._site_of, self._readers, self._to_driver = graph.site_of, graph.readers, graph.to_driver
+        self._poll_s = graph.poll_s
+        self._set_device_sites(key)
 
     def _build_dag(self, schedule: Schedule) -> Any:
         """One DAG node per call, bound in program order. A compiled graph runs each actor's calls in
@@ -468,6 +518,7 @@ class RayBackend(Backend):
 
         from .recipe import K
 
+        plan = id(schedule)
         last_on: dict[str, Any] = {}
         consumed: set[int] = set()
         nodes: list[Any] = []
@@ -498,7 +549,7 @@ class RayBackend(Backend):
                 # later calls (in order, in the same process) reuse it -- one reader of the input per actor
                 k_arg = inp if previous is None else None
                 site = len(nodes)
-                node = self.actors[comp].call_compiled.bind(step.node.path, step.recipe, step.inv.indices,
+                node = self.actors[comp].call_compiled.bind(plan, step.node.path, step.recipe, step.inv.indices,
                                                             tuple(ports), site, k_arg, *unique, *tokens)
                 method = step.node.call.partition(".")[2]
                 for read in (*unique, *tokens):  # a token is deserialised by its reader too
@@ -516,10 +567,10 @@ class RayBackend(Backend):
             out = MultiOutputNode(leaves)
         return out.experimental_compile()
 
-    def _set_device_sites(self) -> None:
-        """Tell each GPU process which of its compiled calls send their CUDA tensors by IPC
-        (`device_site_plan`). Every GPU process is told (an empty set too): a previous graph's sites must
-        not stay."""
+    def _set_device_sites(self, plan: int) -> None:
+        """Tell each GPU process which of its calls in `plan`'s compiled graph send their CUDA tensors by
+        IPC (`device_site_plan`). Every GPU process is told (an empty set too): it is also how a process
+        learns that this graph runs now, so the clones it kept for the other graphs' readers can go."""
         if self._placement_group is None or self.gpu_device == "cpu" or not self.placement.slot_of:
             return
         slot = {p: self.placement.slot_of.get(p) for p in self.actors}
@@ -529,7 +580,7 @@ class RayBackend(Backend):
         device_inputs = dict(zip(names, (set(m) for m in self.ray.get(
             [self.actors[n].device_inputs.remote() for n in names], timeout=self.start_timeout_s)), strict=True))
         sites = self.device_site_plan(slot, device_inputs)
-        self.ray.get([self.actors[p].set_device_sites.remote(sorted(sites.get(p, ())))
+        self.ray.get([self.actors[p].set_device_sites.remote(sorted(sites.get(p, ())), plan)
                       for p in self.actors if self.placement.slot_of.get(p) is not None], timeout=self.start_timeout_s)
 
     def device_site_plan(self, slot: Mapping[str, int | None], device_inputs: Mapping[str, set[str]]) -> dict[str, set[int]]:
@@ -592,13 +643,29 @@ class RayBackend(Backend):
         return None
 
     def _teardown_dag(self) -> None:
-        if self.dag is None:
+        """Tear down every compiled graph (they hold channels to every actor they use: a process that is
+        replaced or restarted invalidates them)."""
+        if not self._graphs:
             return
         if self.stuck:  # a call never returned: its actor's loop would hold the teardown forever
             for name in list(self.actors):
                 self._kill(name)
-        _bounded(self.dag.teardown, 30.0)
-        self.dag = None
+        for graph in self._graphs.values():
+            _bounded(graph.dag.teardown, 30.0)
+        self._graphs.clear()
+        self._current = None
+
+    def _drop_graph(self, key: int) -> None:
+        """Tear down one cached graph and tell the actors to forget its plan (nodes, IPC sites, clones)."""
+        graph = self._graphs.pop(key)
+        if graph is self._current:
+            self._current = None
+        _bounded(graph.dag.teardown, 30.0)
+        for actor in self.actors.values():
+            try:
+                actor.forget_plans.remote([key])
+            except self.ray.exceptions.RayError:  # a dead process forgets by itself
+                pass
 
     def shutdown(self) -> None:
         self._teardown_dag()

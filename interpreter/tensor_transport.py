@@ -61,10 +61,16 @@ def device_site(site: Hashable | None) -> None:
         _KEPT.setdefault(site, deque(maxlen=2)).append([])
 
 
-def release_sites() -> None:
-    """Drop every kept clone: the compiled graph whose readers they were for is gone (called when a new
-    graph's sites are set; its calls number their sites anew)."""
-    _KEPT.clear()
+def release_sites(plans: Sequence[Hashable] | None = None) -> None:
+    """Drop the kept clones of these plans' compiled graphs (a site of a plan's graph is the pair
+    `(plan, call site)`), or every kept clone (None). Called when another graph becomes the one that runs:
+    the previous graph's iteration has ended, so every reader has copied its values."""
+    if plans is None:
+        _KEPT.clear()
+        return
+    gone = set(plans)
+    for key in [k for k in _KEPT if isinstance(k, tuple) and k and k[0] in gone]:
+        del _KEPT[key]
 
 
 def current_site() -> Hashable | None:

@@ -249,6 +249,19 @@ class Executor:
     def get_states(self, comp: str) -> dict[str, Any]:
         return self._backend.control(comp, "get_states")
 
+    def keep_states(self, comps: Sequence[str]) -> int:
+        """Each component copies its state and keeps the copy in its own process (`ComponentWorker.keep_states`:
+        nothing crosses to the driver); the bytes kept in all."""
+        return sum(int(self._backend.control(c, "keep_states")) for c in comps)
+
+    def restore_kept(self, comps: Sequence[str], drop: bool = True) -> None:
+        for c in comps:
+            self._backend.control(c, "restore_kept", drop)
+
+    def drop_kept(self, comps: Sequence[str]) -> None:
+        for c in comps:
+            self._backend.control(c, "drop_kept")
+
     def set_states(self, comp: str, states: Mapping[str, Any]) -> None:
         self._backend.control(comp, "set_states", dict(states))
 
@@ -412,32 +425,35 @@ class TrialSession:
         comps = {n.component for n in plan.items() if isinstance(n, ExecutionNode) and any(e.access.writes for e in n.effects)}
         return sorted(c for c in comps if c in self.executor.components())
 
-    def _guarded(self, plan: Workflow, k: int, snap: dict[str, Any] | None) -> tuple[float, int, int, dict[str, float], list]:
-        """Run a plan's iteration; if it fails and `snap` holds the state before it, put that state back
-        (after every call still in flight has ended) and raise TrialFailed: the trial is lost, not the
-        training."""
+    def _guarded(self, plan: Workflow, k: int, kept: Sequence[str] | None,
+                 drop: bool = True) -> tuple[float, int, int, dict[str, float], list]:
+        """Run a plan's iteration; if it fails and the components `kept` keep a copy of their state from
+        before it (`Executor.keep_states`), put that state back (after every call still in flight has
+        ended; `drop`: the copies go) and raise TrialFailed: the trial is lost, not the training."""
         try:
             return self.executor.run(plan, k)
         except (CallFailed, ComponentError, Unsupported) as exc:  # (Unsupported: a component it needs cannot be added)
-            if snap is None:
+            if kept is None:
                 raise
             self.executor.drain()
-            for c, s in snap.items():
-                self.executor.set_states(c, s)
+            self.executor.restore_kept(kept, drop)
             raise TrialFailed(str(exc).splitlines()[0]) from None
 
     def _iteration(self, plan: Workflow, label: str, guard: bool = False) -> IterationRun:
         if self.limit is not None and self.k >= self.limit:
             raise OutOfBudget(f"the workflow's {self.limit} iterations are all trained")
-        snap = None
+        kept = None
         if guard:  # a plan that has never run: keep what training would lose if it fails
             t = time.perf_counter()
-            snap = {c: self.executor.get_states(c) for c in self._written(plan)}
+            kept = self._written(plan)
+            self.executor.keep_states(kept)
             dt = time.perf_counter() - t
             self.books["snapshot_s"] += dt
             self.books["guard_snapshots"] += 1  # (local trials' snapshots are inside local_s)
             self.books["guard_snapshot_s"] += dt
-        seconds, t0, t1, metrics, records = self._guarded(plan, self.k, snap)
+        seconds, t0, t1, metrics, records = self._guarded(plan, self.k, kept)
+        if kept:
+            self.executor.drop_kept(kept)
         self._proven.add(id(plan))
         self._last_plan = plan
         self._watch_cpu()
@@ -532,7 +548,7 @@ class TrialSession:
         t = time.perf_counter()
         self.executor.set_states(FEED, {"values": captured.get(probe_id, {})})
         writes = sorted({c for g in graphs for c in g.writes})
-        snap = {c: self.executor.get_states(c) for c in writes}
+        self.executor.keep_states(writes)
         self.books["snapshot_s"] += time.perf_counter() - t
         out: list[list[IterationRun]] = [[] for _ in graphs]
         # one untimed run of each graph first (r = -1): its start-up (new copies, compiled programs, captured
@@ -545,10 +561,9 @@ class TrialSession:
             for r, i in order:
                 if i in self.last_failures or i in abandoned:
                     continue
-                for c, s in snap.items():
-                    self.executor.set_states(c, s)
+                self.executor.restore_kept(writes, drop=False)
                 try:
-                    seconds, t0, t1, _, records = self._guarded(graphs[i].workflow, 0, snap)
+                    seconds, t0, t1, _, records = self._guarded(graphs[i].workflow, 0, writes, drop=False)
                 except TrialFailed as exc:
                     self.last_failures[i] = str(exc)
                     self.log(f"  local trial failed: {exc}")
@@ -564,8 +579,7 @@ class TrialSession:
                         abandoned.add(i)  # clearly slower: its other repeats would only cost time
                         self.books["local_abandoned"] += repeats - len(out[i])
         finally:
-            for c, s in snap.items():
-                self.executor.set_states(c, s)
+            self.executor.restore_kept(writes)
             self._last_plan = None  # the workers ran other graphs: the next complete iteration follows a switch
         self.books["local_s"] += time.perf_counter() - t
         return out

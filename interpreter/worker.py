@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +77,39 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
+def _copy_tree(value: Any, device_ok: bool) -> Any:
+    """A deep copy of a state value whose tensors are new tensors: on their device when `device_ok`,
+    else in host memory."""
+    torch = _torch()
+    if torch is not None and isinstance(value, torch.Tensor):
+        t = value.detach()
+        return t.clone() if device_ok or t.device.type == "cpu" else t.to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _copy_tree(v, device_ok) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_copy_tree(v, device_ok) for v in value)
+    import copy
+
+    return copy.deepcopy(value)
+
+
+def _tree_bytes(value: Any, device_only: bool = False) -> int:
+    torch = _torch()
+    if torch is not None and isinstance(value, torch.Tensor):
+        return 0 if device_only and value.device.type == "cpu" else value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tree_bytes(v, device_only) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_tree_bytes(v, device_only) for v in value)
+    nbytes = getattr(value, "nbytes", 0)  # numpy arrays
+    return 0 if device_only else int(nbytes) if isinstance(nbytes, int) else 0
+
+
+def _device_bytes(value: Any) -> int:
+    """Bytes of the GPU tensors in a state value."""
+    return _tree_bytes(value, device_only=True)
+
+
 def _torch() -> Any:
     """torch if this process imported it, else None: a process that never imported torch has no torch
     tensors and no CUDA work of torch's to wait for (and a worker does not import it for nothing)."""
@@ -121,7 +154,9 @@ class ComponentWorker:
             from .tensor_transport import register
 
             register()
-        self._device_sites: frozenset[int] = frozenset()  # compiled call sites whose CUDA outputs go by IPC
+        # per compiled graph (its plan key): the call sites whose CUDA outputs go by IPC
+        self._device_sites: dict[Hashable, frozenset[int]] = {}
+        self._kept: dict[str, Any] | None = None  # a copy of the declared state (`keep_states`)
         self._records: list[tuple] = []  # raw, turned into InvocationRecords by pop_records (off the hot path)
         self.retries = retries
         self._k = 0  # the RL iteration being executed (compiled graphs pass it to the first call only)
@@ -136,7 +171,10 @@ class ComponentWorker:
             path = os.path.join(os.environ["ROSE_STACK_DIR"], f"stack-{comp.name}-{os.getpid()}.txt")
             self._stack_file = open(path, "w")  # noqa: SIM115 - kept open for the handler
             faulthandler.register(signal.SIGUSR1, file=self._stack_file, all_threads=True, chain=False)
-        self.nodes: dict[tuple[str, ...], _NodeInfo] = {}
+        self.nodes: dict[tuple[str, ...], _NodeInfo] = {}  # what `call_flat` runs: the loaded plan's nodes
+        # each plan's own nodes, by the plan key its compiled graph passes (`call_compiled`): the backend keeps
+        # several plans' graphs compiled at once, and two plans may run different nodes under one path
+        self._plans: dict[Hashable, dict[tuple[str, ...], _NodeInfo]] = {}
         self.replica = replica
         self.process = replica_name(comp.name, replica)
         self.pid = os.getpid()
@@ -148,13 +186,35 @@ class ComponentWorker:
         self.obj = construct(comp, seed, device, allowed, replica)
 
     def register_nodes(self, nodes: Mapping[tuple[str, ...], ExecutionNode],
-                       loops: Mapping[tuple[str, ...], tuple[tuple[str, ...], ...]] | None = None) -> int:
-        """The nodes this worker will be asked to run, and the loops around each (sent once)."""
+                       loops: Mapping[tuple[str, ...], tuple[tuple[str, ...], ...]] | None = None,
+                       plan: Hashable | None = None) -> int:
+        """The nodes this worker will be asked to run, and the loops around each (sent once per plan);
+        with `plan`, also kept as that plan's own nodes for its compiled graph."""
         loops = loops or {}
-        for path, node in nodes.items():
-            self.nodes[path] = _NodeInfo(node, ".".join(path), tuple(loop[-1] for loop in loops.get(path, ())),
-                                         tuple((e.state, e.access.value) for e in node.effects), group_of(node))
+        infos = {path: _NodeInfo(node, ".".join(path), tuple(loop[-1] for loop in loops.get(path, ())),
+                                 tuple((e.state, e.access.value) for e in node.effects), group_of(node))
+                 for path, node in nodes.items()}
+        self.nodes.update(infos)
+        if plan is not None:
+            self._plans[plan] = infos
         return len(self.nodes)
+
+    def use_plan(self, plan: Hashable) -> None:
+        """Run `plan` (registered before) from now on. The CUDA IPC clones kept for the other plans' graphs
+        go: their last iteration ended, so every reader has copied them."""
+        from .tensor_transport import release_sites
+
+        self.nodes.update(self._plans[plan])
+        release_sites([p for p in self._plans if p != plan])
+
+    def forget_plans(self, plans: Sequence[Hashable]) -> None:
+        """These plans' graphs are torn down: drop their nodes, IPC sites and kept clones."""
+        from .tensor_transport import release_sites
+
+        for plan in plans:
+            self._plans.pop(plan, None)
+            self._device_sites.pop(plan, None)
+        release_sites(list(plans))
 
     # -- calls ------------------------------------------------------------------------------
     def call_flat(self, label: str, path: tuple[str, ...], recipe: tuple, indices: tuple, after: tuple,
@@ -177,34 +237,35 @@ class ComponentWorker:
         a producer on the same GPU may send them CUDA tensors by IPC instead of CPU copies."""
         return sorted(getattr(self.obj, "rose_device_inputs", ()))
 
-    def set_device_sites(self, sites: Sequence[int]) -> None:
-        """The compiled call sites (`call_compiled`'s `site`) whose CUDA outputs stay on the GPU and go to
-        their readers by CUDA IPC (the backend's `tensor_transport.ipc_sites`); set after each compile, when
-        the previous graph is torn down, so the clones kept for its readers go."""
+    def set_device_sites(self, sites: Sequence[int], plan: Hashable | None = None) -> None:
+        """The call sites of `plan`'s compiled graph (`call_compiled`'s `site`) whose CUDA outputs stay on the
+        GPU and go to their readers by CUDA IPC (the backend's `tensor_transport.ipc_sites`); set after the
+        graph is compiled, when it becomes the one that runs, so the clones kept for the other graphs go."""
         from .tensor_transport import release_sites
 
-        release_sites()
-        self._device_sites = frozenset(sites)
+        release_sites([p for p in self._device_sites if p != plan])
+        self._device_sites[plan] = frozenset(sites)
 
-    def call_compiled(self, path: tuple[str, ...], recipe: tuple, indices: tuple, ports: tuple[tuple[int, int], ...],
-                      site: int, k: int | None, *producers: Any) -> Any:
+    def call_compiled(self, plan: Hashable, path: tuple[str, ...], recipe: tuple, indices: tuple,
+                      ports: tuple[tuple[int, int], ...], site: int, k: int | None, *producers: Any) -> Any:
         """The Compiled Graph entry point: `producers` are the values of this call's producers (a call
         with one output returns that value, one with several the tuple of them); `ports` picks each leaf
         as (producer, port), port -1 for a producer's whole value. `indices` and the recipe hold the RL
         iteration symbolically; `k` is its value for this execution (given to a component's first call
         of the iteration; None for the later ones, which run after it in this process: a compiled graph
-        runs an actor's calls in the order they were bound). `site` numbers the call in the graph (see
-        `set_device_sites`)."""
-        on_device = site in self._device_sites
-        if self._device_sites:
+        runs an actor's calls in the order they were bound). `plan` names the graph's plan (its nodes,
+        `register_nodes`); `site` numbers the call in that graph (see `set_device_sites`)."""
+        sites = self._device_sites.get(plan)
+        on_device = sites is not None and site in sites
+        if sites:
             from .tensor_transport import device_site
 
-            device_site(site if on_device else None)
+            device_site((plan, site) if on_device else None)
         if k is None:
             k = self._k
         else:
             self._k = k
-        info = self.nodes[path]
+        info = self._plans[plan][path]
         concrete = tuple(i if type(i) is int else k if type(i) is IterVar else resolve_k(i, k) for i in indices)
         leaves = [producers[n] if p < 0 else producers[n][p] for n, p in ports]
         values = self.call(info, None, concrete, recipe, leaves, k, on_device)
@@ -317,6 +378,35 @@ class ComponentWorker:
     def set_states(self, states: dict[str, Any]) -> None:
         for name, value in states.items():
             set_state(self.obj, self.comp, name, value)
+
+    # -- snapshots kept in this process (rose optimize's guards and local trials) -----------------
+    def keep_states(self) -> int:
+        """Copy this component's declared state and keep the copy here, in this process: on its GPU when
+        twice its size is free there, else in host memory. Returns the bytes kept. Why not the driver: a
+        360M-parameter trainer's state (4 GB with Adam) took 6.5 s to reach the driver on the H200, a copy
+        on the GPU takes milliseconds."""
+        states = {so.name: get_state(self.obj, self.comp, so.name) for so in self.comp.state}
+        on_device = _device_bytes(states)
+        keep_on_device = False
+        if on_device:
+            import torch
+
+            free, _ = torch.cuda.mem_get_info()
+            keep_on_device = 2 * on_device + (1 << 30) < free
+        self._kept = _copy_tree(states, keep_on_device)
+        return _tree_bytes(self._kept)
+
+    def restore_kept(self, drop: bool = True) -> None:
+        """Put the kept copy back (`keep_states`); `drop=False` keeps it for another restore (the component
+        is given a copy of it, as it may hold on to and change what `set_state` gets)."""
+        if self._kept is None:
+            raise RuntimeError(f"{self.process}: restore_kept without keep_states")
+        self.set_states(self._kept if drop else _copy_tree(self._kept, True))
+        if drop:
+            self._kept = None
+
+    def drop_kept(self) -> None:
+        self._kept = None
 
     def info(self) -> dict[str, Any]:
         """What this process sees: its pid (and the thread that answers, the one a local backend runs the

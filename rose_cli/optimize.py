@@ -450,7 +450,8 @@ def _summary(out: Console, doc: dict[str, Any], opts: OptimizeOptions, run_dir: 
         s2 = doc["stage2"]
         out.print("stage 2: " + (s2.get("summary") or f"skipped ({s2.get('skipped')})"), markup=False)
     out.print(f"optimizer time {ov['total']:.1f} s: {ov['retained_training']:.1f} s training kept, net overhead "
-              f"{ov['net']:.1f} s ({ov['fraction_of_1h_net']:.2%} of a one-hour run)", markup=False)
+              f"{ov['net']:.1f} s ({ov['fraction_of_1h_net']:.2%} of a one-hour run; "
+              f"{ov['fraction_of_1h_net_beyond_startup']:.2%} without the processes' start-up)", markup=False)
     report = opts.report_dir
     out.print(f"wrote {opts.output}, {report / 'report.md'} (stage 1 alone: {report / 'stage1.yaml'})", markup=False)
     if run_dir is not None:
