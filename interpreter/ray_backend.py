@@ -161,7 +161,8 @@ class RayBackend(Backend):
         self.actors: dict[str, Any] = {}
         self._placement_group: Any = None
         # (concurrency groups can only be given here, not per actor in `.options`)
-        self._worker_cls = ray.remote(concurrency_groups={"_ray_system": GRAPH_CACHE + 1})(ComponentWorker)
+        self._worker_cls = ray.remote(concurrency_groups={"_ray_system": GRAPH_CACHE + 1})(  # type: ignore[call-overload]
+            ComponentWorker)
         self._nodes_by_comp = nodes_by_component(wf)
         self._loops = {p: tuple(v) for p, v in loops_of.items()}
         self._has_gpu = bool(ray.cluster_resources().get("GPU", 0))
