@@ -79,6 +79,11 @@ class Settings:
     final_rounds: int = 5  # the before/after comparison at the end (training, kept)
     local_repeats: int = 3
     window_fraction: float = 0.25  # a loop region runs about this fraction of an iteration locally
+    # a comparison graph estimated at this share of an iteration or more (one window of a coarse loop, e.g. one
+    # of two epochs) is measured by complete iterations instead: a local trial costs nearly an iteration and is
+    # not training, a complete one is kept (MJX on the H200, 2026-12-03: 80 s of local trials, two thirds of the
+    # net overhead, for an epoch region of 0.45 T_iter). None: always local.
+    local_max_fraction: float | None = 0.4
     groups: tuple[int, ...] = (2, 4, 8)
     budget_s: float | None = None
     tolerance: float = 0.05  # measure what the model predicts no slower than (1 + tolerance) x G

@@ -55,8 +55,9 @@ DEVIATIONS = (
     "alternatives the calibrated model predicts to be slower are not measured; the first split of each "
     "family (k = 2) is measured as calibration -- the first one always, the others unless the model, calibrated "
     "by the first, predicts them more than 25% slower than the unchanged comparison graph",
-    "alternatives whose comparison graph is the whole iteration are measured by complete iterations "
-    "(real, retained training) instead of local trials on snapshots",
+    "alternatives whose comparison graph is the whole iteration, or is estimated at 40% of an iteration or "
+    "more (`local_max_fraction`), are measured by complete iterations (real, retained training) instead of "
+    "local trials on snapshots",
     "when a combination of several targets fails validation, the best single alternative is validated "
     "before the round ends",
     "a node's phases are ranked only when the graph runs them expanded",
@@ -207,6 +208,13 @@ class _Search:
             region = common_ancestor([r for m in local for r in regions[id(m)]])
             t.region = ".".join(region)
             t.window = self._window(g, region, ref_runs, reference.median)
+            share = self._share(g, region, t.window, ref_runs, reference.median)
+            if self.s.local_max_fraction is not None and share is not None and share >= self.s.local_max_fraction:
+                t.local_note = (f"the comparison graph {t.region} is about {share:.0%} of an iteration (>= "
+                                f"{self.s.local_max_fraction:.0%}): measured by complete iterations, which are training")
+                for m in local:
+                    whole.setdefault(m.requests, []).append(m)
+                continue
             c0, graphs = local_graphs(g, [_plan(m) for m in local], region, t.window, FEED_IMPL)
             if isinstance(c0, str):
                 t.local_note = c0
@@ -225,10 +233,9 @@ class _Search:
         if whole:
             self._complete_trials(g, whole, ref_runs)
 
-    def _window(self, g: Workflow, region: tuple[str, ...], runs: list[IterationRun], t_iter: float) -> int | None:
-        item = g.find(region)
-        if not isinstance(item, LoopNode) or not item.indices():
-            return None
+    @staticmethod
+    def _region_s(g: Workflow, region: tuple[str, ...], runs: list[IterationRun]) -> float:
+        """Seconds of calls under `region` per run of it (summed: concurrent calls count each)."""
         prefix = ".".join(region) + "."
         per_iteration = sum(c.seconds for r in runs for c in r.calls if structural(c.node).startswith(structural(prefix)))
         per_iteration /= max(1, len(runs))
@@ -237,10 +244,29 @@ class _Search:
             loop = g.find(region[:n])
             if isinstance(loop, LoopNode):
                 outer *= max(1, len(loop.indices()))
-        one = per_iteration / outer / len(item.indices())
+        return per_iteration / outer
+
+    def _window(self, g: Workflow, region: tuple[str, ...], runs: list[IterationRun], t_iter: float) -> int | None:
+        item = g.find(region)
+        if not isinstance(item, LoopNode) or not item.indices():
+            return None
+        one = self._region_s(g, region, runs) / len(item.indices())
         if one <= 0:
             return len(item.indices())
         return max(1, min(len(item.indices()), round(self.s.window_fraction * t_iter / one)))
+
+    def _share(self, g: Workflow, region: tuple[str, ...], window: int | None, runs: list[IterationRun],
+               t_iter: float) -> float | None:
+        """One local run's estimated share of an iteration: the region's (or its window's) call seconds over
+        T_iter, at most 1 (summed: overlapping calls each count, which errs toward complete iterations).
+        None when nothing was measured under it."""
+        item = g.find(region)
+        seconds = self._region_s(g, region, runs)
+        if isinstance(item, LoopNode) and item.indices() and window is not None:
+            seconds *= window / len(item.indices())
+        if seconds <= 0 or t_iter <= 0:
+            return None
+        return min(1.0, seconds / t_iter)
 
     def _select(self, t: TargetRecord, feasible: list[Measured], reference: Summary) -> list[Measured]:
         """Which alternatives get measured: calibration (k = 2 of a split family, or no prediction),

@@ -15,6 +15,9 @@ from .fakes import FakeMeasurer, GroundTruth
 
 ROOT = Path(__file__).resolve().parents[2]
 QUIET = {"log": lambda msg: None}
+# the epoch regions of latency_interaction.yaml are half an iteration: by default (`local_max_fraction`) their
+# alternatives are measured on complete iterations; the tests of local trials' own rules keep them local
+LOCAL = {"local_max_fraction": None}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +44,7 @@ def _alt(result, label: str):
 
 def test_picks_two_groups_and_keeps_training_semantics(wf) -> None:
     m = FakeMeasurer(LATENCY)
-    result = optimize_graph(wf, m, Settings(), **QUIET)
+    result = optimize_graph(wf, m, Settings(**LOCAL), **QUIET)
     assert result.requests[:2] == ("split epoch.step 2", "interleave epoch.step")
     assert result.baseline.median / result.final.median > 1.4
     check(result.plan)
@@ -52,6 +55,22 @@ def test_picks_two_groups_and_keeps_training_semantics(wf) -> None:
     # the local trials ran on the epoch loop, not the whole iteration
     assert ("local", "iteration.epoch") in m.log
     assert ("capture", wf.name) in m.log
+
+
+def test_a_comparison_graph_of_half_an_iteration_is_measured_on_complete_iterations(wf) -> None:
+    """An epoch of two is about half the iteration: a local trial would cost nearly an iteration and train
+    nothing, so its alternatives are measured on complete iterations (training, kept) -- no captures, no
+    local runs -- and the same plan is found. Below the share, the trials are local."""
+    m = FakeMeasurer(LATENCY)
+    result = optimize_graph(wf, m, Settings(), **QUIET)
+    assert not any(entry[0] in ("local", "capture") for entry in m.log)
+    assert result.requests[:2] == ("split epoch.step 2", "interleave epoch.step")
+    target = next(t for r in result.rounds for t in r.targets if t.region == "iteration.epoch")
+    assert "of an iteration (>= 40%): measured by complete iterations" in target.local_note
+    assert {a.status for a in target.alternatives if a.summary is not None} == {"complete"}
+    local = FakeMeasurer(LATENCY)
+    optimize_graph(wf, local, Settings(local_max_fraction=0.99), **QUIET)
+    assert ("local", "iteration.epoch") in local.log
 
 
 def test_never_selects_an_over_split_plan(wf) -> None:
@@ -65,7 +84,7 @@ def test_a_calibration_that_shows_splits_are_slow_spares_the_other_families(wf) 
     """Fixed costs dominate: the first split family's k = 2 is measured and teaches the model that
     splitting only adds calls; the other families' k = 2 are then predicted clearly slower and skipped
     (each would have cost its local trials), while the default keeps measuring what is close."""
-    result = optimize_graph(wf, FakeMeasurer(FIXED), Settings(), **QUIET)
+    result = optimize_graph(wf, FakeMeasurer(FIXED), Settings(**LOCAL), **QUIET)
     splits = [m for r in result.rounds for t in r.targets for m in t.alternatives
               if m.groups == 2 and m.family in ("split-interleave", "split-chain", "split-node")]
     measured = [m for m in splits if m.status == "measured"]
@@ -73,7 +92,7 @@ def test_a_calibration_that_shows_splits_are_slow_spares_the_other_families(wf) 
     assert measured and skipped, [(m.label, m.status) for m in splits]
     assert all("after calibration" in m.reason for m in skipped)
     # with an infinite band every calibration split is measured, as before
-    wide = optimize_graph(wf, FakeMeasurer(FIXED), Settings(calibration_band=float("inf")), **QUIET)
+    wide = optimize_graph(wf, FakeMeasurer(FIXED), Settings(calibration_band=float("inf"), **LOCAL), **QUIET)
     assert not [m for r in wide.rounds for t in r.targets for m in t.alternatives
                 if m.groups == 2 and m.status == "skipped" and "after calibration" in m.reason
                 and m.label in {x.label for x in skipped}]
@@ -85,9 +104,9 @@ def test_a_clearly_slower_alternative_is_abandoned_after_its_first_local_run(wf)
     SLOW = GroundTruth(fixed={"sim": 0.02, "policy": 0.02, "trainer": 0.02},  # fixed costs: splits are 2x+ slower
                        per_row={"sim": 0.00001, "policy": 0.00001}, activity={"sim": 0.05, "policy": 0.05})
     full = FakeMeasurer(SLOW)
-    kept = optimize_graph(wf, full, Settings(abandon_factor=None, settle_factor=None), **QUIET)
+    kept = optimize_graph(wf, full, Settings(abandon_factor=None, settle_factor=None, **LOCAL), **QUIET)
     short = FakeMeasurer(SLOW)
-    cut = optimize_graph(wf, short, Settings(), **QUIET)
+    cut = optimize_graph(wf, short, Settings(**LOCAL), **QUIET)
     assert cut.requests == kept.requests
     local_runs = lambda m: sum(1 for entry in m.log if entry[0] == "local")  # noqa: E731
     assert local_runs(short) < local_runs(full)
@@ -133,7 +152,7 @@ def test_a_slower_combination_is_rejected_on_complete_iterations(wf) -> None:
             return [[type(r)(r.seconds * (2.0 if "act@0" in str(p.root) else 1.0), r.calls, r.start_ns, r.end_ns,
                               r.iteration) for r in rs] for p, rs in zip(plans, runs, strict=True)]
 
-    result = optimize_graph(wf, Misleading(LATENCY), Settings(rounds=1), **QUIET)
+    result = optimize_graph(wf, Misleading(LATENCY), Settings(rounds=1, **LOCAL), **QUIET)
     assert result.requests == ()
     rec = result.rounds[0]
     assert not rec.accepted and rec.candidate is not None and "not faster" in rec.note
