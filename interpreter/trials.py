@@ -326,7 +326,8 @@ class TrialSession:
     (retained), local trials, captures, and the time of each."""
 
     def __init__(self, wf: Workflow, executor: Executor, *, out_dir: Path | None = None, gpu_sampler: Any = None,
-                 log: Callable[[str], None] = print, memory_limits: Mapping[str, int] | None = None) -> None:
+                 log: Callable[[str], None] = print, memory_limits: Mapping[str, int] | None = None,
+                 started: float | None = None) -> None:
         problem = unsupported(wf)
         if problem:
             raise ValueError(problem)
@@ -336,7 +337,9 @@ class TrialSession:
         self.cpu = CpuActivity({}) if gpu_sampler is None else None
         self.k = 0
         self.limit = wf.root.count
-        self.started = time.perf_counter()
+        # `elapsed` counts from here: the command's start when given (`time.perf_counter()`), so that stage 1's
+        # share of the budget and stage 2's deadline are on one clock (the processes' start-up counts in both)
+        self.started = time.perf_counter() if started is None else started
         self.books: dict[str, float] = {"complete_iterations": 0, "complete_s": 0.0, "local_runs": 0, "local_s": 0.0,
                                         "local_abandoned": 0, "captures": 0, "capture_s": 0.0, "snapshot_s": 0.0,
                                         "guard_snapshots": 0, "guard_snapshot_s": 0.0, "quota_trials": 0,

@@ -303,7 +303,8 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
                         budget_s=None if opts.budget_s is None else opts.budget_s * (0.65 if quota_stage else 1.0))
     deadline = None if opts.budget_s is None else started + opts.budget_s
     with progress_log(out, run.quiet) as log:
-        session = start_trial_session(wf, run, gpu, ctx, teardown, _copies(wf, run.backend, opts.stage1), log)
+        session = start_trial_session(wf, run, gpu, ctx, teardown, _copies(wf, run.backend, opts.stage1), log,
+                                      started=started)  # stage 1's budget and stage 2's deadline: one clock
         stop = teardown.enter_context(GracefulStop(log))  # after Ray's start: its handlers are replaced
         layout_section = None
         if opts.layouts:

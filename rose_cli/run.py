@@ -207,10 +207,11 @@ def progress_log(out: Console, quiet: bool) -> Iterator[Callable[[str], None]]:
 
 
 def start_trial_session(wf: Workflow, opts: ExecuteOptions, gpu: Gpu, ctx: RunContext, teardown: ExitStack,
-                        copies: dict[str, Any], log: Callable[[str], None]) -> Any:
+                        copies: dict[str, Any], log: Callable[[str], None], started: float | None = None) -> Any:
     """The workers of `wf` plus the trial components and `copies` (components plans add: on Ray, GPU
     processes are placed when the workers start; each copy runs under its own MPS quota), as a
-    `TrialSession`; both stopped by the teardown."""
+    `TrialSession`; both stopped by the teardown. `started`: when the command started (`time.perf_counter()`),
+    from which the session counts its elapsed time (default: now)."""
     from dataclasses import replace
 
     from interpreter.trials import Executor, TrialSession, trial_components
@@ -228,7 +229,7 @@ def start_trial_session(wf: Workflow, opts: ExecuteOptions, gpu: Gpu, ctx: RunCo
                         call_timeout_s=opts.call_timeout, sampler=gpu.sampler, log=log, extra_components=extra)
     teardown.callback(executor.close)
     ctx.backend = executor.backend
-    session = TrialSession(wf, executor, out_dir=opts.out_dir, gpu_sampler=gpu.sampler, log=log)
+    session = TrialSession(wf, executor, out_dir=opts.out_dir, gpu_sampler=gpu.sampler, log=log, started=started)
     teardown.callback(session.close)
     ctx.phase = "running"
     return session

@@ -271,3 +271,22 @@ def test_a_process_moved_under_a_new_quota_gets_a_warm_up_iteration(session, mon
     s.replace_quota("policy", 50, {})
     runs = s.complete([wf], 1)
     assert moved == [("policy", 50)] and s.k == 5 and len(runs[0]) == 1
+
+
+def test_the_session_counts_elapsed_time_from_the_commands_start() -> None:
+    """`rose optimize` passes its own start: stage 1's share of the budget and stage 2's deadline are then on
+    one clock, the processes' start-up counted in both (it was in stage 2's alone)."""
+    import time
+
+    wf = load_workflow(ROOT / "workflows" / "latency_interaction.yaml", FAST)
+    before = time.perf_counter() - 100.0
+    s = TrialSession(wf, _executor(wf), log=lambda m: None, started=before)
+    try:
+        assert s.elapsed() >= 100.0
+    finally:
+        s.close()
+    fresh = TrialSession(wf, _executor(wf), log=lambda m: None)
+    try:
+        assert fresh.elapsed() < 100.0
+    finally:
+        fresh.close()
