@@ -360,11 +360,18 @@ class RayBackend(Backend):
     def replace_actor(self, name: str, quota: int | None, mps_env: dict[str, str] | None = None) -> dict[str, Any]:
         """Move a component to a new process (e.g. under another MPS quota, which is fixed for a process's
         lifetime): its declared state is read from the old actor, the old one is stopped, and the new one
-        starts from that state -- no training progress is lost. Returns the new process's info."""
+        starts from that state -- no training progress is lost. Returns the new process's info. The state
+        goes from process to process through Ray's object store, by reference: the driver fetches only its
+        size, to know the read succeeded before the old process is stopped (through the driver, a 1-GB state
+        took 2-8 s on the CPU machine against 0.7-2.2 s by reference)."""
         from dataclasses import replace as dc_replace
 
         base, _, r = name.partition("#")
-        states = self.control(name, "get_states")
+        size, states = self.actors[name].export_states.options(num_returns=2).remote()
+        try:
+            self.ray.get(size, timeout=600)
+        except self.ray.exceptions.RayError as exc:
+            raise self._failure(exc, f"get_states of {name}") from None
         comp = dc_replace(self.wf.components[base], mps_quota=quota)
         # (a later restart starts the component under this quota too)
         self.wf = dc_replace(self.wf, components={**self.wf.components, base: comp})

@@ -375,6 +375,13 @@ class ComponentWorker:
     def get_states(self) -> dict[str, Any]:
         return {so.name: _to_cpu(get_state(self.obj, self.comp, so.name)) for so in self.comp.state}
 
+    def export_states(self) -> tuple[int, dict[str, Any]]:
+        """`get_states` as two returns (Ray `num_returns=2`): its size in bytes, which the driver fetches to know
+        the read succeeded, and the state, which it hands to another process by reference without fetching it
+        (`RayBackend.replace_actor`)."""
+        states = self.get_states()
+        return _tree_bytes(states), states
+
     def set_states(self, states: dict[str, Any]) -> None:
         for name, value in states.items():
             set_state(self.obj, self.comp, name, value)
