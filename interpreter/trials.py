@@ -155,7 +155,8 @@ class Executor:
 
     @property
     def switch_is_costly(self) -> bool:
-        """Changing the plan between runs recompiles a compiled graph."""
+        """Changing the plan between runs may compile a graph: a plan's first run does, and so does a plan
+        whose graph left the backend's cache (the Ray backend keeps the last few, `GRAPH_CACHE`)."""
         return self.compiled
 
     def components(self) -> list[str]:
