@@ -135,7 +135,9 @@ def test_a_layout_plan_runs_its_own_processes_on_each_switch_and_trains_like_the
     """A plan written with a layout (`rose rewrite --layout sim_replicas=2`: two simulator processes) is
     compared on the same workers: on each switch to it and back, the simulator gets fresh processes (Ray,
     chosen by itself), and the training through every switch is what the declared workflow computes."""
-    sets = ["--set", "iterations=30", "--set", "steps=5"]
+    # (short calls: nothing here depends on how long they take)
+    sets = ["--set", "iterations=30", "--set", "steps=5", "--set", "sim_per_row_ms=0.1", "--set", "per_row_ms=0.02",
+            "--set", "fixed_ms=0.2"]
     plan = tmp_path / "sim2.yaml"
     r = rose("rewrite", str(SIM_PROCESSES), *sets, "--layout", "sim_replicas=2", "-o", str(plan))
     assert r.returncode == 0, r.stderr

@@ -302,10 +302,12 @@ def strip_time(history: list[dict[str, float]]) -> list[dict[str, float]]:
 
 def test_short_ppo_run_learns() -> None:
     """The driver (the workflow's iteration structure) improves Reacher's return within a minute."""
-    cfg = RunConfig(num_envs=8, iterations=20, lr=2e-3)  # the workflow's 8 envs, a higher lr
+    # the workflow's 8 envs, a higher lr; 12 iterations (the return, from about -39 over the first three,
+    # is about -26 over the last three with torch 2.13 on the CPU: 13 above it, where 8 are asked)
+    cfg = RunConfig(num_envs=8, iterations=12, lr=2e-3)
     start = time.perf_counter()
     history = run(cfg, log=None)
     elapsed = time.perf_counter() - start
-    first, last = mean_return(history, 0, 3), mean_return(history, 17, 20)
+    first, last = mean_return(history, 0, 3), mean_return(history, 9, 12)
     print(f"PPO: return {first:.1f} -> {last:.1f} in {elapsed:.1f}s")
     assert last > first + 8.0, (first, last)

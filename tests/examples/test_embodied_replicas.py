@@ -59,8 +59,14 @@ def _run(replicas: int, num_envs: int, trainer_replicas: int | None = None
         be.shutdown()
 
 
-def test_two_replicas_train_like_one_with_all_envs(ray_session) -> None:
-    (single,), single_metrics = _run(1, 8)
+@pytest.fixture(scope="module")
+def one_process(ray_session) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, float]]]:
+    """The one-replica run with all 8 envs: the reference of both replica tests below (run once)."""
+    return _run(1, 8)
+
+
+def test_two_replicas_train_like_one_with_all_envs(one_process) -> None:
+    (single,), single_metrics = one_process
     pair, pair_metrics = _run(2, 4)
     assert len(pair) == 2
     assert all(torch.equal(pair[0][k], pair[1][k]) for k in single)  # the replicas agree bit for bit
@@ -80,11 +86,11 @@ def test_two_replicas_train_like_one_with_all_envs(ray_session) -> None:
     assert max(float((init[k].float() - single[k].float()).abs().max()) for k in single) > 1e-3
 
 
-def test_hybrid_one_rollout_two_trainer_replicas_train_like_one(ray_session) -> None:
+def test_hybrid_one_rollout_two_trainer_replicas_train_like_one(one_process) -> None:
     """Hybrid placement: one simulator/policy process with all 8 envs, two trainer replicas each taking
     a shard of 4 envs of every trajectory (`shard: 1`), the weights published back from trainer
     replica 0 -- the same training as one trainer on all envs."""
-    (single,), _ = _run(1, 8)
+    (single,), _ = one_process
     pair, metrics = _run(1, 8, trainer_replicas=2)
     assert len(pair) == 2 and all(torch.equal(pair[0][k], pair[1][k]) for k in single)
     worst = max(float((pair[0][k].float() - single[k].float()).abs().max()) for k in single)

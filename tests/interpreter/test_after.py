@@ -34,8 +34,11 @@ iteration:
 """
 
 
-def _wf(after: str = ", after: [s]"):
-    return load_workflow_text(AFTER.replace("AFTER", after), "after.yaml")
+def _wf(after: str = ", after: [s]", seconds: float = 0.3):
+    text = AFTER.replace("AFTER", after)
+    if seconds != 0.3:
+        text = text.replace("args: {seconds: 0.3}", f"args: {{seconds: {seconds}}}")
+    return load_workflow_text(text, "after.yaml")
 
 
 def test_after_must_name_an_earlier_sibling() -> None:
@@ -94,12 +97,14 @@ def test_a_rewrite_that_breaks_an_after_is_refused() -> None:
 
 
 def test_random_orders_of_the_reference_interpreter_respect_after() -> None:
-    wf = _wf()
+    # (the reference interpreter runs one call at a time in the order its seed draws: the calls' sleep
+    # decides nothing here, so `slow` does not sleep -- 60 runs of two 0.3-s calls were 36 s of waiting)
+    wf = _wf(seconds=0.0)
     for seed in range(30):
         run = run_reference(wf, instantiate(wf, ("tests.",)), range(1), order="random", seed=seed)
         where = {str(inv): i for i, inv in enumerate(run.order)}
         assert where["iteration.late[0]"] > max(where["iteration.s.slow[0][0]"], where["iteration.s.slow[0][1]"])
-    free = _wf("")
+    free = _wf("", seconds=0.0)
     orders = {tuple(map(str, run_reference(free, instantiate(free, ("tests.",)), range(1), order="random",
                                            seed=seed).order)) for seed in range(30)}
     assert any(o[0] == "iteration.late[0]" for o in orders)  # without it, `late` may go first

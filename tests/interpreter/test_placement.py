@@ -52,14 +52,34 @@ def ray_four_gpus():
     ray.shutdown()
 
 
-@pytest.mark.parametrize("trainer_gpu", [0, 2])
-def test_processes_land_on_their_slots(ray_four_gpus, trainer_gpu) -> None:
-    wf = load_workflow_text(WF, "placed.yaml", {"trainer_gpu": trainer_gpu})
-    be = RayBackend(wf, ("tests.",), {}, gpu_device="cpu")
+def _visible_gpus(be: RayBackend) -> dict[str, str | None]:
+    return {p: be.control(p, "info")["visible_gpus"] for p in be.components()}
+
+
+@pytest.fixture(scope="module")
+def colocated(ray_four_gpus):
+    """The colocated workflow's processes (two replicas; trainer on the policy's slots), started once for
+    the module (six Ray worker processes), with what each saw at start-up. It holds two of the cluster's
+    four GPUs until the module ends: the disaggregated case (four slots) runs before it is started, and
+    the test that kills some of its processes comes last."""
+    be = RayBackend(load_workflow_text(WF, "placed.yaml", {"trainer_gpu": 0}), ("tests.",), {}, gpu_device="cpu")
     try:
-        seen = {p: be.control(p, "info")["visible_gpus"] for p in be.components()}
+        yield be, _visible_gpus(be)
     finally:
         be.shutdown()
+
+
+@pytest.mark.parametrize("trainer_gpu", [2, 0])  # (2 first: see `colocated`)
+def test_processes_land_on_their_slots(ray_four_gpus, trainer_gpu, request) -> None:
+    if trainer_gpu == 0:
+        _, seen = request.getfixturevalue("colocated")
+    else:
+        wf = load_workflow_text(WF, "placed.yaml", {"trainer_gpu": trainer_gpu})
+        be = RayBackend(wf, ("tests.",), {}, gpu_device="cpu")
+        try:
+            seen = _visible_gpus(be)
+        finally:
+            be.shutdown()
     assert seen["sim"] is None or seen["sim"] == ""  # CPU processes get no GPU
     gpu_of = {p: v for p, v in seen.items() if not p.startswith("sim")}
     assert all(v and "," not in v for v in gpu_of.values())  # one GPU each
@@ -76,7 +96,7 @@ def test_more_slots_than_gpus_is_a_clear_error(ray_four_gpus) -> None:
         RayBackend(wf, ("tests.",), {}, gpu_device="cpu")
 
 
-def test_dead_processes_are_found_in_one_timeout_not_one_each(ray_four_gpus) -> None:
+def test_dead_processes_are_found_in_one_timeout_not_one_each(colocated) -> None:
     """`dead_components` asks every process at once: with several dead it answers within its timeout
     (one by one, each dead process cost the whole timeout: a minute when Ray's services died under a run;
     that case is not reproduced here -- a killed actor is reported at once -- the bound is the contract)."""
@@ -84,18 +104,14 @@ def test_dead_processes_are_found_in_one_timeout_not_one_each(ray_four_gpus) -> 
     import signal
     import time
 
-    wf = load_workflow_text(WF, "placed.yaml", {"replicas": 2})
-    be = RayBackend(wf, ("tests.",), {}, gpu_device="cpu")
-    try:
-        assert be.dead_components(timeout=5) == []
-        pids = {p: be.control(p, "info")["pid"] for p in be.components()}
-        victims = ["sim#1", "policy", "trainer#1"]
-        for p in victims:
-            os.kill(pids[p], signal.SIGKILL)
-        time.sleep(1.0)
-        t0 = time.monotonic()
-        dead = be.dead_components(timeout=3)
-        assert sorted(dead) == sorted(victims) and dead == [p for p in be.components() if p in victims]
-        assert time.monotonic() - t0 < 3 * 1.5  # all at once: about one timeout, not three
-    finally:
-        be.shutdown()
+    be, _ = colocated  # (the workflow with replicas: 2; its processes are not used after this test)
+    assert be.dead_components(timeout=5) == []
+    pids = {p: be.control(p, "info")["pid"] for p in be.components()}
+    victims = ["sim#1", "policy", "trainer#1"]
+    for p in victims:
+        os.kill(pids[p], signal.SIGKILL)
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    dead = be.dead_components(timeout=3)
+    assert sorted(dead) == sorted(victims) and dead == [p for p in be.components() if p in victims]
+    assert time.monotonic() - t0 < 3 * 1.5  # all at once: about one timeout, not three

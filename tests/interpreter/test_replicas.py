@@ -54,9 +54,23 @@ def _weights(replicas: int, n: int, compiled: bool = False) -> list[torch.Tensor
         be.shutdown()
 
 
+@pytest.fixture(scope="module")
+def weights(ray_session):
+    """`_weights`, each configuration run once for the module: the one-process run with all rows is the
+    reference of several tests."""
+    runs: dict[tuple[int, int, bool], list[torch.Tensor]] = {}
+
+    def get(replicas: int, n: int, compiled: bool = False) -> list[torch.Tensor]:
+        if (replicas, n, compiled) not in runs:
+            runs[replicas, n, compiled] = _weights(replicas, n, compiled)
+        return [w.clone() for w in runs[replicas, n, compiled]]
+
+    return get
+
+
 @pytest.mark.parametrize("compiled", [False, True])
-def test_two_replicas_match_one_with_the_concatenated_batch(ray_session, compiled) -> None:
-    (single,) = _weights(1, 8, compiled)
+def test_two_replicas_match_one_with_the_concatenated_batch(weights, compiled) -> None:
+    (single,) = weights(1, 8, compiled)
     pair = _weights(2, 4, compiled)
     assert len(pair) == 2 and torch.equal(pair[0], pair[1])  # the replicas agree exactly
     assert torch.allclose(pair[0], single, rtol=0, atol=1e-12)  # and equal the single-process run
@@ -112,7 +126,7 @@ def test_each_replica_carries_its_own_values_between_iterations() -> None:
 
 
 @pytest.mark.parametrize("compiled", [False, True])
-def test_hybrid_fewer_data_replicas_than_trainer_replicas(ray_session, compiled) -> None:
+def test_hybrid_fewer_data_replicas_than_trainer_replicas(weights, compiled) -> None:
     """The hybrid placement: one data replica with all 8 rows feeds two trainer replicas, each taking a
     shard (`shard: 0`); they end with the weights of one trainer on all rows."""
     text = (DP.replace("__N__", "8").replace("replicas: __R__}\n  model", "replicas: 1}\n  model")
@@ -129,7 +143,7 @@ def test_hybrid_fewer_data_replicas_than_trainer_replicas(ray_session, compiled)
         pair = [be.control(name, "get_states")["w"] for name in be.components() if name.startswith("model")]
     finally:
         be.shutdown()
-    (single,) = _weights(1, 8)
+    (single,) = weights(1, 8)
     assert len(pair) == 2 and torch.equal(pair[0], pair[1])
     assert torch.allclose(pair[0], single, rtol=0, atol=1e-12)
 
