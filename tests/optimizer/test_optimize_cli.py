@@ -250,8 +250,8 @@ def test_a_sigterm_stops_the_search_and_still_writes_the_plan_and_report(tmp_pat
 
     plan = tmp_path / "plan.yaml"
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    # (short calls: a search step ends in seconds -- with 0.5 + 0.2 ms/row calls its first block of
-    # complete-iteration trials ran ~40 s past the signal)
+    # (short calls: the search's next decision point comes within seconds of the signal -- with 0.5 +
+    # 0.2 ms/row calls a first block of complete-iteration trials once ran ~40 s past it)
     p = subprocess.Popen([sys.executable, "-m", "rose_cli", "optimize", str(WF / "latency_interaction.yaml"),
                           "--set", "iterations=400", "--set", "per_row_ms=0.02", "--set", "fixed_ms=0.2",
                           "-o", str(plan)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
