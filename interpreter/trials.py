@@ -36,7 +36,7 @@ from .cpu_activity import CpuActivity, process_clock, thread_clock
 from .runner import RunConfig, Runner
 from .schedule import Schedule
 from .trace import InvocationRecord
-from .worker import CallFailed
+from .worker import CallFailed, state_bytes
 
 __all__ = ["Feed", "Probe", "Executor", "BuildBackend", "TrialSession", "TrialFailed", "state_bytes",
            "trial_components", "unsupported"]
@@ -87,17 +87,6 @@ def _detached(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-def state_bytes(value: Any) -> int:
-    """Bytes of the tensors in a (nested) state value."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, dict):
-        return sum(state_bytes(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return sum(state_bytes(v) for v in value)
-    return 0
 
 
 BuildBackend = Callable[[Workflow, Schedule], Backend]

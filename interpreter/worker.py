@@ -93,21 +93,17 @@ def _copy_tree(value: Any, device_ok: bool) -> Any:
     return copy.deepcopy(value)
 
 
-def _tree_bytes(value: Any, device_only: bool = False) -> int:
+def state_bytes(value: Any, device_only: bool = False) -> int:
+    """Bytes of the tensors (and numpy arrays) in a nested state value; `device_only`: of its GPU tensors."""
     torch = _torch()
     if torch is not None and isinstance(value, torch.Tensor):
         return 0 if device_only and value.device.type == "cpu" else value.numel() * value.element_size()
     if isinstance(value, dict):
-        return sum(_tree_bytes(v, device_only) for v in value.values())
+        return sum(state_bytes(v, device_only) for v in value.values())
     if isinstance(value, list | tuple):
-        return sum(_tree_bytes(v, device_only) for v in value)
+        return sum(state_bytes(v, device_only) for v in value)
     nbytes = getattr(value, "nbytes", 0)  # numpy arrays
     return 0 if device_only else int(nbytes) if isinstance(nbytes, int) else 0
-
-
-def _device_bytes(value: Any) -> int:
-    """Bytes of the GPU tensors in a state value."""
-    return _tree_bytes(value, device_only=True)
 
 
 def _torch() -> Any:
@@ -380,7 +376,7 @@ class ComponentWorker:
         the read succeeded, and the state, which it hands to another process by reference without fetching it
         (`RayBackend.replace_actor`)."""
         states = self.get_states()
-        return _tree_bytes(states), states
+        return state_bytes(states), states
 
     def set_states(self, states: dict[str, Any]) -> None:
         for name, value in states.items():
@@ -393,7 +389,7 @@ class ComponentWorker:
         360M-parameter trainer's state (4 GB with Adam) took 6.5 s to reach the driver on the H200, a copy
         on the GPU takes milliseconds."""
         states = {so.name: get_state(self.obj, self.comp, so.name) for so in self.comp.state}
-        on_device = _device_bytes(states)
+        on_device = state_bytes(states, device_only=True)
         keep_on_device = False
         if on_device:
             import torch
@@ -401,7 +397,7 @@ class ComponentWorker:
             free, _ = torch.cuda.mem_get_info()
             keep_on_device = 2 * on_device + (1 << 30) < free
         self._kept = _copy_tree(states, keep_on_device)
-        return _tree_bytes(self._kept)
+        return state_bytes(self._kept)
 
     def restore_kept(self, drop: bool = True) -> None:
         """Put the kept copy back (`keep_states`); `drop=False` keeps it for another restore (the component
