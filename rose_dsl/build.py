@@ -197,7 +197,7 @@ def _component(ctx: _Ctx, name: str, raw: Mapping[str, Any]) -> Component:
 
 
 _NODE_FIELDS = ("call", "in", "out", "state", "batch", "phases", "after", "rows")
-_LOOP_FIELDS = ("count", "until", "carry", "collect", "after", "iterations")
+_LOOP_FIELDS = ("count", "until", "carry", "collect", "after", "iterations", "interleave")
 _MERGE_FIELDS = ("from", "ports")
 _ACCESS = {a.value: a for a in Access}  # the schema allows only these
 
@@ -296,6 +296,10 @@ class _ItemBuilder:
             ctx.error(path + ("iterations",), f"iteration {max(iterations)} is outside the loop's count {count}")
         if iterations is not None and list(iterations) != sorted(set(iterations)):
             ctx.error(path + ("iterations",), "a temporal group's iterations must be increasing and distinct")
+        if raw.get("interleave") and (iterations is None or not raw.get("split_of")):
+            ctx.error(path + ("interleave",), f"'interleave' applies to the temporal groups of a split loop (with "
+                      f"'split_of' and 'iterations'); loop '{name}' is not one",
+                      "a plan gets it from `rose rewrite --do \"split-time LOOP K\" --do \"interleave LOOP\"`")
         carries = []
         for var, spec in (raw.get("carry") or {}).items():
             cpath = path + ("carry", var)
@@ -323,7 +327,7 @@ class _ItemBuilder:
         return LoopNode(
             path=me, body=self.body(raw["body"], path + ("body",), me), count=count, until=until,
             carries=tuple(carries), collects=tuple(collects), iterations=iterations, split_of=raw.get("split_of"),
-            group=raw.get("group"), moved_from=_moved_from(raw),
+            group=raw.get("group"), moved_from=_moved_from(raw), interleaved=bool(raw.get("interleave", False)),
             after=tuple(raw.get("after") or ()),
             pos=ctx.doc.pos(path + ("loop",)) if "loop" in raw else ctx.doc.pos(path), field_pos=fpos, src=path,
         )

@@ -198,7 +198,16 @@ class Program:
 # -- program order --------------------------------------------------------------------------------
 
 def _unroll_body(p: Program, body: Sequence[Item], ctx: dict[Path, int], until_reached) -> Iterator[CallSite]:
-    for item in body:
+    skip = 0
+    for n, item in enumerate(body):
+        if skip:
+            skip -= 1
+            continue
+        turns = _interleaved_run(body, n)
+        if len(turns) > 1:
+            skip = len(turns) - 1
+            yield from _round_robin([_unroll_body(p, [m], ctx, until_reached) for m in turns])
+            continue
         if isinstance(item, ExecutionNode):
             if item.expand and item.phases:
                 yield from _unroll_body(p, item.phases, ctx, until_reached)
@@ -210,6 +219,44 @@ def _unroll_body(p: Program, body: Sequence[Item], ctx: dict[Path, int], until_r
                     yield from _unroll_body(p, item.body, {**ctx, item.path: j}, until_reached)
             else:
                 yield from _unroll_dynamic(p, item, ctx, until_reached)
+
+
+def _interleaved_run(body: Sequence[Item], n: int) -> list[LoopNode]:
+    """The temporal groups of one split that start at body[n] and run in turn (`interleaved`), or [].
+    Groups of one split are independent (the split is legal only for a free loop, and a component whose
+    state the loop writes has a copy per group), so any interleaving of their calls keeps each group's
+    own order and every dependency; a group holding a loop that ends on a condition is left out."""
+    first = body[n]
+    if not (isinstance(first, LoopNode) and first.interleaved and first.split_of is not None):
+        return []
+    run: list[LoopNode] = []
+    for item in body[n:]:
+        if not (isinstance(item, LoopNode) and item.interleaved and item.split_of == first.split_of):
+            break
+        if any(isinstance(i, LoopNode) and i.dynamic for i in _items_below(item)):
+            break
+        run.append(item)
+    return run
+
+
+def _items_below(item: Item) -> Iterator[Item]:
+    yield item
+    for child in getattr(item, "body", ()) or ():
+        yield from _items_below(child)
+    for child in getattr(item, "phases", ()) or ():
+        yield from _items_below(child)
+
+
+def _round_robin(streams: list[Iterator[CallSite]]) -> Iterator[CallSite]:
+    """One call of each stream in turn until all are done."""
+    live = list(streams)
+    while live:
+        for s in list(live):
+            site = next(s, None)
+            if site is None:
+                live.remove(s)
+            else:
+                yield site
 
 
 def _unroll_dynamic(p: Program, loop: LoopNode, ctx: dict[Path, int], until_reached) -> Iterator[CallSite]:

@@ -96,6 +96,8 @@ def _item(item: Item, inherited: int | None = None) -> dict[str, Any]:
             out["split_of"] = item.split_of
         if item.group is not None and item.group != inherited:
             out["group"] = item.group
+        if item.interleaved:
+            out["interleave"] = True
         if item.moved_from:
             out["moved_from"] = ".".join(item.moved_from[1:])
         _plan_fields(item, out)

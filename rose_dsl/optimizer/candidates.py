@@ -134,11 +134,21 @@ def _spatial(wf: Workflow, loop: LoopNode, target: str, groups: Sequence[int], c
 
 
 def _temporal(wf: Workflow, loop: LoopNode, target: str, groups: Sequence[int], component: str) -> list[Alternative]:
+    """Per group count: the groups taking turns on the components they share (split + interleave, the
+    paper's order; without the turns a shared policy serves one group's calls all before the other's),
+    then the groups one after the other (a user's hand-written temporal split)."""
     name = request_name(wf, loop.path)
     n = len(loop.indices())
-    return [Alternative((f"split-time {name} {k}",), "temporal-split", target, _partners(loop, component), k, (),
-                        f"run the iterations of free loop '{loop.name}' as {k} independent groups")
-            for k in groups if 1 < k <= n]
+    out = []
+    for k in groups:
+        if 1 < k <= n:
+            partners = _partners(loop, component)
+            out += [Alternative((f"split-time {name} {k}", f"interleave {name}"), "temporal-split", target, partners, k,
+                                (), f"run the iterations of free loop '{loop.name}' as {k} independent groups taking "
+                                    "turns on the components they share"),
+                    Alternative((f"split-time {name} {k}",), "temporal-split", target, partners, k, (),
+                                f"run the iterations of free loop '{loop.name}' as {k} independent groups")]
+    return out
 
 
 def alternatives(wf: Workflow, target: str, groups: Sequence[int] = DEFAULT_GROUPS) -> list[Alternative]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from ..ir import ExecutionNode, LoopNode, Workflow
 from .chain import build_split_chain
 from .legality import check_order_preserved, check_well_formed
-from .reorder import build_expand, build_fuse_loops, build_interleave, build_rewire
+from .reorder import build_expand, build_fuse_loops, build_interleave, build_rewire, temporal_groups
 from .rewritten import Refused, Rewritten
 from .split import build_split_loop_body, build_split_node
 from .temporal import build_split_temporal
@@ -144,10 +144,31 @@ REQUEST_HELP = """rewrite requests (names are item names, or dotted paths (below
                              starts as soon as group g of A is done (a slice of a merge that is exactly one
                              group's rows reads that group; every split does this)
   split-time LOOP K          split the iterations of a free loop into K groups (round robin) that may overlap
-  interleave LOOP [STAGGER]  stagger the groups of a split loop body
+  interleave LOOP [STAGGER]  stagger the groups of a split loop body; for a loop split in time: its groups
+                             take turns, one call each
   fuse LOOP_A LOOP_B         run iteration j of LOOP_B right after iteration j of LOOP_A
   rewire NAME before|after SIBLING
   expand NODE                run the node's exposed phases instead of its entry"""
+
+
+def _loop_or_split_in_time(wf: Workflow, name: str) -> Path:
+    """`resolve_name`, or the path a loop split in time had (its groups `name@g` are in its place)."""
+    try:
+        return resolve_name(wf, name)
+    except Refused:
+        if "." in name:  # a dotted path: the split loop's own place
+            path = tuple(name.split(".")) if name.startswith("iteration.") else ("iteration", *name.split("."))
+            if temporal_groups(wf, path):
+                return path
+            raise
+        found = {i.path[:-1] + (name,) for i in wf.items() if isinstance(i, LoopNode) and i.split_of == name
+                 and i.iterations is not None}
+        if len(found) == 1:
+            return found.pop()
+        if len(found) > 1:
+            raise Refused(f"loops split in time named '{name}' are in several places "
+                          f"({', '.join(sorted('.'.join(p[1:]) for p in found))}): give the path") from None
+        raise
 
 
 def resolve_name(wf: Workflow, name: str) -> Path:
@@ -193,7 +214,7 @@ def parse_request(wf: Workflow, request: str) -> tuple[Pass, tuple, dict]:
     if op == "split-time" and len(args) == 2:
         return PASSES[op], (resolve_name(wf, args[0]), _int(args[1], "K")), {}
     if op == "interleave" and len(args) in (1, 2):
-        return PASSES[op], (resolve_name(wf, args[0]), _int(args[1], "STAGGER") if len(args) == 2 else 1), {}
+        return PASSES[op], (_loop_or_split_in_time(wf, args[0]), _int(args[1], "STAGGER") if len(args) == 2 else 1), {}
     if op == "fuse" and len(args) == 2:
         return PASSES[op], (resolve_name(wf, args[0]), resolve_name(wf, args[1])), {}
     if op == "rewire" and len(args) == 3 and args[1] in ("before", "after"):

@@ -5,7 +5,10 @@
   iterations -- the paper's Rewire across loop levels (Figure 9b): PPO update j runs right after rollout
   epoch j's trajectories exist, overlapping rollout epoch j+1, instead of after all epochs.
 * `build_interleave` staggers the groups of a split loop body so that stage s of group g is next to
-  stage s-1 of group g+1 (policy(B) next to sim(A)), each group keeping its own order.
+  stage s-1 of group g+1 (policy(B) next to sim(A)), each group keeping its own order; for a loop split
+  in time it makes the temporal groups take turns, one call each (`LoopNode.interleaved`): without it a
+  component the groups share (the policy) runs all of group 0's calls before group 1's, so the groups'
+  simulators (copies, in processes of their own) never step at the same time.
 * `build_expand` runs a node's exposed phases instead of its entry (never both).
 The pass runner checks each with `legality.check_order_preserved`.
 """
@@ -22,7 +25,7 @@ from .refs import RefUse, map_outside, map_subtree, rename_ref
 from .rewritten import Refused, Rewritten, identity_locate
 from .tree import base_name, children, find, into_group, repath, replace_body, source_paths, unique_name
 
-__all__ = ["build_rewire", "build_fuse_loops", "build_interleave", "build_expand"]
+__all__ = ["build_rewire", "build_fuse_loops", "build_interleave", "build_expand", "temporal_groups"]
 
 Path = tuple[str, ...]
 
@@ -162,7 +165,11 @@ def _which(ix: Index, loop: str) -> str:
 
 def build_interleave(wf: Workflow, loop_path: Path, stagger: int = 1) -> Rewritten:
     """Order a split loop body by (stage + group * stagger): stage s of group g next to stage s-stagger
-    of group g+1, so that different components work on different groups at the same time."""
+    of group g+1, so that different components work on different groups at the same time. A loop split
+    in time (`loop_path` names the split loop, whose groups `name@g` are its siblings): the groups take
+    turns, one call each."""
+    if wf.find(loop_path) is None and temporal_groups(wf, loop_path):
+        return _interleave_temporal(wf, loop_path, stagger)
     loop = find(wf, loop_path)
     if not isinstance(loop, LoopNode):
         raise Refused(f"'{loop.name}' is not a loop")
@@ -180,6 +187,30 @@ def build_interleave(wf: Workflow, loop_path: Path, stagger: int = 1) -> Rewritt
 
     new = replace_body(wf, loop_path, [*sorted(groups, key=key), *merges])
     return Rewritten(new, identity_locate, f"interleaving the groups of '{loop.name}' with stagger {stagger}")
+
+
+def temporal_groups(wf: Workflow, loop_path: Path) -> list[LoopNode]:
+    """The temporal groups (`split-time`) of the loop once at `loop_path`, siblings in its parent."""
+    parent = wf.find(loop_path[:-1]) if len(loop_path) > 1 else None
+    if parent is None:
+        return []
+    return [i for i in children(parent) if isinstance(i, LoopNode) and i.split_of == loop_path[-1]
+            and i.iterations is not None]
+
+
+def _interleave_temporal(wf: Workflow, loop_path: Path, stagger: int) -> Rewritten:
+    groups = temporal_groups(wf, loop_path)
+    name = loop_path[-1]
+    if stagger != 1:
+        raise Refused(f"the temporal groups of '{name}' take turns one call each: a stagger ({stagger}) does not "
+                      "apply to them", at=groups[0].pos)
+    if all(g.interleaved for g in groups):
+        raise Refused(f"the temporal groups of '{name}' already take turns", at=groups[0].pos)
+    parent = loop_path[:-1]
+    body = [replace(i, interleaved=True) if i in groups else i for i in children(find(wf, parent))]
+    new = replace_body(wf, parent, body)
+    return Rewritten(new, identity_locate,
+                     f"interleaving the temporal groups of '{name}' ({', '.join(g.name for g in groups)}): one call each in turn")
 
 
 def _span(indices: Sequence[int]) -> str:

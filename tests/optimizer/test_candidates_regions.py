@@ -38,12 +38,12 @@ def ppo():
 def test_loop_target_order_temporal_then_spatial_then_around(wf) -> None:
     alts = alternatives(wf, "iteration.epoch.step.act")
     labels = [a.label for a in alts]
-    assert labels[:4] == ["split-time epoch 2", "split epoch.step 2; interleave epoch.step",
+    assert labels[:5] == ["split-time epoch 2; interleave epoch", "split-time epoch 2", "split epoch.step 2; interleave epoch.step",
                           "split epoch.step 4; interleave epoch.step", "split epoch.step 8; interleave epoch.step"]
-    assert [a.groups for a in alts[1:4]] == [2, 4, 8]
-    assert alts[1].partners == ("iteration.epoch.step.env",)  # the work that overlaps the policy: the simulator
-    assert alts[1].split_nodes == ("iteration.epoch.step.act", "iteration.epoch.step.env")
-    assert all(a.family == "rewire" for a in alts[4:])
+    assert [a.groups for a in alts[2:5]] == [2, 4, 8]
+    assert alts[2].partners == ("iteration.epoch.step.env",)  # the work that overlaps the policy: the simulator
+    assert alts[2].split_nodes == ("iteration.epoch.step.act", "iteration.epoch.step.env")
+    assert all(a.family == "rewire" for a in alts[5:])
 
 
 def test_group_counts_must_divide_the_batch(ppo) -> None:
@@ -52,7 +52,7 @@ def test_group_counts_must_divide_the_batch(ppo) -> None:
     assert spatial == [2, 4, 8]
     ppo6 = load_workflow(ROOT / "workflows" / "embodied_ppo.yaml", {"num_envs": 6, "steps": 3, "epochs": 3})
     assert [a.groups for a in alternatives(ppo6, "iteration.epoch.step.act") if a.family == "split-interleave"] == [2]
-    assert [a.groups for a in alternatives(ppo6, "iteration.epoch.step.act") if a.family == "temporal-split"] == [2]
+    assert [a.groups for a in alternatives(ppo6, "iteration.epoch.step.act") if a.family == "temporal-split"] == [2, 2]
 
 
 def test_top_level_target_repositions_nearest_first(wf) -> None:

@@ -48,6 +48,9 @@ def _same(original, rewritten, seeds=(0, 1, 2)):
     ("split reset 2",),
     ("split-time epoch 2",),  # Figure 9b: rollout epochs in two groups, each with its own simulator copy
     ("split-time epoch 2", "split epoch@0.step 2", "split epoch@1.step 2"),
+    ("split-time epoch 2", "interleave epoch"),  # the groups take turns: their copies step at the same time
+    ("split-time epoch 3", "interleave epoch"),
+    ("split-time epoch 2", "split epoch@0.step 2", "interleave epoch"),
     # issue 12.1: a loop body holding a nested loop with a collect (the inner collect follows its loop)
     ("split epoch 2",),
     ("split epoch 3", "interleave epoch"),
@@ -57,6 +60,27 @@ def test_paper_rewrites_preserve_results(ppo, requests) -> None:
     check(result.workflow)
     assert load_workflow_text(to_yaml(result.workflow), "plan.yaml") == result.workflow
     _same(ppo, result)
+
+
+def test_interleaved_temporal_groups_take_turns_on_the_shared_policy(ppo) -> None:
+    """Without `interleave`, the shared policy runs every call of group 0 before group 1's; with it, the
+    groups' calls alternate, each group keeping its own order (so both simulator copies step at once)."""
+    from rose_dsl.semantics import Program
+
+    def acts(wf):
+        return [(s.node.path[1], s.inv.indices) for s in Program(wf).unroll(0) if s.node.call.endswith(".act")]
+
+    plain = _apply(ppo, "split-time epoch 2").workflow
+    turns = _apply(ppo, "split-time epoch 2", "interleave epoch").workflow
+    assert [g for g, _ in acts(plain)][:4] == ["epoch@0"] * 4
+    assert [g for g, _ in acts(turns)][:4] == ["epoch@0", "epoch@1"] * 2
+    assert sorted(acts(plain)) == sorted(acts(turns))  # the same calls
+    for group in ("epoch@0", "epoch@1"):  # each group's own order kept
+        assert [i for g, i in acts(turns) if g == group] == [i for g, i in acts(plain) if g == group]
+    with pytest.raises(Refused, match="already take turns"):
+        apply_request(turns, "interleave epoch")
+    with pytest.raises(Refused, match="stagger"):
+        apply_request(plain, "interleave epoch 2")
 
 
 @pytest.mark.parametrize(("requests", "reason"), [
