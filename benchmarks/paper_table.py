@@ -171,7 +171,12 @@ def learning_curve(prep: Prepared, args: argparse.Namespace, address: str | None
 
 
 def _row_kind(row: str) -> str:
-    return row if row in OPTIMIZER_ROWS else "hand"
+    """An optimizer row (`stage1`, `stage1_mps`, `rose`); `candidate...`: a plan measured beside the others
+    that is neither the optimizer's output nor a hand-written configuration (not in `best_hand`); any other
+    name: a hand-written configuration."""
+    if row in OPTIMIZER_ROWS:
+        return row
+    return "candidate" if row.startswith("candidate") else "hand"
 
 
 def run_rounds(prep: Prepared, args: argparse.Namespace, address: str | None,
@@ -556,7 +561,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iterations", type=int, default=2, help="measured RL iterations per run")
     ap.add_argument("--backend", default="ray", choices=("ray", "local"))
     ap.add_argument("--address", default=None, help="join this Ray cluster (default: start one for all runs)")
-    ap.add_argument("--row", action="append", default=[], help="WORKLOAD:ROW=PLAN.yaml (ROW: stage1, stage1_mps, rose or any)")
+    ap.add_argument("--row", action="append", default=[], help="WORKLOAD:ROW=PLAN.yaml (ROW: stage1, stage1_mps, rose; candidate...: "
+                                                                  "measured, counted as neither; any other: hand-written)")
     ap.add_argument("--row-cmd", action="append", default=[],
                     help="WORKLOAD:ROW=COMMAND writing {plan} from {workflow} with {sets} and {trust} (the "
                          "workload's --allow-* options), e.g. rose optimize")
