@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from ..analysis import loop_kinds
 from ..ir import Component, ExecutionNode, Item, LoopNode, MergeNode, Workflow
-from ..transforms import Refused, apply
+from ..transforms import Refused, apply, temporal_groups
 from .profile import base_component, structural
 
 __all__ = ["Alternative", "Feasible", "Infeasible", "alternatives", "sweep", "check", "find_structural",
@@ -125,12 +125,35 @@ def _partners(item: Item, component: str) -> tuple[str, ...]:
 
 
 def _spatial(wf: Workflow, loop: LoopNode, target: str, groups: Sequence[int], component: str) -> list[Alternative]:
+    """Per group count: row groups of the loop's body, pipelined. A loop inside a temporal group (`epoch@0.step`)
+    is split in every group of that temporal split at once first (the groups run the same iterations' work, so a
+    split that pays in one pays in each, and one group alone gains nothing while the other is its bottleneck),
+    then in its own group alone."""
     name = request_name(wf, loop.path)
     nodes = tuple(dict.fromkeys(_spath(n.path) for n in _calls(loop)))
-    return [Alternative((f"split {name} {k}", f"interleave {name}"), "split-interleave", target,
-                        _partners(loop, component), k, nodes,
-                        f"pipeline {k} row groups of loop '{loop.name}' (stage of one group next to another's)")
-            for k in _divisors(_batch(loop), groups)]
+    everywhere = [request_name(wf, p) for p in _in_every_temporal_group(wf, loop.path)]
+    out = []
+    for k in _divisors(_batch(loop), groups):
+        if len(everywhere) > 1:
+            out.append(Alternative(tuple(r for n in everywhere for r in (f"split {n} {k}", f"interleave {n}")),
+                                   "split-interleave", target, _partners(loop, component), k, nodes,
+                                   f"pipeline {k} row groups of loop '{loop.name}' in each of the temporal groups "
+                                   f"({', '.join(everywhere)})"))
+        out.append(Alternative((f"split {name} {k}", f"interleave {name}"), "split-interleave", target,
+                               _partners(loop, component), k, nodes,
+                               f"pipeline {k} row groups of loop '{loop.name}' (stage of one group next to another's)"))
+    return out
+
+
+def _in_every_temporal_group(wf: Workflow, path: Path) -> list[Path]:
+    """The paths of the item at `path` in every temporal group of the nearest split in time around it
+    (`epoch@0.step` -> `epoch@0.step`, `epoch@1.step`), or just `path`."""
+    for n in range(len(path) - 1, 1, -1):
+        group = wf.find(path[:n])
+        if isinstance(group, LoopNode) and group.split_of is not None and group.iterations is not None:
+            paths = [g.path + path[n:] for g in temporal_groups(wf, path[:n - 1] + (group.split_of,))]
+            return paths if len(paths) > 1 and all(wf.find(p) is not None for p in paths) else [path]
+    return [path]
 
 
 def _temporal(wf: Workflow, loop: LoopNode, target: str, groups: Sequence[int], component: str) -> list[Alternative]:

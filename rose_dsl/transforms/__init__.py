@@ -47,11 +47,12 @@ from .passes import (
     split_temporal,
 )
 from .plan_check import check_plan_source, plan_differences
+from .reorder import temporal_groups
 from .rewritten import Refused, Rewritten, compose
 from .tree import source_paths
 
 __all__ = [
     "Refused", "Rewritten", "compose", "apply", "apply_request", "resolve_name", "REQUEST_HELP",
     "split_node", "split_loop_body", "split_chain", "forward_merge_slices", "split_temporal", "rewire", "fuse_loops",
-    "interleave", "expand", "plan_differences", "check_plan_source", "source_paths",
+    "interleave", "expand", "plan_differences", "check_plan_source", "source_paths", "temporal_groups",
 ]

@@ -46,6 +46,18 @@ def test_loop_target_order_temporal_then_spatial_then_around(wf) -> None:
     assert all(a.family == "rewire" for a in alts[5:])
 
 
+def test_a_loop_inside_temporal_groups_is_split_in_every_group_first(wf) -> None:
+    """After `split-time epoch 2; interleave epoch`, pipelining the step loop of one group alone leaves the other
+    group as the bottleneck: the candidate that splits it in both groups comes first, and is legal."""
+    plan = apply_request(apply_request(wf, "split-time epoch 2").workflow, "interleave epoch").workflow
+    alts = alternatives(plan, "iteration.epoch.step.act")
+    spatial = [a for a in alts if a.family == "split-interleave"]
+    assert spatial[0].requests == ("split epoch@0.step 2", "interleave epoch@0.step",
+                                   "split epoch@1.step 2", "interleave epoch@1.step")
+    assert spatial[1].requests == ("split epoch@0.step 2", "interleave epoch@0.step")
+    assert isinstance(check_alt(plan, spatial[0]), Feasible)
+
+
 def test_group_counts_must_divide_the_batch(ppo) -> None:
     alts = alternatives(ppo, "iteration.epoch.step.act")
     spatial = [a.groups for a in alts if a.family == "split-interleave"]
