@@ -9,9 +9,9 @@ so the overlap buys nothing. SM quotas would leave SMs free for them, but the le
 count, so cuBLAS sees the same GPU; it only tells the scheduler whose pending work goes first.
 
 What runs (one MPS daemon, every process a client of it):
-- trainer processes: the real `PPOTrainer` of `workflows/paper_mjx_vla.yaml` (its sizes), each
-  repeating `update` on one rollout its own `FlowPolicy` produced; one process per variant
-  (priority 0, priority 1, quota Q at priority 0), idle until asked;
+- load processes: the real `PPOTrainer` of `workflows/paper_mjx_vla.yaml` (its sizes), each
+  repeating `update` on one rollout its own `FlowPolicy` produced, or (`aQ`) that `FlowPolicy`'s `act`
+  back to back; one process per variant (priority 0, priority 1, quota Q), idle until asked;
 - victims, one process each: `mjx` (the workflow's `ReacherMjxSim.step`, 256 envs, frame_skip 20;
   needs the MJX import dir, `benchmarks/mjx_env.sh`) and `act` (`FlowPolicy.act`, CUDA graphs).
 
@@ -76,12 +76,22 @@ def _trainer_proc(name: str, cfg: dict[str, Any], go: Any, ready: Any, out: Any)
 
     from examples.embodied.ppo import PPOTrainer
 
-    traj, env = _rollout(_policy(cfg), cfg)
-    trainer = PPOTrainer(device=_device(), minibatches=4, micro_batch=cfg["micro_batch"], trainable_blocks=2,
-                         ppo_epochs=1, values="rollout", sync_every=2, lr=5e-4, **cfg["model"])
+    policy = _policy(cfg)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    for _ in range(2):  # warm-up: allocator, cuBLAS heuristics
-        trainer.update(traj, env)
+    if name.startswith("a"):  # a policy load: the rollout's acts back to back (the interleaved temporal split's policy)
+        obs = torch.randn(cfg["num_envs"], cfg["model"]["obs_dim"])
+
+        def work() -> None:
+            policy.act(obs, 0, 0, 0)
+    else:
+        traj, env = _rollout(policy, cfg)
+        trainer = PPOTrainer(device=_device(), minibatches=4, micro_batch=cfg["micro_batch"], trainable_blocks=2,
+                             ppo_epochs=1, values="rollout", sync_every=2, lr=5e-4, **cfg["model"])
+
+        def work() -> None:
+            trainer.update(traj, env)
+    for _ in range(2):  # warm-up: allocator, cuBLAS heuristics, CUDA graphs
+        work()
     sync()
     ready.set()
     while True:
@@ -89,7 +99,7 @@ def _trainer_proc(name: str, cfg: dict[str, Any], go: Any, ready: Any, out: Any)
         spans = []
         while go.is_set():
             t0 = time.perf_counter()
-            trainer.update(traj, env)
+            work()
             sync()
             spans.append((t0, time.perf_counter()))
         out.put((name, spans))
@@ -155,7 +165,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--victims", default="mjx,act")
     parser.add_argument("--trainers", default="p0,p1,q94",
-                        help="trainer variants: pP (priority P, no quota), qQ (quota Q%%, priority 0), qQpP")
+                        help="loads: the PPO update as pP (priority P, no quota), qQ (quota Q%%, priority 0), qQpP; "
+                             "the policy's act back to back as aQ (quota Q%%) or aQpP")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--window", type=float, default=8.0)
     parser.add_argument("--small", action="store_true", help="tiny model sizes (CPU smoke test)")
@@ -180,7 +191,7 @@ def main() -> None:
         out = ctx.Queue()
         trainers: dict[str, tuple[Any, Any]] = {}
         for name in variants:
-            quota = int(name[1:].split("p")[0]) if name.startswith("q") else None
+            quota = int(name[1:].split("p")[0]) if name.startswith(("q", "a")) and name[1:2].isdigit() else None
             prio = name.split("p")[-1] if "p" in name else "0"
             env = daemon.client_env(quota) if daemon.active else {}
             if daemon.active:
