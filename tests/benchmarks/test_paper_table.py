@@ -195,3 +195,13 @@ def test_weight_transfer_benchmark_smoke_loads_the_same_weights_both_ways(tmp_pa
     doc = json.loads(out.read_text())
     assert doc["bit_identical"] and all(doc["seconds"][n]["n"] == 4 for n in
                                         ("default", "rose", "default_compiled", "rose_compiled"))
+
+
+def test_row_kinds_keep_candidates_out_of_the_best_hand_written() -> None:
+    """A `candidate...` row (a plan measured beside the table, e.g. one candidate of the optimizer's applied by
+    hand) is neither hand-written nor the optimizer's: the best hand-written figure must not be taken from it."""
+    from benchmarks.paper_table import _row_kind
+
+    assert _row_kind("candidate_st2i") == "candidate"
+    assert _row_kind("stage1") == "stage1" and _row_kind("rose") == "rose"
+    assert _row_kind("sim8") == "hand"
