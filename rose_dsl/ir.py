@@ -181,6 +181,11 @@ class LoopNode:
     def dynamic(self) -> bool:
         return self.until is not None
 
+    @property
+    def temporal_group(self) -> bool:
+        """A group of a loop split in time (`split-time`): it runs a subset of the loop's iterations."""
+        return self.split_of is not None and self.iterations is not None
+
     def carry(self, name: str) -> Carry | None:
         return next((c for c in self.carries if c.name == name), None)
 

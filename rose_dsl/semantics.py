@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from .expr import BinOp, Call, Expr, Int, IterRef, Neg, Param, Record, Ref, Slice
-from .ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
+from .ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow, iter_items
 from .resolve import Binding, CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver
 
 __all__ = ["Invocation", "CallSite", "ValueOps", "Frame", "Program", "SemanticError", "enclosing_loops",
@@ -198,14 +198,12 @@ class Program:
 # -- program order --------------------------------------------------------------------------------
 
 def _unroll_body(p: Program, body: Sequence[Item], ctx: dict[Path, int], until_reached) -> Iterator[CallSite]:
-    skip = 0
-    for n, item in enumerate(body):
-        if skip:
-            skip -= 1
-            continue
-        turns = _interleaved_run(body, n)
+    n = 0
+    while n < len(body):
+        item, n = body[n], n + 1
+        turns = _interleaved_run(body, n - 1)
         if len(turns) > 1:
-            skip = len(turns) - 1
+            n += len(turns) - 1
             yield from _round_robin([_unroll_body(p, [m], ctx, until_reached) for m in turns])
             continue
         if isinstance(item, ExecutionNode):
@@ -227,24 +225,16 @@ def _interleaved_run(body: Sequence[Item], n: int) -> list[LoopNode]:
     state the loop writes has a copy per group), so any interleaving of their calls keeps each group's
     own order and every dependency; a group holding a loop that ends on a condition is left out."""
     first = body[n]
-    if not (isinstance(first, LoopNode) and first.interleaved and first.split_of is not None):
+    if not (isinstance(first, LoopNode) and first.interleaved and first.temporal_group):
         return []
     run: list[LoopNode] = []
     for item in body[n:]:
         if not (isinstance(item, LoopNode) and item.interleaved and item.split_of == first.split_of):
             break
-        if any(isinstance(i, LoopNode) and i.dynamic for i in _items_below(item)):
+        if any(isinstance(i, LoopNode) and i.dynamic for i in iter_items(item)):
             break
         run.append(item)
     return run
-
-
-def _items_below(item: Item) -> Iterator[Item]:
-    yield item
-    for child in getattr(item, "body", ()) or ():
-        yield from _items_below(child)
-    for child in getattr(item, "phases", ()) or ():
-        yield from _items_below(child)
 
 
 def _round_robin(streams: list[Iterator[CallSite]]) -> Iterator[CallSite]:

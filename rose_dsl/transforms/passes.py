@@ -161,8 +161,8 @@ def _loop_or_split_in_time(wf: Workflow, name: str) -> Path:
             if temporal_groups(wf, path):
                 return path
             raise
-        found = {i.path[:-1] + (name,) for i in wf.items() if isinstance(i, LoopNode) and i.split_of == name
-                 and i.iterations is not None}
+        found = {i.path[:-1] + (name,) for i in wf.items()
+                 if isinstance(i, LoopNode) and i.temporal_group and i.split_of == name}
         if len(found) == 1:
             return found.pop()
         if len(found) > 1:

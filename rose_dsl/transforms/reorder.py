@@ -194,8 +194,7 @@ def temporal_groups(wf: Workflow, loop_path: Path) -> list[LoopNode]:
     parent = wf.find(loop_path[:-1]) if len(loop_path) > 1 else None
     if parent is None:
         return []
-    return [i for i in children(parent) if isinstance(i, LoopNode) and i.split_of == loop_path[-1]
-            and i.iterations is not None]
+    return [i for i in children(parent) if isinstance(i, LoopNode) and i.temporal_group and i.split_of == loop_path[-1]]
 
 
 def _interleave_temporal(wf: Workflow, loop_path: Path, stagger: int) -> Rewritten:

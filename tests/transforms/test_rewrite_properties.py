@@ -72,7 +72,7 @@ def request_for(wf: Workflow, step: Step) -> str | None:
         return None if chain is None else f"split-chain {' '.join(_name(n.path) for n in chain)} {2 + b % 2}"
     if op == "interleave":  # among loops whose body holds groups (else there is nothing to interleave)
         split_in_time = sorted({".".join(i.path[1:-1] + (i.split_of,)) for i in loops
-                                if i.split_of is not None and i.iterations is not None})
+                                if i.temporal_group})
         if split_in_time and b % 2 == 0:  # a loop split in time: its groups take turns, one call each
             return f"interleave {pick(split_in_time, a)}"
         loops = [lp for lp in loops if any(getattr(i, "split_of", None) for i in lp.body)]
