@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from ..expr import Expr, Index, IterRef, unparse
 from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
-from ..resolve import CarryIn, IterSelect, Resolver
+from ..resolve import CarryIn, IterSelect, NodePort, Resolver
 from .refs import RefUse, map_outside, map_subtree, rename_ref
 from .rewritten import Refused, Rewritten, identity_locate
 from .tree import base_name, children, find, into_group, repath, replace_body, source_paths, unique_name
@@ -86,6 +86,12 @@ def build_fuse_loops(wf: Workflow, first: Path, second: Path) -> Rewritten:
                 later = f"{a.name}[{j}]" if j is not None and j > 0 else f"a later iteration of '{a.name}'"
                 raise Refused(f"'{b.name}' reads '{unparse(use.original)}' ({_which(ix, a.name)}): fused, "
                               f"{b.name}[0] would run inside {a.name}[0], before {later} has computed it")
+            case NodePort(node=node, port=port) if node == first:
+                # what the loop leaves after its last iteration (a carried value's last `next`, a collect):
+                # inside the fused body it would name this iteration's carried-in value, or be unbound
+                raise Refused(f"'{b.name}' reads '{unparse(use.original)}' (what '{a.name}' leaves after its last "
+                              f"iteration: its {port!r}): fused, {b.name}[0] would run inside {a.name}[0], before "
+                              f"'{a.name}' has finished")
             case CarryIn(loop=lp) if lp == second:
                 raise Refused("unreachable: carries were refused", internal=True)
         return rename_ref(use, names, families=bases)

@@ -342,3 +342,35 @@ _OVERWRITTEN = Found(
     ("rewire iteration.n1 after l3",))
 FORCED.append(_OVERWRITTEN)
 ACCEPTED.append(_OVERWRITTEN)
+
+ACCEPTED.append(Found(
+    "fusing a loop whose body reads what the first loop leaves after its last iteration (`l2.v`, the carried "
+    "value's last `next`): moved into l2's body the same reference named the carried-in value, so the plan "
+    "read n1's output instead of n4's; the legality oracle checked only that n4 still ran first, the plan "
+    "check caught it. Fusion now refuses such a read (found by the long profile, 2026-12-03)",
+    _wf(_mock("c0", [], {
+        "n1": "{state: {}, out: [o0], separable: false}",
+        "n3": "{state: {}, out: [], separable: true}",
+        "n4": SEP,
+        "n6": "{state: {}, out: [], separable: true}",
+        "n7": "{state: {}, out: [o0], separable: true, flags: [o0]}",
+        "n9": "{state: {}, out: [], separable: false}"}), """\
+    - {node: n1, call: c0.n1, out: [o0]}
+    - loop: l2
+      count: 1
+      carry: {v: {init: n1.o0, next: n4.o0}}
+      body:
+        - {node: n3, call: c0.n3, batch: {dim: 0, size: 6}}
+        - {node: n4, call: c0.n4, out: [o0], batch: {dim: 0, size: 6}}
+        - loop: l5
+          count: 2
+          until: n7.o0
+          body:
+            - {node: n6, call: c0.n6, batch: {dim: 0, size: 6}}
+            - {node: n7, call: c0.n7, in: {t: l5.i}, out: [o0], batch: {dim: 0, size: 6}}
+    - loop: l8
+      count: 1
+      body:
+        - {node: n9, call: c0.n9, in: {x0: "{a: n1.o0, b: l2.v}"}}
+""", count=1),
+    ("fuse iteration.l2 iteration.l8",)))
