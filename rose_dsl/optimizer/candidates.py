@@ -132,15 +132,15 @@ def _spatial(wf: Workflow, loop: LoopNode, target: str, groups: Sequence[int], c
     name = request_name(wf, loop.path)
     nodes = tuple(dict.fromkeys(_spath(n.path) for n in _calls(loop)))
     everywhere = [request_name(wf, p) for p in _in_every_temporal_group(wf, loop.path)]
+    partners = _partners(loop, component)
     out = []
     for k in _divisors(_batch(loop), groups):
         if len(everywhere) > 1:
             out.append(Alternative(tuple(r for n in everywhere for r in (f"split {n} {k}", f"interleave {n}")),
-                                   "split-interleave", target, _partners(loop, component), k, nodes,
+                                   "split-interleave", target, partners, k, nodes,
                                    f"pipeline {k} row groups of loop '{loop.name}' in each of the temporal groups "
                                    f"({', '.join(everywhere)})"))
-        out.append(Alternative((f"split {name} {k}", f"interleave {name}"), "split-interleave", target,
-                               _partners(loop, component), k, nodes,
+        out.append(Alternative((f"split {name} {k}", f"interleave {name}"), "split-interleave", target, partners, k, nodes,
                                f"pipeline {k} row groups of loop '{loop.name}' (stage of one group next to another's)"))
     return out
 
@@ -162,10 +162,10 @@ def _temporal(wf: Workflow, loop: LoopNode, target: str, groups: Sequence[int], 
     then the groups one after the other (a user's hand-written temporal split)."""
     name = request_name(wf, loop.path)
     n = len(loop.indices())
+    partners = _partners(loop, component)
     out = []
     for k in groups:
         if 1 < k <= n:
-            partners = _partners(loop, component)
             out += [Alternative((f"split-time {name} {k}", f"interleave {name}"), "temporal-split", target, partners, k,
                                 (), f"run the iterations of free loop '{loop.name}' as {k} independent groups taking "
                                     "turns on the components they share"),
