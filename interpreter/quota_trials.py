@@ -1,7 +1,7 @@
 """Stage 2 on the machine: quota trials for the GPU process with slack (paper §4.4, Algorithm 2).
 
 With the graph fixed by stage 1, the branch pair and its slack come from the stage-1 plan's trace
-(`rose_dsl.optimizer.quota.find_branches`). Each trial moves the target component to a new process
+(`rose_dsl.optimizer.quota.rank_targets`, from the plan's critical path). Each trial moves the target component to a new process
 under the trial's MPS quota -- its state goes with it (`RayBackend.replace_actor`), so no training
 progress is lost -- and times the comparison graph: the LCA of both branches, locally on captured
 inputs and state snapshots when that is a loop, or complete iterations (real training) when it is the
@@ -18,8 +18,9 @@ from dataclasses import replace
 from typing import Any
 
 from rose_dsl.ir import Workflow
+from rose_dsl.optimizer.bound import call_floats
 from rose_dsl.optimizer.decide import faster, summarize
-from rose_dsl.optimizer.quota import BranchPair, distinct_levels, find_branches, quota_search
+from rose_dsl.optimizer.quota import BranchPair, distinct_levels, quota_search, rank_targets
 from rose_dsl.optimizer.regions import Probe, common_ancestor, local_graphs, probe_workflow
 
 from .mps import expected_sms, quota_levels
@@ -28,6 +29,7 @@ from .quota_safety import QuotaVerdict, check_quotas, machine_fingerprint
 __all__ = ["tune_quota"]
 
 MAX_TRIALS = 7  # the paper's budget (§5.4): seven short quota trials
+MAX_SCREENED = 3  # processes probed one coarse step down before the search picks one
 PARALLEL_CHECKS = 6  # quota self-checks side by side: fresh MPS clients (MPS admits 48 per GPU), each
 # poisoning at most a quarter of the free GPU memory
 
@@ -57,26 +59,22 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     each level whether GEMMs are correct under it on this machine (default: `quota_safety.check_quotas`,
     cached, PARALLEL_CHECKS at once); an unsafe level is never used."""
     plan = result.plan
-    pair = find_branches(result.final_runs, _gpu_of(plan))
-    if isinstance(pair, str):
-        return {"skipped": f"no eligible branch pair: {pair}; quotas kept"}
+    ranked = rank_targets(result.final_runs, _gpu_of(plan), [call_floats(plan, r) for r in result.final_runs])
+    if isinstance(ranked, str):
+        return {"skipped": f"no process to give SMs away: {ranked}; quotas kept"}
     started = time.perf_counter()
     total = total_sms or _total_sms()
     levels = distinct_levels(quota_levels(total))  # [(percent, SMs)] ascending: level k is levels[k - 1]
-    q0 = plan.components[pair.target].mps_quota or 100
-    k0 = next(i + 1 for i, (_, sms) in enumerate(levels) if sms == expected_sms(q0, total))
     rho = max(2, len(levels) // 16)
-    region = _region(plan, pair)
-    log(f"stage 2: {pair.target} is ready {pair.slack_s:.3f} s before {pair.other} (overlap {pair.overlap_s:.2f} s "
-        f"per iteration); tuning its quota from {q0}% on {'.'.join(region)}")
-    measure_graph = _comparison(plan, region, session, repeats)
-    current = {"percent": q0}
-    samples: dict[int, list[float]] = {}
+    quotas = {name: c.mps_quota or 100 for name, c in plan.components.items()}  # each process's quota now
 
-    def use(percent: int) -> None:
-        if current["percent"] != percent:
-            session.replace_quota(pair.target, percent, gpu.client_env(percent))
-            current["percent"] = percent
+    def level_of(percent: int) -> int:
+        return next(i + 1 for i, (_, sms) in enumerate(levels) if sms == expected_sms(percent, total))
+
+    def use_on(name: str, percent: int) -> None:
+        if quotas[name] != percent:
+            session.replace_quota(name, percent, gpu.client_env(percent))
+            quotas[name] = percent
 
     unsafe: dict[int, str] = {}
     checked: dict[int, QuotaVerdict] = {}  # percent -> verdict, for every level checked (asked or prefetched)
@@ -121,7 +119,30 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
 
     # the starting level of a whole-iteration comparison graph is what stage 1 measured last: complete
     # iterations of this plan under these quotas -- reused instead of measured again
-    reused = [r.seconds for r in result.final_runs] if region == plan.root.path and len(result.final_runs) >= repeats else []
+    final = [r.seconds for r in result.final_runs] if len(result.final_runs) >= repeats else []
+    pair = ranked[0]
+    seeded: dict[int, list[float]] = {}
+    screened: list[dict[str, Any]] = []
+    if len(ranked) > 1:
+        chosen, seeded, screened = _screen(plan, ranked[:MAX_SCREENED], session, repeats, final, levels, rho,
+                                           level_of, usable, use_on, log, stop)
+        if chosen is None:
+            return {"skipped": "no process's first step down was faster: quotas kept", "screened": screened,
+                    "checked_levels": {p: {"sms": v.sm_count, "safe": v.ok} for p, v in sorted(checked.items())},
+                    "unsafe_levels": unsafe, "trial_seconds": time.perf_counter() - started}
+        pair = chosen
+    q0 = plan.components[pair.target].mps_quota or 100
+    k0 = level_of(q0)
+    region = _region(plan, pair)
+    log(f"stage 2: {pair.target} has {pair.slack_s:.3f} s of float beside critical calls of {pair.other} "
+        f"({pair.overlap_s:.2f} s per iteration); tuning its quota from {q0}% on {'.'.join(region)}")
+    measure_graph = _comparison(plan, region, session, repeats)
+    samples: dict[int, list[float]] = {}
+
+    def use(percent: int) -> None:
+        use_on(pair.target, percent)
+
+    reused = final if region == plan.root.path else []
 
     def measure(k: int) -> float:
         percent = levels[k - 1][0]
@@ -129,6 +150,9 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
             samples[k] = reused
             log(f"  quota {percent}% ({levels[k - 1][1]} SMs): {statistics.median(reused):.4f} s (stage 1's measurement)")
             return statistics.median(reused)
+        if k in seeded:  # measured while screening the processes
+            samples[k] = seeded[k]
+            return statistics.median(seeded[k])
         t = time.perf_counter()
         use(percent)
         cost["restart"] = max(cost["restart"], time.perf_counter() - t)
@@ -150,7 +174,7 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
             return True
         return deadline is not None and time.perf_counter() + 3 * (per_block * iteration_s + cost["restart"]) > deadline
 
-    search = quota_search(len(levels), k0, measure, rho=rho, max_trials=MAX_TRIALS + bool(reused),
+    search = quota_search(len(levels), k0, measure, rho=rho, max_trials=MAX_TRIALS + bool(reused) + (k0 in seeded),
                           out_of_time=out_of_time, usable=usable)
     best_percent = levels[search.best - 1][0]
     curve: list[dict[str, Any]] = [{"percent": levels[k - 1][0], "sms": levels[k - 1][1],
@@ -162,10 +186,11 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     curve.sort(key=lambda row: row["sms"])
     out: dict[str, Any] = {
         "target": pair.target, "other": pair.other, "gpu": pair.gpu, "slack_s": pair.slack_s, "overlap_s": pair.overlap_s,
+        "score_s": pair.score_s, "screened": screened,
         "branches": {"target": list(pair.target_branches), "other": list(pair.other_branches)},
         "comparison_graph": ".".join(region), "levels": len(levels), "rho": rho, "start_percent": q0,
         "curve": curve, "unsafe_levels": unsafe,
-        "checked_levels": {p: {"sms": v.sm_count, "safe": v.ok} for p, v in sorted(checked.items())}, "trials": search.trials - bool(reused), "search_stopped": search.stopped, "best_percent": best_percent,
+        "checked_levels": {p: {"sms": v.sm_count, "safe": v.ok} for p, v in sorted(checked.items())}, "trials": search.trials - bool(reused) - (k0 in seeded), "search_stopped": search.stopped, "best_percent": best_percent,
     }
     reason = stop() if stop is not None else None
     if reason:
@@ -226,3 +251,62 @@ def _comparison(plan: Workflow, region: tuple[str, ...], session: Any, repeats: 
                 captured = session.capture(pw)
                 return lambda: [r.seconds for r in session.local([c0], repeats, captured, 999)[0]]
     return lambda: [r.seconds for r in session.complete([plan], repeats, 0, ["quota trial"])[0]]
+
+
+def _screen(plan: Workflow, ranked: list[BranchPair], session: Any, repeats: int, final: list[float],
+            levels: list[tuple[int, int]], rho: int, level_of: Callable[[int], int], usable: Callable[[int], bool],
+            use_on: Callable[[str, int], None], log: Callable[[str], None],
+            stop: Callable[[], str | None] | None) -> tuple[BranchPair | None, dict[int, list[float]], list[dict[str, Any]]]:
+    """Which of several processes with float gets the search: each is moved one coarse step down (the
+    first level the search would try) and its comparison graph timed against that graph at the current
+    quotas; the largest gain wins, and its two measurements seed the search. None when no step down was
+    faster. Why measure: the floats say whose calls can wait, not whose SMs the critical calls lack -- on
+    the H200 the interleaved MJX rollout ranks the second simulator first, a launch-bound process with
+    few SMs to give, while the policy's acts at 94% gave 4% (one `rose compare`, 2026-12-03)."""
+    references: dict[tuple[str, ...], list[float]] = {}
+    rows: list[dict[str, Any]] = []
+    probes: dict[str, tuple[BranchPair, int, int, list[float], list[float]]] = {}
+    for i, pair in enumerate(ranked):
+        reason = stop() if stop is not None else None
+        if reason:
+            break
+        q0 = plan.components[pair.target].mps_quota or 100
+        k0 = level_of(q0)
+        k = max(1, k0 - rho)
+        while k >= 1 and not usable(k):
+            k -= 1
+        row: dict[str, Any] = {"target": pair.target, "other": pair.other, "score_s": pair.score_s,
+                               "slack_s": pair.slack_s, "overlap_s": pair.overlap_s, "start_percent": q0}
+        rows.append(row)
+        if k < 1:
+            row["skipped"] = "no usable level below its quota"
+            continue
+        region = _region(plan, pair)
+        graph = _comparison(plan, region, session, repeats)
+        if region not in references:
+            references[region] = final if region == plan.root.path and final else graph()
+        ref = references[region]
+        percent = levels[k - 1][0]
+        t = time.perf_counter()
+        use_on(pair.target, percent)
+        values = graph()
+        session.books["quota_trials"] = session.books.get("quota_trials", 0) + 1
+        session.books["quota_s"] = session.books.get("quota_s", 0.0) + time.perf_counter() - t
+        if i < len(ranked) - 1:
+            use_on(pair.target, q0)
+        gain = statistics.median(ref) / statistics.median(values)
+        row.update(percent=percent, seconds=statistics.median(values), samples=values,
+                   reference_s=statistics.median(ref), gain=gain)
+        log(f"  screening {pair.target} at {percent}%: {statistics.median(values):.4f} s against "
+            f"{statistics.median(ref):.4f} s at {q0}% ({gain:.3f}x)")
+        probes[pair.target] = (pair, k0, k, ref, values)
+    best = max(probes.values(), key=lambda p: statistics.median(p[3]) / statistics.median(p[4]), default=None)
+    if best is not None and statistics.median(best[4]) >= statistics.median(best[3]):
+        best = None
+    for name in probes:  # only the winner may stay moved
+        if best is None or name != best[0].target:
+            use_on(name, plan.components[name].mps_quota or 100)
+    if best is None:
+        return None, {}, rows
+    pair, k0, k, ref, values = best
+    return pair, {k0: ref, k: values}, rows

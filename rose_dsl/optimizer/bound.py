@@ -23,7 +23,7 @@ from ..analysis import invocation_graph
 from ..ir import Workflow
 from .profile import IterationRun
 
-__all__ = ["critical_path", "reorder_bound"]
+__all__ = ["critical_path", "reorder_bound", "call_floats"]
 
 
 def critical_path(wf: Workflow, durations: Mapping[tuple[str, tuple[int, ...]], Sequence[float]]) -> dict[str, Any] | None:
@@ -66,3 +66,51 @@ def reorder_bound(wf: Workflow, runs: Sequence[IterationRun]) -> dict[str, Any] 
         return None
     iteration = statistics.median(r.seconds for r in runs)
     return {**path, "iteration_s": iteration, "speedup_bound": iteration / path["seconds"] if path["seconds"] else None}
+
+
+def call_floats(wf: Workflow, run: IterationRun) -> dict[tuple[str, tuple[int, ...]], float] | None:
+    """Each call's total float in one measured iteration of `wf`: how much later it could have ended
+    without the iteration ending later, given the calls that waited for it -- its consumers in the
+    dependency graph (data and state) and the next call on its own process -- at their measured times
+    (the critical-path method's backward pass over the schedule the run shows). 0 s: the call is on the
+    critical path. Keyed like `critical_path`'s durations (node path, loop indices below the RL
+    iteration). None when fewer than half of the run's calls are invocations of `wf` (another graph).
+
+    Why stage 2 needs it: of two processes sharing the GPU, the one to give SMs away is the one whose
+    calls can wait. Comparing when two branches end says that only when both meet at one consumer; two
+    temporal groups each feeding its own update do not (the first H200 trace of the interleaved rollout
+    named the critical group's simulator as the one with slack)."""
+    graph = invocation_graph(wf, iterations=1)
+    key_of = {inv: (".".join(inv.path), tuple(inv.indices[1:])) for inv in graph.order}
+    calls = {(c.node, tuple(c.indices[1:])): c for c in run.calls}
+    if not calls or 2 * sum(k in calls for k in key_of.values()) < len(calls):
+        return None
+    waiting: dict[tuple[str, tuple[int, ...]], list[tuple[str, tuple[int, ...]]]] = defaultdict(list)
+    for inv in graph.order:
+        for producer in graph.producers(inv):
+            if key_of[producer] in calls and key_of[inv] in calls:
+                waiting[key_of[producer]].append(key_of[inv])
+    on_process: dict[str, list[tuple[str, tuple[int, ...]]]] = defaultdict(list)
+    for key, c in calls.items():
+        on_process[c.component].append(key)
+    for keys in on_process.values():
+        keys.sort(key=lambda k: calls[k].start_ns)
+        for a, b in zip(keys, keys[1:], strict=False):
+            waiting[a].append(b)
+    # a call starts some time after the last call it waited for ends (dispatch): that lag is part of
+    # every edge into it, not slack of the calls it waited for
+    last_ready: dict[tuple[str, tuple[int, ...]], int] = {}
+    for key, ws in waiting.items():
+        for w in ws:
+            last_ready[w] = max(last_ready.get(w, 0), calls[key].end_ns)
+    lag = {w: max(0, calls[w].start_ns - t) for w, t in last_ready.items()}
+    end = max(c.end_ns for c in calls.values())
+    latest_start: dict[tuple[str, tuple[int, ...]], int] = {}
+    floats: dict[tuple[str, tuple[int, ...]], float] = {}
+    # a call's waiters started after it ended, so descending start times visit them first
+    for key in sorted(calls, key=lambda k: calls[k].start_ns, reverse=True):
+        c = calls[key]
+        latest_finish = min((latest_start[w] - lag[w] for w in waiting.get(key, ()) if w in latest_start), default=end)
+        floats[key] = max(0.0, (latest_finish - c.end_ns) / 1e9)
+        latest_start[key] = latest_finish - (c.end_ns - c.start_ns)
+    return floats

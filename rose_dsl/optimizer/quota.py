@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from .profile import Call, IterationRun
 
-__all__ = ["Branch", "BranchPair", "find_branches", "distinct_levels", "QuotaSearch", "quota_search", "branch_key",
+__all__ = ["Branch", "BranchPair", "find_branches", "rank_targets", "distinct_levels", "QuotaSearch", "quota_search", "branch_key",
            "merge_intervals", "concurrent_ns"]
 
 
@@ -78,6 +78,9 @@ class BranchPair:
     other_branches: tuple[str, ...]
     pairs: int
     earlier_share: float  # of the overlap, the fraction where the target was ready first
+    # `rank_targets`: per iteration, the sum over the target's calls with float of min(float, the time it
+    # runs beside calls on the critical path) -- how much a slower target could hand to the critical path
+    score_s: float = 0.0
 
 
 def branch_key(call: Call) -> tuple[str, str]:
@@ -288,3 +291,79 @@ def quota_search(q: int, k0: int, measure: Callable[[int], float], rho: int = 4,
     s.best = min(s.history, key=lambda k: (s.history[k], -k))
     s.stopped = s.stopped or "both directions rose above the anchor"
     return s
+
+
+Floats = Mapping[tuple[str, tuple[int, ...]], float]
+
+
+def rank_targets(runs: Sequence[IterationRun], gpu_of: Mapping[str, int | None], floats: Sequence[Floats | None],
+                 min_overlap: float = 0.05, critical: float = 0.01) -> list[BranchPair] | str:
+    """The GPU processes whose quota stage 2 may lower, best first, read from each run's total floats
+    (`bound.call_floats`, parallel to `runs`): a process is a candidate when some of its calls have
+    float (could end later without the iteration ending later) while calls on the critical path (float
+    below `critical` x the iteration) of another process on the same GPU run beside them. Those are the
+    calls whose SMs, given away, can only speed the critical path up. Ranked by `score_s`; `slack_s` is
+    the overlap-weighted float of the target's calls, `other` the process whose critical calls it runs
+    beside most. A string says why there is none.
+
+    The paper's rule (`find_branches`: of two overlapping branches the one ready first) assumes the two
+    meet at one consumer. Temporal groups that each feed their own update do not: the group that ends
+    first is the critical one. Without floats for every run (a trace of another graph) the paper's rule
+    decides, as a one-element list."""
+    if not runs or any(f is None for f in floats) or len(floats) != len(runs):
+        pair = find_branches(runs, gpu_of, min_overlap)
+        return pair if isinstance(pair, str) else [pair]
+    gpu_procs = {p for p, g in gpu_of.items() if g is not None}
+    if len(gpu_procs) < 2:
+        return "fewer than two processes run on a GPU"
+    score: dict[str, float] = defaultdict(float)
+    overlap: dict[str, float] = defaultdict(float)
+    weighted: dict[str, float] = defaultdict(float)
+    beside: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    keys: dict[str, set[str]] = defaultdict(set)
+    other_keys: dict[str, set[str]] = defaultdict(set)
+    pairs: dict[str, int] = defaultdict(int)
+    for run, fl in zip(runs, floats, strict=True):
+        assert fl is not None
+        eps = critical * run.seconds
+        on_gpu = [c for c in run.calls if c.component in gpu_procs]
+
+        def float_of(c: Call, fl: Floats = fl) -> float:
+            return fl.get((c.node, tuple(c.indices[1:])), 0.0)
+
+        crit = [c for c in on_gpu if float_of(c) <= eps]
+        for c in on_gpu:
+            f = float_of(c)
+            if f <= eps:
+                continue
+            for d in crit:
+                if d.component == c.component or gpu_of[d.component] != gpu_of[c.component]:
+                    continue
+                both = min(c.end_ns, d.end_ns) - max(c.start_ns, d.start_ns)
+                if both <= 0:
+                    continue
+                s_both = both / 1e9
+                overlap[c.component] += s_both
+                weighted[c.component] += s_both * f
+                beside[c.component][d.component] += s_both
+                keys[c.component].add(branch_key(c)[1])
+                other_keys[c.component].add(branch_key(d)[1])
+                pairs[c.component] += 1
+            conc = sum(max(0, min(c.end_ns, d.end_ns) - max(c.start_ns, d.start_ns)) for d in crit
+                       if d.component != c.component and gpu_of[d.component] == gpu_of[c.component]) / 1e9
+            score[c.component] += min(f, conc)
+    n = len(runs)
+    iteration_s = sum(r.seconds for r in runs) / n
+    ranked = [BranchPair(p, max(beside[p], key=beside[p].__getitem__), gpu_of[p], weighted[p] / overlap[p],
+                         overlap[p] / n, tuple(sorted(keys[p])), tuple(sorted(other_keys[p])), pairs[p], 1.0,
+                         score_s=score[p] / n)
+              for p in score if overlap[p] > 0]
+    ranked.sort(key=lambda b: (-b.score_s, b.target))
+    if not ranked:
+        return "no process with slack runs beside a call on the critical path of another on its GPU"
+    best = ranked[0]
+    kept = [b for b in ranked if b.overlap_s >= min_overlap * iteration_s]
+    if not kept:
+        return (f"{best.target} runs {best.overlap_s:.3f} s per iteration beside critical calls of {best.other}, "
+                f"less than {min_overlap:.0%} of it")
+    return kept

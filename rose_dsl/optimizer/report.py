@@ -165,6 +165,7 @@ def report_markdown(doc: Mapping[str, Any], picture: str | None) -> str:
     if doc.get("stage2"):
         s2 = doc["stage2"]
         lines += ["Stage 2 (MPS quotas): " + s2.get("summary", s2.get("skipped", "")), ""]
+        lines += screening_markdown(s2)
     lines += [f"Stopped: {doc['stopped']}.", ""]
     b = doc.get("reorder_bound")
     if b and b.get("speedup_bound"):
@@ -250,6 +251,24 @@ def layout_markdown(section: Mapping[str, Any] | None) -> list[str]:
             lines.append(f"| {label} | {changed} | {_med(row['candidate'])} | {_med(row['reference'])} | "
                          f"{row['speedup']:.2f}x | {'kept' if row['accepted'] else 'not faster'} "
                          f"(margin {_pct(row['margin'])}) |")
+    return [*lines, ""]
+
+
+def screening_markdown(stage2: Mapping[str, Any]) -> list[str]:
+    """Stage 2's screening: each process with float beside the critical path, one coarse step down."""
+    rows = stage2.get("screened") or []
+    if not rows:
+        return []
+    lines = ["| process | beside | score/iteration | float | step down | time | at its quota | gain |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if r.get("seconds") is None:
+            lines.append(f"| {r['target']} | {r['other']} | {_f(r['score_s'])} | {_f(r['slack_s'])} | "
+                         f"{r.get('skipped', 'not run')} | - | - | - |")
+            continue
+        lines.append(f"| {r['target']} | {r['other']} | {_f(r['score_s'])} | {_f(r['slack_s'])} | {r['percent']}% | "
+                     f"{_f(r['seconds'], 's', 4)} | {_f(r['reference_s'], 's', 4)} ({r['start_percent']}%) | "
+                     f"{r['gain']:.3f}x |")
     return [*lines, ""]
 
 

@@ -490,3 +490,123 @@ def test_a_spent_budget_before_any_trial_is_said_as_such() -> None:
     assert out["trials"] == 0 and out["best_percent"] == 100
     assert "no other level was tried (the time budget is spent)" in out["summary"]
     assert "faster" not in out["summary"]
+
+
+# -- whose SMs to give away: floats on the critical path (rank_targets) and the screening --------------
+
+PQ = ROOT / "benchmarks" / "results" / "paper_table" / "mjx_policy_quota_2026-12-03" / "traces"
+
+
+def _recorded(name: str):
+    from rose_dsl import load_workflow
+    from rose_dsl.optimizer.bound import call_floats
+
+    wf = load_workflow(ROOT / "workflows" / "paper_mjx_vla.yaml") if name == "declared" else load_workflow(PQ / name / "plan.yaml")
+    runs, _ = runs_from_chrome_trace(json.loads((PQ / name / "trace.json").read_text()))
+    return runs, {c: 0 for c in wf.components}, [call_floats(wf, r) for r in runs]
+
+
+def test_the_interleaved_rollouts_first_group_is_critical_and_the_paper_rule_would_slow_it() -> None:
+    """paper_mjx_vla, `split-time epoch 2; interleave epoch` on the H200: group 0's rollout feeds update 0,
+    which update 1 waits for, so group 0 (simulator copy sim@0) is the critical path and group 1 (sim)
+    can wait ~1.2 s at its end. Ready-first (the paper's rule) names sim@0 -- the one process whose
+    quota can only slow the iteration down."""
+    from rose_dsl.optimizer.quota import rank_targets
+
+    runs, gpu_of, floats = _recorded("candidate_st2i")
+    (run,), (fl,) = runs, floats
+    assert fl is not None
+    for c in run.calls:
+        f = fl[(c.node, tuple(c.indices[1:]))]
+        if ".epoch@0." in c.node or c.node.endswith("update.sgd"):
+            assert f < 0.005, c
+    last = max((c for c in run.calls if c.node.endswith("epoch@1.step.env")), key=lambda c: c.start_ns)
+    assert fl[(last.node, tuple(last.indices[1:]))] > 1.0
+    paper = find_branches(runs, gpu_of)
+    assert isinstance(paper, BranchPair) and paper.target == "sim@0"
+    ranked = rank_targets(runs, gpu_of, floats)
+    assert not isinstance(ranked, str)
+    assert [b.target for b in ranked] == ["sim", "policy"]  # both have float beside sim@0's critical steps
+    assert all(b.other in ("sim@0", "policy", "trainer") and b.score_s > 0.5 for b in ranked)
+
+
+def test_on_the_declared_graph_floats_and_the_paper_rule_agree_on_the_trainer() -> None:
+    """Declared paper_mjx_vla: update 0 runs beside epoch 1's rollout and ends 2.5 s before update 1 can
+    start -- the pair stage 2 always found, by either rule."""
+    from rose_dsl.optimizer.quota import rank_targets
+
+    runs, gpu_of, floats = _recorded("declared")
+    ranked = rank_targets(runs, gpu_of, floats)
+    assert not isinstance(ranked, str) and [b.target for b in ranked] == ["trainer"]
+    assert ranked[0].slack_s == pytest.approx(2.5, abs=0.2) and ranked[0].other_branches == ("epoch[1]",)
+    paper = find_branches(runs, gpu_of)
+    assert isinstance(paper, BranchPair) and paper.target == "trainer"
+
+
+def test_without_floats_the_paper_rule_decides() -> None:
+    from rose_dsl.optimizer.quota import rank_targets
+
+    runs = _pipeline(8.0, 10.0)
+    ranked = rank_targets(runs, {"policy": 0, "sim": 0}, [None])
+    assert not isinstance(ranked, str) and [b.target for b in ranked] == ["policy"]
+    assert isinstance(rank_targets(runs, {"policy": 0, "sim": 1}, [None]), str)
+
+
+class _TwoProcessSession(_FakeSession):
+    """Complete iterations whose time depends on two processes' quotas: lowering `helps` speeds the
+    iteration up to its best level, lowering `hurts` only slows it."""
+
+    def __init__(self, helps: str | None, hurts: str) -> None:
+        super().__init__()
+        self.executor.quota = {"trainer": 100, "policy": 100}
+        self.helps, self.hurts = helps, hurts
+
+    def _t(self) -> float:
+        q = self.executor.quota
+        t = 1.0 + 0.002 * (100 - q[self.hurts])
+        if self.helps is not None:
+            t += 0.0005 * (q[self.helps] - 80) ** 2 - 0.0005 * 20 ** 2
+        return t
+
+
+def _two_candidates(monkeypatch: pytest.MonkeyPatch):
+    import interpreter.quota_trials as qt
+
+    def ranked(runs, gpu_of, floats):  # the trainer ranks first, the policy second
+        return [BranchPair("trainer", "policy", 0, 0.4, 1.0, ("update[0]",), ("epoch[1]",), 3, 1.0, score_s=0.9),
+                BranchPair("policy", "trainer", 0, 0.2, 0.5, ("epoch[1]",), ("update[0]",), 3, 1.0, score_s=0.4)]
+
+    monkeypatch.setattr(qt, "rank_targets", ranked)
+    return qt.tune_quota
+
+
+def test_screening_moves_each_candidate_one_step_and_searches_the_one_that_helped(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rose_dsl.optimizer.search import Settings
+
+    tune_quota = _two_candidates(monkeypatch)
+    _, result = _stage1(ROOT)
+    session = _TwoProcessSession(helps="policy", hurts="trainer")
+    out = tune_quota(result.plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132, check=_checked())
+    assert [row["target"] for row in out["screened"]] == ["trainer", "policy"]
+    assert out["screened"][0]["gain"] < 1 < out["screened"][1]["gain"]
+    assert all(row["percent"] == 94 for row in out["screened"])  # one coarse step (8 SMs) below 100%
+    assert out["target"] == "policy" and out["validation"]["accepted"]
+    assert out["quotas"] == {"policy": out["best_percent"]} and 70 <= out["best_percent"] < 94
+    assert session.executor.quota == {"trainer": 100, "policy": out["best_percent"]}  # the trainer went back
+    probe = next(p for p in out["curve"] if p["percent"] == 94)
+    assert probe["samples"] == out["screened"][1]["samples"]  # the screening's trial seeds the search
+    from rose_dsl.optimizer.report import screening_markdown
+
+    table = screening_markdown(out)
+    assert table[2].startswith("| trainer | policy | 0.900 s | 0.400 s | 94% |") and "| policy |" in table[3]
+
+
+def test_screening_keeps_the_quotas_when_no_step_down_helps(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rose_dsl.optimizer.search import Settings
+
+    tune_quota = _two_candidates(monkeypatch)
+    _, result = _stage1(ROOT)
+    session = _TwoProcessSession(helps=None, hurts="trainer")
+    out = tune_quota(result.plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132, check=_checked())
+    assert "no process's first step down was faster" in out["skipped"] and len(out["screened"]) == 2
+    assert session.executor.quota == {"trainer": 100, "policy": 100}
