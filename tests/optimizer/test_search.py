@@ -361,3 +361,28 @@ def test_a_plan_the_before_after_measures_slower_than_declared_is_not_kept(wf) -
     # the same search without the drift keeps its plan
     kept = optimize_graph(wf, FakeMeasurer(LATENCY, iterations=10_000), Settings(final_rounds=3), **QUIET)
     assert kept.requests and kept.final.median < kept.baseline.median
+
+
+@pytest.mark.parametrize("budget", [7.0, 8.0])
+def test_complete_trials_come_first_and_a_round_out_of_budget_in_local_trials_still_decides(wf, budget) -> None:
+    """H200, 2026-12-03 (paper_mjx_vla, --budget-s 450): local trials of spatial splits spent 134 s of
+    stage 1's 292 s, and the complete trials of the temporal split (1.23x on the same machine) were never
+    started. Complete trials are training, local ones overhead: the complete ones run first, and a budget
+    that ends in the local trials leaves the round's decision on what was measured."""
+    m = FakeMeasurer(LATENCY, iterations=10_000)
+    result = optimize_graph(wf, m, Settings(budget_s=budget, final_rounds=0, **LOCAL), **QUIET)
+    assert result.requests == ("split-time epoch 2", "interleave epoch") and result.cut_short
+    (r,) = result.rounds
+    assert r.accepted
+    skipped = [a for t in r.targets for a in t.alternatives if a.status == "skipped" and "not measured" in a.reason]
+    assert skipped and all("budget" in a.reason for a in skipped)
+    kinds = [k for k, _ in m.log]
+    assert "local" in kinds and kinds.index("local") > kinds.index("complete", 4)  # after the reference
+
+
+def test_a_round_cut_short_is_reported_with_what_it_measured(wf) -> None:
+    result = optimize_graph(wf, FakeMeasurer(LATENCY, iterations=10_000), Settings(budget_s=5.0, final_rounds=0),
+                            **QUIET)
+    assert result.cut_short and not result.requests
+    (r,) = result.rounds
+    assert r.ranking is not None and r.targets and "cut short" in r.note
