@@ -124,10 +124,22 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     seeded: dict[int, list[float]] = {}
     screened: list[dict[str, Any]] = []
     if len(ranked) > 1:
+        iteration_s = statistics.median(final) if final else 0.0
+
+        def screening_over() -> str | None:
+            """A stop request, or no time for one more probe and the search's validation after it."""
+            reason = stop() if stop is not None else None
+            blocks = repeats + 3 * max(2, settings.validation_rounds // 2 + 1)
+            if not reason and deadline is not None and time.perf_counter() + blocks * iteration_s > deadline:
+                reason = "the time budget is spent"
+            return reason
+
         chosen, seeded, screened = _screen(plan, ranked[:MAX_SCREENED], session, repeats, final, levels, rho,
-                                           level_of, usable, use_on, log, stop)
+                                           level_of, usable, use_on, log, screening_over)
         if chosen is None:
-            return {"skipped": "no process's first step down was faster: quotas kept", "screened": screened,
+            cut = next((r["skipped"] for r in screened if "seconds" not in r and "skipped" in r), None)
+            why = f"the screening stopped ({cut})" if cut else "no process's first step down was faster"
+            return {"skipped": f"{why}: quotas kept", "screened": screened,
                     "checked_levels": {p: {"sms": v.sm_count, "safe": v.ok} for p, v in sorted(checked.items())},
                     "unsafe_levels": unsafe, "trial_seconds": time.perf_counter() - started}
         pair = chosen
@@ -269,6 +281,8 @@ def _screen(plan: Workflow, ranked: list[BranchPair], session: Any, repeats: int
     for i, pair in enumerate(ranked):
         reason = stop() if stop is not None else None
         if reason:
+            rows += [{"target": p.target, "other": p.other, "score_s": p.score_s, "slack_s": p.slack_s,
+                      "overlap_s": p.overlap_s, "skipped": reason} for p in ranked[i:]]
             break
         q0 = plan.components[pair.target].mps_quota or 100
         k0 = level_of(q0)
