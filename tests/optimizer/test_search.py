@@ -381,8 +381,22 @@ def test_complete_trials_come_first_and_a_round_out_of_budget_in_local_trials_st
 
 
 def test_a_round_cut_short_is_reported_with_what_it_measured(wf) -> None:
-    result = optimize_graph(wf, FakeMeasurer(LATENCY, iterations=10_000), Settings(budget_s=5.0, final_rounds=0),
+    result = optimize_graph(wf, FakeMeasurer(LATENCY, iterations=10_000), Settings(budget_s=4.0, final_rounds=0),
                             **QUIET)
     assert result.cut_short and not result.requests
     (r,) = result.rounds
     assert r.ranking is not None and r.targets and "cut short" in r.note
+
+
+@pytest.mark.parametrize("budget", [5.0, 6.0])
+def test_a_block_of_complete_trials_too_big_for_the_budget_keeps_the_most_promising(wf, budget) -> None:
+    """H200, 2026-12-03 (MJX, --budget-s 320): twelve alternatives on complete iterations made a 378-s
+    block against 229 s left, and none was measured. Now the block is cut to what fits, best predicted
+    first; the others are reported as left out."""
+    logs: list[str] = []
+    result = optimize_graph(wf, FakeMeasurer(LATENCY, iterations=10_000),
+                            Settings(budget_s=budget, final_rounds=0, local_max_fraction=0.0), log=logs.append)
+    assert result.requests == ("split-time epoch 2", "interleave epoch")
+    assert any("left out for the budget" in line for line in logs)
+    left = [a for t in result.rounds[0].targets for a in t.alternatives if "did not fit the budget" in a.reason]
+    assert left and all(a.status == "skipped" for a in left)
