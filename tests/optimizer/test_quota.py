@@ -610,3 +610,25 @@ def test_screening_keeps_the_quotas_when_no_step_down_helps(monkeypatch: pytest.
     out = tune_quota(result.plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132, check=_checked())
     assert "no process's first step down was faster" in out["skipped"] and len(out["screened"]) == 2
     assert session.executor.quota == {"trainer": 100, "policy": 100}
+
+
+def test_stage2_on_the_recorded_interleaved_plan_screens_sim_then_policy_and_tunes_the_policy() -> None:
+    """End to end on the H200 recording (plan and trace of `split-time epoch 2; interleave epoch`): the
+    floats rank sim (group 1's simulator) and the policy; a session in which only the policy's quota helps
+    (as the H200 compare measured: 7.31 s at 94% against 7.64 s) ends with the policy's quota."""
+    from interpreter.quota_trials import tune_quota
+    from rose_dsl import load_workflow
+    from rose_dsl.optimizer.decide import summarize
+    from rose_dsl.optimizer.search import Settings, Stage1Result
+
+    plan = load_workflow(PQ / "candidate_st2i" / "plan.yaml")
+    runs, _ = runs_from_chrome_trace(json.loads((PQ / "candidate_st2i" / "trace.json").read_text()))
+    s = summarize([7.64, 7.64, 7.64])
+    result = Stage1Result(plan, ("split-time epoch 2", "interleave epoch"), s, s, [], [], "", baseline_runs=runs,
+                          final_runs=runs * 3)
+    session = _TwoProcessSession(helps="policy", hurts="sim")
+    session.executor.quota = {name: 100 for name in plan.components}
+    out = tune_quota(plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132, check=_checked())
+    assert [row["target"] for row in out["screened"]] == ["sim", "policy"]
+    assert out["target"] == "policy" and out["quotas"] == {"policy": out["best_percent"]}
+    assert session.executor.quota["sim"] == 100 and session.executor.quota["sim@0"] == 100
