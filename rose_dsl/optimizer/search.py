@@ -23,6 +23,7 @@ from .model import CostModel
 from .profile import IterationRun, node_stats, structural
 from .rank import rank_nodes
 from .records import (
+    DEVIATIONS,
     Log,
     Measured,
     Measurer,
@@ -49,31 +50,6 @@ __all__ = ["Settings", "Measurer", "Measured", "TargetRecord", "RoundRecord", "S
 FEED_IMPL = "interpreter.trials:Feed"
 PROBE_IMPL = "interpreter.trials:Probe"
 
-DEVIATIONS = (
-    "on the CPU, a node's activity a_v is its component's CPU busy fraction over its calls (no SM activity)",
-    "candidates are ordered by the duration mismatch of target and partner both after the split",
-    "alternatives the calibrated model predicts to be slower are not measured; the first split of each "
-    "family (k = 2) is measured as calibration -- the first one always, the others unless the model, calibrated "
-    "by the first, predicts them more than 25% slower than the unchanged comparison graph",
-    "alternatives whose comparison graph is the whole iteration, or is estimated at 40% of an iteration or "
-    "more (`local_max_fraction`), are measured by complete iterations (real, retained training) instead of "
-    "local trials on snapshots",
-    "when a combination of several targets fails validation, the best single alternative is validated "
-    "before the round ends",
-    "a node's phases are ranked only when the graph runs them expanded",
-    "a complete-iteration candidate faster than the reference by more than eps_min but not by the noise margin "
-    "gets extra_rounds (3) more interleaved rounds, with the reference, before the verdict",
-    "a block of complete iterations is not started when its estimate (iterations x the reference's median) "
-    "would overrun stage 1's share of the budget: stage 2 keeps its share",
-    "a round measures its complete-iteration alternatives (training, kept) before its local trials (overhead); "
-    "when the budget ends during the local trials the round still decides on what it measured",
-    "the final before/after (interleaved complete iterations) has the last word: a plan it measures slower "
-    "than the declared graph is dropped for the declared graph",
-    "a local trial stops repeating an alternative whose first run took more than abandon_factor (1.3) x the "
-    "unchanged comparison graph's first run",
-    "a local trial stops repeating an alternative whose first two runs both took more than settle_factor "
-    "(1.03) x the unchanged comparison graph's median: its median of three could not win by eps_min",
-)
 
 
 class _Search:
