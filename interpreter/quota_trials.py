@@ -137,7 +137,7 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         chosen, seeded, screened = _screen(plan, ranked[:MAX_SCREENED], session, repeats, final, levels, rho,
                                            level_of, usable, use_on, log, screening_over)
         if chosen is None:
-            cut = next((r["skipped"] for r in screened if "seconds" not in r and "skipped" in r), None)
+            cut = next((r["skipped"] for r in screened if r.get("stopped")), None)
             why = f"the screening stopped ({cut})" if cut else "no process's first step down was faster"
             return {"skipped": f"{why}: quotas kept", "screened": screened,
                     "checked_levels": {p: {"sms": v.sm_count, "safe": v.ok} for p, v in sorted(checked.items())},
@@ -282,7 +282,7 @@ def _screen(plan: Workflow, ranked: list[BranchPair], session: Any, repeats: int
         reason = stop() if stop is not None else None
         if reason:
             rows += [{"target": p.target, "other": p.other, "score_s": p.score_s, "slack_s": p.slack_s,
-                      "overlap_s": p.overlap_s, "skipped": reason} for p in ranked[i:]]
+                      "overlap_s": p.overlap_s, "skipped": reason, "stopped": True} for p in ranked[i:]]
             break
         q0 = plan.components[pair.target].mps_quota or 100
         k0 = level_of(q0)
