@@ -120,6 +120,9 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     # the starting level of a whole-iteration comparison graph is what stage 1 measured last: complete
     # iterations of this plan under these quotas -- reused instead of measured again
     final = [r.seconds for r in result.final_runs] if len(result.final_runs) >= repeats else []
+    # the search leaves time for the validation that follows it: three blocks of complete iterations
+    # and the process restarts between them (a restart's cost: the slowest trial's overhead so far)
+    per_block = max(2, settings.validation_rounds // 2 + 1)
     pair = ranked[0]
     seeded: dict[int, list[float]] = {}
     screened: list[dict[str, Any]] = []
@@ -129,7 +132,7 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         def screening_over() -> str | None:
             """A stop request, or no time for one more probe and the search's validation after it."""
             reason = stop() if stop is not None else None
-            blocks = repeats + 3 * max(2, settings.validation_rounds // 2 + 1)
+            blocks = repeats + 3 * per_block
             if not reason and deadline is not None and time.perf_counter() + blocks * iteration_s > deadline:
                 reason = "the time budget is spent"
             return reason
@@ -175,9 +178,6 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         log(f"  quota {percent}% ({levels[k - 1][1]} SMs): {statistics.median(values):.4f} s")
         return statistics.median(values)
 
-    # the search leaves time for the validation that follows it: three blocks of complete iterations
-    # and the process restarts between them (a restart's cost: the slowest trial's overhead so far)
-    per_block = max(2, settings.validation_rounds // 2 + 1)
     iteration_s = statistics.median(r.seconds for r in result.final_runs) if result.final_runs else 0.0
     cost = {"restart": 0.0}
 

@@ -26,6 +26,11 @@ from .profile import IterationRun
 __all__ = ["critical_path", "reorder_bound", "call_floats"]
 
 
+def _call_key(inv: Any) -> tuple[str, tuple[int, ...]]:
+    """An invocation as a measured call names it: node path, loop indices below the RL iteration."""
+    return ".".join(inv.path), tuple(inv.indices[1:])
+
+
 def critical_path(wf: Workflow, durations: Mapping[tuple[str, tuple[int, ...]], Sequence[float]]) -> dict[str, Any] | None:
     """The longest dependency chain of one RL iteration of `wf`, each invocation at the median of its
     `durations` (keyed by node path and loop indices below the RL iteration; a missing one counts 0 s).
@@ -35,7 +40,7 @@ def critical_path(wf: Workflow, durations: Mapping[tuple[str, tuple[int, ...]], 
     before: dict[Any, Any] = {}
     matched = 0
     for inv in graph.order:  # program order is a topological order of the dependencies
-        times = durations.get((".".join(inv.path), tuple(inv.indices[1:])))
+        times = durations.get(_call_key(inv))
         matched += bool(times)
         start, prev = 0.0, None
         for p in graph.producers(inv):
@@ -81,7 +86,7 @@ def call_floats(wf: Workflow, run: IterationRun) -> dict[tuple[str, tuple[int, .
     temporal groups each feeding its own update do not (the first H200 trace of the interleaved rollout
     named the critical group's simulator as the one with slack)."""
     graph = invocation_graph(wf, iterations=1)
-    key_of = {inv: (".".join(inv.path), tuple(inv.indices[1:])) for inv in graph.order}
+    key_of = {inv: _call_key(inv) for inv in graph.order}
     calls = {(c.node, tuple(c.indices[1:])): c for c in run.calls}
     if not calls or 2 * sum(k in calls for k in key_of.values()) < len(calls):
         return None

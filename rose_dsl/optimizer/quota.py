@@ -336,22 +336,22 @@ def rank_targets(runs: Sequence[IterationRun], gpu_of: Mapping[str, int | None],
             f = float_of(c)
             if f <= eps:
                 continue
+            conc = 0.0  # how long c runs beside critical calls of other processes on its GPU
             for d in crit:
                 if d.component == c.component or gpu_of[d.component] != gpu_of[c.component]:
                     continue
-                both = min(c.end_ns, d.end_ns) - max(c.start_ns, d.start_ns)
+                both = (min(c.end_ns, d.end_ns) - max(c.start_ns, d.start_ns)) / 1e9
                 if both <= 0:
                     continue
-                s_both = both / 1e9
-                overlap[c.component] += s_both
-                weighted[c.component] += s_both * f
-                beside[c.component][d.component] += s_both
-                keys[c.component].add(branch_key(c)[1])
+                conc += both
+                beside[c.component][d.component] += both
                 other_keys[c.component].add(branch_key(d)[1])
                 pairs[c.component] += 1
-            conc = sum(max(0, min(c.end_ns, d.end_ns) - max(c.start_ns, d.start_ns)) for d in crit
-                       if d.component != c.component and gpu_of[d.component] == gpu_of[c.component]) / 1e9
-            score[c.component] += min(f, conc)
+            if conc > 0:
+                overlap[c.component] += conc
+                weighted[c.component] += conc * f
+                keys[c.component].add(branch_key(c)[1])
+                score[c.component] += min(f, conc)
     n = len(runs)
     iteration_s = sum(r.seconds for r in runs) / n
     ranked = [BranchPair(p, max(beside[p], key=beside[p].__getitem__), gpu_of[p], weighted[p] / overlap[p],
