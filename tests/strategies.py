@@ -175,8 +175,11 @@ def _loop(g: _Gen, scope: _Scope, depth: int, sibling_count: int | None = None) 
         body = _strip(body, f"{name}.v", carry_init)
     loop["body"] = body
     if produced and d(st.booleans()):
-        # the loop's own carried value, when it keeps one shape (its first value is a node's output, like every next)
-        own = [f"{name}.v"] if "carry" in loop and carry_init.startswith("n") else []
+        # the loop's own carried value, when it keeps one shape: its first and its next value are both a node's
+        # output (a next that is an inner loop's collect is stacked, one dimension more: the long profile of
+        # 2026-12-03 drew `next: l5.c` and the declared workflow itself failed to stack l2's values)
+        keeps_shape = "carry" in loop and carry_init.startswith("n") and loop["carry"]["v"]["next"].startswith("n")
+        own = [f"{name}.v"] if keeps_shape else []
         picked = d(st.sampled_from(produced + own))
         loop["collect"] = {"c": f"stack({name}[*].{picked})"}
         outs.append(f"{name}.c")
