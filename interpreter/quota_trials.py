@@ -20,7 +20,7 @@ from typing import Any
 from rose_dsl.ir import Workflow
 from rose_dsl.optimizer.bound import call_floats
 from rose_dsl.optimizer.decide import faster, summarize
-from rose_dsl.optimizer.quota import BranchPair, distinct_levels, quota_search, rank_targets
+from rose_dsl.optimizer.quota import BranchPair, distinct_levels, quota_search, rank_targets, sm_demand
 from rose_dsl.optimizer.regions import Probe, common_ancestor, local_graphs, probe_workflow
 
 from .mps import expected_sms, quota_levels
@@ -59,7 +59,10 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     each level whether GEMMs are correct under it on this machine (default: `quota_safety.check_quotas`,
     cached, PARALLEL_CHECKS at once); an unsafe level is never used."""
     plan = result.plan
-    ranked = rank_targets(result.final_runs, _gpu_of(plan), [call_floats(plan, r) for r in result.final_runs])
+    gpu_of = _gpu_of(plan)
+    # SM demand from every run measured: the declared graph's runs show each process alone most often
+    demand = sm_demand([*result.baseline_runs, *result.final_runs], gpu_of)
+    ranked = rank_targets(result.final_runs, gpu_of, [call_floats(plan, r) for r in result.final_runs], demand=demand)
     if isinstance(ranked, str):
         return {"skipped": f"no process to give SMs away: {ranked}; quotas kept"}
     started = time.perf_counter()
@@ -198,11 +201,11 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     curve.sort(key=lambda row: row["sms"])
     out: dict[str, Any] = {
         "target": pair.target, "other": pair.other, "gpu": pair.gpu, "slack_s": pair.slack_s, "overlap_s": pair.overlap_s,
-        "score_s": pair.score_s, "screened": screened,
+        "score_s": pair.score_s, "demand": pair.demand, "screened": screened,
         "branches": {"target": list(pair.target_branches), "other": list(pair.other_branches)},
         "comparison_graph": ".".join(region), "levels": len(levels), "rho": rho, "start_percent": q0,
         "curve": curve, "unsafe_levels": unsafe,
-        "checked_levels": {p: {"sms": v.sm_count, "safe": v.ok} for p, v in sorted(checked.items())}, "trials": search.trials - bool(reused) - (k0 in seeded), "search_stopped": search.stopped, "best_percent": best_percent,
+        "checked_levels": {p: {"sms": v.sm_count, "safe": v.ok} for p, v in sorted(checked.items())}, "trials": max(0, search.trials - bool(reused) - (k0 in seeded)), "search_stopped": search.stopped, "best_percent": best_percent,
     }
     reason = stop() if stop is not None else None
     if reason:
@@ -215,9 +218,11 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         return out
     if best_percent == q0:
         use(q0)
+        probe = next((r for r in screened if r["target"] == pair.target and r.get("seconds") is not None), None)
+        tried = f"screened at {probe['percent']}% ({probe['gain']:.3f}x), then " if probe else ""
         out["summary"] = (f"kept {pair.target} at {q0}%: no other level was faster locally ({out['trials']} trials)"
                           if out["trials"] or not search.stopped else
-                          f"kept {pair.target} at {q0}%: no other level was tried ({search.stopped})")
+                          f"kept {pair.target} at {q0}%: {tried}no other level was tried ({search.stopped})")
         out["trial_seconds"] = time.perf_counter() - started
         return out
     log(f"stage 2: validating {pair.target} at {best_percent}% against {q0}% on complete iterations")
@@ -281,7 +286,7 @@ def _screen(plan: Workflow, ranked: list[BranchPair], session: Any, repeats: int
     for i, pair in enumerate(ranked):
         reason = stop() if stop is not None else None
         if reason:
-            rows += [{"target": p.target, "other": p.other, "score_s": p.score_s, "slack_s": p.slack_s,
+            rows += [{"target": p.target, "other": p.other, "score_s": p.score_s, "demand": p.demand, "slack_s": p.slack_s,
                       "overlap_s": p.overlap_s, "skipped": reason, "stopped": True} for p in ranked[i:]]
             break
         q0 = plan.components[pair.target].mps_quota or 100
@@ -290,7 +295,7 @@ def _screen(plan: Workflow, ranked: list[BranchPair], session: Any, repeats: int
         while k >= 1 and not usable(k):
             k -= 1
         row: dict[str, Any] = {"target": pair.target, "other": pair.other, "score_s": pair.score_s,
-                               "slack_s": pair.slack_s, "overlap_s": pair.overlap_s, "start_percent": q0}
+                               "demand": pair.demand, "slack_s": pair.slack_s, "overlap_s": pair.overlap_s, "start_percent": q0}
         rows.append(row)
         if k < 1:
             row["skipped"] = "no usable level below its quota"

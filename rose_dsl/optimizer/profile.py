@@ -15,6 +15,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +157,13 @@ def runs_from_chrome_trace(doc: dict[str, Any] | list[dict[str, Any]]) -> tuple[
     events = doc["traceEvents"] if isinstance(doc, dict) else doc
     by_iteration: dict[int, list[Call]] = defaultdict(list)
     gpu_of: dict[str, int | None] = {}
+    counters: list[tuple[int, float]] = []  # SM activity: a step function (percent, kept as a fraction)
     for e in events:
+        if e.get("ph") == "C" and "SM activity" in str(e.get("name", "")):
+            values = [v for v in (e.get("args") or {}).values() if isinstance(v, (int, float))]
+            if values:
+                counters.append((int(round(e["ts"] * 1000)), float(values[0]) / 100.0))
+            continue
         if e.get("ph") != "X":
             continue
         args = e.get("args", {})
@@ -170,9 +177,12 @@ def runs_from_chrome_trace(doc: dict[str, Any] | list[dict[str, Any]]) -> tuple[
             gpu_of[comp] = int(args["gpu"])
         else:
             gpu_of.setdefault(comp, None)
+    counters.sort()
     runs = []
     for k in sorted(by_iteration):
         calls = tuple(sorted(by_iteration[k], key=lambda c: c.start_ns))
         t0, t1 = calls[0].start_ns, max(c.end_ns for c in calls)
-        runs.append(IterationRun((t1 - t0) / 1e9, calls, t0, t1, k))
+        samples = tuple((max(a, t0), min(b, t1), v) for (a, v), (b, _) in pairwise(counters)
+                        if min(b, t1) > max(a, t0))
+        runs.append(IterationRun((t1 - t0) / 1e9, calls, t0, t1, k, activity_samples=samples))
     return runs, gpu_of

@@ -23,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .profile import Call, IterationRun
+from .profile import Call, IterationRun, base_component
 
 __all__ = ["Branch", "BranchPair", "find_branches", "rank_targets", "distinct_levels", "QuotaSearch", "quota_search", "branch_key",
            "merge_intervals", "concurrent_ns"]
@@ -81,6 +81,14 @@ class BranchPair:
     # `rank_targets`: per iteration, the sum over the target's calls with float of min(float, the time it
     # runs beside calls on the critical path) -- how much a slower target could hand to the critical path
     score_s: float = 0.0
+    # `sm_demand`: the target's SM activity when it runs alone on its GPU (None: not measured). Lowering
+    # the quota of a process that occupies few SMs frees few: the ranking weighs score_s by it
+    demand: float | None = None
+
+    @property
+    def weight(self) -> float:
+        """What the ranking sorts by: score_s, times the SM demand where it was measured."""
+        return self.score_s * (self.demand if self.demand is not None else 1.0)
 
 
 def branch_key(call: Call) -> tuple[str, str]:
@@ -296,15 +304,51 @@ def quota_search(q: int, k0: int, measure: Callable[[int], float], rho: int = 4,
 Floats = Mapping[tuple[str, tuple[int, ...]], float]
 
 
+def sm_demand(runs: Sequence[IterationRun], gpu_of: Mapping[str, int | None]) -> dict[str, float]:
+    """Each GPU process's SM activity while it is the only process with a call in flight on its GPU: the
+    time-weighted mean of the device-wide activity samples (`IterationRun.activity_samples`) over those
+    stretches. A process seen alone in no sample gets its component's figure (the processes of one
+    component -- temporal copies `sim@0`, replicas `sim#1` -- run the same programs), else none.
+
+    Why stage 2 needs it: MPS's quota caps the SMs a process may use, so it frees SMs for the others
+    only when the process occupies them. paper_mjx_vla on the H200 (2026-12-03 traces): alone, the MJX
+    simulator keeps ~3% of the SMs busy (launch-bound), the policy ~80%, the trainer ~91%; the simulator
+    had the most float beside the critical path, and its step down gained 1.4% (2026-12-04), while the
+    policy's gained 4% (2026-12-03)."""
+    gpu_procs = [p for p, g in gpu_of.items() if g is not None]
+    busy: dict[str, list[float]] = {}
+    for run in runs:
+        calls = [c for c in run.calls if c.component in gpu_procs]
+        for start, end, value in run.activity_samples:
+            inside = {c.component for c in calls if min(c.end_ns, end) > max(c.start_ns, start)}
+            if len(inside) != 1:
+                continue
+            (proc,) = inside
+            acc = busy.setdefault(proc, [0.0, 0.0])
+            acc[0] += value * (end - start)
+            acc[1] += end - start
+    demand = {p: a / t for p, (a, t) in busy.items() if t > 0}
+    by_component: dict[str, list[float]] = defaultdict(list)
+    for p, d in demand.items():
+        by_component[base_component(p)].append(d)
+    for p in gpu_procs:
+        if p not in demand and by_component.get(base_component(p)):
+            demand[p] = sum(by_component[base_component(p)]) / len(by_component[base_component(p)])
+    return demand
+
+
 def rank_targets(runs: Sequence[IterationRun], gpu_of: Mapping[str, int | None], floats: Sequence[Floats | None],
-                 min_overlap: float = 0.05, critical: float = 0.01) -> list[BranchPair] | str:
+                 min_overlap: float = 0.05, critical: float = 0.01,
+                 demand: Mapping[str, float] | None = None) -> list[BranchPair] | str:
     """The GPU processes whose quota stage 2 may lower, best first, read from each run's total floats
     (`bound.call_floats`, parallel to `runs`): a process is a candidate when some of its calls have
     float (could end later without the iteration ending later) while calls on the critical path (float
     below `critical` x the iteration) of another process on the same GPU run beside them. Those are the
     calls whose SMs, given away, can only speed the critical path up. Ranked by `score_s`; `slack_s` is
     the overlap-weighted float of the target's calls, `other` the process whose critical calls it runs
-    beside most. A string says why there is none.
+    beside most. With `demand` (`sm_demand`), the score is weighed by the process's SM activity alone
+    (`BranchPair.weight`): a launch-bound process has float but few SMs to give. A string says why there
+    is none.
 
     The paper's rule (`find_branches`: of two overlapping branches the one ready first) assumes the two
     meet at one consumer. Temporal groups that each feed their own update do not: the group that ends
@@ -356,9 +400,9 @@ def rank_targets(runs: Sequence[IterationRun], gpu_of: Mapping[str, int | None],
     iteration_s = sum(r.seconds for r in runs) / n
     ranked = [BranchPair(p, max(beside[p], key=beside[p].__getitem__), gpu_of[p], weighted[p] / overlap[p],
                          overlap[p] / n, tuple(sorted(keys[p])), tuple(sorted(other_keys[p])), pairs[p], 1.0,
-                         score_s=score[p] / n)
+                         score_s=score[p] / n, demand=(demand or {}).get(p))
               for p in score if overlap[p] > 0]
-    ranked.sort(key=lambda b: (-b.score_s, b.target))
+    ranked.sort(key=lambda b: (-b.weight, b.target))
     if not ranked:
         return "no process with slack runs beside a call on the critical path of another on its GPU"
     best = ranked[0]

@@ -36,9 +36,11 @@ class Measurer(Protocol):
         """Bytes available per device kind for the processes a plan adds."""
 
     def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0,
-                 labels: Sequence[str] = ()) -> list[list[IterationRun]]:
+                 labels: Sequence[str] = (), guard_first: bool = False) -> list[list[IterationRun]]:
         """Interleaved complete iterations (real training) of each plan (named by `labels`, the rewrite
-        requests that made it, for the run's records); raises OutOfBudget."""
+        requests that made it, for the run's records); raises OutOfBudget. A plan's first iteration ever
+        is guarded (a failure loses the trial, not the training) unless it is plans[0] -- the reference --
+        and not `guard_first`."""
 
     def capture(self, probe_wf: Workflow) -> Any:
         """One real iteration of a probe workflow; the captured values per probe id (opaque)."""

@@ -259,14 +259,15 @@ def screening_markdown(stage2: Mapping[str, Any]) -> list[str]:
     rows = stage2.get("screened") or []
     if not rows:
         return []
-    lines = ["| process | beside | score/iteration | float | step down | time | at its quota | gain |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| process | beside | score/iteration | SM demand | float | step down | time | at its quota | gain |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
+        demand = "-" if r.get("demand") is None else f"{r['demand']:.2f}"
         if r.get("seconds") is None:
-            lines.append(f"| {r['target']} | {r['other']} | {_f(r['score_s'])} | {_f(r['slack_s'])} | "
+            lines.append(f"| {r['target']} | {r['other']} | {_f(r['score_s'])} | {demand} | {_f(r['slack_s'])} | "
                          f"{r.get('skipped', 'not run')} | - | - | - |")
             continue
-        lines.append(f"| {r['target']} | {r['other']} | {_f(r['score_s'])} | {_f(r['slack_s'])} | {r['percent']}% | "
+        lines.append(f"| {r['target']} | {r['other']} | {_f(r['score_s'])} | {demand} | {_f(r['slack_s'])} | {r['percent']}% | "
                      f"{_f(r['seconds'], 's', 4)} | {_f(r['reference_s'], 's', 4)} ({r['start_percent']}%) | "
                      f"{r['gain']:.3f}x |")
     return [*lines, ""]

@@ -70,6 +70,13 @@ class _Search:
         self.iteration_s: float | None = None  # the current reference's median iteration (budget estimates)
         self.out_of_budget = ""  # set when local trials ran out of budget: the round decides, then the search ends
         self.rec: RoundRecord | None = None  # the round in progress
+        # turn costs of complete trials (`_turn_s`): learned from the turns measured
+        self.seen: set[int] = set()  # plans (by id) that have run an iteration
+        self.last_plan: Workflow | None = None  # the plan the workers ran last
+        self.switch_s: float | None = None  # a switch's unmeasured iteration (s)
+        self.setup_s: float | None = None  # a new plan's set-up beyond that (s)
+        self.cut = ""  # why a block of complete trials ended before its last turn (the search ends after the round)
+        self.block_failures: dict[int, str] = {}  # the last block's failed plans (by index)
 
     # -- helpers ----------------------------------------------------------------------------------
     def budget(self, need_s: float = 0.0) -> None:
@@ -86,17 +93,87 @@ class _Search:
         if elapsed > self.s.budget_s:
             raise OutOfBudget(f"the time budget of {self.s.budget_s:.0f} s is spent")
         if need_s > 0 and elapsed + need_s > self.s.budget_s:
+            need = f"{need_s:.0f}" if need_s >= 10 else f"{need_s:.1f}"
             raise OutOfBudget(f"the time budget of {self.s.budget_s:.0f} s leaves {self.s.budget_s - elapsed:.0f} s "
-                              f"and the next measurement needs about {need_s:.0f} s")
+                              f"and the next measurement needs about {need} s")
 
     def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0,
                  labels: Sequence[str] = ()) -> list[list[IterationRun]]:
-        # the current reference's iteration time estimates each iteration of the block (none yet: no estimate)
-        self.budget((len(plans) * rounds + warmup) * (self.iteration_s or 0.0))
-        runs = self.m.complete(plans, rounds, warmup, labels)
-        for plan, rs in zip(plans, runs, strict=True):
-            self.model.observe(rs, plan)
-        return runs
+        """`rounds` interleaved complete iterations of each plan (the order reversed every other round),
+        handed to the measurer one turn at a time so that the budget and a stop request are checked before
+        every turn, not once per block: a turn that would not fit -- its iteration, the unmeasured one a
+        switch between plans costs, and a new plan's set-up, by `_turn_s` -- is not started, and the block
+        ends with what it measured (`self.cut` says why). H200, 2026-12-04 (MJX): a block of eight plans
+        estimated at one iteration per plan and round took twice that and more, ran 40 s past SIGTERM and
+        was killed with nothing written. Failed plans are in `self.block_failures` (by index)."""
+        labels = list(labels) or ["" for _ in plans]
+        self.block_failures = {}
+        out: list[list[IterationRun]] = [[] for _ in plans]
+        first = True
+        for r in range(rounds):
+            order = list(range(len(plans)))[::-1] if r % 2 else list(range(len(plans)))
+            for i in order:
+                if i in self.block_failures:
+                    continue
+                plan, w = plans[i], (warmup if first else 0)
+                try:
+                    self.budget(self._turn_s(plan, w))
+                except OutOfBudget as exc:
+                    if not out[0]:
+                        raise  # nothing to compare with: the caller's budget handling applies
+                    self.cut = self.out_of_budget = str(exc)
+                    return out
+                new, switch = id(plan) not in self.seen, self.last_plan is not plan
+                t0 = self.m.elapsed()
+                got = self.m.complete([plan], 1, w, [labels[i]], guard_first=i > 0)
+                wall, first = self.m.elapsed() - t0, False
+                self.seen.add(id(plan))
+                self.last_plan = None if self.m.last_failures else plan
+                if self.m.last_failures:
+                    self.block_failures[i] = next(iter(self.m.last_failures.values()))
+                    continue
+                self.model.observe(got[0], plan)
+                out[i] += got[0]
+                self._learn_turn(wall - sum(run.seconds for run in got[0]), w, new, switch)
+        return out
+
+    def _turn_s(self, plan: Workflow, warmup: int = 0) -> float:
+        """Expected seconds of one turn of `plan`: its measured iteration, plus an unmeasured one when
+        the workers switch to it from another plan (`Measurer.complete` trains through a switch before
+        timing), plus a new plan's set-up (processes for new copies, programs compiled and CUDA graphs
+        captured for new batch sizes, the guard's snapshot) -- both learned from the turns measured so
+        far, an iteration each until then. Without a reference time yet: no estimate."""
+        it = self.iteration_s or 0.0
+        need = it * (1 + warmup)
+        if self.last_plan is not plan:
+            need += self.switch_s if self.switch_s is not None else it
+        if id(plan) not in self.seen:
+            need += self.setup_s if self.setup_s is not None else it
+        return need
+
+    def _learn_turn(self, unmeasured_s: float, warmup: int, new: bool, switch: bool) -> None:
+        """What a turn cost beyond its timed iteration: a switch (a plan seen before), or a switch and a
+        set-up (a new plan); the largest seen so far is the estimate (a block cut short costs a
+        candidate, one that overruns costs the stage after it)."""
+        it = self.iteration_s or 0.0
+        extra = max(0.0, unmeasured_s - warmup * it)
+        if switch and not new:
+            self.switch_s = max(self.switch_s or 0.0, extra)
+        elif new and self.iteration_s:
+            self.setup_s = max(self.setup_s or 0.0, extra - (self.switch_s if self.switch_s is not None else it))
+
+    def _block_s(self, plans: Sequence[Workflow], rounds: int) -> float:
+        """Expected seconds of a block of `plans` interleaved over `rounds` (as `complete` runs it)."""
+        saved, seen, total = self.last_plan, set(self.seen), 0.0
+        try:
+            for r in range(rounds):
+                for plan in (list(plans)[::-1] if r % 2 else list(plans)):
+                    total += self._turn_s(plan)
+                    self.last_plan = plan
+                    self.seen.add(id(plan))
+        finally:
+            self.last_plan, self.seen = saved, seen
+        return total
 
     def predict(self, wf: Workflow, reference: Workflow, measured_s: float) -> float | None:
         p, p0 = self.model.predict(wf), self.model.predict(reference)
@@ -300,6 +377,7 @@ class _Search:
         self.budget()
         self.log(f"capturing the inputs of {len(probes)} comparison graph(s) in one training iteration")
         captured = self.m.capture(pw)
+        self.last_plan = None  # the workers ran the probe graph
         for t, region, c0, pairs in plans:
             self._local_target(t, probes[region].id, c0, pairs, captured, reference)
 
@@ -407,7 +485,7 @@ class _Search:
                          ref_runs: list[IterationRun]) -> None:
         unique = [ms[0] for ms in whole.values()]
         self.budget()
-        unique, left_out = self._fit_block(unique)
+        unique, left_out = self._fit_block(g, unique)
         for m in left_out:
             for same in whole.pop(m.requests):
                 same.status, same.reason = "skipped", "not measured: the block of complete trials did not fit the budget"
@@ -415,12 +493,16 @@ class _Search:
                  + (f"; {len(left_out)} left out for the budget" if left_out else ""))
         plans, labels = [g] + [_plan(m) for m in unique], [self.label] + [self.label + m.label for m in unique]
         runs = self.complete(plans, self.s.validation_rounds, labels=labels)
-        failed = dict(self.m.last_failures)
+        failed = dict(self.block_failures)
         runs = self._settle(plans, runs, failed, labels)
         ref_runs += runs[0]
         self.complete_reference = list(runs[0])  # what validation compares a reused candidate with
         ref = summarize([r.seconds for r in runs[0]])
         for i, (ms, rs) in enumerate(zip(whole.values(), runs[1:], strict=True), start=1):
+            if i not in failed and not rs and self.cut:
+                for m in ms:
+                    m.status, m.reason = "skipped", f"not measured: {self.cut}"
+                continue
             if i in failed or not rs:
                 for m in ms:
                     m.status, m.reason = "failed", failed.get(i, "no iteration completed")
@@ -440,21 +522,24 @@ class _Search:
                 if t.best is None or top.benefit_s > t.best.benefit_s:
                     t.best = top
 
-    def _fit_block(self, unique: list[Measured]) -> tuple[list[Measured], list[Measured]]:
-        """As many alternatives as one interleaved block (with the reference) fits in what is left of the
-        budget, the most promising first (predicted iteration time; unpredicted ones after, in the
-        candidates' order). H200, 2026-12-03 (MJX): twelve alternatives made a 378-s block against 229 s
-        left, so none was measured -- the first of them was 1.23x."""
+    def _fit_block(self, g: Workflow, unique: list[Measured]) -> tuple[list[Measured], list[Measured]]:
+        """As many alternatives as one interleaved block (with the reference `g`) fits in what is left of
+        the budget by `_block_s`, the most promising first (predicted iteration time; unpredicted ones
+        after, in the candidates' order). H200, 2026-12-03 (MJX): twelve alternatives made a 378-s block
+        against 229 s left, so none was measured -- the first of them was 1.23x."""
         if self.s.budget_s is None or not self.iteration_s:
             return unique, []
         left = self.s.budget_s - self.m.elapsed()
-        fits = int(left // (self.s.validation_rounds * self.iteration_s)) - 1  # the reference is in the block
-        if fits >= len(unique) or fits < 1:
-            return unique, []  # all of them, or none: `complete` says the budget is spent
         ranked = sorted(range(len(unique)), key=lambda i: (unique[i].predicted_iteration_s is None,
                                                            unique[i].predicted_iteration_s or 0.0, i))
-        kept = sorted(ranked[:fits])
-        return [unique[i] for i in kept], [unique[i] for i in ranked[fits:]]
+        kept = ranked[:1]  # the most promising, even when the estimate says it will not fit: `complete`
+        for i in ranked[1:]:  # checks every turn and measures what fits (the estimate starts pessimistic)
+            block = [g] + [_plan(unique[j]) for j in sorted(kept + [i])]
+            if self._block_s(block, self.s.validation_rounds) > left:
+                break
+            kept.append(i)
+        kept.sort()
+        return [unique[i] for i in kept], [unique[i] for i in ranked if i not in kept]
 
     def _settle(self, plans: Sequence[Workflow], runs: list[list[IterationRun]], failed: dict[int, str],
                 labels: Sequence[str]) -> list[list[IterationRun]]:
@@ -475,7 +560,7 @@ class _Search:
                                  labels=[labels[0]] + [labels[i] for i in open_])
         except OutOfBudget:
             return runs  # (the search's next budget check ends it)
-        failed_more = dict(self.m.last_failures)
+        failed_more = dict(self.block_failures)
         if 0 in failed_more:
             return runs
         out = [list(rs) for rs in runs]
@@ -518,9 +603,13 @@ class _Search:
                 self.log(f"round {rec.index}: validating {'; '.join(requests)} on complete iterations")
                 labels = [self.label, self.label + "; ".join(requests)]
                 both = self.complete([g, plan], self.s.validation_rounds, labels=labels)
-                failed = dict(self.m.last_failures)
+                failed = dict(self.block_failures)
                 both = self._settle([g, plan], both, failed, labels)
                 ref_runs += both[0]
+                if 1 not in failed and not both[1] and self.cut:
+                    rec.note = f"not validated: {self.cut}"
+                    self.log(f"round {rec.index}: {rec.note}")
+                    continue
                 if 1 in failed or not both[1]:
                     rec.note = f"the combination failed: {failed.get(1, 'no iteration completed')}"
                     self.log(f"round {rec.index}: rejected ({rec.note})")
@@ -588,8 +677,16 @@ def optimize_graph(wf: Workflow, measurer: Measurer, settings: Settings | None =
         # before / after, interleaved: the figures the report leads with
         try:
             log(f"before/after: {s.final_rounds} complete iterations each of the declared graph and the plan")
-            # retained training: not budgeted
-            (before, after), cut = interleaved(measurer, [wf, g], s.final_rounds, ["", "; ".join(requests)], stop)
+            # retained training, but budgeted: a round is not begun past stage 1's share
+            def within_budget() -> str | None:  # training, but it takes the time of the stage after it
+                try:
+                    search.budget(search._block_s([wf, g], 1))
+                except OutOfBudget as exc:
+                    return str(exc)
+                return None
+
+            (before, after), cut = interleaved(measurer, [wf, g], s.final_rounds, ["", "; ".join(requests)],
+                                               within_budget)
             if cut:
                 log(f"before/after cut short after {len(after)} of {s.final_rounds} round(s): {cut}")
             if before and after:

@@ -70,7 +70,7 @@ class FakeMeasurer:
         return IterationRun(seconds, tuple(calls), base, base + int(seconds * 1e9), iteration)
 
     def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0,
-                 labels: Sequence[str] = ()) -> list[list[IterationRun]]:
+                 labels: Sequence[str] = (), guard_first: bool = False) -> list[list[IterationRun]]:
         out: list[list[IterationRun]] = [[] for _ in plans]
         for _ in range(warmup):
             self._step(plans[0])

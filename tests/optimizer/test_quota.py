@@ -174,7 +174,7 @@ class _FakeSession:
     def replace_quota(self, comp: str, percent: int, env: dict) -> None:
         self.executor.replace_quota(comp, percent, env)
 
-    def complete(self, plans, rounds, warmup=0, labels=()):
+    def complete(self, plans, rounds, warmup=0, labels=(), guard_first=False):
         return [[IterationRun(self._t() * (1 + 0.001 * i), ()) for i in range(rounds)] for _ in plans]
 
 
@@ -543,6 +543,38 @@ def test_on_the_declared_graph_floats_and_the_paper_rule_agree_on_the_trainer() 
     assert isinstance(paper, BranchPair) and paper.target == "trainer"
 
 
+def test_sm_demand_reads_each_process_alone_from_the_recorded_activity() -> None:
+    """paper_mjx_vla on the H200: alone on the GPU the MJX simulator keeps few SMs busy (launch-bound), the
+    policy more, the trainer most. The recorded traces carry the activity samples (`runs_from_chrome_trace`)."""
+    from rose_dsl.optimizer.quota import sm_demand
+
+    runs, gpu_of, _ = _recorded("declared")
+    assert all(run.activity_samples for run in runs)
+    assert all(0.0 <= v <= 1.0 and a < b for run in runs for a, b, v in run.activity_samples)
+    demand = sm_demand(runs, gpu_of)
+    assert demand["sim"] < 0.25 < demand["policy"] < demand["trainer"] and demand["trainer"] > 0.8
+    # the interleaved plan's processes: sim@0 (a temporal copy) alone in no sample takes the component's figure
+    plan_runs, plan_gpu, _ = _recorded("candidate_st2i")
+    both = sm_demand([*runs, *plan_runs], plan_gpu)
+    assert both["sim@0"] == both["sim"] == demand["sim"]
+    assert sm_demand(runs, {c: None for c in gpu_of}) == {}  # CPU processes have no SM demand
+
+
+def test_a_process_that_keeps_few_sms_busy_ranks_below_one_that_keeps_many() -> None:
+    """Lowering a quota frees SMs only where the process occupies them: the ranking weighs each process's
+    float beside the critical path by its SM demand."""
+    from rose_dsl.optimizer.quota import rank_targets
+
+    runs, gpu_of, floats = _recorded("candidate_st2i")
+    plain = rank_targets(runs, gpu_of, floats)
+    assert not isinstance(plain, str) and [b.target for b in plain] == ["sim", "policy"]
+    weighed = rank_targets(runs, gpu_of, floats, demand={"sim": 0.03, "policy": 0.8, "trainer": 0.9})
+    assert not isinstance(weighed, str) and [b.target for b in weighed] == ["policy", "sim"]
+    by = {b.target: b for b in weighed}
+    assert by["sim"].weight == pytest.approx(by["sim"].score_s * 0.03)
+    assert by["sim"].score_s == next(b.score_s for b in plain if b.target == "sim")  # the score itself is unchanged
+
+
 def test_without_floats_the_paper_rule_decides() -> None:
     from rose_dsl.optimizer.quota import rank_targets
 
@@ -572,7 +604,7 @@ class _TwoProcessSession(_FakeSession):
 def _two_candidates(monkeypatch: pytest.MonkeyPatch):
     import interpreter.quota_trials as qt
 
-    def ranked(runs, gpu_of, floats):  # the trainer ranks first, the policy second
+    def ranked(runs, gpu_of, floats, demand=None):  # the trainer ranks first, the policy second
         return [BranchPair("trainer", "policy", 0, 0.4, 1.0, ("update[0]",), ("epoch[1]",), 3, 1.0, score_s=0.9),
                 BranchPair("policy", "trainer", 0, 0.2, 0.5, ("epoch[1]",), ("update[0]",), 3, 1.0, score_s=0.4)]
 
@@ -598,7 +630,7 @@ def test_screening_moves_each_candidate_one_step_and_searches_the_one_that_helpe
     from rose_dsl.optimizer.report import screening_markdown
 
     table = screening_markdown(out)
-    assert table[2].startswith("| trainer | policy | 0.900 s | 0.400 s | 94% |") and "| policy |" in table[3]
+    assert table[2].startswith("| trainer | policy | 0.900 s | - | 0.400 s | 94% |") and "| policy |" in table[3]
 
 
 def test_screening_keeps_the_quotas_when_no_step_down_helps(monkeypatch: pytest.MonkeyPatch) -> None:
