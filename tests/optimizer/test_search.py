@@ -463,3 +463,16 @@ def test_a_stop_request_ends_a_block_of_complete_trials_at_the_next_turn(wf) -> 
     assert "SIGTERM" in result.stopped and result.rounds  # the round is reported with what it measured
     measured = [a for t in result.rounds[0].targets for a in t.alternatives if a.status == "complete"]
     assert measured, "the turns measured before the stop are kept"
+
+
+def test_without_a_before_after_the_plan_is_reported_against_the_reference_it_was_interleaved_with(wf) -> None:
+    """H200, 2026-12-04 (MJX): the budget left no before/after, and the report compared the plan with the
+    profile measured minutes before (9.25 s) instead of the declared graph's runs interleaved with the plan
+    in the same block (9.51 s)."""
+    m = FakeMeasurer(LATENCY, iterations=10_000)
+    result = optimize_graph(wf, m, Settings(rounds=1, final_rounds=0, local_max_fraction=0.0), **QUIET)
+    assert result.requests and len(result.rounds) == 1 and result.rounds[0].accepted
+    profile = result.rounds[0].reference
+    assert result.baseline_runs and result.baseline.n == len(result.baseline_runs)
+    assert result.baseline == result.rounds[0].reference_validation  # the block's reference, not the profile
+    assert result.baseline.n != profile.n or result.baseline != profile
