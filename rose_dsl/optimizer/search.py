@@ -296,9 +296,9 @@ class _Search:
             try:
                 self._local_trials(g, local_plans, reference)
             except OutOfBudget as exc:
-                if self.stop is not None and self.stop():
-                    raise
-                # the round still decides on what it measured; the search ends after it
+                # the round still decides on what it measured (deciding measures nothing more when one complete
+                # alternative won; a combination to validate is cut at its first turn); the search ends after it.
+                # A stop request (SIGTERM) too: what the complete trials found is kept, not thrown away
                 self.out_of_budget = str(exc)
                 for _t, _region, _c0, pairs in local_plans:
                     for m, _lg in pairs:

@@ -447,8 +447,10 @@ def test_complete_trials_keep_to_the_budget_when_switches_and_set_ups_cost_itera
         assert result.requests == ("split-time epoch 2", "interleave epoch")
 
 
-def test_a_stop_request_ends_a_block_of_complete_trials_at_the_next_turn(wf) -> None:
-    """SIGTERM (the device call's limit) must end a block within a turn, not after the whole block."""
+@pytest.mark.parametrize("local", [0.0, None], ids=["complete-only", "with-local-trials"])
+def test_a_stop_request_ends_a_block_of_complete_trials_at_the_next_turn(wf, local) -> None:
+    """SIGTERM (the device call's limit) must end a block within a turn, not after the whole block; the
+    round then decides on what it measured (local trials are skipped), so the plan keeps what was found."""
     m = Switching(LATENCY, setup_s=0.0, iterations=10_000)
     seen: dict[str, int] = {}
 
@@ -458,11 +460,12 @@ def test_a_stop_request_ends_a_block_of_complete_trials_at_the_next_turn(wf) -> 
             return "stopped by SIGTERM"
         return None
 
-    result = optimize_graph(wf, m, Settings(final_rounds=0, local_max_fraction=0.0), log=lambda msg: None, stop=stop)
+    result = optimize_graph(wf, m, Settings(final_rounds=0, local_max_fraction=local), log=lambda msg: None, stop=stop)
     assert seen and m.turns == seen["turns"], "a turn began after the stop request"
     assert "SIGTERM" in result.stopped and result.rounds  # the round is reported with what it measured
     measured = [a for t in result.rounds[0].targets for a in t.alternatives if a.status == "complete"]
     assert measured, "the turns measured before the stop are kept"
+    assert not result.rounds[0].note.startswith("cut short"), "the round decides on what it measured"
 
 
 def test_without_a_before_after_the_plan_is_reported_against_the_reference_it_was_interleaved_with(wf) -> None:
