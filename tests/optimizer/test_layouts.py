@@ -224,7 +224,7 @@ def test_rose_optimize_tries_simulator_processes_and_training_stays_the_declared
     assert r.returncode == 0, r.stderr
     plan = tmp_path / "plan.yaml"
     r = rose("optimize", str(SIM_PROCESSES), *sets, "-o", str(plan), "--layout", "sim_replicas=1,2", "--rounds", "1",
-             "--budget-s", "150", "-q", timeout=400)
+             "--budget-s", "100", "-q", timeout=400)
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "plan_report" / "report.json").read_text())
     (row,) = report["layout"]["candidates"]
