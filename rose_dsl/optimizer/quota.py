@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from .profile import Call, IterationRun, base_component
 
-__all__ = ["Branch", "BranchPair", "find_branches", "rank_targets", "distinct_levels", "QuotaSearch", "quota_search", "branch_key",
+__all__ = ["Branch", "BranchPair", "find_branches", "rank_targets", "sm_demand", "distinct_levels", "QuotaSearch", "quota_search", "branch_key",
            "merge_intervals", "concurrent_ns"]
 
 
@@ -305,9 +305,9 @@ Floats = Mapping[tuple[str, tuple[int, ...]], float]
 
 
 def sm_demand(runs: Sequence[IterationRun], gpu_of: Mapping[str, int | None]) -> dict[str, float]:
-    """Each GPU process's SM activity while it is the only process with a call in flight on its GPU: the
-    time-weighted mean of the device-wide activity samples (`IterationRun.activity_samples`) over those
-    stretches. A process seen alone in no sample gets its component's figure (the processes of one
+    """Each GPU process's SM activity while it is the only GPU process with a call in flight (the samples,
+    `IterationRun.activity_samples`, do not say which GPU they come from, so alone means alone on all of
+    them): the time-weighted mean of the samples over those stretches. A process seen alone in no sample gets its component's figure (the processes of one
     component -- temporal copies `sim@0`, replicas `sim#1` -- run the same programs), else none.
 
     Why stage 2 needs it: MPS's quota caps the SMs a process may use, so it frees SMs for the others

@@ -138,17 +138,19 @@ class _Search:
                 self._learn_turn(wall - sum(run.seconds for run in got[0]), w, new, switch)
         return out
 
-    def _turn_s(self, plan: Workflow, warmup: int = 0) -> float:
+    def _turn_s(self, plan: Workflow, warmup: int = 0, last: Workflow | None = None,
+                seen: set[int] | None = None) -> float:
         """Expected seconds of one turn of `plan`: its measured iteration, plus an unmeasured one when
         the workers switch to it from another plan (`Measurer.complete` trains through a switch before
         timing), plus a new plan's set-up (processes for new copies, programs compiled and CUDA graphs
         captured for new batch sizes, the guard's snapshot) -- both learned from the turns measured so
-        far, an iteration each until then. Without a reference time yet: no estimate."""
+        far, an iteration each until then. Without a reference time yet: no estimate. `last` and `seen`
+        (default: the workers' now) let `_block_s` estimate turns ahead."""
         it = self.iteration_s or 0.0
         need = it * (1 + warmup)
-        if self.last_plan is not plan:
+        if (self.last_plan if last is None else last) is not plan:
             need += self.switch_s if self.switch_s is not None else it
-        if id(plan) not in self.seen:
+        if id(plan) not in (self.seen if seen is None else seen):
             need += self.setup_s if self.setup_s is not None else it
         return need
 
@@ -165,15 +167,12 @@ class _Search:
 
     def _block_s(self, plans: Sequence[Workflow], rounds: int) -> float:
         """Expected seconds of a block of `plans` interleaved over `rounds` (as `complete` runs it)."""
-        saved, seen, total = self.last_plan, set(self.seen), 0.0
-        try:
-            for r in range(rounds):
-                for plan in (list(plans)[::-1] if r % 2 else list(plans)):
-                    total += self._turn_s(plan)
-                    self.last_plan = plan
-                    self.seen.add(id(plan))
-        finally:
-            self.last_plan, self.seen = saved, seen
+        last, seen, total = self.last_plan, set(self.seen), 0.0
+        for r in range(rounds):
+            for plan in (list(plans)[::-1] if r % 2 else list(plans)):
+                total += self._turn_s(plan, last=last, seen=seen)
+                last = plan
+                seen.add(id(plan))
         return total
 
     def predict(self, wf: Workflow, reference: Workflow, measured_s: float) -> float | None:
