@@ -95,11 +95,13 @@ def _diff(a: Any, b: Any) -> dict[str, Any]:
 def compare(declared: Path, planned: Path) -> dict[str, Any]:
     """Metrics per iteration (keys both runs report, timing keys left out) and final states."""
     ma, mb = _metrics(declared), _metrics(planned)
-    skip = ("_s", "seconds", "time", "sm_activity", "throughput", "per_s")
+    def timing(key: str) -> bool:  # how fast, not what was computed
+        return key.startswith(("time/", "sm_activity")) or key.endswith(("_s", "seconds", "throughput"))
+
     metrics: dict[str, dict[str, Any]] = {}
     for ra, rb in zip(ma, mb, strict=False):
         for k in sorted(set(ra) & set(rb)):
-            if k == "iteration" or any(k.endswith(s) or s in k for s in skip):
+            if k == "iteration" or timing(k):
                 continue
             if not isinstance(ra[k], (int, float)) or not isinstance(rb[k], (int, float)):
                 continue
