@@ -202,4 +202,7 @@ DEVIATIONS = (
     "unchanged comparison graph's first run",
     "a local trial stops repeating an alternative whose first two runs both took more than settle_factor "
     "(1.03) x the unchanged comparison graph's median: its median of three could not win by eps_min",
+    "after a complete-iteration alternative won, a local alternative is not measured when it cannot be applied "
+    "on top of the winner and its region's span beyond its busiest process (the most a local change saves) is "
+    "less than the winner's measured saving per iteration",
 )

@@ -17,6 +17,7 @@ import math
 from collections.abc import Sequence
 
 from ..ir import LoopNode, Workflow
+from .bound import local_saving_bound
 from .candidates import SWEEP, Alternative, Feasible, Infeasible, alternatives, check, memory_estimate, sweep
 from .decide import Summary, faster, stop_repeating, summarize, undecided
 from .model import CostModel
@@ -291,6 +292,7 @@ class _Search:
         # split -- the 1.23x the round was after -- never ran.
         if whole:
             self._complete_trials(g, whole, ref_runs)
+            local_plans = self._drop_dominated(g, local_plans, ref_runs)
         if local_plans:
             try:
                 self._local_trials(g, local_plans, reference)
@@ -303,6 +305,35 @@ class _Search:
                     for m, _lg in pairs:
                         if m.status == "pending":
                             m.status, m.reason = "skipped", f"not measured: {exc}"
+
+    def _drop_dominated(self, g: Workflow, local_plans: list, ref_runs: list[IterationRun]) -> list:
+        """The local alternatives still worth a trial after the complete trials: one that cannot be applied
+        on top of the best complete winner (so `_combine` would take one or the other) and whose region
+        cannot save more per iteration than the winner measured (`bound.local_saving_bound`) would never
+        be chosen -- its trial is pure overhead. A target left with none needs no capture either."""
+        assert self.rec is not None
+        won = [m for t in self.rec.targets for m in t.alternatives if m.status == "complete" and m.significant]
+        if not won:
+            return local_plans
+        winner = max(won, key=lambda m: m.benefit_s)
+        kept = []
+        for t, region, c0, pairs in local_plans:
+            bound = local_saving_bound(g, region, ref_runs)
+            left = []
+            for m, lg in pairs:
+                if bound is not None and bound[0] < winner.benefit_s and not isinstance(
+                        check(_plan(winner), Alternative(m.requests, m.family, ""), self.memory), Feasible):
+                    m.status = "skipped"
+                    m.reason = (f"cannot beat `{winner.label}` ({winner.benefit_s:.3f} s/iteration measured) and "
+                                f"does not combine with it: a change inside {'.'.join(region[1:])} saves at most "
+                                f"{bound[0]:.3f} s/iteration ({bound[1]} is busy for the rest of it)")
+                else:
+                    left.append((m, lg))
+            if left:
+                kept.append((t, region, c0, left))
+            elif pairs:
+                t.local_note = f"no local trial: every alternative is dominated by `{winner.label}`"
+        return kept
 
     @staticmethod
     def _region_s(g: Workflow, region: tuple[str, ...], runs: list[IterationRun]) -> float:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rose_dsl import load_workflow
-from rose_dsl.optimizer.bound import reorder_bound
+from rose_dsl.optimizer.bound import local_saving_bound, reorder_bound
 from rose_dsl.optimizer.profile import IterationRun
 
 from .fakes import FakeMeasurer, GroundTruth
@@ -44,3 +44,33 @@ def test_the_bound_is_the_longest_chain_and_says_what_overlap_could_give() -> No
 def test_no_calls_no_bound() -> None:
     wf = load_workflow(ROOT / "workflows" / "latency_interaction.yaml")
     assert reorder_bound(wf, []) is None and reorder_bound(wf, [IterationRun(1.0)]) is None
+
+
+def test_a_change_inside_a_region_saves_at_most_its_span_beyond_its_busiest_process() -> None:
+    """`local_saving_bound`: each epoch's span is 11 simulator calls and 10 policy calls one after the other;
+    the simulator alone is busy for 11 of them, so no local rewrite of the epoch can save more than the
+    policy's 10 calls per epoch -- 2 epochs x 10 x 2 ms per iteration, bounded by `sim`."""
+    wf = load_workflow(ROOT / "workflows" / "latency_interaction.yaml", {"iterations": 4})
+    truth = GroundTruth(fixed={"sim": 0.006, "policy": 0.002, "trainer": 0.02})
+    runs = FakeMeasurer(truth, noise=0.0).complete([wf], 3)[0]
+    seconds, process = local_saving_bound(wf, ("iteration", "epoch"), runs) or (None, None)
+    assert seconds == pytest.approx(2 * 10 * 0.002, rel=1e-6) and process == "sim"
+    assert local_saving_bound(wf, ("iteration", "nothing"), runs) is None
+
+
+def test_no_measured_local_alternative_saves_more_than_the_bound() -> None:
+    """The bound's claim checked against what the search measures: with the simulator and the policy of
+    similar cost (each half of an epoch: the bound is large), every local alternative's measured saving per
+    iteration stays under it."""
+    from rose_dsl.optimizer.search import Settings, optimize_graph
+
+    from .test_search import LATENCY
+
+    wf = load_workflow(ROOT / "workflows" / "latency_interaction.yaml", {"iterations": 1000})
+    runs = FakeMeasurer(LATENCY, noise=0.0).complete([wf], 3)[0]
+    result = optimize_graph(wf, FakeMeasurer(LATENCY), Settings(local_max_fraction=None), log=lambda _: None)
+    measured = [a for t in result.rounds[0].targets for a in t.alternatives if a.status == "measured"]
+    assert measured
+    for a in measured:
+        bound = local_saving_bound(wf, ("iteration", "epoch"), runs)
+        assert bound is not None and a.benefit_s <= bound[0] * 1.05, (a.label, a.benefit_s, bound)

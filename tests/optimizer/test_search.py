@@ -479,3 +479,29 @@ def test_without_a_before_after_the_plan_is_reported_against_the_reference_it_wa
     assert result.baseline_runs and result.baseline.n == len(result.baseline_runs)
     assert result.baseline == result.rounds[0].reference_validation  # the block's reference, not the profile
     assert result.baseline.n != profile.n or result.baseline != profile
+
+
+# MJX-like: the simulator is launch-bound (a call costs the same for any rows) and busy most of each epoch
+SIM_BOUND = GroundTruth(fixed={"sim": 0.006, "policy": 0.0005, "trainer": 0.02},
+                        per_row={"sim": 0.000002, "policy": 0.00003}, activity={"sim": 0.05, "policy": 0.3})
+
+
+def test_local_alternatives_a_complete_winner_dominates_are_not_measured(wf) -> None:
+    """H200, MJX (2026-12-04): after the complete trials measured the temporal split 1.97 s/iteration
+    faster, a local trial of the spatial split (which cannot be applied on top of it) and its capture took
+    64 s of overhead, and could not have won: the simulator is busy ~2.7 s of each 3.7-s epoch, so nothing
+    inside an epoch saves more than ~1.9 s. Such trials are not run (`bound.local_saving_bound`); the plan
+    is the same."""
+    m = FakeMeasurer(SIM_BOUND)
+    result = optimize_graph(wf, m, Settings(**LOCAL), **QUIET)
+    assert result.requests[:2] == ("split-time epoch 2", "interleave epoch")
+    assert not any(kind in ("local", "capture") for kind, _ in m.log)
+    winner = _alt(result, "split-time epoch 2; interleave epoch")
+    spatial = _alt(result, "split epoch.step 2; interleave epoch.step")
+    assert spatial.status == "skipped" and "does not combine with it" in spatial.reason
+    # what the trial would have measured: less than the winner (the ground truth, simulated)
+    from rose_dsl.optimizer.model import simulate
+    declared = simulate(wf, SIM_BOUND.cost).seconds
+    assert spatial.workflow is not None
+    split = simulate(spatial.workflow, SIM_BOUND.cost).seconds
+    assert declared - split < winner.benefit_s
