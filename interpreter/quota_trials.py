@@ -161,41 +161,46 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         use_on(pair.target, percent)
 
     reused = final if region == plan.root.path else []
+    # levels measured already, read by the search for free: stage 1's last measurement at the current
+    # quota, the screening's step down (and its reference)
+    samples.update(seeded)
+    if reused:
+        samples[k0] = reused
+        log(f"  quota {q0}% ({levels[k0 - 1][1]} SMs): {statistics.median(reused):.4f} s (stage 1's measurement)")
+    known = {k: statistics.median(v) for k, v in samples.items()}
+    # the target's last block of complete iterations, when the screening left it at its step down: the
+    # validation's first block if the search measures nothing after it
+    last: dict[str, Any] = {"percent": quotas[pair.target],
+                            "values": next((v for k, v in seeded.items() if levels[k - 1][0] == quotas[pair.target]), None)}
 
     def measure(k: int) -> float:
         percent = levels[k - 1][0]
-        if k == k0 and reused:
-            samples[k] = reused
-            log(f"  quota {percent}% ({levels[k - 1][1]} SMs): {statistics.median(reused):.4f} s (stage 1's measurement)")
-            return statistics.median(reused)
-        if k in seeded:  # measured while screening the processes
-            samples[k] = seeded[k]
-            return statistics.median(seeded[k])
         t = time.perf_counter()
         use(percent)
         cost["restart"] = max(cost["restart"], time.perf_counter() - t)
         values = measure_graph()
         samples[k] = values
+        last.update(percent=percent, values=values)
         session.books["quota_trials"] += 1
         session.books["quota_s"] += time.perf_counter() - t
         log(f"  quota {percent}% ({levels[k - 1][1]} SMs): {statistics.median(values):.4f} s")
         return statistics.median(values)
 
     iteration_s = statistics.median(r.seconds for r in result.final_runs) if result.final_runs else 0.0
-    cost = {"restart": 0.0}
+    cost = {"restart": max((r.get("restart_s", 0.0) for r in screened), default=0.0)}  # the slowest so far
 
     def out_of_time() -> bool:
         if stop is not None and stop():
             return True
         return deadline is not None and time.perf_counter() + 3 * (per_block * iteration_s + cost["restart"]) > deadline
 
-    search = quota_search(len(levels), k0, measure, rho=rho, max_trials=MAX_TRIALS + bool(reused) + (k0 in seeded),
-                          out_of_time=out_of_time, usable=usable)
+    search = quota_search(len(levels), k0, measure, rho=rho, max_trials=MAX_TRIALS, out_of_time=out_of_time,
+                          usable=usable, known=known)
     best_percent = levels[search.best - 1][0]
     curve: list[dict[str, Any]] = [{"percent": levels[k - 1][0], "sms": levels[k - 1][1],
               "seconds": search.history[k],
               "n": len(samples.get(k, [])), "samples": samples.get(k, []),
-              "unsafe": False, "reused": k == k0 and bool(reused)} for k in sorted(search.history)]
+              "unsafe": False, "reused": k in known} for k in sorted(search.history)]
     curve += [{"percent": levels[k - 1][0], "sms": levels[k - 1][1], "seconds": None, "n": 0, "samples": [], "unsafe": True}
               for k in search.skipped]
     curve.sort(key=lambda row: row["sms"])
@@ -205,7 +210,8 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         "branches": {"target": list(pair.target_branches), "other": list(pair.other_branches)},
         "comparison_graph": ".".join(region), "levels": len(levels), "rho": rho, "start_percent": q0,
         "curve": curve, "unsafe_levels": unsafe,
-        "checked_levels": {p: {"sms": v.sm_count, "safe": v.ok} for p, v in sorted(checked.items())}, "trials": max(0, search.trials - bool(reused) - (k0 in seeded)), "search_stopped": search.stopped, "best_percent": best_percent,
+        "checked_levels": {p: {"sms": v.sm_count, "safe": v.ok} for p, v in sorted(checked.items())},
+        "trials": search.trials, "search_stopped": search.stopped, "best_percent": best_percent,
     }
     reason = stop() if stop is not None else None
     if reason:
@@ -225,10 +231,25 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
                           f"kept {pair.target} at {q0}%: {tried}no other level was tried ({search.stopped})")
         out["trial_seconds"] = time.perf_counter() - started
         return out
+    # A/B/A on complete iterations; the first A is the block the target just ran at this level when
+    # nothing ran since (the screening's step down, or the search's last trial) and the comparison graph
+    # was the whole iteration -- a restart and a block saved, with the drift check intact
+    best_s: list[float] = []
+    ref_s: list[float] = []
+    blocks: list[tuple[int, list[float]]] = [(best_percent, best_s), (q0, ref_s), (best_percent, best_s)]
+    if region == plan.root.path and last["percent"] == best_percent and last["values"] and quotas[pair.target] == best_percent:
+        best_s += last["values"]
+        blocks = blocks[1:]
+        out["validation_reused_block"] = len(last["values"])
+    need_s = len(blocks) * (per_block * iteration_s + cost["restart"])
+    if deadline is not None and time.perf_counter() + need_s > deadline:
+        use(q0)
+        out["trial_seconds"] = time.perf_counter() - started
+        out["summary"] = (f"{pair.target} at {best_percent}% was fastest ({out['trials']} trials) but not validated: "
+                          f"the time budget is spent (the validation needs ~{need_s:.0f} s): kept {q0}%")
+        return out
     log(f"stage 2: validating {pair.target} at {best_percent}% against {q0}% on complete iterations")
-    runs_best: list[Any] = []
-    runs_ref: list[Any] = []
-    for percent, bucket in ((best_percent, runs_best), (q0, runs_ref), (best_percent, runs_best)):
+    for percent, bucket in blocks:
         # a stop request between the blocks (A/B/A, each a restart and a few iterations): end here rather
         # than after the whole validation -- on the H200 the three blocks took ~90 s, longer than the
         # SIGKILL grace of a device call (2026-12-02: killed in validation, no report)
@@ -240,8 +261,8 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
                                f"({out['trials']} trials)")
             return out
         use(percent)
-        bucket += session.complete([plan], per_block, 0, [f"mps {pair.target} {percent}%"])[0]
-    ref, cand = summarize([r.seconds for r in runs_ref]), summarize([r.seconds for r in runs_best])
+        bucket += [r.seconds for r in session.complete([plan], per_block, 0, [f"mps {pair.target} {percent}%"])[0]]
+    ref, cand = summarize(ref_s), summarize(best_s)
     ok, eps = faster(ref, cand, settings.eps_min, settings.z)
     out["validation"] = {"reference": ref.to_json(), "candidate": cand.to_json(), "margin": eps, "accepted": ok}
     out["trial_seconds"] = time.perf_counter() - started
@@ -308,6 +329,7 @@ def _screen(plan: Workflow, ranked: list[BranchPair], session: Any, repeats: int
         percent = levels[k - 1][0]
         t = time.perf_counter()
         use_on(pair.target, percent)
+        row["restart_s"] = time.perf_counter() - t
         values = graph()
         session.books["quota_trials"] = session.books.get("quota_trials", 0) + 1
         session.books["quota_s"] = session.books.get("quota_s", 0.0) + time.perf_counter() - t

@@ -664,3 +664,70 @@ def test_stage2_on_the_recorded_interleaved_plan_screens_sim_then_policy_and_tun
     assert [row["target"] for row in out["screened"]] == ["sim", "policy"]
     assert out["target"] == "policy" and out["quotas"] == {"policy": out["best_percent"]}
     assert session.executor.quota["sim"] == 100 and session.executor.quota["sim@0"] == 100
+
+
+class _Clock:
+    """`time` for quota_trials: seconds pass only when the session runs iterations or restarts a process."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def perf_counter(self) -> float:
+        return self.t
+
+
+class _TimedSession(_TwoProcessSession):
+    RESTART_S = 20.0
+
+    def __init__(self, clock: _Clock) -> None:
+        super().__init__(helps="policy", hurts="trainer")
+        self.clock = clock
+
+    def replace_quota(self, comp: str, percent: int, env: dict) -> None:
+        super().replace_quota(comp, percent, env)
+        self.clock.t += self.RESTART_S
+
+    def complete(self, plans, rounds, warmup=0, labels=(), guard_first=False):
+        out = super().complete(plans, rounds, warmup, labels, guard_first)
+        self.clock.t += sum(r.seconds for r in out[0])
+        return out
+
+
+@pytest.mark.parametrize("deadline", [150.0, 140.0])
+def test_a_screened_step_down_is_validated_when_the_budget_has_room_for_nothing_more(monkeypatch, deadline) -> None:
+    """H200, MJX (2026-12-04, `--stage1`, --budget-s 400): the screening measured the policy one step down
+    1.052x faster; the search asked the budget before reading that measurement, found no room for a trial,
+    and kept 100%. The screened level is now the search's for free, and its block is the validation's first
+    A (B and A are left to run): with time for those two blocks (150 s) the step down is validated and kept;
+    without it (140 s) the report says so and the policy goes back to 100%."""
+    import interpreter.quota_trials as qt
+    from rose_dsl.optimizer.search import Settings
+
+    tune_quota = _two_candidates(monkeypatch)
+    clock = _Clock()
+    monkeypatch.setattr(qt, "time", clock)
+    _, result = _stage1(ROOT)
+    session = _TimedSession(clock)
+    out = tune_quota(result.plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132,
+                     check=_checked(), deadline=deadline)
+    assert [row["target"] for row in out["screened"]] == ["trainer", "policy"]
+    assert out["target"] == "policy" and out["best_percent"] == 94 and out["trials"] == 0
+    if deadline == 150.0:
+        assert out["validation"]["accepted"] and out["quotas"] == {"policy": 94}
+        assert out["validation_reused_block"] == 3 and out["validation"]["candidate"]["n"] == 3 + 2
+        assert session.executor.quota == {"trainer": 100, "policy": 94}
+    else:
+        assert "quotas" not in out and "not validated: the time budget is spent" in out["summary"]
+        assert session.executor.quota == {"trainer": 100, "policy": 100}
+
+
+def test_levels_measured_before_the_search_are_read_free_of_trials_and_budget() -> None:
+    calls: list[int] = []
+    s = quota_search(66, 66, lambda k: calls.append(k) or 1.0, rho=4, out_of_time=lambda: True,
+                     known={66: 1.0, 62: 0.95})
+    assert calls == [] and s.trials == 0 and s.best == 62 and s.stopped == "the time budget is spent"
+    # with time, the search goes on from the known levels and counts only its own measurements
+    s = quota_search(66, 66, lambda k: calls.append(k) or 1.0 + 0.01 * abs(k - 60), rho=4, max_trials=3,
+                     known={66: 1.06, 62: 1.02})
+    assert 66 not in calls and 62 not in calls and s.trials == len(calls) == 3  # max_trials: its own three
+    assert s.order[:2] == [66, 62] and s.history[s.best] == min(s.history.values())
