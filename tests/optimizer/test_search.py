@@ -505,3 +505,19 @@ def test_local_alternatives_a_complete_winner_dominates_are_not_measured(wf) -> 
     assert spatial.workflow is not None
     split = simulate(spatial.workflow, SIM_BOUND.cost).seconds
     assert declared - split < winner.benefit_s
+
+
+def test_a_before_after_cut_short_is_joined_by_the_block_that_accepted_the_plan(wf) -> None:
+    """H200, MJX (2026-12-04d): the budget left one before/after round, and the report led with 1.29x from one
+    iteration each, while round 1's block had measured the same two graphs interleaved three times each
+    (1.28x). The block's runs join the rounds the budget left."""
+    settings = Settings(rounds=1, final_rounds=5, local_max_fraction=0.0)
+    probe = FakeMeasurer(LATENCY, iterations=10_000)
+    optimize_graph(wf, probe, Settings(rounds=1, final_rounds=0, local_max_fraction=0.0), **QUIET)
+    searched = len(probe.log)  # complete iterations before the before/after begins
+    m = FakeMeasurer(LATENCY, iterations=10_000)
+    result = optimize_graph(wf, m, settings, stop=lambda: "stop" if len(m.log) >= searched + 2 else None, **QUIET)
+    assert result.requests and result.rounds[0].accepted
+    block = result.rounds[0]
+    assert result.baseline.n == block.reference_validation.n + 1 and result.final.n == block.candidate.n + 1
+    assert result.baseline_runs[:block.reference_validation.n] and result.final.median < result.baseline.median
