@@ -731,3 +731,33 @@ def test_levels_measured_before_the_search_are_read_free_of_trials_and_budget() 
                      known={66: 1.06, 62: 1.02})
     assert 66 not in calls and 62 not in calls and s.trials == len(calls) == 3  # max_trials: its own three
     assert s.order[:2] == [66, 62] and s.history[s.best] == min(s.history.values())
+
+
+def test_time_beside_the_critical_path_counts_by_how_busy_the_sms_were(monkeypatch: pytest.MonkeyPatch) -> None:
+    """H200, MJX, one `rose compare` session (2026-12-04): in the interleaved plan's trace, group 1's simulator
+    runs 1.7 s per iteration beside the critical simulator copy with the SMs 12% busy (two launch-bound
+    programs: no SM to free), the policy 0.47 s beside it with them 85% busy. Stage 2 on the H200 screened
+    the simulator first (0.988x and 1.016x one step down, in two runs) and the policy second (1.052x), and
+    with a budget for one probe only the simulator's ran. Weighed by the SM activity over the overlap (and
+    by each process's SM demand, from the declared graph's trace of the same session), the policy ranks first;
+    counted by plain overlap, as before, the simulator did."""
+    import rose_dsl.optimizer.quota as quota
+    from rose_dsl import load_workflow
+    from rose_dsl.optimizer.bound import call_floats
+
+    here = ROOT / "benchmarks" / "results" / "paper_table" / "mjx_rose_2026-12-04"
+    plan = load_workflow(here / "plans" / "rose.yaml")
+    runs, _ = runs_from_chrome_trace(json.loads((here / "traces" / "rose" / "trace.json").read_text()))
+    declared, _ = runs_from_chrome_trace(json.loads((here / "traces" / "declared" / "trace.json").read_text()))
+    assert runs[0].activity_samples
+    gpu_of = {c.component: 0 for r in runs + declared for c in r.calls}
+    floats = [call_floats(plan, r) for r in runs]
+    demand = quota.sm_demand(declared + runs, gpu_of)
+    assert demand["sim"] < 0.3 < 0.5 < demand["policy"]
+    ranked = quota.rank_targets(runs, gpu_of, floats, demand=demand)
+    assert not isinstance(ranked, str) and [b.target for b in ranked] == ["policy", "sim"]
+    # the weighing is what changed it: the plain overlap ranks the simulator first
+    assert quota.busy_s([(0, 10**9, 0.25)], 0, 2 * 10**9) == pytest.approx(0.25 + 1.0)  # uncovered: busy
+    monkeypatch.setattr(quota, "busy_s", lambda samples, lo, hi: (hi - lo) / 1e9)
+    before = quota.rank_targets(runs, gpu_of, floats, demand=demand)
+    assert not isinstance(before, str) and [b.target for b in before] == ["sim", "policy"]
