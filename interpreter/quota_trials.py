@@ -132,11 +132,15 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     if len(ranked) > 1:
         iteration_s = statistics.median(final) if final else 0.0
 
-        def screening_over() -> str | None:
-            """A stop request, or no time for one more probe and the search's validation after it."""
+        def screening_over(restart_s: float) -> str | None:
+            """A stop request, or no time for one more probe and the search's validation after it: the probe's
+            iterations and two restarts (the previous probe's process put back, this one moved), the validation's
+            three blocks each with a restart -- `restart_s` the slowest restart measured so far. H200, MJX
+            (2026-12-04e): counted without restarts, a second probe looked affordable in a budget that then had
+            no room left to validate the first."""
             reason = stop() if stop is not None else None
-            blocks = repeats + 3 * per_block
-            if not reason and deadline is not None and time.perf_counter() + blocks * iteration_s > deadline:
+            need = (repeats + 3 * per_block) * iteration_s + 5 * restart_s
+            if not reason and deadline is not None and time.perf_counter() + need > deadline:
                 reason = "the time budget is spent"
             return reason
 
@@ -294,22 +298,30 @@ def _comparison(plan: Workflow, region: tuple[str, ...], session: Any, repeats: 
 def _screen(plan: Workflow, ranked: list[BranchPair], session: Any, repeats: int, final: list[float],
             levels: list[tuple[int, int]], rho: int, level_of: Callable[[int], int], usable: Callable[[int], bool],
             use_on: Callable[[str, int], None], log: Callable[[str], None],
-            stop: Callable[[], str | None] | None) -> tuple[BranchPair | None, dict[int, list[float]], list[dict[str, Any]]]:
+            stop: Callable[[float], str | None] | None) -> tuple[BranchPair | None, dict[int, list[float]], list[dict[str, Any]]]:
     """Which of several processes with float gets the search: each is moved one coarse step down (the
     first level the search would try) and its comparison graph timed against that graph at the current
     quotas; the largest gain wins, and its two measurements seed the search. None when no step down was
     faster. Why measure: the floats say whose calls can wait, not whose SMs the critical calls lack -- on
     the H200 the interleaved MJX rollout ranks the second simulator first, a launch-bound process with
-    few SMs to give, while the policy's acts at 94% gave 4% (one `rose compare`, 2026-12-03)."""
+    few SMs to give, while the policy's acts at 94% gave 4% (one `rose compare`, 2026-12-03).
+
+    A probe's process is put back only when another probe follows (`stop(restart_s)` says whether one fits):
+    the last one probed stays one step down, so when it wins, its block is the validation's first."""
     references: dict[tuple[str, ...], list[float]] = {}
     rows: list[dict[str, Any]] = []
     probes: dict[str, tuple[BranchPair, int, int, list[float], list[float]]] = {}
+    moved: tuple[str, int] | None = None  # the previous probe's process and the quota to put it back to
+    restart_s = 0.0
     for i, pair in enumerate(ranked):
-        reason = stop() if stop is not None else None
+        reason = stop(restart_s) if stop is not None else None
         if reason:
             rows += [{"target": p.target, "other": p.other, "score_s": p.score_s, "demand": p.demand, "slack_s": p.slack_s,
                       "overlap_s": p.overlap_s, "skipped": reason, "stopped": True} for p in ranked[i:]]
             break
+        if moved is not None:
+            use_on(*moved)
+            moved = None
         q0 = plan.components[pair.target].mps_quota or 100
         k0 = level_of(q0)
         k = max(1, k0 - rho)
@@ -330,11 +342,11 @@ def _screen(plan: Workflow, ranked: list[BranchPair], session: Any, repeats: int
         t = time.perf_counter()
         use_on(pair.target, percent)
         row["restart_s"] = time.perf_counter() - t
+        restart_s = max(restart_s, row["restart_s"])
         values = graph()
         session.books["quota_trials"] = session.books.get("quota_trials", 0) + 1
         session.books["quota_s"] = session.books.get("quota_s", 0.0) + time.perf_counter() - t
-        if i < len(ranked) - 1:
-            use_on(pair.target, q0)
+        moved = (pair.target, q0)
         gain = statistics.median(ref) / statistics.median(values)
         row.update(percent=percent, seconds=statistics.median(values), samples=values,
                    reference_s=statistics.median(ref), gain=gain)

@@ -761,3 +761,31 @@ def test_time_beside_the_critical_path_counts_by_how_busy_the_sms_were(monkeypat
     monkeypatch.setattr(quota, "busy_s", lambda samples, lo, hi: (hi - lo) / 1e9)
     before = quota.rank_targets(runs, gpu_of, floats, demand=demand)
     assert not isinstance(before, str) and [b.target for b in before] == ["sim", "policy"]
+
+
+def test_a_second_probe_that_would_leave_no_time_to_validate_the_first_is_not_started(monkeypatch) -> None:
+    """The screening's budget counts the restarts (H200 MJX: ~13-20 s each, two per probe and one per
+    validation block): after the first candidate's probe gained, a second probe and a validation do not fit
+    in 130 s, so the first stays one step down and is validated with its probe as the first block. Before,
+    the first was put back as soon as its probe ended, and its validation (three blocks) did not fit."""
+    from dataclasses import replace
+
+    import interpreter.quota_trials as qt
+    from rose_dsl.optimizer.search import Settings
+
+    def ranked(runs, gpu_of, floats, demand=None):  # the policy ranks first here
+        return [BranchPair("policy", "trainer", 0, 0.2, 0.5, ("epoch[1]",), ("update[0]",), 3, 1.0, score_s=0.9),
+                BranchPair("trainer", "policy", 0, 0.4, 1.0, ("update[0]",), ("epoch[1]",), 3, 1.0, score_s=0.4)]
+
+    monkeypatch.setattr(qt, "rank_targets", ranked)
+    clock = _Clock()
+    monkeypatch.setattr(qt, "time", clock)
+    _, result = _stage1(ROOT)
+    result = replace(result, final_runs=[*result.final_runs, result.final_runs[0]])  # 10-s iterations, reused
+    session = _TimedSession(clock)
+    out = qt.tune_quota(result.plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132,
+                        check=_checked(), deadline=130.0)
+    assert [row.get("skipped") for row in out["screened"]] == [None, "the time budget is spent"]
+    assert out["target"] == "policy" and out["validation"]["accepted"] and out["quotas"] == {"policy": 94}
+    assert out["validation_reused_block"] == 3
+    assert session.executor.replaced == [94, 100, 94]  # the probe, then the validation's B and A blocks
