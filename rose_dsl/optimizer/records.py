@@ -122,6 +122,12 @@ class Measured:
     workflow: Workflow | None = field(default=None, repr=False)
     runs: list[IterationRun] = field(default_factory=list, repr=False)  # complete-iteration trials
 
+    def plan(self) -> Workflow:
+        """The workflow of a feasible alternative (infeasible ones have none and are never measured)."""
+        if self.workflow is None:
+            raise ValueError(f"{self.label} is not feasible")
+        return self.workflow
+
 
 @dataclass
 class TargetRecord:
