@@ -172,11 +172,6 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         samples[k0] = reused
         log(f"  quota {q0}% ({levels[k0 - 1][1]} SMs): {statistics.median(reused):.4f} s (stage 1's measurement)")
     known = {k: statistics.median(v) for k, v in samples.items()}
-    # the target's last block of complete iterations, when the screening left it at its step down: the
-    # validation's first block if the search measures nothing after it
-    last: dict[str, Any] = {"percent": quotas[pair.target],
-                            "values": next((v for k, v in seeded.items() if levels[k - 1][0] == quotas[pair.target]), None)}
-
     def measure(k: int) -> float:
         percent = levels[k - 1][0]
         t = time.perf_counter()
@@ -184,7 +179,6 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         cost["restart"] = max(cost["restart"], time.perf_counter() - t)
         values = measure_graph()
         samples[k] = values
-        last.update(percent=percent, values=values)
         session.books["quota_trials"] += 1
         session.books["quota_s"] += time.perf_counter() - t
         log(f"  quota {percent}% ({levels[k - 1][1]} SMs): {statistics.median(values):.4f} s")
@@ -235,16 +229,16 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
                           f"kept {pair.target} at {q0}%: {tried}no other level was tried ({search.stopped})")
         out["trial_seconds"] = time.perf_counter() - started
         return out
-    # A/B/A on complete iterations; the first A is the block the target just ran at this level when
-    # nothing ran since (the screening's step down, or the search's last trial) and the comparison graph
-    # was the whole iteration -- a restart and a block saved, with the drift check intact
+    # A/B/A on complete iterations. The target still runs at the level it was measured at last (the search
+    # and the screening leave it there), so when that is the chosen level and the comparison graph was the
+    # whole iteration, that block is the first A -- a restart and a block saved, the drift check intact
     best_s: list[float] = []
     ref_s: list[float] = []
     blocks: list[tuple[int, list[float]]] = [(best_percent, best_s), (q0, ref_s), (best_percent, best_s)]
-    if region == plan.root.path and last["percent"] == best_percent and last["values"] and quotas[pair.target] == best_percent:
-        best_s += last["values"]
+    if region == plan.root.path and quotas[pair.target] == best_percent and samples.get(search.best):
+        best_s += samples[search.best]
         blocks = blocks[1:]
-        out["validation_reused_block"] = len(last["values"])
+        out["validation_reused_block"] = len(samples[search.best])
     need_s = len(blocks) * (per_block * iteration_s + cost["restart"])
     if deadline is not None and time.perf_counter() + need_s > deadline:
         use(q0)

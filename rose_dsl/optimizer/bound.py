@@ -22,6 +22,7 @@ from typing import Any
 from ..analysis import invocation_graph
 from ..ir import LoopNode, Workflow
 from .profile import IterationRun, structural
+from .quota import merge_intervals
 
 __all__ = ["critical_path", "reorder_bound", "call_floats", "local_saving_bound"]
 
@@ -121,19 +122,6 @@ def call_floats(wf: Workflow, run: IterationRun) -> dict[tuple[str, tuple[int, .
     return floats
 
 
-def _union_s(spans: list[tuple[int, int]]) -> float:
-    """Seconds covered by the union of `spans` (ns): a process's busy time, nested or overlapping calls once."""
-    total, reach = 0, None
-    for start, end in sorted(spans):
-        if reach is None or start > reach:
-            total += end - start
-            reach = end
-        elif end > reach:
-            total += end - reach
-            reach = end
-    return total / 1e9
-
-
 def local_saving_bound(wf: Workflow, region: tuple[str, ...], runs: Sequence[IterationRun]) -> tuple[float, str] | None:
     """At most how many seconds per RL iteration a change *inside* `region` can save, and the process that
     bounds it: for each run of the region in each measured iteration (`runs`, complete iterations of `wf`),
@@ -157,6 +145,7 @@ def local_saving_bound(wf: Workflow, region: tuple[str, ...], runs: Sequence[Ite
     prefix = structural(".".join(region))
     loops = sum(isinstance(wf.find(region[:n]), LoopNode) for n in range(1, len(region) + 1))
     per_iteration: list[float] = []
+    bounding: dict[str, float] = defaultdict(float)  # busy seconds of each run's busiest process
     for run in runs:
         instances: dict[tuple[int, ...], dict[str, list[tuple[int, int]]]] = defaultdict(lambda: defaultdict(list))
         for c in run.calls:
@@ -165,15 +154,13 @@ def local_saving_bound(wf: Workflow, region: tuple[str, ...], runs: Sequence[Ite
         if not instances:
             continue
         saving = 0.0
-        busiest: dict[str, float] = defaultdict(float)
         for by_process in instances.values():
-            spans = [s for ss in by_process.values() for s in ss]
-            busy = {p: _union_s(ss) for p, ss in by_process.items()}
+            busy = {p: sum(b - a for a, b in merge_intervals(ss)) / 1e9 for p, ss in by_process.items()}
             top = max(busy, key=busy.__getitem__)
-            busiest[top] += busy[top]
-            saving += max(0.0, (max(e for _, e in spans) - min(s for s, _ in spans)) / 1e9 - busy[top])
+            bounding[top] += busy[top]
+            span = max(e for ss in by_process.values() for _, e in ss) - min(a for ss in by_process.values() for a, _ in ss)
+            saving += max(0.0, span / 1e9 - busy[top])
         per_iteration.append(saving)
-        bounding = max(busiest, key=busiest.__getitem__)
     if not per_iteration:
         return None
-    return statistics.median(per_iteration), bounding
+    return statistics.median(per_iteration), max(bounding, key=bounding.__getitem__)
