@@ -1,9 +1,47 @@
-"""Test-wide settings. hypothesis profiles: the default runs hundreds of examples per property (CI);
-`pytest --hypothesis-profile=long` runs thousands (local soak)."""
+"""Test-wide settings.
 
+hypothesis profiles: the default runs hundreds of examples per property (CI); `pytest
+--hypothesis-profile=long` runs thousands (local soak).
+
+Parallel runs: the README's test command runs the suite on two pytest-xdist workers (most tests wait on
+process start-up -- Ray, torch imports -- more than they compute). A test marked `exclusive` runs with the
+machine to itself: one that asserts wall-clock ratios (an optimizer's plan is faster; two simulator
+processes beat one) or that reads the machine's whole process table (no Ray process left behind). The
+workers share a readers-writer lock in pytest's base temporary directory: every other test holds it
+shared, an exclusive test holds it alone, and a turnstile in front of it lets a waiting exclusive test in
+before the other worker's next test (without it, the other worker could take the shared lock back between
+each of its tests for as long as it has tests). Without xdist the lock is not taken.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+
+import pytest
 from hypothesis import HealthCheck, settings
 
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("default", max_examples=200, **_COMMON)
 settings.register_profile("long", max_examples=3000, **_COMMON)
 settings.load_profile("default")
+
+
+@pytest.fixture(autouse=True)
+def _machine_share(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    root = tmp_path_factory.getbasetemp().parent  # one directory for all the workers of this run
+    exclusive = request.node.get_closest_marker("exclusive") is not None
+    with open(root / "machine.turnstile", "a") as turnstile, open(root / "machine.lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

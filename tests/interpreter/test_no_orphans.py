@@ -34,6 +34,7 @@ def _sessions() -> set[str]:
     return {p.name for p in base.glob("session_2*")} if base.exists() else set()
 
 
+@pytest.mark.exclusive
 def test_killing_the_driver_leaves_no_processes(tmp_path) -> None:
     pytest.importorskip("ray")
     wf = tmp_path / "long.yaml"

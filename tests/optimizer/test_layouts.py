@@ -206,6 +206,7 @@ def test_a_value_starts_only_if_it_and_the_next_reference_block_fit_in_the_budge
     assert session.switches == [2, 1, 2]  # value 4 never started
 
 
+@pytest.mark.exclusive
 def test_rose_optimize_tries_simulator_processes_and_training_stays_the_declared_one(tmp_path: Path) -> None:
     """End to end on the Ray backend: `--layout sim_replicas=1,2` measures two simulator processes against
     one while training, keeps the faster, and every iteration it trained (with processes started and

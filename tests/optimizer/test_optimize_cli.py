@@ -62,19 +62,22 @@ def _same_training(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]
         assert _training(a[k]) == _training(b[k]), k
 
 
+@pytest.mark.exclusive
 def test_interaction_loop_plan_is_faster_and_trains_bit_identically(tmp_path: Path) -> None:
     # 180 iterations: the search trains ~115 of them (each interleaved trial's first iteration after a switch
     # of plan is training, not a measurement; the epoch regions here are half an iteration, so their
     # alternatives are measured on complete iterations, `Settings.local_max_fraction`), and the plan's own run
     # needs the rest to be timed
     n = 180
-    timing = ["--set", "per_row_ms=0.2", "--set", "fixed_ms=0.5"]
+    # five steps per epoch instead of the workflow's ten: the same calls and overlap in half the time
+    shape = ["--set", "steps=5"]
+    timing = ["--set", "per_row_ms=0.2", "--set", "fixed_ms=0.5", *shape]
     sets = ["--set", f"iterations={n}", *timing]
     # the declared workflow's training, all n iterations, computed without the calls' waits (they only
     # sleep); the timed declared run below (the speed reference) checks on its iterations that the waits
     # change nothing it computes
     declared = tmp_path / "declared"
-    r = rose("execute", str(WF / "latency_interaction.yaml"), "--set", f"iterations={n}", *NO_WAIT, "--out",
+    r = rose("execute", str(WF / "latency_interaction.yaml"), "--set", f"iterations={n}", *NO_WAIT, *shape, "--out",
              str(declared), "--checkpoint-every", str(n), "-q")
     assert r.returncode == 0, r.stderr
     timed_n = 20  # (its first five iterations, start-up, are left out of its median)
@@ -129,6 +132,7 @@ def test_interaction_loop_plan_is_faster_and_trains_bit_identically(tmp_path: Pa
     assert t_declared / t_plan >= 1.4, (t_declared, t_plan)
 
 
+@pytest.mark.exclusive
 def test_nested_loops_plan_is_faster_and_not_over_split(tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
     r = rose("optimize", str(WF / "latency_nested.yaml"), "--set", "iterations=200", "--rounds", "1", "-o", str(plan), "-q")
@@ -144,6 +148,7 @@ def test_nested_loops_plan_is_faster_and_not_over_split(tmp_path: Path) -> None:
     assert report["speedup"] >= 1.3
 
 
+@pytest.mark.exclusive
 def test_chain_plan_is_never_slower(tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
     # 64 rows (the workflow's 128 halved): the same chain at about 0.2 s an iteration instead of 0.3 s
