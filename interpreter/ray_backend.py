@@ -5,7 +5,7 @@ through the actor's runtime environment, and a placement-group bundle per GPU sl
 one by one (`submit`: Ray resolves each call's input ObjectRefs, so data moves producer -> consumer) or,
 after `compile`, as one Ray Compiled Graph per RL iteration: every call bound once, in program order,
 with the iteration number as the graph's input, so an iteration is one `execute(k)` with no per-call
-scheduling by the driver or by Ray's scheduler.
+scheduling by the driver or by Ray's scheduler (`compiled_graph.py` builds it; GPU slots: `placement.py`).
 
 The graphs of the last few plans stay compiled (`GRAPH_CACHE`): `rose optimize` alternates plans every
 iteration to compare them, and compiling a graph cost it seconds per switch on the H200 (104 s for 16
@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rose_dsl.ir import Component, ExecutionNode, Workflow
+from rose_dsl.ir import Component, Workflow
 
 from .backend_base import (
     NODE_LIMIT,
@@ -35,26 +34,16 @@ from .backend_base import (
     Unsupported,
     nodes_by_component,
 )
+from .compiled_graph import CompiledIteration, compile_iteration
+from .placement import GpuPlacement
 from .procs import pid_alive
-from .schedule import Schedule, Step, replicated
+from .schedule import Schedule, Step
 from .worker import CallFailed, ComponentWorker, replica_name
 
 __all__ = ["RayBackend", "GpuPlacement", "GRAPH_CACHE"]
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 GRAPH_CACHE = 4  # compiled graphs kept per backend (the reference and up to three candidates of a comparison)
-
-
-@dataclass
-class _Graph:
-    """A plan's compiled iteration and what the backend knows about its call sites."""
-
-    schedule: Schedule  # (held: its id is the plan's key while the graph lives)
-    dag: Any
-    site_of: dict[int, tuple[int, str]]  # id(graph node) -> (site, producing process)
-    readers: dict[int, list[tuple[str, str]]]  # site -> (process, method) of each reading call
-    to_driver: set[int]  # sites whose values the driver reads
-    poll_s: float | None  # how often to look for overdue calls while an iteration runs
 
 
 def _free_tcp() -> str:
@@ -71,43 +60,6 @@ def _wants_process_group(comp: Component, allowed: Sequence[str]) -> bool:
     return wants_process_group(comp, allowed)
 
 
-@dataclass(frozen=True)
-class GpuPlacement:
-    """Which GPU slot each GPU process runs on: replica r of a component on slot `gpu + r` (`gpu`
-    defaults to 0). All components on the same slots is the colocated mode; components on disjoint
-    slots (e.g. the simulator on `gpu: 0`, policy and trainer on `gpu: ${replicas}`) the disaggregated
-    one. Slots are the bundles of one placement group, i.e. distinct physical GPUs."""
-
-    slot_of: dict[str, int]  # process name (`name#r`) -> slot
-
-    @classmethod
-    def of(cls, wf: Workflow) -> GpuPlacement:
-        return cls({replica_name(name, r): (comp.gpu or 0) + r
-                    for name, comp in wf.components.items() if comp.device == "gpu"
-                    for r in range(comp.replicas)})
-
-    @property
-    def slots(self) -> int:
-        return max(self.slot_of.values(), default=-1) + 1
-
-    def slot(self, component: str, replica: int) -> int | None:
-        return self.slot_of.get(replica_name(component, replica))
-
-    def share(self, slot: int) -> float:
-        return 1.0 / sum(1 for s in self.slot_of.values() if s == slot)
-
-    def distinct(self, component: str) -> bool:
-        """Do the component's replicas run on distinct GPUs (what NCCL requires)?"""
-        mine = [s for p, s in self.slot_of.items() if p.partition("#")[0] == component]
-        return len(set(mine)) == len(mine)
-
-    def describe(self) -> str:
-        by_slot: dict[int, list[str]] = {}
-        for process, slot in sorted(self.slot_of.items(), key=lambda kv: kv[1]):
-            by_slot.setdefault(slot, []).append(process)
-        return "; ".join(f"GPU {s}: {', '.join(ps)}" for s, ps in by_slot.items())
-
-
 class RayBackend(Backend):
     """Component processes on Ray; per-call dispatch, or one compiled graph per iteration after `compile`."""
 
@@ -119,14 +71,10 @@ class RayBackend(Backend):
         self.ray = ray
         # compiled iterations by plan key (id of the schedule), least recently used first; `_current` is the
         # one `execute_iteration` runs (set before the actors start: a failed start shuts down)
-        self._graphs: dict[int, _Graph] = {}
-        self._current: _Graph | None = None
-        self._site_of: dict[int, tuple[int, str]] = {}
-        self._readers: dict[int, list[tuple[str, str]]] = {}
-        self._to_driver: set[int] = set()
+        self._graphs: dict[int, CompiledIteration] = {}
+        self._current: CompiledIteration | None = None
         self._schedule: Schedule | None = None
         self._plan_key: int | None = None  # the loaded schedule's key (its nodes are registered under it)
-        self._poll_s: float | None = None  # how often to look for overdue calls while a compiled iteration runs
         self.started_cluster = False
         self._reaper = None
         if not ray.is_initialized():
@@ -436,6 +384,12 @@ class RayBackend(Backend):
         return env
 
     @property
+    def compiled(self) -> CompiledIteration | None:
+        """The compiled iteration `execute_iteration` runs, with what is known of its call sites (None:
+        calls are dispatched one by one)."""
+        return self._current
+
+    @property
     def dag(self) -> Any:
         """The compiled graph `execute_iteration` runs (None: calls are dispatched one by one)."""
         return self._current.dag if self._current is not None else None
@@ -502,111 +456,37 @@ class RayBackend(Backend):
             while len(self._graphs) >= GRAPH_CACHE:  # the least recently used goes (its loop holds a thread)
                 self._drop_graph(next(iter(self._graphs)))
             try:
-                dag = self._build_dag(schedule)
+                graph = compile_iteration(schedule, self.wf, self.actors)
             except Exception as exc:  # noqa: BLE001 - Ray raises many kinds here; each means "not compiled", said once
                 raise CompileError(f"{type(exc).__name__}: {exc}") from exc
-            limits = [n.timeout_s for n in schedule.workflow.items() if isinstance(n, ExecutionNode) and n.timeout_s]
-            # a node's timeout_s is watched by asking the workers for an overdue call, ten times per limit
-            poll_s = min(1.0, max(0.02, min(limits) / 10)) if limits else None
-            graph = _Graph(schedule, dag, self._site_of, self._readers, self._to_driver, poll_s)
         self._graphs[key] = graph  # (most recently used last)
         self._current = graph
-        self._site_of, self._readers, self._to_driver = graph.site_of, graph.readers, graph.to_driver
-        self._poll_s = graph.poll_s
         self._set_device_sites(key)
-
-    def _build_dag(self, schedule: Schedule) -> Any:
-        """One DAG node per call, bound in program order. A compiled graph runs each actor's calls in
-        the order they were bound (Ray's rule: an edge from each compute to the actor's next), so a
-        component still runs its calls in program order with no ordering inputs. Two exceptions: a call
-        whose outputs nobody reads (yet) hands them to its component's next call, so that the graph's
-        outputs are one call per component instead of every call without consumers; and a call without
-        data inputs takes its component's previous call as one (Ray wants every node to lead back to the
-        graph's input; a component's first call reads the input itself)."""
-        from ray.dag import InputNode, MultiOutputNode
-
-        from .recipe import K
-
-        plan = id(schedule)
-        last_on: dict[str, Any] = {}
-        consumed: set[int] = set()
-        nodes: list[Any] = []
-        # who reads each call's value (for CUDA IPC between processes on one GPU: `_set_device_sites`)
-        self._site_of = {}  # id(graph node) -> (site, producing process)
-        self._readers = {}  # site -> (process, method) of each reading call
-        with InputNode() as inp:
-            def bind(step: Step, replica: int = 0) -> Sequence[Any]:
-                unique: list[Any] = []
-                index: dict[int, int] = {}
-                ports = []
-                for h in step.handles:
-                    key = id(h.node)
-                    if key not in index:
-                        index[key] = len(unique)
-                        unique.append(h.node)
-                    ports.append((index[key], -1 if h.whole else h.index))
-                    consumed.add(key)
-                comp = replica_name(step.node.component, replica)
-                previous = last_on.get(comp)
-                # an `after:` is an input nobody reads (it carries the earlier call's outputs to this process)
-                tokens = list({id(h.node): h.node for h in step.after if id(h.node) not in index}.values())
-                # (a call without inputs also needs one: every graph node must lead back to the graph's input)
-                if previous is not None and (id(previous) not in consumed or not (unique or tokens)):
-                    tokens += [] if any(t is previous for t in tokens) else [previous]
-                consumed.update(id(t) for t in tokens)
-                # only a component's first call reads the iteration number from the graph's input; its
-                # later calls (in order, in the same process) reuse it -- one reader of the input per actor
-                k_arg = inp if previous is None else None
-                site = len(nodes)
-                node = self.actors[comp].call_compiled.bind(plan, step.node.path, step.recipe, step.inv.indices,
-                                                            tuple(ports), site, k_arg, *unique, *tokens)
-                method = step.node.call.partition(".")[2]
-                for read in (*unique, *tokens):  # a token is deserialised by its reader too
-                    self._readers.setdefault(self._site_of[id(read)][0], []).append((comp, method))
-                self._site_of[id(node)] = (site, comp)
-                last_on[comp] = node
-                nodes.append(node)
-                whole = len(step.node.outputs) <= 1  # such a call returns its value, not a 1-tuple (cheaper)
-                return tuple(_CGPort(node, i, whole) for i in range(max(1, len(step.node.outputs))))
-
-            replicas = max((c.replicas for c in self.wf.components.values()), default=1)
-            schedule.steps(K, bind if replicas == 1 else replicated(bind, self.wf))
-            leaves = [n for n in nodes if id(n) not in consumed]
-            self._to_driver = {self._site_of[id(n)][0] for n in leaves}
-            out = MultiOutputNode(leaves)
-        return out.experimental_compile()
 
     def _set_device_sites(self, plan: int) -> None:
         """Tell each GPU process which of its calls in `plan`'s compiled graph send their CUDA tensors by
-        IPC (`device_site_plan`). Every GPU process is told (an empty set too): it is also how a process
+        IPC (`CompiledIteration.device_sites`). Every GPU process is told (an empty set too): it is also how a process
         learns that this graph runs now, so the clones it kept for the other graphs' readers can go."""
-        if self._placement_group is None or self.gpu_device == "cpu" or not self.placement.slot_of:
+        graph = self._current
+        if graph is None or self._placement_group is None or self.gpu_device == "cpu" or not self.placement.slot_of:
             return
         slot = {p: self.placement.slot_of.get(p) for p in self.actors}
         if os.environ.get("ROSE_CUDA_IPC", "1") == "0":  # off: every value leaves its process through the host
             slot = {p: None for p in slot}
-        names = sorted({r for reads in self._readers.values() for r, _ in reads if slot.get(r) is not None})
+        names = graph.device_readers(slot)
         device_inputs = dict(zip(names, (set(m) for m in self.ray.get(
             [self.actors[n].device_inputs.remote() for n in names], timeout=self.start_timeout_s)), strict=True))
-        sites = self.device_site_plan(slot, device_inputs)
+        sites = graph.device_sites(slot, device_inputs)
         self.ray.get([self.actors[p].set_device_sites.remote(sorted(sites.get(p, ())), plan)
                       for p in self.actors if self.placement.slot_of.get(p) is not None], timeout=self.start_timeout_s)
 
-    def device_site_plan(self, slot: Mapping[str, int | None], device_inputs: Mapping[str, set[str]]) -> dict[str, set[int]]:
-        """The compiled graph's call sites (per producing process) whose CUDA tensors may go by IPC, given
-        each process's GPU slot and the methods of each that take device tensors: `tensor_transport.ipc_sites`
-        over who reads each call's value in the graph (a token input counts: Ray deserialises it too)."""
-        from .tensor_transport import ipc_sites
-
-        producer = {site: proc for site, proc in self._site_of.values()}
-        return ipc_sites(producer, self._readers, self._to_driver, slot, device_inputs)
-
     def execute_iteration(self, k: int, timeout: float | None) -> None:
         """Run RL iteration k; Overdue when a call outlives its node's `timeout_s` or the iteration `timeout`."""
-        if self.dag is None:
+        graph = self._current
+        if graph is None:
             raise CompileError("execute_iteration before compile")
-        ref = self.dag.execute(k)
-        if self._poll_s is None:
+        ref = graph.dag.execute(k)
+        if graph.poll_s is None:
             self._wait_iteration(ref, k, timeout)
             return
         import threading
@@ -623,8 +503,8 @@ class RayBackend(Backend):
                 done.set()
 
         threading.Thread(target=wait, name="rose-iteration", daemon=True).start()
-        while not done.wait(self._poll_s):
-            late = self._overdue()
+        while not done.wait(graph.poll_s):
+            late = self._overdue(graph.poll_s)
             if late is not None:
                 raise Overdue(*late, NODE_LIMIT)
         if failure:
@@ -637,11 +517,11 @@ class RayBackend(Backend):
             failure = self._failure(exc, f"iteration {k}")
             raise (Overdue(f"iteration {k}", timeout or 0.0) if isinstance(failure, TimeoutError) else failure) from None
 
-    def _overdue(self) -> tuple[str, float] | None:
+    def _overdue(self, poll_s: float) -> tuple[str, float] | None:
         """A call running past its node's timeout_s on any component, as (label, limit). A compiled graph
         runs calls on its own thread of each actor, so the actor still answers this meanwhile."""
         refs = [actor.overdue.remote() for actor in self.actors.values()]
-        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=self._poll_s)
+        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=poll_s)
         for ref in ready:
             try:
                 late = self.ray.get(ref)
@@ -660,7 +540,7 @@ class RayBackend(Backend):
             for name in list(self.actors):
                 self._kill(name)
         for graph in self._graphs.values():
-            _bounded(graph.dag.teardown, 30.0)
+            graph.teardown()
         self._graphs.clear()
         self._current = None
 
@@ -669,7 +549,7 @@ class RayBackend(Backend):
         graph = self._graphs.pop(key)
         if graph is self._current:
             self._current = None
-        _bounded(graph.dag.teardown, 30.0)
+        graph.teardown()
         for actor in self.actors.values():
             try:
                 actor.forget_plans.remote([key])
@@ -698,31 +578,6 @@ class RayBackend(Backend):
         shutil.rmtree(self.stack_dir, ignore_errors=True)
 
 
-def _bounded(fn: Any, seconds: float) -> None:
-    """Run a teardown step, giving up on it (it runs on in a daemon thread) after `seconds`."""
-    import threading
-
-    def run() -> None:
-        try:
-            fn()
-        except Exception:  # noqa: BLE001 - a teardown after the run's outcome is decided (e.g. of a graph whose actors
-            pass  # were killed after a watchdog, which raises): its failure must not replace that outcome
-
-    t = threading.Thread(target=run, name="rose-teardown", daemon=True)
-    t.start()
-    t.join(seconds)
-
-
 def _unwrap(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[-1] if text else type(exc).__name__
-
-
-
-class _CGPort:
-    """Output `index` of a compiled-graph node (`whole`: the node's value is that one output)."""
-
-    __slots__ = ("node", "index", "whole")
-
-    def __init__(self, node: Any, index: int, whole: bool) -> None:
-        self.node, self.index, self.whole = node, index, whole

@@ -1,5 +1,5 @@
 """Which compiled calls send CUDA tensors by IPC (interpreter/tensor_transport.py `ipc_sites`, the Ray
-backend's `device_site_plan`): only a call whose every reader is another process on the producer's GPU, in a
+compiled iteration's `device_sites`): only a call whose every reader is another process on the producer's GPU, in a
 method that takes device tensors, and never the driver. The transfer itself needs a GPU: it is exercised on
 the H200 by benchmarks/weight_transfer.py (bit-identical weights, benchmarks/results/weight_transfer_h200.json)
 and by the paper table's runs."""
@@ -70,15 +70,16 @@ iteration:
     be = RayBackend(wf, ("tests.",), sch.program.loops_of)
     try:
         be.compile(sch)
-        assert be.dag is not None
+        graph = be.compiled
+        assert graph is not None and be.dag is graph.dag
         slots = {"policy": 0, "trainer": 0, "sim": None}
-        plan = be.device_site_plan(slots, {"policy": {"load_weights"}, "trainer": set()})
+        plan = graph.device_sites(slots, {"policy": {"load_weights"}, "trainer": set()})
         assert list(plan) == ["trainer"] and len(plan["trainer"]) == 1
         (site,) = plan["trainer"]
-        assert be._readers[site] == [("policy", "load_weights")]
+        assert graph.readers[site] == [("policy", "load_weights")]
         # the policy's act goes to a CPU process, the update's loss to the trainer itself: never IPC
-        assert be.device_site_plan({**slots, "sim": 0}, {"policy": {"load_weights"}, "sim": set()}) == plan
-        assert be.device_site_plan(slots, {"policy": set(), "trainer": set()}) == {}
+        assert graph.device_sites({**slots, "sim": 0}, {"policy": {"load_weights"}, "sim": set()}) == plan
+        assert graph.device_sites(slots, {"policy": set(), "trainer": set()}) == {}
     finally:
         be.shutdown()
         if started:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from interpreter import ray_backend as ray_backend_module
 from interpreter.local_backend import LocalBackend
 from interpreter.ray_backend import GRAPH_CACHE, RayBackend
 from interpreter.schedule import Schedule
@@ -69,24 +70,22 @@ def _run(sequence: list[int], ray_backend: bool, on_ray=None) -> torch.Tensor:
         ex.close()
 
 
-def test_switching_back_to_a_cached_plan_does_not_compile_it_again(ray_session) -> None:
+def test_switching_back_to_a_cached_plan_does_not_compile_it_again(ray_session, monkeypatch) -> None:
     sequence = [0, 1, 0, 1, 1, 0, 1, 0]
     builds: list[str] = []
 
     def check(ex: Executor, be: RayBackend, plans) -> None:
         assert ex.loads == 7 and len(be._graphs) == 2  # every switch loaded; two graphs compiled in all
 
-    original = RayBackend._build_dag
+    original = ray_backend_module.compile_iteration
 
-    def counting(self, schedule):
+    def counting(schedule, wf, actors):
         builds.append(schedule.workflow.name)
-        return original(self, schedule)
+        return original(schedule, wf, actors)
 
-    RayBackend._build_dag = counting  # type: ignore[method-assign]
-    try:
-        on_ray = _run(sequence, True, check)
-    finally:
-        RayBackend._build_dag = original  # type: ignore[method-assign]
+    monkeypatch.setattr(ray_backend_module, "compile_iteration", counting)
+    on_ray = _run(sequence, True, check)
+    monkeypatch.undo()
     assert builds == ["cache-m0", "cache-m1"]
     assert torch.equal(on_ray, _run(sequence, False))
 
