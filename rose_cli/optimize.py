@@ -297,8 +297,9 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
     if run.overwrite:
         clear_report(opts.report_dir)  # the schedule, replicas, the cluster address, the run directory (cleared with --overwrite)
     gpu = teardown.enter_context(gpu_session(wf, run, ctx.err))
-    quota_stage = opts.quota and run.backend == "ray" and any(c.device == "gpu" for c in wf.components.values())
-    # with stage 2 to come, stage 1 gets about two thirds of the budget (all of it goes to stage 2 with --stage1)
+    # with stage 2 to come, stage 1 gets about two thirds of the budget (all of it goes to stage 2 with --stage1);
+    # when stage 2 will be skipped (no GPU component, no MPS, --no-quota...), stage 1 gets all of it
+    quota_stage = stage2_skipped(wf, opts.quota, run.backend, gpu) is None
     settings = Settings(top_k=opts.top_k, alternatives=opts.alternatives, rounds=opts.rounds,
                         budget_s=None if opts.budget_s is None else opts.budget_s * (0.65 if quota_stage else 1.0))
     deadline = None if opts.budget_s is None else started + opts.budget_s
@@ -354,16 +355,25 @@ def _typical(runs: list[Any]) -> Any:
     return ordered[len(ordered) // 2]
 
 
+def stage2_skipped(wf: Workflow, quota: bool, backend: str, gpu: Any) -> str | None:
+    """Why stage 2 (MPS quotas) cannot run for this workflow here, or None when it will. Asked before stage
+    1, whose share of the budget depends on it, and again when stage 2 would start."""
+    if not quota:
+        return "--no-quota"
+    if not any(c.device == "gpu" for c in wf.components.values()):
+        return "no GPU components: MPS quotas do not apply on the CPU"
+    if backend != "ray":
+        return "quotas need one process per component (--backend ray)"
+    if not gpu.quotas_work:
+        return "MPS is not active here (see the warning above), so quotas cannot bind"
+    return None
+
+
 def _stage2(wf: Workflow, result: Any, session: Any, gpu: Gpu, quota: bool, backend: str, settings: Any,
             log: Any, deadline: float | None, stop: Any = None) -> dict[str, Any]:
-    if not quota:
-        return {"skipped": "--no-quota"}
-    if not any(c.device == "gpu" for c in wf.components.values()):
-        return {"skipped": "no GPU components: MPS quotas do not apply on the CPU"}
-    if backend != "ray":
-        return {"skipped": "quotas need one process per component (--backend ray)"}
-    if not gpu.quotas_work:
-        return {"skipped": "MPS is not active here (see the warning above), so quotas cannot bind"}
+    skipped = stage2_skipped(wf, quota, backend, gpu)
+    if skipped is not None:
+        return {"skipped": skipped}
     from interpreter.quota_trials import tune_quota
 
     if stop is not None and stop():

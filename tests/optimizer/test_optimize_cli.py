@@ -296,3 +296,24 @@ def test_a_sigterm_stops_the_search_and_still_writes_the_plan_and_report(tmp_pat
     assert report["cut_short"] and "SIGTERM" in report["stopped"] and report["interrupted"] == "stopped by SIGTERM"
     assert rose("validate", str(plan)).returncode == 0
     assert time.monotonic() - t0 < 240
+
+
+def test_stage1_gets_the_whole_budget_when_stage2_cannot_run() -> None:
+    """Stage 1's share of `--budget-s` (two thirds with stage 2 to come) depends on whether stage 2 will run:
+    the same reasons decide both, so a GPU workflow on a machine without MPS does not leave a third of the
+    budget to a stage that is then skipped."""
+    from types import SimpleNamespace
+
+    from rose_cli.optimize import stage2_skipped
+    from rose_cli.run import Gpu
+    from rose_dsl import load_workflow
+
+    gpu_wf = load_workflow(WF / "embodied_ppo_gpu.yaml")
+    cpu_wf = load_workflow(WF / "latency_interaction.yaml")
+    mps = Gpu(device="cuda", daemon=SimpleNamespace(active=True))
+    assert stage2_skipped(gpu_wf, True, "ray", mps) is None
+    assert "MPS is not active" in (stage2_skipped(gpu_wf, True, "ray", Gpu(device="cuda")) or "")
+    assert "MPS is not active" in (stage2_skipped(gpu_wf, True, "ray", Gpu(device="cuda", daemon=SimpleNamespace(active=False))) or "")
+    assert stage2_skipped(gpu_wf, False, "ray", mps) == "--no-quota"
+    assert "--backend ray" in (stage2_skipped(gpu_wf, True, "local", mps) or "")
+    assert "no GPU components" in (stage2_skipped(cpu_wf, True, "ray", mps) or "")
