@@ -355,7 +355,7 @@ def _typical(runs: list[Any]) -> Any:
     return ordered[len(ordered) // 2]
 
 
-def stage2_skipped(wf: Workflow, quota: bool, backend: str, gpu: Any) -> str | None:
+def stage2_skipped(wf: Workflow, quota: bool, backend: str, gpu: Gpu) -> str | None:
     """Why stage 2 (MPS quotas) cannot run for this workflow here, or None when it will. Asked before stage
     1, whose share of the budget depends on it, and again when stage 2 would start."""
     if not quota:

@@ -85,7 +85,6 @@ def test_switching_back_to_a_cached_plan_does_not_compile_it_again(ray_session, 
 
     monkeypatch.setattr(ray_backend_module, "compile_iteration", counting)
     on_ray = _run(sequence, True, check)
-    monkeypatch.undo()
     assert builds == ["cache-m0", "cache-m1"]
     assert torch.equal(on_ray, _run(sequence, False))
 
