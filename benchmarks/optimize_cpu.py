@@ -27,7 +27,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = {"interaction": "workflows/latency_interaction.yaml", "nested": "workflows/latency_nested.yaml",
-             "chain": "workflows/latency_chain.yaml", "sim_processes": "workflows/latency_sim_processes.yaml"}
+             "chain": "workflows/latency_chain.yaml", "sim_processes": "workflows/latency_sim_processes.yaml",
+             "decode": "workflows/latency_decode.yaml"}
 # what a workflow's runs need besides the defaults: the simulator-processes one is the `--layout` check, on
 # Ray (replicas are processes) for the optimizer and for both sides of the A/B rounds alike
 OPTIMIZE_ARGS = {"sim_processes": ["--layout", "sim_replicas=1,2,4", "--backend", "ray"]}

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from ..analysis import loop_kinds
 from ..ir import Component, ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from ..transforms import Refused, apply, temporal_groups
+from ..transforms.split import check_splittable_loop
 from .profile import base_component, structural
 
 __all__ = ["Alternative", "Feasible", "Infeasible", "alternatives", "sweep", "check", "find_structural",
@@ -192,6 +193,7 @@ def alternatives(wf: Workflow, target: str, groups: Sequence[int] = DEFAULT_GROU
                 out += _temporal(wf, loop, target, groups, comp)
         out += _spatial(wf, parent, target, groups, comp)
         out += _around(wf, parent, target, groups, comp)
+        out += _chain(wf, parent, target, groups)  # the loop copied per row group, pipelined with its consumers
     elif isinstance(parent, LoopNode):  # a node of the iteration body
         out += _reposition(wf, item, target)
         if item.batch is not None:
@@ -226,23 +228,52 @@ def _split_node(wf: Workflow, node: ExecutionNode, target: str, groups: Sequence
     for k in _divisors(node.batch_size, groups):
         out.append(Alternative((f"split {name} {k}",), "split-node", target, (), k, (_spath(node.path),),
                                f"split '{node.name}' into {k} row groups"))
-    body = _body(_parent(wf, node.path))
-    names = [i.name for i in body]
-    at = names.index(node.name)
-    chain = [node.name]
+    return out + _chain(wf, node, target, groups)
+
+
+def _components(item: Item) -> set[str]:
+    return {base_component(n.component) for n in _calls(item)}
+
+
+def _rows_of(wf: Workflow, item: Item) -> int | None:
+    """The batch size of an item a chain can split into row groups: a node separable along dim 0, or a
+    static loop every call of which is (copied whole per group); None for anything else."""
+    if isinstance(item, ExecutionNode):
+        return item.batch_size if item.batch == 0 and item.split_of is None and item.rows is None else None
+    if isinstance(item, LoopNode) and item.path != wf.root.path:
+        try:
+            return check_splittable_loop(wf, item.path)
+        except Refused:
+            return None
+    return None
+
+
+def _chain(wf: Workflow, first: Item, target: str, groups: Sequence[int]) -> list[Alternative]:
+    """`first` and the consecutive siblings after it that share its row groups, pipelined in k groups: group
+    g of each item starts when group g of the one before is done (a loop in it is copied whole per group).
+    The chain ends before an item whose components are all among the previous item's, or hold all of them
+    (`reset -> step` on the simulator and policy): group g of it could not run beside group g + 1 of the
+    one before, so the split would only pay each call's fixed cost k times."""
+    size = _rows_of(wf, first)
+    if size is None:
+        return []
+    body = _body(_parent(wf, first.path))
+    at = [i.name for i in body].index(first.name)
+    chain = [first]
     for nxt in body[at + 1:]:
-        if isinstance(nxt, ExecutionNode) and nxt.batch == 0 and nxt.batch_size == node.batch_size:
-            chain.append(nxt.name)
-        else:
+        before, now = _components(chain[-1]), _components(nxt)
+        if _rows_of(wf, nxt) != size or before <= now or now <= before:
             break
-    if len(chain) > 1:
-        parts = [request_name(wf, node.path[:-1] + (c,)) for c in chain]
-        for k in _divisors(node.batch_size, groups):
-            out.append(Alternative((f"split-chain {' '.join(parts)} {k}",), "split-chain", target,
-                                   tuple(_spath(node.path[:-1] + (c,)) for c in chain[1:]), k,
-                                   tuple(_spath(node.path[:-1] + (c,)) for c in chain),
-                                   f"pipeline the chain {' -> '.join(chain)} in {k} row groups"))
-    return out
+        chain.append(nxt)
+    if len(chain) < 2:
+        return []
+    parts = [request_name(wf, i.path) for i in chain]
+    names = [i.name for i in chain]
+    split = tuple(dict.fromkeys(_spath(n.path) for i in chain for n in _calls(i)))
+    later = tuple(dict.fromkeys(_spath(n.path) for i in chain[1:] for n in _calls(i)))
+    return [Alternative((f"split-chain {' '.join(parts)} {k}",), "split-chain", target, later, k, split,
+                        f"pipeline the chain {' -> '.join(names)} in {k} row groups")
+            for k in _divisors(size, groups)]
 
 
 def _around(wf: Workflow, anchor: Item, target: str, groups: Sequence[int], comp: str, consumers: bool = True) -> list[Alternative]:
@@ -302,8 +333,8 @@ def sweep(wf: Workflow, groups: Sequence[int] = DEFAULT_GROUPS) -> list[Alternat
                 out.append(Alternative((f"fuse {request_name(wf, a.path)} {request_name(wf, b.path)}",), "fuse", SWEEP,
                                        tuple(_spath(n.path) for n in _calls(b)),
                                        note=f"run iteration j of '{b.name}' right after iteration j of '{a.name}'"))
-            if isinstance(a, ExecutionNode) and a.batch == 0:
-                out += [x for x in _split_node(wf, a, SWEEP, groups, "") if x.family == "split-chain"]
+            if not isinstance(a, MergeNode):
+                out += _chain(wf, a, SWEEP, groups)
     return _dedupe(out)
 
 

@@ -9,7 +9,7 @@ becomes that group's output; one that spans several whole groups, their concaten
 group, a slice of that group's output): a pure
 rewrite of expressions, values unchanged, dependencies only fewer. Every split runs it, so the order of
 the splits does not matter; `split_chain` splits consecutive separable siblings into the same row
-groups as one request.
+groups as one request; a loop in the chain is copied whole per group.
 """
 
 from __future__ import annotations
@@ -119,8 +119,10 @@ def forward_merge_slices(wf: Workflow) -> Workflow:
 
 def build_split_chain(wf: Workflow, paths: Sequence[Path], k: int) -> Rewritten:
     """Split consecutive batch-separable siblings into the same k row groups, as one region: group g of
-    each reads group g of the one before (through `forward_merge_slices`), so the groups pipeline."""
-    from .split import build_split_node, check_separable
+    each reads group g of the one before (through `forward_merge_slices`), so the groups pipeline. A loop
+    in the chain (a token-by-token decode loop before its reward model) is copied whole per group
+    (`build_split_loop_rows`): group 0 runs all its iterations, then group 1 while group 0's consumer runs."""
+    from .split import build_split_loop_rows, build_split_node, check_separable, check_splittable_loop
 
     if len(paths) < 2:
         raise Refused("a chain needs at least two nodes")
@@ -133,16 +135,21 @@ def build_split_chain(wf: Workflow, paths: Sequence[Path], k: int) -> Rewritten:
         raise Refused(f"the chain must name its nodes in program order ({', '.join(n for n in body if n in {p[-1] for p in paths})})")
     sizes = {}
     for p in paths:
-        node = find(wf, p)
-        if not isinstance(node, ExecutionNode):
-            raise Refused(f"'{node.name}' is not a node: a chain splits nodes", at=node.pos)
-        check_separable(node)
-        sizes[node.name] = node.batch_size
+        item = find(wf, p)
+        if isinstance(item, LoopNode):
+            sizes[item.name] = check_splittable_loop(wf, p)
+        elif isinstance(item, ExecutionNode):
+            check_separable(item)
+            sizes[item.name] = item.batch_size
+        else:
+            raise Refused(f"'{item.name}' is a merge: a chain splits nodes and loops", at=item.pos)
     if len(set(sizes.values())) != 1:
         raise Refused(f"the nodes of a chain must have one batch size to share row groups ({sizes})")
     result = None
     for p in paths:
-        step = build_split_node(result.workflow if result is not None else wf, p, k)
+        current = result.workflow if result is not None else wf
+        step = (build_split_loop_rows(current, p, k) if isinstance(find(current, p), LoopNode)
+                else build_split_node(current, p, k))
         result = step if result is None else compose(result, step)
     assert result is not None
     names = ", ".join(p[-1] for p in paths)

@@ -142,7 +142,8 @@ REQUEST_HELP = """rewrite requests (names are item names, or dotted paths (below
   split NAME K               split a batch-separable node, or every item of a loop body, into K row groups
   split-chain A B ... K      split consecutive separable sibling nodes into the same K row groups: group g of B
                              starts as soon as group g of A is done (a slice of a merge that is exactly one
-                             group's rows reads that group; every split does this)
+                             group's rows reads that group; every split does this); a loop in the chain whose
+                             calls are all separable is copied whole per group (a decode loop, then its scorer)
   split-time LOOP K          split the iterations of a free loop into K groups (round robin) that may overlap
   interleave LOOP [STAGGER]  stagger the groups of a split loop body; for a loop split in time: its groups
                              take turns, one call each

@@ -7,6 +7,9 @@ the same for every item of a loop body at once -- the simulator-group pipelining
 group gets its own carried values (`step.obs@0`), its own calls over its rows, and merges at the end of
 each iteration for the unsplit consumers (the collects, later nodes). Each group keeps its iteration
 order; groups touch disjoint rows of any per-row state (the component contract's `rows=`).
+`build_split_loop_rows` copies a whole loop per row group instead (`decode@0` runs every iteration on
+its rows, then `decode@1`), so that a consumer split into the same groups starts on group 0 while group
+1 is still in the loop (`split-chain` over a token-by-token decode loop and its reward model).
 
 What makes a split legal is checked while building it (the pass runner, `passes.py`, adds the checks of
 the result): every split node is batch-separable along dim 0, every value a group reads from outside
@@ -21,7 +24,7 @@ from dataclasses import replace
 from ..errors import SourcePos
 from ..expr import Call, Expr, Int, Ref, Slice, unparse
 from ..ir import Carry, ExecutionNode, Item, LoopNode, MergeNode, Workflow, iter_items
-from ..resolve import CarryIn, IterSelect, LoopIndex, NodePort, Resolver
+from ..resolve import CarryIn, IterSelect, LoopIndex, NodePort, Resolver, expr_fields
 from .chain import forward_merge_slices
 from .refs import (
     RefFn,
@@ -38,7 +41,8 @@ from .refs import (
 from .rewritten import Refused, Rewritten
 from .tree import find, into_group, repath, replace_item
 
-__all__ = ["row_groups", "check_separable", "build_split_node", "build_split_loop_body"]
+__all__ = ["row_groups", "check_separable", "build_split_node", "build_split_loop_body", "build_split_loop_rows",
+           "check_splittable_loop"]
 
 Path = tuple[str, ...]
 Rows = tuple[int, int]
@@ -95,7 +99,8 @@ def _slice_input(resolver: Resolver, item: Item, key: str, expr: Expr, rows: Row
         return expr  # an integer: the same for every group
     if dim == "unknown":
         raise Refused(f"input {key} of {what} ('{unparse(expr)}') comes from a value whose rows rose cannot tell "
-                      "(its producer is not batch-separable)", at=at)
+                      "(a producer that is not batch-separable, or values combined by an expression such as cat; "
+                      "a split loop and its consumer split together: split-chain)", at=at)
     if dim != 0:
         raise Refused(f"input {key} of {what} ('{unparse(expr)}') has its batch on dim {dim}; rose slices dim 0 only", at=at)
     return _rows_of(expr, rows)
@@ -178,6 +183,12 @@ def build_split_loop_body(wf: Workflow, path: Path, k: int, batch_size: int | No
     return Rewritten(new, locate, f"split the body of loop {'.'.join(path)} into {k} groups of rows {groups}")
 
 
+def check_splittable_loop(wf: Workflow, path: Path) -> int:
+    """The batch size of the loop at `path` when every call in it can be split into row groups (its body,
+    or the whole loop in copies); raises Refused saying why not."""
+    return _splittable_loop(wf, path, None)[1]
+
+
 def _splittable_loop(wf: Workflow, path: Path, batch_size: int | None) -> tuple[LoopNode, int]:
     """The loop at `path` and its batch size, or a refusal saying why its body cannot be split."""
     loop = find(wf, path)
@@ -239,11 +250,14 @@ def _under(path: Path, prefix: Path) -> bool:
     return path[: len(prefix)] == prefix
 
 
-def _group_refs(resolver: Resolver, loop: LoopNode, g: int, rows: Rows) -> RefFn:
+def _group_refs(resolver: Resolver, loop: LoopNode, g: int, rows: Rows,
+                renamed: tuple[dict[Path, str], dict[tuple[Path, str], str]] | None = None) -> RefFn:
     """How group g's copy of the body reads: the body's items and the loop's carried values are the
-    group's own (`act@g`, `step.obs@g`); a value from outside the loop is read as the group's rows."""
-    names = {item.path: f"{item.name}@{g}" for item in loop.body}
-    carries = {(loop.path, c.name): f"{c.name}@{g}" for c in loop.carries}
+    group's own (`act@g`, `step.obs@g`); a value from outside the loop is read as the group's rows.
+    `renamed` (item names, carried-value names) replaces the body's renaming (a copy of the whole loop
+    renames the loop itself: `decode@g.i`, `decode@g[*]`)."""
+    names, carries = renamed or ({item.path: f"{item.name}@{g}" for item in loop.body},
+                                 {(loop.path, c.name): f"{c.name}@{g}" for c in loop.carries})
 
     def fn(use: RefUse) -> Expr:
         new = rename_ref(use, names, carries)
@@ -295,3 +309,47 @@ def _output_dim(resolver: Resolver, item: Item, port: str) -> int:
         raise Refused(f"output '{port}' of nested loop '{item.name}' has no known batch dimension (a carried value "
                       "must keep one from its first value on); it cannot be merged", at=item.field_pos.get(key) or item.pos)
     return dim
+
+
+# -- a whole loop, copied per row group ---------------------------------------------------------------
+
+def build_split_loop_rows(wf: Workflow, path: Path, k: int, batch_size: int | None = None) -> Rewritten:
+    """The loop at `path` as k copies, each running every iteration on its rows (`decode@0` on [0, 32),
+    then `decode@1`), followed by a merge named like the loop for the readers outside it. The copies are
+    independent (disjoint rows of every input, carried value and per-row state), so each keeps the
+    declared iteration order on its rows and the merge gives the declared outputs."""
+    loop, size = _splittable_loop(wf, path, batch_size)
+    groups = row_groups(size, k, f"loop '{loop.name}'", loop.pos)
+    resolver = Resolver(wf)
+    _check_carries(resolver, loop)
+    _check_not_selected_from_outside(resolver, loop)
+    items: list[Item] = []
+    for g, rows in enumerate(groups):
+        name = f"{loop.name}@{g}"
+        copy = map_subtree(resolver, loop, _group_refs(resolver, loop, g, rows, ({path: name}, {})))
+        assert isinstance(copy, LoopNode)
+        items.append(into_group(repath(replace(copy, split_of=loop.name), path, path[:-1] + (name,)), g, rows))
+    items.append(MergeNode(path=path, sources=tuple(f"{loop.name}@{g}" for g in range(k)),
+                           ports=tuple((p, _output_dim(resolver, loop, p)) for p in loop.outputs)))
+    new = forward_merge_slices(replace_item(wf, path, items))
+
+    def locate(p: Path, idx: tuple[int, ...]):
+        if p[: len(path)] == path and len(p) > len(path):
+            return None  # the loop's items exist once per copy
+        return p, idx
+
+    return Rewritten(new, locate, f"split loop {'.'.join(path)} into {k} copies over rows {groups}")
+
+
+def _check_not_selected_from_outside(resolver: Resolver, loop: LoopNode) -> None:
+    """A reader outside the loop that selects its iterations (`epoch[update.i].step.traj`) would select
+    them from one copy's rows: the merge holds only the loop's outputs."""
+    for item in resolver.items.values():
+        if _under(item.path, loop.path):
+            continue
+        for key, expr in expr_fields(item):
+            for b in resolver.tables.field(item, key, expr).values():
+                if isinstance(b, IterSelect) and _under(b.loop, loop.path):
+                    raise Refused(f"'{item.name}' selects iterations of loop '{b.loop[-1]}' from outside loop "
+                                  f"'{loop.name}' ({key}): copied per row group, those iterations run once per copy",
+                                  at=item.field_pos.get(key) or item.pos)

@@ -166,6 +166,35 @@ def test_chain_plan_is_never_slower(tmp_path: Path) -> None:
     assert report["speedup"] >= 0.95
 
 
+@pytest.mark.exclusive
+def test_a_decode_loop_and_its_verifier_are_pipelined(tmp_path: Path) -> None:
+    """An LLM-RL shape with a token-by-token decode loop: the optimizer copies the loop per row group and
+    pipelines the verifier behind it (`split-chain ... decode grade K`); the training through the optimizer
+    and on with the plan is the declared workflow's, bit for bit."""
+    n = 120
+    declared = tmp_path / "declared"
+    r = rose("execute", str(WF / "latency_decode.yaml"), "--set", f"iterations={n}", *NO_WAIT, "--out", str(declared),
+             "--checkpoint-every", str(n), "-q")
+    assert r.returncode == 0, r.stderr
+    plan = tmp_path / "plan.yaml"
+    r = rose("optimize", str(WF / "latency_decode.yaml"), "--set", f"iterations={n}", "--rounds", "1", "-o", str(plan), "-q")
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "plan_report" / "report.json").read_text())
+    requests = report["plan_requests"]
+    assert any(q.startswith("split-chain") and " decode grade " in q for q in requests), requests
+    run = tmp_path / "plan_report" / "run"
+    r = rose("execute", str(WF / "latency_decode.yaml"), "--plan", str(plan), "--out", str(run), "--resume",
+             "--checkpoint-every", str(n), "-q")
+    assert r.returncode == 0, r.stderr
+    _same_training(_metrics(declared / "metrics.jsonl"), _metrics(run / "metrics.jsonl"))
+    sa, sb = _states(declared), _states(run)
+    for comp in ("generator", "learner"):
+        for name, value in sa[comp].items():
+            assert torch.equal(value, sb[comp][name]), f"{comp}.{name}"
+    _timing_is_meaningful()
+    assert report["speedup"] >= 1.15
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["optimize", "workflows/nope.yaml", "-o", "{tmp}/p.yaml"], "nope.yaml"),
     (["optimize", "workflows/latency_interaction.yaml", "-o", "{tmp}/p.yaml", "--backend", "gpu"], "--backend"),

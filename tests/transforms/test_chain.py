@@ -80,3 +80,68 @@ def test_a_chain_is_refused_where_its_nodes_are_not_a_chain() -> None:
         apply_request(wf, "split-chain score generate 2")
     with pytest.raises(Refused, match="not batch-separable"):
         apply_request(wf, "split-chain score learn 2")
+
+
+DECODE = """
+rose: 1
+name: decode
+components:
+  src: {impl: "tests.mocks:Mock", args: {name: src, batch: 8, behaviors: {
+          sample: {state: {}, out: [x], separable: true}}}}
+  lm: {impl: "tests.mocks:Mock", state: [cache], args: {name: lm, batch: 8, states: [cache], behaviors: {
+          tok: {state: {cache: update}, out: [h], separable: true}}}}
+  rm: {impl: "tests.mocks:Mock", args: {name: rm, batch: 8, behaviors: {
+          score: {state: {}, out: [reward], separable: true}}}}
+  learner: {impl: "tests.mocks:Mock", state: [w], args: {name: learner, batch: 8, states: [w], behaviors: {
+          learn: {state: {w: update}, out: [loss], separable: false}}}}
+iteration:
+  count: 2
+  body:
+    - {node: prompt, call: src.sample, in: {it: iteration.i}, out: [x], batch: {dim: 0, size: 8}}
+    - loop: decode
+      count: 3
+      carry: {h: {init: prompt.x, next: tok.h}}
+      body:
+        - {node: tok, call: lm.tok, in: {h: decode.h, t: decode.i}, state: {cache: update}, out: [h],
+           batch: {dim: 0, size: 8}}
+      collect: {seq: "stack(decode[*].{tok.h})"}
+    - {node: score, call: rm.score, in: {h: decode.h}, out: [reward], batch: {dim: 0, size: 8}}
+    - {node: learn, call: learner.learn, in: {seq: decode.seq, reward: score.reward}, state: {w: update}, out: [loss]}
+"""
+
+
+def test_a_loop_in_a_chain_is_copied_whole_per_group_and_its_consumer_waits_for_its_copy_only() -> None:
+    """A token-by-token decode loop before its reward model: each group's copy of the loop runs all its
+    iterations on its rows (the lm's per-row cache included), and group g of the reward model reads
+    the last token of copy g -- so it can run while copy g + 1 decodes."""
+    wf = load_workflow_text(DECODE, "decode.yaml")
+    result = apply_request(wf, "split-chain decode score 2")
+    body = [i.name for i in result.workflow.root.body]
+    assert body == ["prompt", "decode@0", "decode@1", "decode", "score@0", "score@1", "score", "learn"]
+    copy = result.workflow.find(("iteration", "decode@1"))
+    assert unparse(copy.carries[0].init) == "prompt.x[4:8]" and copy.body[0].rows == (4, 8)
+    g = invocation_graph(result.workflow, iterations=1)
+    score0 = next(i for i in g.order if i.path[-1] == "score@0")
+    assert {(p.path[-2], p.indices[-1]) for p in g.producers(score0)} == {("decode@0", 2)}  # copy 0's last token
+    assert_preserved(wf, result)
+    # the whole chain from the prompt, and groups of other sizes (a consumer group reading part of a copy)
+    for requests in (("split-chain prompt decode score 4",), ("split-chain prompt decode 4", "split score 2")):
+        result = apply_request(wf, requests[0])
+        for r in requests[1:]:
+            result = compose(result, apply_request(result.workflow, r))
+        assert_preserved(wf, result)
+    assert unparse(dict(result.workflow.find(("iteration", "score@1")).inputs)["h"]) == "cat(decode@2.h, decode@3.h)"
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    # a reader outside the loop selecting one of its iterations: the copies hold half the rows each
+    (("in: {seq: decode.seq,", "in: {seq: 'decode[1].tok.h',"), "selects iterations of loop 'decode'"),
+    # a call in the loop whose rows may mix (no batch declaration)
+    (("           batch: {dim: 0, size: 8}}\n      collect", "           }\n      collect"), "not batch-separable"),
+])
+def test_a_loop_that_cannot_be_copied_per_group_is_refused(change, reason) -> None:
+    text = DECODE.replace(*change)
+    assert text != DECODE
+    wf = load_workflow_text(text, "decode.yaml")
+    with pytest.raises(Refused, match=reason):
+        apply_request(wf, "split-chain decode score 2")

@@ -35,7 +35,7 @@ from ..strategies import workflows
 from .found import ACCEPTED, FORCED
 from .harness import differences, execute, orders
 
-OPS = ("rewire", "split_node", "split_loop", "interleave", "fuse", "split_time", "split_chain")
+OPS = ("rewire", "split_node", "split_loop", "interleave", "fuse", "split_time", "split_chain", "chain_loop")
 Step = tuple[str, int, int, int] | str
 STEPS = st.tuples(st.sampled_from(OPS), st.integers(0, 999), st.integers(0, 999), st.integers(0, 999))
 
@@ -66,8 +66,9 @@ def request_for(wf: Workflow, step: Step) -> str | None:
     if op == "split_node":
         node = pick([i for i in items if not isinstance(i, LoopNode | MergeNode)], a)
         return None if node is None else f"split {_name(node.path)} {2 + b % 2}"
-    if op == "split_chain":  # a node and the next one or two nodes of its body
-        chains = [c for c in (_chain(wf, i, 2 + c % 2) for i in items if isinstance(i, ExecutionNode)) if c]
+    if op in ("split_chain", "chain_loop"):  # an item and the next one or two of its body (with a loop: copied whole)
+        chains = [ch for ch in (_chain(wf, i, 2 + c % 2) for i in items if not isinstance(i, MergeNode)) if ch
+                  and (op == "split_chain") == all(isinstance(x, ExecutionNode) for x in ch)]
         chain = pick(chains, a)
         return None if chain is None else f"split-chain {' '.join(_name(n.path) for n in chain)} {2 + b % 2}"
     if op == "interleave":  # among loops whose body holds groups (else there is nothing to interleave)
@@ -95,12 +96,12 @@ def request_for(wf: Workflow, step: Step) -> str | None:
     return f"fuse {_name(loop.path)} {_name(pick(fusable if fusable and c % 2 == 0 else partners, b).path)}"
 
 
-def _chain(wf: Workflow, node: ExecutionNode, n: int) -> list[ExecutionNode] | None:
-    parent = wf.find(node.path[:-1])
+def _chain(wf: Workflow, first: ExecutionNode | LoopNode, n: int) -> list[ExecutionNode | LoopNode] | None:
+    parent = wf.find(first.path[:-1])
     body = list(parent.body if isinstance(parent, LoopNode) else parent.phases or ())
-    at = [i.path for i in body].index(node.path)
+    at = [i.path for i in body].index(first.path)
     run = body[at:at + n]
-    return run if len(run) == n and all(isinstance(i, ExecutionNode) for i in run) else None  # type: ignore[return-value]
+    return run if len(run) == n and not any(isinstance(i, MergeNode) for i in run) else None  # type: ignore[return-value]
 
 
 def _later_loops(wf: Workflow, loop: LoopNode) -> list[LoopNode]:
