@@ -96,6 +96,7 @@ class RunContext:
 # --- before anything starts ------------------------------------------------------------------------
 def prepare(wf: Workflow, opts: ExecuteOptions) -> Schedule:
     """Everything that can be refused before a process starts; the schedule of one iteration."""
+    _static_loops_only(wf)
     try:
         schedule = Schedule(wf)
     except ValueError as exc:
@@ -115,6 +116,20 @@ def prepare(wf: Workflow, opts: ExecuteOptions) -> Schedule:
         if opts.overwrite:
             clear_outputs(opts.out_dir)
     return schedule
+
+
+def _static_loops_only(wf: Workflow) -> None:
+    """A loop that ends on a condition (`until:`) is valid rose (`rose validate` and the rewrites take it) but
+    the runtime unrolls every iteration into a static schedule of calls: refused here, at the loop."""
+    from rose_dsl.errors import format_path
+    from rose_dsl.ir import LoopNode
+
+    for item in wf.items():
+        if isinstance(item, LoopNode) and item.dynamic:
+            pos = item.field_pos.get("until") or item.pos
+            where = f"{format_path(item.src + ('until',))}: " if item.src else ""
+            raise SetupError(f"{pos}: {where}loop '{item.name}' ends on a condition (until); the runtime runs loops "
+                             "with a fixed count only: give it `count:` (e.g. the episode length) and let finished rows idle")
 
 
 def _check_reachable(address: str) -> None:

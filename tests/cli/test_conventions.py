@@ -128,3 +128,15 @@ def test_dot_labels_render_as_lines_in_graphviz(tmp_path) -> None:
         for line in ("env", "sim.step", "[episode:update]"):
             assert line in texts, line
     assert "backbone" in texts and "policy.act" in texts  # the phases' entry node, rendered from the plan
+
+
+@pytest.mark.parametrize("command", ["execute", "optimize"])
+def test_a_loop_that_ends_on_a_condition_is_refused_at_its_until(tmp_path, command) -> None:
+    """Valid rose (validate and the rewrites take it), but the runtime runs fixed-count loops only: the
+    refusal points at the loop's `until:` before any process starts."""
+    wf = tmp_path / "until.yaml"
+    wf.write_text((ROOT / "tests" / "dsl" / "fixtures" / "until.yaml").read_text())
+    assert rose("validate", str(wf)).returncode == 0
+    out = plain_failure(rose(command, str(wf), "-o", str(tmp_path / "p.yaml")) if command == "optimize"
+                        else rose(command, str(wf), "-n", "1", "--out", str(tmp_path / "run")))
+    assert re.search(rf"{re.escape(str(wf))}:\d+:\d+: iteration\.body\[\d+\]\.until: loop '\w+' ends on a condition", out), out
