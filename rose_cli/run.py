@@ -229,7 +229,8 @@ def start_trial_session(wf: Workflow, opts: ExecuteOptions, gpu: Gpu, ctx: RunCo
     from which the session counts its elapsed time (default: now)."""
     from dataclasses import replace
 
-    from interpreter.trials import Executor, TrialSession, trial_components
+    from interpreter.executor import Executor
+    from interpreter.trials import TrialSession, trial_components
 
     extra: dict[str, Any] = dict(trial_components())
     for name, comp in copies.items():

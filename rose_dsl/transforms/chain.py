@@ -133,7 +133,7 @@ def build_split_chain(wf: Workflow, paths: Sequence[Path], k: int) -> Rewritten:
     order = [body.index(p[-1]) if p[-1] in body else -1 for p in paths]
     if order != sorted(order) or len(set(order)) != len(order):
         raise Refused(f"the chain must name its nodes in program order ({', '.join(n for n in body if n in {p[-1] for p in paths})})")
-    sizes = {}
+    sizes: dict[str, int | None] = {}
     for p in paths:
         item = find(wf, p)
         if isinstance(item, LoopNode):

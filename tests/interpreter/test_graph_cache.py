@@ -13,7 +13,7 @@ from interpreter import ray_backend as ray_backend_module
 from interpreter.local_backend import LocalBackend
 from interpreter.ray_backend import GRAPH_CACHE, RayBackend
 from interpreter.schedule import Schedule
-from interpreter.trials import Executor
+from interpreter.executor import Executor
 from rose_dsl import load_workflow_text
 
 ray = pytest.importorskip("ray")

@@ -12,7 +12,8 @@ import torch
 
 from interpreter.backends import make_backend
 from interpreter.cpu_activity import CpuActivity, thread_clock
-from interpreter.trials import Executor, TrialSession
+from interpreter.executor import Executor
+from interpreter.trials import TrialSession, trial_components
 from rose_dsl import load_workflow
 from rose_dsl.optimizer.regions import Probe, local_graphs, probe_workflow
 from rose_dsl.transforms import apply_request
@@ -25,7 +26,7 @@ def _executor(wf, kind: str = "local", allowed: tuple[str, ...] = ("examples.",)
     """Workers as `rose optimize` starts them: the backend factory's, per-call, compiled per plan on Ray."""
     allowed = (*allowed, "interpreter.trials")
     return Executor(wf, lambda w, s: make_backend(kind, w, s, compiled=False, allowed=allowed, log=lambda m: None),
-                    compiled=kind == "ray", log=lambda m: None)
+                    compiled=kind == "ray", log=lambda m: None, extra_components=trial_components())
 
 
 @pytest.fixture()
