@@ -93,7 +93,8 @@ def bench(name: str, workflow: str, args: argparse.Namespace, work: Path) -> dic
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workflows", default="interaction,nested,chain")
+    ap.add_argument("--workflows", default="interaction,nested,chain",
+                    help=f"comma-separated names ({', '.join(sorted(WORKFLOWS))}) or workflow files (*.yaml)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iterations", type=int, default=8)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "optimize_cpu.json")
@@ -102,12 +103,18 @@ def main() -> int:
     names = ["interaction"] if args.smoke else args.workflows.split(",")
     if args.smoke:
         args.rounds, args.iterations = 2, 3
-    unknown = [n for n in names if n not in WORKFLOWS]
+    files = {Path(n).stem: str(Path(n).resolve()) for n in names if n.endswith((".yaml", ".yml"))}
+    unknown = [n for n in names if n not in WORKFLOWS and not n.endswith((".yaml", ".yml"))]
     if unknown:
-        ap.error(f"unknown workflow(s) {unknown}; choose from {sorted(WORKFLOWS)}")
+        ap.error(f"unknown workflow(s) {unknown}; choose from {sorted(WORKFLOWS)} or give workflow files")
+    missing = [f for f in files.values() if not Path(f).is_file()]
+    if missing:
+        ap.error(f"no such workflow file(s): {missing}")
+    names = [Path(n).stem if n in files.values() or n.endswith((".yaml", ".yml")) else n for n in names]
+    workflows = {**WORKFLOWS, **files}
     work = Path(tempfile.mkdtemp(prefix="rose-optimize-cpu-"))
     try:
-        results = {n: bench(n, WORKFLOWS[n], args, work) for n in names}
+        results = {n: bench(n, workflows[n], args, work) for n in names}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     doc = {"machine": {"host": platform.node(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
