@@ -262,9 +262,9 @@ class _ItemBuilder:
                 continue
             effects.append(StateEffect(f"{owner}.{short}", _ACCESS[mode], ctx.doc.key_pos(spath)))
         phases = self.body(raw["phases"], path + ("phases",), me) if raw.get("phases") else None
-        batch, batch_size = raw.get("batch"), None
+        batch, batch_size, separable = raw.get("batch"), None, True
         if isinstance(batch, dict):
-            batch, size_raw = batch["dim"], batch.get("size")
+            batch, size_raw, separable = batch["dim"], batch.get("size"), bool(batch.get("separable", True))
             if size_raw is not None:
                 batch_size = _count(ctx, path + ("batch", "size"), size_raw)
                 if batch_size == 0:
@@ -277,7 +277,7 @@ class _ItemBuilder:
             ctx.error(path + ("rows",), f"an empty row range [{rows[0]}, {rows[1]})")
         return ExecutionNode(
             path=me, component=comp_name, method=method, inputs=tuple(inputs), outputs=tuple(raw.get("out") or ()),
-            effects=tuple(effects), batch=batch, batch_size=batch_size, phases=phases, expand=bool(raw.get("expand", False)),
+            effects=tuple(effects), batch=batch, batch_size=batch_size, separable=separable, phases=phases, expand=bool(raw.get("expand", False)),
             rows=rows, split_of=raw.get("split_of"), group=raw.get("group"), moved_from=_moved_from(raw), after=tuple(raw.get("after") or ()),
             idempotent=bool(raw.get("idempotent", False)),
             timeout_s=raw.get("timeout_s"), shard=raw.get("shard"), pos=ctx.doc.pos(path + ("node",)),

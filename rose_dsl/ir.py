@@ -98,8 +98,11 @@ class ExecutionNode:
     inputs: tuple[tuple[str, Expr], ...] = ()
     outputs: tuple[str, ...] = ()
     effects: tuple[StateEffect, ...] = ()
-    batch: int | None = None  # separable along this dimension of every input/output tensor
+    batch: int | None = None  # the batch dimension of every input/output tensor (separable along it unless `separable`)
     batch_size: int | None = None  # rows along `batch`, when declared (needed to split)
+    # False: the outputs hold the batch along `batch` (a consumer can be split by rows) but the call itself
+    # cannot be split (`batch: {dim, size, separable: false}`: a prompt sampler advancing a cursor)
+    separable: bool = True
     phases: tuple[Item, ...] | None = None  # an exposed internal graph with the same effect
     expand: bool = False  # plan-only: run `phases` instead of the entry
     rows: tuple[int, int] | None = None  # plan-only: this split group's global batch rows

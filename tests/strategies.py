@@ -7,7 +7,8 @@ bug the suite missed before it was added here): loops that end on a condition (`
 done flag, so that row groups would stop at other iterations than the whole batch), loops nested inside
 loops whose every node is separable (the candidates of a loop-body split), collects that read the
 loop's own carried value, records, selections by another loop's index (`l2[l3.i].x`) and selections
-that reach into a nested loop (`l1[-1].l2[0].x`).
+that reach into a nested loop (`l1[-1].l2[0].x`), and nodes that declare their outputs' rows without being
+separable (`separable: false`: their consumers may be split, they may not).
 """
 
 from __future__ import annotations
@@ -105,6 +106,8 @@ def _node(g: _Gen, scope: _Scope, flag: bool = False) -> tuple[dict[str, Any], l
     separable = g.all_separable or d(st.integers(0, 3)) > 0
     if separable:
         node["batch"] = {"dim": 0, "size": g.batch}
+    elif d(st.booleans()):  # its outputs' rows declared, the call not separable (a consumer may still be split)
+        node["batch"] = {"dim": 0, "size": g.batch, "separable": False}
     behavior = {"state": dict(node.get("state", {})), "out": outs, "separable": separable}
     if flag:
         behavior["flags"] = [outs[0]]  # a 0/1 per-row 'done' flag, for an `until:`

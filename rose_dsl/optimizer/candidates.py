@@ -196,7 +196,7 @@ def alternatives(wf: Workflow, target: str, groups: Sequence[int] = DEFAULT_GROU
         out += _chain(wf, parent, target, groups)  # the loop copied per row group, pipelined with its consumers
     elif isinstance(parent, LoopNode):  # a node of the iteration body
         out += _reposition(wf, item, target)
-        if item.batch is not None:
+        if item.batch is not None and item.separable:
             out += _split_node(wf, item, target, groups, comp)
         out += _around(wf, item, target, groups, comp, consumers=False)
     elif isinstance(parent, ExecutionNode):  # a phase: reposition among the phases, then the parent's siblings
@@ -239,7 +239,8 @@ def _rows_of(wf: Workflow, item: Item) -> int | None:
     """The batch size of an item a chain can split into row groups: a node separable along dim 0, or a
     static loop every call of which is (copied whole per group); None for anything else."""
     if isinstance(item, ExecutionNode):
-        return item.batch_size if item.batch == 0 and item.split_of is None and item.rows is None else None
+        return (item.batch_size if item.batch == 0 and item.separable and item.split_of is None and item.rows is None
+                else None)
     if isinstance(item, LoopNode) and item.path != wf.root.path:
         try:
             return check_splittable_loop(wf, item.path)
@@ -299,7 +300,7 @@ def _around(wf: Workflow, anchor: Item, target: str, groups: Sequence[int], comp
             loops.append(Alternative((f"rewire {o_name} {where} {anchor.name}",), "rewire", target, partners,
                                      note=f"move loop '{other.name}' {where} '{anchor.name}'"))
         elif isinstance(other, ExecutionNode):
-            if consumers and j > at and other.batch is not None:
+            if consumers and j > at and other.batch is not None and other.separable:
                 for k in _divisors(other.batch_size, groups):
                     splits.append(Alternative((f"split {o_name} {k}",), "split-consumer", target, partners, k,
                                               (_spath(other.path),), f"split consumer '{other.name}' into {k} row groups"))
@@ -322,7 +323,7 @@ def sweep(wf: Workflow, groups: Sequence[int] = DEFAULT_GROUPS) -> list[Alternat
         if not _runs(wf, item.path):  # inside phases that are not run: a rewrite there changes nothing that runs
             continue
         calls = _calls(item)
-        if calls and all(n.batch == 0 for n in calls):
+        if calls and all(n.batch == 0 and n.separable for n in calls):
             out += _spatial(wf, item, SWEEP, groups, "")
         if kinds[item.path].kind == "free":
             out += _temporal(wf, item, SWEEP, groups, "")

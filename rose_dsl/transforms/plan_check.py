@@ -143,9 +143,10 @@ class _Checker:
         if effects != src_effects:
             show = ", ".join(f"{s}: {a.value}" for s, a in sorted(src_effects)) or "none"
             self.differ(item, f"its state accesses differ from the source's '{src.name}' ({show})")
-        if set(item.outputs) != set(src.outputs) or (item.batch, item.batch_size) != (src.batch, src.batch_size):
+        if set(item.outputs) != set(src.outputs) or (item.batch, item.batch_size, item.separable) != (
+                src.batch, src.batch_size, src.separable):
             self.differ(item, f"its outputs or batch declaration differ from the source's '{src.name}'")
-        if item.rows is not None and src.batch != 0:
+        if item.rows is not None and (src.batch != 0 or not src.separable):
             self.differ(item, f"is a row group of '{src.name}', which is not declared batch-separable (dim 0)")
 
     def loop(self, item: LoopNode, src: LoopNode) -> None:

@@ -63,6 +63,9 @@ def check_separable(node: ExecutionNode) -> None:
     if node.batch is None:
         raise Refused(f"'{node.name}' ({node.call}) is not batch-separable: it has no 'batch:' declaration, so its "
                       "rows may depend on each other", at=node.pos)
+    if not node.separable:
+        raise Refused(f"'{node.name}' ({node.call}) declares the rows of its outputs but is not batch-separable "
+                      "(separable: false): its calls cannot be split, only its consumers", at=_batch_pos(node))
     if node.batch != 0:
         raise Refused(f"'{node.name}' is separable along dim {node.batch}; rose splits dim 0 only", at=_batch_pos(node))
     if node.split_of is not None or node.rows is not None:

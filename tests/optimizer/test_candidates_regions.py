@@ -156,3 +156,27 @@ def test_sweep_ignores_loops_inside_phases_that_do_not_run(ppo) -> None:
     assert not any("denoise" in label for label in labels)  # act runs its entry, not its phases
     expanded = apply_request(ppo, "expand act").workflow
     assert any("denoise" in a.label for a in sweep(expanded))
+
+
+def test_chains_take_loops_and_stop_where_groups_could_not_overlap() -> None:
+    """A decode loop and its verifier form a chain (the loop copied whole per group); `reset -> step` on the
+    simulator and policy does not (the step loop uses the simulator too: its groups could not run beside the
+    reset's); a node that declares its rows but is not separable never heads or joins a chain."""
+    decode = load_workflow(ROOT / "workflows" / "latency_decode.yaml")
+    chains = [a.label for a in sweep(decode) if a.family == "split-chain"]
+    assert "split-chain decode grade 4" in chains and "split-chain sample decode grade 2" in chains
+    assert not any("learn" in c for c in chains)  # the learner is not separable
+    assert isinstance(check_alt(decode, next(a for a in sweep(decode) if a.label == "split-chain decode grade 4")), Feasible)
+    targets = [a.label for a in alternatives(decode, "iteration.decode.token") if a.family == "split-chain"]
+    assert targets[:3] == ["split-chain decode grade 2", "split-chain decode grade 4", "split-chain decode grade 8"]
+    interaction = load_workflow(ROOT / "workflows" / "latency_interaction.yaml")
+    assert not any(a.label.startswith("split-chain epoch.reset") for a in sweep(interaction))
+    sampler = load_workflow(ROOT / "workflows" / "latency_decode.yaml")
+    from dataclasses import replace
+
+    sample = sampler.find(("iteration", "sample"))
+    body = tuple(replace(i, separable=False) if i is sample else i for i in sampler.root.body)
+    sampler = replace(sampler, root=replace(sampler.root, body=body))
+    chains = [a.label for a in sweep(sampler) if a.family == "split-chain"]
+    assert chains and not any(" sample " in c for c in chains)
+    assert not any(a.family == "split-node" for a in alternatives(sampler, "iteration.sample"))

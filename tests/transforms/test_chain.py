@@ -145,3 +145,42 @@ def test_a_loop_that_cannot_be_copied_per_group_is_refused(change, reason) -> No
     wf = load_workflow_text(text, "decode.yaml")
     with pytest.raises(Refused, match=reason):
         apply_request(wf, "split-chain decode score 2")
+
+
+SAMPLER = CHAIN.replace(
+    """  gen: {impl""", """  src: {impl: "tests.mocks:Mock", state: [cursor], args: {name: src, batch: 8, states: [cursor], behaviors: {
+          sample: {state: {cursor: update}, out: [prompts], separable: false}}}}
+  gen: {impl""").replace(
+    """    - {node: generate, call: gen.generate, in: {it: iteration.i}, out: [tokens], batch: {dim: 0, size: 8}}""",
+    """    - {node: sample, call: src.sample, in: {it: iteration.i}, state: {cursor: update}, out: [prompts],
+       batch: {dim: 0, size: 8, separable: false}}
+    - {node: generate, call: gen.generate, in: {p: sample.prompts}, out: [tokens], batch: {dim: 0, size: 8}}""")
+
+
+def test_a_node_that_declares_its_rows_but_is_not_separable_is_never_split_its_consumers_are() -> None:
+    """A prompt sampler advancing a cursor: its calls mix rows (split, each group would advance the cursor),
+    but its output has 8 rows, so generation and scoring after it can be pipelined in row groups."""
+    from rose_dsl.serialize import to_yaml
+
+    wf = load_workflow_text(SAMPLER, "sampler.yaml")
+    sample = wf.find(("iteration", "sample"))
+    assert (sample.batch, sample.batch_size, sample.separable) == (0, 8, False)
+    assert load_workflow_text(to_yaml(wf), "again.yaml") == wf  # written back as declared
+    for request in ("split sample 2", "split-chain sample generate 2"):
+        with pytest.raises(Refused, match="not batch-separable .separable: false."):
+            apply_request(wf, request)
+    result = apply_request(wf, "split-chain generate score 2")
+    assert unparse(dict(result.workflow.find(("iteration", "generate@1")).inputs)["p"]) == "sample.prompts[4:8]"
+    assert _producers(result, "score@1") == {"generate@1"}
+    assert_preserved(wf, result)
+    # a plan that splits it anyway (written by hand) is refused by the plan check `rose validate` runs
+    from rose_dsl.transforms.plan_check import plan_differences
+    from rose_dsl.transforms.split import build_split_node
+
+    forced = build_split_node(wf, ("iteration", "sample"), 2, force=True).workflow
+    assert any("not declared batch-separable" in d.message for d in plan_differences(wf, forced))
+    # without the declaration, the consumer's rows are unknown and nothing after the sampler can be split
+    plain = load_workflow_text(SAMPLER.replace(",\n       batch: {dim: 0, size: 8, separable: false}}", "}"), "plain.yaml")
+    assert plain.find(("iteration", "sample")).batch is None
+    with pytest.raises(Refused, match="rows rose cannot tell"):
+        apply_request(plain, "split-chain generate score 2")
