@@ -14,17 +14,20 @@ from rose_dsl.transforms import Refused, apply_request, compose
 
 from .harness import assert_preserved
 
+# the reward model and the learner every workflow here ends with
+SCORER_AND_LEARNER = """  rm: {impl: "tests.mocks:Mock", args: {name: rm, batch: 8, behaviors: {
+          score: {state: {}, out: [reward], separable: true}}}}
+  learner: {impl: "tests.mocks:Mock", state: [w], args: {name: learner, batch: 8, states: [w], behaviors: {
+          learn: {state: {w: update}, out: [loss], separable: false}}}}
+"""
+
 CHAIN = """
 rose: 1
 name: chain
 components:
   gen: {impl: "tests.mocks:Mock", args: {name: gen, batch: 8, behaviors: {
           generate: {state: {}, out: [tokens], separable: true}}}}
-  rm: {impl: "tests.mocks:Mock", args: {name: rm, batch: 8, behaviors: {
-          score: {state: {}, out: [reward], separable: true}}}}
-  learner: {impl: "tests.mocks:Mock", state: [w], args: {name: learner, batch: 8, states: [w], behaviors: {
-          learn: {state: {w: update}, out: [loss], separable: false}}}}
-iteration:
+""" + SCORER_AND_LEARNER + """iteration:
   count: 2
   body:
     - {node: generate, call: gen.generate, in: {it: iteration.i}, out: [tokens], batch: {dim: 0, size: 8}}
@@ -90,11 +93,7 @@ components:
           sample: {state: {}, out: [x], separable: true}}}}
   lm: {impl: "tests.mocks:Mock", state: [cache], args: {name: lm, batch: 8, states: [cache], behaviors: {
           tok: {state: {cache: update}, out: [h], separable: true}}}}
-  rm: {impl: "tests.mocks:Mock", args: {name: rm, batch: 8, behaviors: {
-          score: {state: {}, out: [reward], separable: true}}}}
-  learner: {impl: "tests.mocks:Mock", state: [w], args: {name: learner, batch: 8, states: [w], behaviors: {
-          learn: {state: {w: update}, out: [loss], separable: false}}}}
-iteration:
+""" + SCORER_AND_LEARNER + """iteration:
   count: 2
   body:
     - {node: prompt, call: src.sample, in: {it: iteration.i}, out: [x], batch: {dim: 0, size: 8}}
