@@ -61,9 +61,12 @@ def _item(item: Item, inherited: int | None = None) -> dict[str, Any]:
         if item.effects:
             out["state"] = {e.state.split(".", 1)[1]: e.access.value for e in item.effects}
         if item.batch is not None:
-            out["batch"] = {"dim": item.batch, "size": item.batch_size} if item.batch_size is not None else item.batch
+            batch: dict[str, Any] = {"dim": item.batch}
+            if item.batch_size is not None:
+                batch["size"] = item.batch_size
             if not item.separable:
-                out["batch"] = {**({"dim": item.batch} if item.batch_size is None else out["batch"]), "separable": False}
+                batch["separable"] = False
+            out["batch"] = batch if len(batch) > 1 else item.batch
         if item.phases:
             out["phases"] = [_item(p, item.group) for p in item.phases]
         if item.expand:
