@@ -148,24 +148,40 @@ def map_outside(new: Workflow, resolver: Resolver, region: Path, fn: RefFn) -> W
 def batch_dim(resolver: Resolver, expr: Expr, bound: Mapping[int, Binding], depth: int = 0) -> Dim:
     """Which dimension of the value of `expr` is the batch: an int, None for integers (broadcast to
     every group), or 'unknown' (a value whose rows rose cannot tell, e.g. from a non-separable node)."""
+    dim = _dim(resolver, expr, bound, depth, frozenset())
+    return "unknown" if dim == _PENDING else dim
+
+
+# A carried value whose batch dimension is being worked out, met again through its own next value (an inner
+# loop that starts from the outer loop's carried value and hands its own back): no constraint from there --
+# the carried value has the dimension its other sources agree on (co-inductively).
+_PENDING = "pending"
+Assumed = frozenset[tuple[Path, str]]
+
+
+def _agree(dims: set[Dim]) -> Dim:
+    dims.discard(_PENDING)
+    return dims.pop() if len(dims) == 1 else (_PENDING if not dims else "unknown")
+
+
+def _dim(resolver: Resolver, expr: Expr, bound: Mapping[int, Binding], depth: int, assume: Assumed) -> Dim:
     if depth > 50:
         return "unknown"
     match expr:
         case Int() | BinOp() | Neg() | Param():
             return None
         case Ref() | IterRef():
-            return _binding_dim(resolver, expr, bound.get(id(expr)), bound, depth)
+            return _binding_dim(resolver, expr, bound.get(id(expr)), bound, depth, assume)
         case Slice(target=t):
-            return batch_dim(resolver, t, bound, depth + 1)
+            return _dim(resolver, t, bound, depth + 1, assume)
         case Record(fields=fields):
-            dims = {batch_dim(resolver, v, bound, depth + 1) for _, v in fields}
+            dims = {_dim(resolver, v, bound, depth + 1, assume) for _, v in fields}
             dims.discard(None)
-            return dims.pop() if len(dims) == 1 else ("unknown" if dims else None)
+            return _agree(dims) if dims else None
         case Call(fn=fn, args=args):
-            dims = {batch_dim(resolver, a, bound, depth + 1) for a in args}
-            if len(dims) != 1:
-                return "unknown"
-            d = dims.pop()
+            d = _agree({_dim(resolver, a, bound, depth + 1, assume) for a in args})
+            if d == _PENDING:
+                return d
             if not isinstance(d, int):
                 return "unknown"
             return d + 1 if fn == "stack" else ("unknown" if d == 0 else d)
@@ -182,10 +198,12 @@ def ref_dim(resolver: Resolver, expr: Expr, b: Binding) -> Dim:
 
 def port_dim(resolver: Resolver, item: Item, port: str) -> Dim:
     """`batch_dim` of an item's output (a loop's collect or final carried value)."""
-    return _binding_dim(resolver, Ref(0, item.name, port), NodePort(item.path, port), {}, 0)
+    dim = _binding_dim(resolver, Ref(0, item.name, port), NodePort(item.path, port), {}, 0, frozenset())
+    return "unknown" if dim == _PENDING else dim
 
 
-def _binding_dim(resolver: Resolver, expr: Expr, b: Binding | None, bound: Mapping[int, Binding], depth: int) -> Dim:
+def _binding_dim(resolver: Resolver, expr: Expr, b: Binding | None, bound: Mapping[int, Binding], depth: int,
+                 assume: Assumed) -> Dim:
     match b:
         case LoopIndex():
             return None
@@ -198,30 +216,35 @@ def _binding_dim(resolver: Resolver, expr: Expr, b: Binding | None, bound: Mappi
             assert isinstance(item, LoopNode)
             c = item.carry(port)
             if c is not None:
-                return _carry_dim(resolver, item, c, depth)
-            return _field_dim(resolver, item, f"collect.{port}", dict(item.collects)[port], depth)
+                return _carry_dim(resolver, item, c, depth, assume)
+            return _field_dim(resolver, item, f"collect.{port}", dict(item.collects)[port], depth, assume)
         case CarryIn(loop=loop, var=var):
             item = resolver.items[loop]
             assert isinstance(item, LoopNode)
             c = item.carry(var)
             assert c is not None
-            return _carry_dim(resolver, item, c, depth)
+            return _carry_dim(resolver, item, c, depth, assume)
         case ParentInput(node=node, port=port):
             parent = resolver.items[node]
             assert isinstance(parent, ExecutionNode)
-            return _field_dim(resolver, parent, f"in.{port}", dict(parent.inputs)[port], depth)
+            return _field_dim(resolver, parent, f"in.{port}", dict(parent.inputs)[port], depth, assume)
         case IterSelect():
             assert isinstance(expr, IterRef)
-            return batch_dim(resolver, expr.inner, bound, depth + 1)  # one iteration, or each of them
+            return _dim(resolver, expr.inner, bound, depth + 1, assume)  # one iteration, or each of them
     return "unknown"
 
 
-def _carry_dim(resolver: Resolver, loop: LoopNode, c: Carry, depth: int) -> Dim:
-    """A carried value has a batch dimension only if its first value and every next one agree on it."""
-    first = _field_dim(resolver, loop, f"carry.{c.name}.init", c.init, depth)
-    later = _field_dim(resolver, loop, f"carry.{c.name}.next", c.next, depth)
-    return first if first == later else "unknown"
+def _carry_dim(resolver: Resolver, loop: LoopNode, c: Carry, depth: int, assume: Assumed) -> Dim:
+    """A carried value has a batch dimension only if its first value and every next one agree on it; met
+    again while working it out (through an inner loop's carried value), it constrains nothing."""
+    key = (loop.path, c.name)
+    if key in assume:
+        return _PENDING
+    inner = assume | {key}
+    first = _field_dim(resolver, loop, f"carry.{c.name}.init", c.init, depth, inner)
+    later = _field_dim(resolver, loop, f"carry.{c.name}.next", c.next, depth, inner)
+    return _agree({first, later})
 
 
-def _field_dim(resolver: Resolver, item: Item, key: str, expr: Expr, depth: int) -> Dim:
-    return batch_dim(resolver, expr, resolver.tables.field(item, key, expr), depth + 1)
+def _field_dim(resolver: Resolver, item: Item, key: str, expr: Expr, depth: int, assume: Assumed) -> Dim:
+    return _dim(resolver, expr, resolver.tables.field(item, key, expr), depth + 1, assume)

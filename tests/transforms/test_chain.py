@@ -183,3 +183,40 @@ def test_a_node_that_declares_its_rows_but_is_not_separable_is_never_split_its_c
     assert plain.find(("iteration", "sample")).batch is None
     with pytest.raises(Refused, match="rows rose cannot tell"):
         apply_request(plain, "split-chain generate score 2")
+
+
+NESTED = DECODE.replace(
+    """      carry: {h: {init: prompt.x, next: tok.h}}
+      body:
+        - {node: tok, call: lm.tok, in: {h: decode.h, t: decode.i}, state: {cache: update}, out: [h],
+           batch: {dim: 0, size: 8}}""",
+    """      carry: {h: {init: prompt.x, next: refine.z}}
+      body:
+        - loop: refine
+          count: 2
+          carry: {z: {init: decode.h, next: tok.h}}
+          body:
+            - {node: tok, call: lm.tok, in: {h: refine.z, t: decode.i}, state: {cache: update}, out: [h],
+               batch: {dim: 0, size: 8}}""").replace('collect: {seq: "stack(decode[*].{tok.h})"}',
+                                                   'collect: {seq: "stack(decode[*].{refine.z})"}')
+
+
+@pytest.mark.parametrize("request_", ["split-chain decode score 2", "split decode 2"])
+def test_carried_values_that_feed_each_other_across_nested_loops_keep_their_rows(request_) -> None:
+    """An inner loop that starts from the outer loop's carried value and hands its own back (a refinement
+    inside each decode step): each carried value's rows follow from the other's, so the outer loop's groups
+    can be formed (before, the mutual dependence left the rows unknown and every split was refused)."""
+    assert NESTED != DECODE
+    wf = load_workflow_text(NESTED, "nested.yaml")
+    assert_preserved(wf, apply_request(wf, request_))
+
+
+def test_carried_values_across_nested_loops_that_change_their_rows_are_still_refused() -> None:
+    changed = NESTED.replace("carry: {h: {init: prompt.x, next: refine.z}}", "carry: {h: {init: prompt.x, next: refine.s}}")
+    changed = changed.replace("          carry: {z: {init: decode.h, next: tok.h}}\n",
+                              "          carry: {z: {init: decode.h, next: tok.h}}\n"
+                              "          collect: {s: 'stack(refine[*].{tok.h})'}\n")
+    assert "refine.s" in changed and "collect: {s:" in changed
+    wf = load_workflow_text(changed, "changed.yaml")
+    with pytest.raises(Refused, match="does not keep its batch dimension"):
+        apply_request(wf, "split decode 2")
