@@ -148,20 +148,17 @@ def map_outside(new: Workflow, resolver: Resolver, region: Path, fn: RefFn) -> W
 def batch_dim(resolver: Resolver, expr: Expr, bound: Mapping[int, Binding], depth: int = 0) -> Dim:
     """Which dimension of the value of `expr` is the batch: an int, None for integers (broadcast to
     every group), or 'unknown' (a value whose rows rose cannot tell, e.g. from a non-separable node)."""
-    dim = _dim(resolver, expr, bound, depth, frozenset())
+    dim = _dim(resolver, expr, bound, depth, {})
     return "unknown" if dim == _PENDING else dim
 
 
-# A carried value whose batch dimension is being worked out, met again through its own next value (an inner
-# loop that starts from the outer loop's carried value and hands its own back): no constraint from there --
-# the carried value has the dimension its other sources agree on (co-inductively).
+# Carried values whose rows depend on each other across nested loops (an inner refinement loop that starts
+# from the outer loop's carried value and hands its own back): each carried value is checked under the
+# hypothesis that it keeps the dimension of its first value (`Assumed`: what is assumed so far); one still
+# being worked out when it is met again through references alone is PENDING -- its own check, further out,
+# decides. Met inside a record or a call, it makes the value unknown (no guess survives a reshaping).
 _PENDING = "pending"
-Assumed = frozenset[tuple[Path, str]]
-
-
-def _agree(dims: set[Dim]) -> Dim:
-    dims.discard(_PENDING)
-    return dims.pop() if len(dims) == 1 else (_PENDING if not dims else "unknown")
+Assumed = Mapping[tuple[Path, str], Dim]
 
 
 def _dim(resolver: Resolver, expr: Expr, bound: Mapping[int, Binding], depth: int, assume: Assumed) -> Dim:
@@ -177,11 +174,14 @@ def _dim(resolver: Resolver, expr: Expr, bound: Mapping[int, Binding], depth: in
         case Record(fields=fields):
             dims = {_dim(resolver, v, bound, depth + 1, assume) for _, v in fields}
             dims.discard(None)
-            return _agree(dims) if dims else None
+            if _PENDING in dims:
+                return "unknown"
+            return dims.pop() if len(dims) == 1 else ("unknown" if dims else None)
         case Call(fn=fn, args=args):
-            d = _agree({_dim(resolver, a, bound, depth + 1, assume) for a in args})
-            if d == _PENDING:
-                return d
+            dims = {_dim(resolver, a, bound, depth + 1, assume) for a in args}
+            if len(dims) != 1:
+                return "unknown"
+            d = dims.pop()
             if not isinstance(d, int):
                 return "unknown"
             return d + 1 if fn == "stack" else ("unknown" if d == 0 else d)
@@ -198,7 +198,7 @@ def ref_dim(resolver: Resolver, expr: Expr, b: Binding) -> Dim:
 
 def port_dim(resolver: Resolver, item: Item, port: str) -> Dim:
     """`batch_dim` of an item's output (a loop's collect or final carried value)."""
-    dim = _binding_dim(resolver, Ref(0, item.name, port), NodePort(item.path, port), {}, 0, frozenset())
+    dim = _binding_dim(resolver, Ref(0, item.name, port), NodePort(item.path, port), {}, 0, {})
     return "unknown" if dim == _PENDING else dim
 
 
@@ -235,15 +235,18 @@ def _binding_dim(resolver: Resolver, expr: Expr, b: Binding | None, bound: Mappi
 
 
 def _carry_dim(resolver: Resolver, loop: LoopNode, c: Carry, depth: int, assume: Assumed) -> Dim:
-    """A carried value has a batch dimension only if its first value and every next one agree on it; met
-    again while working it out (through an inner loop's carried value), it constrains nothing."""
+    """A carried value has a batch dimension only if its first value and every next one agree on it: the
+    next value is worked out assuming the carried value has its first value's dimension."""
     key = (loop.path, c.name)
     if key in assume:
-        return _PENDING
-    inner = assume | {key}
-    first = _field_dim(resolver, loop, f"carry.{c.name}.init", c.init, depth, inner)
-    later = _field_dim(resolver, loop, f"carry.{c.name}.next", c.next, depth, inner)
-    return _agree({first, later})
+        return assume[key]
+    first = _field_dim(resolver, loop, f"carry.{c.name}.init", c.init, depth, {**assume, key: _PENDING})
+    if first == _PENDING or first == "unknown":
+        return first
+    later = _field_dim(resolver, loop, f"carry.{c.name}.next", c.next, depth, {**assume, key: first})
+    if later == _PENDING:  # the next value is an outer carried value still being worked out: its check decides
+        return first
+    return first if later == first else "unknown"
 
 
 def _field_dim(resolver: Resolver, item: Item, key: str, expr: Expr, depth: int, assume: Assumed) -> Dim:

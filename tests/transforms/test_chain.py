@@ -211,12 +211,19 @@ def test_carried_values_that_feed_each_other_across_nested_loops_keep_their_rows
     assert_preserved(wf, apply_request(wf, request_))
 
 
-def test_carried_values_across_nested_loops_that_change_their_rows_are_still_refused() -> None:
-    changed = NESTED.replace("carry: {h: {init: prompt.x, next: refine.z}}", "carry: {h: {init: prompt.x, next: refine.s}}")
-    changed = changed.replace("          carry: {z: {init: decode.h, next: tok.h}}\n",
-                              "          carry: {z: {init: decode.h, next: tok.h}}\n"
-                              "          collect: {s: 'stack(refine[*].{tok.h})'}\n")
-    assert "refine.s" in changed and "collect: {s:" in changed
+@pytest.mark.parametrize(("old", "new"), [
+    # the outer carried value's next value is the inner loop's collect (stacked: rows on dim 1)
+    ("carry: {h: {init: prompt.x, next: refine.z}}", "carry: {h: {init: prompt.x, next: refine.s}}"),
+    # ... or the inner one's final value doubled by cat, or stacked
+    ("carry: {h: {init: prompt.x, next: refine.z}}", "carry: {h: {init: prompt.x, next: 'cat(refine.z, refine.z)'}}"),
+    ("carry: {z: {init: decode.h, next: tok.h}}", "carry: {z: {init: decode.h, next: 'stack(tok.h)'}}"),
+])
+def test_carried_values_across_nested_loops_that_change_their_rows_are_still_refused(old, new) -> None:
+    changed = NESTED.replace(old, new).replace("          carry: {z: {init: decode.h, next: tok.h}}\n",
+                                               "          carry: {z: {init: decode.h, next: tok.h}}\n"
+                                               "          collect: {s: 'stack(refine[*].{tok.h})'}\n")
+    assert new in changed
     wf = load_workflow_text(changed, "changed.yaml")
-    with pytest.raises(Refused, match="does not keep its batch dimension"):
-        apply_request(wf, "split decode 2")
+    for request in ("split decode 2", "split-chain decode score 2"):
+        with pytest.raises(Refused, match="does not keep its batch dimension"):
+            apply_request(wf, request)
