@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from ..analysis import loop_kinds
 from ..ir import Component, ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from ..transforms import Refused, apply, temporal_groups
-from ..transforms.split import check_splittable_loop
+from ..transforms.split import check_separable, check_splittable_loop
 from .profile import base_component, structural
 
 __all__ = ["Alternative", "Feasible", "Infeasible", "alternatives", "sweep", "check", "find_structural",
@@ -238,14 +238,14 @@ def _components(item: Item) -> set[str]:
 def _rows_of(wf: Workflow, item: Item) -> int | None:
     """The batch size of an item a chain can split into row groups: a node separable along dim 0, or a
     static loop every call of which is (copied whole per group); None for anything else."""
-    if isinstance(item, ExecutionNode):
-        return (item.batch_size if item.batch == 0 and item.separable and item.split_of is None and item.rows is None
-                else None)
-    if isinstance(item, LoopNode) and item.path != wf.root.path:
-        try:
+    try:  # the split's own checks decide (one definition of "separable")
+        if isinstance(item, ExecutionNode):
+            check_separable(item)
+            return item.batch_size
+        if isinstance(item, LoopNode) and item.path != wf.root.path:
             return check_splittable_loop(wf, item.path)
-        except Refused:
-            return None
+    except Refused:
+        return None
     return None
 
 
