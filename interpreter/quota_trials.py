@@ -132,14 +132,14 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     if len(ranked) > 1:
         iteration_s = statistics.median(final) if final else 0.0
 
-        def screening_over(restart_s: float) -> str | None:
+        def screening_over(overhead_s: float) -> str | None:
             """A stop request, or no time for one more probe and the search's validation after it: the probe's
             iterations and two restarts (the previous probe's process put back, this one moved), the validation's
-            three blocks each with a restart -- `restart_s` the slowest restart measured so far. H200, MJX
-            (2026-12-04e): counted without restarts, a second probe looked affordable in a budget that then had
-            no room left to validate the first."""
+            three blocks each with a restart -- `overhead_s` the most a probe has cost beyond its iterations so
+            far (the restart, the plan switch, a slow first iteration). H200, MJX (2026-12-04e): counted without
+            restarts, a second probe looked affordable in a budget that then had no room left to validate the first."""
             reason = stop() if stop is not None else None
-            need = (repeats + 3 * per_block) * iteration_s + 5 * restart_s
+            need = (repeats + 3 * per_block) * iteration_s + 5 * overhead_s
             if not reason and deadline is not None and time.perf_counter() + need > deadline:
                 reason = "the time budget is spent"
             return reason
@@ -176,21 +176,32 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         percent = levels[k - 1][0]
         t = time.perf_counter()
         use(percent)
-        cost["restart"] = max(cost["restart"], time.perf_counter() - t)
+        cost["overhead"] = max(cost["overhead"], time.perf_counter() - t)  # the restart at least
         values = measure_graph()
         samples[k] = values
+        if region == plan.root.path:  # complete iterations: what the block cost beyond them
+            cost["overhead"] = max(cost["overhead"], time.perf_counter() - t - sum(values))
         session.books["quota_trials"] += 1
         session.books["quota_s"] += time.perf_counter() - t
         log(f"  quota {percent}% ({levels[k - 1][1]} SMs): {statistics.median(values):.4f} s")
         return statistics.median(values)
 
     iteration_s = statistics.median(r.seconds for r in result.final_runs) if result.final_runs else 0.0
-    cost = {"restart": max((r.get("restart_s", 0.0) for r in screened), default=0.0)}  # the slowest so far
+    # what a block of complete iterations costs beyond its iterations (a restart, the plan switch, a slow
+    # first iteration): the most any probe so far cost beyond its own
+    cost = {"overhead": max((max(r.get("overhead_s", 0.0), r.get("restart_s", 0.0)) for r in screened), default=0.0)}
+
+    def block_s(iterations: int) -> float:
+        return iterations * iteration_s + cost["overhead"]
 
     def out_of_time() -> bool:
+        """A stop request, or no time for the next probe AND a whole validation after it (three blocks: once
+        the target has moved to the probed level, no measured block can be the validation's first). H200, MJX
+        (2026-12-05, 500-s budget): counting the validation alone, the search probed 93% (and self-checked
+        five levels below it) after screening 94% at 1.032x, and then had no time left to validate 94%."""
         if stop is not None and stop():
             return True
-        return deadline is not None and time.perf_counter() + 3 * (per_block * iteration_s + cost["restart"]) > deadline
+        return deadline is not None and time.perf_counter() + block_s(repeats) + 3 * block_s(per_block) > deadline
 
     search = quota_search(len(levels), k0, measure, rho=rho, max_trials=MAX_TRIALS, out_of_time=out_of_time,
                           usable=usable, known=known)
@@ -239,7 +250,7 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         best_s += samples[search.best]
         blocks = blocks[1:]
         out["validation_reused_block"] = len(samples[search.best])
-    need_s = len(blocks) * (per_block * iteration_s + cost["restart"])
+    need_s = len(blocks) * block_s(per_block)
     if deadline is not None and time.perf_counter() + need_s > deadline:
         use(q0)
         out["trial_seconds"] = time.perf_counter() - started
@@ -306,9 +317,9 @@ def _screen(plan: Workflow, ranked: list[BranchPair], session: Any, repeats: int
     rows: list[dict[str, Any]] = []
     probes: dict[str, tuple[BranchPair, int, int, list[float], list[float]]] = {}
     moved: tuple[str, int] | None = None  # the previous probe's process and the quota to put it back to
-    restart_s = 0.0
+    overhead_s = 0.0  # the most a probe cost beyond its measured iterations
     for i, pair in enumerate(ranked):
-        reason = stop(restart_s) if stop is not None else None
+        reason = stop(overhead_s) if stop is not None else None
         if reason:
             rows += [{"target": p.target, "other": p.other, "score_s": p.score_s, "demand": p.demand, "slack_s": p.slack_s,
                       "overlap_s": p.overlap_s, "skipped": reason, "stopped": True} for p in ranked[i:]]
@@ -336,8 +347,10 @@ def _screen(plan: Workflow, ranked: list[BranchPair], session: Any, repeats: int
         t = time.perf_counter()
         use_on(pair.target, percent)
         row["restart_s"] = time.perf_counter() - t
-        restart_s = max(restart_s, row["restart_s"])
         values = graph()
+        # complete iterations: what the block cost beyond them; a local graph tells the restart only
+        row["overhead_s"] = (time.perf_counter() - t - sum(values)) if region == plan.root.path else row["restart_s"]
+        overhead_s = max(overhead_s, row["overhead_s"], row["restart_s"])
         session.books["quota_trials"] = session.books.get("quota_trials", 0) + 1
         session.books["quota_s"] = session.books.get("quota_s", 0.0) + time.perf_counter() - t
         moved = (pair.target, q0)

@@ -450,6 +450,11 @@ def _summary(out: Console, doc: dict[str, Any], opts: OptimizeOptions, run_dir: 
     ov = doc["overhead_s"]
     out.print(f"declared {doc['baseline_iteration_s']:.3f} s -> plan {doc['plan_iteration_s']:.3f} s per iteration: "
               f"{doc['speedup']:.2f}x", markup=False)
+    if doc.get("with_quotas"):
+        wq = doc["with_quotas"]
+        out.print(f"with stage 2's quotas: ~{wq['iteration_s']:.3f} s per iteration: {wq['speedup']:.2f}x over declared "
+                  f"({doc['speedup']:.2f}x times {wq['stage2_gain']:.3f}x, two interleaved comparisons chained)",
+                  markup=False)
     out.print("plan: " + ("; ".join(doc["plan_requests"]) or "the declared graph"), markup=False)
     if doc.get("cut_short"):
         out.print(f"note: the search was cut short ({doc['stopped']}) before it had decided every round it began: "

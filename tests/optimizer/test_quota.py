@@ -789,3 +789,35 @@ def test_a_second_probe_that_would_leave_no_time_to_validate_the_first_is_not_st
     assert out["target"] == "policy" and out["validation"]["accepted"] and out["quotas"] == {"policy": 94}
     assert out["validation_reused_block"] == 3
     assert session.executor.replaced == [94, 100, 94]  # the probe, then the validation's B and A blocks
+
+
+class _SteppedOnceSession(_TimedSession):
+    """The policy is fastest one coarse step down (94%) and slower at every level below it, as the MJX
+    policy measured on the H200 (7.45 s at 94%, 7.56 s at 93%, 7.69 s at 100%)."""
+
+    def _t(self) -> float:
+        q = self.executor.quota
+        return 1.0 + 0.002 * (100 - q["trainer"]) + 0.0015 * (q["policy"] - 94) ** 2 - 0.0015 * 36
+
+
+def test_the_search_probes_no_level_after_which_the_validation_would_not_fit(monkeypatch) -> None:
+    """H200, MJX (2026-12-05, 500-s budget): after the screening measured the policy at 94% 1.032x faster,
+    the search probed 93% because the budget held a validation after that moment -- but not after the probe:
+    93% was slower, the policy no longer stood at 94%, so the validation needed all three blocks, and 94% was
+    reported "not validated". A probe now has to leave room for a whole validation after itself; here the
+    search stops at once and the screened level is validated with its own block as the first A."""
+    import interpreter.quota_trials as qt
+    from rose_dsl.optimizer.search import Settings
+
+    tune_quota = _two_candidates(monkeypatch)
+    clock = _Clock()
+    monkeypatch.setattr(qt, "time", clock)
+    _, result = _stage1(ROOT)
+    session = _SteppedOnceSession(clock)
+    # the search starts at ~66 s with blocks of ~50 s (3 x 10-s iterations + a 20-s restart): room for the
+    # validation's three blocks (216 s) but not for a probe and then those blocks (266 s)
+    out = tune_quota(result.plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132,
+                     check=_checked(), deadline=230.0)
+    assert out["target"] == "policy" and out["trials"] == 0 and out["best_percent"] == 94
+    assert out["validation"]["accepted"] and out["quotas"] == {"policy": 94}
+    assert clock.t <= 230.0

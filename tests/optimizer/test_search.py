@@ -521,3 +521,26 @@ def test_a_before_after_cut_short_is_joined_by_the_block_that_accepted_the_plan(
     block = result.rounds[0]
     assert result.baseline.n == block.reference_validation.n + 1 and result.final.n == block.candidate.n + 1
     assert result.baseline_runs[:block.reference_validation.n] and result.final.median < result.baseline.median
+
+
+def test_a_kept_quota_chains_its_validation_onto_stage_1s_figure(wf) -> None:
+    """The H200 MJX run of 2026-12-05 (`--stage1`): declared 9.714 s against the stage-1 graph's 7.770 s
+    (1.25x), then the policy at 94% validated at 7.436 s against 7.802 s (1.049x): the report gives the
+    whole plan's figure as those two interleaved comparisons chained, ~1.31x, and says that it is chained."""
+    from rose_dsl.optimizer.report import with_quotas
+
+    stage2 = {"quotas": {"policy": 94}, "validation": {"reference": {"median": 7.802}, "candidate": {"median": 7.436},
+                                                       "accepted": True}}
+    wq = with_quotas(9.714, 9.714 / 7.770, stage2)
+    assert wq is not None and wq["speedup"] == pytest.approx(9.714 / 7.770 * 7.802 / 7.436)
+    assert wq["iteration_s"] == pytest.approx(9.714 / wq["speedup"]) and "chained" in wq["note"]
+    rejected = {**stage2, "validation": {**stage2["validation"], "accepted": False}}
+    assert with_quotas(9.714, 1.25, rejected) is None and with_quotas(9.714, 1.25, {"skipped": "no MPS"}) is None
+    assert with_quotas(9.714, 1.25, None) is None
+    result = optimize_graph(wf, FakeMeasurer(LATENCY), Settings(), **QUIET)
+    doc = build_report(result, books={}, total_s=8.0, workflow=wf.name, file="w.yaml", settings={}, machine={},
+                       stage2={**stage2, "summary": "policy at 94%"}, plan_file="p.yaml", run_dir=None,
+                       activity_kind="gpu")
+    assert doc["with_quotas"]["speedup"] == pytest.approx(doc["speedup"] * 7.802 / 7.436)
+    md = report_markdown(doc, None)
+    assert "| plan with policy 94% |" in md and f"**{doc['with_quotas']['speedup']:.2f}x**" in md
