@@ -76,8 +76,16 @@ def _trainer_proc(name: str, cfg: dict[str, Any], go: Any, ready: Any, out: Any)
 
     from examples.embodied.ppo import PPOTrainer
 
-    policy = _policy(cfg)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    if name.startswith("m"):  # a simulator load: the other temporal group's MJX steps back to back
+        sim = _mjx_sim(cfg)
+        gen = torch.Generator().manual_seed(2)
+
+        def work() -> None:
+            sim.step(torch.rand(cfg["num_envs"], cfg["model"]["chunk"], 2, generator=gen) * 2 - 1)
+        _serve(work, sync, name, go, ready, out)
+        return
+    policy = _policy(cfg)
     if name.startswith("a"):  # a policy load: the rollout's acts back to back (the interleaved temporal split's policy)
         obs = torch.randn(cfg["num_envs"], cfg["model"]["obs_dim"])
 
@@ -90,6 +98,11 @@ def _trainer_proc(name: str, cfg: dict[str, Any], go: Any, ready: Any, out: Any)
 
         def work() -> None:
             trainer.update(traj, env)
+    _serve(work, sync, name, go, ready, out)
+
+
+def _serve(work: Any, sync: Any, name: str, go: Any, ready: Any, out: Any) -> None:
+    """A load process's loop: warm up, then run `work` back to back while `go` is set, reporting the spans."""
     for _ in range(2):  # warm-up: allocator, cuBLAS heuristics, CUDA graphs
         work()
     sync()
@@ -105,16 +118,22 @@ def _trainer_proc(name: str, cfg: dict[str, Any], go: Any, ready: Any, out: Any)
         out.put((name, spans))
 
 
+def _mjx_sim(cfg: dict[str, Any]) -> Any:
+    """The workflow's MJX simulator (256 envs, its frame_skip), reset."""
+    sys.path.insert(0, cfg["mjx_path"])  # spawned children take the parent's sys.path, not PYTHONPATH
+    from examples.embodied.sim_mjx import ReacherMjxSim
+
+    sim = ReacherMjxSim(num_envs=cfg["num_envs"], chunk=cfg["model"]["chunk"], frame_skip=cfg["frame_skip"],
+                        max_episode_steps=10_000, device="gpu" if _device() == "cuda" else "cpu")
+    sim.reset(0, 0)
+    return sim
+
+
 def _victim_proc(kind: str, cfg: dict[str, Any], cmd: Any, out: Any) -> None:
     import torch
 
     if kind == "mjx":
-        sys.path.insert(0, cfg["mjx_path"])  # spawned children take the parent's sys.path, not PYTHONPATH
-        from examples.embodied.sim_mjx import ReacherMjxSim
-
-        sim = ReacherMjxSim(num_envs=cfg["num_envs"], chunk=cfg["model"]["chunk"], frame_skip=cfg["frame_skip"],
-                            max_episode_steps=10_000, device="gpu" if _device() == "cuda" else "cpu")
-        sim.reset(0, 0)
+        sim = _mjx_sim(cfg)
         gen = torch.Generator().manual_seed(1)
 
         def step() -> None:
@@ -166,7 +185,8 @@ def main() -> None:
     parser.add_argument("--victims", default="mjx,act")
     parser.add_argument("--trainers", default="p0,p1,q94",
                         help="loads: the PPO update as pP (priority P, no quota), qQ (quota Q%%, priority 0), qQpP; "
-                             "the policy's act back to back as aQ (quota Q%%) or aQpP")
+                             "the policy's act back to back as aQ (quota Q%%) or aQpP; the MJX simulator's step back "
+                             "to back (the other temporal group's simulator) as mQ or mQpP")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--window", type=float, default=8.0)
     parser.add_argument("--small", action="store_true", help="tiny model sizes (CPU smoke test)")
@@ -191,7 +211,7 @@ def main() -> None:
         out = ctx.Queue()
         trainers: dict[str, tuple[Any, Any]] = {}
         for name in variants:
-            quota = int(name[1:].split("p")[0]) if name.startswith(("q", "a")) and name[1:2].isdigit() else None
+            quota = int(name[1:].split("p")[0]) if name.startswith(("q", "a", "m")) and name[1:2].isdigit() else None
             prio = name.split("p")[-1] if "p" in name else "0"
             env = daemon.client_env(quota) if daemon.active else {}
             if daemon.active:
