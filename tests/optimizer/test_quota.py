@@ -693,13 +693,8 @@ class _TimedSession(_TwoProcessSession):
         return out
 
 
-@pytest.mark.parametrize("deadline", [150.0, 140.0])
-def test_a_screened_step_down_is_validated_when_the_budget_has_room_for_nothing_more(monkeypatch, deadline) -> None:
-    """H200, MJX (2026-12-04, `--stage1`, --budget-s 400): the screening measured the policy one step down
-    1.052x faster; the search asked the budget before reading that measurement, found no room for a trial,
-    and kept 100%. The screened level is now the search's for free, and its block is the validation's first
-    A (B and A are left to run): with time for those two blocks (150 s) the step down is validated and kept;
-    without it (140 s) the report says so and the policy goes back to 100%."""
+def _timed_tune(monkeypatch, session_class, deadline: float):  # type: ignore[no-untyped-def]
+    """tune_quota with the trainer and the policy as candidates, on a clock only the session advances."""
     import interpreter.quota_trials as qt
     from rose_dsl.optimizer.search import Settings
 
@@ -707,9 +702,20 @@ def test_a_screened_step_down_is_validated_when_the_budget_has_room_for_nothing_
     clock = _Clock()
     monkeypatch.setattr(qt, "time", clock)
     _, result = _stage1(ROOT)
-    session = _TimedSession(clock)
+    session = session_class(clock)
     out = tune_quota(result.plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132,
                      check=_checked(), deadline=deadline)
+    return out, session, clock
+
+
+@pytest.mark.parametrize("deadline", [150.0, 140.0])
+def test_a_screened_step_down_is_validated_when_the_budget_has_room_for_nothing_more(monkeypatch, deadline) -> None:
+    """H200, MJX (2026-12-04, `--stage1`, --budget-s 400): the screening measured the policy one step down
+    1.052x faster; the search asked the budget before reading that measurement, found no room for a trial,
+    and kept 100%. The screened level is now the search's for free, and its block is the validation's first
+    A (B and A are left to run): with time for those two blocks (150 s) the step down is validated and kept;
+    without it (140 s) the report says so and the policy goes back to 100%."""
+    out, session, _ = _timed_tune(monkeypatch, _TimedSession, deadline)
     assert [row["target"] for row in out["screened"]] == ["trainer", "policy"]
     assert out["target"] == "policy" and out["best_percent"] == 94 and out["trials"] == 0
     if deadline == 150.0:
@@ -806,18 +812,9 @@ def test_the_search_probes_no_level_after_which_the_validation_would_not_fit(mon
     93% was slower, the policy no longer stood at 94%, so the validation needed all three blocks, and 94% was
     reported "not validated". A probe now has to leave room for a whole validation after itself; here the
     search stops at once and the screened level is validated with its own block as the first A."""
-    import interpreter.quota_trials as qt
-    from rose_dsl.optimizer.search import Settings
-
-    tune_quota = _two_candidates(monkeypatch)
-    clock = _Clock()
-    monkeypatch.setattr(qt, "time", clock)
-    _, result = _stage1(ROOT)
-    session = _SteppedOnceSession(clock)
     # the search starts at ~66 s with blocks of ~50 s (3 x 10-s iterations + a 20-s restart): room for the
     # validation's three blocks (216 s) but not for a probe and then those blocks (266 s)
-    out = tune_quota(result.plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132,
-                     check=_checked(), deadline=230.0)
+    out, _, clock = _timed_tune(monkeypatch, _SteppedOnceSession, 230.0)
     assert out["target"] == "policy" and out["trials"] == 0 and out["best_percent"] == 94
     assert out["validation"]["accepted"] and out["quotas"] == {"policy": 94}
     assert clock.t <= 230.0
