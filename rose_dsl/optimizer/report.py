@@ -183,9 +183,8 @@ def report_markdown(doc: Mapping[str, Any], picture: str | None) -> str:
                   f"The last row is {wq['note']}.", ""]
     else:
         lines += [""]
-    lines += [
-             "Plan: " + ("`" + "`, `".join(doc["plan_requests"]) + "`" if doc["plan_requests"] else "the declared graph "
-                         "(no rewrite was measured faster by more than the noise)"), ""]
+    lines += ["Plan: " + ("`" + "`, `".join(doc["plan_requests"]) + "`" if doc["plan_requests"] else "the declared graph "
+                          "(no rewrite was measured faster by more than the noise)"), ""]
     if doc.get("stage2"):
         s2 = doc["stage2"]
         lines += ["Stage 2 (MPS quotas): " + s2.get("summary", s2.get("skipped", "")), ""]
