@@ -32,6 +32,13 @@ class _Gen:
     batch: int = 6
     behaviors: dict[str, dict[str, Any]] = field(default_factory=dict)
     all_separable: bool = False  # inside a loop whose every node is batch-separable
+    # values whose length differs from one iteration of an enclosing loop to the next: the collect of a loop
+    # that ends on a condition. Stacking them over iterations is ragged, so no `stack(l[*]...)` reads them
+    # (CI, 2026-12-05: `stack(l2[*].l5.c)` with l5 an until loop -- the declared workflow itself failed)
+    ragged: set[str] = field(default_factory=set)
+
+    def is_ragged(self, ref: str) -> bool:
+        return any(ref == r or ref.endswith("." + r) for r in self.ragged)
 
     def fresh(self, prefix: str) -> str:
         self.counter += 1
@@ -59,9 +66,9 @@ class _Scope:
         return _Scope(list(self.values), list(self.ints), list(self.loops), list(self.enclosing))
 
 
-def _selections(loop: _Loop, scope: _Scope, ref: str) -> list[str]:
+def _selections(g: _Gen, loop: _Loop, scope: _Scope, ref: str) -> list[str]:
     """Ways to read `ref` (valid at the end of `loop`'s body) from after the loop."""
-    out = [f"{loop.name}[-1].{ref}", f"stack({loop.name}[*].{ref})"]
+    out = [f"{loop.name}[-1].{ref}"] + ([] if g.is_ragged(ref) else [f"stack({loop.name}[*].{ref})"])
     if not loop.dynamic:
         out.append(f"{loop.name}[0].{ref}")
         out += [f"{loop.name}[{m}.i].{ref}" for m, c in scope.enclosing if c <= loop.count]
@@ -73,7 +80,7 @@ def _value(g: _Gen, scope: _Scope) -> str | None:
     choices = scope.values + scope.ints
     for loop in scope.loops:
         if loop.inner:
-            choices += _selections(loop, scope, d(st.sampled_from(loop.inner)))
+            choices += _selections(g, loop, scope, d(st.sampled_from(loop.inner)))
     if not choices:
         return None
     first = d(st.sampled_from(choices))
@@ -173,19 +180,24 @@ def _loop(g: _Gen, scope: _Scope, depth: int, sibling_count: int | None = None) 
     if carry_init is not None and produced:
         loop["carry"] = {"v": {"init": carry_init, "next": d(st.sampled_from(produced))}}
         outs.append(f"{name}.v")
+        if g.is_ragged(loop["carry"]["v"]["next"]) or g.is_ragged(carry_init):
+            g.ragged.add(f"{name}.v")
     elif carry_init is not None:
         # no value to carry: drop the carry and every use of it
         body = _strip(body, f"{name}.v", carry_init)
     loop["body"] = body
-    if produced and d(st.booleans()):
+    stackable = [r for r in produced if not g.is_ragged(r)]
+    if stackable and d(st.booleans()):
         # the loop's own carried value, when it keeps one shape: its first and its next value are both a node's
         # output (a next that is an inner loop's collect is stacked, one dimension more: the long profile of
         # 2026-12-03 drew `next: l5.c` and the declared workflow itself failed to stack l2's values)
         keeps_shape = "carry" in loop and carry_init.startswith("n") and loop["carry"]["v"]["next"].startswith("n")
         own = [f"{name}.v"] if keeps_shape else []
-        picked = d(st.sampled_from(produced + own))
+        picked = d(st.sampled_from(stackable + own))
         loop["collect"] = {"c": f"stack({name}[*].{picked})"}
         outs.append(f"{name}.c")
+        if dynamic:
+            g.ragged.add(f"{name}.c")
     return loop, outs, _Loop(name, count, dynamic, ends)
 
 
