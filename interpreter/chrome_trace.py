@@ -110,6 +110,7 @@ def to_chrome_trace(trace: ExecutionTrace | Iterable[InvocationRecord],
         seen = processes.get(pid) or processes.get(str(pid)) or {}
         extra = f", {seen['sm_count']} SMs" if seen.get("sm_count") else ""
         extra += f", MPS {seen['mps_quota']}%" if seen.get("mps_quota") else ""
+        extra += ", MPS priority below normal" if str(seen.get("mps_priority") or "0") != "0" else ""
         events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
                        "args": {"name": f"{', '.join(comps)} (pid {pid}{extra})"}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,

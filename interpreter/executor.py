@@ -205,13 +205,17 @@ class Executor:
             return {}
         return {c: int(self._backend.control(c, "info")["thread"]) for c in self.components()}
 
-    def replace_quota(self, comp: str, quota: int | None, mps_env: dict[str, str] | None) -> dict[str, Any]:
-        """Move a GPU component to a new process under another MPS quota, its state moved with it
-        (`Backend.replace_actor`: a restartable backend recompiles a compiled iteration around it)."""
+    def replace_quota(self, comp: str, quota: int | None, mps_env: dict[str, str] | None,
+                      priority: int | None = None) -> dict[str, Any]:
+        """Move a GPU component to a new process under another MPS quota (and client priority, when not
+        None), its state moved with it (`Backend.replace_actor`: a restartable backend recompiles a compiled
+        iteration around it)."""
         if not self._backend.capabilities.restartable:
             raise Unsupported(f"quota trials need a backend with one process per component (the {self.backend_name} "
                               "backend cannot move a component to a new process)")
-        return self._backend.replace_actor(comp, quota, mps_env)
+        if priority is None:
+            return self._backend.replace_actor(comp, quota, mps_env)
+        return self._backend.replace_actor(comp, quota, mps_env, priority=priority)
 
     def close(self) -> None:
         if self.backend is not None:

@@ -405,16 +405,22 @@ class MpsDaemon:
         self.stop()
 
     # --- clients ---------------------------------------------------------------------------------
-    def client_env(self, quota_percent: int | None) -> dict[str, str]:
+    def client_env(self, quota_percent: int | None, priority: int | None = None) -> dict[str, str]:
         """Env vars for a worker (Ray ``runtime_env={"env_vars": ...}``); ``{}`` when MPS is off.
 
-        ``None`` means no quota (all SMs).  Must be set before the worker initialises CUDA.
+        ``None`` means no quota (all SMs) and the normal priority.  ``priority`` 1 is MPS's "below
+        normal" (``CUDA_MPS_CLIENT_PRIORITY``): the client's kernels are scheduled after those of
+        normal-priority clients.  Both must be set before the worker initialises CUDA.
         """
         if quota_percent is not None and not 0 < quota_percent <= 100:
             raise ValueError(f"MPS quota must be in 1..100 percent, got {quota_percent}")
+        if priority is not None and priority not in (0, 1):
+            raise ValueError(f"MPS client priority must be 0 (normal) or 1 (below normal), got {priority}")
         if not self.active:
             return {}
         env = {"CUDA_MPS_PIPE_DIRECTORY": self.pipe_dir or _DEFAULT_PIPE_DIR}
         if quota_percent is not None:
             env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(int(quota_percent))
+        if priority:
+            env["CUDA_MPS_CLIENT_PRIORITY"] = str(int(priority))
         return env

@@ -75,8 +75,8 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         return next(i + 1 for i, (_, sms) in enumerate(levels) if sms == expected_sms(percent, total))
 
     def use_on(name: str, percent: int) -> None:
-        if quotas[name] != percent:
-            session.replace_quota(name, percent, gpu.client_env(percent))
+        if quotas[name] != percent:  # (the process keeps its client priority)
+            session.replace_quota(name, percent, gpu.client_env(percent, plan.components[name].mps_priority))
             quotas[name] = percent
 
     unsafe: dict[int, str] = {}

@@ -306,9 +306,10 @@ class RayBackend(Backend):
         for name in names:
             self._await_ready(name)
 
-    def replace_actor(self, name: str, quota: int | None, mps_env: dict[str, str] | None = None) -> dict[str, Any]:
-        """Move a component to a new process (e.g. under another MPS quota, which is fixed for a process's
-        lifetime): its declared state is read from the old actor, the old one is stopped, and the new one
+    def replace_actor(self, name: str, quota: int | None, mps_env: dict[str, str] | None = None,
+                      priority: int | None = None) -> dict[str, Any]:
+        """Move a component to a new process (e.g. under another MPS quota or client priority, both fixed for
+        a process's lifetime; `priority` None keeps the component's): its declared state is read from the old actor, the old one is stopped, and the new one
         starts from that state -- no training progress is lost. Returns the new process's info. The state
         goes from process to process through Ray's object store, by reference: the driver fetches only its
         size, to know the read succeeded before the old process is stopped (a 4-GB GPU state on the H200: 6.9 s
@@ -322,7 +323,9 @@ class RayBackend(Backend):
         except self.ray.exceptions.RayError as exc:
             raise self._failure(exc, f"get_states of {name}") from None
         comp = dc_replace(self.wf.components[base], mps_quota=quota)
-        # (a later restart starts the component under this quota too)
+        if priority is not None:
+            comp = dc_replace(comp, mps_priority=priority)
+        # (a later restart starts the component under this quota and priority too)
         self.wf = dc_replace(self.wf, components={**self.wf.components, base: comp})
         if mps_env is not None:
             self.mps_env[base] = mps_env

@@ -319,12 +319,15 @@ class TrialSession:
         self.books["layout_s"] += time.perf_counter() - t
         return replaced
 
-    def replace_quota(self, comp: str, quota: int | None, mps_env: dict[str, str] | None) -> dict[str, Any]:
-        """Move a GPU component to a new process under another MPS quota (`Executor.replace_quota`). The
+    def replace_quota(self, comp: str, quota: int | None, mps_env: dict[str, str] | None,
+                      priority: int | None = None) -> dict[str, Any]:
+        """Move a GPU component to a new process under another MPS quota -- and client priority, when not
+        None (`Executor.replace_quota`). The
         next complete iteration is training, not a measurement: the new process compiles its programs,
         captures its CUDA graphs and fills its allocator on its first calls (timed, that start-up was
         charged to the quota being tried)."""
-        out = self.executor.replace_quota(comp, quota, mps_env)
+        out = (self.executor.replace_quota(comp, quota, mps_env) if priority is None
+               else self.executor.replace_quota(comp, quota, mps_env, priority=priority))
         self._last_plan = None
         return out
 

@@ -417,6 +417,7 @@ class ComponentWorker:
         info: dict[str, Any] = {"pid": os.getpid(), "thread": threading.get_ident(), "component": self.name,
                                 "process": self.process,
                                 "mps_quota": os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+                                "mps_priority": os.environ.get("CUDA_MPS_CLIENT_PRIORITY"),
                                 "visible_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpu_slot": self.gpu_index,
                                 "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
         if _torch() is not None:

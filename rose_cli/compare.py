@@ -242,6 +242,18 @@ class _Options:
     runs_dir: Path | None
 
 
+def _mps_of(comp: Any) -> tuple[int, int]:
+    """A GPU process's MPS settings as they bind: (quota percent, client priority); no quota is 100%."""
+    return comp.mps_quota or 100, comp.mps_priority or 0
+
+
+def mps_moves(plan: Workflow, current: dict[str, tuple[int, int]]) -> list[Any]:
+    """The components of `plan` whose GPU process must move to a new one before `plan` runs: its MPS quota
+    or client priority (both fixed for a process's lifetime) differs from the settings the process runs
+    under now (`current`: name -> (quota, priority), for every running GPU process)."""
+    return [c for n, c in plan.components.items() if n in current and _mps_of(c) != current[n]]
+
+
 def _run(entries: list[Entry], run: Any, opts: _Options, teardown: ExitStack, ctx: RunContext, code: dict[str, int]) -> None:
     from .run import check_quotas, gpu_session, prepare, progress_log, start_trial_session
 
@@ -253,21 +265,23 @@ def _run(entries: list[Entry], run: Any, opts: _Options, teardown: ExitStack, ct
     gpu_comps = [c for e in entries for c in e.workflow.components.values() if c.device == "gpu"]
     if gpu.quotas_work and run.check_quotas:
         check_quotas(gpu_comps, gpu.daemon, ctx.err)
-    quotas_differ = len({(c.name, c.mps_quota) for c in gpu_comps}) > len({c.name for c in gpu_comps})
-    if quotas_differ and not gpu.quotas_work:
-        ctx.err.print("warning: the plans ask for other MPS quotas, which do not bind without an MPS daemon: "
-                      "they run under the same SMs", markup=False)
+    mps_differ = len({(c.name, c.mps_quota, c.mps_priority) for c in gpu_comps}) > len({c.name for c in gpu_comps})
+    if mps_differ and not gpu.quotas_work:
+        ctx.err.print("warning: the plans ask for other MPS quotas or client priorities, which do not bind without "
+                      "an MPS daemon: they run under the same SMs and priority", markup=False)
     # the copies the plans add, started now (on Ray, GPU processes are placed when the workers start)
     copies = {n: c for e in entries[1:] for n, c in e.workflow.components.items()}
     with progress_log(out, run.quiet) as log:
         session = start_trial_session(wf, run, gpu, ctx, teardown, copies, log)
-        current = {c.name: c.mps_quota for c in wf.components.values() if c.device == "gpu"}
+        # each GPU process's (quota, priority) now: the declared components' and the copies', as started
+        started_as = [*wf.components.values(), *(c for n, c in copies.items() if n not in wf.components)]
+        current = {c.name: _mps_of(c) for c in started_as if c.device == "gpu"}
 
         running_layout = 0  # the entry whose layout the processes run (0: the declared one)
 
         def before(i: int) -> None:
             """Run the layout of the plan about to run (fresh processes for what it changes) and move GPU
-            components under its quotas (state moved with them)."""
+            components under its quotas and client priorities (state moved with them)."""
             nonlocal running_layout
             want = i if entries[i].layout else 0
             if want != running_layout:
@@ -277,11 +291,11 @@ def _run(entries: list[Entry], run: Any, opts: _Options, teardown: ExitStack, ct
                 running_layout = want
             if not gpu.quotas_work:
                 return
-            for name, comp in entries[i].workflow.components.items():
-                if name in current and comp.mps_quota != current[name]:
-                    log(f"  {entries[i].label}: {name} to MPS quota {comp.mps_quota}%")
-                    session.replace_quota(name, comp.mps_quota, gpu.client_env(comp.mps_quota))
-                    current[name] = comp.mps_quota
+            for comp in mps_moves(entries[i].workflow, current):
+                quota, priority = current[comp.name] = _mps_of(comp)
+                log(f"  {entries[i].label}: {comp.name} to MPS quota {quota}%, "
+                    f"{'below normal' if priority else 'normal'} priority")
+                session.replace_quota(comp.name, comp.mps_quota, gpu.client_env(comp.mps_quota, priority), priority=priority)
 
         # one round at a time (A B C, then C B A), each written as soon as it is measured: a run cut short
         # (a device call's time limit, ^C) leaves every finished round on disk
@@ -372,6 +386,8 @@ def plan_rows(entries: list[Entry], results: list[list[IterationRun]], failures:
             "label": e.label, "file": str(e.file),
             "requests": list(plan_meta.get("rewrites") or []) if plan_meta else [],
             "mps_quota": {n: c.mps_quota for n, c in e.workflow.components.items() if c.device == "gpu"},
+            "mps_priority": {n: c.mps_priority for n, c in e.workflow.components.items()
+                             if c.device == "gpu" and c.mps_priority is not None},
             "iterations": [{"iteration": r.iteration, "seconds": r.seconds, "metrics": r.metrics} for r in runs],
             "seconds": seconds, "median_s": med,
             "spread": (max(seconds) - min(seconds)) / med if seconds and med else None,

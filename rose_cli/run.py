@@ -78,9 +78,10 @@ class Gpu:
         """An MPS daemon is up, so a process's `mps_quota` binds."""
         return self.daemon is not None and self.daemon.active
 
-    def client_env(self, quota: int | None) -> dict[str, str]:
-        """The environment of an MPS client process under `quota` percent of the SMs (quotas_work only)."""
-        return self.daemon.client_env(quota)
+    def client_env(self, quota: int | None, priority: int | None = None) -> dict[str, str]:
+        """The environment of an MPS client process under `quota` percent of the SMs, at MPS client
+        `priority` (1: below normal) (quotas_work only)."""
+        return self.daemon.client_env(quota, priority)
 
 
 @dataclass
@@ -184,7 +185,7 @@ def gpu_session(wf: Workflow, opts: ExecuteOptions, err: Console) -> Iterator[Gp
             if gpu.daemon.warning:
                 err.print(f"warning: {gpu.daemon.warning}", markup=False)
             if gpu.daemon.active:
-                gpu.mps_env = {c.name: gpu.daemon.client_env(c.mps_quota) for c in gpu_components}
+                gpu.mps_env = {c.name: gpu.daemon.client_env(c.mps_quota, c.mps_priority) for c in gpu_components}
                 if opts.check_quotas:
                     check_quotas(gpu_components, gpu.daemon, err)
         sampler = GpuActivity.open_all(torch.cuda.device_count())  # every GPU of this machine (NVML index)
@@ -237,7 +238,7 @@ def start_trial_session(wf: Workflow, opts: ExecuteOptions, gpu: Gpu, ctx: RunCo
         if name not in wf.components and name not in extra:
             extra[name] = comp
             if gpu.quotas_work:
-                gpu.mps_env[name] = gpu.client_env(comp.mps_quota)
+                gpu.mps_env[name] = gpu.client_env(comp.mps_quota, comp.mps_priority)
     ctx.phase = "starting components"
     # the Executor compiles each plan it runs itself: no compiled graph of the declared workflow first
     per_call = replace(opts, compiled=False)

@@ -161,7 +161,7 @@ def _count(ctx: _Ctx, path: Path_, raw: Any) -> int | None:
 
 
 def _placement_int(ctx: _Ctx, path: Path_, raw: Any, minimum: int, maximum: int | None = None) -> int | None:
-    """`replicas:` / `gpu:` / `mps_quota:`: an integer or static integer arithmetic over ${params}
+    """`replicas:` / `gpu:` / `mps_quota:` / `mps_priority:`: an integer or static integer arithmetic over ${params}
     (`"${replicas}"`); literal integers were range-checked by the schema."""
     if raw is None or isinstance(raw, int):
         return raw
@@ -190,7 +190,8 @@ def _component(ctx: _Ctx, name: str, raw: Mapping[str, Any]) -> Component:
     return Component(
         name=name, impl=raw["impl"], args=substitute(raw.get("args") or {}, path + ("args",), ctx),
         device=raw.get("device", "cpu"), state=tuple(state), gpu=_placement_int(ctx, path + ("gpu",), raw.get("gpu"), 0),
-        mps_quota=_placement_int(ctx, path + ("mps_quota",), raw.get("mps_quota"), 1, 100), replicas=_placement_int(ctx, path + ("replicas",), raw.get("replicas", 1), 1) or 1,
+        mps_quota=_placement_int(ctx, path + ("mps_quota",), raw.get("mps_quota"), 1, 100),
+        mps_priority=_placement_int(ctx, path + ("mps_priority",), raw.get("mps_priority"), 0, 1), replicas=_placement_int(ctx, path + ("replicas",), raw.get("replicas", 1), 1) or 1,
         env=env, python_path=tuple(raw.get("python_path", ())),
         venv=raw.get("venv"), copy_of=raw.get("copy_of"), pos=ctx.doc.key_pos(path), field_pos=fpos,
     )

@@ -174,7 +174,8 @@ def _summary(wf: Workflow, explain: bool) -> None:
         first = c.gpu or 0
         gpus = (f":{first}" if c.replicas == 1 else f":{first}-{first + c.replicas - 1}") if c.device == "gpu" else ""
         dev = (c.device + gpus + (f" ×{c.replicas}" if c.replicas > 1 else "")
-               + (f" mps {c.mps_quota}%" if c.mps_quota else ""))
+               + (f" mps {c.mps_quota}%" if c.mps_quota else "")
+               + (" mps priority below normal" if c.mps_priority else ""))
         t.add_row(c.name, c.impl, dev, ", ".join(s.name for s in c.state) or "-")
     out.print(t)
     t = Table(title="loops", title_justify="left", show_edge=False)

@@ -72,6 +72,9 @@ class Component:
     state: tuple[StateObject, ...] = ()
     gpu: int | None = None
     mps_quota: int | None = None  # percent of SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), plans set this
+    # MPS client priority (CUDA_MPS_CLIENT_PRIORITY): 0 normal, 1 below normal -- the kernels of a process
+    # at 1 wait for those of normal-priority processes; it takes no SMs away (plans set this too)
+    mps_priority: int | None = None
     replicas: int = 1
     env: dict[str, str] = field(default_factory=dict)
     python_path: tuple[str, ...] = ()

@@ -178,6 +178,11 @@ def _explain(err: ValidationError, doc: Document, validator: Draft202012Validato
         return out
     if kind == "oneOf" and isinstance(err.schema, dict):
         branches = err.schema.get("oneOf", [])
+        same_type = [b for b in branches if isinstance(b, dict) and "type" in b and validator.is_type(inst, b["type"])]
+        if same_type:  # the value has a type a branch takes, and breaks that branch's bounds: say which
+            out = _bounds(same_type[0], inst, doc, path, where)
+            if out:
+                return out
         wanted = [b.get("type") for b in branches if isinstance(b, dict) and "type" in b]
         if wanted:
             words = " or ".join(_TYPE_WORDS.get(w, str(w)) for w in wanted if isinstance(w, str))
@@ -218,6 +223,19 @@ def _explain(err: ValidationError, doc: Document, validator: Draft202012Validato
                 "uniqueItems", "minLength"):
         return [Diagnostic(doc.pos(path), where, err.message.replace("is less than", "is below"))]
     return [Diagnostic(doc.pos(path), where, err.message)]
+
+
+def _bounds(branch: dict[str, Any], inst: Any, doc: Document, path: tuple, where: str) -> list[Diagnostic]:
+    """A number outside a `minimum`/`maximum` range, worded as the loader words a ${params} value out of it
+    (`mps_quota: 150` -> "must be between 1 and 100; found 150"); [] for any other fault."""
+    low, high = branch.get("minimum"), branch.get("maximum")
+    if not isinstance(inst, (int, float)) or isinstance(inst, bool) or (low is None and high is None):
+        return []
+    if (low is None or inst >= low) and (high is None or inst <= high):
+        return []
+    bounds = (f"between {low} and {high}" if low is not None and high is not None
+              else f"at least {low}" if low is not None else f"at most {high}")
+    return [Diagnostic(doc.pos(path), where, f"must be {bounds}; found {inst}")]
 
 
 def _is_item_schema(schema: Any) -> bool:

@@ -26,6 +26,8 @@ def _component(c: Component) -> dict[str, Any]:
         out["gpu"] = c.gpu
     if c.mps_quota is not None:
         out["mps_quota"] = c.mps_quota
+    if c.mps_priority is not None:
+        out["mps_priority"] = c.mps_priority
     if c.replicas != 1:
         out["replicas"] = c.replicas
     if c.state:

@@ -70,8 +70,10 @@ def given_plan(wf: Workflow, plan: Workflow, requests: Sequence[str], measurer: 
 
 def declared_graph(wf: Workflow, plan: Workflow) -> bool:
     """Is `plan` (already checked to compute what `wf` computes) the declared graph itself: the same
-    iteration tree (source positions aside), the same components, each under the same MPS quota? Judged
+    iteration tree (source positions aside), the same components, each under the same MPS quota and client
+    priority? Judged
     on the graphs, not on the plan's metadata: a hand-edited plan may name no rewrite and still differ."""
     if plan.root != wf.root or set(plan.components) != set(wf.components):
         return False
-    return all((plan.components[n].mps_quota or 100) == (c.mps_quota or 100) for n, c in wf.components.items())
+    return all((plan.components[n].mps_quota or 100, plan.components[n].mps_priority or 0) == (c.mps_quota or 100, c.mps_priority or 0)
+               for n, c in wf.components.items())

@@ -33,7 +33,7 @@ __all__ = ["Layout", "parse_layout_option", "layouts", "changed_components", "la
 
 # what a layout may change in a component: how many processes and their constructor arguments
 _MAY_CHANGE = ("replicas", "args")
-_MUST_KEEP = ("impl", "device", "gpu", "env", "python_path", "venv", "mps_quota", "state", "copy_of")
+_MUST_KEEP = ("impl", "device", "gpu", "env", "python_path", "venv", "mps_quota", "mps_priority", "state", "copy_of")
 
 
 @dataclass(frozen=True)

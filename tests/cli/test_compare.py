@@ -179,3 +179,25 @@ def test_a_layout_plan_is_refused_where_it_cannot_be_one(tmp_path: Path) -> None
                          (["--layout", "sim_replicas=0"], "not a layout of")):
         r = rose("rewrite", str(SIM_PROCESSES), *sets, *bad)
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (bad, r.stderr)
+
+
+def test_a_plan_moves_only_the_processes_whose_mps_settings_it_changes() -> None:
+    """Before each plan runs, its GPU processes whose MPS quota or client priority (both fixed for a
+    process's lifetime) differ from how they run now move to new processes; no quota is 100%, no priority
+    is normal, so a plan that spells the defaults out moves nothing. The copies a plan adds are tracked
+    like the declared components (the temporal groups' simulators: one at a low priority, one not)."""
+    from dataclasses import replace
+
+    from rose_cli.compare import mps_moves
+    from rose_dsl import load_workflow
+    from rose_dsl.ir import Component, Workflow
+
+    def plan(**settings: tuple[int | None, int | None]) -> Workflow:
+        comps = {n: Component(n, "m:C", {}, "gpu", mps_quota=q, mps_priority=p) for n, (q, p) in settings.items()}
+        return replace(load_workflow(WF), components=comps)
+
+    running = {"policy": (100, 0), "sim": (100, 0), "sim@0": (100, 0)}
+    assert mps_moves(plan(policy=(None, None), sim=(100, 0), trainer=(50, 1)), running) == []  # (trainer: not running)
+    moved = mps_moves(plan(policy=(94, None), sim=(None, 1), **{"sim@0": (None, 0)}), running)
+    assert [(c.name, c.mps_quota, c.mps_priority) for c in moved] == [("policy", 94, None), ("sim", None, 1)]
+

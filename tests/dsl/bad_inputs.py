@@ -92,6 +92,13 @@ CASES: list[tuple[str, str, str]] = [
      "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
      "e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\nf: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]\n",
      "the document expands to more than 200000 YAML nodes"),
+    ("quota_out_of_range", sub("    device: cpu\n    state: [episode]", "    device: cpu\n    mps_quota: 150\n    state: [episode]"),
+     "wf.yaml:25:16: components.sim.mps_quota: must be between 1 and 100; found 150"),
+    ("priority_out_of_range", sub("    device: cpu\n    state: [episode]", "    device: cpu\n    mps_priority: 2\n    state: [episode]"),
+     "wf.yaml:25:19: components.sim.mps_priority: must be between 0 and 1; found 2"),
+    ("priority_param_out_of_range",
+     sub("    device: cpu\n    state: [episode]", "    device: cpu\n    mps_priority: \"${num_envs}\"\n    state: [episode]"),
+     "wf.yaml:25:20: components.sim.mps_priority: must be between 0 and 1; found 8 (from '${num_envs}')"),
     ("too_deep", "x: " + "[" * 100 + "]" * 100 + "\n", "nesting deeper than 64 levels"),
     ("huge_file", "rose: 1\n" + "#" * (10 * 1024 * 1024) + "\n", "wf.yaml:1:1: <document>: file is larger than 4 MiB"),
 ]

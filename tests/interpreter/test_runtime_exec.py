@@ -187,8 +187,10 @@ def test_replacing_an_actor_keeps_its_state_and_applies_the_new_environment(ray_
         runner.run_iteration(0)
         runner.run_iteration(1)
         old_pid = be.control("sim", "info")["pid"]
-        info = be.replace_actor("sim", 40, {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40"})
-        assert info["pid"] != old_pid and info["mps_quota"] == "40"
+        info = be.replace_actor("sim", 40, {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40", "CUDA_MPS_CLIENT_PRIORITY": "1"},
+                                priority=1)
+        assert info["pid"] != old_pid and info["mps_quota"] == "40" and info["mps_priority"] == "1"
+        assert (be.wf.components["sim"].mps_quota, be.wf.components["sim"].mps_priority) == (40, 1)
         assert be.capabilities.compiled == compiled
         runner.run_iteration(2)
         runner.run_iteration(3)

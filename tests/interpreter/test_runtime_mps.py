@@ -148,8 +148,13 @@ def test_start_client_env_and_stop(short_tmp, gpu_nvml):
         assert mps.client_env(75) == {"CUDA_MPS_PIPE_DIRECTORY": mps.pipe_dir,
                                       "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "75"}
         assert mps.client_env(None) == {"CUDA_MPS_PIPE_DIRECTORY": mps.pipe_dir}
+        # a client priority: below normal is 1; normal (0) is MPS's default and sets nothing
+        assert mps.client_env(None, 1) == {"CUDA_MPS_PIPE_DIRECTORY": mps.pipe_dir, "CUDA_MPS_CLIENT_PRIORITY": "1"}
+        assert mps.client_env(75, 0) == mps.client_env(75)
         with pytest.raises(ValueError):
             mps.client_env(0)
+        with pytest.raises(ValueError):
+            mps.client_env(None, 2)
         pid = mps.pid
     assert _wait_gone(pid)
     assert not mps.active and list(run_dir.iterdir()) == []

@@ -238,6 +238,7 @@ def test_a_given_plan_that_is_the_declared_graph_is_measured_once(wf) -> None:
     from dataclasses import replace
 
     from rose_dsl.optimizer.search import declared_graph, given_plan
+    from rose_dsl.serialize import to_yaml
     from rose_dsl.transforms import apply
 
     m = FakeMeasurer(LATENCY)
@@ -248,9 +249,12 @@ def test_a_given_plan_that_is_the_declared_graph_is_measured_once(wf) -> None:
     assert not declared_graph(wf, split)
     quota = replace(wf, components={**wf.components, "policy": replace(wf.components["policy"], mps_quota=50)})
     assert not declared_graph(wf, quota) and declared_graph(wf, wf)
+    # a client priority is a change too (and one that round-trips through a plan file); normal is no change
+    low = replace(wf, components={**wf.components, "sim": replace(wf.components["sim"], mps_priority=1)})
+    normal = replace(wf, components={**wf.components, "sim": replace(wf.components["sim"], mps_priority=0)})
+    assert not declared_graph(wf, low) and declared_graph(wf, normal)
+    assert load_workflow_text(to_yaml(low)).components["sim"].mps_priority == 1
     # judged on the graph, not on metadata: a plan file of the declared graph, read back, is the declared graph
-    from rose_dsl.serialize import to_yaml
-
     assert declared_graph(wf, load_workflow_text(to_yaml(wf)))
     m = FakeMeasurer(LATENCY)
     given_plan(wf, quota, [], m, Settings(final_rounds=3, warmup=0), log=lambda s: None)
