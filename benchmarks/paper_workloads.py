@@ -90,6 +90,7 @@ def _cpu_devices(doc: dict[str, Any]) -> None:
     for comp in doc["components"].values():
         comp["device"] = "cpu"
         comp.pop("mps_quota", None)
+        comp.pop("mps_priority", None)
 
 
 def _smoke_mjx(doc: dict[str, Any]) -> None:

@@ -14,19 +14,28 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rose_dsl.ir import Workflow
 from rose_dsl.optimizer.bound import call_floats
 from rose_dsl.optimizer.decide import faster, summarize
-from rose_dsl.optimizer.quota import BranchPair, distinct_levels, quota_search, rank_targets, sm_demand
+from rose_dsl.optimizer.quota import (
+    BranchPair,
+    distinct_levels,
+    quota_search,
+    rank_targets,
+    screening_probes,
+    sm_demand,
+)
 from rose_dsl.optimizer.regions import Probe, common_ancestor, local_graphs, probe_workflow
 
 from .mps import expected_sms, quota_levels
 from .quota_safety import QuotaVerdict, check_quotas, machine_fingerprint
 
 __all__ = ["tune_quota"]
+
+Mps = tuple[int, int]  # one process's MPS settings: (quota percent, client priority: 0 normal, 1 below normal)
 
 MAX_TRIALS = 7  # the paper's budget (§5.4): seven short quota trials
 MAX_SCREENED = 3  # processes probed one coarse step down before the search picks one
@@ -52,12 +61,15 @@ def _region(plan: Workflow, pair: BranchPair) -> tuple[str, ...]:
 def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any, log: Callable[[str], None],
                total_sms: int | None = None, repeats: int = 3, deadline: float | None = None,
                check: Callable[[list[int]], dict[int, QuotaVerdict]] | None = None,
-               stop: Callable[[], str | None] | None = None) -> dict[str, Any]:
+               stop: Callable[[], str | None] | None = None, priorities: bool = False) -> dict[str, Any]:
     """Algorithm 2 for the stage-1 plan `result.plan`; returns the report's stage-2 section, with
-    `quotas` and `plan` when a quota is kept. `deadline` (a `time.perf_counter()` value) ends the search
-    early with the best level measured so far (leaving time for the validation). `check(percents)` says for
-    each level whether GEMMs are correct under it on this machine (default: `quota_safety.check_quotas`,
-    cached, PARALLEL_CHECKS at once); an unsafe level is never used."""
+    `quotas` (or `priorities`) and `plan` when a change is kept. `deadline` (a `time.perf_counter()` value)
+    ends the search early with the best level measured so far (leaving time for the validation).
+    `check(percents)` says for each level whether GEMMs are correct under it on this machine (default:
+    `quota_safety.check_quotas`, cached, PARALLEL_CHECKS at once); an unsafe level is never used. With
+    `priorities`, the screening also tries each candidate at a below-normal MPS client priority (beyond the
+    paper: it takes no SMs away, it lets the critical process's kernels go first); a priority that wins the
+    screening is validated like a quota."""
     plan = result.plan
     gpu_of = _gpu_of(plan)
     # SM demand from every run measured: the declared graph's runs show each process alone most often
@@ -69,15 +81,23 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     total = total_sms or _total_sms()
     levels = distinct_levels(quota_levels(total))  # [(percent, SMs)] ascending: level k is levels[k - 1]
     rho = max(2, len(levels) // 16)
-    quotas = {name: c.mps_quota or 100 for name, c in plan.components.items()}  # each process's quota now
+    # each process's MPS settings now: (quota percent, client priority), both fixed for a process's lifetime
+    mps: dict[str, Mps] = {name: _settings_of(plan, name) for name in plan.components}
 
     def level_of(percent: int) -> int:
         return next(i + 1 for i, (_, sms) in enumerate(levels) if sms == expected_sms(percent, total))
 
-    def use_on(name: str, percent: int) -> None:
-        if quotas[name] != percent:  # (the process keeps its client priority)
-            session.replace_quota(name, percent, gpu.client_env(percent, plan.components[name].mps_priority))
-            quotas[name] = percent
+    def move(name: str, setting: Mps) -> None:
+        """`name` to a new process under these settings (its state moved with it), unless it runs under them."""
+        if mps[name] != setting:
+            if setting[1] == mps[name][1]:
+                session.replace_quota(name, setting[0], gpu.client_env(*setting))
+            else:
+                session.replace_quota(name, setting[0], gpu.client_env(*setting), priority=setting[1])
+            mps[name] = setting
+
+    def use_on(name: str, percent: int) -> None:  # (the process keeps its client priority)
+        move(name, (percent, mps[name][1]))
 
     unsafe: dict[int, str] = {}
     checked: dict[int, QuotaVerdict] = {}  # percent -> verdict, for every level checked (asked or prefetched)
@@ -120,6 +140,9 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         session.books["quota_check_s"] = session.books.get("quota_check_s", 0.0) + time.perf_counter() - t
         return verdict
 
+    def checked_levels() -> dict[int, dict[str, Any]]:
+        return {p: {"sms": v.sm_count, "safe": v.ok} for p, v in sorted(checked.items())}
+
     # the starting level of a whole-iteration comparison graph is what stage 1 measured last: complete
     # iterations of this plan under these quotas -- reused instead of measured again
     final = [r.seconds for r in result.final_runs] if len(result.final_runs) >= repeats else []
@@ -129,7 +152,9 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     pair = ranked[0]
     seeded: dict[int, list[float]] = {}
     screened: list[dict[str, Any]] = []
-    if len(ranked) > 1:
+    probes = screening_probes(ranked, priorities, MAX_SCREENED)
+    chosen: _Screened | None = None
+    if len(probes) > 1:
         iteration_s = statistics.median(final) if final else 0.0
 
         def screening_over(overhead_s: float) -> str | None:
@@ -144,26 +169,46 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
                 reason = "the time budget is spent"
             return reason
 
-        chosen, seeded, screened = _screen(plan, ranked[:MAX_SCREENED], session, repeats, final, levels, rho,
-                                           level_of, usable, use_on, log, screening_over)
+        chosen, screened = _screen(plan, probes, session, repeats, final, levels, rho, level_of, usable, mps, move,
+                                   log, screening_over)
         if chosen is None:
             cut = next((r["skipped"] for r in screened if r.get("stopped")), None)
-            why = f"the screening stopped ({cut})" if cut else "no process's first step down was faster"
-            return {"skipped": f"{why}: quotas kept", "screened": screened,
-                    "checked_levels": {p: {"sms": v.sm_count, "safe": v.ok} for p, v in sorted(checked.items())},
+            tried = ("no process's first step down, nor a below-normal priority," if any(k == "priority" for _, k in probes)
+                     else "no process's first step down")
+            why = f"the screening stopped ({cut})" if cut else f"{tried} was faster"
+            return {"skipped": f"{why}: quotas kept", "screened": screened, "checked_levels": checked_levels(),
                     "unsafe_levels": unsafe, "trial_seconds": time.perf_counter() - started}
-        pair = chosen
-    q0 = plan.components[pair.target].mps_quota or 100
+        pair = chosen.pair
+        seeded = {chosen.k0: chosen.reference, chosen.k: chosen.values}
+    q0, p0 = start = _settings_of(plan, pair.target)  # the plan's (the screening may have left it moved)
     k0 = level_of(q0)
     region = _region(plan, pair)
+    iteration_s = statistics.median(r.seconds for r in result.final_runs) if result.final_runs else 0.0
+    # what a block of complete iterations costs beyond its iterations (a restart, the plan switch, a slow
+    # first iteration): the most any probe so far cost beyond its own
+    cost = {"overhead": max((max(r.get("overhead_s", 0.0), r.get("restart_s", 0.0)) for r in screened), default=0.0)}
+
+    def block_s(iterations: int) -> float:
+        return iterations * iteration_s + cost["overhead"]
+
+    out: dict[str, Any] = {
+        "target": pair.target, "other": pair.other, "gpu": pair.gpu, "slack_s": pair.slack_s, "overlap_s": pair.overlap_s,
+        "score_s": pair.score_s, "demand": pair.demand, "screened": screened,
+        "branches": {"target": list(pair.target_branches), "other": list(pair.other_branches)},
+        "comparison_graph": ".".join(region), "levels": len(levels), "rho": rho, "start_percent": q0,
+        "unsafe_levels": unsafe, "trials": 0, "search_stopped": None, "best_percent": q0,
+    }
+    if chosen is not None and chosen.kind == "priority":  # no search: one other setting, validated
+        log(f"stage 2: {pair.target} at a below-normal MPS client priority was the screening's best "
+            f"({chosen.gain:.3f}x); validating it")
+        out.update(kind="priority", checked_levels=checked_levels())
+        reuse = chosen.values if region == plan.root.path and mps[pair.target] == chosen.setting else []
+        return _validate(out, plan, pair.target, chosen.setting, start, reuse, session, move, settings, per_block,
+                         block_s, deadline, stop, log, started)
     log(f"stage 2: {pair.target} has {pair.slack_s:.3f} s of float beside critical calls of {pair.other} "
         f"({pair.overlap_s:.2f} s per iteration); tuning its quota from {q0}% on {'.'.join(region)}")
     measure_graph = _comparison(plan, region, session, repeats)
     samples: dict[int, list[float]] = {}
-
-    def use(percent: int) -> None:
-        use_on(pair.target, percent)
-
     reused = final if region == plan.root.path else []
     # levels measured already, read by the search for free: stage 1's last measurement at the current
     # quota, the screening's step down (and its reference)
@@ -172,10 +217,11 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         samples[k0] = reused
         log(f"  quota {q0}% ({levels[k0 - 1][1]} SMs): {statistics.median(reused):.4f} s (stage 1's measurement)")
     known = {k: statistics.median(v) for k, v in samples.items()}
+
     def measure(k: int) -> float:
         percent = levels[k - 1][0]
         t = time.perf_counter()
-        use(percent)
+        use_on(pair.target, percent)
         cost["overhead"] = max(cost["overhead"], time.perf_counter() - t)  # the restart at least
         values = measure_graph()
         samples[k] = values
@@ -185,14 +231,6 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         session.books["quota_s"] += time.perf_counter() - t
         log(f"  quota {percent}% ({levels[k - 1][1]} SMs): {statistics.median(values):.4f} s")
         return statistics.median(values)
-
-    iteration_s = statistics.median(r.seconds for r in result.final_runs) if result.final_runs else 0.0
-    # what a block of complete iterations costs beyond its iterations (a restart, the plan switch, a slow
-    # first iteration): the most any probe so far cost beyond its own
-    cost = {"overhead": max((max(r.get("overhead_s", 0.0), r.get("restart_s", 0.0)) for r in screened), default=0.0)}
-
-    def block_s(iterations: int) -> float:
-        return iterations * iteration_s + cost["overhead"]
 
     def out_of_time() -> bool:
         """A stop request, or no time for the next probe AND a whole validation after it (three blocks: once
@@ -213,78 +251,102 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     curve += [{"percent": levels[k - 1][0], "sms": levels[k - 1][1], "seconds": None, "n": 0, "samples": [], "unsafe": True}
               for k in search.skipped]
     curve.sort(key=lambda row: row["sms"])
-    out: dict[str, Any] = {
-        "target": pair.target, "other": pair.other, "gpu": pair.gpu, "slack_s": pair.slack_s, "overlap_s": pair.overlap_s,
-        "score_s": pair.score_s, "demand": pair.demand, "screened": screened,
-        "branches": {"target": list(pair.target_branches), "other": list(pair.other_branches)},
-        "comparison_graph": ".".join(region), "levels": len(levels), "rho": rho, "start_percent": q0,
-        "curve": curve, "unsafe_levels": unsafe,
-        "checked_levels": {p: {"sms": v.sm_count, "safe": v.ok} for p, v in sorted(checked.items())},
-        "trials": search.trials, "search_stopped": search.stopped, "best_percent": best_percent,
-    }
+    out.update(kind="quota", curve=curve, checked_levels=checked_levels(), trials=search.trials,
+               search_stopped=search.stopped, best_percent=best_percent)
     reason = stop() if stop is not None else None
     if reason:
         out["search_stopped"] = reason
     if reason and best_percent != q0:  # stopped: an unvalidated level is not kept
-        use(q0)
+        move(pair.target, start)
         out["summary"] = (f"stopped before validating {pair.target} at {best_percent}% ({reason}): kept {q0}% "
                           f"({out['trials']} trials)")
         out["trial_seconds"] = time.perf_counter() - started
         return out
     if best_percent == q0:
-        use(q0)
-        probe = next((r for r in screened if r["target"] == pair.target and r.get("seconds") is not None), None)
+        move(pair.target, start)
+        probe = next((r for r in screened if r["target"] == pair.target and r.get("kind", "quota") == "quota"
+                      and r.get("seconds") is not None), None)
         tried = f"screened at {probe['percent']}% ({probe['gain']:.3f}x), then " if probe else ""
         out["summary"] = (f"kept {pair.target} at {q0}%: no other level was faster locally ({out['trials']} trials)"
                           if out["trials"] or not search.stopped else
                           f"kept {pair.target} at {q0}%: {tried}no other level was tried ({search.stopped})")
         out["trial_seconds"] = time.perf_counter() - started
         return out
-    # A/B/A on complete iterations. The target still runs at the level it was measured at last (the search
-    # and the screening leave it there), so when that is the chosen level and the comparison graph was the
-    # whole iteration, that block is the first A -- a restart and a block saved, the drift check intact
-    best_s: list[float] = []
+    # The target still runs at the level it was measured at last (the search and the screening leave it
+    # there), so when that is the chosen level and the comparison graph was the whole iteration, that block
+    # is the validation's first A -- a restart and a block saved, the drift check intact
+    best = (best_percent, p0)
+    reuse = samples.get(search.best, []) if region == plan.root.path and mps[pair.target] == best else []
+    return _validate(out, plan, pair.target, best, start, reuse, session, move, settings, per_block, block_s,
+                     deadline, stop, log, started)
+
+
+def _settings_of(plan: Workflow, name: str) -> Mps:
+    """The MPS settings a plan gives a component (no quota: 100%; no priority: normal)."""
+    c = plan.components[name]
+    return c.mps_quota or 100, c.mps_priority or 0
+
+
+def _describe(setting: Mps) -> str:
+    """`94%`, `100% at below-normal priority`: one process's MPS settings, as the log and the report say them."""
+    return f"{setting[0]}%" + (" at below-normal priority" if setting[1] else "")
+
+
+def _validate(out: dict[str, Any], plan: Workflow, target: str, cand: Mps, ref: Mps, reuse: list[float], session: Any,
+              move: Callable[[str, Mps], None], settings: Any, per_block: int, block_s: Callable[[int], float],
+              deadline: float | None, stop: Callable[[], str | None] | None, log: Callable[[str], None],
+              started: float) -> dict[str, Any]:
+    """A/B/A on complete iterations: `target` under `cand` against `ref` (its settings before stage 2), in
+    blocks (each switch restarts the process); `reuse` is a block of complete iterations already measured
+    under `cand` with the target still there, which stands for the first A. `out` (the stage-2 section)
+    gets the validation and the summary, and, when `cand` was faster by more than the noise margin,
+    `quotas` or `priorities` and the `plan` with them; otherwise the target goes back to `ref`."""
+    best_s: list[float] = list(reuse)
     ref_s: list[float] = []
-    blocks: list[tuple[int, list[float]]] = [(best_percent, best_s), (q0, ref_s), (best_percent, best_s)]
-    if region == plan.root.path and quotas[pair.target] == best_percent and samples.get(search.best):
-        best_s += samples[search.best]
+    blocks: list[tuple[Mps, list[float]]] = [(cand, best_s), (ref, ref_s), (cand, best_s)]
+    if reuse:
         blocks = blocks[1:]
-        out["validation_reused_block"] = len(samples[search.best])
+        out["validation_reused_block"] = len(reuse)
     need_s = len(blocks) * block_s(per_block)
     if deadline is not None and time.perf_counter() + need_s > deadline:
-        use(q0)
+        move(target, ref)
         out["trial_seconds"] = time.perf_counter() - started
-        out["summary"] = (f"{pair.target} at {best_percent}% was fastest ({out['trials']} trials) but not validated: "
-                          f"the time budget is spent (the validation needs ~{need_s:.0f} s): kept {q0}%")
+        out["summary"] = (f"{target} at {_describe(cand)} was fastest ({out['trials']} trials) but not validated: "
+                          f"the time budget is spent (the validation needs ~{need_s:.0f} s): kept {_describe(ref)}")
         return out
-    log(f"stage 2: validating {pair.target} at {best_percent}% against {q0}% on complete iterations")
-    for percent, bucket in blocks:
+    log(f"stage 2: validating {target} at {_describe(cand)} against {_describe(ref)} on complete iterations")
+    for setting, bucket in blocks:
         # a stop request between the blocks (A/B/A, each a restart and a few iterations): end here rather
         # than after the whole validation -- on the H200 the three blocks took ~90 s, longer than the
         # SIGKILL grace of a device call (2026-12-02: killed in validation, no report)
         reason = stop() if stop is not None else None
         if reason:
-            use(q0)
+            move(target, ref)
             out.update(search_stopped=reason, trial_seconds=time.perf_counter() - started,
-                       summary=f"stopped while validating {pair.target} at {best_percent}% ({reason}): kept {q0}% "
-                               f"({out['trials']} trials)")
+                       summary=f"stopped while validating {target} at {_describe(cand)} ({reason}): kept "
+                               f"{_describe(ref)} ({out['trials']} trials)")
             return out
-        use(percent)
-        bucket += [r.seconds for r in session.complete([plan], per_block, 0, [f"mps {pair.target} {percent}%"])[0]]
-    ref, cand = summarize(ref_s), summarize(best_s)
-    ok, eps = faster(ref, cand, settings.eps_min, settings.z)
-    out["validation"] = {"reference": ref.to_json(), "candidate": cand.to_json(), "margin": eps, "accepted": ok}
+        move(target, setting)
+        bucket += [r.seconds for r in session.complete([plan], per_block, 0, [f"mps {target} {_describe(setting)}"])[0]]
+    reference, candidate = summarize(ref_s), summarize(best_s)
+    ok, eps = faster(reference, candidate, settings.eps_min, settings.z)
+    out["validation"] = {"reference": reference.to_json(), "candidate": candidate.to_json(), "margin": eps, "accepted": ok}
     out["trial_seconds"] = time.perf_counter() - started
     if not ok:
-        use(q0)
-        out["summary"] = (f"{pair.target} at {best_percent}% was fastest locally but complete iterations were not faster "
-                          f"by more than {eps:.1%} ({cand.median:.3f} vs {ref.median:.3f} s): kept {q0}%")
+        move(target, ref)
+        out["summary"] = (f"{target} at {_describe(cand)} was fastest locally but complete iterations were not faster "
+                          f"by more than {eps:.1%} ({candidate.median:.3f} vs {reference.median:.3f} s): kept {_describe(ref)}")
         return out
-    quota_plan = replace(plan, components={**plan.components,
-                                           pair.target: replace(plan.components[pair.target], mps_quota=best_percent)})
-    out.update(quotas={pair.target: best_percent}, plan=quota_plan,
-               summary=f"{pair.target} at {best_percent}% (was {q0}%): {ref.median / cand.median:.2f}x on complete "
-                       f"iterations ({out['trials']} quota trials)")
+    comp = replace(plan.components[target], mps_quota=cand[0] if cand[0] != ref[0] else plan.components[target].mps_quota,
+                   mps_priority=cand[1] if cand[1] != ref[1] else plan.components[target].mps_priority)
+    out["plan"] = replace(plan, components={**plan.components, target: comp})
+    if cand[0] != ref[0]:
+        out["quotas"] = {target: cand[0]}
+    if cand[1] != ref[1]:
+        out["priorities"] = {target: cand[1]}
+    what = "quota trials" if cand[0] != ref[0] else "trials"
+    out["summary"] = (f"{target} at {_describe(cand)} (was {_describe(ref)}): {reference.median / candidate.median:.2f}x "
+                      f"on complete iterations ({out['trials']} {what})")
     return out
 
 
@@ -300,52 +362,81 @@ def _comparison(plan: Workflow, region: tuple[str, ...], session: Any, repeats: 
     return lambda: [r.seconds for r in session.complete([plan], repeats, 0, ["quota trial"])[0]]
 
 
-def _screen(plan: Workflow, ranked: list[BranchPair], session: Any, repeats: int, final: list[float],
+@dataclass(frozen=True)
+class _Screened:
+    """One screening probe that was measured: the pair, the kind of change, the target's settings before
+    and during it, the quota levels (k0 before, k during: equal for a priority), both measurements."""
+
+    pair: BranchPair
+    kind: str  # "quota" | "priority"
+    start: Mps
+    setting: Mps
+    k0: int
+    k: int
+    reference: list[float]
+    values: list[float]
+
+    @property
+    def gain(self) -> float:
+        return statistics.median(self.reference) / statistics.median(self.values)
+
+
+def _screen(plan: Workflow, probes: list[tuple[BranchPair, str]], session: Any, repeats: int, final: list[float],
             levels: list[tuple[int, int]], rho: int, level_of: Callable[[int], int], usable: Callable[[int], bool],
-            use_on: Callable[[str, int], None], log: Callable[[str], None],
-            stop: Callable[[float], str | None] | None) -> tuple[BranchPair | None, dict[int, list[float]], list[dict[str, Any]]]:
-    """Which of several processes with float gets the search: each is moved one coarse step down (the
-    first level the search would try) and its comparison graph timed against that graph at the current
-    quotas; the largest gain wins, and its two measurements seed the search. None when no step down was
-    faster. Why measure: the floats say whose calls can wait, not whose SMs the critical calls lack -- on
-    the H200 the interleaved MJX rollout ranks the second simulator first, a launch-bound process with
-    few SMs to give, while the policy's acts at 94% gave 4% (one `rose compare`, 2026-12-03).
+            mps: dict[str, Mps], move: Callable[[str, Mps], None], log: Callable[[str], None],
+            stop: Callable[[float], str | None] | None) -> tuple[_Screened | None, list[dict[str, Any]]]:
+    """Which one-step change gets the search (or, for a priority, the validation): each probe (the order of
+    `quota.screening_probes`) moves a process with float one coarse quota step down, or to a below-normal
+    client priority, and times its comparison graph against that graph at the current settings; the largest
+    gain wins. None when no probe was faster. Why measure: the floats say whose calls can wait, not whose
+    SMs the critical calls lack -- on the H200 the interleaved MJX rollout ranks the second simulator first,
+    a launch-bound process with few SMs to give, while the policy's acts at 94% gave 4% (one `rose compare`,
+    2026-12-03).
 
     A probe's process is put back only when another probe follows (`stop(restart_s)` says whether one fits):
-    the last one probed stays one step down, so when it wins, its block is the validation's first."""
+    the last one probed stays moved, so when it wins, its block is the validation's first."""
     references: dict[tuple[str, ...], list[float]] = {}
     rows: list[dict[str, Any]] = []
-    probes: dict[str, tuple[BranchPair, int, int, list[float], list[float]]] = {}
-    moved: tuple[str, int] | None = None  # the previous probe's process and the quota to put it back to
+    measured: list[_Screened] = []
+    moved: tuple[str, Mps] | None = None  # the previous probe's process and the settings to put it back to
     overhead_s = 0.0  # the most a probe cost beyond its measured iterations
-    for i, pair in enumerate(ranked):
+    for i, (pair, kind) in enumerate(probes):
         reason = stop(overhead_s) if stop is not None else None
         if reason:
-            rows += [{"target": p.target, "other": p.other, "score_s": p.score_s, "demand": p.demand, "slack_s": p.slack_s,
-                      "overlap_s": p.overlap_s, "skipped": reason, "stopped": True} for p in ranked[i:]]
+            rows += [{"target": p.target, "kind": kd, "other": p.other, "score_s": p.score_s, "demand": p.demand,
+                      "slack_s": p.slack_s, "overlap_s": p.overlap_s, "skipped": reason, "stopped": True}
+                     for p, kd in probes[i:]]
             break
         if moved is not None:
-            use_on(*moved)
+            move(*moved)
             moved = None
-        q0 = plan.components[pair.target].mps_quota or 100
+        start = mps[pair.target]
+        q0, p0 = start
         k0 = level_of(q0)
-        k = max(1, k0 - rho)
-        while k >= 1 and not usable(k):
-            k -= 1
-        row: dict[str, Any] = {"target": pair.target, "other": pair.other, "score_s": pair.score_s,
-                               "demand": pair.demand, "slack_s": pair.slack_s, "overlap_s": pair.overlap_s, "start_percent": q0}
+        row: dict[str, Any] = {"target": pair.target, "kind": kind, "other": pair.other, "score_s": pair.score_s,
+                               "demand": pair.demand, "slack_s": pair.slack_s, "overlap_s": pair.overlap_s,
+                               "start_percent": q0, "start_priority": p0}
         rows.append(row)
-        if k < 1:
-            row["skipped"] = "no usable level below its quota"
-            continue
+        if kind == "priority":
+            if p0 >= 1:
+                row["skipped"] = "already at a below-normal priority"
+                continue
+            k, setting = k0, (q0, 1)
+        else:
+            k = max(1, k0 - rho)
+            while k >= 1 and not usable(k):
+                k -= 1
+            if k < 1:
+                row["skipped"] = "no usable level below its quota"
+                continue
+            setting = (levels[k - 1][0], p0)
         region = _region(plan, pair)
         graph = _comparison(plan, region, session, repeats)
         if region not in references:
             references[region] = final if region == plan.root.path and final else graph()
         ref = references[region]
-        percent = levels[k - 1][0]
         t = time.perf_counter()
-        use_on(pair.target, percent)
+        move(pair.target, setting)
         row["restart_s"] = time.perf_counter() - t
         values = graph()
         # complete iterations: what the block cost beyond them; a local graph tells the restart only
@@ -353,20 +444,17 @@ def _screen(plan: Workflow, ranked: list[BranchPair], session: Any, repeats: int
         overhead_s = max(overhead_s, row["overhead_s"], row["restart_s"])
         session.books["quota_trials"] = session.books.get("quota_trials", 0) + 1
         session.books["quota_s"] = session.books.get("quota_s", 0.0) + time.perf_counter() - t
-        moved = (pair.target, q0)
-        gain = statistics.median(ref) / statistics.median(values)
-        row.update(percent=percent, seconds=statistics.median(values), samples=values,
-                   reference_s=statistics.median(ref), gain=gain)
-        log(f"  screening {pair.target} at {percent}%: {statistics.median(values):.4f} s against "
-            f"{statistics.median(ref):.4f} s at {q0}% ({gain:.3f}x)")
-        probes[pair.target] = (pair, k0, k, ref, values)
-    best = max(probes.values(), key=lambda p: statistics.median(p[3]) / statistics.median(p[4]), default=None)
-    if best is not None and statistics.median(best[4]) >= statistics.median(best[3]):
+        moved = (pair.target, start)
+        probe = _Screened(pair, kind, start, setting, k0, k, ref, values)
+        row.update(percent=setting[0], priority=setting[1], seconds=statistics.median(values), samples=values,
+                   reference_s=statistics.median(ref), gain=probe.gain)
+        log(f"  screening {pair.target} at {_describe(setting)}: {statistics.median(values):.4f} s against "
+            f"{statistics.median(ref):.4f} s at {_describe(start)} ({probe.gain:.3f}x)")
+        measured.append(probe)
+    best = max(measured, key=lambda p: p.gain, default=None)
+    if best is not None and best.gain <= 1.0:
         best = None
-    for name in probes:  # only the winner may stay moved
-        if best is None or name != best[0].target:
-            use_on(name, plan.components[name].mps_quota or 100)
-    if best is None:
-        return None, {}, rows
-    pair, k0, k, ref, values = best
-    return pair, {k0: ref, k: values}, rows
+    for probe in measured:  # only the winner may stay moved
+        if probe is not best and mps[probe.pair.target] == probe.setting:
+            move(probe.pair.target, probe.start)
+    return best, rows

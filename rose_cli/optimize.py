@@ -79,6 +79,9 @@ def optimize(
     top_k: Annotated[int, typer.Option("--top-k", min=1, help="targets per round (K)")] = 3,
     alternatives: Annotated[int, typer.Option("--alternatives", min=1, help="alternatives measured per target (L)")] = 4,
     quota: Annotated[bool, typer.Option("--quota/--no-quota", help="stage 2: tune the MPS quota of the process with slack")] = True,
+    priority: Annotated[bool, typer.Option("--priority/--no-priority",
+                                           help="stage 2 also tries each process with slack at a below-normal MPS "
+                                                "client priority")] = True,
     stage1: Annotated[Path | None, typer.Option("--stage1", exists=True, dir_okay=False, readable=True,
                                                 help="skip the graph search: this plan of FILE (e.g. an earlier "
                                                      "run's stage1.yaml) is the graph; measure it against FILE, "
@@ -134,7 +137,8 @@ def optimize(
                          call_timeout=call_timeout, allowed=(*policy.modules, *TRIAL_MODULES), mps=mps, quiet=quiet,
                          compiled=compiled)
     opts = OptimizeOptions(file=file, output=output, report_dir=report_dir, budget_s=budget_s, rounds=rounds,
-                           top_k=top_k, alternatives=alternatives, quota=quota, stage1=given, layouts=tuple(layouts))
+                           top_k=top_k, alternatives=alternatives, quota=quota, priority=priority, stage1=given,
+                           layouts=tuple(layouts))
     raise typer.Exit(optimize_workflow(wf, opts, run, out, err))
 
 
@@ -173,6 +177,7 @@ class OptimizeOptions:
     top_k: int = 3
     alternatives: int = 4
     quota: bool = True
+    priority: bool = True  # stage 2 also screens below-normal MPS client priorities
     stage1: Workflow | None = None  # --stage1: the graph is this plan (no search)
     layouts: tuple[Any, ...] = ()  # --layout: the values to try before stage 1 (optimizer/layouts.py Layout)
 
@@ -327,7 +332,7 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
             if stop():  # stopped before the reference was measured: nothing to write
                 raise KeyboardInterrupt from None
             raise
-        stage2 = _stage2(wf, result, session, gpu, opts.quota, run.backend, settings, log, deadline, stop)
+        stage2 = _stage2(wf, result, session, gpu, opts, run.backend, settings, log, deadline, stop)
         plan = stage2.pop("plan", None) or result.plan
         _write_plan(plan, opts.output, opts.file, result, stage2, (layout_section or {}).get("chosen"))
         # the graph of stage 1 alone (the paper table's `stage1` / `stage1_mps` rows)
@@ -369,9 +374,9 @@ def stage2_skipped(wf: Workflow, quota: bool, backend: str, gpu: Gpu) -> str | N
     return None
 
 
-def _stage2(wf: Workflow, result: Any, session: Any, gpu: Gpu, quota: bool, backend: str, settings: Any,
+def _stage2(wf: Workflow, result: Any, session: Any, gpu: Gpu, opts: OptimizeOptions, backend: str, settings: Any,
             log: Any, deadline: float | None, stop: Any = None) -> dict[str, Any]:
-    skipped = stage2_skipped(wf, quota, backend, gpu)
+    skipped = stage2_skipped(wf, opts.quota, backend, gpu)
     if skipped is not None:
         return {"skipped": skipped}
     from interpreter.quota_trials import tune_quota
@@ -380,7 +385,7 @@ def _stage2(wf: Workflow, result: Any, session: Any, gpu: Gpu, quota: bool, back
         return {"skipped": stop()}
     if deadline is not None and time.perf_counter() > deadline:
         return {"skipped": "the time budget (--budget-s) was spent by stage 1"}
-    return tune_quota(wf, result, session, gpu, settings, log, deadline=deadline, stop=stop)
+    return tune_quota(wf, result, session, gpu, settings, log, deadline=deadline, stop=stop, priorities=opts.priority)
 
 
 def _write_plan(plan: Workflow, output: Path, file: Path, result: Any, stage2: dict[str, Any],
@@ -389,16 +394,20 @@ def _write_plan(plan: Workflow, output: Path, file: Path, result: Any, stage2: d
     from rose_dsl.serialize import to_yaml
 
     quotas = stage2.get("quotas") or {}
+    priorities = stage2.get("priorities") or {}
     meta = {"source": str(file), "rewrites": list(result.requests), "written_by": "rose optimize",
             "baseline_iteration_s": round(result.baseline.median, 6), "plan_iteration_s": round(result.final.median, 6)}
     if quotas:
         meta["mps_quota"] = dict(quotas)
+    if priorities:
+        meta["mps_priority"] = dict(priorities)
     if layout:  # (the plan's params hold these values: `rose execute FILE --plan` checks it against FILE with them)
         meta["layout"] = dict(layout)
     lines = [f"#   {r}" for r in result.requests] or ["#   (no rewrite: the declared graph was fastest)"]
     lines += [f"#   layout {k} = {v}" for k, v in (layout or {}).items()]
     header = "\n".join([f"# plan written by `rose optimize` from {file}", *lines,
-                        *[f"#   mps_quota {c} = {q}%" for c, q in quotas.items()]])
+                        *[f"#   mps_quota {c} = {q}%" for c, q in quotas.items()],
+                        *[f"#   mps_priority {c} = {p} (below normal)" for c, p in priorities.items()]])
     text = to_yaml(plan, plan=meta, header=header)
     try:
         load_workflow_text(text, str(output))
@@ -452,7 +461,7 @@ def _summary(out: Console, doc: dict[str, Any], opts: OptimizeOptions, run_dir: 
               f"{doc['speedup']:.2f}x", markup=False)
     if doc.get("with_quotas"):
         wq = doc["with_quotas"]
-        out.print(f"with stage 2's quotas: ~{wq['iteration_s']:.3f} s per iteration: {wq['speedup']:.2f}x over declared "
+        out.print(f"with stage 2's {wq['label']}: ~{wq['iteration_s']:.3f} s per iteration: {wq['speedup']:.2f}x over declared "
                   f"({doc['speedup']:.2f}x times {wq['stage2_gain']:.3f}x, two interleaved comparisons chained)",
                   markup=False)
     out.print("plan: " + ("; ".join(doc["plan_requests"]) or "the declared graph"), markup=False)

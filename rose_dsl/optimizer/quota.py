@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from .profile import Call, IterationRun, base_component
 
 __all__ = ["Branch", "BranchPair", "find_branches", "rank_targets", "busy_s", "sm_demand", "distinct_levels", "QuotaSearch", "quota_search", "branch_key",
+           "screening_probes",
            "merge_intervals", "concurrent_ns"]
 
 
@@ -173,6 +174,23 @@ def _pair(x: str, y: str, bx: list[Branch], by: list[Branch], gpu: int | None, i
     w = weight[target]
     return BranchPair(target, other, gpu, slack[target] / w if w else 0.0, total / max(1, iterations),
                       tuple(sorted(keys[target])), tuple(sorted(others[target])), n, w / total if total else 0.0)
+
+
+def screening_probes(ranked: Sequence[BranchPair], priorities: bool, per_kind: int = 3) -> list[tuple[BranchPair, str]]:
+    """The one-step changes stage 2 screens, in the order it measures them (the budget may end the list):
+    `(pair, "quota")` moves the pair's target one coarse quota step down, `(pair, "priority")` lowers its MPS
+    client priority to below normal. Quota probes follow the ranking (`BranchPair.weight`: float beside
+    critical calls, weighed by the SMs the target would free); priority probes follow `score_s` alone -- a
+    priority frees no SMs, it lets the critical process's kernels be scheduled first, which is worth as much
+    as the time the target runs beside them with float, launch-bound or not (H200, MJX interleaved rollout:
+    the second simulator copy, ranked below the policy for quotas by its 12%-busy SMs, has the most such
+    time). The two kinds alternate, best first, `per_kind` of each at most."""
+    quota = [(p, "quota") for p in list(ranked)[:per_kind]]
+    prio = [(p, "priority") for p in sorted(ranked, key=lambda p: p.score_s, reverse=True)[:per_kind]] if priorities else []
+    out: list[tuple[BranchPair, str]] = []
+    for i in range(max(len(quota), len(prio))):
+        out += [*quota[i:i + 1], *prio[i:i + 1]]
+    return out
 
 
 def distinct_levels(sms_of_percent: Mapping[int, int]) -> list[tuple[int, int]]:

@@ -212,4 +212,7 @@ DEVIATIONS = (
     "after a complete-iteration alternative won, a local alternative is not measured when it cannot be applied "
     "on top of the winner and its region's span beyond its busiest process (the most a local change saves) is "
     "less than the winner's measured saving per iteration",
+    "stage 2 (Algorithm 2) screens each candidate process one quota step down and, alternately, at a below-normal "
+    "MPS client priority (no SMs taken away; the critical process's kernels go first); a priority that wins is "
+    "validated on complete iterations like a quota, without a search (--no-priority: quotas only)",
 )

@@ -79,16 +79,23 @@ def overhead(total_s: float, retained_s: float, iterations: int, plan_iteration_
 
 
 def with_quotas(baseline_s: float, speedup: float, stage2: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The whole plan's figure when stage 2 kept a quota: stage 1's before/after (declared against the
-    stage-1 graph, interleaved) times stage 2's validation (the stage-1 graph against it with the quota,
-    interleaved). Two comparisons chained, each side by side in its own blocks -- not one measurement of
-    the declared graph against the final plan, which `rose compare` or the paper table gives."""
+    """The whole plan's figure when stage 2 kept a quota or a client priority: stage 1's before/after
+    (declared against the stage-1 graph, interleaved) times stage 2's validation (the stage-1 graph against
+    it with the change, interleaved). Two comparisons chained, each side by side in its own blocks -- not
+    one measurement of the declared graph against the final plan, which `rose compare` or the paper table
+    gives. `label` says the change ("policy 94%", "sim at below-normal priority")."""
     v = (stage2 or {}).get("validation") or {}
-    if not (stage2 and stage2.get("quotas") and v.get("accepted")) or not speedup or speedup != speedup:
+    kept = stage2 and (stage2.get("quotas") or stage2.get("priorities"))
+    if not (kept and v.get("accepted")) or not speedup or speedup != speedup:
         return None
+    assert stage2 is not None
     gain = v["reference"]["median"] / v["candidate"]["median"]
+    quotas, priorities = dict(stage2.get("quotas") or {}), dict(stage2.get("priorities") or {})
+    changes = [f"{name} {pct}%" for name, pct in quotas.items()]
+    changes += [f"{name} at below-normal priority" for name, p in priorities.items() if p]
     return {"speedup": speedup * gain, "iteration_s": baseline_s / (speedup * gain), "stage2_gain": gain,
-            "quotas": dict(stage2["quotas"]),
+            "quotas": quotas, "priorities": priorities,
+            "label": "MPS settings (" + ", ".join(changes) + ")", "changes": changes,
             "note": "stage 1's before/after times stage 2's validation (two interleaved comparisons, chained)"}
 
 
@@ -177,8 +184,7 @@ def report_markdown(doc: Mapping[str, Any], picture: str | None) -> str:
              f"| plan | {_med(doc['plan'])} | **{doc['speedup']:.2f}x** |"]
     wq = doc.get("with_quotas")
     if wq:
-        quotas = ", ".join(f"{name} {pct}%" for name, pct in wq["quotas"].items())
-        lines += [f"| plan with {quotas} | {wq['iteration_s']:.4f} s (chained: {wq['stage2_gain']:.3f}x on the plan) "
+        lines += [f"| plan with {', '.join(wq['changes'])} | {wq['iteration_s']:.4f} s (chained: {wq['stage2_gain']:.3f}x on the plan) "
                   f"| **{wq['speedup']:.2f}x** |", "",
                   f"The last row is {wq['note']}.", ""]
     else:
@@ -187,7 +193,7 @@ def report_markdown(doc: Mapping[str, Any], picture: str | None) -> str:
                           "(no rewrite was measured faster by more than the noise)"), ""]
     if doc.get("stage2"):
         s2 = doc["stage2"]
-        lines += ["Stage 2 (MPS quotas): " + s2.get("summary", s2.get("skipped", "")), ""]
+        lines += ["Stage 2 (MPS quotas and client priorities): " + s2.get("summary", s2.get("skipped", "")), ""]
         lines += screening_markdown(s2)
     lines += [f"Stopped: {doc['stopped']}.", ""]
     b = doc.get("reorder_bound")
@@ -278,11 +284,12 @@ def layout_markdown(section: Mapping[str, Any] | None) -> list[str]:
 
 
 def screening_markdown(stage2: Mapping[str, Any]) -> list[str]:
-    """Stage 2's screening: each process with float beside the critical path, one coarse step down."""
+    """Stage 2's screening: each process with float beside the critical path, one coarse quota step down or
+    at a below-normal client priority."""
     rows = stage2.get("screened") or []
     if not rows:
         return []
-    lines = ["| process | beside | score/iteration | SM demand | float | step down | time | at its quota | gain |",
+    lines = ["| process | beside | score/iteration | SM demand | float | change | time | before it | gain |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         demand = "-" if r.get("demand") is None else f"{r['demand']:.2f}"
@@ -290,7 +297,8 @@ def screening_markdown(stage2: Mapping[str, Any]) -> list[str]:
             lines.append(f"| {r['target']} | {r['other']} | {_f(r['score_s'])} | {demand} | {_f(r['slack_s'])} | "
                          f"{r.get('skipped', 'not run')} | - | - | - |")
             continue
-        lines.append(f"| {r['target']} | {r['other']} | {_f(r['score_s'])} | {demand} | {_f(r['slack_s'])} | {r['percent']}% | "
+        change = "below-normal priority" if r.get("kind") == "priority" else f"{r['percent']}%"
+        lines.append(f"| {r['target']} | {r['other']} | {_f(r['score_s'])} | {demand} | {_f(r['slack_s'])} | {change} | "
                      f"{_f(r['seconds'], 's', 4)} | {_f(r['reference_s'], 's', 4)} ({r['start_percent']}%) | "
                      f"{r['gain']:.3f}x |")
     return [*lines, ""]

@@ -152,10 +152,13 @@ def test_bad_search_arguments() -> None:
 class _FakeExecutor:
     def __init__(self) -> None:
         self.quota = {"trainer": 100}
+        self.priority: dict[str, int] = {}  # processes moved to another client priority
         self.replaced: list[int] = []
 
-    def replace_quota(self, comp: str, percent: int, env: dict) -> None:
-        assert env == {"MPS": str(percent)}
+    def replace_quota(self, comp: str, percent: int, env: dict, priority: int | None = None) -> None:
+        if priority is not None:
+            self.priority[comp] = priority
+        assert env == _Gpu().client_env(percent, self.priority.get(comp, 0))
         self.quota[comp] = percent
         self.replaced.append(percent)
 
@@ -171,16 +174,16 @@ class _FakeSession:
     def _t(self) -> float:
         return 1.0 + 0.0005 * (self.executor.quota["trainer"] - self.best) ** 2
 
-    def replace_quota(self, comp: str, percent: int, env: dict) -> None:
-        self.executor.replace_quota(comp, percent, env)
+    def replace_quota(self, comp: str, percent: int, env: dict, priority: int | None = None) -> None:
+        self.executor.replace_quota(comp, percent, env, priority)
 
     def complete(self, plans, rounds, warmup=0, labels=(), guard_first=False):
         return [[IterationRun(self._t() * (1 + 0.001 * i), ()) for i in range(rounds)] for _ in plans]
 
 
 class _Gpu:
-    def client_env(self, percent: int) -> dict:
-        return {"MPS": str(percent)}
+    def client_env(self, percent: int, priority: int | None = None) -> dict:
+        return {"MPS": str(percent), **({"PRIORITY": str(priority)} if priority else {})}
 
 
 def _checked(unsafe: tuple[int, ...] = ()):
@@ -683,8 +686,8 @@ class _TimedSession(_TwoProcessSession):
         super().__init__(helps="policy", hurts="trainer")
         self.clock = clock
 
-    def replace_quota(self, comp: str, percent: int, env: dict) -> None:
-        super().replace_quota(comp, percent, env)
+    def replace_quota(self, comp: str, percent: int, env: dict, priority: int | None = None) -> None:
+        super().replace_quota(comp, percent, env, priority)
         self.clock.t += self.RESTART_S
 
     def complete(self, plans, rounds, warmup=0, labels=(), guard_first=False):

@@ -1,0 +1,138 @@
+"""Stage 2's MPS client priorities (beyond the paper): the screening also tries each process with float at a
+below-normal priority, which takes no SMs away but lets the critical process's kernels be scheduled first;
+a priority that wins is validated on complete iterations like a quota, and kept only if faster by the
+noise margin. The sessions here are the fakes of test_quota.py, whose iteration time depends on the
+processes' quotas and, here, on their priorities."""
+
+from __future__ import annotations
+
+import pytest
+
+from rose_dsl.optimizer.quota import BranchPair, screening_probes
+
+from .test_quota import ROOT, _checked, _Gpu, _stage1, _TwoProcessSession
+
+
+def _pair(target: str, other: str, score_s: float, demand: float | None) -> BranchPair:
+    """A pair whose branches meet only at the iteration (the comparison graph is complete iterations)."""
+    return BranchPair(target, other, 0, 0.4, 1.0, ("update[0]",), ("epoch[1]",), 3, 1.0, score_s=score_s, demand=demand)
+
+
+def test_priority_probes_follow_the_time_beside_critical_calls_and_alternate_with_quota_probes() -> None:
+    """Quota probes follow the ranking (float weighed by the SMs the process would free); priority probes
+    the float alone: a launch-bound simulator copy beside the critical one ranks last for a quota (few SMs
+    to give) and first for a priority (H200, MJX interleaved rollout: 12% of the SMs busy, 1.0 s beside the
+    critical copy, against the policy's 0.68 s at 28%)."""
+    policy, sim = _pair("policy", "sim@0", 0.68, 0.28), _pair("sim", "sim@0", 1.02, 0.18)
+    ranked = sorted([sim, policy], key=lambda p: p.weight, reverse=True)
+    assert [p.target for p in ranked] == ["policy", "sim"]
+    probes = [(p.target, kind) for p, kind in screening_probes(ranked, priorities=True)]
+    assert probes == [("policy", "quota"), ("sim", "priority"), ("sim", "quota"), ("policy", "priority")]
+    assert screening_probes(ranked, priorities=False) == [(policy, "quota"), (sim, "quota")]
+    assert [k for _, k in screening_probes(ranked, True, per_kind=1)] == ["quota", "priority"]
+
+
+class _PrioritySession(_TwoProcessSession):
+    """As `_TwoProcessSession` (lowering the trainer's quota only slows the iteration; the policy's quota
+    changes nothing), plus: `helps` at a below-normal priority takes `gain_s` off every iteration."""
+
+    def __init__(self, helps: str, gain_s: float) -> None:
+        super().__init__(helps=None, hurts="trainer")
+        self.prio_helps, self.gain_s = helps, gain_s
+
+    def _t(self) -> float:
+        return super()._t() - (self.gain_s if self.executor.priority.get(self.prio_helps) == 1 else 0.0)
+
+
+def _tune(monkeypatch: pytest.MonkeyPatch, session: _PrioritySession, priorities: bool = True):  # type: ignore[no-untyped-def]
+    import interpreter.quota_trials as qt
+    from rose_dsl.optimizer.search import Settings
+
+    def ranked(runs, gpu_of, floats, demand=None):  # the trainer ranks first, the policy second
+        return [_pair("trainer", "policy", 0.9, None), _pair("policy", "trainer", 0.4, None)]
+
+    monkeypatch.setattr(qt, "rank_targets", ranked)
+    _, result = _stage1(ROOT)
+    log: list[str] = []
+    out = qt.tune_quota(result.plan, result, session, _Gpu(), Settings(), log=log.append, total_sms=132,
+                        check=_checked(), priorities=priorities)
+    return out, result, log
+
+
+def test_a_priority_that_wins_the_screening_is_validated_and_written_into_the_plan(monkeypatch) -> None:
+    session = _PrioritySession(helps="policy", gain_s=0.1)
+    out, result, log = _tune(monkeypatch, session)
+    assert [(r["target"], r["kind"]) for r in out["screened"]] == [
+        ("trainer", "quota"), ("trainer", "priority"), ("policy", "quota"), ("policy", "priority")]
+    won = out["screened"][3]
+    assert won["priority"] == 1 and won["percent"] == 100 and won["gain"] > 1.05
+    assert out["kind"] == "priority" and out["target"] == "policy" and out["validation"]["accepted"]
+    assert out["priorities"] == {"policy": 1} and "quotas" not in out
+    # the probe was the screening's last: its block is the validation's first A
+    assert out["validation_reused_block"] == 3 and out["validation"]["candidate"]["n"] == 3 + 2
+    comp = out["plan"].components["policy"]
+    assert (comp.mps_priority, comp.mps_quota) == (1, result.plan.components["policy"].mps_quota)
+    assert session.executor.priority == {"trainer": 0, "policy": 1}  # the trainer went back to normal
+    assert session.executor.quota == {"trainer": 100, "policy": 100}
+    assert "below-normal priority (was 100%)" in out["summary"] and any("validating policy" in m for m in log)
+    from rose_dsl.optimizer.report import screening_markdown, with_quotas
+
+    table = screening_markdown(out)
+    assert "| policy | trainer |" in table[5] and "| below-normal priority |" in table[5]
+    chained = with_quotas(2.0, 1.5, out)
+    assert chained is not None and chained["changes"] == ["policy at below-normal priority"]
+    assert chained["speedup"] == pytest.approx(1.5 * out["validation"]["reference"]["median"]
+                                               / out["validation"]["candidate"]["median"])
+
+
+def test_a_process_already_at_a_below_normal_priority_is_not_probed_again_and_keeps_it(monkeypatch) -> None:
+    """A plan that gives the policy a below-normal priority: the screening does not probe it again, and the
+    policy's quota probe moves it with its priority (a quota change keeps the process's priority)."""
+    from dataclasses import replace
+
+    import interpreter.quota_trials as qt
+    from rose_dsl.optimizer.search import Settings
+
+    session = _PrioritySession(helps="policy", gain_s=0.1)
+    session.executor.priority["policy"] = 1
+    _, result = _stage1(ROOT)
+    plan = result.plan
+    plan = replace(plan, components={**plan.components, "policy": replace(plan.components["policy"], mps_priority=1)})
+    result = replace(result, plan=plan)
+    monkeypatch.setattr(qt, "rank_targets", lambda runs, gpu_of, floats, demand=None: [
+        _pair("trainer", "policy", 0.9, None), _pair("policy", "trainer", 0.4, None)])
+    out = qt.tune_quota(plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132,
+                        check=_checked(), priorities=True)
+    rows = {(r["target"], r["kind"]): r for r in out["screened"]}
+    assert rows[("policy", "priority")]["skipped"] == "already at a below-normal priority"
+    assert rows[("policy", "quota")]["priority"] == 1  # (the fake asserts each move's env carries it)
+    assert "no process's first step down, nor a below-normal priority, was faster" in out["skipped"]
+    assert session.executor.priority == {"policy": 1, "trainer": 0}
+
+
+def test_without_priorities_the_screening_is_the_quota_screening(monkeypatch) -> None:
+    session = _PrioritySession(helps="policy", gain_s=0.1)
+    out, _, _ = _tune(monkeypatch, session, priorities=False)
+    assert [r["kind"] for r in out["screened"]] == ["quota", "quota"]
+    assert "priorities" not in out and session.executor.priority == {}
+
+
+def test_a_priority_that_is_not_faster_on_complete_iterations_is_not_kept(monkeypatch) -> None:
+    """The screening's probe was faster, the validation's blocks are not (drift, noise): the trainer goes
+    back to the normal priority and the plan keeps it. (Its probe was not the screening's last, so all three
+    blocks are the validation's own.)"""
+    session = _PrioritySession(helps="trainer", gain_s=0.1)
+    complete = session.complete
+
+    def drifting(plans, rounds, warmup=0, labels=(), guard_first=False):  # type: ignore[no-untyped-def]
+        out = complete(plans, rounds, warmup, labels, guard_first)
+        if labels and str(labels[0]).startswith("mps trainer") and "below-normal" in str(labels[0]):  # validation A
+            return [[type(r)(r.seconds + 0.2, r.calls) for r in out[0]]]
+        return out
+
+    session.complete = drifting  # type: ignore[method-assign]
+    out, _, _ = _tune(monkeypatch, session)
+    assert out["kind"] == "priority" and out["target"] == "trainer" and not out["validation"]["accepted"]
+    assert "validation_reused_block" not in out and out["validation"]["candidate"]["n"] == 2 * 2
+    assert "priorities" not in out and "plan" not in out and "not faster" in out["summary"]
+    assert session.executor.priority.get("trainer") == 0
