@@ -61,7 +61,8 @@ def _region(plan: Workflow, pair: BranchPair) -> tuple[str, ...]:
 def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any, log: Callable[[str], None],
                total_sms: int | None = None, repeats: int = 3, deadline: float | None = None,
                check: Callable[[list[int]], dict[int, QuotaVerdict]] | None = None,
-               stop: Callable[[], str | None] | None = None, priorities: bool = False) -> dict[str, Any]:
+               stop: Callable[[], str | None] | None = None, priorities: bool = False,
+               quotas: bool = True) -> dict[str, Any]:
     """Algorithm 2 for the stage-1 plan `result.plan`; returns the report's stage-2 section, with
     `quotas` (or `priorities`) and `plan` when a change is kept. `deadline` (a `time.perf_counter()` value)
     ends the search early with the best level measured so far (leaving time for the validation).
@@ -69,7 +70,8 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     `quota_safety.check_quotas`, cached, PARALLEL_CHECKS at once); an unsafe level is never used. With
     `priorities`, the screening also tries each candidate at a below-normal MPS client priority (beyond the
     paper: it takes no SMs away, it lets the critical process's kernels go first); a priority that wins the
-    screening is validated like a quota."""
+    screening is validated like a quota. `quotas` False: priorities only (no quota probe, search or
+    self-check)."""
     plan = result.plan
     gpu_of = _gpu_of(plan)
     # SM demand from every run measured: the declared graph's runs show each process alone most often
@@ -152,9 +154,11 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     pair = ranked[0]
     seeded: dict[int, list[float]] = {}
     screened: list[dict[str, Any]] = []
-    probes = screening_probes(ranked, priorities, MAX_SCREENED)
+    probes = screening_probes(ranked, priorities, MAX_SCREENED, quotas=quotas)
+    if not probes:
+        return {"skipped": "neither quotas nor priorities were asked for"}
     chosen: _Screened | None = None
-    if len(probes) > 1:
+    if len(probes) > 1 or not quotas:  # (one quota candidate alone: its search's first trial is the probe)
         iteration_s = statistics.median(final) if final else 0.0
 
         def screening_over(overhead_s: float) -> str | None:
@@ -173,9 +177,11 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
                                    log, screening_over)
         if chosen is None:
             cut = next((r["skipped"] for r in screened if r.get("stopped")), None)
-            tried = ("no process's first step down, nor a below-normal priority," if any(k == "priority" for _, k in probes)
-                     else "no process's first step down")
-            why = f"the screening stopped ({cut})" if cut else f"{tried} was faster"
+            kinds = {k for _, k in probes}
+            none_of = {"quota": "no process's first step down", "priority": "no process at a below-normal priority"}
+            why = (f"the screening stopped ({cut})" if cut else
+                   "no process's first step down, nor a below-normal priority, was faster" if len(kinds) == 2 else
+                   f"{none_of[kinds.pop()]} was faster")
             return {"skipped": f"{why}: quotas kept", "screened": screened, "checked_levels": checked_levels(),
                     "unsafe_levels": unsafe, "trial_seconds": time.perf_counter() - started}
         pair = chosen.pair

@@ -25,6 +25,7 @@ import threading
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -51,8 +52,15 @@ from .execute import BackendName
 if TYPE_CHECKING:
     from .run import Gpu, RunContext
 
-__all__ = ["register", "optimize", "OptimizeOptions", "optimize_workflow"]
+__all__ = ["register", "optimize", "OptimizeOptions", "optimize_workflow", "Stage2Kinds"]
 
+
+class Stage2Kinds(StrEnum):
+    """What stage 2 tries for the GPU processes with slack (`--stage2`)."""
+
+    BOTH = "both"
+    QUOTAS = "quotas"
+    PRIORITIES = "priorities"
 
 
 def register(app: typer.Typer) -> None:
@@ -79,9 +87,9 @@ def optimize(
     top_k: Annotated[int, typer.Option("--top-k", min=1, help="targets per round (K)")] = 3,
     alternatives: Annotated[int, typer.Option("--alternatives", min=1, help="alternatives measured per target (L)")] = 4,
     quota: Annotated[bool, typer.Option("--quota/--no-quota", help="stage 2: tune the MPS quota of the process with slack")] = True,
-    priority: Annotated[bool, typer.Option("--priority/--no-priority",
-                                           help="stage 2 also tries each process with slack at a below-normal MPS "
-                                                "client priority")] = True,
+    stage2: Annotated[Stage2Kinds, typer.Option("--stage2", case_sensitive=False,
+                                                help="what stage 2 tries for the processes with slack: lower MPS "
+                                                     "quotas, a below-normal MPS client priority, or both")] = Stage2Kinds.BOTH,
     stage1: Annotated[Path | None, typer.Option("--stage1", exists=True, dir_okay=False, readable=True,
                                                 help="skip the graph search: this plan of FILE (e.g. an earlier "
                                                      "run's stage1.yaml) is the graph; measure it against FILE, "
@@ -137,7 +145,7 @@ def optimize(
                          call_timeout=call_timeout, allowed=(*policy.modules, *TRIAL_MODULES), mps=mps, quiet=quiet,
                          compiled=compiled)
     opts = OptimizeOptions(file=file, output=output, report_dir=report_dir, budget_s=budget_s, rounds=rounds,
-                           top_k=top_k, alternatives=alternatives, quota=quota, priority=priority, stage1=given,
+                           top_k=top_k, alternatives=alternatives, quota=quota, stage2=stage2.value, stage1=given,
                            layouts=tuple(layouts))
     raise typer.Exit(optimize_workflow(wf, opts, run, out, err))
 
@@ -177,7 +185,7 @@ class OptimizeOptions:
     top_k: int = 3
     alternatives: int = 4
     quota: bool = True
-    priority: bool = True  # stage 2 also screens below-normal MPS client priorities
+    stage2: str = "both"  # what stage 2 tries: "quotas", "priorities" (below-normal MPS client priority), "both"
     stage1: Workflow | None = None  # --stage1: the graph is this plan (no search)
     layouts: tuple[Any, ...] = ()  # --layout: the values to try before stage 1 (optimizer/layouts.py Layout)
 
@@ -385,7 +393,8 @@ def _stage2(wf: Workflow, result: Any, session: Any, gpu: Gpu, opts: OptimizeOpt
         return {"skipped": stop()}
     if deadline is not None and time.perf_counter() > deadline:
         return {"skipped": "the time budget (--budget-s) was spent by stage 1"}
-    return tune_quota(wf, result, session, gpu, settings, log, deadline=deadline, stop=stop, priorities=opts.priority)
+    return tune_quota(wf, result, session, gpu, settings, log, deadline=deadline, stop=stop,
+                      quotas=opts.stage2 in ("both", "quotas"), priorities=opts.stage2 in ("both", "priorities"))
 
 
 def _write_plan(plan: Workflow, output: Path, file: Path, result: Any, stage2: dict[str, Any],

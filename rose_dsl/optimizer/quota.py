@@ -176,7 +176,8 @@ def _pair(x: str, y: str, bx: list[Branch], by: list[Branch], gpu: int | None, i
                       tuple(sorted(keys[target])), tuple(sorted(others[target])), n, w / total if total else 0.0)
 
 
-def screening_probes(ranked: Sequence[BranchPair], priorities: bool, per_kind: int = 3) -> list[tuple[BranchPair, str]]:
+def screening_probes(ranked: Sequence[BranchPair], priorities: bool, per_kind: int = 3,
+                     quotas: bool = True) -> list[tuple[BranchPair, str]]:
     """The one-step changes stage 2 screens, in the order it measures them (the budget may end the list):
     `(pair, "quota")` moves the pair's target one coarse quota step down, `(pair, "priority")` lowers its MPS
     client priority to below normal. Quota probes follow the ranking (`BranchPair.weight`: float beside
@@ -184,8 +185,9 @@ def screening_probes(ranked: Sequence[BranchPair], priorities: bool, per_kind: i
     priority frees no SMs, it lets the critical process's kernels be scheduled first, which is worth as much
     as the time the target runs beside them with float, launch-bound or not (H200, MJX interleaved rollout:
     the second simulator copy, ranked below the policy for quotas by its 12%-busy SMs, has the most such
-    time). The two kinds alternate, best first, `per_kind` of each at most."""
-    quota = [(p, "quota") for p in list(ranked)[:per_kind]]
+    time). The two kinds alternate, best first, `per_kind` of each at most (`quotas`/`priorities` False: none
+    of that kind)."""
+    quota = [(p, "quota") for p in list(ranked)[:per_kind]] if quotas else []
     prio = [(p, "priority") for p in sorted(ranked, key=lambda p: p.score_s, reverse=True)[:per_kind]] if priorities else []
     out: list[tuple[BranchPair, str]] = []
     for i in range(max(len(quota), len(prio))):

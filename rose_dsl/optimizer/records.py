@@ -214,5 +214,5 @@ DEVIATIONS = (
     "less than the winner's measured saving per iteration",
     "stage 2 (Algorithm 2) screens each candidate process one quota step down and, alternately, at a below-normal "
     "MPS client priority (no SMs taken away; the critical process's kernels go first); a priority that wins is "
-    "validated on complete iterations like a quota, without a search (--no-priority: quotas only)",
+    "validated on complete iterations like a quota, without a search (--stage2 quotas: quotas only; --stage2 priorities: priorities only)",
 )

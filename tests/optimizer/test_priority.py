@@ -30,6 +30,7 @@ def test_priority_probes_follow_the_time_beside_critical_calls_and_alternate_wit
     assert probes == [("policy", "quota"), ("sim", "priority"), ("sim", "quota"), ("policy", "priority")]
     assert screening_probes(ranked, priorities=False) == [(policy, "quota"), (sim, "quota")]
     assert [k for _, k in screening_probes(ranked, True, per_kind=1)] == ["quota", "priority"]
+    assert screening_probes(ranked, True, quotas=False) == [(sim, "priority"), (policy, "priority")]
 
 
 class _PrioritySession(_TwoProcessSession):
@@ -44,18 +45,19 @@ class _PrioritySession(_TwoProcessSession):
         return super()._t() - (self.gain_s if self.executor.priority.get(self.prio_helps) == 1 else 0.0)
 
 
-def _tune(monkeypatch: pytest.MonkeyPatch, session: _PrioritySession, priorities: bool = True):  # type: ignore[no-untyped-def]
+def _tune(monkeypatch: pytest.MonkeyPatch, session: _PrioritySession, priorities: bool = True,  # type: ignore[no-untyped-def]
+          quotas: bool = True, check=None, ranking=None):
     import interpreter.quota_trials as qt
     from rose_dsl.optimizer.search import Settings
 
     def ranked(runs, gpu_of, floats, demand=None):  # the trainer ranks first, the policy second
-        return [_pair("trainer", "policy", 0.9, None), _pair("policy", "trainer", 0.4, None)]
+        return ranking or [_pair("trainer", "policy", 0.9, None), _pair("policy", "trainer", 0.4, None)]
 
     monkeypatch.setattr(qt, "rank_targets", ranked)
     _, result = _stage1(ROOT)
     log: list[str] = []
     out = qt.tune_quota(result.plan, result, session, _Gpu(), Settings(), log=log.append, total_sms=132,
-                        check=_checked(), priorities=priorities)
+                        check=check or _checked(), priorities=priorities, quotas=quotas)
     return out, result, log
 
 
@@ -136,3 +138,20 @@ def test_a_priority_that_is_not_faster_on_complete_iterations_is_not_kept(monkey
     assert "validation_reused_block" not in out and out["validation"]["candidate"]["n"] == 2 * 2
     assert "priorities" not in out and "plan" not in out and "not faster" in out["summary"]
     assert session.executor.priority.get("trainer") == 0
+
+
+def test_priorities_alone_probe_even_one_candidate_and_never_self_check_a_quota(monkeypatch) -> None:
+    """`--stage2 priorities`: no quota probe, search or GEMM self-check; a single candidate is probed (with
+    quotas, one candidate's first search trial is its probe, so there is no screening then)."""
+    def check(percents):  # type: ignore[no-untyped-def]
+        raise AssertionError(f"a quota self-check was asked for: {percents}")
+
+    session = _PrioritySession(helps="policy", gain_s=0.1)
+    out, _, _ = _tune(monkeypatch, session, quotas=False, check=check, ranking=[_pair("policy", "trainer", 0.4, None)])
+    assert [(r["target"], r["kind"]) for r in out["screened"]] == [("policy", "priority")]
+    assert out["priorities"] == {"policy": 1} and out["validation"]["accepted"]
+    assert session.executor.quota == {"trainer": 100, "policy": 100}
+    nothing = _PrioritySession(helps="trainer", gain_s=0.0)
+    out, _, _ = _tune(monkeypatch, nothing, quotas=False, check=check, ranking=[_pair("policy", "trainer", 0.4, None)])
+    assert out["skipped"].startswith("no process at a below-normal priority was faster")
+    assert nothing.executor.priority == {"policy": 0}
