@@ -84,7 +84,7 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     levels = distinct_levels(quota_levels(total))  # [(percent, SMs)] ascending: level k is levels[k - 1]
     rho = max(2, len(levels) // 16)
     # each process's MPS settings now: (quota percent, client priority), both fixed for a process's lifetime
-    mps: dict[str, Mps] = {name: _settings_of(plan, name) for name in plan.components}
+    mps: dict[str, Mps] = {name: c.mps_settings for name, c in plan.components.items()}
 
     def level_of(percent: int) -> int:
         return next(i + 1 for i, (_, sms) in enumerate(levels) if sms == expected_sms(percent, total))
@@ -186,7 +186,7 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
                     "unsafe_levels": unsafe, "trial_seconds": time.perf_counter() - started}
         pair = chosen.pair
         seeded = {chosen.k0: chosen.reference, chosen.k: chosen.values}
-    q0, p0 = start = _settings_of(plan, pair.target)  # the plan's (the screening may have left it moved)
+    q0, p0 = start = plan.components[pair.target].mps_settings  # the plan's (the screening may have left it moved)
     k0 = level_of(q0)
     region = _region(plan, pair)
     iteration_s = statistics.median(r.seconds for r in result.final_runs) if result.final_runs else 0.0
@@ -285,12 +285,6 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     reuse = samples.get(search.best, []) if region == plan.root.path and mps[pair.target] == best else []
     return _validate(out, plan, pair.target, best, start, reuse, session, move, settings, per_block, block_s,
                      deadline, stop, log, started)
-
-
-def _settings_of(plan: Workflow, name: str) -> Mps:
-    """The MPS settings a plan gives a component (no quota: 100%; no priority: normal)."""
-    c = plan.components[name]
-    return c.mps_quota or 100, c.mps_priority or 0
 
 
 def _describe(setting: Mps) -> str:

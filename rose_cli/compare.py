@@ -242,16 +242,11 @@ class _Options:
     runs_dir: Path | None
 
 
-def _mps_of(comp: Any) -> tuple[int, int]:
-    """A GPU process's MPS settings as they bind: (quota percent, client priority); no quota is 100%."""
-    return comp.mps_quota or 100, comp.mps_priority or 0
-
-
 def mps_moves(plan: Workflow, current: dict[str, tuple[int, int]]) -> list[Any]:
     """The components of `plan` whose GPU process must move to a new one before `plan` runs: its MPS quota
     or client priority (both fixed for a process's lifetime) differs from the settings the process runs
     under now (`current`: name -> (quota, priority), for every running GPU process)."""
-    return [c for n, c in plan.components.items() if n in current and _mps_of(c) != current[n]]
+    return [c for n, c in plan.components.items() if n in current and c.mps_settings != current[n]]
 
 
 def _run(entries: list[Entry], run: Any, opts: _Options, teardown: ExitStack, ctx: RunContext, code: dict[str, int]) -> None:
@@ -275,7 +270,7 @@ def _run(entries: list[Entry], run: Any, opts: _Options, teardown: ExitStack, ct
         session = start_trial_session(wf, run, gpu, ctx, teardown, copies, log)
         # each GPU process's (quota, priority) now: the declared components' and the copies', as started
         started_as = [*wf.components.values(), *(c for n, c in copies.items() if n not in wf.components)]
-        current = {c.name: _mps_of(c) for c in started_as if c.device == "gpu"}
+        current = {c.name: c.mps_settings for c in started_as if c.device == "gpu"}
 
         running_layout = 0  # the entry whose layout the processes run (0: the declared one)
 
@@ -292,7 +287,7 @@ def _run(entries: list[Entry], run: Any, opts: _Options, teardown: ExitStack, ct
             if not gpu.quotas_work:
                 return
             for comp in mps_moves(entries[i].workflow, current):
-                quota, priority = current[comp.name] = _mps_of(comp)
+                quota, priority = current[comp.name] = comp.mps_settings
                 log(f"  {entries[i].label}: {comp.name} to MPS quota {quota}%, "
                     f"{'below normal' if priority else 'normal'} priority")
                 session.replace_quota(comp.name, comp.mps_quota, gpu.client_env(comp.mps_quota, priority), priority=priority)

@@ -130,6 +130,12 @@ def optimize(
             err.print(f"error: --stage1 {stage1} does not compute what {file} computes (with these --set values): "
                       + "; ".join(diffs[:4]), markup=False)
             raise typer.Exit(ExitCode.INVALID)
+        moved = mps_changes(wf, given)
+        if moved:
+            err.print(f"error: --stage1 {stage1} runs processes under other MPS settings than {file} ({'; '.join(moved)}): "
+                      "--stage1 takes stage 1's graph (an earlier report's stage1.yaml), and stage 2 chooses the "
+                      "quotas and priorities", markup=False)
+            raise typer.Exit(ExitCode.INVALID)
         report_problems(given, check_trust(given, policy), "(the plan asks to run code the command line did not allow)")
 
     layouts = _layouts(file, wf, sets, layout or [], given is not None)
@@ -238,6 +244,20 @@ def clear_report(report_dir: Path) -> None:
     """`--overwrite`: remove an earlier report's files (a picture this run does not draw must not stay)."""
     for name in REPORT_FILES:
         (report_dir / name).unlink(missing_ok=True)
+
+
+def mps_changes(wf: Workflow, plan: Workflow) -> list[str]:
+    """The processes `plan` runs under other MPS settings than `wf` (a copy is compared with the component it
+    copies), as "policy: quota 94%" / "sim: below-normal priority"."""
+    out = []
+    for name, comp in plan.components.items():
+        base = wf.components.get(comp.copy_of or name)
+        if base is None or comp.mps_settings == base.mps_settings:
+            continue
+        (q, p), (q0, p0) = comp.mps_settings, base.mps_settings
+        parts = ([f"quota {q}%"] if q != q0 else []) + ([f"{'below-normal' if p else 'normal'} priority"] if p != p0 else [])
+        out.append(f"{name}: {', '.join(parts)}")
+    return out
 
 
 def _copies(wf: Workflow, backend: str, given: Workflow | None) -> dict[str, Any]:

@@ -90,6 +90,12 @@ class Component:
     def state_object(self, name: str) -> StateObject | None:
         return next((s for s in self.state if s.name == name), None)
 
+    @property
+    def mps_settings(self) -> tuple[int, int]:
+        """How this process runs under MPS, as it binds: (quota percent, client priority) -- no quota is
+        100%, no priority is normal (0). Both are fixed for a process's lifetime."""
+        return self.mps_quota or 100, self.mps_priority or 0
+
 
 @dataclass(frozen=True)
 class ExecutionNode:

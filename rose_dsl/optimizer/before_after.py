@@ -75,5 +75,4 @@ def declared_graph(wf: Workflow, plan: Workflow) -> bool:
     on the graphs, not on the plan's metadata: a hand-edited plan may name no rewrite and still differ."""
     if plan.root != wf.root or set(plan.components) != set(wf.components):
         return False
-    return all((plan.components[n].mps_quota or 100, plan.components[n].mps_priority or 0) == (c.mps_quota or 100, c.mps_priority or 0)
-               for n, c in wf.components.items())
+    return all(plan.components[n].mps_settings == c.mps_settings for n, c in wf.components.items())

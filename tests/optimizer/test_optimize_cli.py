@@ -346,3 +346,16 @@ def test_stage1_gets_the_whole_budget_when_stage2_cannot_run() -> None:
     assert stage2_skipped(gpu_wf, False, "ray", mps) == "--no-quota"
     assert "--backend ray" in (stage2_skipped(gpu_wf, True, "local", mps) or "")
     assert "no GPU components" in (stage2_skipped(cpu_wf, True, "ray", mps) or "")
+
+
+def test_a_stage1_plan_with_its_own_mps_settings_is_refused(tmp_path: Path) -> None:
+    """`--stage1` takes stage 1's graph: its before/after runs each process under the workflow's MPS
+    settings, so a plan that sets its own quota or priority would be measured without them, and stage 2
+    would start from settings no process runs under. Refused, naming the process and the setting."""
+    text = (WF / "latency_interaction.yaml").read_text()
+    given = tmp_path / "given.yaml"
+    given.write_text(text.replace("  policy:\n", "  policy:\n    mps_priority: 1\n", 1))
+    r = rose("optimize", str(WF / "latency_interaction.yaml"), "--stage1", str(given), "-o", str(tmp_path / "p.yaml"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "other MPS settings" in r.stderr and "policy: below-normal priority" in r.stderr
+    assert not (tmp_path / "p.yaml").exists()
