@@ -33,11 +33,12 @@ from rose_dsl.optimizer.regions import Probe, common_ancestor, local_graphs, pro
 from .mps import expected_sms, quota_levels
 from .quota_safety import QuotaVerdict, check_quotas, machine_fingerprint
 
-__all__ = ["tune_quota"]
+__all__ = ["tune_quota", "tune_mps"]
 
 Mps = tuple[int, int]  # one process's MPS settings: (quota percent, client priority: 0 normal, 1 below normal)
 
 MAX_TRIALS = 7  # the paper's budget (§5.4): seven short quota trials
+MAX_CHANGES = 2  # stage-2 rounds: one change each (a quota or a priority), the next from the plan kept
 MAX_SCREENED = 3  # processes probed one coarse step down before the search picks one
 PARALLEL_CHECKS = 6  # quota self-checks side by side: fresh MPS clients (MPS admits 48 per GPU), each
 # poisoning at most a quarter of the free GPU memory
@@ -62,7 +63,7 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
                total_sms: int | None = None, repeats: int = 3, deadline: float | None = None,
                check: Callable[[list[int]], dict[int, QuotaVerdict]] | None = None,
                stop: Callable[[], str | None] | None = None, priorities: bool = False,
-               quotas: bool = True) -> dict[str, Any]:
+               quotas: bool = True, reference_s: list[float] | None = None) -> dict[str, Any]:
     """Algorithm 2 for the stage-1 plan `result.plan`; returns the report's stage-2 section, with
     `quotas` (or `priorities`) and `plan` when a change is kept. `deadline` (a `time.perf_counter()` value)
     ends the search early with the best level measured so far (leaving time for the validation).
@@ -71,7 +72,9 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     `priorities`, the screening also tries each candidate at a below-normal MPS client priority (beyond the
     paper: it takes no SMs away, it lets the critical process's kernels go first); a priority that wins the
     screening is validated like a quota. `quotas` False: priorities only (no quota probe, search or
-    self-check)."""
+    self-check). `reference_s`: complete iterations of `result.plan` measured since `result.final_runs`
+    (a later stage-2 round: its predecessor's validation), the reference instead of those runs, which
+    still give the ranking (the graph is the same; only one process's MPS settings changed)."""
     plan = result.plan
     gpu_of = _gpu_of(plan)
     # SM demand from every run measured: the declared graph's runs show each process alone most often
@@ -148,6 +151,8 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     # the starting level of a whole-iteration comparison graph is what stage 1 measured last: complete
     # iterations of this plan under these quotas -- reused instead of measured again
     final = [r.seconds for r in result.final_runs] if len(result.final_runs) >= repeats else []
+    if reference_s is not None:  # a later round: the plan it starts from was measured by its validation
+        final = list(reference_s)
     # the search leaves time for the validation that follows it: three blocks of complete iterations
     # and the process restarts between them (a restart's cost: the slowest trial's overhead so far)
     per_block = max(2, settings.validation_rounds // 2 + 1)
@@ -189,7 +194,8 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     q0, p0 = start = plan.components[pair.target].mps_settings  # the plan's (the screening may have left it moved)
     k0 = level_of(q0)
     region = _region(plan, pair)
-    iteration_s = statistics.median(r.seconds for r in result.final_runs) if result.final_runs else 0.0
+    iteration_s = (statistics.median(final) if reference_s is not None else
+                   statistics.median(r.seconds for r in result.final_runs) if result.final_runs else 0.0)
     # what a block of complete iterations costs beyond its iterations (a restart, the plan switch, a slow
     # first iteration): the most any probe so far cost beyond its own
     cost = {"overhead": max((max(r.get("overhead_s", 0.0), r.get("restart_s", 0.0)) for r in screened), default=0.0)}
@@ -285,6 +291,41 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     reuse = samples.get(search.best, []) if region == plan.root.path and mps[pair.target] == best else []
     return _validate(out, plan, pair.target, best, start, reuse, session, move, settings, per_block, block_s,
                      deadline, stop, log, started)
+
+
+def tune_mps(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any, log: Callable[[str], None],
+             changes: int = MAX_CHANGES, **options: Any) -> dict[str, Any]:
+    """Stage 2 in rounds of `tune_quota`, each keeping at most one change (a quota or a client priority): a
+    round that kept one is followed by another from the plan it kept -- its validation's candidate blocks are
+    that round's reference; stage 1's runs still rank the processes (same graph) -- while the budget lasts (each round starts only if its
+    screening fits, as the first). Why more than one: a quota and a priority act on different processes
+    and resources (the policy's SMs, a simulator's turn), so the best of each can add up; the paper tunes
+    one process. The section is the first round's, with `rounds` (each round's section), and `quotas`,
+    `priorities`, `plan` and `summary` for all of them."""
+    out = tune_quota(wf, result, session, gpu, settings, log, **options)
+    rounds = [out]
+    while len(rounds) < changes and "plan" in rounds[-1]:
+        stop, deadline = options.get("stop"), options.get("deadline")
+        if (stop is not None and stop()) or (deadline is not None and time.perf_counter() >= deadline):
+            break
+        last = rounds[-1]
+        log(f"stage 2, round {len(rounds) + 1}: from the plan with {last['summary'].split(':')[0]}")
+        result = replace(result, plan=last["plan"])
+        rounds.append(tune_quota(wf, result, session, gpu, settings, log, **options,
+                                 reference_s=list(last["validation"]["candidate"]["values"])))
+    if len(rounds) == 1:
+        return out
+    kept = [r for r in rounds if "plan" in r]
+    top = {**out, "rounds": [{k: v for k, v in r.items() if k != "plan"} for r in rounds],
+           "summary": "; then ".join(r.get("summary") or f"skipped ({r.get('skipped')})" for r in rounds)}
+    quotas = {k: v for r in kept for k, v in (r.get("quotas") or {}).items()}
+    priorities = {k: v for r in kept for k, v in (r.get("priorities") or {}).items()}
+    top.pop("quotas", None)
+    top.pop("priorities", None)
+    top.update({"plan": kept[-1]["plan"]} if kept else {})
+    top.update({"quotas": quotas} if quotas else {})
+    top.update({"priorities": priorities} if priorities else {})
+    return top
 
 
 def _describe(setting: Mps) -> str:

@@ -407,13 +407,13 @@ def _stage2(wf: Workflow, result: Any, session: Any, gpu: Gpu, opts: OptimizeOpt
     skipped = stage2_skipped(wf, opts.quota, backend, gpu)
     if skipped is not None:
         return {"skipped": skipped}
-    from interpreter.quota_trials import tune_quota
+    from interpreter.quota_trials import tune_mps
 
     if stop is not None and stop():
         return {"skipped": stop()}
     if deadline is not None and time.perf_counter() > deadline:
         return {"skipped": "the time budget (--budget-s) was spent by stage 1"}
-    return tune_quota(wf, result, session, gpu, settings, log, deadline=deadline, stop=stop,
+    return tune_mps(wf, result, session, gpu, settings, log, deadline=deadline, stop=stop,
                       quotas=opts.stage2 in ("both", "quotas"), priorities=opts.stage2 in ("both", "priorities"))
 
 

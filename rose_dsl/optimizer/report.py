@@ -84,12 +84,14 @@ def with_quotas(baseline_s: float, speedup: float, stage2: Mapping[str, Any] | N
     it with the change, interleaved). Two comparisons chained, each side by side in its own blocks -- not
     one measurement of the declared graph against the final plan, which `rose compare` or the paper table
     gives. `label` says the change ("policy 94%", "sim at below-normal priority")."""
-    v = (stage2 or {}).get("validation") or {}
-    kept = stage2 and (stage2.get("quotas") or stage2.get("priorities"))
-    if not (kept and v.get("accepted")) or not speedup or speedup != speedup:
+    if not stage2 or not speedup or speedup != speedup:
         return None
-    assert stage2 is not None
-    gain = v["reference"]["median"] / v["candidate"]["median"]
+    # each stage-2 round that kept a change was validated against the plan before it: the gains chain
+    kept = [r for r in stage2.get("rounds") or [stage2] if (r.get("quotas") or r.get("priorities"))
+            and (r.get("validation") or {}).get("accepted")]
+    if not kept:
+        return None
+    gain = math.prod(r["validation"]["reference"]["median"] / r["validation"]["candidate"]["median"] for r in kept)
     quotas, priorities = dict(stage2.get("quotas") or {}), dict(stage2.get("priorities") or {})
     changes = [f"{name} {pct}%" for name, pct in quotas.items()]
     changes += [f"{name} at below-normal priority" for name, p in priorities.items() if p]
@@ -192,9 +194,7 @@ def report_markdown(doc: Mapping[str, Any], picture: str | None) -> str:
     lines += ["Plan: " + ("`" + "`, `".join(doc["plan_requests"]) + "`" if doc["plan_requests"] else "the declared graph "
                           "(no rewrite was measured faster by more than the noise)"), ""]
     if doc.get("stage2"):
-        s2 = doc["stage2"]
-        lines += ["Stage 2 (MPS quotas and client priorities): " + s2.get("summary", s2.get("skipped", "")), ""]
-        lines += screening_markdown(s2)
+        lines += stage2_markdown(doc["stage2"])
     lines += [f"Stopped: {doc['stopped']}.", ""]
     b = doc.get("reorder_bound")
     if b and b.get("speedup_bound"):
@@ -281,6 +281,17 @@ def layout_markdown(section: Mapping[str, Any] | None) -> list[str]:
                          f"{row['speedup']:.2f}x | {'kept' if row['accepted'] else 'not faster'} "
                          f"(margin {_pct(row['margin'])}) |")
     return [*lines, ""]
+
+
+def stage2_markdown(s2: Mapping[str, Any]) -> list[str]:
+    """Stage 2's verdict, then each round's screening (one round unless a change was kept and time was left)."""
+    lines = ["Stage 2 (MPS quotas and client priorities): " + s2.get("summary", s2.get("skipped", "")), ""]
+    rounds = s2.get("rounds") or [s2]
+    for i, r in enumerate(rounds):
+        if len(rounds) > 1:
+            lines += [f"Round {i + 1}: " + (r.get("summary") or f"skipped ({r.get('skipped')})"), ""]
+        lines += screening_markdown(r)
+    return lines
 
 
 def screening_markdown(stage2: Mapping[str, Any]) -> list[str]:

@@ -155,3 +155,60 @@ def test_priorities_alone_probe_even_one_candidate_and_never_self_check_a_quota(
     out, _, _ = _tune(monkeypatch, nothing, quotas=False, check=check, ranking=[_pair("policy", "trainer", 0.4, None)])
     assert out["skipped"].startswith("no process at a below-normal priority was faster")
     assert nothing.executor.priority == {"policy": 0}
+
+
+class _BothSession(_TwoProcessSession):
+    """The trainer's quota has its best at 80% (as in test_quota.py) and the policy at a below-normal
+    priority takes another 0.05 s off: one change of each kind helps."""
+
+    def __init__(self) -> None:
+        super().__init__(helps="trainer", hurts="policy")
+
+    def _t(self) -> float:
+        return super()._t() - (0.05 if self.executor.priority.get("policy") == 1 else 0.0)
+
+
+def test_stage2_keeps_a_quota_and_then_a_priority_in_two_rounds(monkeypatch) -> None:
+    """`tune_mps`: round 1 keeps the best single change (the trainer's quota, searched and validated); round
+    2 starts from that plan -- its validation's iterations are the profile -- and keeps the policy's
+    priority; the plan has both, the section says both, and the whole figure chains both validations."""
+    import interpreter.quota_trials as qt
+    from rose_dsl.optimizer.report import stage2_markdown, with_quotas
+    from rose_dsl.optimizer.search import Settings
+
+    monkeypatch.setattr(qt, "rank_targets", lambda runs, gpu_of, floats, demand=None: [
+        _pair("trainer", "policy", 0.9, None), _pair("policy", "trainer", 0.4, None)])
+    _, result = _stage1(ROOT)
+    session = _BothSession()
+    log: list[str] = []
+    out = qt.tune_mps(result.plan, result, session, _Gpu(), Settings(), log=log.append, total_sms=132, check=_checked(),
+                      priorities=True)
+    first, second = out["rounds"]
+    assert first["kind"] == "quota" and first["quotas"] == {"trainer": first["best_percent"]} and first["best_percent"] < 94
+    assert second["kind"] == "priority" and second["priorities"] == {"policy": 1}
+    assert out["quotas"] == first["quotas"] and out["priorities"] == {"policy": 1}
+    comps = out["plan"].components
+    assert (comps["trainer"].mps_quota, comps["policy"].mps_priority) == (first["best_percent"], 1)
+    assert session.executor.quota["trainer"] == first["best_percent"] and session.executor.priority["policy"] == 1
+    assert "; then policy at 100% at below-normal priority" in out["summary"]
+    assert any(m.startswith("stage 2, round 2") for m in log)
+    assert "plan" not in first
+    chained = with_quotas(2.0, 1.0, out)
+    assert chained is not None and chained["stage2_gain"] == pytest.approx(
+        (first["validation"]["reference"]["median"] / first["validation"]["candidate"]["median"])
+        * (second["validation"]["reference"]["median"] / second["validation"]["candidate"]["median"]))
+    md = "\n".join(stage2_markdown(out))
+    assert "Round 2: policy at 100% at below-normal priority" in md
+
+
+def test_a_round_that_keeps_nothing_ends_stage_2(monkeypatch) -> None:
+    import interpreter.quota_trials as qt
+    from rose_dsl.optimizer.search import Settings
+
+    monkeypatch.setattr(qt, "rank_targets", lambda runs, gpu_of, floats, demand=None: [
+        _pair("trainer", "policy", 0.9, None), _pair("policy", "trainer", 0.4, None)])
+    _, result = _stage1(ROOT)
+    session = _PrioritySession(helps="trainer", gain_s=0.0)  # nothing helps
+    out = qt.tune_mps(result.plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132,
+                      check=_checked(), priorities=True)
+    assert "rounds" not in out and "plan" not in out and "skipped" in out
