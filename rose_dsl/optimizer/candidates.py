@@ -118,7 +118,8 @@ def _batch(loop: LoopNode) -> int | None:
 
 
 def _divisors(size: int | None, groups: Sequence[int]) -> list[int]:
-    return [k for k in groups if size is not None and 1 < k <= size and size % k == 0]
+    """The group counts a batch of `size` rows can be split into (uneven groups allowed: 101 rows in 2)."""
+    return [k for k in groups if size is not None and 1 < k <= size]
 
 
 def _partners(item: Item, component: str) -> tuple[str, ...]:

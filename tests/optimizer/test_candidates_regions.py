@@ -58,12 +58,16 @@ def test_a_loop_inside_temporal_groups_is_split_in_every_group_first(wf) -> None
     assert isinstance(check_alt(plan, spatial[0]), Feasible)
 
 
-def test_group_counts_must_divide_the_batch(ppo) -> None:
+def test_group_counts_need_a_row_per_group_not_a_divisor(ppo) -> None:
+    """2, 4 and 8 groups wherever each group gets a row: 6 envs split in 4 are groups of 2, 2, 1 and 1 (a
+    prime batch was never split before uneven row groups); 3 envs are not split in 4 or 8."""
     alts = alternatives(ppo, "iteration.epoch.step.act")
     spatial = [a.groups for a in alts if a.family == "split-interleave"]
     assert spatial == [2, 4, 8]
     ppo6 = load_workflow(ROOT / "workflows" / "embodied_ppo.yaml", {"num_envs": 6, "steps": 3, "epochs": 3})
-    assert [a.groups for a in alternatives(ppo6, "iteration.epoch.step.act") if a.family == "split-interleave"] == [2]
+    assert [a.groups for a in alternatives(ppo6, "iteration.epoch.step.act") if a.family == "split-interleave"] == [2, 4]
+    ppo3 = load_workflow(ROOT / "workflows" / "embodied_ppo.yaml", {"num_envs": 3, "steps": 3, "epochs": 3})
+    assert [a.groups for a in alternatives(ppo3, "iteration.epoch.step.act") if a.family == "split-interleave"] == [2]
     assert [a.groups for a in alternatives(ppo6, "iteration.epoch.step.act") if a.family == "temporal-split"] == [2, 2]
 
 

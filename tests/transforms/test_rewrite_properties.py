@@ -65,12 +65,12 @@ def request_for(wf: Workflow, step: Step) -> str | None:
         return None if anchor is None else f"rewire {_name(item.path)} {('before', 'after')[c % 2]} {anchor}"
     if op == "split_node":
         node = pick([i for i in items if not isinstance(i, LoopNode | MergeNode)], a)
-        return None if node is None else f"split {_name(node.path)} {2 + b % 2}"
+        return None if node is None else f"split {_name(node.path)} {2 + b % 3}"
     if op in ("split_chain", "chain_loop"):  # an item and the next one or two of its body (with a loop: copied whole)
         chains = [ch for ch in (_chain(wf, i, 2 + c % 2) for i in items if not isinstance(i, MergeNode)) if ch
                   and (op == "split_chain") == all(isinstance(x, ExecutionNode) for x in ch)]
         chain = pick(chains, a)
-        return None if chain is None else f"split-chain {' '.join(_name(n.path) for n in chain)} {2 + b % 2}"
+        return None if chain is None else f"split-chain {' '.join(_name(n.path) for n in chain)} {2 + b % 3}"
     if op == "interleave":  # among loops whose body holds groups (else there is nothing to interleave)
         split_in_time = sorted({".".join(i.path[1:-1] + (i.split_of,)) for i in loops
                                 if i.temporal_group})
@@ -83,11 +83,11 @@ def request_for(wf: Workflow, step: Step) -> str | None:
     if loop is None:
         return None
     if op == "split_loop":
-        return f"split {_name(loop.path)} {2 + b % 2}"
+        return f"split {_name(loop.path)} {2 + b % 3}"
     if op == "interleave":
         return f"interleave {_name(loop.path)} {1 + b % 2}"
     if op == "split_time":
-        return f"split-time {_name(loop.path)} {2 + b % 2}"
+        return f"split-time {_name(loop.path)} {2 + b % 3}"
     partners = _later_loops(wf, loop)
     # half the time a partner that can be fused at all (same iterations, nothing carried or collected):
     # drawn blindly, nearly every pair is refused for those reasons and fusion is rarely exercised
