@@ -226,6 +226,11 @@ def validate(
     _summary(wf, explain)
     for d in check_trust(wf, policy):  # valid, but running it needs the command line's permission
         err.print(f"note: {d.pos}: {d.path}: {d.message}", markup=False)
+    for loop in (i for i in wf.items() if isinstance(i, LoopNode) and i.dynamic):  # valid, but not run yet
+        err.print(f"note: {loop.field_pos.get('until') or loop.pos}: loop '{loop.name}' ends on a condition (until): "
+                  "valid rose, which the analysis and the rewrites take, but `rose execute` and `rose optimize` run "
+                  "loops with a fixed count only (give it `count:`, e.g. the episode length, and let finished rows "
+                  "idle)", markup=False)
 
 
 class GraphFormat(StrEnum):

@@ -136,7 +136,11 @@ def test_a_loop_that_ends_on_a_condition_is_refused_at_its_until(tmp_path, comma
     refusal points at the loop's `until:` before any process starts."""
     wf = tmp_path / "until.yaml"
     wf.write_text((ROOT / "tests" / "dsl" / "fixtures" / "until.yaml").read_text())
-    assert rose("validate", str(wf)).returncode == 0
+    valid = rose("validate", str(wf))
+    assert valid.returncode == 0
+    # ... and says, in a note at the loop, that the runtime will not run it
+    assert re.search(rf"note: {re.escape(str(wf))}:\d+:\d+: loop '\w+' ends on a condition .* `rose execute` and "
+                     "`rose optimize` run loops with a fixed count only", valid.stderr.replace("\n", " ")), valid.stderr
     out = plain_failure(rose(command, str(wf), "-o", str(tmp_path / "p.yaml")) if command == "optimize"
                         else rose(command, str(wf), "-n", "1", "--out", str(tmp_path / "run")))
     assert re.search(rf"{re.escape(str(wf))}:\d+:\d+: iteration\.body\[\d+\]\.until: loop '\w+' ends on a condition", out), out
