@@ -297,10 +297,11 @@ class _ItemBuilder:
             ctx.error(path + ("iterations",), f"iteration {max(iterations)} is outside the loop's count {count}")
         if iterations is not None and list(iterations) != sorted(set(iterations)):
             ctx.error(path + ("iterations",), "a temporal group's iterations must be increasing and distinct")
-        if raw.get("interleave") and (iterations is None or not raw.get("split_of")):
-            ctx.error(path + ("interleave",), f"'interleave' applies to the temporal groups of a split loop (with "
-                      f"'split_of' and 'iterations'); loop '{name}' is not one",
-                      "a plan gets it from `rose rewrite --do \"split-time LOOP K\" --do \"interleave LOOP\"`")
+        if raw.get("interleave") and raw.get("until") is not None:
+            ctx.error(path + ("interleave",), f"loop '{name}' ends on a condition (until): its calls cannot be dealt "
+                      "in turns with other loops' calls",
+                      "a plan gets 'interleave' from `rose rewrite --do \"interleave LOOP_A LOOP_B\"` (or \"split-time "
+                      "LOOP K\" then \"interleave LOOP\")")
         carries = []
         for var, spec in (raw.get("carry") or {}).items():
             cpath = path + ("carry", var)

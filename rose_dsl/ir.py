@@ -169,8 +169,9 @@ class LoopNode:
     iterations: tuple[int, ...] | None = None  # plan-only: the iterations this temporal group runs
     split_of: str | None = None
     group: int | None = None  # plan-only: as ExecutionNode.group
-    # plan-only, on temporal groups: the sibling groups of this split with the flag run their calls in turn
-    # (one call of each, round robin) instead of one group after the other (`interleave` of a split-time loop)
+    # plan-only: consecutive sibling loops with the flag -- the temporal groups of one split, or loops that
+    # are not temporal groups -- run their calls in turn (one call of each, round robin) instead of one
+    # after the other (`interleave LOOP` of a split-time loop, `interleave LOOP_A LOOP_B` of siblings)
     interleaved: bool = False
     moved_from: tuple[str, ...] | None = None  # plan-only: as ExecutionNode.moved_from
     after: tuple[str, ...] = ()  # run after these earlier siblings, in the same iterations of the loops around both

@@ -220,16 +220,20 @@ def _unroll_body(p: Program, body: Sequence[Item], ctx: dict[Path, int], until_r
 
 
 def _interleaved_run(body: Sequence[Item], n: int) -> list[LoopNode]:
-    """The temporal groups of one split that start at body[n] and run in turn (`interleaved`), or [].
-    Groups of one split are independent (the split is legal only for a free loop, and a component whose
-    state the loop writes has a copy per group), so any interleaving of their calls keeps each group's
-    own order and every dependency; a group holding a loop that ends on a condition is left out."""
+    """The loops that start at body[n] and run in turn (`interleaved`), or []: the temporal groups of one
+    split, or consecutive sibling loops that are not temporal groups (`interleave LOOP_A LOOP_B`). Groups
+    of one split are independent (the split is legal only for a free loop, and a component whose state the
+    loop writes has a copy per group), so any interleaving of their calls keeps each group's own order and
+    every dependency; sibling loops were checked to be independent by the rewrite (the order check), and
+    a hand-written plan by `rose validate`'s check against its source. A loop holding a loop that ends on a
+    condition is left out."""
     first = body[n]
-    if not (isinstance(first, LoopNode) and first.interleaved and first.temporal_group):
+    if not (isinstance(first, LoopNode) and first.interleaved):
         return []
     run: list[LoopNode] = []
     for item in body[n:]:
-        if not (isinstance(item, LoopNode) and item.interleaved and item.split_of == first.split_of):
+        if not (isinstance(item, LoopNode) and item.interleaved and item.temporal_group == first.temporal_group
+                and item.split_of == first.split_of):
             break
         if any(isinstance(i, LoopNode) and i.dynamic for i in iter_items(item)):
             break

@@ -10,7 +10,7 @@ rewrite needs, and every failure is a `Refused`):
 | chain pipelining | `split_chain` (and `forward_merge_slices`, which every split runs) | `split-chain A B ... K` |
 | Split (temporal) | `split_temporal` | `split-time LOOP K` |
 | Rewire | `rewire` (among siblings), `fuse_loops` (across loop levels) | `rewire`, `fuse` |
-| Interleave | `interleave` | `interleave LOOP [STAGGER]` |
+| Interleave | `interleave`, `interleave_loops` (sibling loops) | `interleave LOOP [STAGGER]`, `interleave LOOP_A LOOP_B ...` |
 | run exposed phases | `expand` | `expand NODE` |
 
 * `apply(wf, request) -> Rewritten | Refused` never raises: the entry point for a search.
@@ -39,6 +39,7 @@ from .passes import (
     expand,
     fuse_loops,
     interleave,
+    interleave_loops,
     resolve_name,
     rewire,
     split_chain,
@@ -54,5 +55,5 @@ from .tree import source_paths
 __all__ = [
     "Refused", "Rewritten", "compose", "apply", "apply_request", "resolve_name", "REQUEST_HELP",
     "split_node", "split_loop_body", "split_chain", "forward_merge_slices", "split_temporal", "rewire", "fuse_loops",
-    "interleave", "expand", "plan_differences", "check_plan_source", "source_paths", "temporal_groups",
+    "interleave", "interleave_loops", "expand", "plan_differences", "check_plan_source", "source_paths", "temporal_groups",
 ]

@@ -18,13 +18,20 @@ rewrite --do "..."` (`REQUEST_HELP`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..ir import ExecutionNode, LoopNode, Workflow
 from .chain import build_split_chain
 from .legality import check_order_preserved, check_well_formed
-from .reorder import build_expand, build_fuse_loops, build_interleave, build_rewire, temporal_groups
+from .reorder import (
+    build_expand,
+    build_fuse_loops,
+    build_interleave,
+    build_interleave_siblings,
+    build_rewire,
+    temporal_groups,
+)
 from .rewritten import Refused, Rewritten
 from .split import build_split_loop_body, build_split_node
 from .temporal import build_split_temporal
@@ -76,6 +83,7 @@ PASSES = {
     "rewire": Pass("rewire", build_rewire, (*_SHAPE, order_kept)),
     "fuse": Pass("fuse", build_fuse_loops, (*_SHAPE, order_kept)),
     "interleave": Pass("interleave", build_interleave, (*_SHAPE, order_kept)),
+    "interleave-loops": Pass("interleave", build_interleave_siblings, (*_SHAPE, order_kept)),
     "expand": Pass("expand", build_expand, _SHAPE),
 }
 
@@ -131,6 +139,11 @@ def interleave(wf: Workflow, loop: Path, stagger: int = 1) -> Rewritten:
     return run(PASSES["interleave"], wf, loop, stagger)
 
 
+def interleave_loops(wf: Workflow, loops: Sequence[Path]) -> Rewritten:
+    """Consecutive independent sibling loops that take turns, one call each."""
+    return run(PASSES["interleave-loops"], wf, loops)
+
+
 def expand(wf: Workflow, path: Path, on: bool = True) -> Rewritten:
     """A node's exposed phases run instead of its entry (or, `on=False`, back)."""
     return run(PASSES["expand"], wf, path, on)
@@ -147,6 +160,8 @@ REQUEST_HELP = """rewrite requests (names are item names, or dotted paths (below
   split-time LOOP K          split the iterations of a free loop into K groups (round robin) that may overlap
   interleave LOOP [STAGGER]  stagger the groups of a split loop body; for a loop split in time: its groups
                              take turns, one call each
+  interleave LOOP_A LOOP_B ...  consecutive independent sibling loops take turns, one call each (two rollouts
+                             on two simulators that share the policy)
   fuse LOOP_A LOOP_B         run iteration j of LOOP_B right after iteration j of LOOP_A
   rewire NAME before|after SIBLING
   expand NODE                run the node's exposed phases instead of its entry"""
@@ -214,6 +229,8 @@ def parse_request(wf: Workflow, request: str) -> tuple[Pass, tuple, dict]:
         return PASSES[op], ([resolve_name(wf, a) for a in args[:-1]], _int(args[-1], "K")), {}
     if op == "split-time" and len(args) == 2:
         return PASSES[op], (resolve_name(wf, args[0]), _int(args[1], "K")), {}
+    if op == "interleave" and (len(args) > 2 or (len(args) == 2 and not args[1].lstrip("-").isdigit())):
+        return PASSES["interleave-loops"], ([resolve_name(wf, a) for a in args],), {}
     if op == "interleave" and len(args) in (1, 2):
         return PASSES[op], (_loop_or_split_in_time(wf, args[0]), _int(args[1], "STAGGER") if len(args) == 2 else 1), {}
     if op == "fuse" and len(args) == 2:

@@ -33,7 +33,7 @@ from ..errors import Diagnostic, SourcePos, WorkflowError
 from ..expr import Expr, unparse
 from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from ..resolve import Resolver
-from ..semantics import Invocation
+from ..semantics import Invocation, SemanticError
 from .legality import describe_invocation, on_component, state_observations, values_of
 from .refs import RefUse, binding_target, map_field, rename_ref
 from .tree import source_paths
@@ -96,7 +96,14 @@ class _Checker:
         if self.out:
             return self.out  # the calls do not correspond: comparing dependencies would only repeat it
         g0 = invocation_graph(self.source, iterations=2, expand_phases=True)
-        g1 = invocation_graph(self.plan, iterations=2, expand_phases=True)
+        try:
+            g1 = invocation_graph(self.plan, iterations=2, expand_phases=True)
+        except SemanticError as exc:  # e.g. loops made to take turns (`interleave: true`) that depend on each other
+            producer = str(exc).split("[", 1)[0]
+            item = self.plan_items.get(tuple(producer.split("."))) if producer.startswith("iteration.") else None
+            self.differ(item, f"in the plan's program order a call reads a value before its producer runs ({exc}): "
+                              "the runtime could not run it")
+            return self.out
         images = self.calls(g0, g1)
         if not self.out:
             self.data(g0, g1, images)

@@ -9,6 +9,10 @@
   in time it makes the temporal groups take turns, one call each (`LoopNode.interleaved`): without it a
   component the groups share (the policy) runs all of group 0's calls before group 1's, so the groups'
   simulators (copies, in processes of their own) never step at the same time.
+* `build_interleave_siblings` makes consecutive sibling loops take turns the same way, one call each
+  (`interleave LOOP_A LOOP_B`): two rollouts on two simulators that share the policy, which otherwise
+  runs all of the first loop's calls before the second's. Legal where no call of one loop depends on a
+  call of the other (the order check finds any that does).
 * `build_expand` runs a node's exposed phases instead of its entry (never both).
 The pass runner checks each with `legality.check_order_preserved`.
 """
@@ -25,7 +29,8 @@ from .refs import RefUse, map_outside, map_subtree, rename_ref
 from .rewritten import Refused, Rewritten, identity_locate
 from .tree import base_name, children, find, into_group, repath, replace_body, source_paths, unique_name
 
-__all__ = ["build_rewire", "build_fuse_loops", "build_interleave", "build_expand", "temporal_groups"]
+__all__ = ["build_rewire", "build_fuse_loops", "build_interleave", "build_interleave_siblings", "build_expand",
+           "temporal_groups"]
 
 Path = tuple[str, ...]
 
@@ -193,6 +198,65 @@ def build_interleave(wf: Workflow, loop_path: Path, stagger: int = 1) -> Rewritt
 
     new = replace_body(wf, loop_path, [*sorted(groups, key=key), *merges])
     return Rewritten(new, identity_locate, f"interleaving the groups of '{loop.name}' with stagger {stagger}")
+
+
+def build_interleave_siblings(wf: Workflow, paths: Sequence[Path]) -> Rewritten:
+    """Consecutive sibling loops that take turns, one call each (round robin, each keeping its own order),
+    instead of one loop after the other: `LoopNode.interleaved` on loops that are not temporal groups.
+    Only the order changes; the pass runner's order check refuses it where one loop reads a value of the
+    other or their state accesses would observe other writes."""
+    if len(paths) < 2:
+        raise Refused("interleaving loops needs at least two sibling loops (or one loop split in time)")
+    parent = paths[0][:-1]
+    if any(p[:-1] != parent for p in paths):
+        raise Refused("the loops to interleave must be siblings (in one body)")
+    body = list(children(find(wf, parent)))
+    names = [i.name for i in body]
+    for p in paths:
+        item = find(wf, p)
+        if not isinstance(item, LoopNode):
+            raise Refused(f"'{item.name}' is not a loop: only loops take turns", at=item.pos)
+        if item.temporal_group:
+            raise Refused(f"'{item.name}' is a temporal group: interleave its split loop ('interleave {item.split_of}')",
+                          at=item.pos)
+        if item.dynamic:
+            raise Refused(f"loop '{item.name}' ends on a condition (until): its calls cannot be dealt in turns",
+                          at=item.field_pos.get("until") or item.pos)
+        if item.interleaved:
+            raise Refused(f"loop '{item.name}' already takes turns with its neighbours", at=item.pos)
+    at = sorted(names.index(p[-1]) for p in paths)
+    if at != list(range(at[0], at[0] + len(at))):
+        between = [n for n in names[at[0]:at[-1] + 1] if n not in {p[-1] for p in paths}]
+        raise Refused(f"the loops to interleave must be next to each other; {', '.join(repr(n) for n in between)} "
+                      f"{'is' if len(between) == 1 else 'are'} between them (rewire it before or after them first)")
+    _check_independent(wf, [tuple(p) for p in paths])
+    neighbours = [body[j] for j in (at[0] - 1, at[-1] + 1) if 0 <= j < len(body)]
+    if any(isinstance(n, LoopNode) and n.interleaved and not n.temporal_group for n in neighbours):
+        raise Refused("a loop next to these already takes turns with its own neighbours: interleave them all in one request")
+    chosen = {p[-1] for p in paths}
+    new = replace_body(wf, parent, [replace(i, interleaved=True) if i.name in chosen else i for i in body])
+    order = [names[j] for j in at]
+    return Rewritten(new, identity_locate, f"interleaving loops {', '.join(order)}: one call of each in turn")
+
+
+def _check_independent(wf: Workflow, loops: Sequence[Path]) -> None:
+    """No call inside one of `loops` depends on a call inside another, in one RL iteration (a value, a state
+    access, an `after:`): then any interleaving of their calls that keeps each loop's own order keeps every
+    dependency. Checked before the order check, which would meet the value of a call not yet run."""
+    from ..analysis import invocation_graph
+    from .legality import describe_invocation
+
+    def owner(path: Path) -> Path | None:
+        return next((lp for lp in loops if path[:len(lp)] == lp), None)
+
+    g = invocation_graph(wf, iterations=1)
+    items = {i.path: i for i in wf.items()}
+    for producer, consumer, dep in g.edges():
+        a, b = owner(producer.path), owner(consumer.path)
+        if a is not None and b is not None and a != b:
+            raise Refused(f"'{b[-1]}' depends on '{a[-1]}': {describe_invocation(consumer, items)} needs "
+                          f"{describe_invocation(producer, items)} ({dep.kind}: {dep.detail}), so the two loops "
+                          "cannot take turns", at=items[consumer.path].pos)
 
 
 def temporal_groups(wf: Workflow, loop_path: Path) -> list[LoopNode]:

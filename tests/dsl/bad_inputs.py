@@ -72,10 +72,9 @@ CASES: list[tuple[str, str, str]] = [
      "wf.yaml:86:42: iteration.body[0].body[1].body[1].in.action: in expression 'act.action[0:': expression ends early"),
     ("unknown_function", sub("in: {action: act.action}", 'in: {action: "mean(act.action)"}'),
      "wf.yaml:86:29: iteration.body[0].body[1].body[1].in.action: in expression 'mean(act.action)': unknown function 'mean'"),
-    ("interleave_not_temporal", sub('    - loop: epoch                     # free: each epoch refreshes the episode; weights are only read\n      count: "${epochs}"\n',
-                                    '    - loop: epoch\n      count: "${epochs}"\n      interleave: true\n'),
-     "wf.yaml:42:19: iteration.body[0].interleave: 'interleave' applies to the temporal groups of a split loop "
-     "(with 'split_of' and 'iterations'); loop 'epoch' is not one"),
+    ("interleave_until", mini("    - loop: l\n      until: p.y\n      interleave: true\n      body:\n        - {node: p, call: a.f, out: [y]}\n"),
+     "wf.yaml:11:19: iteration.body[0].interleave: loop 'l' ends on a condition (until): its calls cannot be dealt in "
+     "turns with other loops' calls"),
     ("all_iterations_unwrapped", sub('in: {traj: "epoch[update.i].step.traj"}', 'in: {traj: "epoch[*].step.traj"}'),
      "wf.yaml:97:23: iteration.body[1].body[0].in.traj: in 'epoch[*].step.traj': '[*]' gives every iteration: wrap it in stack(...) or cat(...)"),
     ("iteration_out_of_range", sub('in: {traj: "epoch[update.i].step.traj"}', 'in: {traj: "epoch[7].step.traj"}'),

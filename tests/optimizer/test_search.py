@@ -9,7 +9,7 @@ import pytest
 
 from rose_dsl import check, load_workflow, load_workflow_text
 from rose_dsl.optimizer.report import build_report, report_markdown, timeline_svg
-from rose_dsl.optimizer.search import OutOfBudget, Settings, optimize_graph
+from rose_dsl.optimizer.search import Measured, OutOfBudget, Settings, optimize_graph
 
 from .fakes import FakeMeasurer, GroundTruth
 
@@ -86,20 +86,22 @@ def test_never_selects_an_over_split_plan(wf) -> None:
 
 def test_a_calibration_that_shows_splits_are_slow_spares_the_other_families(wf) -> None:
     """Fixed costs dominate: the first split family's k = 2 is measured and teaches the model that
-    splitting only adds calls; the other families' k = 2 are then predicted clearly slower and skipped
-    (each would have cost its local trials), while the default keeps measuring what is close."""
-    result = optimize_graph(wf, FakeMeasurer(FIXED), Settings(**LOCAL), **QUIET)
-    splits = [m for r in result.rounds for t in r.targets for m in t.alternatives
-              if m.groups == 2 and m.family in ("split-interleave", "split-chain", "split-node")]
-    measured = [m for m in splits if m.status == "measured"]
-    skipped = [m for m in splits if m.status == "skipped"]
-    assert measured and skipped, [(m.label, m.status) for m in splits]
-    assert all("after calibration" in m.reason for m in skipped)
-    # with an infinite band every calibration split is measured, as before
-    wide = optimize_graph(wf, FakeMeasurer(FIXED), Settings(calibration_band=float("inf"), **LOCAL), **QUIET)
-    assert not [m for r in wide.rounds for t in r.targets for m in t.alternatives
-                if m.groups == 2 and m.status == "skipped" and "after calibration" in m.reason
-                and m.label in {x.label for x in skipped}]
+    splitting only adds calls; another family's k = 2 predicted slower than the unchanged graph by more
+    than `calibration_band` is then skipped (it would have cost its local trials), one within the band is
+    measured. Here the other family is `split-chain act env 2` in the step loop, which since the chain
+    carries each group's rows (2026-12-05) pipelines like the split of the step body: predicted 1.02x the
+    unchanged graph -- skipped with no band, measured with the default 25%."""
+    def k2(band: float) -> dict[str, Measured]:
+        result = optimize_graph(wf, FakeMeasurer(FIXED), Settings(calibration_band=band, **LOCAL), **QUIET)
+        return {m.label: m for r in result.rounds for t in r.targets for m in t.alternatives
+                if m.groups == 2 and m.family in ("split-interleave", "split-chain", "split-node")}
+
+    tight, default, wide = k2(0.0), k2(0.25), k2(float("inf"))
+    chain = "split-chain epoch.step.act epoch.step.env 2"
+    assert tight["split epoch.step 2; interleave epoch.step"].status == "measured"  # the calibration
+    assert tight[chain].status == "skipped" and "after calibration" in tight[chain].reason
+    assert default[chain].status == "measured" and wide[chain].status == "measured"
+    assert not [m for m in wide.values() if "after calibration" in m.reason]
 
 
 def test_a_clearly_slower_alternative_is_abandoned_after_its_first_local_run(wf) -> None:

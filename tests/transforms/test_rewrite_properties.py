@@ -25,7 +25,7 @@ from rose_dsl import load_workflow_text
 from rose_dsl.ir import ExecutionNode, LoopNode, MergeNode, Workflow
 from rose_dsl.resolve import check_workflow
 from rose_dsl.serialize import to_yaml
-from rose_dsl.transforms import Refused, Rewritten, apply_request, compose, split_node, split_temporal
+from rose_dsl.transforms import Refused, Rewritten, apply, apply_request, compose, split_node, split_temporal
 from rose_dsl.transforms.plan_check import plan_differences
 from rose_dsl.transforms.reorder import build_rewire
 from rose_dsl.transforms.split import build_split_node
@@ -35,7 +35,8 @@ from ..strategies import workflows
 from .found import ACCEPTED, FORCED
 from .harness import differences, execute, orders
 
-OPS = ("rewire", "split_node", "split_loop", "interleave", "fuse", "split_time", "split_chain", "chain_loop")
+OPS = ("rewire", "split_node", "split_loop", "interleave", "fuse", "split_time", "split_chain", "chain_loop",
+       "interleave_loops")
 Step = tuple[str, int, int, int] | str
 STEPS = st.tuples(st.sampled_from(OPS), st.integers(0, 999), st.integers(0, 999), st.integers(0, 999))
 
@@ -77,6 +78,10 @@ def request_for(wf: Workflow, step: Step) -> str | None:
         if split_in_time and b % 2 == 0:  # a loop split in time: its groups take turns, one call each
             return f"interleave {pick(split_in_time, a)}"
         loops = [lp for lp in loops if any(getattr(i, "split_of", None) for i in lp.body)]
+    if op == "interleave_loops":  # a loop and the sibling loops right after it (take turns, one call each)
+        runs = [r for r in (_next_loops(wf, lp, 2 + c % 2) for lp in loops) if r]
+        run = pick(runs, a)
+        return None if run is None else "interleave " + " ".join(_name(lp.path) for lp in run)
     if op == "fuse":  # among loops with a later sibling loop
         loops = [lp for lp in loops if _later_loops(wf, lp)]
     loop = pick(loops, a)
@@ -102,6 +107,15 @@ def _chain(wf: Workflow, first: ExecutionNode | LoopNode, n: int) -> list[Execut
     at = [i.path for i in body].index(first.path)
     run = body[at:at + n]
     return run if len(run) == n and not any(isinstance(i, MergeNode) for i in run) else None  # type: ignore[return-value]
+
+
+def _next_loops(wf: Workflow, loop: LoopNode, n: int) -> list[LoopNode] | None:
+    """`loop` and the n - 1 siblings right after it, when they are all loops."""
+    parent = wf.find(loop.path[:-1])
+    body = list(parent.body) if isinstance(parent, LoopNode) else []
+    at = [i.path for i in body].index(loop.path) if loop.path in [i.path for i in body] else -1
+    run = body[at:at + n] if at >= 0 else []
+    return run if len(run) == n and all(isinstance(i, LoopNode) for i in run) else None  # type: ignore[return-value]
 
 
 def _later_loops(wf: Workflow, loop: LoopNode) -> list[LoopNode]:
@@ -295,3 +309,49 @@ def test_forced_splits_of_what_the_checker_refuses_change_the_result() -> None:
     for forced in (build_split_node(wf, q, 2, batch_size=6, force=True), build_split_temporal(wf, loop, 3, force=True)):
         run, comps = execute(forced.workflow, "program")
         assert differences(wf, ref_run, ref_comps, forced.workflow, run, comps, forced.locate), forced.description
+
+
+def _forced_interleave(wf: Workflow, request: str) -> Workflow:
+    """`interleave A B ...` built without its checks: the loops marked to take turns."""
+    from dataclasses import replace
+
+    from rose_dsl.transforms.tree import replace_body
+
+    paths = [tuple(n.split(".")) for n in request.split()[1:]]
+    parent = wf.find(paths[0][:-1])
+    assert isinstance(parent, LoopNode)
+    names = {p[-1] for p in paths}
+    return replace_body(wf, parent.path, [replace(i, interleaved=True) if i.name in names else i for i in parent.body])
+
+
+@settings()
+@given(workflows(max_nodes=10), st.lists(STEPS, max_size=1),
+       st.tuples(st.just("interleave_loops"), st.integers(0, 999), st.integers(0, 999), st.integers(0, 999)))
+def test_sibling_interleavings_a_plan_check_accepts_compute_the_same(doc, before, step) -> None:
+    """Where `interleave LOOP_A LOOP_B` is refused because one loop depends on the other (the rewrite is
+    conservative: any dependency between the loops refuses it), loops made to take turns anyway -- a plan
+    edited by hand -- are either refused by the plan check (`rose validate`), never with a crash, or, when
+    it accepts them (a value waited for across processes), compute what the source computes."""
+    wf = load_workflow_text(yaml.safe_dump(doc, sort_keys=False), "wf.yaml")
+    if before and (first := request_for(wf, before[0])) is not None:
+        done = apply(wf, first)
+        wf = done.workflow if not isinstance(done, Refused) else wf
+    request = request_for(wf, step)
+    if request is None:
+        return
+    try:
+        apply_request(wf, request)
+        return  # accepted: property 1's business
+    except Refused as exc:
+        assert not exc.internal, exc.reason
+        if "depends on" not in exc.reason:
+            return  # refused for its shape (not next to each other, a temporal group...): nothing to force
+    forced = _forced_interleave(wf, request)
+    found = plan_differences(wf, forced)  # never raises
+    note(f"plan check: {found[:1]}")
+    if found:
+        return  # a plan edited by hand this way is refused, with the reason
+    ref_run, ref_comps = execute(wf, "program")
+    for order, seed in [("program", 0), *orders(forced)]:
+        run, comps = execute(forced, order, seed=seed)
+        assert differences(wf, ref_run, ref_comps, forced, run, comps, lambda p, i: (p, i)) == [], (order, seed)
