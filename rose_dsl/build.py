@@ -318,6 +318,11 @@ class _ItemBuilder:
             expr = ctx.parse(path + ("collect", out_name), text)
             if expr is not None:
                 collects.append((out_name, expr))
+        if count == 0 and collects and iterations is None:  # (a temporal group's count is its source's)
+            first = next(iter(raw.get("collect") or {}))
+            ctx.error(path + ("count",), f"loop '{name}' runs 0 times" + (f" (from {raw['count']!r})" if isinstance(raw.get("count"), str)
+                      else "") + f", so what it collects ('{first}') would be empty: a consumer of it would train on nothing",
+                      "give it at least one iteration, or drop the loop")
         clash = {c.name for c in carries} & {n for n, _ in collects}
         for n in sorted(clash):
             ctx.error(path + ("collect", n), f"'{n}' is both a carried value and a collected output of loop '{name}'", key=True)

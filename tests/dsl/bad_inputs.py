@@ -98,6 +98,9 @@ CASES: list[tuple[str, str, str]] = [
     ("priority_param_out_of_range",
      sub("    device: cpu\n    state: [episode]", "    device: cpu\n    mps_priority: \"${num_envs}\"\n    state: [episode]"),
      "wf.yaml:25:20: components.sim.mps_priority: must be between 0 and 1; found 8 (from '${num_envs}')"),
+    ("zero_iterations_collected", sub("  steps: 25 ", "  steps: 0  "),
+     "wf.yaml:50:19: iteration.body[0].body[1].count: loop 'step' runs 0 times (from '${steps}'), so what it collects "
+     "('traj') would be empty: a consumer of it would train on nothing"),
     ("too_deep", "x: " + "[" * 100 + "]" * 100 + "\n", "nesting deeper than 64 levels"),
     ("huge_file", "rose: 1\n" + "#" * (10 * 1024 * 1024) + "\n", "wf.yaml:1:1: <document>: file is larger than 4 MiB"),
 ]
