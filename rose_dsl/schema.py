@@ -178,7 +178,8 @@ def _explain(err: ValidationError, doc: Document, validator: Draft202012Validato
         return out
     if kind == "oneOf" and isinstance(err.schema, dict):
         branches = err.schema.get("oneOf", [])
-        same_type = [b for b in branches if isinstance(b, dict) and "type" in b and validator.is_type(inst, b["type"])]
+        same_type = [b for b in branches if isinstance(b, dict) and "type" in b
+                     and any(validator.is_type(inst, t) for t in (b["type"] if isinstance(b["type"], list) else [b["type"]]))]
         if same_type:  # the value has a type a branch takes, and breaks that branch's bounds: say which
             out = _bounds(same_type[0], inst, doc, path, where)
             if out:
