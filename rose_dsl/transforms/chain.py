@@ -15,7 +15,7 @@ groups as one request; a loop in the chain is copied whole per group.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from ..expr import BinOp, Call, Expr, Int, IterRef, Neg, Record, Ref, Slice
@@ -59,29 +59,16 @@ def _bound(e: Expr | None) -> int | None:
     return e.value if isinstance(e, Int) else None
 
 
-def _forward(expr: Expr, bound: Mapping[int, Binding], groups: Mapping[Path, list[tuple[str, Rows]]],
-             dims: Mapping[tuple[Path, str], int]) -> Expr:
+def _map_row_slices(expr: Expr, on_slice: Callable[[Slice, Ref], Expr | None]) -> Expr:
+    """`expr` with every slice of a plain reference (`x.port[a:b]`) replaced by what `on_slice(slice, ref)`
+    gives (None: kept, its parts walked), everything else rebuilt around it."""
     def again(e: Expr) -> Expr:
-        return _forward(e, bound, groups, dims)
+        return _map_row_slices(e, on_slice)
 
     match expr:
-        case Slice(target=Ref() as ref, start=start, stop=stop):
-            b = bound.get(id(ref))
-            if isinstance(b, NodePort) and b.node in groups and dims.get((b.node, b.port)) == 0:
-                parts = groups[b.node]
-                lo = _bound(start) if start is not None else 0
-                hi = _bound(stop) if stop is not None else parts[-1][1][1]
-                chosen = [name for name, (a, z) in parts if lo is not None and hi is not None and lo <= a and z <= hi]
-                covered = [(a, z) for name, (a, z) in parts if name in chosen]
-                if chosen and covered[0][0] == lo and covered[-1][1] == hi:
-                    refs = tuple(Ref(ref.offset, name, ref.attr) for name in chosen)
-                    return refs[0] if len(refs) == 1 else Call(ref.offset, "cat", refs)
-                if lo is not None and hi is not None:
-                    inside = [(name, a) for name, (a, z) in parts if a <= lo and hi <= z]
-                    if inside:  # rows of one group: that group's output, sliced relative to its first row
-                        name, a = inside[0]
-                        return Slice(expr.offset, Ref(ref.offset, name, ref.attr), Int(0, lo - a), Int(0, hi - a))
-            return replace(expr, target=again(expr.target))
+        case Slice(target=Ref() as ref):
+            found = on_slice(expr, ref)
+            return found if found is not None else replace(expr, target=again(expr.target))
         case Slice(target=t, start=s, stop=p):
             return replace(expr, target=again(t), start=None if s is None else again(s), stop=None if p is None else again(p))
         case IterRef(inner=inner):
@@ -95,6 +82,30 @@ def _forward(expr: Expr, bound: Mapping[int, Binding], groups: Mapping[Path, lis
         case Call(args=args):
             return replace(expr, args=tuple(again(a) for a in args))
     return expr
+
+
+def _forward(expr: Expr, bound: Mapping[int, Binding], groups: Mapping[Path, list[tuple[str, Rows]]],
+             dims: Mapping[tuple[Path, str], int]) -> Expr:
+    def group_of(expr: Slice, ref: Ref) -> Expr | None:
+        b = bound.get(id(ref))
+        if not (isinstance(b, NodePort) and b.node in groups and dims.get((b.node, b.port)) == 0):
+            return None
+        parts = groups[b.node]
+        lo = _bound(expr.start) if expr.start is not None else 0
+        hi = _bound(expr.stop) if expr.stop is not None else parts[-1][1][1]
+        chosen = [name for name, (a, z) in parts if lo is not None and hi is not None and lo <= a and z <= hi]
+        covered = [(a, z) for name, (a, z) in parts if name in chosen]
+        if chosen and covered[0][0] == lo and covered[-1][1] == hi:
+            refs = tuple(Ref(ref.offset, name, ref.attr) for name in chosen)
+            return refs[0] if len(refs) == 1 else Call(ref.offset, "cat", refs)
+        if lo is not None and hi is not None:
+            inside = [(name, a) for name, (a, z) in parts if a <= lo and hi <= z]
+            if inside:  # rows of one group: that group's output, sliced relative to its first row
+                name, a = inside[0]
+                return Slice(expr.offset, Ref(ref.offset, name, ref.attr), Int(0, lo - a), Int(0, hi - a))
+        return None
+
+    return _map_row_slices(expr, group_of)
 
 
 def _merge_groups(resolver: Resolver) -> tuple[dict[Path, list[tuple[str, Rows]]], dict[tuple[Path, str], int]]:
@@ -164,32 +175,19 @@ def _carry_per_group(wf: Workflow) -> Workflow:
     used: set[tuple[Path, str]] = set()
 
     def take(expr: Expr, bound: Mapping[int, Binding]) -> Expr:
-        def again(e: Expr) -> Expr:
-            return take(e, bound)
+        def group_carry(expr: Slice, ref: Ref) -> Expr | None:
+            b = bound.get(id(ref))
+            lo = _bound(expr.start) if expr.start is not None else 0
+            hi = _bound(expr.stop) if expr.stop is not None else None
+            if not isinstance(b, CarryIn) or lo is None or hi is None:
+                return None
+            hit = reads.get((b.loop, b.var, lo, hi))
+            if hit is None:
+                return None
+            used.add((b.loop, hit))
+            return Ref(ref.offset, ref.head, hit)
 
-        match expr:
-            case Slice(target=Ref() as ref, start=start, stop=stop):
-                b = bound.get(id(ref))
-                lo, hi = (_bound(start) if start is not None else 0), _bound(stop) if stop is not None else None
-                if isinstance(b, CarryIn) and lo is not None and hi is not None:
-                    hit = reads.get((b.loop, b.var, lo, hi))
-                    if hit is not None:
-                        used.add((b.loop, hit))
-                        return Ref(ref.offset, ref.head, hit)
-                return replace(expr, target=again(expr.target))
-            case Slice(target=t, start=s, stop=p):
-                return replace(expr, target=again(t), start=None if s is None else again(s), stop=None if p is None else again(p))
-            case IterRef(inner=inner):
-                return replace(expr, inner=again(inner))
-            case BinOp(left=a, right=b):
-                return replace(expr, left=again(a), right=again(b))
-            case Neg(operand=a):
-                return replace(expr, operand=again(a))
-            case Record(fields=fields):
-                return replace(expr, fields=tuple((n, again(v)) for n, v in fields))
-            case Call(args=args):
-                return replace(expr, args=tuple(again(a) for a in args))
-        return expr
+        return _map_row_slices(expr, group_carry)
 
     def fn(item: Item) -> Item:
         return map_item_exprs(item, lambda key, e: take(e, resolver.tables.field(item, key, e)))
