@@ -62,6 +62,14 @@ def _structural(wf: Workflow) -> dict[str, str]:
     return {".".join(p): ".".join(s) for p, s in source_paths(wf).items()}
 
 
+def _rows_per_call(wf: Workflow) -> dict[str, int]:
+    """Each node's batch rows per call (a row group's own rows; 1 for a node without a batch)."""
+    from rose_dsl.ir import ExecutionNode
+
+    return {".".join(n.path): (n.rows[1] - n.rows[0]) if n.rows else (n.batch_size or 1)
+            for n in wf.items() if isinstance(n, ExecutionNode)}
+
+
 def _as_gpu_activity(sampler: Any) -> Any:
     """One `ActivitySampler` (one GPU) or a `GpuActivity` (several): always a `GpuActivity`."""
     from .gpu_activity import ActivitySampler, GpuActivity
@@ -76,14 +84,15 @@ ADDITIVE_METRICS = ("env_steps", "tokens", "episodes", "env_faults", "errors", "
 
 
 def merge_replica_metrics(per_process: dict[str, dict[str, float]],
-                          calls: Mapping[str, int] | None = None) -> dict[str, float]:
+                          work: Mapping[str, int] | None = None) -> dict[str, float]:
     """`{process: {metric: value}}` -> `{"component/metric": value}`, replicas (`name#r`) and temporal-split
     copies (`name@g`) folded into their component: counts summed, everything else the mean over the
-    processes that reported it, weighted by how many calls each ran (`calls`, per process, this
-    iteration) when those differ. Why weighted: a process's mean is over its own calls, and the temporal
-    groups of an odd count are uneven -- 3 epochs split in 2 run 2 and 1 on the copies, and their plain
-    mean (m_A + m_B) / 2 is not the declared (2 m_A + m_B) / 3 (a CPU sweep's `sim/reward` was 0.4-0.8% off,
-    2026-12-05). Equal calls, or a count missing: the plain mean, as before."""
+    processes that reported it, weighted by the work each did (`work`, per process, this iteration: the
+    batch rows of its calls) when that differs. Why weighted: a process's mean is over its own rows, and the
+    temporal groups of an odd count are uneven -- 3 epochs split in 2 run 2 and 1 on the copies, and their
+    plain mean (m_A + m_B) / 2 is not the declared (2 m_A + m_B) / 3 (a CPU sweep's `sim/reward` was 0.4-0.8%
+    off, 2026-12-05). Rows, not calls: a copy whose steps are split in row groups runs twice the calls on
+    half the rows each. Equal work, or a figure missing: the plain mean, as before."""
     values: dict[str, list[tuple[float, str]]] = {}
     for process, metrics in per_process.items():
         comp = process.partition("#")[0].partition("@")[0]
@@ -91,7 +100,7 @@ def merge_replica_metrics(per_process: dict[str, dict[str, float]],
             values.setdefault(f"{comp}/{name}", []).append((float(value), process))
 
     def mean(vs: list[tuple[float, str]]) -> float:
-        weights = [(calls or {}).get(p) for _, p in vs]
+        weights = [(work or {}).get(p) for _, p in vs]
         if len(vs) > 1 and all(w for w in weights) and len(set(weights)) > 1:
             return sum(v * w for (v, _), w in zip(vs, weights, strict=True) if w) / sum(w for w in weights if w)
         return sum(v for v, _ in vs) / len(vs)
@@ -119,7 +128,8 @@ class Runner:
         self.on_recovery: Callable[[dict[str, Any]], None] | None = None  # told of each restart
         self._stuck = False  # the watchdog fired: components may not answer
         self._fresh: list[InvocationRecord] = []
-        self._calls: dict[str, int] = {}  # this iteration's calls per process: weights of merged means
+        self._work: dict[str, int] = {}  # this iteration's batch rows per process: weights of merged means
+        self._rows = _rows_per_call(wf)
         self.processes: dict[int, dict[str, Any]] = {}  # pid -> the process's own view (SM count, quota)
         self.resumed: Resumed | None = None
         self.on_resume: Callable[[Resumed], None] | None = None  # told which checkpoint a resume uses
@@ -243,7 +253,7 @@ class Runner:
         seconds = (t1 - t0) / 1e9
         metrics: dict[str, float] = {"iteration_s": seconds}
         per_process = {comp: self.backend.control(comp, "pop_metrics") for comp in self.component_processes()}
-        metrics.update(merge_replica_metrics(per_process, self._calls))
+        metrics.update(merge_replica_metrics(per_process, self._work))
         steps = sum(v for n, v in metrics.items() if n.endswith("/env_steps"))
         if steps:
             metrics["env_steps_per_s"] = steps / seconds
@@ -283,7 +293,7 @@ class Runner:
         # processes, or Ray's own services, may be gone: each ask then waits its whole timeout) must not
         # hold up the report
         self._fresh = []  # this iteration's records (the trace keeps them all)
-        self._calls = {}  # this iteration's calls per process (a process that did not answer: none)
+        self._work = {}  # this iteration's batch rows per process (a process that did not answer: none)
         timeout = 1.0 if self._stuck else 5.0 if failed else 120.0  # (idle components answer at once)
         for comp in self.component_processes():
             try:
@@ -291,7 +301,7 @@ class Runner:
             except (CallFailed, TimeoutError):  # a dead or stuck process has no records; its failure is reported elsewhere
                 continue
             self._fresh.extend(self.trace.add(r) for r in records)
-            self._calls[comp] = len(records)
+            self._work[comp] = sum(self._rows.get(r.node, 1) for r in records)
 
     def _time_by_node(self, t0: int, t1: int) -> dict[str, int]:
         """Busy time per top-level item of the iteration (rollout, training, sync...), groups merged.
