@@ -214,6 +214,18 @@ def test_the_generator_never_stacks_a_value_of_varying_length() -> None:
              settings=settings(max_examples=1500, database=None, suppress_health_check=list(HealthCheck)))
 
 
+def _refusal(wf: Workflow, request: str | None) -> Refused | None:
+    """Why `request` is refused on `wf` (never as a bug); None when there is no request or it is accepted."""
+    if request is None:
+        return None
+    try:
+        apply_request(wf, request)
+        return None
+    except Refused as exc:
+        assert not exc.internal, exc.reason
+        return exc
+
+
 def _forced_rewire(wf: Workflow, request: str) -> Workflow:
     _, name, side, anchor = request.split()
     return build_rewire(wf, tuple(name.split(".")), **{side: anchor}).workflow  # built, not checked
@@ -226,14 +238,10 @@ def _forced_rewire(wf: Workflow, request: str) -> Workflow:
 def test_refused_reorders_forced_through_break_something(doc, steps) -> None:
     wf = load_workflow_text(yaml.safe_dump(doc, sort_keys=False), "wf.yaml")
     request = request_for(wf, steps[0])
-    if request is None:
-        return
-    try:
-        apply_request(wf, request)
-        return  # accepted: property 1's business
-    except Refused as exc:
-        assert not exc.internal, exc.reason
-        reason = exc.reason
+    refusal = _refusal(wf, request)
+    if refusal is None:
+        return  # nothing to apply it to, or accepted: property 1's business
+    reason = refusal.reason
     forced = _forced_rewire(wf, request)
     if check_workflow(forced):
         assert "data dependency" in reason
@@ -337,15 +345,9 @@ def test_sibling_interleavings_a_plan_check_accepts_compute_the_same(doc, before
         done = apply(wf, first)
         wf = done.workflow if not isinstance(done, Refused) else wf
     request = request_for(wf, step)
-    if request is None:
-        return
-    try:
-        apply_request(wf, request)
-        return  # accepted: property 1's business
-    except Refused as exc:
-        assert not exc.internal, exc.reason
-        if "depends on" not in exc.reason:
-            return  # refused for its shape (not next to each other, a temporal group...): nothing to force
+    refusal = _refusal(wf, request)
+    if refusal is None or "depends on" not in refusal.reason:
+        return  # accepted (property 1's business), or refused for its shape (not next to each other...)
     forced = _forced_interleave(wf, request)
     found = plan_differences(wf, forced)  # never raises
     note(f"plan check: {found[:1]}")
