@@ -134,7 +134,12 @@ def to_document(wf: Workflow, plan: dict[str, Any] | None = None) -> dict[str, A
 
 
 class _Dumper(yaml.SafeDumper):
-    pass
+    """Block style for the structure, flow style for small leaves, and never an anchor: a component copy
+    shares its `args` dict with the original, and `&id001` / `*id001` in a plan file read as if the user
+    had written them."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def _flow_small(dumper: yaml.SafeDumper, data: dict) -> yaml.Node:
