@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..analysis import invocation_graph
 from ..ir import ExecutionNode, Workflow
@@ -38,9 +38,15 @@ class RowModel:
     per_row_s: float
     rows_seen: tuple[int, ...]
 
-    def at(self, rows: int | None) -> float | None:
+    def at(self, rows: int | None, lower_bound: bool = False) -> float | None:
+        """Seconds of a call on `rows` rows. With one row count seen the scaling is unknown: None, or with
+        `lower_bound` the least a call can take if time grows with rows and a call has a cost of its own
+        (`fixed + per_row * r`, both >= 0): `t(seen) * r / seen` below the rows seen, `t(seen)` above."""
         if rows is None or len(self.rows_seen) >= 2 or rows in self.rows_seen or not self.rows_seen:
             return self.fixed_s + self.per_row_s * (rows if rows is not None else (self.rows_seen or (0,))[-1])
+        if lower_bound:
+            seen = self.rows_seen[0]
+            return self.fixed_s * min(1.0, rows / seen) if seen > 0 else self.fixed_s
         return None  # one row count seen: how the time scales with rows is not known yet
 
 
@@ -121,18 +127,24 @@ class CostModel:
         self.latency_s = statistics.median(self.gaps) if self.gaps else 0.0
 
     # -- predicting -------------------------------------------------------------------------------
-    def duration(self, node: ExecutionNode) -> float | None:
+    def duration(self, node: ExecutionNode, lower_bound: bool = False) -> float | None:
         name = structural(".".join(node.path))
         model = self.rows.get(name)
         if model is None:
             return None
-        return model.at(_rows(node))
+        return model.at(_rows(node), lower_bound)
 
-    def predict(self, wf: Workflow, free: Sequence[str] = ()) -> Prediction:
-        """Simulate one iteration of `wf`; components in `free` (e.g. the feed of a local graph) cost 0."""
+    def predict(self, wf: Workflow, free: Sequence[str] = (), lower_bound: bool = False) -> Prediction:
+        """Simulate one iteration of `wf`; components in `free` (e.g. the feed of a local graph) cost 0.
+
+        With `lower_bound`, a node seen at one row count only is taken at the least it can cost at the rows
+        this plan gives it (`RowModel.at`) instead of making the plan unpredictable: the prediction is then
+        an optimistic one, and `unknown` names the nodes it assumed. A plan predicted clearly slower even
+        so is clearly slower (where calls overlap little; a fluid simulation is not strictly monotone)."""
         g = invocation_graph(wf, iterations=1)
         dur: dict[Invocation, float] = {}
-        unknown = []
+        unknown: list[str] = []
+        broken = False  # a node with no duration, even as a lower bound
         for inv in g.order:
             node = g.node[inv]
             if node.component in free or node.component.startswith("__"):
@@ -141,13 +153,17 @@ class CostModel:
             d = self.duration(node)
             if d is None:
                 unknown.append(f"{structural('.'.join(node.path))} at {_rows(node)} rows")
-                continue
+                d = self.duration(node, lower_bound=True) if lower_bound else None
+                if d is None:
+                    broken = True
+                    continue
             dur[inv] = d
-        if unknown:
+        if broken:
             return Prediction(None, tuple(dict.fromkeys(unknown)))
         comp = {inv: g.node[inv].component for inv in g.order}
         deps = {inv: [p for p in g.producers(inv) if p in dur] for inv in g.order}
-        return _simulate(g.order, comp, deps, dur, self.contention, self.latency_s)
+        p = _simulate(g.order, comp, deps, dur, self.contention, self.latency_s)
+        return replace(p, unknown=tuple(dict.fromkeys(unknown))) if unknown and p.seconds is not None else p
 
 
 def simulate(wf: Workflow, cost: Callable[[ExecutionNode], float], contention: Mapping[tuple[str, str], float] | None = None,
