@@ -189,7 +189,8 @@ DEVIATIONS = (
     "candidates are ordered by the duration mismatch of target and partner both after the split",
     "alternatives the calibrated model predicts to be slower are not measured; the first split of each "
     "family (k = 2) is measured as calibration -- the first one always, the others unless the model, calibrated "
-    "by the first, predicts them more than 25% slower than the unchanged comparison graph",
+    "by the first, predicts them more than 25% slower than the unchanged comparison graph (where a node runs at "
+    "a row count not measured yet, judged by the lower bound of its time: time grows with rows)",
     "alternatives whose comparison graph is the whole iteration, or is estimated at 40% of an iteration or "
     "more (`local_max_fraction`), are measured by complete iterations (real, retained training) instead of "
     "local trials on snapshots",
