@@ -318,10 +318,11 @@ class _ItemBuilder:
             expr = ctx.parse(path + ("collect", out_name), text)
             if expr is not None:
                 collects.append((out_name, expr))
-        if count == 0 and collects and iterations is None:  # (a temporal group's count is its source's)
-            first = next(iter(raw.get("collect") or {}))
+        collected = _first_collect(raw)
+        if count == 0 and collected and iterations is None:  # (a temporal group's count is its source's)
             ctx.error(path + ("count",), f"loop '{name}' runs 0 times" + (f" (from {raw['count']!r})" if isinstance(raw.get("count"), str)
-                      else "") + f", so what it collects ('{first}') would be empty: a consumer of it would train on nothing",
+                      else "") + f", so what {'it' if collected[0] == name else f'its loop {collected[0]!r}'} collects "
+                      f"('{collected[1]}') would be empty: a consumer of it would train on nothing",
                       "give it at least one iteration, or drop the loop")
         clash = {c.name for c in carries} & {n for n, _ in collects}
         for n in sorted(clash):
@@ -397,3 +398,18 @@ def _moved_from(raw: Mapping[str, Any]) -> tuple[str, ...] | None:
     """`moved_from: update.sgd` (a path below the iteration) -> ("iteration", "update", "sgd")."""
     text = raw.get("moved_from")
     return ("iteration",) + tuple(text.split(".")) if text else None
+
+
+def _first_collect(raw: Any) -> tuple[str, str] | None:
+    """(loop, output) of the first `collect` of this raw loop or of a loop anywhere in its body: a loop that
+    runs 0 times leaves every one of them empty (x4 of the unseen sweep, 2026-12-05: `episodes=0` around
+    a step loop that collects trained on nothing, loss NaN, exit 0)."""
+    if not isinstance(raw, dict):
+        return None
+    for out_name in raw.get("collect") or {}:
+        return str(raw.get("loop")), str(out_name)
+    for item in raw.get("body") or []:
+        found = _first_collect(item) if isinstance(item, dict) and "loop" in item else None
+        if found:
+            return found
+    return None

@@ -101,6 +101,9 @@ CASES: list[tuple[str, str, str]] = [
     ("zero_iterations_collected", sub("  steps: 25 ", "  steps: 0  "),
      "wf.yaml:50:19: iteration.body[0].body[1].count: loop 'step' runs 0 times (from '${steps}'), so what it collects "
      "('traj') would be empty: a consumer of it would train on nothing"),
+    ("zero_iterations_around_a_collect", sub("  epochs: 2 ", "  epochs: 0 "),
+     "wf.yaml:41:15: iteration.body[0].count: loop 'epoch' runs 0 times (from '${epochs}'), so what its loop 'step' "
+     "collects ('traj') would be empty: a consumer of it would train on nothing"),
     ("too_deep", "x: " + "[" * 100 + "]" * 100 + "\n", "nesting deeper than 64 levels"),
     ("huge_file", "rose: 1\n" + "#" * (10 * 1024 * 1024) + "\n", "wf.yaml:1:1: <document>: file is larger than 4 MiB"),
 ]

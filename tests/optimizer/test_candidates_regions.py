@@ -68,7 +68,24 @@ def test_group_counts_need_a_row_per_group_not_a_divisor(ppo) -> None:
     assert [a.groups for a in alternatives(ppo6, "iteration.epoch.step.act") if a.family == "split-interleave"] == [2, 4]
     ppo3 = load_workflow(ROOT / "workflows" / "embodied_ppo.yaml", {"num_envs": 3, "steps": 3, "epochs": 3})
     assert [a.groups for a in alternatives(ppo3, "iteration.epoch.step.act") if a.family == "split-interleave"] == [2]
-    assert [a.groups for a in alternatives(ppo6, "iteration.epoch.step.act") if a.family == "temporal-split"] == [2, 2]
+    # temporal groups: 2 (each with and without turns), and one group per epoch for a loop this short
+    assert [a.groups for a in alternatives(ppo6, "iteration.epoch.step.act") if a.family == "temporal-split"] == [2, 2, 3, 3]
+
+
+def test_a_short_free_loop_also_gets_one_temporal_group_per_iteration(ppo) -> None:
+    """3 epochs in 2 groups leave one group two epochs long: `split-time epoch 3` is a candidate too (unseen
+    sweep, 2026-12-05: 1.76x where 2 groups gave 1.42x), legal, and in the sweep. Loops of more iterations
+    than the largest group count keep 2/4/8 only."""
+    ppo3 = load_workflow(ROOT / "workflows" / "embodied_ppo.yaml", {"num_envs": 8, "steps": 3, "epochs": 3})
+    labels = [a.label for a in alternatives(ppo3, "iteration.epoch.step.act") if a.family == "temporal-split"]
+    assert labels == ["split-time epoch 2; interleave epoch", "split-time epoch 2",
+                      "split-time epoch 3; interleave epoch", "split-time epoch 3"]
+    three = next(a for a in sweep(ppo3) if a.label == "split-time epoch 3; interleave epoch")
+    assert isinstance(check_alt(ppo3, three), Feasible)
+    ppo5 = load_workflow(ROOT / "workflows" / "embodied_ppo.yaml", {"num_envs": 8, "steps": 3, "epochs": 5})
+    assert [a.groups for a in alternatives(ppo5, "iteration.epoch.step.act") if a.family == "temporal-split"] == [2, 2, 4, 4, 5, 5]
+    ppo9 = load_workflow(ROOT / "workflows" / "embodied_ppo.yaml", {"num_envs": 8, "steps": 3, "epochs": 9})
+    assert [a.groups for a in alternatives(ppo9, "iteration.epoch.step.act") if a.family == "temporal-split"] == [2, 2, 4, 4, 8, 8]
 
 
 def test_top_level_target_repositions_nearest_first(wf) -> None:
