@@ -117,11 +117,16 @@ def load_or_exit(path: Path, sets: list[str] | None, source: Path | None = None)
     source workflow (`source`, else the one its `plan: source:` records): it must keep every dependency
     of it (`transforms.plan_check`), since anyone may edit a plan by hand."""
     try:
-        wf = load_workflow(path, set_overrides(sets))
+        overrides = set_overrides(sets)
+        wf = load_workflow(path, overrides)
         if wf.plan is not None or source is not None:
             from .transforms.plan_check import check_plan_source  # the rewrites are loaded for plans only
 
-            check_plan_source(wf, source)
+            differing = check_plan_source(wf, source)
+            for name, (planned, declared) in differing.items():
+                if name not in overrides:
+                    err.print(f"note: the plan {path} was written with {name}={planned!r} (its source says "
+                              f"{declared!r}), and runs with it", markup=False)
         return wf
     except WorkflowError as exc:
         n = len(exc.diagnostics)

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path as FilePath
+from typing import Any
 
 from ..analysis import Dep, InvocationGraph, invocation_graph
 from ..errors import Diagnostic, SourcePos, WorkflowError
@@ -294,17 +295,20 @@ def plan_differences(source: Workflow, plan: Workflow) -> list[PlanDifference]:
     return _Checker(source, plan).run()
 
 
-def check_plan_source(plan: Workflow, source_file: str | FilePath | None = None) -> None:
+def check_plan_source(plan: Workflow, source_file: str | FilePath | None = None) -> dict[str, tuple[Any, Any]]:
     """If `plan` is a plan (it has `plan: source:`), load its source workflow -- `source_file` if given
     (e.g. the workflow `rose execute FILE --plan PLAN` names), else the recorded path, relative to the
     working directory or to the plan's own directory -- and raise WorkflowError, positioned in the plan,
-    unless the plan keeps every dependency of it."""
+    unless the plan is of that workflow (its name, and no param the source does not define) and keeps
+    every dependency of it. Returns the params whose value in the plan differs from the source file's
+    ({name: (plan's, source's)}): a plan written with `--set episodes=1` runs one episode however the
+    source reads, which `rose execute SOURCE --plan PLAN` says (unseen sweep, 2026-12-05)."""
     from .. import load_workflow
 
     meta = plan.plan or {}
     recorded = meta.get("source")
     if source_file is None and not recorded:
-        return
+        return {}
     here = FilePath(plan.file).parent
     candidates = [FilePath(source_file)] if source_file is not None else [FilePath(str(recorded)), here / str(recorded)]
     found = next((c for c in candidates if c.is_file()), None)
@@ -314,9 +318,32 @@ def check_plan_source(plan: Workflow, source_file: str | FilePath | None = None)
                                         f"{', '.join(str(c) for c in candidates)}): the plan cannot be checked",
                                         "run it from the directory it was written in, or give the source: "
                                         "rose execute SOURCE --plan PLAN")])
+    declared = load_workflow(found)
+    text = FilePath(plan.file).read_text() if FilePath(plan.file).is_file() else None
+    if plan.name != declared.name:
+        made_from = f" from {recorded}" if recorded else ""
+        raise WorkflowError([Diagnostic(
+            _top_key_pos(plan.file, text, "name"), "name",
+            f"the plan was made{made_from} (workflow '{plan.name}'), not from {found} (workflow '{declared.name}')",
+            f"give it its own source: rose execute {recorded} --plan {plan.file}" if recorded else
+            "give the workflow the plan was made from")], text)
+    foreign = [name for name in plan.params if name not in declared.params]
+    if foreign:
+        raise WorkflowError([Diagnostic(_top_key_pos(plan.file, text, "params"), f"params.{name}",
+                                        f"the plan sets param '{name}', which its source {found} does not define")
+                             for name in foreign], text)
     source = load_workflow(found, plan.params)
     diffs = plan_differences(source, plan)
     if diffs:
-        text = FilePath(plan.file).read_text() if FilePath(plan.file).is_file() else None
         raise WorkflowError([Diagnostic(d.pos, d.path, f"the plan differs from its source {found}: {d.message}")
                              for d in diffs[:MAX_SHOWN]], text)
+    return {name: (value, declared.params[name]) for name, value in plan.params.items()
+            if declared.params[name] != value}
+
+
+def _top_key_pos(file: str, text: str | None, key: str) -> SourcePos:
+    """Where a top-level key of a plan file is (1:1 when the file or the key is not found)."""
+    for n, line in enumerate((text or "").splitlines(), start=1):
+        if line.startswith(f"{key}:"):
+            return SourcePos(file, n, 1)
+    return SourcePos(file, 1, 1)

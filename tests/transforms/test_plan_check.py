@@ -112,3 +112,28 @@ def test_the_check_runs_where_plans_are_loaded(ppo, tmp_path) -> None:
     with pytest.raises(WorkflowError, match="the plan's source workflow 'nowhere/none.yaml' is not found"):
         check_plan_source(load_workflow(lost))
     check_plan_source(load_workflow(lost), PPO)  # the source given explicitly (rose execute SOURCE --plan PLAN)
+
+
+def test_a_plan_of_another_workflow_says_so_and_a_plan_written_with_other_params_is_noted(ppo, tmp_path) -> None:
+    """Unseen sweep (2026-12-05): a plan of workflow x5 given to x2 was reported as `<command line>:0:0: --set
+    names an undefined param 'eval_steps'` (no --set was given); now the plan's `name:` line says whose plan
+    it is. A plan written with other params than its source file's runs with them: they are returned (the
+    CLI prints a note), and a param the source does not define is refused at the plan's `params:`."""
+    plan = _plan(ppo, "split step 2")
+    other = tmp_path / "other.yaml"
+    other.write_text(PPO.read_text().replace("name: ", "name: other-", 1))
+    mine = tmp_path / "plan.yaml"
+    mine.write_text(to_yaml(plan, plan={"source": str(PPO)}))
+    with pytest.raises(WorkflowError) as info:
+        check_plan_source(load_workflow(mine), other)
+    first = info.value.diagnostics[0].format().splitlines()[0]
+    assert first.startswith(f"{mine}:") and f"the plan was made from {PPO} (workflow '{ppo.name}'), not from {other}" in first
+    assert check_plan_source(load_workflow(mine)) == {
+        name: (value, load_workflow(PPO).params[name]) for name, value in ppo.params.items()
+        if load_workflow(PPO).params[name] != value}
+    extra = tmp_path / "extra.yaml"
+    text = mine.read_text()
+    extra.write_text(text.replace("params: {", "params: {bogus: 1, ", 1) if "params: {" in text else
+                     text.replace("params:\n", "params:\n  bogus: 1\n", 1))
+    with pytest.raises(WorkflowError, match="the plan sets param 'bogus', which its source .* does not define"):
+        check_plan_source(load_workflow(extra))
