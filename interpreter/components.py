@@ -139,8 +139,12 @@ def check_batch(node: ExecutionNode, outputs: Mapping[str, Any], label: str) -> 
             if shape is None or len(shape) <= node.batch:
                 continue
             if shape[node.batch] != rows:
+                # where the batch is declared, for the user to fix it (the component cannot be asked its rows
+                # before it runs, so `rose validate` passes it)
+                pos = node.field_pos.get("batch") or node.pos
+                where = f" ({pos})" if pos.line else ""
                 raise ComponentError(f"{label}: output '{leaf_name}' of {node.call} has {shape[node.batch]} rows along "
-                                     f"dim {node.batch}; the node declares a batch of {rows}")
+                                     f"dim {node.batch}; the node declares a batch of {rows}{where}")
 
 
 def _leaves(name: str, value: Any):

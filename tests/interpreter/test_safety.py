@@ -66,6 +66,7 @@ def test_an_output_with_the_wrong_batch_size_stops_the_run(tmp_path) -> None:
     proc = _cli("execute", str(wf), "--allow-module", "tests", "-n", "1")
     assert proc.returncode == 3
     assert "output 'y' of w.act has 5 rows along dim 0; the node declares a batch of 6" in proc.stderr
+    assert "wf.yaml:7:47)" in proc.stderr  # where the batch is declared (unseen sweep, 2026-12-05: no position)
 
 
 # --- the process-level fields meet the allowlist's rule (issue 12 item 16) ------------------------------
