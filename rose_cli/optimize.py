@@ -86,6 +86,11 @@ def optimize(
     rounds: Annotated[int, typer.Option("--rounds", min=1, help="rounds of graph optimization (R)")] = 2,
     top_k: Annotated[int, typer.Option("--top-k", min=1, help="targets per round (K)")] = 3,
     alternatives: Annotated[int, typer.Option("--alternatives", min=1, help="alternatives measured per target (L)")] = 4,
+    local_max_fraction: Annotated[float, typer.Option(
+        "--local-max-fraction", min=0.0, max=1.0,
+        help="a comparison graph estimated at this share of an iteration or more is measured by complete "
+             "iterations (retained training) instead of a local trial on snapshots (pure overhead); 1 keeps "
+             "every such graph local")] = 0.4,
     quota: Annotated[bool, typer.Option("--quota/--no-quota", help="stage 2: tune the MPS quota of the process with slack")] = True,
     stage2: Annotated[Stage2Kinds, typer.Option("--stage2", case_sensitive=False,
                                                 help="what stage 2 tries for the processes with slack: lower MPS "
@@ -151,8 +156,8 @@ def optimize(
                          call_timeout=call_timeout, allowed=(*policy.modules, *TRIAL_MODULES), mps=mps, quiet=quiet,
                          compiled=compiled)
     opts = OptimizeOptions(file=file, output=output, report_dir=report_dir, budget_s=budget_s, rounds=rounds,
-                           top_k=top_k, alternatives=alternatives, quota=quota, stage2=stage2.value, stage1=given,
-                           layouts=tuple(layouts))
+                           top_k=top_k, alternatives=alternatives, local_max_fraction=local_max_fraction, quota=quota,
+                           stage2=stage2.value, stage1=given, layouts=tuple(layouts))
     raise typer.Exit(optimize_workflow(wf, opts, run, out, err))
 
 
@@ -190,6 +195,7 @@ class OptimizeOptions:
     rounds: int = 2
     top_k: int = 3
     alternatives: int = 4
+    local_max_fraction: float = 0.4  # Settings.local_max_fraction
     quota: bool = True
     stage2: str = "both"  # what stage 2 tries: "quotas", "priorities" (below-normal MPS client priority), "both"
     stage1: Workflow | None = None  # --stage1: the graph is this plan (no search)
@@ -334,6 +340,7 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
     # when stage 2 will be skipped (no GPU component, no MPS, --no-quota...), stage 1 gets all of it
     quota_stage = stage2_skipped(wf, opts.quota, run.backend, gpu) is None
     settings = Settings(top_k=opts.top_k, alternatives=opts.alternatives, rounds=opts.rounds,
+                        local_max_fraction=None if opts.local_max_fraction >= 1.0 else opts.local_max_fraction,
                         budget_s=None if opts.budget_s is None else opts.budget_s * (0.65 if quota_stage else 1.0))
     deadline = None if opts.budget_s is None else started + opts.budget_s
     with progress_log(out, run.quiet) as log:

@@ -199,6 +199,8 @@ def test_a_decode_loop_and_its_verifier_are_pipelined(tmp_path: Path) -> None:
     (["optimize", "workflows/nope.yaml", "-o", "{tmp}/p.yaml"], "nope.yaml"),
     (["optimize", "workflows/latency_interaction.yaml", "-o", "{tmp}/p.yaml", "--backend", "gpu"], "--backend"),
     (["optimize", "workflows/latency_interaction.yaml", "-o", "{tmp}/p.yaml", "--rounds", "0"], "--rounds"),
+    (["optimize", "workflows/latency_interaction.yaml", "-o", "{tmp}/p.yaml", "--local-max-fraction", "1.5"],
+     "--local-max-fraction"),
     (["optimize", "workflows/latency_interaction.yaml", "-o", "{tmp}/p.yaml", "--set", "iterations=2"],
      "not even the reference profile"),
     (["optimize", "workflows/gpu_two_component.yaml", "-o", "{tmp}/p.yaml"], "need a GPU"),
@@ -252,9 +254,10 @@ def test_a_search_cut_short_says_so(tmp_path: Path) -> None:
     (Short calls: running out of iterations does not depend on how long they take.)"""
     plan = tmp_path / "plan.yaml"
     r = rose("optimize", str(WF / "latency_interaction.yaml"), "--set", "per_row_ms=0.02", "--set", "fixed_ms=0.2",
-             "-o", str(plan), "-q")
+             "-o", str(plan), "-q", "--local-max-fraction", "0.25")
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "plan_report" / "report.json").read_text())
+    assert report["settings"]["local_max_fraction"] == 0.25  # (the option reaches the search's settings)
     assert report["cut_short"] and "iterations are all trained" in report["stopped"]
     assert "cut short" in r.stdout and "--set iterations=N" in r.stdout
 
