@@ -406,8 +406,8 @@ def _first_collect(raw: Any) -> tuple[str, str] | None:
     a step loop that collects trained on nothing, loss NaN, exit 0)."""
     if not isinstance(raw, dict):
         return None
-    for out_name in raw.get("collect") or {}:
-        return str(raw.get("loop")), str(out_name)
+    if raw.get("collect"):
+        return str(raw.get("loop")), str(next(iter(raw["collect"])))
     for item in raw.get("body") or []:
         found = _first_collect(item) if isinstance(item, dict) and "loop" in item else None
         if found:

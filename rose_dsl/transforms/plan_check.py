@@ -33,6 +33,7 @@ from ..analysis import Dep, InvocationGraph, invocation_graph
 from ..errors import Diagnostic, SourcePos, WorkflowError
 from ..expr import Expr, unparse
 from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
+from ..loader import load_text
 from ..resolve import Resolver
 from ..semantics import Invocation, SemanticError
 from .legality import describe_invocation, on_component, state_observations, values_of
@@ -342,8 +343,7 @@ def check_plan_source(plan: Workflow, source_file: str | FilePath | None = None)
 
 
 def _top_key_pos(file: str, text: str | None, key: str) -> SourcePos:
-    """Where a top-level key of a plan file is (1:1 when the file or the key is not found)."""
-    for n, line in enumerate((text or "").splitlines(), start=1):
-        if line.startswith(f"{key}:"):
-            return SourcePos(file, n, 1)
-    return SourcePos(file, 1, 1)
+    """Where a top-level key of a plan file is (the loader's position of it; 1:1 without the file)."""
+    if text is None:
+        return SourcePos(file, 1, 1)
+    return load_text(text, file).key_pos((key,))
