@@ -112,15 +112,22 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         def check(percents: list[int]) -> dict[int, QuotaVerdict]:
             return check_quotas(percents, gpu.client_env, fingerprint=fingerprint, parallel=PARALLEL_CHECKS)
 
+    # how many levels one self-check batch asks: the screening asks its probe's level alone, the search (and
+    # a screening that met an unsafe level, so walks down) PARALLEL_CHECKS -- H100, MJX (2026-12-05): the
+    # screening's batch of six cost 42.4 s where one level costs ~20 s, and no search followed
+    width = [1]
+
     def prefetch(k: int) -> None:
         """Check level k together with the unchecked levels nearest below it (the search goes down; the
-        levels above are asked only around the anchor), PARALLEL_CHECKS at once -- a batch costs about
-        what one check costs."""
+        levels above are asked only around the anchor), `width` at once -- a batch of PARALLEL_CHECKS costs
+        about twice what one check costs."""
         near = sorted((j for j in range(1, len(levels) + 1) if levels[j - 1][0] < 100 and levels[j - 1][0] not in checked
                        and j != k), key=lambda j: (j > k, abs(j - k)))
-        batch = [levels[j - 1][0] for j in [k, *near[:PARALLEL_CHECKS - 1]]]
+        batch = [levels[j - 1][0] for j in [k, *near[:width[0] - 1]]]
         checked.update(check(batch))
         session.books["quota_checks"] = session.books.get("quota_checks", 0) + len(batch)
+        if not all(checked[p].ok for p in batch):  # a run of unsafe levels: the walk down goes in batches
+            width[0] = PARALLEL_CHECKS
 
     def safe(k: int) -> bool:
         """A level under which this machine's GEMMs are wrong is never tried (quota_safety.py, issue 16)."""
@@ -253,6 +260,7 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
             return True
         return deadline is not None and time.perf_counter() + block_s(repeats) + 3 * block_s(per_block) > deadline
 
+    width[0] = PARALLEL_CHECKS  # the search steps level by level: its checks go in batches
     search = quota_search(len(levels), k0, measure, rho=rho, max_trials=MAX_TRIALS, out_of_time=out_of_time,
                           usable=usable, known=known)
     best_percent = levels[search.best - 1][0]

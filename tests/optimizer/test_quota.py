@@ -621,7 +621,11 @@ def test_screening_moves_each_candidate_one_step_and_searches_the_one_that_helpe
     tune_quota = _two_candidates(monkeypatch)
     _, result = _stage1(ROOT)
     session = _TwoProcessSession(helps="policy", hurts="trainer")
-    out = tune_quota(result.plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132, check=_checked())
+    check = _checked()
+    out = tune_quota(result.plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132, check=check)
+    # the screening self-checks its probe level alone (both probes ask 94%: one check); the search that
+    # follows asks in batches (H100, MJX 2026-12-05: a batch of six cost 42 s, one level ~20 s)
+    assert check.batches[0] == [94] and len(check.batches) > 1 and len(check.batches[1]) > 1
     assert [row["target"] for row in out["screened"]] == ["trainer", "policy"]
     assert out["screened"][0]["gain"] < 1 < out["screened"][1]["gain"]
     assert all(row["percent"] == 94 for row in out["screened"])  # one coarse step (8 SMs) below 100%
@@ -634,6 +638,22 @@ def test_screening_moves_each_candidate_one_step_and_searches_the_one_that_helpe
 
     table = screening_markdown(out)
     assert table[2].startswith("| trainer | policy | 0.900 s | - | 0.400 s | 94% |") and "| policy |" in table[3]
+
+
+def test_an_unsafe_probe_level_turns_the_screenings_checks_into_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The screening asks its probe level alone; when that level is unsafe (on the H200, 60-88% nearly all
+    are), the walk down to a usable level asks PARALLEL_CHECKS levels at a time, each level once."""
+    from interpreter.quota_trials import PARALLEL_CHECKS
+    from rose_dsl.optimizer.search import Settings
+
+    tune_quota = _two_candidates(monkeypatch)
+    _, result = _stage1(ROOT)
+    check = _checked(unsafe=tuple(range(80, 95)))
+    out = tune_quota(result.plan, result, _TwoProcessSession(helps="policy", hurts="trainer"), _Gpu(), Settings(),
+                     log=lambda m: None, total_sms=132, check=check)
+    assert check.batches[0] == [94] and len(check.batches[1]) == PARALLEL_CHECKS
+    assert len(check.seen) == len(set(check.seen))
+    assert all(row["percent"] < 80 for row in out["screened"] if "percent" in row)
 
 
 def test_screening_keeps_the_quotas_when_no_step_down_helps(monkeypatch: pytest.MonkeyPatch) -> None:
