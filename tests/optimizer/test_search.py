@@ -582,3 +582,29 @@ def test_a_kept_quota_chains_its_validation_onto_stage_1s_figure(wf) -> None:
     assert doc["with_quotas"]["speedup"] == pytest.approx(doc["speedup"] * 7.802 / 7.436)
     md = report_markdown(doc, None)
     assert "| plan with policy 94% |" in md and f"**{doc['with_quotas']['speedup']:.2f}x**" in md
+
+
+def test_a_split_familys_group_counts_take_one_place_and_k2_is_never_cut() -> None:
+    """H100, MJX (2026-12-05): ordered by duration mismatch, `split epoch.step 8` and `4` took two of the
+    L = 4 places and `2` was cut; the 8-group split was then measured as the family's calibration (one local
+    run at 5.99x the unchanged graph, ~84 s of overhead). The group count is a searched parameter of one
+    alternative: a family takes one place, its members in ascending k."""
+    from types import SimpleNamespace
+
+    from rose_dsl.optimizer.search import _Search, split_family
+
+    def alt(requests: tuple[str, ...], family: str, groups: int | None, delta: float) -> Measured:
+        return Measured("; ".join(requests), requests, family, groups, delta_s=delta,
+                        predicted_iteration_s=1.0 if family == "temporal-split" else None)
+
+    temporal = alt(("split-time epoch 2", "interleave epoch"), "temporal-split", 2, 0.01)
+    splits = {k: alt((f"split epoch.step {k}", "interleave epoch.step"), "split-interleave", k, d)
+              for k, d in ((8, 0.02), (4, 0.03), (2, 0.05))}
+    chain = alt(("split-chain epoch.step.act epoch.step.env 2",), "split-chain", 2, 0.04)
+    assert len({split_family(m) for m in splits.values()}) == 1 and split_family(chain) != split_family(splits[2])
+    search = SimpleNamespace(s=Settings(alternatives=2), _order=lambda ms: _Search._order(None, ms))  # type: ignore[arg-type]
+    target = SimpleNamespace(node="iteration.epoch.step.act")
+    reference = SimpleNamespace(median=1.0)
+    chosen = _Search._select(search, target, [temporal, *splits.values(), chain], reference)  # type: ignore[arg-type]
+    assert [m.label for m in chosen] == [temporal.label] + [splits[k].label for k in (2, 4, 8)]
+    assert chain.status == "skipped" and "beyond the 2 alternatives per target" in chain.reason
