@@ -145,7 +145,7 @@ def compare(
         if not path.is_file():
             err.print(f"error: --plan {value}: no such file", markup=False)
             raise typer.Exit(ExitCode.INVALID)
-        entries.append(Entry(label, path, load_or_exit(path, None, source=file)))
+        entries.append(Entry(label, path, load_or_exit(path, None, source=file, source_sets=sets)))
     labels = [e.label for e in entries]
     if len(set(labels)) != len(labels):
         err.print(f"error: two rows have one label ({', '.join(labels)}); name them with --plan LABEL=PATH", markup=False)

@@ -112,21 +112,27 @@ def set_overrides(items: list[str] | None) -> dict[str, object]:
     return result
 
 
-def load_or_exit(path: Path, sets: list[str] | None, source: Path | None = None) -> Workflow:
+def load_or_exit(path: Path, sets: list[str] | None, source: Path | None = None,
+                 source_sets: list[str] | None = None) -> Workflow:
     """The checked workflow, or every problem printed and exit 2. A plan is also checked against its
     source workflow (`source`, else the one its `plan: source:` records): it must keep every dependency
-    of it (`transforms.plan_check`), since anyone may edit a plan by hand."""
+    of it (`transforms.plan_check`), since anyone may edit a plan by hand. `source_sets`: the `--set`s the
+    source runs with beside the plan (`rose compare`), so a param the plan was written with is noted only
+    where it differs from the source as run."""
     try:
         overrides = set_overrides(sets)
+        as_run = set_overrides(source_sets)
         wf = load_workflow(path, overrides)
         if wf.plan is not None or source is not None:
             from .transforms.plan_check import check_plan_source  # the rewrites are loaded for plans only
 
             differing = check_plan_source(wf, source)
             for name, (planned, declared) in differing.items():
-                if name not in overrides:
-                    err.print(f"note: the plan {path} was written with {name}={planned!r} (its source says "
-                              f"{declared!r}), and runs with it", markup=False)
+                if name in overrides or (name in as_run and as_run[name] == planned):
+                    continue
+                says = (f"it runs with {as_run[name]!r} there" if name in as_run else f"its source says {declared!r}")
+                err.print(f"note: the plan {path} was written with {name}={planned!r} ({says}), and runs with it",
+                          markup=False)
         return wf
     except WorkflowError as exc:
         n = len(exc.diagnostics)
