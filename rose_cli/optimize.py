@@ -73,6 +73,12 @@ def _positive(value: float | None) -> float | None:
     return value
 
 
+def _fraction(value: float) -> float:
+    if not 0.0 <= value <= 1.0:  # also refuses nan (click's min/max let it pass to a wrong message)
+        raise typer.BadParameter(f"must be a share of an iteration from 0 to 1, not {value}")
+    return value
+
+
 def optimize(
     file: FileArg,
     output: Annotated[Path, typer.Option("--output", "-o", dir_okay=False, help="write the plan here")],
@@ -87,7 +93,7 @@ def optimize(
     top_k: Annotated[int, typer.Option("--top-k", min=1, help="targets per round (K)")] = 3,
     alternatives: Annotated[int, typer.Option("--alternatives", min=1, help="alternatives measured per target (L)")] = 4,
     local_max_fraction: Annotated[float, typer.Option(
-        "--local-max-fraction", min=0.0, max=1.0,
+        "--local-max-fraction", callback=_fraction,
         help="a comparison graph estimated at this share of an iteration or more is measured by complete "
              "iterations (retained training) instead of a local trial on snapshots (pure overhead); 1 keeps "
              "every such graph local")] = 0.4,

@@ -49,6 +49,11 @@ FEED_IMPL = "interpreter.trials:Feed"
 
 
 
+def _secs(x: float) -> str:
+    """Seconds as a person reads them: whole above 10, one decimal below (a 0.5-s budget is not "0 s")."""
+    return f"{x:.0f}" if x >= 10 else f"{x:.1f}" if x >= 1 else f"{x:.2g}"
+
+
 def split_family(m: Measured) -> tuple[str, ...]:
     """An alternative's requests without its split group count: the members of one split family (`split
     epoch.step 2`, `4`, `8`, each with `interleave epoch.step`) share it."""
@@ -98,11 +103,10 @@ class _Search(_LocalTrials):
             return
         elapsed = self.m.elapsed()
         if elapsed > self.s.budget_s:
-            raise OutOfBudget(f"the time budget of {self.s.budget_s:.0f} s is spent")
+            raise OutOfBudget(f"the time budget of {_secs(self.s.budget_s)} s is spent")
         if need_s > 0 and elapsed + need_s > self.s.budget_s:
-            need = f"{need_s:.0f}" if need_s >= 10 else f"{need_s:.1f}"
-            raise OutOfBudget(f"the time budget of {self.s.budget_s:.0f} s leaves {self.s.budget_s - elapsed:.0f} s "
-                              f"and the next measurement needs about {need} s")
+            raise OutOfBudget(f"the time budget of {_secs(self.s.budget_s)} s leaves {_secs(self.s.budget_s - elapsed)} s "
+                              f"and the next measurement needs about {_secs(need_s)} s")
 
     def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0,
                  labels: Sequence[str] = ()) -> list[list[IterationRun]]:
@@ -510,6 +514,12 @@ def optimize_graph(wf: Workflow, measurer: Measurer, settings: Settings | None =
         runs = search.complete([wf], s.reference_iterations, warmup=s.warmup, labels=[""])[0]
     except OutOfBudget as exc:
         raise OutOfBudget(f"{exc}: not even the reference profile fits") from None
+    stopped_by_request = stop is not None and bool(stop())
+    if len(runs) < s.reference_iterations and search.cut and not stopped_by_request:
+        # a budget the reference profile does not fit (the block ends with what it measured): one iteration
+        # compared with itself is no before/after (`--budget-s 0.5` printed "1.00x" and exited 0)
+        raise OutOfBudget(f"{search.cut}: not even the reference profile fits ({len(runs)} of its "
+                          f"{s.reference_iterations} iterations)")
     baseline, baseline_runs = summarize([r.seconds for r in runs]), list(runs)
     runs_profile = baseline_runs
     final = baseline

@@ -203,6 +203,11 @@ def test_a_decode_loop_and_its_verifier_are_pipelined(tmp_path: Path) -> None:
      "--local-max-fraction"),
     (["optimize", "workflows/latency_interaction.yaml", "-o", "{tmp}/p.yaml", "--set", "iterations=2"],
      "not even the reference profile"),
+    (["optimize", "workflows/latency_interaction.yaml", "-o", "{tmp}/p.yaml", "--local-max-fraction", "nan"],
+     "from 0 to 1, not nan"),
+    # a budget the reference profile does not fit: no one-iteration "1.00x" with exit 0 (fourth unseen sweep)
+    (["optimize", "workflows/latency_interaction.yaml", "-o", "{tmp}/p.yaml", "--budget-s", "0.05"],
+     "the time budget of 0.05 s is spent: not even the reference profile fits"),
     (["optimize", "workflows/gpu_two_component.yaml", "-o", "{tmp}/p.yaml"], "need a GPU"),
     (["optimize", "workflows/latency_sim_processes.yaml", "-o", "{tmp}/p.yaml", "--layout", "sim_procs=1,2"],
      "not a param of latency-sim-processes"),

@@ -197,8 +197,12 @@ def test_a_slower_combination_is_rejected_on_complete_iterations(wf) -> None:
 
 
 def test_budget_and_iteration_limits_stop_the_search(wf) -> None:
-    result = optimize_graph(wf, FakeMeasurer(LATENCY, seconds_per_step=10.0), Settings(budget_s=30.0), **QUIET)
+    result = optimize_graph(wf, FakeMeasurer(LATENCY, seconds_per_step=10.0), Settings(budget_s=40.0), **QUIET)
     assert "budget" in result.stopped
+    # a budget that ends the reference profile early (2 of its 3 iterations) is refused, not answered with
+    # a before/after of the same few iterations (fourth unseen sweep: `--budget-s 0.5` printed "1.00x", exit 0)
+    with pytest.raises(OutOfBudget, match=r"not even the reference profile fits \(2 of its 3 iterations\)"):
+        optimize_graph(wf, FakeMeasurer(LATENCY, seconds_per_step=10.0), Settings(budget_s=30.0), **QUIET)
     with pytest.raises(OutOfBudget):  # not even the reference profile fits
         optimize_graph(wf, FakeMeasurer(LATENCY, iterations=2), Settings(), **QUIET)
     limited = optimize_graph(wf, FakeMeasurer(LATENCY, iterations=12), Settings(), **QUIET)
