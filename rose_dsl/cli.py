@@ -123,16 +123,17 @@ def load_or_exit(path: Path, sets: list[str] | None, source: Path | None = None,
         overrides = set_overrides(sets)
         as_run = set_overrides(source_sets)
         wf = load_workflow(path, overrides)
-        if wf.plan is not None or source is not None:
-            from .transforms.plan_check import check_plan_source  # the rewrites are loaded for plans only
+        # every file, plan or not: one with plan-only constructs and no `plan:` block (a plan cut short) is
+        # refused there
+        from .transforms.plan_check import check_plan_source
 
-            differing = check_plan_source(wf, source)
-            for name, (planned, declared) in differing.items():
-                if name in overrides or (name in as_run and as_run[name] == planned):
-                    continue
-                says = (f"it runs with {as_run[name]!r} there" if name in as_run else f"its source says {declared!r}")
-                err.print(f"note: the plan {path} was written with {name}={planned!r} ({says}), and runs with it",
-                          markup=False)
+        differing = check_plan_source(wf, source)
+        for name, (planned, declared) in differing.items():
+            if name in overrides or (name in as_run and as_run[name] == planned):
+                continue
+            says = f"it runs with {as_run[name]!r} there" if name in as_run else f"its source says {declared!r}"
+            err.print(f"note: the plan {path} was written with {name}={planned!r} ({says}), and runs with it",
+                      markup=False)
         return wf
     except WorkflowError as exc:
         n = len(exc.diagnostics)

@@ -88,13 +88,17 @@ class WorkflowError(Exception):
 
     diagnostics: list[Diagnostic] = field(default_factory=list)
     text: str | None = None
+    # the text of each file the diagnostics name, when they name several (a plan checked against its
+    # source): a diagnostic is shown with its own file's line, never another file's at the same number
+    texts: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         self.diagnostics = sorted(self.diagnostics, key=Diagnostic.sort_key)
         super().__init__(self.format())
 
     def format(self) -> str:
-        return "\n".join(d.format(self.text) for d in self.diagnostics)
+        return "\n".join(d.format(self.texts.get(d.pos.file) if self.texts is not None else self.text)
+                         for d in self.diagnostics)
 
     def __str__(self) -> str:  # dataclass would otherwise override Exception.__str__
         return self.format()

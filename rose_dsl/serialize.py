@@ -124,12 +124,12 @@ def to_document(wf: Workflow, plan: dict[str, Any] | None = None) -> dict[str, A
         root["carry"] = {c.name: {"init": _expr(c.init), "next": _expr(c.next)} for c in wf.root.carries}
     root["body"] = [_item(c) for c in wf.root.body]
     doc: dict[str, Any] = {"rose": wf.version, "name": wf.name}
+    if plan:  # first: a plan cut short still names its source, so it is checked (and refused) against it
+        doc["plan"] = plan
     if wf.params:
         doc["params"] = dict(wf.params)
     doc["components"] = {name: _component(c) for name, c in wf.components.items()}
     doc["iteration"] = root
-    if plan:
-        doc["plan"] = plan
     return doc
 
 

@@ -327,7 +327,7 @@ class _Search(_LocalTrials):
         run of 18.7 s (5.99x the unchanged graph) and its start-up, ~84 s of overhead."""
         limit = self.s.alternatives if t.node != SWEEP else len(feasible)
         ordered = self._order(feasible)
-        first_at = {}
+        first_at: dict[tuple[str, ...], int] = {}
         for i, m in enumerate(ordered):
             first_at.setdefault(split_family(m), i)
         ordered.sort(key=lambda m: (first_at[split_family(m)], m.groups or 0))

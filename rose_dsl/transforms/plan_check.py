@@ -201,17 +201,26 @@ class _Checker:
                                         f"of the source ({describe_invocation(s, self.src_items)})")
                 continue
             images[s].append(q)
+        # invocations the plan does not run, one message per source node (a plan cut short misses every
+        # invocation of the nodes after the cut: twelve messages of one kind said less than one per node)
+        missing: dict[tuple[str, ...], list[Invocation]] = defaultdict(list)
         for s in g0.order:
             qs = images.get(s, [])
             node = g0.node[s]
             if not qs:
-                self.differ(node, f"the source's {describe_invocation(s, self.src_items)} is not run by the plan")
+                missing[node.path].append(s)
             elif not _partition([g1.node[q].rows for q in qs], node.batch_size):
                 shown = ", ".join(f"{describe_invocation(q, self.plan_items)} rows {g1.node[q].rows}" for q in qs)
                 self.differ(g1.node[qs[0]], f"the source's {describe_invocation(s, self.src_items)} runs as {shown}: "
                                             "not once, nor as row groups that partition its batch")
             if len(self.out) >= MAX_SHOWN:
                 break
+        for invocations in missing.values():
+            if len(self.out) >= MAX_SHOWN:
+                break
+            first, more = invocations[0], len(invocations) - 1
+            self.differ(g0.node[first], f"the source's {describe_invocation(first, self.src_items)} is not run by the "
+                                        "plan" + (f", nor {more} more call{'s' if more > 1 else ''} of it" if more else ""))
         return images
 
     # -- dependencies -------------------------------------------------------------------------------
@@ -296,6 +305,26 @@ def plan_differences(source: Workflow, plan: Workflow) -> list[PlanDifference]:
     return _Checker(source, plan).run()
 
 
+def first_plan_construct(wf: Workflow) -> tuple[SourcePos, str, str] | None:
+    """Where `wf` first uses a construct only plans have (a component copy, a split group, a merge of
+    groups, an item a rewrite moved), with its field path and what it is; None for a plain workflow."""
+    for name, comp in wf.components.items():
+        if comp.copy_of is not None:
+            return (comp.field_pos.get("copy_of", comp.pos), f"components.{name}.copy_of",
+                    f"component '{name}' is a copy of '{comp.copy_of}'")
+    for item in wf.items():
+        where = ".".join(item.path)
+        if isinstance(item, MergeNode):
+            return item.pos, where, f"'{where}' merges split groups"
+        if item.split_of is not None:
+            return (item.field_pos.get("split_of", item.pos), f"{where}.split_of",
+                    f"'{where}' is a split group of '{item.split_of}'")
+        if item.moved_from is not None:
+            return (item.field_pos.get("moved_from", item.pos), f"{where}.moved_from",
+                    f"'{where}' was moved by a rewrite from '{'.'.join(item.moved_from)}'")
+    return None
+
+
 def check_plan_source(plan: Workflow, source_file: str | FilePath | None = None) -> dict[str, tuple[Any, Any]]:
     """If `plan` is a plan (it has `plan: source:`), load its source workflow -- `source_file` if given
     (e.g. the workflow `rose execute FILE --plan PLAN` names), else the recorded path, relative to the
@@ -309,6 +338,15 @@ def check_plan_source(plan: Workflow, source_file: str | FilePath | None = None)
     meta = plan.plan or {}
     recorded = meta.get("source")
     if source_file is None and not recorded:
+        construct = first_plan_construct(plan)
+        if construct is not None:  # a plan that lost its `plan:` block (a truncated copy) is no workflow
+            pos, path, what = construct
+            text = FilePath(plan.file).read_text() if FilePath(plan.file).is_file() else None
+            raise WorkflowError([Diagnostic(
+                pos, path, f"{what}: a plan-only construct in a file without a `plan: source:` block, so it "
+                "cannot be checked against the workflow it was made from (a plan cut short loses that block, "
+                "which rose writes near its top)",
+                f"give its source: rose execute SOURCE --plan {plan.file}")], text)
         return {}
     here = FilePath(plan.file).parent
     candidates = [FilePath(source_file)] if source_file is not None else [FilePath(str(recorded)), here / str(recorded)]
@@ -336,8 +374,10 @@ def check_plan_source(plan: Workflow, source_file: str | FilePath | None = None)
     source = load_workflow(found, plan.params)
     diffs = plan_differences(source, plan)
     if diffs:
+        # each difference is shown with the line of the file it names (the plan's or the source's)
+        texts = {str(found): found.read_text(), **({plan.file: text} if text is not None else {})}
         raise WorkflowError([Diagnostic(d.pos, d.path, f"the plan differs from its source {found}: {d.message}")
-                             for d in diffs[:MAX_SHOWN]], text)
+                             for d in diffs[:MAX_SHOWN]], text, texts)
     return {name: (value, declared.params[name]) for name, value in plan.params.items()
             if declared.params[name] != value}
 

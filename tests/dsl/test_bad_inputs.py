@@ -36,3 +36,24 @@ def test_cli_missing_file_exit_2(tmp_path) -> None:
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "none.yaml' does not exist" in proc.stderr
     assert ":0:0" not in proc.stderr and "invalid workflow" not in proc.stderr  # a usage error, not a position
+
+
+@pytest.mark.parametrize(("value", "refused"), [("fast", True), ("[1, 2]", True), ("3", False), ("2.5", False)])
+def test_set_keeps_a_number_param_a_number(value: str, refused: bool) -> None:
+    """Fourth unseen sweep (BUG_2): `--set pi_fixed=fast` on a float param passed `rose validate` and failed
+    at the component's construction (exit 3, naming neither --set nor the param). A number param takes a
+    number (an int param a float too: it may be read as one); a string param takes anything."""
+    from pathlib import Path
+
+    from rose_dsl import load_workflow
+    from rose_dsl.cli import set_overrides
+
+    wf = Path(__file__).resolve().parents[2] / "workflows" / "latency_interaction.yaml"
+    sets = set_overrides([f"fixed_ms={value}"])
+    if not refused:
+        assert load_workflow(wf, sets).params["fixed_ms"] == sets["fixed_ms"]
+        return
+    with pytest.raises(WorkflowError) as info:
+        load_workflow(wf, sets)
+    assert f"<command line>:0:0: params.fixed_ms: --set fixed_ms={sets['fixed_ms']!r} is not a number: the " \
+           "workflow declares fixed_ms: " in info.value.format()

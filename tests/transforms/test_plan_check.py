@@ -137,3 +137,37 @@ def test_a_plan_of_another_workflow_says_so_and_a_plan_written_with_other_params
                      text.replace("params:\n", "params:\n  bogus: 1\n", 1))
     with pytest.raises(WorkflowError, match="the plan sets param 'bogus', which its source .* does not define"):
         check_plan_source(load_workflow(extra))
+
+
+def test_a_plan_cut_short_is_refused_with_its_source_and_without_it(ppo, tmp_path) -> None:
+    """Fourth unseen sweep (BUG_6, BUG_1): a plan cut after its first temporal group lost the `plan:` block
+    (written last then) and loaded as an ordinary workflow: `rose validate` said valid, `rose execute` trained
+    half a rollout with no update, exit 0. Now the block comes first; a file with plan-only constructs and no
+    block is refused at the first of them; and checked against its source, each missing node is one message
+    shown with the source's own line (it was shown with the plan's line at the same number)."""
+    plan = _plan(ppo, "split-time epoch 2", "interleave epoch")
+    text = to_yaml(plan, plan={"source": str(PPO)})
+    assert text.index("\nplan:") < text.index("\ncomponents:")  # the block first: a cut keeps it
+    lines = text.splitlines(keepends=True)
+    cut = next(i for i, line in enumerate(lines) if "epoch@1" in line and "loop:" in line)
+    headless = tmp_path / "headless.yaml"  # cut there, and without its `plan:` block
+    body = "".join(lines[:cut])
+    start = body.index("\nplan:")
+    end = body.index("\nparams:")
+    headless.write_text(body[:start] + body[end:])
+    with pytest.raises(WorkflowError) as info:
+        check_plan_source(load_workflow(headless))
+    (d,) = info.value.diagnostics
+    assert "copy_of" in d.path and "a plan-only construct in a file without a `plan: source:` block" in d.message
+    truncated = tmp_path / "truncated.yaml"
+    truncated.write_text("".join(lines[:cut]))
+    with pytest.raises(WorkflowError) as info:
+        check_plan_source(load_workflow(truncated))
+    missing = [d for d in info.value.diagnostics if "is not run by the plan" in d.message]
+    paths = [d.path for d in missing]
+    assert len(paths) == len(set(paths)) and "update.sgd" in paths  # one message per source node
+    source_lines = PPO.read_text().splitlines()
+    for d in missing:
+        assert d.pos.file == str(PPO)
+        shown = info.value.format().split(f"{d.pos}: ", 1)[1].splitlines()[1]
+        assert shown == f"  | {source_lines[d.pos.line - 1]}"  # the source's line, not the plan's
