@@ -184,6 +184,12 @@ def _explain(err: ValidationError, doc: Document, validator: Draft202012Validato
             out = _bounds(same_type[0], inst, doc, path, where)
             if out:
                 return out
+            if isinstance(inst, dict | list):  # a mapping or list that breaks its own branch: say where inside
+                # (`batch: {dim: 0, size: 0}` was "expected a mapping; found a mapping" at `batch`)
+                sub_errors = list(validator.evolve(schema=same_type[0]).iter_errors(inst))
+                out = [d for sub_err in sub_errors for d in _explain(sub_err, doc, validator, path)]
+                if out:
+                    return out
         wanted = [b.get("type") for b in branches if isinstance(b, dict) and "type" in b]
         if wanted:
             words = " or ".join(_TYPE_WORDS.get(w, str(w)) for w in wanted if isinstance(w, str))

@@ -306,22 +306,27 @@ def plan_differences(source: Workflow, plan: Workflow) -> list[PlanDifference]:
 
 
 def first_plan_construct(wf: Workflow) -> tuple[SourcePos, str, str] | None:
-    """Where `wf` first uses a construct only plans have (a component copy, a split group, a merge of
-    groups, an item a rewrite moved), with its field path and what it is; None for a plain workflow."""
+    """Where `wf` first uses a construct only plans have -- a component copy, a split group, a loop group
+    or interleaved loops, a group number, an item a rewrite moved, a node's phases expanded -- with its
+    field path and what it is; None for a workflow a person may write (row slices, `rows:`, and `merge:`
+    items are that: the hand-pipelined workflows use them)."""
     for name, comp in wf.components.items():
         if comp.copy_of is not None:
             return (comp.field_pos.get("copy_of", comp.pos), f"components.{name}.copy_of",
                     f"component '{name}' is a copy of '{comp.copy_of}'")
     for item in wf.items():
-        where = ".".join(item.path)
         if isinstance(item, MergeNode):
-            return item.pos, where, f"'{where}' merges split groups"
-        if item.split_of is not None:
-            return (item.field_pos.get("split_of", item.pos), f"{where}.split_of",
-                    f"'{where}' is a split group of '{item.split_of}'")
-        if item.moved_from is not None:
-            return (item.field_pos.get("moved_from", item.pos), f"{where}.moved_from",
-                    f"'{where}' was moved by a rewrite from '{'.'.join(item.moved_from)}'")
+            continue
+        where = ".".join(item.path)
+        fields = {"split_of": item.split_of is not None, "moved_from": item.moved_from is not None,
+                  "group": item.group is not None,
+                  "iterations": isinstance(item, LoopNode) and item.iterations is not None,
+                  "interleave": isinstance(item, LoopNode) and item.interleaved,
+                  "expand": isinstance(item, ExecutionNode) and item.expand}
+        key = next((k for k, present in fields.items() if present), None)
+        if key is not None:
+            return (item.field_pos.get(key, item.pos), f"{where}.{key}",
+                    f"'{where}' has `{key}:`, which rose writes only into plans")
     return None
 
 

@@ -171,3 +171,30 @@ def test_a_plan_cut_short_is_refused_with_its_source_and_without_it(ppo, tmp_pat
         assert d.pos.file == str(PPO)
         shown = info.value.format().split(f"{d.pos}: ", 1)[1].splitlines()[1]
         assert shown == f"  | {source_lines[d.pos.line - 1]}"  # the source's line, not the plan's
+
+
+WORKFLOWS = sorted((Path(__file__).resolve().parents[2] / "workflows").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=[p.name for p in WORKFLOWS])
+def test_every_shipped_workflow_is_a_workflow_not_a_headless_plan(path: Path) -> None:
+    """The hand-pipelined workflows write row slices and `merge:` items themselves: those are not refused as
+    plan-only constructs (they were, for a while, in the fix for plans cut short)."""
+    check_plan_source(load_workflow(path))
+
+
+@pytest.mark.parametrize(("edit", "key"), [
+    ((r"(- loop: epoch[^\n]*\n)", r"\1      interleave: true\n"), "interleave"),
+    ((r"(- node: publish\n)", r"\1      group: 3\n"), "group"),
+    ((r"(- node: publish\n)", r"\1      expand: true\n"), "expand"),
+])
+def test_plan_only_fields_in_a_file_without_a_plan_block_are_refused(tmp_path, edit, key) -> None:
+    """User-error sweep (2026-12-05, BUG_8): these fields were accepted in a plain workflow, exit 0."""
+    text, n = re.subn(edit[0], edit[1], PPO.read_text(), count=1)
+    assert n == 1
+    f = tmp_path / "w.yaml"
+    f.write_text(text)
+    with pytest.raises(WorkflowError) as info:
+        check_plan_source(load_workflow(f))
+    (d,) = info.value.diagnostics
+    assert d.path.endswith(f".{key}") and "which rose writes only into plans" in d.message
