@@ -184,7 +184,13 @@ def _layouts(file: Path, wf: Workflow, sets: list[str] | None, options: list[str
             if name in knobs:
                 raise ValueError(f"--layout {name} is given twice")
             knobs[name] = values
-        return layouts(wf, knobs, layout_loader(file, sets))
+        found = layouts(wf, knobs, layout_loader(file, sets))
+        # a value the workflow is not valid with is the option's fault, not a layout to skip: a typo
+        # (`--layout steps=a,b`) was logged as "not tried" and the run went on, exit 0 (user-error sweep)
+        invalid = next((lay for lay in found if lay.refused and lay.refused.startswith("not a valid workflow")), None)
+        if invalid is not None:
+            raise ValueError(f"--layout {invalid.label}: {invalid.refused}")
+        return found
     except ValueError as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(ExitCode.INVALID) from None

@@ -129,8 +129,11 @@ def _static_loops_only(wf: Workflow) -> None:
         if isinstance(item, LoopNode) and item.dynamic:
             pos = item.field_pos.get("until") or item.pos
             where = f"{format_path(item.src + ('until',))}: " if item.src else ""
+            fix = ("drop `until:` (it also has `count:`: its iterations then all run, finished rows idle)"
+                   if item.count is not None else
+                   "give it `count:` (e.g. the episode length) instead of `until:` and let finished rows idle")
             raise SetupError(f"{pos}: {where}loop '{item.name}' ends on a condition (until); the runtime runs loops "
-                             "with a fixed count only: give it `count:` (e.g. the episode length) and let finished rows idle")
+                             f"with a fixed count only: {fix}")
 
 
 def _check_reachable(address: str) -> None:

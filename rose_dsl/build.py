@@ -55,7 +55,8 @@ class _Ctx:
         try:
             return parse_expr(text)
         except ExprSyntaxError as exc:
-            self.error(path, f"in expression {text!r}: {exc.message}", offset=exc.offset)
+            shown = text if len(text) <= 120 else text[:100] + f"... ({len(text)} characters)"
+            self.error(path, f"in expression {shown!r}: {exc.message}", offset=exc.offset)
             return None
 
 

@@ -239,10 +239,11 @@ def validate(
     for d in check_trust(wf, policy):  # valid, but running it needs the command line's permission
         err.print(f"note: {d.pos}: {d.path}: {d.message}", markup=False)
     for loop in (i for i in wf.items() if isinstance(i, LoopNode) and i.dynamic):  # valid, but not run yet
+        fix = ("drop `until:`: it also has `count:`" if loop.count is not None else
+               "give it `count:`, e.g. the episode length, and let finished rows idle")
         err.print(f"note: {loop.field_pos.get('until') or loop.pos}: loop '{loop.name}' ends on a condition (until): "
                   "valid rose, which the analysis and the rewrites take, but `rose execute` and `rose optimize` run "
-                  "loops with a fixed count only (give it `count:`, e.g. the episode length, and let finished rows "
-                  "idle)", markup=False)
+                  f"loops with a fixed count only ({fix})", markup=False)
 
 
 class GraphFormat(StrEnum):

@@ -98,6 +98,9 @@ class Slice(Expr):
     stop: Expr | None
 
 
+MAX_OPERATORS = 256  # per expression string; a 200-term sum reads fine
+
+
 class ExprSyntaxError(Exception):
     """A parse error at character `offset` of the expression string."""
 
@@ -224,12 +227,22 @@ def parse_with_grammar(text: str) -> Expr:
     """`parse_expr` through the lark grammar always (no shortcut, no cache): the reference."""
     if not text.strip():
         raise ExprSyntaxError(0, "empty expression")
+    # every later pass (the parser's tree, the AST, evaluation, the printer) recurses once per operator:
+    # a 1000-term sum was a RecursionError, an internal error with exit 1 (user-error sweep, 2026-12-05)
+    operators = sum(text.count(c) for c in "+-*/%[(")
+    if operators > MAX_OPERATORS:
+        raise ExprSyntaxError(0, f"expression too long: {operators} operators, brackets and slices (at most "
+                                 f"{MAX_OPERATORS}); compute it in a param in steps, or in the component")
     try:
         tree = _parser().parse(text)
         result = _ToAst().transform(tree) if isinstance(tree, Tree) else tree
+    except RecursionError:
+        raise ExprSyntaxError(0, "expression nested too deeply to read") from None
     except VisitError as exc:  # exceptions raised inside transformer methods arrive wrapped
         if isinstance(exc.orig_exc, ExprSyntaxError):
             raise exc.orig_exc from None
+        if isinstance(exc.orig_exc, RecursionError):
+            raise ExprSyntaxError(0, "expression nested too deeply to read") from None
         raise
     except UnexpectedCharacters as exc:
         at = exc.pos_in_stream or 0

@@ -32,6 +32,12 @@ def mini(body_line: str) -> str:
 CASES: list[tuple[str, str, str]] = [
     ("not_yaml", "rose: 1\nname: [x\n  y: 2\n", "wf.yaml:3:4: <document>: not valid YAML"),
     ("empty", "", "wf.yaml:1:1: <document>: the file is empty"),
+    # a bad field inside a mapping a oneOf branch takes: at the field (user-error sweep, 2026-12-05: it was
+    # "expected a mapping; found a mapping" at the parent)
+    ("batch_size_zero", mini("    - {node: p, call: a.f, out: [y], batch: {dim: 0, size: 0}}\n"),
+     "wf.yaml:9:60: iteration.body[0].batch.size: must be at least 1; found 0"),
+    ("batch_key_typo", mini("    - {node: p, call: a.f, out: [y], batch: {dim: 0, sise: 4}}\n"),
+     "iteration.body[0].batch.sise: unknown key 'sise'"),
     ("not_mapping", "- 1\n- 2\n", "wf.yaml:1:1: <document>: a workflow is a mapping; found a list of 2"),
     ("wrong_version", sub("rose: 1", "rose: 2"), "wf.yaml:7:7: rose: unsupported format version 2"),
     ("no_version", sub("rose: 1\n", ""), "wf.yaml:7:1: rose: missing the format version 'rose: 1'"),

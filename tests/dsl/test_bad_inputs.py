@@ -57,3 +57,16 @@ def test_set_keeps_a_number_param_a_number(value: str, refused: bool) -> None:
         load_workflow(wf, sets)
     assert f"<command line>:0:0: params.fixed_ms: --set fixed_ms={sets['fixed_ms']!r} is not a number: the " \
            "workflow declares fixed_ms: " in info.value.format()
+
+
+def test_an_expression_too_long_to_read_is_one_message_not_an_internal_error() -> None:
+    """User-error sweep (2026-12-05, BUG_9): a 1000-term `${...}` sum was a RecursionError, exit 1."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "workflows" / "latency_interaction.yaml").read_text()
+    long = " + ".join(["1"] * 1000)
+    with pytest.raises(WorkflowError) as info:
+        load_workflow_text(text.replace('count: "${iterations}"', f'count: "${{{long}}}"', 1), "wf.yaml")
+    (d,) = info.value.diagnostics
+    assert d.path == "iteration.count" and "expression too long: 999 operators" in d.message
+    assert len(d.message) < 400  # the expression is not echoed whole

@@ -213,6 +213,9 @@ def test_a_decode_loop_and_its_verifier_are_pipelined(tmp_path: Path) -> None:
      "not a param of latency-sim-processes"),
     (["optimize", "workflows/latency_sim_processes.yaml", "-o", "{tmp}/p.yaml", "--layout", "sim_replicas"],
      "NAME=V1,V2"),
+    # a value the workflow is not valid with is the option's fault (it was "not tried" and the run went on)
+    (["optimize", "workflows/latency_interaction.yaml", "-o", "{tmp}/p.yaml", "--layout", "steps=a,b"],
+     "--layout steps=a: not a valid workflow"),
     (["optimize", "workflows/latency_sim_processes.yaml", "-o", "{tmp}/p.yaml", "--layout", "sim_replicas=2",
       "--stage1", "workflows/latency_sim_processes.yaml"], "do not go together"),
 ])
