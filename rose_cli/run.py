@@ -266,7 +266,12 @@ def _report_component(exc: BaseException, ctx: RunContext) -> None:
     if detail:
         ctx.err.print(detail.rstrip(), markup=False)
     if ctx.phase == "starting components":
-        ctx.err.print("(`rose validate --import FILE` checks every impl and called method before a run)", markup=False)
+        # a constructor that raised was imported and found: the check to point at is its arguments
+        constructing = "constructing component" in str(exc)
+        ctx.err.print("(the component's `args:` are its constructor's keyword arguments; `rose validate --import FILE` "
+                      "checks them where the constructor names its parameters)" if constructing else
+                      "(`rose validate --import FILE` checks every impl, called method and constructor argument "
+                      "before a run)", markup=False)
     ctx.err.print("stopped; the last complete checkpoint (if any) is intact", markup=False)
 
 

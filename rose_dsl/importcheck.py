@@ -51,7 +51,19 @@ def missing_module(name):
             return "module '%s' has no submodule '%s'" % (parent.__name__, parts[i]), hint(parts[i], names)
     return None
 
-def check(impl, methods):
+def arg_problems(obj, impl, args):
+    """Each `args:` key the constructor cannot take (none when it takes **kwargs or has no signature)."""
+    try:
+        params = list(inspect.signature(obj).parameters.values())
+    except (TypeError, ValueError):
+        return {}
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return {}
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return {a: ["'%s' takes no argument '%s' (it takes %s)" % (impl, a, ", ".join(names) or "none"), hint(a, names)]
+            for a in args if a not in names}
+
+def check(impl, methods, args=()):
     module_name, _, qual = impl.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -78,10 +90,10 @@ def check(impl, methods):
     for m in methods:
         if not callable(getattr(obj, m, None)):
             bad[m] = ["class '%s' has no method '%s'" % (impl, m), hint(m, public)]
-    return None, bad
+    return None, bad, arg_problems(obj, impl, args)
 
 specs = json.load(sys.stdin)
-print(json.dumps({c: dict(zip(("impl", "methods"), check(impl, methods))) for c, (impl, methods) in specs.items()}))
+print(json.dumps({c: dict(zip(("impl", "methods", "args"), check(*spec))) for c, spec in specs.items()}))
 '''
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -125,11 +137,14 @@ def import_problems(wf: Workflow, policy: TrustPolicy) -> list[Diagnostic]:
     for c in wf.components.values():  # one child per component: each with its own environment
         methods = calls.get(c.name, {})
         python = str(Path(policy.cwd, c.venv, "bin", "python")) if c.venv else None
-        result = check_imports({c.name: (c.impl, sorted(methods))}, env=component_env(c.env, c.python_path),
-                               python=python)[c.name]
+        result = check_imports({c.name: (c.impl, sorted(methods), sorted(c.args))},
+                               env=component_env(c.env, c.python_path), python=python)[c.name]
         if result["impl"]:
             message, hint = result["impl"]
             out.append(Diagnostic(c.field_pos.get("impl", c.pos), f"components.{c.name}.impl", message, hint))
+        for arg, (message, hint) in result.get("args", {}).items():  # what constructing it would refuse
+            out.append(Diagnostic(c.field_pos.get(f"args.{arg}", c.field_pos.get("args", c.pos)),
+                                  f"components.{c.name}.args.{arg}", message, hint))
         for method, (message, hint) in result["methods"].items():
             seen = set()
             for node in methods[method]:

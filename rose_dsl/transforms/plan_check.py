@@ -355,25 +355,31 @@ def check_plan_source(plan: Workflow, source_file: str | FilePath | None = None)
         return {}
     here = FilePath(plan.file).parent
     candidates = [FilePath(source_file)] if source_file is not None else [FilePath(str(recorded)), here / str(recorded)]
+    candidates = list(dict.fromkeys(candidates))  # an absolute path is one place, not two
     found = next((c for c in candidates if c.is_file()), None)
+    text = FilePath(plan.file).read_text() if FilePath(plan.file).is_file() else None
     if found is None:
-        raise WorkflowError([Diagnostic(SourcePos(plan.file, 1, 1), "plan.source",
+        raise WorkflowError([Diagnostic(_key_pos(plan.file, text, ("plan", "source")), "plan.source",
                                         f"the plan's source workflow '{recorded}' is not found (looked in "
                                         f"{', '.join(str(c) for c in candidates)}): the plan cannot be checked",
                                         "run it from the directory it was written in, or give the source: "
-                                        "rose execute SOURCE --plan PLAN")])
+                                        "rose execute SOURCE --plan PLAN")], text)
     declared = load_workflow(found)
-    text = FilePath(plan.file).read_text() if FilePath(plan.file).is_file() else None
     if plan.name != declared.name:
+        if source_file is None:  # the recorded source itself is of another workflow (the plan was edited)
+            raise WorkflowError([Diagnostic(
+                _key_pos(plan.file, text, ("plan", "source")), "plan.source",
+                f"names {found}, whose workflow is '{declared.name}', but this plan is of workflow '{plan.name}'",
+                f"give the plan its own source: rose execute SOURCE --plan {plan.file}")], text)
         made_from = f" from {recorded}" if recorded else ""
         raise WorkflowError([Diagnostic(
-            _top_key_pos(plan.file, text, "name"), "name",
+            _key_pos(plan.file, text, ("name",)), "name",
             f"the plan was made{made_from} (workflow '{plan.name}'), not from {found} (workflow '{declared.name}')",
             f"give it its own source: rose execute {recorded} --plan {plan.file}" if recorded else
             "give the workflow the plan was made from")], text)
     foreign = [name for name in plan.params if name not in declared.params]
     if foreign:
-        raise WorkflowError([Diagnostic(_top_key_pos(plan.file, text, "params"), f"params.{name}",
+        raise WorkflowError([Diagnostic(_key_pos(plan.file, text, ("params",)), f"params.{name}",
                                         f"the plan sets param '{name}', which its source {found} does not define")
                              for name in foreign], text)
     source = load_workflow(found, plan.params)
@@ -387,8 +393,8 @@ def check_plan_source(plan: Workflow, source_file: str | FilePath | None = None)
             if declared.params[name] != value}
 
 
-def _top_key_pos(file: str, text: str | None, key: str) -> SourcePos:
-    """Where a top-level key of a plan file is (the loader's position of it; 1:1 without the file)."""
+def _key_pos(file: str, text: str | None, path: tuple[str, ...]) -> SourcePos:
+    """Where a key of a plan file is (the loader's position of it; 1:1 without the file)."""
     if text is None:
         return SourcePos(file, 1, 1)
-    return load_text(text, file).key_pos((key,))
+    return load_text(text, file).key_pos(path)

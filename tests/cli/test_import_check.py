@@ -97,3 +97,13 @@ def test_at_run_time_an_import_failure_names_its_component(tmp_path) -> None:
     assert "error: component 'b' (tests.mockz:Flaky): cannot import 'tests.mockz'" in text
     assert "rose validate --import" in text
     assert os.path.exists(wf)
+
+
+def test_an_argument_the_constructor_does_not_take_is_reported_at_args(tmp_path) -> None:
+    """User-error sweep (2026-12-05, BUG_11): an `args:` key the constructor does not take passed `--import`,
+    and the run then failed constructing it (exit 3) with a hint to run `--import`."""
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(_write(tmp_path).read_text().replace("args: {seconds: 0.0}", "args: {secnds: 0.0}"))
+    text = _check(wf)
+    assert "components.a.args.secnds: 'tests.mocks:Sleeper' takes no argument 'secnds'" in text
+    assert "did you mean 'seconds'?" in text
