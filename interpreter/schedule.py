@@ -94,8 +94,9 @@ def for_replica(step: Step, replica: int, replicas: int) -> Step:
             ports.append((port, remap(recipe, group[0]) if dim is None
                           else Cat(tuple(remap(recipe, g) for g in group), dim)))
         else:
-            raise ValueError(f"{where} takes '{port}' from '{source}' ({have} replicas): one replica count must "
-                             "divide the other")
+            pos = step.node.field_pos.get(f"in.{port}", step.node.pos)  # where the user fixes it
+            raise ValueError(f"{pos}: {where} takes '{port}' from '{source}' ({have} replicas): one replica count "
+                             "must divide the other")
     after = tuple(x for h in step.after for x in (h.handles if isinstance(h, ReplicaSet) else (h,)))  # every replica
     return Step(step.inv, step.node, tuple(ports), tuple(leaves), after)
 

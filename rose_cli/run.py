@@ -106,8 +106,8 @@ def prepare(wf: Workflow, opts: ExecuteOptions) -> Schedule:
     if len(counts) > 1:  # the hybrid placement: every input must map between replica counts
         try:
             check_replica_edges(wf)
-        except ValueError as exc:
-            raise SetupError(f"{wf.file}: {exc}") from None
+        except ValueError as exc:  # (positioned when the edge's `in:` is known)
+            raise SetupError(str(exc) if str(exc).startswith(f"{wf.file}:") else f"{wf.file}: {exc}") from None
     if max(counts) > 1 and opts.backend != "ray":
         raise SetupError(f"{wf.file}: replicas: {max(counts)} needs --backend ray (one process per replica)")
     if opts.backend == "ray" and opts.address:

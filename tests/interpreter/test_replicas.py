@@ -93,6 +93,7 @@ def test_unmappable_replica_counts_and_local_backend_are_refused(tmp_path) -> No
     proc = subprocess.run([sys.executable, "-m", "rose_cli", "execute", str(wf), "--allow-module", "tests", "-n", "1",
                            "--backend", "ray"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 2 and "one replica count must divide the other" in proc.stderr, proc.stderr
+    assert f"error: {wf}:" in proc.stderr and f"error: {wf}: " not in proc.stderr  # at the edge's `in:` (line:col)
 
 
 CARRY = """
