@@ -28,7 +28,7 @@ from .ir import (
     iter_items,
 )
 from .loader import Document, FieldPositions, Path_
-from .schema import check_schema
+from .schema import check_schema, describe_value
 
 __all__ = ["build_workflow", "eval_int", "substitute"]
 
@@ -40,6 +40,7 @@ class _Ctx:
     doc: Document
     params: dict[str, Any] = field(default_factory=dict)
     diags: list[Diagnostic] = field(default_factory=list)
+    later: set[str] = field(default_factory=set)  # while params are read: those not defined yet
 
     def error(self, path: Path_, message: str, hint: str | None = None, *, key: bool = False,
               offset: int = 0) -> None:
@@ -47,8 +48,12 @@ class _Ctx:
         self.diags.append(Diagnostic(pos, format_path(path), message, hint))
 
     def parse(self, path: Path_, text: Any) -> Expr | None:
+        if text is FAILED:  # a param refused where it is defined, read through `${name}`: said there
+            return None
+        if isinstance(text, float) and text.is_integer():  # `count: 2.0` (JSON Schema's integer): 2
+            text = int(text)
         if isinstance(text, bool) or not isinstance(text, int | str):
-            self.error(path, f"expected an expression string; found {type(text).__name__}")
+            self.error(path, f"expected an integer or a `${{...}}` expression; found {describe_value(text)}")
             return None
         if isinstance(text, int):
             return Int(0, text)
@@ -66,6 +71,21 @@ class _ParamError(Exception):
         self.offset, self.message, self.hint = offset, message, hint
 
 
+class _Reported(_ParamError):
+    """A use of a param whose own value was already refused (at the param): not reported again."""
+
+
+class _FailedParam:
+    """The value of a param whose `${...}` (or `--set` value) was refused where it is defined: its uses
+    say nothing more (a cycle, `// 0` or `--set n=abc` gave one message per use of it as well)."""
+
+    def __repr__(self) -> str:
+        return "<refused above>"
+
+
+FAILED = _FailedParam()
+
+
 def eval_int(e: Expr, params: Mapping[str, Any]) -> int:
     """Evaluate integer arithmetic over params. Raises _ParamError for anything else."""
     match e:
@@ -76,6 +96,8 @@ def eval_int(e: Expr, params: Mapping[str, Any]) -> int:
                 raise _ParamError(e.offset, f"undefined param '{n}'", did_you_mean(n, params) or
                                   (f"defined params: {', '.join(sorted(params))}" if params else "the workflow defines no params"))
             v = params[n]
+            if v is FAILED:
+                raise _Reported(e.offset, f"param '{n}' was refused where it is defined")
             if isinstance(v, bool) or not isinstance(v, int):
                 raise _ParamError(e.offset, f"param '{n}' is {v!r}, not an integer")
             return v
@@ -106,12 +128,23 @@ def substitute(value: Any, path: Path_, ctx: _Ctx) -> Any:
         if isinstance(expr, Param):
             if expr.name in ctx.params:
                 return ctx.params[expr.name]
+            if expr.name in ctx.later:  # defined below the param that reads it
+                ctx.error(path, f"param '{expr.name}' is defined after this one: a param may use only the params "
+                          "above it", offset=expr.offset)
+                return value
             ctx.error(path, f"undefined param '{expr.name}'", did_you_mean(expr.name, ctx.params), offset=expr.offset)
             return value
         try:
             return eval_int(expr, ctx.params)
         except _ParamError as exc:
-            ctx.error(path, exc.message, exc.hint, offset=exc.offset)
+            if isinstance(exc, _Reported):
+                return value
+            later = next((n for n in ctx.later if exc.message == f"undefined param '{n}'"), None)
+            if later is not None:  # defined below the param that reads it
+                ctx.error(path, f"param '{later}' is defined after this one: a param may use only the params above "
+                          "it", offset=exc.offset)
+            else:
+                ctx.error(path, exc.message, exc.hint, offset=exc.offset)
             return value
     return value
 
@@ -134,10 +167,13 @@ def _kind(value: Any) -> str | None:
 
 def _params(ctx: _Ctx, raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     params: dict[str, Any] = {}
-    for name, value in raw.items():
+    names = list(raw)
+    for i, (name, value) in enumerate(raw.items()):
+        ctx.later = set(names[i:])  # (this param and those below it: what it may not read)
         if name in overrides:
             params[name] = overrides[name]
             if _kind(value) is not None and _kind(overrides[name]) not in _ACCEPTS[_kind(value)]:
+                params[name] = FAILED
                 # a number (or boolean) param given another kind by --set: refused here, at the command line,
                 # not left to a component's constructor (fourth unseen sweep: `--set pi_fixed=fast` passed
                 # validate and failed at construction with exit 3, naming neither --set nor the param)
@@ -148,9 +184,13 @@ def _params(ctx: _Ctx, raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> 
             continue
         if isinstance(value, str) and "${" in value:
             ctx.params = params  # a param may use the params defined before it
+            before = len(ctx.diags)
             params[name] = substitute(value, ("params", name), ctx)
+            if len(ctx.diags) > before:  # refused here: its uses say nothing more
+                params[name] = FAILED
         else:
             params[name] = value
+    ctx.later = set()
     for name, value in overrides.items():
         if name not in raw:
             ctx.diags.append(Diagnostic(SourcePos("<command line>", 0, 0), f"params.{name}",
@@ -173,6 +213,8 @@ def _count(ctx: _Ctx, path: Path_, raw: Any) -> int | None:
         return None
     try:
         value = eval_int(expr, ctx.params)
+    except _Reported:
+        return None
     except _ParamError as exc:
         ctx.error(path, exc.message, exc.hint, offset=exc.offset)
         return None

@@ -107,6 +107,11 @@ def _fast(version: int):
     return module.validate
 
 
+def describe_value(value: Any) -> str:
+    """A value as a message names it: its kind in words and the value (`a number (2.5)`)."""
+    return _describe(value)
+
+
 def _describe(value: Any) -> str:
     if value is None:
         return "nothing (null)"
@@ -195,6 +200,11 @@ def _explain(err: ValidationError, doc: Document, validator: Draft202012Validato
             words = " or ".join(_TYPE_WORDS.get(w, str(w)) for w in wanted if isinstance(w, str))
             return [Diagnostic(doc.pos(path), where, f"expected {words}; found {_describe(inst)}")]
     if kind == "additionalProperties" and isinstance(inst, dict):
+        present = [k for k in _ITEM_KINDS if k in inst]
+        if len(present) > 1 and any(k in inst for k in ("call", "body", "from")):  # an item of two kinds: the cause
+            return [Diagnostic(doc.pos(path), where,
+                               f"an item has both {' and '.join(repr(p + ':') for p in present)}",
+                               "an item is one node, one loop or one merge: split it into two items")]
         allowed = list(err.schema.get("properties", {}))
         out = []
         for key in inst:
@@ -225,6 +235,8 @@ def _explain(err: ValidationError, doc: Document, validator: Draft202012Validato
     if kind == "pattern":
         return [Diagnostic(doc.pos(path), where, f"{_describe(inst)} is not a valid {_pattern_word(path)}")]
     if kind == "anyOf" and isinstance(inst, dict) and "loop" in inst:
+        if any(did_you_mean(str(k), ["count", "until"]) for k in inst if k not in ("count", "until")):
+            return []  # a misspelled `count:`: the unknown-key message (with its did-you-mean) is the cause
         return [Diagnostic(doc.pos(path), where, "a loop needs 'count:' (a static count) or 'until:' (a dynamic end)")]
     if kind in ("minimum", "exclusiveMinimum", "maximum", "minItems", "maxItems", "minProperties",
                 "uniqueItems", "minLength"):

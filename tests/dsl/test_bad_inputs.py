@@ -10,7 +10,7 @@ import pytest
 
 from rose_dsl import WorkflowError, load_workflow_text
 
-from .bad_inputs import CASES
+from .bad_inputs import CASES, MINI, mini
 
 
 @pytest.mark.parametrize(("name", "text", "expected"), CASES, ids=[c[0] for c in CASES])
@@ -70,3 +70,33 @@ def test_an_expression_too_long_to_read_is_one_message_not_an_internal_error() -
     (d,) = info.value.diagnostics
     assert d.path == "iteration.count" and "expression too long: 999 operators" in d.message
     assert len(d.message) < 400  # the expression is not echoed whole
+
+
+@pytest.mark.parametrize(("old", "new", "expected"), [
+    # a param read before it is defined: said so, once (its uses were each "is '${...}', not an integer")
+    ('  iterations: 20\n', '  iterations: "${later}"\n  later: 20\n',
+     "params.iterations: param 'later' is defined after this one"),
+    ('  iterations: 20\n', '  iterations: "${steps} // 0"\n', "params.iterations: division by zero"),
+    # a misspelled count: the unknown key with its did-you-mean, not also "a loop needs 'count:'"
+    ('  count: "${iterations}"\n', '  cout: "${iterations}"\n', "iteration.cout: unknown key 'cout'"),
+])
+def test_one_cause_is_one_message(old: str, new: str, expected: str) -> None:
+    """User-error sweep (2026-12-05, BUG_5, BUG_6): one cause gave a message at every consequence too."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "workflows" / "latency_interaction.yaml").read_text()
+    assert old in text
+    with pytest.raises(WorkflowError) as info:
+        load_workflow_text(text.replace(old, new, 1), "wf.yaml")
+    lines = [d.format().splitlines()[0] for d in info.value.diagnostics]
+    assert len(lines) == 1 and expected in lines[0], lines
+
+
+def test_an_item_with_two_kinds_says_so_and_a_whole_float_count_is_a_count() -> None:
+    """User-error sweep (2026-12-05, BUG_7, BUG_18)."""
+    with pytest.raises(WorkflowError) as info:
+        load_workflow_text(mini("    - {node: p, call: a.f, out: [y], loop: l, count: 2}\n"), "wf.yaml")
+    (d,) = info.value.diagnostics
+    assert d.message == "an item has both 'node:' and 'loop:'"
+    wf = load_workflow_text(MINI.replace("  count: 1\n", "  count: 3.0\n"), "wf.yaml")
+    assert wf.root.count == 3
