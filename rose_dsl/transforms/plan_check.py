@@ -88,10 +88,13 @@ class _Checker:
         self.out: list[PlanDifference] = []
         self._resolver: Resolver | None = None
 
-    def differ(self, item: Item | None, message: str) -> None:
+    def differ(self, item: Item | None, message: str, field: str | None = None) -> None:
+        """A difference at `item` (at its `field`'s position when it has one: the value to fix)."""
         pos = item.pos if item is not None else SourcePos(self.plan.file, 0, 0)
+        if item is not None and field is not None:
+            pos = item.field_pos.get(field, pos)
         path = ".".join(item.path[1:]) if item is not None else "<plan>"
-        self.out.append(PlanDifference(pos, path, message))
+        self.out.append(PlanDifference(pos, path + (f".{field}" if item is not None and field else ""), message))
 
     def run(self) -> list[PlanDifference]:
         self.items()
@@ -204,17 +207,27 @@ class _Checker:
         # invocations the plan does not run, one message per source node (a plan cut short misses every
         # invocation of the nodes after the cut: twelve messages of one kind said less than one per node)
         missing: dict[tuple[str, ...], list[Invocation]] = defaultdict(list)
+        unpartitioned: dict[tuple[str, ...], list[tuple[Invocation, list[Invocation]]]] = defaultdict(list)
         for s in g0.order:
             qs = images.get(s, [])
             node = g0.node[s]
             if not qs:
                 missing[node.path].append(s)
             elif not _partition([g1.node[q].rows for q in qs], node.batch_size):
-                shown = ", ".join(f"{describe_invocation(q, self.plan_items)} rows {g1.node[q].rows}" for q in qs)
-                self.differ(g1.node[qs[0]], f"the source's {describe_invocation(s, self.src_items)} runs as {shown}: "
-                                            "not once, nor as row groups that partition its batch")
+                unpartitioned[node.path].append((s, qs))
+        # one message per source node whose groups do not partition its rows, at the `rows:` of the group
+        # that breaks the partition (a hand edit of one group's rows gave one message per invocation, at the
+        # first group's line)
+        for calls in unpartitioned.values():
             if len(self.out) >= MAX_SHOWN:
                 break
+            (s, qs), more = calls[0], len(calls) - 1
+            shown = ", ".join(f"{describe_invocation(q, self.plan_items)} rows {g1.node[q].rows}" for q in qs)
+            culprit = _breaking_group([g1.node[q] for q in qs], g0.node[s].batch_size)
+            self.differ(culprit, f"the source's {describe_invocation(s, self.src_items)} runs as {shown}: not once, nor as "
+                                 f"row groups that partition its batch of {g0.node[s].batch_size}"
+                        + (f" (and so {more} more call{'s' if more > 1 else ''} of it)" if more else ""),
+                        "rows" if culprit.rows is not None else None)
         for invocations in missing.values():
             if len(self.out) >= MAX_SHOWN:
                 break
@@ -284,6 +297,19 @@ def _first_rows(item: Item) -> tuple[int, int] | None:
         if isinstance(x, ExecutionNode) and x.rows is not None:
             return x.rows
     return None
+
+
+def _breaking_group(groups: list[Any], size: int | None) -> Any:
+    """The first row group, in row order, that leaves a gap, overlaps the one before it or runs past the
+    batch (the first group when none of that applies: then a group without rows is the fault)."""
+    ordered = sorted((g for g in groups if g.rows is not None), key=lambda g: g.rows)
+    lo = 0
+    for g in ordered:
+        a, b = g.rows
+        if a != lo or (size is not None and b > size):
+            return g
+        lo = b
+    return ordered[-1] if ordered and size is not None and lo != size else groups[0]
 
 
 def _partition(parts: list[Rows], size: int | None) -> bool:

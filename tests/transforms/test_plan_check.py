@@ -198,3 +198,12 @@ def test_plan_only_fields_in_a_file_without_a_plan_block_are_refused(tmp_path, e
         check_plan_source(load_workflow(f))
     (d,) = info.value.diagnostics
     assert d.path.endswith(f".{key}") and "which rose writes only into plans" in d.message
+
+
+def test_row_groups_that_do_not_partition_are_one_message_at_the_rows_to_fix(ppo) -> None:
+    """User-error sweep (2026-12-05, BUG_15): one hand edit of a group's rows gave a message per invocation
+    (cut at 12), all at the first group's line; now one, at the `rows:` of the group that breaks it."""
+    plan = _edited(_plan(ppo, "split step 2"), (r"rows: \[2, 4\]", "rows: [1, 4]"))
+    diffs = plan_differences(ppo, plan)
+    assert len(diffs) == 1 and "act@1" in diffs[0].path and diffs[0].path.endswith(".rows"), diffs
+    assert "partition its batch of 4" in diffs[0].message and "more calls of it" in diffs[0].message
