@@ -133,6 +133,9 @@ def _fusable(wf: Workflow, first: Path, second: Path) -> tuple[LoopNode, LoopNod
     a, b = find(wf, first), find(wf, second)
     if not isinstance(a, LoopNode) or not isinstance(b, LoopNode):
         raise Refused("both items must be loops")
+    if first == second:  # (it was refused as a broken dependency on a scratch loop, `step_2`)
+        raise Refused(f"a loop cannot be fused with itself: name two sibling loops, e.g. fuse {a.name} LATER_LOOP",
+                      at=a.pos)
     if first[:-1] != second[:-1]:
         raise Refused(f"'{a.name}' and '{b.name}' are not siblings")
     names = [i.name for i in _siblings(wf, first)[1]]

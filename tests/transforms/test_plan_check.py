@@ -207,3 +207,12 @@ def test_row_groups_that_do_not_partition_are_one_message_at_the_rows_to_fix(ppo
     diffs = plan_differences(ppo, plan)
     assert len(diffs) == 1 and "act@1" in diffs[0].path and diffs[0].path.endswith(".rows"), diffs
     assert "partition its batch of 4" in diffs[0].message and "more calls of it" in diffs[0].message
+
+
+def test_a_loop_fused_with_itself_is_refused_as_such(ppo) -> None:
+    """User-error sweep (2026-12-05, BUG_14): `fuse epoch epoch` was refused as a broken dependency naming
+    `step_2`, a loop that exists only in the rewriter's scratch graph."""
+    from rose_dsl.transforms import Refused
+
+    with pytest.raises(Refused, match="a loop cannot be fused with itself"):
+        apply_request(ppo, "fuse epoch epoch")
