@@ -233,7 +233,12 @@ def _explain(err: ValidationError, doc: Document, validator: Draft202012Validato
         return [Diagnostic(doc.pos(path), where,
                            f"{_describe(inst)} is not one of {', '.join(map(repr, options))}", hint)]
     if kind == "pattern":
-        return [Diagnostic(doc.pos(path), where, f"{_describe(inst)} is not a valid {_pattern_word(path)}")]
+        what = _pattern_word(path)
+        form = (" (letters, digits and '_', not starting with a digit)" if what == "name" else "")
+        if "propertyNames" in err.schema_path and isinstance(inst, str):  # a key: at the key, not the mapping
+            key = path + (inst,)
+            return [Diagnostic(doc.key_pos(key), format_path(key), f"{inst!r} is not a valid {what}{form}")]
+        return [Diagnostic(doc.pos(path), where, f"{_describe(inst)} is not a valid {what}{form}")]
     if kind == "anyOf" and isinstance(inst, dict) and "loop" in inst:
         if any(did_you_mean(str(k), ["count", "until"]) for k in inst if k not in ("count", "until")):
             return []  # a misspelled `count:`: the unknown-key message (with its did-you-mean) is the cause

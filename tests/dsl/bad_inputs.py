@@ -36,6 +36,9 @@ CASES: list[tuple[str, str, str]] = [
     # "expected a mapping; found a mapping" at the parent)
     ("batch_size_zero", mini("    - {node: p, call: a.f, out: [y], batch: {dim: 0, size: 0}}\n"),
      "wf.yaml:9:60: iteration.body[0].batch.size: must be at least 1; found 0"),
+    # a bad key of a mapping of names: at the key, saying what a name is (it was at the mapping's first key)
+    ("component_name_space", MINI.replace("  a: {impl", '  "a b": {impl'),
+     "wf.yaml:5:3: components.a b: 'a b' is not a valid name (letters, digits and '_', not starting with a digit)"),
     ("batch_key_typo", mini("    - {node: p, call: a.f, out: [y], batch: {dim: 0, sise: 4}}\n"),
      "iteration.body[0].batch.sise: unknown key 'sise'"),
     ("not_mapping", "- 1\n- 2\n", "wf.yaml:1:1: <document>: a workflow is a mapping; found a list of 2"),
