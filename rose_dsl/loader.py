@@ -329,9 +329,11 @@ class _Builder:
         make = self.constructor.yaml_constructors.get(tag)
         try:
             return make(self.constructor, node) if make is not None else self.constructor.construct_object(node, deep=True)
-        except yaml.YAMLError as exc:
-            raise _BuildError(WorkflowError([Diagnostic(SourcePos(self.file, 1, 1), "<document>",
-                                                        f"not valid YAML: {exc}")])) from None
+        except yaml.YAMLError as exc:  # at the value (it was 1:1, the position only inside the text)
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            if "constructor for the tag" in problem:
+                problem = f"YAML tags are not supported ({tag!r})"
+            raise self.fail(ev.start_mark, (), f"not valid YAML: {problem}") from None
         except Exception:  # noqa: BLE001 - PyYAML's constructors fail on some text (`!!int ''`: IndexError)
             what = tag.rsplit(":", 1)[-1]
             raise self.fail(ev.start_mark, (), f"not valid YAML: {ev.value!r} is not a valid {what}") from None

@@ -39,6 +39,9 @@ CASES: list[tuple[str, str, str]] = [
     # a bad key of a mapping of names: at the key, saying what a name is (it was at the mapping's first key)
     ("component_name_space", MINI.replace("  a: {impl", '  "a b": {impl'),
      "wf.yaml:5:3: components.a b: 'a b' is not a valid name (letters, digits and '_', not starting with a digit)"),
+    # a YAML tag: at the tag (it was 1:1, with the position only inside the message)
+    ("yaml_tag", MINI.replace("params: {n: 2}", "params: {n: !!python/object:os.system 2}"),
+     "wf.yaml:3:13: <document>: not valid YAML: YAML tags are not supported"),
     ("batch_key_typo", mini("    - {node: p, call: a.f, out: [y], batch: {dim: 0, sise: 4}}\n"),
      "iteration.body[0].batch.sise: unknown key 'sise'"),
     ("not_mapping", "- 1\n- 2\n", "wf.yaml:1:1: <document>: a workflow is a mapping; found a list of 2"),
