@@ -393,7 +393,12 @@ def load_text(text: str, file: str = "<string>", limits: Limits = Limits()) -> D
         mark = exc.problem_mark or exc.context_mark
         pos = _mark(file, mark) if mark is not None else top
         what = exc.problem or exc.context or "invalid YAML"
-        raise WorkflowError([Diagnostic(pos, "<document>", f"not valid YAML: {what}")], text) from None
+        # where the parser was when it gave up is often lines after the mistake: the bracket or quote it was
+        # inside is where the user looks (an unclosed `[` on line 59 was reported on line 60 alone)
+        related: tuple[tuple[SourcePos, str], ...] = ()
+        if exc.problem and exc.context and exc.context_mark is not None and exc.context_mark is not mark:
+            related = ((_mark(file, exc.context_mark), f"{exc.context} here"),)
+        raise WorkflowError([Diagnostic(pos, "<document>", f"not valid YAML: {what}", related=related)], text) from None
     except yaml.YAMLError as exc:
         raise WorkflowError([Diagnostic(top, "<document>", f"not valid YAML: {exc}")], text) from None
     doc.text = text

@@ -100,3 +100,12 @@ def test_an_item_with_two_kinds_says_so_and_a_whole_float_count_is_a_count() -> 
     assert d.message == "an item has both 'node:' and 'loop:'"
     wf = load_workflow_text(MINI.replace("  count: 1\n", "  count: 3.0\n"), "wf.yaml")
     assert wf.root.count == 3
+
+
+def test_an_unclosed_bracket_names_where_it_was_opened() -> None:
+    """User-error sweep (2026-12-05, BUG_3): the parser gives up lines after an unclosed `[`; the message
+    also points at the bracket it was inside."""
+    text = MINI.replace("out: [y]}", "out: [y}\n    - {node: q, call: a.f, out: [z]}")
+    with pytest.raises(WorkflowError) as info:
+        load_workflow_text(text, "wf.yaml")
+    assert "note: while parsing a flow sequence here" in info.value.format()
