@@ -128,6 +128,13 @@ def expr_fields(item: Item) -> Iterator[tuple[str, Expr]]:
             yield f"collect.{name}", e
 
 
+def _chain(scope: Scope | None) -> Iterator[Scope]:
+    """A scope and the scopes around it, innermost first."""
+    while scope is not None:
+        yield scope
+        scope = scope.parent
+
+
 class Scopes:
     """The bodies of a workflow, indexed: every item by path, the body holding it, the body it owns,
     and the loops around it. Built once per workflow in one walk."""
@@ -217,7 +224,18 @@ class Resolver(Scopes):
             pos = float(s.index)
             s = s.parent
         raise ResolveError(e.offset, f"unknown name '{e.head}' in '{e.head}.{e.attr}'",
-                           did_you_mean(e.head, self.visible(scope)))
+                           self._inside_a_loop(e, scope) or did_you_mean(e.head, self.visible(scope)))
+
+    def _inside_a_loop(self, e: Ref, scope: Scope) -> str | None:
+        """A hint when the name is an item of a loop whose body this scope cannot see (a collect that names
+        a body node directly): how to read it through the loop."""
+        for s in _chain(scope):
+            for item in s.items:
+                if isinstance(item, LoopNode) and any(inner.name == e.head for inner in item.body):
+                    return (f"'{e.head}' runs inside loop '{item.name}': after it, read it through the loop, as "
+                            f"{item.name}[*].{e.head}.{e.attr} (every iteration) or {item.name}[-1].{e.head}.{e.attr} "
+                            "(the last)")
+        return None
 
     # -- an iteration reference: loop[index].inner ------------------------------------------------
     def _iterref(self, e: IterRef, scope: Scope, pos: float, self_loop: LoopNode | None) -> Binding:

@@ -109,3 +109,18 @@ def test_an_unclosed_bracket_names_where_it_was_opened() -> None:
     with pytest.raises(WorkflowError) as info:
         load_workflow_text(text, "wf.yaml")
     assert "note: while parsing a flow sequence here" in info.value.format()
+
+
+def test_a_body_node_named_after_its_loop_says_how_to_read_it() -> None:
+    """User-error sweep (2026-12-05, BUG_20): `stack(act.action)` in a step loop's collect was "unknown name
+    'act'" though `act` is in the loop; the hint now says how to read it through the loop."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "workflows" / "latency_interaction.yaml").read_text()
+    start = text.index("collect:")
+    line = text[start:].splitlines()[1]
+    broken = text.replace(line, line.split(":")[0] + ': "stack(act.action)"', 1)
+    with pytest.raises(WorkflowError) as info:
+        load_workflow_text(broken, "wf.yaml")
+    assert any("'act' runs inside loop 'step'" in (d.hint or "") and "step[*].act.action" in (d.hint or "")
+               for d in info.value.diagnostics), info.value.format()
