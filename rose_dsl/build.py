@@ -71,6 +71,9 @@ class _ParamError(Exception):
         self.offset, self.message, self.hint = offset, message, hint
 
 
+ParamError = _ParamError  # what `eval_int` raises, for the stages that evaluate static expressions too
+
+
 class _Reported(_ParamError):
     """A use of a param whose own value was already refused (at the param): not reported again."""
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Union
 
 from .bulk import in_bulk
 from .errors import Diagnostic, SourcePos, did_you_mean, format_path
@@ -464,12 +464,42 @@ def _check_expressions(r: Resolver) -> tuple[list[Diagnostic], list[_Forward], d
                                             f"in '{unparse(expr)}': {exc.message}", exc.hint))
                 continue
             diags += _type_diagnostics(item, key, expr, binding_table(uses))
+            diags += _slice_diagnostics(item, key, expr, r.wf.params)
             if path != r.wf.root.path:
                 scope = r.scope_of[path][0]
                 for u in uses:
                     if isinstance(u.binding, NodePort) and r.scope_of.get(u.binding.node, (None,))[0] is scope:
                         siblings.setdefault(id(scope), {}).setdefault(path, set()).add(u.binding.node)
     return diags, forward, siblings
+
+
+def _slice_diagnostics(item: Item, key: str, expr: Expr, params: dict[str, Any]) -> list[Diagnostic]:
+    """Row slices whose bounds are static (integers and params): a bound that does not evaluate (`// 0`)
+    or a stop before its start (no rows; a negative bound counts from the end). They passed validation and failed inside a component, or ran on
+    no rows (user-error sweep, 2026-12-05)."""
+    from .build import ParamError, eval_int
+
+    out = []
+    for x in walk(expr):
+        if not isinstance(x, Slice):
+            continue
+        bounds: list[int | None] = []
+        for b in (x.start, x.stop):
+            if b is None or not all(isinstance(y, Int | Param | BinOp | Neg) for y in walk(b)):
+                bounds.append(None)
+                continue
+            try:
+                bounds.append(eval_int(b, params))
+            except ParamError as exc:
+                out.append(Diagnostic(_field_pos(item, key, exc.offset), _where(item, key),
+                                      f"in '{unparse(expr)}': a slice bound: {exc.message}", exc.hint))
+                bounds.append(None)
+        start, stop = bounds
+        if start is not None and stop is not None and 0 <= stop < start:  # (a negative bound counts from the end)
+            out.append(Diagnostic(_field_pos(item, key, x.offset), _where(item, key),
+                                  f"in '{unparse(expr)}': rows {start}:{stop} are no rows (the stop is before the "
+                                  "start)"))
+    return out
 
 
 def _type_diagnostics(item: Item, key: str, expr: Expr, bound: dict[int, Binding]) -> list[Diagnostic]:

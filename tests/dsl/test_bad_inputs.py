@@ -124,3 +124,20 @@ def test_a_body_node_named_after_its_loop_says_how_to_read_it() -> None:
         load_workflow_text(broken, "wf.yaml")
     assert any("'act' runs inside loop 'step'" in (d.hint or "") and "step[*].act.action" in (d.hint or "")
                for d in info.value.diagnostics), info.value.format()
+
+
+@pytest.mark.parametrize(("slice_", "expected"), [
+    ("[4:2]", "rows 4:2 are no rows (the stop is before the start)"),
+    ("[0:${n} // 0]", "a slice bound: division by zero"),
+])
+def test_static_slice_bounds_are_checked(slice_: str, expected: str) -> None:
+    """User-error sweep (2026-12-05, BUG_10): these passed validation, then failed inside a component."""
+    text = MINI.replace("    - {node: p, call: a.f, out: [y]}\n",
+                        "    - {node: p, call: a.f, out: [y]}\n"
+                        f"    - {{node: q, call: a.f, in: {{x: \"p.y{slice_}\"}}, out: [z]}}\n")
+    with pytest.raises(WorkflowError) as info:
+        load_workflow_text(text, "wf.yaml")
+    assert any(expected in d.message for d in info.value.diagnostics), info.value.format()
+    ok = MINI.replace("    - {node: p, call: a.f, out: [y]}\n",
+                      "    - {node: p, call: a.f, out: [y]}\n    - {node: q, call: a.f, in: {x: \"p.y[0:-1]\"}, out: [z]}\n")
+    load_workflow_text(ok, "wf.yaml")  # a negative bound counts from the end
