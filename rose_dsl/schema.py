@@ -109,10 +109,6 @@ def _fast(version: int):
 
 def describe_value(value: Any) -> str:
     """A value as a message names it: its kind in words and the value (`a number (2.5)`)."""
-    return _describe(value)
-
-
-def _describe(value: Any) -> str:
     if value is None:
         return "nothing (null)"
     if isinstance(value, bool):
@@ -139,7 +135,7 @@ def check_schema(doc: Document) -> list[Diagnostic]:
     """Every schema violation in the document, positioned; [] when it conforms."""
     data = doc.data
     if not isinstance(data, dict):
-        return [Diagnostic(doc.pos(()), "<document>", f"a workflow is a mapping; found {_describe(data)}",
+        return [Diagnostic(doc.pos(()), "<document>", f"a workflow is a mapping; found {describe_value(data)}",
                            "start with 'rose: 1'")]
     version = data.get("rose")
     if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:  # True == 1 in Python
@@ -198,7 +194,7 @@ def _explain(err: ValidationError, doc: Document, validator: Draft202012Validato
         wanted = [b.get("type") for b in branches if isinstance(b, dict) and "type" in b]
         if wanted:
             words = " or ".join(_TYPE_WORDS.get(w, str(w)) for w in wanted if isinstance(w, str))
-            return [Diagnostic(doc.pos(path), where, f"expected {words}; found {_describe(inst)}")]
+            return [Diagnostic(doc.pos(path), where, f"expected {words}; found {describe_value(inst)}")]
     if kind == "additionalProperties" and isinstance(inst, dict):
         present = [k for k in _ITEM_KINDS if k in inst]
         if len(present) > 1 and any(k in inst for k in ("call", "body", "from")):  # an item of two kinds: the cause
@@ -226,19 +222,19 @@ def _explain(err: ValidationError, doc: Document, validator: Draft202012Validato
     if kind == "type":
         wanted = err.validator_value if isinstance(err.validator_value, list) else [err.validator_value]
         words = " or ".join(_TYPE_WORDS.get(str(w), str(w)) for w in wanted)
-        return [Diagnostic(doc.pos(path), where, f"expected {words}; found {_describe(inst)}")]
+        return [Diagnostic(doc.pos(path), where, f"expected {words}; found {describe_value(inst)}")]
     if kind in ("enum", "const"):
         options = err.validator_value if kind == "enum" else [err.validator_value]
         hint = did_you_mean(str(inst), [str(o) for o in options])
         return [Diagnostic(doc.pos(path), where,
-                           f"{_describe(inst)} is not one of {', '.join(map(repr, options))}", hint)]
+                           f"{describe_value(inst)} is not one of {', '.join(map(repr, options))}", hint)]
     if kind == "pattern":
         what = _pattern_word(path)
         form = (" (letters, digits and '_', not starting with a digit)" if what == "name" else "")
         if "propertyNames" in err.schema_path and isinstance(inst, str):  # a key: at the key, not the mapping
             key = path + (inst,)
             return [Diagnostic(doc.key_pos(key), format_path(key), f"{inst!r} is not a valid {what}{form}")]
-        return [Diagnostic(doc.pos(path), where, f"{_describe(inst)} is not a valid {what}{form}")]
+        return [Diagnostic(doc.pos(path), where, f"{describe_value(inst)} is not a valid {what}{form}")]
     if kind == "anyOf" and isinstance(inst, dict) and "loop" in inst:
         if any(did_you_mean(str(k), ["count", "until"]) for k in inst if k not in ("count", "until")):
             return []  # a misspelled `count:`: the unknown-key message (with its did-you-mean) is the cause

@@ -77,6 +77,7 @@ def test_an_expression_too_long_to_read_is_one_message_not_an_internal_error() -
     ('  iterations: 20\n', '  iterations: "${later}"\n  later: 20\n',
      "params.iterations: param 'later' is defined after this one"),
     ('  iterations: 20\n', '  iterations: "${steps} // 0"\n', "params.iterations: division by zero"),
+    ('  iterations: 20\n', '  iterations: "${iterations} + 1"\n', "params.iterations: param 'iterations' refers to itself"),
     # a misspelled count: the unknown key with its did-you-mean, not also "a loop needs 'count:'"
     ('  count: "${iterations}"\n', '  cout: "${iterations}"\n', "iteration.cout: unknown key 'cout'"),
 ])
