@@ -339,37 +339,101 @@ def quota_search(q: int, k0: int, measure: Callable[[int], float], rho: int = 4,
 Floats = Mapping[tuple[str, tuple[int, ...]], float]
 
 
-def sm_demand(runs: Sequence[IterationRun], gpu_of: Mapping[str, int | None]) -> dict[str, float]:
-    """Each GPU process's SM activity while it is the only GPU process with a call in flight (the samples,
-    `IterationRun.activity_samples`, do not say which GPU they come from, so alone means alone on all of
-    them): the time-weighted mean of the samples over those stretches. A process seen alone in no sample gets its component's figure (the processes of one
-    component -- temporal copies `sim@0`, replicas `sim#1` -- run the same programs), else none.
+# GPM's SM_UTIL counters advance in steps of about 100 ms (`interpreter/gpu_activity.py`, H200 probe), so a
+# sample polled over [start, end) reports a window that ends up to one step earlier: the activity it
+# reads happened somewhere in [start - step, end), at half a step's lag on average.
+COUNTER_STEP_NS = 100_000_000
+# a component's own samples (alone on the GPUs over a sample's whole possible window) give its demand when
+# they cover at least this much of its calls; otherwise the joint fit over every sample does
+MIN_ALONE_NS = 300_000_000
+
+
+def sm_demand(runs: Sequence[IterationRun], gpu_of: Mapping[str, int | None],
+              step_ns: int = COUNTER_STEP_NS) -> dict[str, float]:
+    """Each GPU process's SM activity while its calls run: the fraction of the device its kernels keep
+    busy. Per component -- the processes of one component (temporal copies `sim@0`, replicas `sim#1`) run
+    the same programs -- fitted to the activity samples (`IterationRun.activity_samples`, device-wide; the
+    samples do not say which GPU they come from, so alone means alone on all of them):
+
+    * where the component is the only one with a call in flight over a sample's whole possible window
+      ([start - step, end): the counters lag), its demand is the least-squares slope of the samples'
+      values on how much of the lag-centred window its calls cover (two copies in flight count twice);
+    * a component with less than MIN_ALONE_NS of such samples (a short call always beside another's, like
+      a policy's 0.15-s act between simulator steps) takes its coefficient in a non-negative least-squares
+      fit of every sample's value on every component's coverage (activity adds up where calls overlap).
 
     Why stage 2 needs it: MPS's quota caps the SMs a process may use, so it frees SMs for the others
     only when the process occupies them. paper_mjx_vla on the H200 (2026-12-03 traces): alone, the MJX
     simulator keeps ~3% of the SMs busy (launch-bound), the policy ~80%, the trainer ~91%; the simulator
     had the most float beside the critical path, and its step down gained 1.4% (2026-12-04), while the
-    policy's gained 4% (2026-12-03)."""
+    policy's gained 4% (2026-12-03). Why the lag and the fit: read as "samples whose own window sees one
+    process", with no lag, the same declared graph gave the policy 0.14 to 0.88 and the simulator 0.04 to
+    0.25 in four rounds on one H100 (2026-12-05, `paper_table/mjx_stage1_h100_2026-12-05e/traces`), and
+    the optimizer screened the simulator first (its step down: 1.01x; the policy's: 1.06x)."""
     gpu_procs = [p for p, g in gpu_of.items() if g is not None]
-    busy: dict[str, list[float]] = {}
+    components = sorted({base_component(p) for p in gpu_procs})
+    if not components:
+        return {}
+    index = {c: i for i, c in enumerate(components)}
+    rows: list[tuple[list[float], float]] = []  # (coverage of each component, value): the joint fit's data
+    alone: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # sum f*v, sum f*f, covered ns
+    half = step_ns // 2
     for run in runs:
-        calls = [c for c in run.calls if c.component in gpu_procs]
+        spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        for c in run.calls:
+            if c.component in gpu_of and gpu_of[c.component] is not None:
+                spans[c.component].append((c.start_ns, c.end_ns))
+        merged = {p: merge_intervals(s) for p, s in spans.items()}
         for start, end, value in run.activity_samples:
-            inside = {c.component for c in calls if min(c.end_ns, end) > max(c.start_ns, start)}
-            if len(inside) != 1:
+            width = end - start
+            if width <= 0:
                 continue
-            (proc,) = inside
-            acc = busy.setdefault(proc, [0.0, 0.0])
-            acc[0] += value * (end - start)
-            acc[1] += end - start
-    demand = {p: a / t for p, (a, t) in busy.items() if t > 0}
-    by_component: dict[str, list[float]] = defaultdict(list)
-    for p, d in demand.items():
-        by_component[base_component(p)].append(d)
-    for p in gpu_procs:
-        if p not in demand and by_component.get(base_component(p)):
-            demand[p] = sum(by_component[base_component(p)]) / len(by_component[base_component(p)])
-    return demand
+            cover = [0.0] * len(components)
+            seen: set[str] = set()
+            for p, busy in merged.items():
+                lagged = _covered(busy, start - half, end - half)
+                if lagged:
+                    cover[index[base_component(p)]] += lagged / width
+                if _covered(busy, start - step_ns, end):
+                    seen.add(base_component(p))
+            rows.append((cover, value))
+            if len(seen) == 1:
+                (comp,) = seen
+                f = cover[index[comp]]
+                acc = alone[comp]
+                acc[0] += f * value
+                acc[1] += f * f
+                acc[2] += f * width
+    demand = {c: min(1.0, fv / ff) for c, (fv, ff, ns) in alone.items() if ns >= MIN_ALONE_NS and ff > 0}
+    if len(demand) < len(components) and rows:
+        fitted = _nonnegative_fit(rows, len(components))
+        seen_at_all = {c for c in components if any(cover[index[c]] > 0 for cover, _ in rows)}
+        demand.update({c: min(1.0, fitted[index[c]]) for c in seen_at_all if c not in demand})
+    return {p: demand[base_component(p)] for p in gpu_procs if base_component(p) in demand}
+
+
+def _covered(busy: Sequence[tuple[int, int]], lo: int, hi: int) -> int:
+    """How long disjoint sorted intervals cover [lo, hi)."""
+    return sum(max(0, min(b, hi) - max(a, lo)) for a, b in busy)
+
+
+def _nonnegative_fit(rows: Sequence[tuple[Sequence[float], float]], n: int, sweeps: int = 500) -> list[float]:
+    """Non-negative least squares, min |X d - v| with d >= 0, by coordinate descent on the normal equations
+    (a handful of components: no solver library needed; the objective is convex, each step exact)."""
+    gram = [[sum(x[i] * x[j] for x, _ in rows) for j in range(n)] for i in range(n)]
+    rhs = [sum(x[i] * v for x, v in rows) for i in range(n)]
+    d = [0.0] * n
+    for _ in range(sweeps):
+        change = 0.0
+        for i in range(n):
+            if gram[i][i] <= 0:
+                continue
+            new = max(0.0, (rhs[i] - sum(gram[i][j] * d[j] for j in range(n) if j != i)) / gram[i][i])
+            change = max(change, abs(new - d[i]))
+            d[i] = new
+        if change < 1e-9:
+            break
+    return d
 
 
 def busy_s(samples: Sequence[tuple[int, int, float]], lo: int, hi: int) -> float:
