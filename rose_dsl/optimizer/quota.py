@@ -506,7 +506,8 @@ def rank_targets(runs: Sequence[IterationRun], gpu_of: Mapping[str, int | None],
                 if both <= 0:
                     continue
                 conc += both
-                busy += busy_s(run.activity_samples, lo, hi)
+                # the samples read [lo, hi) about half a counter step after it happened (`sm_demand`)
+                busy += busy_s(run.activity_samples, lo + COUNTER_STEP_NS // 2, hi + COUNTER_STEP_NS // 2)
                 beside[c.component][d.component] += both
                 other_keys[c.component].add(branch_key(d)[1])
                 pairs[c.component] += 1
