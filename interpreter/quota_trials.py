@@ -33,7 +33,7 @@ from rose_dsl.optimizer.regions import Probe, common_ancestor, local_graphs, pro
 from .mps import expected_sms, quota_levels
 from .quota_safety import QuotaVerdict, check_quotas, machine_fingerprint
 
-__all__ = ["tune_quota", "tune_mps"]
+__all__ = ["tune_quota", "tune_mps", "first_probe_levels", "CheckPrefetch"]
 
 Mps = tuple[int, int]  # one process's MPS settings: (quota percent, client priority: 0 normal, 1 below normal)
 
@@ -48,6 +48,77 @@ def _total_sms() -> int:
     import torch
 
     return int(torch.cuda.get_device_properties(0).multi_processor_count)
+
+
+def _coarse_step(levels: list[tuple[int, int]]) -> int:
+    """The search's and the screening's first step down, in levels (2-SM levels on Hopper: ~6%)."""
+    return max(2, len(levels) // 16)
+
+
+def _level_of(levels: list[tuple[int, int]], percent: int, total: int) -> int:
+    return next(i + 1 for i, (_, sms) in enumerate(levels) if sms == expected_sms(percent, total))
+
+
+def first_probe_levels(wf: Workflow, total_sms: int) -> list[int]:
+    """The quota levels stage 2 asks the self-check about first: each GPU process's quota one coarse step
+    down, where the screening probes it (`_screen`). Below 100% only (100% needs no check)."""
+    levels = distinct_levels(quota_levels(total_sms))
+    rho = _coarse_step(levels)
+    out = set()
+    for c in wf.components.values():
+        if c.device != "gpu":
+            continue
+        percent = levels[max(1, _level_of(levels, c.mps_settings[0], total_sms) - rho) - 1][0]
+        if percent < 100:
+            out.add(percent)
+    return sorted(out)
+
+
+class CheckPrefetch:
+    """The self-check of the screening's first levels (`first_probe_levels`), started beside the component
+    processes' start-up instead of after stage 1: a check is a fresh MPS client's CUDA start plus CPU
+    references (35-49 s for one level on an H100, 2026-12-05), the processes' start-up 20-27 s there, and
+    neither needs the other. `wait` joins it before stage 1 measures anything, so no measurement runs
+    beside it; the verdicts land in the per-machine cache, where stage 2's own checks find them. A prefetch
+    that fails leaves stage 2 to check as before. The thread is a daemon: an interrupted run does not wait
+    for it (its check process, a few seconds of GEMMs, ends by itself)."""
+
+    def __init__(self, wf: Workflow, gpu: Any, check: Callable[[list[int]], Any] | None = None,
+                 total_sms: Callable[[], int] = _total_sms) -> None:
+        import threading
+
+        self.levels: list[int] = []
+        self.error: str | None = None
+        self.started = time.perf_counter()
+        self.ended: float | None = None
+
+        def run() -> None:
+            try:
+                self.levels = first_probe_levels(wf, total_sms())
+                if self.levels:
+                    (check or (lambda percents: check_quotas(percents, gpu.client_env, parallel=PARALLEL_CHECKS)))(
+                        self.levels)
+            except Exception as exc:  # noqa: BLE001 - stage 2 checks again; the report says why this did not
+                self.error = f"{type(exc).__name__}: {exc}"
+            finally:
+                self.ended = time.perf_counter()
+
+        self._thread = threading.Thread(target=run, name="rose-quota-check-prefetch", daemon=True)
+        self._thread.start()
+
+    def wait(self, books: dict[str, float], log: Callable[[str], None]) -> None:
+        """Join it. The seconds waited are the self-check's cost beyond the start-up, booked with the checks
+        (`quota_check_s`); `quota_check_prefetch_s` is its whole wall time, beside the start-up."""
+        t = time.perf_counter()
+        if self._thread.is_alive():
+            log("waiting for the quota self-check started with the processes (stage 2 needs it; it is cached per machine)")
+        self._thread.join()
+        waited = time.perf_counter() - t
+        books["quota_check_s"] = books.get("quota_check_s", 0.0) + waited
+        books["quota_check_prefetch_s"] = (self.ended or t) - self.started
+        books["quota_check_prefetch_levels"] = len(self.levels)
+        if self.error:
+            log(f"the quota self-check started with the processes failed ({self.error}); stage 2 checks again")
 
 
 def _gpu_of(wf: Workflow) -> dict[str, int | None]:
@@ -85,12 +156,12 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     started = time.perf_counter()
     total = total_sms or _total_sms()
     levels = distinct_levels(quota_levels(total))  # [(percent, SMs)] ascending: level k is levels[k - 1]
-    rho = max(2, len(levels) // 16)
+    rho = _coarse_step(levels)
     # each process's MPS settings now: (quota percent, client priority), both fixed for a process's lifetime
     mps: dict[str, Mps] = {name: c.mps_settings for name, c in plan.components.items()}
 
     def level_of(percent: int) -> int:
-        return next(i + 1 for i, (_, sms) in enumerate(levels) if sms == expected_sms(percent, total))
+        return _level_of(levels, percent, total)
 
     def move(name: str, setting: Mps) -> None:
         """`name` to a new process under these settings (its state moved with it), unless it runs under them."""

@@ -355,9 +355,16 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
                         local_max_fraction=None if opts.local_max_fraction >= 1.0 else opts.local_max_fraction,
                         budget_s=None if opts.budget_s is None else opts.budget_s * (0.65 if quota_stage else 1.0))
     deadline = None if opts.budget_s is None else started + opts.budget_s
+    prefetch = None
+    if quota_stage and opts.stage2 in ("both", "quotas") and run.check_quotas:
+        from interpreter.quota_trials import CheckPrefetch
+
+        prefetch = CheckPrefetch(wf, gpu)  # the screening's self-check, beside the processes' start-up
     with progress_log(out, run.quiet) as log:
         session = start_trial_session(wf, run, gpu, ctx, teardown, _copies(wf, run.backend, opts.stage1), log,
                                       started=started)  # stage 1's budget and stage 2's deadline: one clock
+        if prefetch is not None:
+            prefetch.wait(session.books, log)  # before stage 1 measures anything
         stop = teardown.enter_context(GracefulStop(log))  # after Ray's start: its handlers are replaced
         layout_section = None
         if opts.layouts:

@@ -101,6 +101,14 @@ def with_quotas(baseline_s: float, speedup: float, stage2: Mapping[str, Any] | N
             "note": "stage 1's before/after times stage 2's validation (two interleaved comparisons, chained)"}
 
 
+def _prefetch_note(books: Mapping[str, float]) -> str:
+    if not books.get("quota_check_prefetch_levels"):
+        return ""
+    return (f"; the screening's first {int(books['quota_check_prefetch_levels'])} level(s) were checked beside the "
+            f"processes' start-up ({books.get('quota_check_prefetch_s', 0.0):.1f} s wall; only the wait after the "
+            f"start-up is counted here)")
+
+
 def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: float, workflow: str, file: str,
                  settings: Mapping[str, Any], machine: Mapping[str, Any], stage2: Mapping[str, Any] | None,
                  plan_file: str, run_dir: str | None, activity_kind: str,
@@ -125,7 +133,8 @@ def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: f
                                 "also in the first row)"},
               "quota_checks": {"count": int(books.get("quota_checks", 0)), "seconds": books.get("quota_check_s", 0.0),
                                "note": "the GPU math self-check of each quota level asked (fresh MPS clients, "
-                                       "several at once); cached per machine, so paid once per machine"},
+                                       "several at once); cached per machine, so paid once per machine"
+                                       + _prefetch_note(books)},
               "layout": {"count": int(books.get("layout_switches", 0)), "seconds": books.get("layout_s", 0.0),
                          "note": "layout switches (`--layout`): stopping and starting the processes a layout changes"},
               "startup": {"count": 1, "seconds": books.get("startup_s", 0.0),

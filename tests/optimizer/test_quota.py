@@ -899,3 +899,50 @@ def test_a_component_seen_alone_long_enough_is_read_alone_and_the_others_are_fit
     demand = sm_demand([run], {"policy": 0, "sim": 0})
     assert demand["sim"] == pytest.approx(0.05, abs=0.02)
     assert demand["policy"] == pytest.approx(0.8, abs=0.1)
+
+
+def test_the_self_check_started_with_the_processes_asks_what_the_screening_asks_first() -> None:
+    """The prefetch (`CheckPrefetch`, started beside the processes' start-up) checks each GPU process's first
+    coarse step down -- the level the screening's first probe asks the self-check about -- so that stage 2
+    finds it cached. End to end on the H200 recording: the first level tune_quota asks is one of them."""
+    from interpreter.quota_trials import CheckPrefetch, first_probe_levels, tune_quota
+    from rose_dsl import load_workflow
+    from rose_dsl.optimizer.decide import summarize
+    from rose_dsl.optimizer.search import Settings, Stage1Result
+
+    plan = load_workflow(PQ / "candidate_st2i" / "plan.yaml")
+    assert first_probe_levels(plan, 132) == [94]  # every process at 100%: one level
+    runs, _ = runs_from_chrome_trace(json.loads((PQ / "candidate_st2i" / "trace.json").read_text()))
+    s = summarize([7.64, 7.64, 7.64])
+    result = Stage1Result(plan, ("split-time epoch 2", "interleave epoch"), s, s, [], [], "", baseline_runs=runs,
+                          final_runs=runs * 3)
+    session = _TwoProcessSession(helps="policy", hurts="sim")
+    session.executor.quota = {name: 100 for name in plan.components}
+    check = _checked()
+    tune_quota(plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132, check=check)
+    assert check.batches[0] == first_probe_levels(plan, 132)
+
+    asked: list[list[int]] = []
+    logged: list[str] = []
+    books: dict[str, float] = {"quota_check_s": 1.0}
+    prefetch = CheckPrefetch(plan, _Gpu(), check=asked.append, total_sms=lambda: 132)
+    prefetch.wait(books, logged.append)
+    assert asked == [[94]] and prefetch.error is None
+    assert books["quota_check_prefetch_levels"] == 1 and books["quota_check_s"] >= 1.0
+
+    def broken() -> int:
+        raise RuntimeError("no CUDA here")
+
+    failing = CheckPrefetch(plan, _Gpu(), check=asked.append, total_sms=broken)
+    failing.wait(books, logged.append)  # a prefetch that fails leaves stage 2 to check: said, not raised
+    assert failing.error == "RuntimeError: no CUDA here" and "stage 2 checks again" in logged[-1]
+
+
+def test_a_process_declared_below_100_percent_is_prefetched_one_step_below_its_own_quota() -> None:
+    from interpreter.quota_trials import first_probe_levels
+    from rose_dsl import load_workflow
+
+    wf = load_workflow(ROOT / "workflows" / "paper_mjx_vla.yaml", {"trainer_quota": 50})
+    assert {n: c.mps_settings[0] for n, c in wf.components.items()} == {"sim": 100, "policy": 100, "trainer": 50}
+    levels = first_probe_levels(wf, 132)
+    assert len(levels) == 2 and levels[1] == 94 and levels[0] < 50
