@@ -14,16 +14,50 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from rose_dsl.errors import Diagnostic, did_you_mean
 from rose_dsl.importcheck import DEFAULT_ALLOWED, module_allowed
 from rose_dsl.ir import Component, ExecutionNode, Workflow
 
 from . import contract
 
-__all__ = ["ComponentError", "resolve_impl", "construct", "instantiate", "invoke", "check_batch", "get_state", "set_state"]
+__all__ = ["ComponentError", "MissingMethods", "missing_methods", "resolve_impl", "construct", "instantiate", "invoke", "check_batch", "get_state", "set_state"]
 
 
 class ComponentError(Exception):
     """A component misbehaved (import, construction, a method raising, a broken output contract)."""
+
+
+def missing_methods(obj: Any, methods: Iterable[str]) -> dict[str, str | None]:
+    """The methods of `methods` that `obj` (a constructed component) lacks, each with a did-you-mean from
+    the ones it has -- asked when a process has its component and its nodes, before any call."""
+    lacking = sorted(m for m in set(methods) if not callable(getattr(obj, m, None)))
+    if not lacking:
+        return {}
+    public = [n for n in dir(obj) if not n.startswith("_") and callable(getattr(obj, n, None))]
+    return {m: did_you_mean(m, public) for m in lacking}
+
+
+class MissingMethods(ComponentError):
+    """The workflow calls methods a component does not have: found when its process has started, before
+    the first call (which would otherwise fail in the middle of an iteration, after other calls ran), and
+    said at each `call:` that names one -- the user's error to fix, as `rose validate --import` says it."""
+
+    def __init__(self, component: Component, missing: Mapping[str, str | None], nodes: Iterable[ExecutionNode]) -> None:
+        seen: set[Any] = set()
+        problems: list[Diagnostic] = []
+        for node in nodes:
+            if node.method not in missing:
+                continue
+            pos = node.field_pos.get("call", node.pos)
+            if pos in seen:  # split groups and copies of one declared node share its position
+                continue
+            seen.add(pos)
+            problems.append(Diagnostic(pos, ".".join(node.path) + ".call",
+                                       f"class '{component.impl}' has no method '{node.method}'", missing[node.method]))
+        self.component = component.name
+        self.diagnostics = sorted(problems, key=Diagnostic.sort_key)
+        super().__init__(f"component '{component.name}' ({component.impl}) has no method "
+                         + ", ".join(f"'{m}'" for m in missing))
 
 
 def resolve_impl(impl: str, allowed: Iterable[str] = DEFAULT_ALLOWED) -> type:

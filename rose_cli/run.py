@@ -29,7 +29,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from interpreter.backends import Backend, CallFailed, WatchdogTimeout, make_backend
 from interpreter.checkpoint import CheckpointError
-from interpreter.components import ComponentError
+from interpreter.components import ComponentError, MissingMethods
 from interpreter.rundir import RunDirInUse, check_run_dir, clear_outputs
 from interpreter.runner import IterationResult, Resumed, RunConfig, Runner
 from interpreter.schedule import Schedule, check_replica_edges
@@ -260,6 +260,26 @@ def _report_setup(exc: BaseException, ctx: RunContext) -> None:
     ctx.err.print(f"error: {exc}", markup=False)
 
 
+def _report_missing_methods(exc: BaseException, ctx: RunContext) -> None:
+    """Methods the workflow calls that a component lacks: the user's to fix, at each `call:` (exit 2)."""
+    from rose_dsl.errors import WorkflowError
+
+    assert isinstance(exc, MissingMethods)
+    texts: dict[str, str] = {}
+    for d in exc.diagnostics:
+        try:
+            texts.setdefault(d.pos.file, Path(d.pos.file).read_text())
+        except OSError:
+            pass
+    if exc.diagnostics:
+        ctx.err.print(WorkflowError(list(exc.diagnostics), texts=texts).format(), markup=False)
+    else:
+        ctx.err.print(f"error: {exc}", markup=False)
+    ctx.err.print(f"stopped before the first call: component '{exc.component}' was started and lacks "
+                  f"{'this method' if len(exc.diagnostics) == 1 else 'these methods'} (`rose validate --import FILE` "
+                  "finds this without starting anything)", markup=False)
+
+
 def _report_component(exc: BaseException, ctx: RunContext) -> None:
     ctx.err.print(f"error: {exc}", markup=False)
     detail = getattr(exc, "detail", "")
@@ -296,6 +316,7 @@ FAILURES: tuple[Failure, ...] = (
     (SetupError, ExitCode.INVALID, _report_setup),
     (RunDirInUse, ExitCode.INVALID, _report_setup),
     (SharedProcessError, ExitCode.INVALID, _report_setup),
+    (MissingMethods, ExitCode.INVALID, _report_missing_methods),
     (CallFailed, ExitCode.COMPONENT, _report_component),
     (ComponentError, ExitCode.COMPONENT, _report_component),
     (WatchdogTimeout, ExitCode.WATCHDOG, _report_watchdog),

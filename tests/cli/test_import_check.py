@@ -99,6 +99,23 @@ def test_at_run_time_an_import_failure_names_its_component(tmp_path) -> None:
     assert os.path.exists(wf)
 
 
+def test_at_run_time_a_missing_method_is_found_before_the_first_call_at_each_call(tmp_path) -> None:
+    """User-error sweep (2026-12-05, BUG_12): a misspelled method was found at its first call -- after other
+    calls had run -- and said as a component failure (exit 3) with no position. The started component is
+    asked for every method its nodes call before any call: exit 2 at each `call:`, as `--import` says it, on
+    both backends; nothing ran (no metrics written)."""
+    wf = _write(tmp_path, call_a="wrok")
+    for backend in ("local", "ray"):
+        out = tmp_path / f"run-{backend}"
+        text = plain_failure(rose("execute", str(wf), "--allow-module", "tests", "-q", "--backend", backend,
+                                  "--out", str(out)))
+        assert f"{wf}:9:27: iteration.first.call: class 'tests.mocks:Sleeper' has no method 'wrok'" in text, text
+        assert f"{wf}:11:27: iteration.third.call: class 'tests.mocks:Sleeper' has no method 'wrok'" in text
+        assert text.count("hint: did you mean 'work'?") == 2
+        assert "stopped before the first call" in text
+        assert not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text().strip()
+
+
 def test_an_argument_the_constructor_does_not_take_is_reported_at_args(tmp_path) -> None:
     """User-error sweep (2026-12-05, BUG_11): an `args:` key the constructor does not take passed `--import`,
     and the run then failed constructing it (exit 3) with a hint to run `--import`."""
