@@ -24,6 +24,10 @@ __all__ = ["__version__", "load_workflow", "load_workflow_text", "check", "Workf
 def check(wf: Workflow, text: str | None = None) -> Workflow:
     """Raise WorkflowError if the IR has cross-reference problems; return it otherwise."""
     diags = check_workflow(wf)
+    if not diags:  # (the dataflow is only derived from a well-formed workflow)
+        from .replicas import replica_problems
+
+        diags = replica_problems(wf)
     if diags:
         raise WorkflowError(diags, text)
     return wf

@@ -4,6 +4,7 @@ by rose, end with the weights one replica computes from the concatenated batch."
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -93,7 +94,39 @@ def test_unmappable_replica_counts_and_local_backend_are_refused(tmp_path) -> No
     proc = subprocess.run([sys.executable, "-m", "rose_cli", "execute", str(wf), "--allow-module", "tests", "-n", "1",
                            "--backend", "ray"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 2 and "one replica count must divide the other" in proc.stderr, proc.stderr
-    assert f"error: {wf}:" in proc.stderr and f"error: {wf}: " not in proc.stderr  # at the edge's `in:` (line:col)
+    assert re.search(rf"{re.escape(str(wf))}:\d+:\d+: iteration\.u\.in\.[xy]: ", proc.stderr)  # at the edge's `in:`
+    # the counts are static: `rose validate` says the same (user-error sweep 2026-12-05, BUG_21: it said "valid")
+    proc = subprocess.run([sys.executable, "-m", "rose_cli", "validate", str(wf)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and "one replica count must divide the other" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("workflow,counts", [
+    ("embodied_ppo.yaml", [{"replicas": r, "trainer_replicas": t} for r in (1, 2, 3, 4) for t in (1, 2, 3, 4, 6)]),
+    ("latency_sim_processes.yaml", [{"sim_replicas": r, "num_envs": 24} for r in (1, 2, 3, 4, 6)]),
+])
+def test_the_static_replica_check_refuses_exactly_what_the_runtime_cannot_map(workflow, counts) -> None:
+    """`rose_dsl.replicas.replica_problems` (run by every command when the workflow loads) and the runtime's
+    mapping (`for_replica`, run over two iterations by `check_replica_edges`) agree on every replica count of
+    the shipped replicated workflows: the static check refuses a workflow exactly when the runtime would."""
+    from interpreter.schedule import check_replica_edges
+    from rose_dsl.build import build_workflow
+    from rose_dsl.loader import load_file
+    from rose_dsl.replicas import replica_problems
+
+    doc = load_file(ROOT / "workflows" / workflow)
+    refused = 0
+    for sets in counts:
+        wf = build_workflow(doc, sets)  # built, not checked: both checks see the same IR
+        static = replica_problems(wf)
+        try:
+            check_replica_edges(wf)
+            runtime = None
+        except ValueError as exc:
+            runtime = str(exc)
+        assert (runtime is None) == (not static), (sets, runtime, [d.message for d in static])
+        refused += bool(static)
+    assert 0 < refused < len(counts) or workflow == "latency_sim_processes.yaml"
 
 
 CARRY = """
