@@ -20,7 +20,7 @@ from rose_dsl.ir import Component, ExecutionNode, Workflow
 
 from . import contract
 
-__all__ = ["ComponentError", "MissingMethods", "missing_methods", "resolve_impl", "construct", "instantiate", "invoke", "check_batch", "get_state", "set_state"]
+__all__ = ["ComponentError", "CallProblems", "call_problems", "missing_methods", "resolve_impl", "construct", "instantiate", "invoke", "check_batch", "get_state", "set_state"]
 
 
 class ComponentError(Exception):
@@ -29,7 +29,7 @@ class ComponentError(Exception):
 
 def missing_methods(obj: Any, methods: Iterable[str]) -> dict[str, str | None]:
     """The methods of `methods` that `obj` (a constructed component) lacks, each with a did-you-mean from
-    the ones it has -- asked when a process has its component and its nodes, before any call."""
+    the ones it has."""
     lacking = sorted(m for m in set(methods) if not callable(getattr(obj, m, None)))
     if not lacking:
         return {}
@@ -37,27 +37,51 @@ def missing_methods(obj: Any, methods: Iterable[str]) -> dict[str, str | None]:
     return {m: did_you_mean(m, public) for m in lacking}
 
 
-class MissingMethods(ComponentError):
-    """The workflow calls methods a component does not have: found when its process has started, before
-    the first call (which would otherwise fail in the middle of an iteration, after other calls ran), and
-    said at each `call:` that names one -- the user's error to fix, as `rose validate --import` says it."""
+def call_problems(obj: Any, nodes: Iterable[ExecutionNode]) -> dict[str, Any]:
+    """What would make a call of `nodes` on `obj` fail whatever its inputs -- a method it lacks
+    (`missing`: method -> did-you-mean) and a row group of a stateful node whose method takes no `rows=`
+    (`no_rows`: the methods, `invoke` refuses those) -- asked when a process has its component and its
+    nodes, before any call. {} when there is nothing (plain values: it crosses process boundaries)."""
+    nodes = list(nodes)
+    missing = missing_methods(obj, {n.method for n in nodes})
+    no_rows = sorted({n.method for n in nodes if n.rows is not None and n.effects and n.method not in missing
+                      and not _takes_rows(type(obj), n.method)})
+    return {"missing": missing, "no_rows": no_rows} if missing or no_rows else {}
 
-    def __init__(self, component: Component, missing: Mapping[str, str | None], nodes: Iterable[ExecutionNode]) -> None:
+
+class CallProblems(ComponentError):
+    """Calls the workflow makes that its component cannot take (`call_problems`): found when the process
+    has started, before the first call -- which would otherwise fail in the middle of an iteration, after
+    other calls ran -- and said where the workflow names them (each `call:`, each `rows:`): the user's to
+    fix, as `rose validate --import` says a missing method."""
+
+    def __init__(self, component: Component, problems: Mapping[str, Any], nodes: Iterable[ExecutionNode]) -> None:
+        missing: Mapping[str, str | None] = problems.get("missing", {})
+        no_rows = set(problems.get("no_rows", ()))
         seen: set[Any] = set()
-        problems: list[Diagnostic] = []
+        found: list[Diagnostic] = []
         for node in nodes:
-            if node.method not in missing:
+            if node.method in missing:
+                pos = node.field_pos.get("call", node.pos)
+                diag = Diagnostic(pos, ".".join(node.path) + ".call",
+                                  f"class '{component.impl}' has no method '{node.method}'", missing[node.method])
+            elif node.method in no_rows and node.rows is not None and node.effects:
+                pos = node.field_pos.get("rows", node.field_pos.get("call", node.pos))
+                diag = Diagnostic(pos, ".".join(node.path) + ".rows",
+                                  f"{node.call} runs on rows {node.rows[0]}:{node.rows[1]} and declares state "
+                                  f"({', '.join(e.state for e in node.effects)}), but '{component.impl}.{node.method}' "
+                                  "takes no `rows=` argument",
+                                  "a method that touches per-row state and runs on a row group must take "
+                                  "`rows: slice | None = None` (docs/components.md)")
+            else:
                 continue
-            pos = node.field_pos.get("call", node.pos)
-            if pos in seen:  # split groups and copies of one declared node share its position
-                continue
-            seen.add(pos)
-            problems.append(Diagnostic(pos, ".".join(node.path) + ".call",
-                                       f"class '{component.impl}' has no method '{node.method}'", missing[node.method]))
+            if pos not in seen:  # split groups and copies of one declared node share its position
+                seen.add(pos)
+                found.append(diag)
         self.component = component.name
-        self.diagnostics = sorted(problems, key=Diagnostic.sort_key)
-        super().__init__(f"component '{component.name}' ({component.impl}) has no method "
-                         + ", ".join(f"'{m}'" for m in missing))
+        self.diagnostics = sorted(found, key=Diagnostic.sort_key)
+        what = [f"no method '{m}'" for m in missing] + [f"'{m}' takes no `rows=`" for m in sorted(no_rows)]
+        super().__init__(f"component '{component.name}' ({component.impl}): " + "; ".join(what))
 
 
 def resolve_impl(impl: str, allowed: Iterable[str] = DEFAULT_ALLOWED) -> type:

@@ -16,7 +16,7 @@ from typing import Any
 from rose_dsl.ir import Component, Workflow
 
 from .backend_base import Backend, Capabilities, Unsupported, nodes_by_component
-from .components import MissingMethods
+from .components import CallProblems
 from .schedule import Schedule, Step
 from .shared_process import enter_shared_process
 from .worker import CallFailed, ComponentWorker
@@ -55,9 +55,9 @@ class LocalBackend(Backend):
             for name, comp in wf.components.items():
                 self._start(comp)
                 self.workers[name].register_nodes(nodes[name], loops_of)
-                missing = self.workers[name].missing_methods()
-                if missing:  # before any call, said where the workflow names them
-                    raise MissingMethods(comp, missing, nodes[name].values())
+                problems = self.workers[name].call_problems()
+                if problems:  # before any call, said where the workflow names them
+                    raise CallProblems(comp, problems, nodes[name].values())
         except BaseException:  # not a suppression: stop the threads already started, then re-raise
             self.shutdown()
             raise

@@ -35,7 +35,7 @@ from .backend_base import (
     nodes_by_component,
 )
 from .compiled_graph import CompiledIteration, compile_iteration
-from .components import MissingMethods
+from .components import CallProblems
 from .placement import GpuPlacement
 from .procs import pid_alive
 from .schedule import Schedule, Step
@@ -175,11 +175,11 @@ class RayBackend(Backend):
             self.shutdown()
             raise CallFailed(f"starting component '{name}'", name, _unwrap(exc)) from None
         self.pids[name] = info["pid"]
-        if info.get("missing_methods"):  # the nodes it was given call methods it lacks: before any call
+        if info.get("call_problems"):  # calls of its nodes it cannot take (a missing method...): before any call
             base = name.partition("#")[0]
             self.shutdown()
-            raise MissingMethods(self.wf.components[base], info["missing_methods"],
-                                 self._nodes_by_comp.get(base, {}).values())
+            raise CallProblems(self.wf.components[base], info["call_problems"],
+                               self._nodes_by_comp.get(base, {}).values())
 
     def dump_stacks(self) -> dict[str, str]:
         """Ask every component process for its Python stacks (SIGUSR1 -> faulthandler) and read them."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from rose_dsl.ir import Component, ExecutionNode
 
-from .components import ComponentError, check_batch, construct, get_state, invoke, missing_methods, set_state
+from .components import ComponentError, call_problems, check_batch, construct, get_state, invoke, set_state
 from .recipe import IterVar, Leaf, evaluate, resolve_k
 from .trace import InvocationRecord
 
@@ -195,9 +195,9 @@ class ComponentWorker:
             self._plans[plan] = infos
         return len(self.nodes)
 
-    def missing_methods(self) -> dict[str, str | None]:
-        """The registered nodes' methods this component lacks (`components.missing_methods`)."""
-        return missing_methods(self.obj, {info.node.method for info in self.nodes.values()})
+    def call_problems(self) -> dict[str, Any]:
+        """What the registered nodes' calls would fail on whatever their inputs (`components.call_problems`)."""
+        return call_problems(self.obj, (info.node for info in self.nodes.values()))
 
     def use_plan(self, plan: Hashable) -> None:
         """Run `plan` (registered before) from now on. The CUDA IPC clones kept for the other plans' graphs
@@ -424,7 +424,7 @@ class ComponentWorker:
                                 "mps_priority": os.environ.get("CUDA_MPS_CLIENT_PRIORITY"),
                                 "visible_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpu_slot": self.gpu_index,
                                 "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-                                "missing_methods": self.missing_methods()}
+                                "call_problems": self.call_problems()}
         if _torch() is not None:
             info["torch_threads"] = _torch().get_num_threads()
         try:

@@ -29,7 +29,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from interpreter.backends import Backend, CallFailed, WatchdogTimeout, make_backend
 from interpreter.checkpoint import CheckpointError
-from interpreter.components import ComponentError, MissingMethods
+from interpreter.components import CallProblems, ComponentError
 from interpreter.rundir import RunDirInUse, check_run_dir, clear_outputs
 from interpreter.runner import IterationResult, Resumed, RunConfig, Runner
 from interpreter.schedule import Schedule, check_replica_edges
@@ -260,11 +260,12 @@ def _report_setup(exc: BaseException, ctx: RunContext) -> None:
     ctx.err.print(f"error: {exc}", markup=False)
 
 
-def _report_missing_methods(exc: BaseException, ctx: RunContext) -> None:
-    """Methods the workflow calls that a component lacks: the user's to fix, at each `call:` (exit 2)."""
+def _report_call_problems(exc: BaseException, ctx: RunContext) -> None:
+    """Calls a started component cannot take (a missing method...): the user's to fix, where the workflow
+    names them (exit 2)."""
     from rose_dsl.errors import WorkflowError
 
-    assert isinstance(exc, MissingMethods)
+    assert isinstance(exc, CallProblems)
     texts: dict[str, str] = {}
     for d in exc.diagnostics:
         try:
@@ -275,9 +276,9 @@ def _report_missing_methods(exc: BaseException, ctx: RunContext) -> None:
         ctx.err.print(WorkflowError(list(exc.diagnostics), texts=texts).format(), markup=False)
     else:
         ctx.err.print(f"error: {exc}", markup=False)
-    ctx.err.print(f"stopped before the first call: component '{exc.component}' was started and lacks "
-                  f"{'this method' if len(exc.diagnostics) == 1 else 'these methods'} (`rose validate --import FILE` "
-                  "finds this without starting anything)", markup=False)
+    ctx.err.print(f"stopped before the first call: component '{exc.component}' was started and cannot take "
+                  f"{'this call' if len(exc.diagnostics) == 1 else 'these calls'} (`rose validate --import FILE` finds "
+                  "a missing method without starting anything)", markup=False)
 
 
 def _report_component(exc: BaseException, ctx: RunContext) -> None:
@@ -316,7 +317,7 @@ FAILURES: tuple[Failure, ...] = (
     (SetupError, ExitCode.INVALID, _report_setup),
     (RunDirInUse, ExitCode.INVALID, _report_setup),
     (SharedProcessError, ExitCode.INVALID, _report_setup),
-    (MissingMethods, ExitCode.INVALID, _report_missing_methods),
+    (CallProblems, ExitCode.INVALID, _report_call_problems),
     (CallFailed, ExitCode.COMPONENT, _report_component),
     (ComponentError, ExitCode.COMPONENT, _report_component),
     (WatchdogTimeout, ExitCode.WATCHDOG, _report_watchdog),

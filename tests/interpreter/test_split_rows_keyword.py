@@ -72,3 +72,25 @@ def test_a_method_that_takes_rows_gets_the_group_range() -> None:
 def test_a_stateful_method_without_rows_is_named_not_a_type_error() -> None:
     with pytest.raises(ComponentError, match=r"declares state \(sim.episode\), but takes no `rows=` argument"):
         invoke(Sim(), _node("step"), {"x": [1, 2]})
+
+
+def test_before_any_call_the_started_component_says_which_row_groups_it_cannot_take() -> None:
+    """User-error sweep (2026-12-05, BUG_8's remainder): `rows:` on a stateful node whose method takes no
+    `rows=` failed at its first call, after others ran (exit 3). `call_problems` asks the started component
+    (each backend, before the first call); `CallProblems` says it at the node's `rows:` (exit 2 in the CLI).
+    A stateless method and one taking `rows=` are fine; a missing method is said at its `call:`."""
+    from interpreter.components import CallProblems, call_problems
+
+    nodes = [_node("score"), _node("step")]
+    assert call_problems(Scorer(), nodes[:1]) == {}
+    assert call_problems(RowsSim(), nodes[1:]) == {}
+    problems = call_problems(Sim(), nodes[1:])
+    assert problems == {"missing": {}, "no_rows": ["step"]}
+    wf = load_workflow_text(WORKFLOW, "rows.yaml")
+    exc = CallProblems(wf.components["sim"], problems, nodes[1:])
+    (diag,) = exc.diagnostics
+    assert diag.path == "iteration.step.rows" and "takes no `rows=` argument" in diag.message
+    typo = call_problems(Sim(), [replace(nodes[1], method="stpe")])
+    assert typo == {"missing": {"stpe": "did you mean 'step'?"}, "no_rows": []}
+    (diag,) = CallProblems(wf.components["sim"], typo, [replace(nodes[1], method="stpe")]).diagnostics
+    assert diag.path == "iteration.step.call" and diag.hint == "did you mean 'step'?"
