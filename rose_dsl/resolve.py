@@ -16,7 +16,7 @@ bindings, never from strings.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -463,8 +463,9 @@ def _check_expressions(r: Resolver) -> tuple[list[Diagnostic], list[_Forward], d
                     diags.append(Diagnostic(_field_pos(item, key, exc.offset), _where(item, key),
                                             f"in '{unparse(expr)}': {exc.message}", exc.hint))
                 continue
-            diags += _type_diagnostics(item, key, expr, binding_table(uses))
-            diags += _slice_diagnostics(item, key, expr, r.wf.params)
+            bound = binding_table(uses)
+            diags += _type_diagnostics(item, key, expr, bound)
+            diags += _slice_diagnostics(item, key, expr, r.wf.params, bound, r.items)
             if path != r.wf.root.path:
                 scope = r.scope_of[path][0]
                 for u in uses:
@@ -473,10 +474,13 @@ def _check_expressions(r: Resolver) -> tuple[list[Diagnostic], list[_Forward], d
     return diags, forward, siblings
 
 
-def _slice_diagnostics(item: Item, key: str, expr: Expr, params: dict[str, Any]) -> list[Diagnostic]:
-    """Row slices whose bounds are static (integers and params): a bound that does not evaluate (`// 0`)
-    or a stop before its start (no rows; a negative bound counts from the end). They passed validation and failed inside a component, or ran on
-    no rows (user-error sweep, 2026-12-05)."""
+def _slice_diagnostics(item: Item, key: str, expr: Expr, params: dict[str, Any],
+                       bound: Mapping[int, Binding] | None = None, items: Mapping[Path, Item] | None = None) -> list[Diagnostic]:
+    """Row slices whose bounds are static (integers and params): a bound that does not evaluate (`// 0`),
+    a stop before its start (no rows; a negative bound counts from the end), and -- for a slice of a
+    node's output whose batch is dim 0 with a declared size -- a start or stop past that size (Python's
+    slicing would silently take fewer rows). They passed validation and failed inside a component, or ran
+    on other rows than written (user-error sweep, 2026-12-05)."""
     from .build import ParamError, eval_int
 
     out = []
@@ -499,7 +503,29 @@ def _slice_diagnostics(item: Item, key: str, expr: Expr, params: dict[str, Any])
             out.append(Diagnostic(_field_pos(item, key, x.offset), _where(item, key),
                                   f"in '{unparse(expr)}': rows {start}:{stop} are no rows (the stop is before the "
                                   "start)"))
+            continue
+        producer = _declared_rows(x.target, bound, items)
+        if producer is not None:
+            name, size = producer
+            past = [b for b in (start, stop) if b is not None and b > size]
+            if past:
+                out.append(Diagnostic(_field_pos(item, key, x.offset), _where(item, key),
+                                      f"in '{unparse(expr)}': row {past[0]} is past the {size} rows '{name}' declares "
+                                      f"(batch: {{dim: 0, size: {size}}})",
+                                      f"rows of '{name}' are 0 to {size}; a negative bound counts from the end"))
     return out
+
+
+def _declared_rows(target: Expr, bound: Mapping[int, Binding] | None,
+                   items: Mapping[Path, Item] | None) -> tuple[str, int] | None:
+    """(node name, rows) when `target` is a node's output whose batch is dim 0 with a declared size."""
+    if bound is None or items is None or not isinstance(target, Ref):
+        return None
+    b = bound.get(id(target))
+    node = items.get(b.node) if isinstance(b, NodePort) else None
+    if isinstance(node, ExecutionNode) and node.batch == 0 and node.batch_size is not None:
+        return node.name, node.batch_size
+    return None
 
 
 def _type_diagnostics(item: Item, key: str, expr: Expr, bound: dict[int, Binding]) -> list[Diagnostic]:

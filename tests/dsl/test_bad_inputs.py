@@ -142,3 +142,23 @@ def test_static_slice_bounds_are_checked(slice_: str, expected: str) -> None:
     ok = MINI.replace("    - {node: p, call: a.f, out: [y]}\n",
                       "    - {node: p, call: a.f, out: [y]}\n    - {node: q, call: a.f, in: {x: \"p.y[0:-1]\"}, out: [z]}\n")
     load_workflow_text(ok, "wf.yaml")  # a negative bound counts from the end
+
+
+def test_a_slice_past_the_rows_its_producer_declares_is_refused() -> None:
+    """User-error sweep (2026-12-05, BUG_10's remainder): `act.action[0:1000]` of a node declaring 64 rows
+    along dim 0 ran on the 64 (Python's slicing stops at the end). A bound within the declared rows, a
+    negative one, or a producer without a declared size (or batched along another dim) is not refused."""
+    def with_slice(batch: str, slice_: str) -> str:
+        return MINI.replace("    - {node: p, call: a.f, out: [y]}\n",
+                            f"    - {{node: p, call: a.f, out: [y], batch: {batch}}}\n"
+                            f"    - {{node: q, call: a.f, in: {{x: \"p.y{slice_}\"}}, out: [z]}}\n")
+
+    with pytest.raises(WorkflowError) as info:
+        load_workflow_text(with_slice("{dim: 0, size: 64}", "[0:1000]"), "wf.yaml")
+    (d,) = info.value.diagnostics
+    assert "row 1000 is past the 64 rows 'p' declares" in d.message and d.pos.line > 0, info.value.format()
+    with pytest.raises(WorkflowError, match="row 65 is past"):
+        load_workflow_text(with_slice("{dim: 0, size: 64}", "[65:]"), "wf.yaml")
+    for batch, slice_ in (("{dim: 0, size: 64}", "[0:64]"), ("{dim: 0, size: 64}", "[32:-1]"),
+                          ("{dim: 0}", "[0:1000]"), ("{dim: 1, size: 64}", "[0:1000]")):
+        load_workflow_text(with_slice(batch, slice_), "wf.yaml")
