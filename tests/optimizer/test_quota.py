@@ -668,11 +668,9 @@ def test_screening_keeps_the_quotas_when_no_step_down_helps(monkeypatch: pytest.
     assert session.executor.quota == {"trainer": 100, "policy": 100}
 
 
-def test_stage2_on_the_recorded_interleaved_plan_screens_the_policy_first_and_tunes_it() -> None:
-    """End to end on the H200 recording (plan and trace of `split-time epoch 2; interleave epoch`): the
-    floats rank the policy and sim (group 1's simulator), the policy first by its SM demand (the simulator
-    keeps few SMs busy); a session in which only the policy's quota helps (as the H200 compare measured:
-    7.31 s at 94% against 7.64 s) ends with the policy's quota."""
+def _stage2_on_the_recorded_st2i(check):  # type: ignore[no-untyped-def]
+    """tune_quota on the H200 recording of `split-time epoch 2; interleave epoch` (plan and trace), in a
+    session where only the policy's quota helps: (plan, stage 2's section, session)."""
     from interpreter.quota_trials import tune_quota
     from rose_dsl import load_workflow
     from rose_dsl.optimizer.decide import summarize
@@ -685,7 +683,16 @@ def test_stage2_on_the_recorded_interleaved_plan_screens_the_policy_first_and_tu
                           final_runs=runs * 3)
     session = _TwoProcessSession(helps="policy", hurts="sim")
     session.executor.quota = {name: 100 for name in plan.components}
-    out = tune_quota(plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132, check=_checked())
+    out = tune_quota(plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132, check=check)
+    return plan, out, session
+
+
+def test_stage2_on_the_recorded_interleaved_plan_screens_the_policy_first_and_tunes_it() -> None:
+    """End to end on the H200 recording (plan and trace of `split-time epoch 2; interleave epoch`): the
+    floats rank the policy and sim (group 1's simulator), the policy first by its SM demand (the simulator
+    keeps few SMs busy); a session in which only the policy's quota helps (as the H200 compare measured:
+    7.31 s at 94% against 7.64 s) ends with the policy's quota."""
+    plan, out, session = _stage2_on_the_recorded_st2i(_checked())
     assert [row["target"] for row in out["screened"]] == ["policy", "sim"]
     assert out["target"] == "policy" and out["quotas"] == {"policy": out["best_percent"]}
     assert session.executor.quota["sim"] == 100 and session.executor.quota["sim@0"] == 100
@@ -905,21 +912,11 @@ def test_the_self_check_started_with_the_processes_asks_what_the_screening_asks_
     """The prefetch (`CheckPrefetch`, started beside the processes' start-up) checks each GPU process's first
     coarse step down -- the level the screening's first probe asks the self-check about -- so that stage 2
     finds it cached. End to end on the H200 recording: the first level tune_quota asks is one of them."""
-    from interpreter.quota_trials import CheckPrefetch, first_probe_levels, tune_quota
-    from rose_dsl import load_workflow
-    from rose_dsl.optimizer.decide import summarize
-    from rose_dsl.optimizer.search import Settings, Stage1Result
+    from interpreter.quota_trials import CheckPrefetch, first_probe_levels
 
-    plan = load_workflow(PQ / "candidate_st2i" / "plan.yaml")
-    assert first_probe_levels(plan, 132) == [94]  # every process at 100%: one level
-    runs, _ = runs_from_chrome_trace(json.loads((PQ / "candidate_st2i" / "trace.json").read_text()))
-    s = summarize([7.64, 7.64, 7.64])
-    result = Stage1Result(plan, ("split-time epoch 2", "interleave epoch"), s, s, [], [], "", baseline_runs=runs,
-                          final_runs=runs * 3)
-    session = _TwoProcessSession(helps="policy", hurts="sim")
-    session.executor.quota = {name: 100 for name in plan.components}
     check = _checked()
-    tune_quota(plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132, check=check)
+    plan, _, _ = _stage2_on_the_recorded_st2i(check)
+    assert first_probe_levels(plan, 132) == [94]  # every process at 100%: one level
     assert check.batches[0] == first_probe_levels(plan, 132)
 
     asked: list[list[int]] = []
