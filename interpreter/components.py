@@ -20,7 +20,7 @@ from rose_dsl.ir import Component, ExecutionNode, Workflow
 
 from . import contract
 
-__all__ = ["ComponentError", "CallProblems", "call_problems", "missing_methods", "resolve_impl", "construct", "instantiate", "invoke", "check_batch", "get_state", "set_state"]
+__all__ = ["ComponentError", "StartProblems", "ImplNotResolved", "ImplProblem", "CallProblems", "call_problems", "missing_methods", "resolve_impl", "construct", "instantiate", "invoke", "check_batch", "get_state", "set_state"]
 
 
 class ComponentError(Exception):
@@ -49,7 +49,36 @@ def call_problems(obj: Any, nodes: Iterable[ExecutionNode]) -> dict[str, Any]:
     return {"missing": missing, "no_rows": no_rows} if missing or no_rows else {}
 
 
-class CallProblems(ComponentError):
+class StartProblems(ComponentError):
+    """What a component's process found when it started, before any call, that the user fixes in the
+    workflow: `diagnostics` say where (the CLI prints them and exits 2); `closing` says what stopped."""
+
+    component: str
+    diagnostics: list[Diagnostic]
+    closing: str
+
+
+class ImplNotResolved(ComponentError):
+    """A component's `impl:` does not import or resolve to an allowed class (`resolve_impl`'s reason)."""
+
+    def __init__(self, component: Component, reason: str) -> None:
+        super().__init__(f"component '{component.name}' ({component.impl}): {reason}")
+        self.reason = reason
+
+
+class ImplProblem(StartProblems):
+    """`ImplNotResolved`, said at the component's `impl:` (the worker reports it through `info`: an
+    exception raised in a Ray actor's constructor comes back as text only)."""
+
+    def __init__(self, component: Component, reason: str) -> None:
+        self.component = component.name
+        self.diagnostics = [Diagnostic(component.field_pos.get("impl", component.pos), f"components.{component.name}.impl",
+                                       reason, "`rose validate --import FILE` names what exists there")]
+        self.closing = f"stopped before the first call: component '{component.name}' could not be started"
+        super().__init__(f"component '{component.name}' ({component.impl}): {reason}")
+
+
+class CallProblems(StartProblems):
     """Calls the workflow makes that its component cannot take (`call_problems`): found when the process
     has started, before the first call -- which would otherwise fail in the middle of an iteration, after
     other calls ran -- and said where the workflow names them (each `call:`, each `rows:`): the user's to
@@ -80,6 +109,9 @@ class CallProblems(ComponentError):
                 found.append(diag)
         self.component = component.name
         self.diagnostics = sorted(found, key=Diagnostic.sort_key)
+        self.closing = (f"stopped before the first call: component '{component.name}' was started and cannot take "
+                        f"{'this call' if len(found) == 1 else 'these calls'} (`rose validate --import FILE` finds a "
+                        "missing method without starting anything)")
         what = [f"no method '{m}'" for m in missing] + [f"'{m}' takes no `rows=`" for m in sorted(no_rows)]
         super().__init__(f"component '{component.name}' ({component.impl}): " + "; ".join(what))
 
@@ -122,7 +154,7 @@ def construct(comp: Component, seed: int, device: str = "cpu", allowed: Iterable
     try:
         cls = resolve_impl(comp.impl, allowed)
     except ComponentError as exc:  # say which component, as a construction failure does
-        raise ComponentError(f"component '{comp.name}' ({comp.impl}): {exc}") from None
+        raise ImplNotResolved(comp, str(exc)) from None
     context = contract.ConstructionContext(device=device, seed=seed, replica=replica, replicas=comp.replicas)
     kwargs = context.kwargs(cls, comp.args)
     try:

@@ -16,7 +16,7 @@ from typing import Any
 from rose_dsl.ir import Component, Workflow
 
 from .backend_base import Backend, Capabilities, Unsupported, nodes_by_component
-from .components import CallProblems
+from .components import CallProblems, ImplProblem
 from .schedule import Schedule, Step
 from .shared_process import enter_shared_process
 from .worker import CallFailed, ComponentWorker
@@ -54,6 +54,9 @@ class LocalBackend(Backend):
         try:
             for name, comp in wf.components.items():
                 self._start(comp)
+                unresolved = self.workers[name].impl_problem
+                if unresolved is not None:
+                    raise ImplProblem(comp, unresolved)
                 self.workers[name].register_nodes(nodes[name], loops_of)
                 problems = self.workers[name].call_problems()
                 if problems:  # before any call, said where the workflow names them

@@ -35,7 +35,7 @@ from .backend_base import (
     nodes_by_component,
 )
 from .compiled_graph import CompiledIteration, compile_iteration
-from .components import CallProblems
+from .components import CallProblems, ImplProblem
 from .placement import GpuPlacement
 from .procs import pid_alive
 from .schedule import Schedule, Step
@@ -175,8 +175,11 @@ class RayBackend(Backend):
             self.shutdown()
             raise CallFailed(f"starting component '{name}'", name, _unwrap(exc)) from None
         self.pids[name] = info["pid"]
+        base = name.partition("#")[0]
+        if info.get("impl_problem"):  # its impl: did not resolve (the constructor was not reached)
+            self.shutdown()
+            raise ImplProblem(self.wf.components[base], info["impl_problem"])
         if info.get("call_problems"):  # calls of its nodes it cannot take (a missing method...): before any call
-            base = name.partition("#")[0]
             self.shutdown()
             raise CallProblems(self.wf.components[base], info["call_problems"],
                                self._nodes_by_comp.get(base, {}).values())

@@ -19,7 +19,16 @@ from typing import Any
 
 from rose_dsl.ir import Component, ExecutionNode
 
-from .components import ComponentError, call_problems, check_batch, construct, get_state, invoke, set_state
+from .components import (
+    ComponentError,
+    ImplNotResolved,
+    call_problems,
+    check_batch,
+    construct,
+    get_state,
+    invoke,
+    set_state,
+)
 from .recipe import IterVar, Leaf, evaluate, resolve_k
 from .trace import InvocationRecord
 
@@ -179,7 +188,13 @@ class ComponentWorker:
             import torch.distributed as dist
 
             dist.init_process_group(dist_backend, init_method=dist_init, rank=replica, world_size=comp.replicas)
-        self.obj = construct(comp, seed, device, allowed, replica)
+        # an impl that does not resolve is the workflow's to fix: reported by `info` (a Ray actor's constructor
+        # exception reaches the driver as text), raised there as `ImplProblem` at the `impl:`
+        self.impl_problem: str | None = None
+        try:
+            self.obj = construct(comp, seed, device, allowed, replica)
+        except ImplNotResolved as exc:
+            self.obj, self.impl_problem = None, exc.reason
 
     def register_nodes(self, nodes: Mapping[tuple[str, ...], ExecutionNode],
                        loops: Mapping[tuple[str, ...], tuple[tuple[str, ...], ...]] | None = None,
@@ -197,6 +212,8 @@ class ComponentWorker:
 
     def call_problems(self) -> dict[str, Any]:
         """What the registered nodes' calls would fail on whatever their inputs (`components.call_problems`)."""
+        if self.obj is None:  # (no component: `impl_problem` says why)
+            return {}
         return call_problems(self.obj, (info.node for info in self.nodes.values()))
 
     def use_plan(self, plan: Hashable) -> None:
@@ -424,7 +441,7 @@ class ComponentWorker:
                                 "mps_priority": os.environ.get("CUDA_MPS_CLIENT_PRIORITY"),
                                 "visible_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpu_slot": self.gpu_index,
                                 "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-                                "call_problems": self.call_problems()}
+                                "call_problems": self.call_problems(), "impl_problem": self.impl_problem}
         if _torch() is not None:
             info["torch_threads"] = _torch().get_num_threads()
         try:

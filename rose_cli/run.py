@@ -29,7 +29,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from interpreter.backends import Backend, CallFailed, WatchdogTimeout, make_backend
 from interpreter.checkpoint import CheckpointError
-from interpreter.components import CallProblems, ComponentError
+from interpreter.components import ComponentError, StartProblems
 from interpreter.rundir import RunDirInUse, check_run_dir, clear_outputs
 from interpreter.runner import IterationResult, Resumed, RunConfig, Runner
 from interpreter.schedule import Schedule, check_replica_edges
@@ -260,12 +260,12 @@ def _report_setup(exc: BaseException, ctx: RunContext) -> None:
     ctx.err.print(f"error: {exc}", markup=False)
 
 
-def _report_call_problems(exc: BaseException, ctx: RunContext) -> None:
-    """Calls a started component cannot take (a missing method...): the user's to fix, where the workflow
-    names them (exit 2)."""
+def _report_start_problems(exc: BaseException, ctx: RunContext) -> None:
+    """What a started component found that the user fixes in the workflow (an impl that does not import, a
+    missing method...): said where, before any call (exit 2)."""
     from rose_dsl.errors import WorkflowError
 
-    assert isinstance(exc, CallProblems)
+    assert isinstance(exc, StartProblems)
     texts: dict[str, str] = {}
     for d in exc.diagnostics:
         try:
@@ -276,9 +276,7 @@ def _report_call_problems(exc: BaseException, ctx: RunContext) -> None:
         ctx.err.print(WorkflowError(list(exc.diagnostics), texts=texts).format(), markup=False)
     else:
         ctx.err.print(f"error: {exc}", markup=False)
-    ctx.err.print(f"stopped before the first call: component '{exc.component}' was started and cannot take "
-                  f"{'this call' if len(exc.diagnostics) == 1 else 'these calls'} (`rose validate --import FILE` finds "
-                  "a missing method without starting anything)", markup=False)
+    ctx.err.print(exc.closing, markup=False)
 
 
 def _report_component(exc: BaseException, ctx: RunContext) -> None:
@@ -317,7 +315,7 @@ FAILURES: tuple[Failure, ...] = (
     (SetupError, ExitCode.INVALID, _report_setup),
     (RunDirInUse, ExitCode.INVALID, _report_setup),
     (SharedProcessError, ExitCode.INVALID, _report_setup),
-    (CallProblems, ExitCode.INVALID, _report_call_problems),
+    (StartProblems, ExitCode.INVALID, _report_start_problems),
     (CallFailed, ExitCode.COMPONENT, _report_component),
     (ComponentError, ExitCode.COMPONENT, _report_component),
     (WatchdogTimeout, ExitCode.WATCHDOG, _report_watchdog),

@@ -91,11 +91,15 @@ def test_the_import_check_runs_in_the_components_own_interpreter(tmp_path) -> No
     assert marker.exists()
 
 
-def test_at_run_time_an_import_failure_names_its_component(tmp_path) -> None:
+def test_at_run_time_an_import_failure_is_said_at_its_impl(tmp_path) -> None:
+    """User-error sweep (2026-12-05, BUG_12's other half): a module that does not import was exit 3 naming
+    the component, without line:col. The worker reports it (a Ray actor's constructor exception reaches the
+    driver as text only) and the run stops before any call, exit 2 at `components.b.impl`, on both backends."""
     wf = _write(tmp_path, impl_b="tests.mockz:Flaky")
-    text = plain_failure(rose("execute", str(wf), "--allow-module", "tests", "-q"), code=3)
-    assert "error: component 'b' (tests.mockz:Flaky): cannot import 'tests.mockz'" in text
-    assert "rose validate --import" in text
+    for backend in ("local", "ray"):
+        text = plain_failure(rose("execute", str(wf), "--allow-module", "tests", "-q", "--backend", backend))
+        assert f"{wf}:5:14: components.b.impl: cannot import 'tests.mockz'" in text, text
+        assert "rose validate --import" in text and "component 'b' could not be started" in text
     assert os.path.exists(wf)
 
 
