@@ -128,9 +128,9 @@ def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: f
                                 "not run because the first run was clearly slower"},
               "captures": {"count": int(books.get("captures", 0)), "seconds": books.get("capture_s", 0.0)},
               "quota": {"count": int(books.get("quota_trials", 0)), "seconds": books.get("quota_s", 0.0),
-                        "note": "restarts of the target under a trial quota and the trial's measurement (when "
-                                "the comparison graph is the whole iteration, those iterations are training and "
-                                "also in the first row)"},
+                        "note": "stage 2's time no other row books: moving the target to a new process under "
+                                "each trial setting and back (probes, search, validation blocks) and what a block "
+                                "costs beyond its iterations (those are training: the first row)"},
               "quota_checks": {"count": int(books.get("quota_checks", 0)), "seconds": books.get("quota_check_s", 0.0),
                                "note": "the GPU math self-check of each quota level asked (fresh MPS clients, "
                                        "several at once); cached per machine, so paid once per machine"
@@ -150,8 +150,7 @@ def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: f
     counted = sum(v["seconds"] for v in trials.values())
     trials["other"] = {"count": 0, "seconds": max(0.0, total_s - counted),
                        "note": "what no row above counts: profiling and bookkeeping between trials, the driver's "
-                               "own work, processes stopping (a lower bound where quota trials are training "
-                               "iterations, counted in two rows)"}
+                               "own work, processes stopping"}
     return {
         "workflow": workflow, "file": file, "plan_file": plan_file, "activity": activity_kind,
         "baseline_iteration_s": base, "plan_iteration_s": plan,

@@ -759,6 +759,42 @@ def test_a_screened_step_down_is_validated_when_the_budget_has_room_for_nothing_
         assert session.executor.quota == {"trainer": 100, "policy": 100}
 
 
+class _BookedSession(_TimedSession):
+    """_TimedSession that books its complete iterations, as `TrialSession` does."""
+
+    def __init__(self, clock: _Clock) -> None:
+        super().__init__(clock)
+        self.books.update(complete_s=0.0, complete_iterations=0)
+
+    def complete(self, plans, rounds, warmup=0, labels=(), guard_first=False):
+        out = super().complete(plans, rounds, warmup, labels, guard_first)
+        self.books["complete_s"] += sum(r.seconds for r in out[0])
+        self.books["complete_iterations"] += len(out[0])
+        return out
+
+
+@pytest.mark.parametrize("deadline", [150.0, 140.0, 1000.0])
+def test_stage2s_row_books_its_restarts_and_not_its_training(monkeypatch, deadline) -> None:
+    """The report's rows must add up: stage 2's `quota_s` is what no other row books -- here, on a clock
+    that only restarts (20 s each) and iterations advance, exactly the restarts. Before, a probe's block was
+    booked whole (its iterations, which are training, counted twice) and the validation's restarts nowhere
+    (H100, 2026-12-05: 46.6 s booked where ~40 s of restarts ran)."""
+    import interpreter.quota_trials as qt
+    from rose_dsl.optimizer.search import Settings
+
+    _two_candidates(monkeypatch)
+    clock = _Clock()
+    monkeypatch.setattr(qt, "time", clock)
+    _, result = _stage1(ROOT)
+    session = _BookedSession(clock)
+    qt.tune_mps(result.plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132,
+                check=_checked(), deadline=deadline)
+    restarts = len(session.executor.replaced)
+    assert restarts >= 2 and session.books["complete_iterations"] > 0
+    assert session.books["quota_s"] == pytest.approx(_TimedSession.RESTART_S * restarts)
+    assert clock.t == pytest.approx(session.books["quota_s"] + session.books["complete_s"])
+
+
 def test_levels_measured_before_the_search_are_read_free_of_trials_and_budget() -> None:
     calls: list[int] = []
     s = quota_search(66, 66, lambda k: calls.append(k) or 1.0, rho=4, out_of_time=lambda: True,
