@@ -42,6 +42,12 @@ class Dep(NamedTuple):
     detail: str
     flow: bool = True
 
+    @property
+    def input_field(self) -> str | None:
+        """A data dependency's consumer field, `in.PORT` (the detail is "in.PORT <- producer.port", made in
+        `_DepTracker._reason`); None for a state or an `after:` one."""
+        return self.detail.split(" <- ", 1)[0] if self.kind == "data" else None
+
 
 @dataclass
 class InvocationGraph:

@@ -34,7 +34,7 @@ def replica_problems(wf: Workflow) -> list[Diagnostic]:
             for dep in reasons:
                 if dep.kind != "data":
                     continue
-                port = dep.detail.split(" <- ")[0].removeprefix("in.")  # `Dep` detail: "in.PORT <- node.out"
+                port = (dep.input_field or "in.").removeprefix("in.")
                 nodes[node.path] = node
                 sources.setdefault((node.path, port), set()).add(graph.node[producer].component)
     out: list[Diagnostic] = []

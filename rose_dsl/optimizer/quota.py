@@ -371,6 +371,7 @@ def sm_demand(runs: Sequence[IterationRun], gpu_of: Mapping[str, int | None],
     0.25 in four rounds on one H100 (2026-12-05, `paper_table/mjx_stage1_h100_2026-12-05e/traces`), and
     the optimizer screened the simulator first (its step down: 1.01x; the policy's: 1.06x)."""
     gpu_procs = [p for p, g in gpu_of.items() if g is not None]
+    on_gpu = set(gpu_procs)
     components = sorted({base_component(p) for p in gpu_procs})
     if not components:
         return {}
@@ -381,7 +382,7 @@ def sm_demand(runs: Sequence[IterationRun], gpu_of: Mapping[str, int | None],
     for run in runs:
         spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
         for c in run.calls:
-            if c.component in gpu_of and gpu_of[c.component] is not None:
+            if c.component in on_gpu:
                 spans[c.component].append((c.start_ns, c.end_ns))
         merged = {p: merge_intervals(s) for p, s in spans.items()}
         for start, end, value in run.activity_samples:
@@ -391,10 +392,10 @@ def sm_demand(runs: Sequence[IterationRun], gpu_of: Mapping[str, int | None],
             cover = [0.0] * len(components)
             seen: set[str] = set()
             for p, busy in merged.items():
-                lagged = _covered(busy, start - half, end - half)
+                lagged = concurrent_ns(busy, ((start - half, end - half),))
                 if lagged:
                     cover[index[base_component(p)]] += lagged / width
-                if _covered(busy, start - step_ns, end):
+                if concurrent_ns(busy, ((start - step_ns, end),)):
                     seen.add(base_component(p))
             rows.append((cover, value))
             if len(seen) == 1:
@@ -410,11 +411,6 @@ def sm_demand(runs: Sequence[IterationRun], gpu_of: Mapping[str, int | None],
         seen_at_all = {c for c in components if any(cover[index[c]] > 0 for cover, _ in rows)}
         demand.update({c: min(1.0, fitted[index[c]]) for c in seen_at_all if c not in demand})
     return {p: demand[base_component(p)] for p in gpu_procs if base_component(p) in demand}
-
-
-def _covered(busy: Sequence[tuple[int, int]], lo: int, hi: int) -> int:
-    """How long disjoint sorted intervals cover [lo, hi)."""
-    return sum(max(0, min(b, hi) - max(a, lo)) for a, b in busy)
 
 
 def _nonnegative_fit(rows: Sequence[tuple[Sequence[float], float]], n: int, sweeps: int = 500) -> list[float]:

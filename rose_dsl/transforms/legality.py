@@ -51,7 +51,7 @@ def dependency_pos(consumer: Invocation, dep: Dep, items: Mapping[tuple[str, ...
     if node is None:
         return None
     if dep.kind == "data":
-        key = dep.detail.split(" <- ", 1)[0]  # "in.obs"
+        key = dep.input_field or "in"  # "in.obs"
         return node.field_pos.get(key) or node.field_pos.get("in") or node.pos
     if dep.kind == "after":
         name = dep.detail.split(":", 1)[0]  # "update: after rollout"
