@@ -6,7 +6,8 @@ under the trial's MPS quota -- its state goes with it (`RayBackend.replace_actor
 progress is lost -- and times the comparison graph: the LCA of both branches, locally on captured
 inputs and state snapshots when that is a loop, or complete iterations (real training) when it is the
 whole iteration. The best quota is validated on complete iterations against the stage-1 quota, in
-blocks (q*, q0, q*: each switch restarts a process) and kept only if faster by the noise margin.
+blocks around it -- q0 (stage 1's own measurement), q*, q0 again, where those blocks were measured already;
+each switch restarts a process -- and kept only if faster by the noise margin.
 """
 
 from __future__ import annotations
@@ -134,7 +135,8 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
                total_sms: int | None = None, repeats: int = 3, deadline: float | None = None,
                check: Callable[[list[int]], dict[int, QuotaVerdict]] | None = None,
                stop: Callable[[], str | None] | None = None, priorities: bool = False,
-               quotas: bool = True, reference_s: list[float] | None = None) -> dict[str, Any]:
+               quotas: bool = True, reference_s: list[float] | None = None,
+               running: dict[str, Mps] | None = None) -> dict[str, Any]:
     """Algorithm 2 for the stage-1 plan `result.plan`; returns the report's stage-2 section, with
     `quotas` (or `priorities`) and `plan` when a change is kept. `deadline` (a `time.perf_counter()` value)
     ends the search early with the best level measured so far (leaving time for the validation).
@@ -145,7 +147,9 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     screening is validated like a quota. `quotas` False: priorities only (no quota probe, search or
     self-check). `reference_s`: complete iterations of `result.plan` measured since `result.final_runs`
     (a later stage-2 round: its predecessor's validation), the reference instead of those runs, which
-    still give the ranking (the graph is the same; only one process's MPS settings changed)."""
+    still give the ranking (the graph is the same; only one process's MPS settings changed). `running`: the
+    MPS settings each process runs under now, where they differ from the plan's (a validation ends with its
+    target at the reference, `_validate`); it is kept up to date as processes move."""
     plan = result.plan
     gpu_of = _gpu_of(plan)
     # SM demand from every run measured: the declared graph's runs show each process alone most often
@@ -157,20 +161,36 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     total = total_sms or _total_sms()
     levels = distinct_levels(quota_levels(total))  # [(percent, SMs)] ascending: level k is levels[k - 1]
     rho = _coarse_step(levels)
-    # each process's MPS settings now: (quota percent, client priority), both fixed for a process's lifetime
-    mps: dict[str, Mps] = {name: c.mps_settings for name, c in plan.components.items()}
+    # each process's MPS settings: (quota percent, client priority), both fixed for a process's lifetime --
+    # as the plan declares them, and as the processes run now (`running`, shared with the caller)
+    declared: dict[str, Mps] = {name: c.mps_settings for name, c in plan.components.items()}
+    mps: dict[str, Mps] = running if running is not None else {}
+    for name, setting in declared.items():
+        mps.setdefault(name, setting)
 
     def level_of(percent: int) -> int:
         return _level_of(levels, percent, total)
 
+    def restart(name: str, setting: Mps) -> None:
+        comp = plan.components[name]
+        # back to the plan's own settings: the process starts as it was started (no explicit 100% where the
+        # plan sets no quota), so the reference is the very configuration stage 1 measured
+        quota, priority = (comp.mps_quota, comp.mps_priority) if setting == declared[name] else setting
+        if setting[1] == mps[name][1]:
+            session.replace_quota(name, quota, gpu.client_env(quota, priority))
+        else:
+            session.replace_quota(name, quota, gpu.client_env(quota, priority), priority=setting[1])
+        mps[name] = setting
+
     def move(name: str, setting: Mps) -> None:
-        """`name` to a new process under these settings (its state moved with it), unless it runs under them."""
+        """`name` to a new process under these settings (its state moved with it), unless it runs under them;
+        first every other process back to the plan's settings, so that a measurement changes one process only
+        (a probe's process put back, or an earlier round's target its validation left at the reference)."""
+        for other, own in declared.items():
+            if other != name and mps[other] != own:
+                restart(other, own)
         if mps[name] != setting:
-            if setting[1] == mps[name][1]:
-                session.replace_quota(name, setting[0], gpu.client_env(*setting))
-            else:
-                session.replace_quota(name, setting[0], gpu.client_env(*setting), priority=setting[1])
-            mps[name] = setting
+            restart(name, setting)
 
     def use_on(name: str, percent: int) -> None:  # (the process keeps its client priority)
         move(name, (percent, mps[name][1]))
@@ -256,8 +276,8 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
                 reason = "the time budget is spent"
             return reason
 
-        chosen, screened = _screen(plan, probes, session, repeats, final, levels, rho, level_of, usable, mps, move,
-                                   log, screening_over)
+        chosen, screened = _screen(plan, probes, session, repeats, final, levels, rho, level_of, usable, mps,
+                                   declared, move, log, screening_over)
         if chosen is None:
             cut = next((r["skipped"] for r in screened if r.get("stopped")), None)
             kinds = {k for _, k in probes}
@@ -294,7 +314,7 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         out.update(kind="priority", checked_levels=checked_levels())
         reuse = chosen.values if region == plan.root.path and mps[pair.target] == chosen.setting else []
         return _validate(out, plan, pair.target, chosen.setting, start, reuse, session, move, settings, per_block,
-                         block_s, deadline, stop, log, started)
+                         block_s, deadline, stop, log, started, before=final if region == plan.root.path else [])
     log(f"stage 2: {pair.target} has {pair.slack_s:.3f} s of float beside critical calls of {pair.other} "
         f"({pair.overlap_s:.2f} s per iteration); tuning its quota from {q0}% on {'.'.join(region)}")
     measure_graph = _comparison(plan, region, session, repeats)
@@ -364,11 +384,12 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         return out
     # The target still runs at the level it was measured at last (the search and the screening leave it
     # there), so when that is the chosen level and the comparison graph was the whole iteration, that block
-    # is the validation's first A -- a restart and a block saved, the drift check intact
+    # is the validation's A, and stage 1's measurement of the plan (or the previous round's) its first B --
+    # two restarts and two blocks saved, the drift check intact
     best = (best_percent, p0)
     reuse = samples.get(search.best, []) if region == plan.root.path and mps[pair.target] == best else []
     return _validate(out, plan, pair.target, best, start, reuse, session, move, settings, per_block, block_s,
-                     deadline, stop, log, started)
+                     deadline, stop, log, started, before=reused)
 
 
 def tune_mps(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any, log: Callable[[str], None],
@@ -412,7 +433,8 @@ def _book_stage2(session: Any, before: dict[str, float], elapsed: float) -> None
 
 def _tune_rounds(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any, log: Callable[[str], None],
                  changes: int, **options: Any) -> dict[str, Any]:
-    out = tune_quota(wf, result, session, gpu, settings, log, **options)
+    running: dict[str, Mps] = {}  # the MPS settings each process runs under now, across rounds
+    out = tune_quota(wf, result, session, gpu, settings, log, **options, running=running)
     rounds = [out]
     while len(rounds) < changes and "plan" in rounds[-1]:
         stop, deadline = options.get("stop"), options.get("deadline")
@@ -421,7 +443,7 @@ def _tune_rounds(wf: Workflow, result: Any, session: Any, gpu: Any, settings: An
         last = rounds[-1]
         log(f"stage 2, round {len(rounds) + 1}: from the plan with {last['summary'].split(':')[0]}")
         result = replace(result, plan=last["plan"])
-        rounds.append(tune_quota(wf, result, session, gpu, settings, log, **options,
+        rounds.append(tune_quota(wf, result, session, gpu, settings, log, **options, running=running,
                                  reference_s=list(last["validation"]["candidate"]["values"])))
     if len(rounds) == 1:
         return out
@@ -446,17 +468,27 @@ def _describe(setting: Mps) -> str:
 def _validate(out: dict[str, Any], plan: Workflow, target: str, cand: Mps, ref: Mps, reuse: list[float], session: Any,
               move: Callable[[str, Mps], None], settings: Any, per_block: int, block_s: Callable[[int], float],
               deadline: float | None, stop: Callable[[], str | None] | None, log: Callable[[str], None],
-              started: float) -> dict[str, Any]:
-    """A/B/A on complete iterations: `target` under `cand` against `ref` (its settings before stage 2), in
-    blocks (each switch restarts the process); `reuse` is a block of complete iterations already measured
-    under `cand` with the target still there, which stands for the first A. `out` (the stage-2 section)
-    gets the validation and the summary, and, when `cand` was faster by more than the noise margin,
+              started: float, before: list[float] | None = None) -> dict[str, Any]:
+    """`target` under `cand` against `ref` (its settings before stage 2) on complete iterations, in blocks
+    that bracket one another, so that a drift in time hits both alike: B/A/B when `before` is given --
+    complete iterations under `ref`, the plan's own processes, measured before `reuse` (stage 1's
+    measurement of the plan, or a previous round's) -- else A/B/A. `reuse` is a block already measured under
+    `cand` with the target still there, the A. Each switch restarts the process, so B/A/B with both blocks
+    measured runs one block and one restart (H100, MJX, 2026-12-05: a restart 10.9-13.5 s, A/B/A cost two),
+    and ends with the target at `ref`, where it stays: the plan says `cand`, and a later round moves it
+    there before it measures anything (`move`); the optimizer's training needs no quota. `out` (the stage-2
+    section) gets the validation and the summary, and, when `cand` was faster by more than the noise margin,
     `quotas` or `priorities` and the `plan` with them; otherwise the target goes back to `ref`."""
     best_s: list[float] = list(reuse)
     ref_s: list[float] = []
     blocks: list[tuple[Mps, list[float]]] = [(cand, best_s), (ref, ref_s), (cand, best_s)]
-    if reuse:
+    if before:
+        ref_s += before
+        blocks = blocks[1:2] if reuse else blocks[:2]
+        out["validation_reused_reference"] = len(before)
+    elif reuse:
         blocks = blocks[1:]
+    if reuse:
         out["validation_reused_block"] = len(reuse)
     need_s = len(blocks) * block_s(per_block)
     if deadline is not None and time.perf_counter() + need_s > deadline:
@@ -534,7 +566,8 @@ class _Screened:
 
 def _screen(plan: Workflow, probes: list[tuple[BranchPair, str]], session: Any, repeats: int, final: list[float],
             levels: list[tuple[int, int]], rho: int, level_of: Callable[[int], int], usable: Callable[[int], bool],
-            mps: dict[str, Mps], move: Callable[[str, Mps], None], log: Callable[[str], None],
+            mps: dict[str, Mps], declared: dict[str, Mps], move: Callable[[str, Mps], None],
+            log: Callable[[str], None],
             stop: Callable[[float], str | None] | None) -> tuple[_Screened | None, list[dict[str, Any]]]:
     """Which one-step change gets the search (or, for a priority, the validation): each probe (the order of
     `quota.screening_probes`) moves a process with float one coarse quota step down, or to a below-normal
@@ -561,7 +594,7 @@ def _screen(plan: Workflow, probes: list[tuple[BranchPair, str]], session: Any, 
         if moved is not None:
             move(*moved)
             moved = None
-        start = mps[pair.target]
+        start = declared[pair.target]
         q0, p0 = start
         k0 = level_of(q0)
         row: dict[str, Any] = {"target": pair.target, "kind": kind, "other": pair.other, "score_s": pair.score_s,
@@ -584,6 +617,8 @@ def _screen(plan: Workflow, probes: list[tuple[BranchPair, str]], session: Any, 
         region = _region(plan, pair)
         graph = _comparison(plan, region, session, repeats)
         if region not in references:
+            if not (region == plan.root.path and final):
+                move(pair.target, start)  # every process as the plan has it
             references[region] = final if region == plan.root.path and final else graph()
         ref = references[region]
         t = time.perf_counter()

@@ -363,6 +363,8 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
     with progress_log(out, run.quiet) as log:
         session = start_trial_session(wf, run, gpu, ctx, teardown, _copies(wf, run.backend, opts.stage1), log,
                                       started=started)  # stage 1's budget and stage 2's deadline: one clock
+        # what ran before and around the processes' start-up: the MPS daemon, the SM sampler, the session's own
+        session.books["setup_s"] = max(0.0, time.perf_counter() - started - session.executor.startup_s)
         if prefetch is not None:
             prefetch.wait(session.books, log)  # before stage 1 measures anything
         stop = teardown.enter_context(GracefulStop(log))  # after Ray's start: its handlers are replaced
@@ -392,7 +394,9 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
         # the graph of stage 1 alone (the paper table's `stage1` / `stage1_mps` rows)
         _write_plan(result.plan, opts.report_dir / "stage1.yaml", opts.file, result, {},
                     (layout_section or {}).get("chosen"))
+        t = time.perf_counter()
         ckpt = session.finish(opts.output.name)
+        session.books["checkpoint_s"] = time.perf_counter() - t  # the hand-over to `rose execute --resume`
     run_dir = run.out_dir if ckpt else None
     doc = _report_doc(wf, result, session, time.perf_counter() - started, opts, run_dir, settings, run.backend, stage2)
     if layout_section is not None:

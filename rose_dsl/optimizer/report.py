@@ -140,6 +140,12 @@ def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: f
               "startup": {"count": 1, "seconds": books.get("startup_s", 0.0),
                           "note": "starting the component processes (the workflow's, which a plain run starts too, "
                                   "and the optimizer's small trial components beside them)"},
+              "setup": {"count": 1, "seconds": books.get("setup_s", 0.0),
+                        "note": "what runs before and around the processes' start-up: the MPS daemon, the SM-activity "
+                                "sampler, the session's own set-up"},
+              "checkpoint": {"count": 1 if "checkpoint_s" in books else 0, "seconds": books.get("checkpoint_s", 0.0),
+                             "note": "the checkpoint of the training done, from which `rose execute --plan ... "
+                                     "--resume` goes on (a plain run writes one at its end as well)"},
               "plan_switches": {"count": int(books.get("plan_loads", 0)), "seconds": books.get("prepare_s", 0.0),
                                 "note": "loading plans onto the workers and compiling their graphs (a graph stays "
                                         "compiled while it is one of the last few used), starting a plan's copies"},

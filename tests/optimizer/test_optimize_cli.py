@@ -101,6 +101,10 @@ def test_interaction_loop_plan_is_faster_and_trains_bit_identically(tmp_path: Pa
         q.startswith("split epoch.step") for q in requests), requests
     assert not any(q.startswith("split") and q.endswith(" 8") for q in requests), requests
     assert report["overhead_s"]["fraction_of_1h_net"] < 0.02
+    # the rows add up: the set-up before the processes and the hand-over checkpoint are rows of their own
+    trials = report["trials"]
+    assert trials["checkpoint"]["count"] == 1 and trials["checkpoint"]["seconds"] > 0 and trials["setup"]["seconds"] > 0
+    assert sum(row["seconds"] for row in trials.values()) == pytest.approx(report["overhead_s"]["total"])
     run = tmp_path / "plan_report" / "run"
     trained = len(_metrics(run / "metrics.jsonl"))
     assert 10 < trained < n - 20

@@ -167,6 +167,10 @@ class _BothSession(_TwoProcessSession):
     def _t(self) -> float:
         return super()._t() - (0.05 if self.executor.priority.get("policy") == 1 else 0.0)
 
+    def complete(self, plans, rounds, warmup=0, labels=(), guard_first=False):  # type: ignore[no-untyped-def]
+        self.blocks = [*getattr(self, "blocks", []), (self.executor.quota["trainer"], self.executor.priority.get("policy", 0))]
+        return super().complete(plans, rounds, warmup, labels, guard_first)
+
 
 def test_stage2_keeps_a_quota_and_then_a_priority_in_two_rounds(monkeypatch) -> None:
     """`tune_mps`: round 1 keeps the best single change (the trainer's quota, searched and validated); round
@@ -181,7 +185,14 @@ def test_stage2_keeps_a_quota_and_then_a_priority_in_two_rounds(monkeypatch) -> 
     _, result = _stage1(ROOT)
     session = _BothSession()
     log: list[str] = []
-    out = qt.tune_mps(result.plan, result, session, _Gpu(), Settings(), log=log.append, total_sms=132, check=_checked(),
+    marks: list[int] = []  # how many blocks had run when round 2 started
+
+    def logged(message: str) -> None:
+        log.append(message)
+        if message.startswith("stage 2, round 2"):
+            marks.append(len(session.blocks))
+
+    out = qt.tune_mps(result.plan, result, session, _Gpu(), Settings(), log=logged, total_sms=132, check=_checked(),
                       priorities=True)
     first, second = out["rounds"]
     assert first["kind"] == "quota" and first["quotas"] == {"trainer": first["best_percent"]} and first["best_percent"] < 94
@@ -189,7 +200,14 @@ def test_stage2_keeps_a_quota_and_then_a_priority_in_two_rounds(monkeypatch) -> 
     assert out["quotas"] == first["quotas"] and out["priorities"] == {"policy": 1}
     comps = out["plan"].components
     assert (comps["trainer"].mps_quota, comps["policy"].mps_priority) == (first["best_percent"], 1)
-    assert session.executor.quota["trainer"] == first["best_percent"] and session.executor.priority["policy"] == 1
+    # round 1's validation ended with the trainer at its reference; round 2 put it where the plan says before
+    # measuring anything, and its own validation (B/A/B) ended with the policy back at its reference
+    assert session.executor.quota["trainer"] == first["best_percent"] and session.executor.priority["policy"] == 0
+    # every block of round 2 measures the round's plan with at most one process changed (the trainer left at
+    # 100% beside the policy's priority probe would be two)
+    round2 = session.blocks[marks[0]:]
+    assert round2 and all((q != first["best_percent"]) + prio <= 1 for q, prio in round2), round2
+    assert (first["best_percent"], 1) in round2
     assert "; then policy at 100% at below-normal priority" in out["summary"]
     assert any(m.startswith("stage 2, round 2") for m in log)
     assert "plan" not in first
@@ -212,3 +230,30 @@ def test_a_round_that_keeps_nothing_ends_stage_2(monkeypatch) -> None:
     out = qt.tune_mps(result.plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132,
                       check=_checked(), priorities=True)
     assert "rounds" not in out and "plan" not in out and "skipped" in out
+
+
+def test_a_process_a_validation_left_at_its_reference_is_put_where_the_plan_says_before_anything_is_measured(
+        monkeypatch) -> None:
+    """A validation on complete iterations ends B/A/B -- the target back at its reference, while the plan it
+    accepted says otherwise (a restart saved when nothing follows). When a later round does measure, every
+    block must be that round's plan with one process changed: the trainer (80% in the plan, left at 100%)
+    moves to 80% before the policy's priority probe, not after."""
+    from dataclasses import replace
+
+    import interpreter.quota_trials as qt
+    from rose_dsl.optimizer.search import Settings
+
+    monkeypatch.setattr(qt, "rank_targets", lambda runs, gpu_of, floats, demand=None: [_pair("policy", "trainer", 0.4, None)])
+    _, result = _stage1(ROOT)
+    plan = replace(result.plan, components={**result.plan.components,
+                                            "trainer": replace(result.plan.components["trainer"], mps_quota=80)})
+    result = replace(result, plan=plan)
+    session = _BothSession()
+    session.executor.quota["trainer"] = 100
+    running = {"trainer": (100, 0)}
+    out = qt.tune_quota(plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132, check=_checked(),
+                        priorities=True, quotas=False, reference_s=[1.05, 1.05, 1.05], running=running)
+    assert out["priorities"] == {"policy": 1}
+    assert session.executor.replaced[0] == 80  # the trainer first
+    assert session.blocks and all(q == 80 for q, _ in session.blocks), session.blocks
+    assert running["trainer"] == (80, 0) and running["policy"] == (100, 0)  # the policy back at its reference (B/A/B)

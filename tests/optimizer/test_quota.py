@@ -154,11 +154,14 @@ class _FakeExecutor:
         self.quota = {"trainer": 100}
         self.priority: dict[str, int] = {}  # processes moved to another client priority
         self.replaced: list[int] = []
+        self.envs: list[dict] = []  # each new process's MPS environment
 
     def replace_quota(self, comp: str, percent: int, env: dict, priority: int | None = None) -> None:
         if priority is not None:
             self.priority[comp] = priority
         assert env == _Gpu().client_env(percent, self.priority.get(comp, 0))
+        self.envs.append(env)
+        percent = 100 if percent is None else percent  # a process back to the plan's settings: no quota set
         self.quota[comp] = percent
         self.replaced.append(percent)
 
@@ -861,8 +864,12 @@ def test_a_second_probe_that_would_leave_no_time_to_validate_the_first_is_not_st
                         check=_checked(), deadline=130.0)
     assert [row.get("skipped") for row in out["screened"]] == [None, "the time budget is spent"]
     assert out["target"] == "policy" and out["validation"]["accepted"] and out["quotas"] == {"policy": 94}
-    assert out["validation_reused_block"] == 3
-    assert session.executor.replaced == [94, 100, 94]  # the probe, then the validation's B and A blocks
+    assert out["validation_reused_block"] == 3 and out["validation_reused_reference"] == len(result.final_runs)
+    # the probe, then the validation's second B: its A is the probe's block, its first B stage 1's measurement
+    assert session.executor.replaced == [94, 100]
+    assert out["validation"]["reference"]["n"] == len(result.final_runs) + 2 and out["validation"]["candidate"]["n"] == 3
+    # back at the reference, the policy starts as stage 1 started it: no quota set (not an explicit 100%)
+    assert session.executor.envs[-1] == _Gpu().client_env(None)
 
 
 class _SteppedOnceSession(_TimedSession):
