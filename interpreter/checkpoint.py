@@ -22,8 +22,11 @@ import json
 import os
 import re
 import shutil
+import socket
 import tempfile
 from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,8 @@ __all__ = [
     "list_complete",
     "load_checkpoint",
     "save_checkpoint",
+    "save_component_checkpoint",
+    "write_state_file",
 ]
 
 FORMAT = 1
@@ -126,13 +131,18 @@ _pid_alive = pid_alive  # kept under the old name for the tests' monkeypatching
 
 # --- public API ----------------------------------------------------------------------------------------
 def save_checkpoint(run_dir: str | os.PathLike[str], iteration: int, states: dict[str, dict[str, Any]],
-                    meta: dict[str, Any] | None = None, *, keep_last: int | None = 3) -> Path:
+                    meta: dict[str, Any] | None = None, *, keep_last: int | None = 3,
+                    written_by: Mapping[str, Callable[[Path], dict[str, Any]]] | None = None) -> Path:
     """Write ``ckpt-<iteration>`` atomically; keep the newest ``keep_last`` complete ones (None: all).
 
     ``states`` maps component -> {state name: value}; ``meta`` must be JSON-serialisable (the step
     counters, RNG seeds and plan hash a resume needs).  Raises :class:`CheckpointError` before writing
-    anything if a value would not load with ``weights_only=True``.
+    anything if a value would not load with ``weights_only=True``.  ``written_by`` maps more components
+    to a function that writes that component's state file at the path it is given and returns its
+    marker entry (``write_state_file``'s): the process that holds the state writes it, all of them at
+    once (`save_component_checkpoint`); their states are checked where they are written.
     """
+    written_by = dict(written_by or {})
     if not isinstance(iteration, int) or iteration < 0:
         raise CheckpointError(f"iteration must be a non-negative int, got {iteration!r}")
     if keep_last is not None and keep_last < 1:
@@ -146,8 +156,11 @@ def save_checkpoint(run_dir: str | os.PathLike[str], iteration: int, states: dic
                                   f"got {type(st).__name__}")
         for name, value in st.items():
             _check_loadable(value, f"states[{comp!r}][{name!r}]")
+    for comp in written_by:
+        if not _NAME_RE.match(comp) or comp in states:
+            raise CheckpointError(f"component name {comp!r} cannot be a file name, or is given twice")
     try:
-        meta_bytes = json.dumps({"iteration": iteration, "meta": meta, "components": sorted(states)},
+        meta_bytes = json.dumps({"iteration": iteration, "meta": meta, "components": sorted({*states, *written_by})},
                                 indent=1, sort_keys=True).encode()
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"checkpoint meta must be JSON-serialisable: {e}") from None
@@ -159,14 +172,20 @@ def save_checkpoint(run_dir: str | os.PathLike[str], iteration: int, states: dic
     try:
         (tmp / "state").mkdir()
         files: dict[str, dict[str, Any]] = {}
-        blobs = [("meta.json", meta_bytes)]
-        for comp in sorted(states):
-            buf = io.BytesIO()
-            torch.save(states[comp], buf)
-            blobs.append((f"state/{comp}.pt", buf.getvalue()))
-        for rel, data in blobs:
-            _write_file(tmp / rel, data)
-            files[rel] = {"sha256": _sha256(data), "size": len(data)}
+        with ThreadPoolExecutor(max_workers=max(1, len(written_by))) as pool:
+            remote = {f"state/{comp}.pt": pool.submit(write, tmp / "state" / f"{comp}.pt")
+                      for comp, write in written_by.items()}
+            blobs = [("meta.json", meta_bytes)]
+            for comp in sorted(states):
+                buf = io.BytesIO()
+                torch.save(states[comp], buf)
+                blobs.append((f"state/{comp}.pt", buf.getvalue()))
+            for rel, data in blobs:
+                _write_file(tmp / rel, data)
+                files[rel] = {"sha256": _sha256(data), "size": len(data)}
+            for rel, future in remote.items():
+                files[rel] = _entry(tmp / rel, future.result())
+        files = dict(sorted(files.items()))
         _fsync_dir(tmp / "state")
         marker = {"format": FORMAT, "iteration": iteration, "files": files,
                   "digest": _digest(iteration, files)}
@@ -182,6 +201,55 @@ def save_checkpoint(run_dir: str | os.PathLike[str], iteration: int, states: dic
             if old != final:
                 shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def write_state_file(path: Path, states: dict[str, Any], component: str) -> dict[str, Any]:
+    """One component's state file of a checkpoint (``state/<component>.pt`` in the checkpoint being
+    written), fsynced: checked loadable first (nothing is written otherwise), then its marker entry, the
+    sha256 and size. Called where the state is, so that a 4-GB trainer state does not cross to the driver
+    first (H100, MJX: the end-of-run checkpoint through the driver took 16.4 s, 2026-12-05)."""
+    for name, value in states.items():
+        _check_loadable(value, f"states[{component!r}][{name!r}]")
+    buf = io.BytesIO()
+    torch.save(states, buf)
+    data = buf.getvalue()
+    _write_file(path, data)
+    return {"sha256": _sha256(data), "size": len(data)}
+
+
+def _entry(path: Path, entry: dict[str, Any]) -> dict[str, Any]:
+    """A state file written by another process: its marker entry, after checking that the file is there
+    with that size (a process on another host writes to its own file system)."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = -1
+    if size != entry.get("size"):
+        raise CheckpointError(f"{path}: written elsewhere or incompletely ({size} bytes here, {entry.get('size')} written)")
+    return {"sha256": entry["sha256"], "size": entry["size"]}
+
+
+def save_component_checkpoint(run_dir: str | os.PathLike[str], iteration: int, components: list[str],
+                              control: Callable[..., Any], meta: dict[str, Any] | None = None, *,
+                              keep_last: int | None = 3) -> Path:
+    """`save_checkpoint` of running components, each state file written by the component's own process,
+    all at once (`ComponentWorker.write_state_file`), where that process shares this host; a process on
+    another host sends its state here to be written. `control(component, method, *args)` asks a
+    component's process (`Backend.control`)."""
+    host = socket.gethostname()
+
+    def writer(comp: str) -> Callable[[Path], dict[str, Any]]:
+        def write(path: Path) -> dict[str, Any]:
+            entry = control(comp, "write_state_file", str(path), host)
+            if "error" in entry:
+                raise CheckpointError(entry["error"])
+            if "elsewhere" in entry:
+                return write_state_file(path, control(comp, "get_states"), comp)
+            return dict(entry)
+        return write
+
+    return save_checkpoint(run_dir, iteration, {}, meta, keep_last=keep_last,
+                           written_by={c: writer(c) for c in components})
 
 
 def _remove_stale_temps(run_dir: Path) -> None:

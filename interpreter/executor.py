@@ -177,6 +177,10 @@ class Executor:
     def get_states(self, comp: str) -> dict[str, Any]:
         return self._backend.control(comp, "get_states")
 
+    def control(self, comp: str, method: str, *args: Any) -> Any:
+        """Ask a component's process (`Backend.control`), e.g. to write its state file of a checkpoint."""
+        return self._backend.control(comp, method, *args)
+
     def keep_states(self, comps: Sequence[str]) -> int:
         """Each component copies its state and keeps the copy in its own process (`ComponentWorker.keep_states`:
         nothing crosses to the driver); the bytes kept in all."""

@@ -19,7 +19,7 @@ from typing import Any
 from rose_dsl.ir import Workflow
 
 from .backend_base import NODE_LIMIT, Backend, Overdue, WatchdogTimeout
-from .checkpoint import Checkpoint, CheckpointError, Rejected, find_resumable, save_checkpoint
+from .checkpoint import Checkpoint, CheckpointError, Rejected, find_resumable, save_component_checkpoint
 from .rundir import MetricsLog, check_run_dir
 from .schedule import ReplicaSet, Schedule, replicated
 from .trace import ExecutionTrace, InvocationRecord
@@ -203,10 +203,10 @@ class Runner:
     def checkpoint(self, k: int) -> Path | None:
         if self.config.out_dir is None:
             return None
-        states = {c: self.backend.control(c, "get_states") for c in self.component_processes()}
-        return save_checkpoint(self.config.out_dir / "checkpoints", k, states,
-                               meta={"workflow": self.wf.name, "params": {p: v for p, v in self.wf.params.items()
-                                                                         if isinstance(v, int | float | str | bool)}})
+        return save_component_checkpoint(
+            self.config.out_dir / "checkpoints", k, self.component_processes(), self.backend.control,
+            meta={"workflow": self.wf.name, "params": {p: v for p, v in self.wf.params.items()
+                                                      if isinstance(v, int | float | str | bool)}})
 
     # -- iterations -------------------------------------------------------------------------
     def run_iteration(self, k: int) -> IterationResult:

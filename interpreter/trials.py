@@ -390,15 +390,15 @@ class TrialSession:
         continues from here (`rose execute FILE --plan PLAN --out RUN --resume`)."""
         if self.out_dir is None or self.k == 0:
             return None
-        from .checkpoint import save_checkpoint
+        from .checkpoint import save_component_checkpoint
 
         self.out_dir.mkdir(parents=True, exist_ok=True)
         with (self.out_dir / "metrics.jsonl").open("a") as f:
             for line in self.retained:
                 f.write(json.dumps(line) + "\n")
-        states = {c: self.executor.get_states(c) for c in self.wf.components}
-        return save_checkpoint(self.out_dir / "checkpoints", self.k - 1, states,
-                               meta={"workflow": self.wf.name, "written_by": "rose optimize", "plan": plan_label})
+        return save_component_checkpoint(self.out_dir / "checkpoints", self.k - 1, list(self.wf.components),
+                                         self.executor.control,
+                                         meta={"workflow": self.wf.name, "written_by": "rose optimize", "plan": plan_label})
 
     def close(self) -> None:
         if self.cpu is not None:

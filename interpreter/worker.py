@@ -392,6 +392,25 @@ class ComponentWorker:
     def get_states(self) -> dict[str, Any]:
         return {so.name: _to_cpu(get_state(self.obj, self.comp, so.name)) for so in self.comp.state}
 
+    def write_state_file(self, path: str, host: str) -> dict[str, Any]:
+        """This component's state file of a checkpoint being written (`checkpoint.save_component_checkpoint`),
+        written here: the state does not cross to the driver. {"elsewhere": ...} when this process is not on
+        the driver's host `host` (the path is on the driver's file system), {"error": ...} when the state
+        would not load as a checkpoint (nothing written)."""
+        import socket
+        from pathlib import Path
+
+        if socket.gethostname() != host:
+            return {"elsewhere": socket.gethostname()}
+        try:
+            from .checkpoint import CheckpointError, write_state_file
+        except ImportError as exc:  # a process without torch (its own venv): the driver writes its file
+            return {"elsewhere": f"{socket.gethostname()} ({exc})"}
+        try:
+            return write_state_file(Path(path), self.get_states(), self.name)
+        except CheckpointError as exc:
+            return {"error": str(exc)}
+
     def export_states(self) -> tuple[int, dict[str, Any]]:
         """`get_states` as two returns (Ray `num_returns=2`): its size in bytes, which the driver fetches to know
         the read succeeded, and the state, which it hands to another process by reference without fetching it
