@@ -332,14 +332,17 @@ def check_quota(quota: int, client_env: Mapping[str, str], *, fingerprint: str |
 def check_quotas(quotas: Sequence[int], client_env_of: Callable[[int], Mapping[str, str]], *,
                  fingerprint: str | None = None, cache: Path | None = None, timeout: float = 180.0,
                  parallel: int = 1, run_child: Callable[[dict[str, str]], str] | None = None,
-                 on_verdict: Callable[[QuotaVerdict], None] | None = None) -> dict[int, QuotaVerdict]:
+                 on_verdict: Callable[[QuotaVerdict], None] | None = None,
+                 stop: Callable[[], Any] | None = None) -> dict[int, QuotaVerdict]:
     """Verdicts for several quotas: cached ones read, the others measured -- up to `parallel` fresh MPS
     clients at once, each at its own quota. A check is one CUDA start plus a few seconds of small GEMMs
     (~18 s on the H200), so a search that meets a run of unsafe levels (on the H200, 60% to 88% are
     nearly all unsafe) checks them side by side instead of one after another; each client sees only its
     own quota's SMs, so the checks do not change each other's kernels. The CPU references are computed
     once and shared (`references`), and each check gets its share of the CPU threads: six checks of 16
-    threads each on 16 cores did not finish 19 levels in 150 s on the H200 host."""
+    threads each on 16 cores did not finish 19 levels in 150 s on the H200 host. `stop()` true (a stop request:
+    `rose optimize`'s SIGTERM) ends the checks in flight at once; their levels stay unknown, so unsafe and
+    not cached -- a batch takes 20-40 s, longer than the grace a signal leaves before SIGKILL."""
     from concurrent.futures import ThreadPoolExecutor
 
     fingerprint = fingerprint if fingerprint is not None else machine_fingerprint()
@@ -359,11 +362,7 @@ def check_quotas(quotas: Sequence[int], client_env_of: Callable[[int], Mapping[s
         shared["ROSE_CHECK_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, min(parallel, len(todo)))))
 
         def run_child(e: dict[str, str]) -> str:
-            try:
-                p = subprocess.run([sys.executable, "-c", _CHILD], env=e, capture_output=True, text=True, timeout=timeout)
-            except subprocess.TimeoutExpired:
-                return f"the check took longer than {timeout:.0f} s"
-            return p.stdout + (f"\n{p.stderr[-800:]}" if p.returncode else "")
+            return _run_check(e, timeout, stop)
 
     def one(quota: int) -> QuotaVerdict:
         env = {**os.environ, **shared, **client_env_of(quota), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(quota)}
@@ -387,6 +386,30 @@ def check_quotas(quotas: Sequence[int], client_env_of: Callable[[int], Mapping[s
     except OSError:  # a read-only home: the verdicts still hold for this run
         pass
     return verdicts
+
+
+def _run_check(env: dict[str, str], timeout: float, stop: Callable[[], Any] | None) -> str:
+    """One check's process: its output, or why it has none (too slow, or stopped)."""
+    import tempfile
+    import time
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-c", _CHILD], env=env, stdout=out, stderr=err, text=True)
+        deadline = time.monotonic() + timeout
+        try:
+            while proc.poll() is None:
+                if stop is not None and stop():
+                    return "the check was stopped (a stop request)"
+                if time.monotonic() > deadline:
+                    return f"the check took longer than {timeout:.0f} s"
+                time.sleep(0.2)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        out.seek(0)
+        err.seek(0)
+        return out.read() + (f"\n{err.read()[-800:]}" if proc.returncode else "")
 
 
 _REFERENCES_DIR: list[Path] = []  # this process's directory for the references (removed at exit)

@@ -201,7 +201,7 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
         fingerprint = machine_fingerprint()
 
         def check(percents: list[int]) -> dict[int, QuotaVerdict]:
-            return check_quotas(percents, gpu.client_env, fingerprint=fingerprint, parallel=PARALLEL_CHECKS)
+            return check_quotas(percents, gpu.client_env, fingerprint=fingerprint, parallel=PARALLEL_CHECKS, stop=stop)
 
     # how many levels one self-check batch asks: the screening asks its probe's level alone, the search (and
     # a screening that met an unsafe level, so walks down) PARALLEL_CHECKS -- H100, MJX (2026-12-05): the
@@ -564,6 +564,12 @@ class _Screened:
         return statistics.median(self.reference) / statistics.median(self.values)
 
 
+def _stopped_rows(probes: list[tuple[BranchPair, str]], reason: str) -> list[dict[str, Any]]:
+    """The screening's rows of the probes a stop request or the budget left unmeasured."""
+    return [{"target": p.target, "kind": kind, "other": p.other, "score_s": p.score_s, "demand": p.demand,
+             "slack_s": p.slack_s, "overlap_s": p.overlap_s, "skipped": reason, "stopped": True} for p, kind in probes]
+
+
 def _screen(plan: Workflow, probes: list[tuple[BranchPair, str]], session: Any, repeats: int, final: list[float],
             levels: list[tuple[int, int]], rho: int, level_of: Callable[[int], int], usable: Callable[[int], bool],
             mps: dict[str, Mps], declared: dict[str, Mps], move: Callable[[str, Mps], None],
@@ -587,9 +593,7 @@ def _screen(plan: Workflow, probes: list[tuple[BranchPair, str]], session: Any, 
     for i, (pair, kind) in enumerate(probes):
         reason = stop(overhead_s) if stop is not None else None
         if reason:
-            rows += [{"target": p.target, "kind": kd, "other": p.other, "score_s": p.score_s, "demand": p.demand,
-                      "slack_s": p.slack_s, "overlap_s": p.overlap_s, "skipped": reason, "stopped": True}
-                     for p, kd in probes[i:]]
+            rows += _stopped_rows(probes[i:], reason)
             break
         if moved is not None:
             move(*moved)
@@ -607,11 +611,23 @@ def _screen(plan: Workflow, probes: list[tuple[BranchPair, str]], session: Any, 
                 continue
             k, setting = k0, (q0, 1)
         else:
-            k = max(1, k0 - rho)
-            while k >= 1 and not usable(k):
+            # one coarse step down, or the first usable level within another coarse step below it: each level
+            # asked may cost a self-check batch (~20-40 s), so the walk is short and asks the budget at each
+            # step -- H100, MJX (2026-12-05): from 94%, every level from 88% to 52% failed its check, and an
+            # unbounded walk checked all of them, past the time budget, until the run was killed
+            k, lowest, reason = max(1, k0 - rho), max(1, k0 - 2 * rho), None
+            while not usable(k):
                 k -= 1
-            if k < 1:
-                row["skipped"] = "no usable level below its quota"
+                reason = stop(overhead_s) if stop is not None and k >= lowest else None
+                if k < lowest or reason:
+                    break
+            if reason:
+                row.update(skipped=reason, stopped=True)
+                rows += _stopped_rows(probes[i + 1:], reason)
+                break
+            if k < lowest:
+                row["skipped"] = (f"no usable level within two coarse steps below {q0}% (the GPU math self-check "
+                                  f"fails under each of them here)")
                 continue
             setting = (levels[k - 1][0], p0)
         region = _region(plan, pair)

@@ -646,7 +646,9 @@ def test_screening_moves_each_candidate_one_step_and_searches_the_one_that_helpe
 
 def test_an_unsafe_probe_level_turns_the_screenings_checks_into_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     """The screening asks its probe level alone; when that level is unsafe (on the H200, 60-88% nearly all
-    are), the walk down to a usable level asks PARALLEL_CHECKS levels at a time, each level once."""
+    are), the walk down to a usable level asks PARALLEL_CHECKS levels at a time, each level once -- and
+    goes at most one more coarse step down: a probe is one step (H100, 2026-12-05: every level from 88% to
+    52% failed, and an unbounded walk checked them all until the run was killed)."""
     from interpreter.quota_trials import PARALLEL_CHECKS
     from rose_dsl.optimizer.search import Settings
 
@@ -655,9 +657,43 @@ def test_an_unsafe_probe_level_turns_the_screenings_checks_into_batches(monkeypa
     check = _checked(unsafe=tuple(range(80, 95)))
     out = tune_quota(result.plan, result, _TwoProcessSession(helps="policy", hurts="trainer"), _Gpu(), Settings(),
                      log=lambda m: None, total_sms=132, check=check)
-    assert check.batches[0] == [94] and len(check.batches[1]) == PARALLEL_CHECKS
-    assert len(check.seen) == len(set(check.seen))
-    assert all(row["percent"] < 80 for row in out["screened"] if "percent" in row)
+    assert check.batches[0] == [94] and len(check.batches[1]) == PARALLEL_CHECKS and len(check.batches) == 2
+    assert len(check.seen) == len(set(check.seen)) and min(check.seen) >= 80
+    assert all(row["skipped"].startswith("no usable level within two coarse steps below 100%")
+               for row in out["screened"] if row["kind"] == "quota")
+    # a hole two coarse steps deep is crossed: the first usable level below it is probed
+    check = _checked(unsafe=tuple(range(90, 95)))
+    out = tune_quota(result.plan, result, _TwoProcessSession(helps="policy", hurts="trainer"), _Gpu(), Settings(),
+                     log=lambda m: None, total_sms=132, check=check)
+    assert {row.get("percent") for row in out["screened"]} == {88}
+
+
+def test_the_screenings_walk_past_unsafe_levels_asks_the_budget_at_each_step(monkeypatch) -> None:
+    """Each level the walk asks may cost a self-check batch (20-40 s on an H100): when a batch has spent the
+    time a probe and its validation need, the walk ends there -- the probes left are reported stopped by
+    the budget, no further level is checked, nothing is measured."""
+    from dataclasses import replace
+
+    import interpreter.quota_trials as qt
+    from rose_dsl.optimizer.search import Settings
+
+    _two_candidates(monkeypatch)
+    clock = _Clock()
+    monkeypatch.setattr(qt, "time", clock)
+    _, result = _stage1(ROOT)
+    result = replace(result, final_runs=[*result.final_runs, result.final_runs[0]])  # 10-s iterations, reused
+    inner = _checked(unsafe=tuple(range(50, 95)))
+
+    def check(percents):  # a batch takes 40 s
+        clock.t += 40.0
+        return inner(percents)
+
+    session = _TimedSession(clock)
+    out = qt.tune_quota(result.plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132,
+                        check=check, deadline=150.0)
+    assert inner.batches == [[94], inner.batches[1]] and len(inner.batches[1]) > 1  # the probe level, one batch
+    assert out["screened"][0]["skipped"] == "the time budget is spent" and all(r.get("stopped") for r in out["screened"])
+    assert session.executor.replaced == [] and "quotas" not in out
 
 
 def test_screening_keeps_the_quotas_when_no_step_down_helps(monkeypatch: pytest.MonkeyPatch) -> None:
