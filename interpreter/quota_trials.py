@@ -475,8 +475,8 @@ def _validate(out: dict[str, Any], plan: Workflow, target: str, cand: Mps, ref: 
     measurement of the plan, or a previous round's) -- else A/B/A. `reuse` is a block already measured under
     `cand` with the target still there, the A. Each switch restarts the process, so B/A/B with both blocks
     measured runs one block and one restart (H100, MJX, 2026-12-05: a restart 10.9-13.5 s, A/B/A cost two),
-    and ends with the target at `ref`, where it stays: the plan says `cand`, and a later round moves it
-    there before it measures anything (`move`); the optimizer's training needs no quota. `out` (the stage-2
+    and ends with the target at `ref`, where it stays: the plan says `cand`, a later round moves it there
+    before it measures anything (`move`), and otherwise only the hand-over checkpoint follows. `out` (the stage-2
     section) gets the validation and the summary, and, when `cand` was faster by more than the noise margin,
     `quotas` or `priorities` and the `plan` with them; otherwise the target goes back to `ref`."""
     best_s: list[float] = list(reuse)
