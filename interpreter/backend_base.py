@@ -132,10 +132,11 @@ class Backend(ABC):
         raise Unsupported(f"the {self.name} backend cannot restart components")
 
     def replace_actor(self, name: str, quota: int | None, mps_env: dict[str, str] | None = None,
-                      priority: int | None = None) -> dict[str, Any]:
+                      priority: int | None = None, keep: bool = False) -> dict[str, Any]:
         """Move a component to a fresh process (e.g. under another MPS quota or client priority; `priority`
         None keeps the component's), its declared state moved with it; the new process's `info`
-        (`capabilities.restartable`)."""
+        (`capabilities.restartable`). `keep`: the old process may stay alive, idle, to be moved back to
+        (`actor_moves.py`)."""
         raise Unsupported(f"the {self.name} backend cannot move a component to a new process")
 
     def replace_component(self, comp: Component) -> None:

@@ -210,16 +210,16 @@ class Executor:
         return {c: int(self._backend.control(c, "info")["thread"]) for c in self.components()}
 
     def replace_quota(self, comp: str, quota: int | None, mps_env: dict[str, str] | None,
-                      priority: int | None = None) -> dict[str, Any]:
+                      priority: int | None = None, keep: bool = False) -> dict[str, Any]:
         """Move a GPU component to a new process under another MPS quota (and client priority, when not
         None), its state moved with it (`Backend.replace_actor`: a restartable backend recompiles a compiled
-        iteration around it)."""
+        iteration around it); `keep`: the old process may be parked, to be moved back to."""
         if not self._backend.capabilities.restartable:
             raise Unsupported(f"quota trials need a backend with one process per component (the {self.backend_name} "
                               "backend cannot move a component to a new process)")
-        if priority is None:
+        if priority is None and not keep:
             return self._backend.replace_actor(comp, quota, mps_env)
-        return self._backend.replace_actor(comp, quota, mps_env, priority=priority)
+        return self._backend.replace_actor(comp, quota, mps_env, priority=priority, keep=keep)
 
     def close(self) -> None:
         if self.backend is not None:

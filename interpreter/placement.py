@@ -35,7 +35,10 @@ class GpuPlacement:
         return self.slot_of.get(replica_name(component, replica))
 
     def share(self, slot: int) -> float:
-        return 1.0 / sum(1 for s in self.slot_of.values() if s == slot)
+        """Each process's part of its slot's bundle (Ray's fractional GPU): the bundle keeps room for one
+        process more, which a process moved to another MPS quota takes while the one it replaces is parked
+        (`actor_moves.py`)."""
+        return 1.0 / (sum(1 for s in self.slot_of.values() if s == slot) + 1)
 
     def distinct(self, component: str) -> bool:
         """Do the component's replicas run on distinct GPUs (what NCCL requires)?"""

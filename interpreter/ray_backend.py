@@ -25,6 +25,7 @@ from typing import Any
 
 from rose_dsl.ir import Component, Workflow
 
+from .actor_moves import ActorMoves, Parked
 from .backend_base import (
     NODE_LIMIT,
     Backend,
@@ -61,7 +62,7 @@ def _wants_process_group(comp: Component, allowed: Sequence[str]) -> bool:
     return wants_process_group(comp, allowed)
 
 
-class RayBackend(Backend):
+class RayBackend(ActorMoves, Backend):
     """Component processes on Ray; per-call dispatch, or one compiled graph per iteration after `compile`."""
 
     def __init__(self, wf: Workflow, allowed: Sequence[str], loops_of, address: str | None = None,
@@ -109,6 +110,7 @@ class RayBackend(Backend):
         self.pids: dict[str, int] = {}
         self.start_timeout_s = start_timeout_s
         self.actors: dict[str, Any] = {}
+        self.parked: dict[str, Parked] = {}  # processes a move left alive beside their replacement (actor_moves.py)
         self._placement_group: Any = None
         # (concurrency groups can only be given here, not per actor in `.options`)
         self._worker_cls = ray.remote(concurrency_groups={"_ray_system": GRAPH_CACHE + 1})(  # type: ignore[call-overload]
@@ -247,6 +249,7 @@ class RayBackend(Backend):
                                  "group alone; restart the run with --resume", died=True)
         schedule = self._schedule if self.dag is not None else None
         self._teardown_dag()  # a compiled graph holds channels to every actor: compiled again below
+        self.stop_parked(names)  # (a fatal GPU error ended them too, or will have to)
         for name in names:
             self._kill(name)
         self._wait_gone([self.pids[n] for n in names if n in self.pids])
@@ -315,39 +318,6 @@ class RayBackend(Backend):
         for name in names:
             self._await_ready(name)
 
-    def replace_actor(self, name: str, quota: int | None, mps_env: dict[str, str] | None = None,
-                      priority: int | None = None) -> dict[str, Any]:
-        """Move a component to a new process (e.g. under another MPS quota or client priority, both fixed for
-        a process's lifetime; `priority` None keeps the component's): its declared state is read from the old actor, the old one is stopped, and the new one
-        starts from that state -- no training progress is lost. Returns the new process's info. The state
-        goes from process to process through Ray's object store, by reference: the driver fetches only its
-        size, to know the read succeeded before the old process is stopped (a 4-GB GPU state on the H200: 6.9 s
-        through the driver, 5.1 s by reference; a whole replace_actor 11.4 s; `benchmarks/state_transfer.py`)."""
-        from dataclasses import replace as dc_replace
-
-        base, _, r = name.partition("#")
-        size, states = self.actors[name].export_states.options(num_returns=2).remote()
-        try:
-            self.ray.get(size, timeout=600)
-        except self.ray.exceptions.RayError as exc:
-            raise self._failure(exc, f"get_states of {name}") from None
-        comp = dc_replace(self.wf.components[base], mps_quota=quota)
-        if priority is not None:
-            comp = dc_replace(comp, mps_priority=priority)
-        # (a later restart starts the component under this quota and priority too)
-        self.wf = dc_replace(self.wf, components={**self.wf.components, base: comp})
-        if mps_env is not None:
-            self.mps_env[base] = mps_env
-        schedule = self._schedule if self.dag is not None else None
-        self._teardown_dag()
-        self._kill(name)
-        self.actors[name] = self._launch(comp, int(r or 0))
-        self._await_ready(name)
-        self.control(name, "set_states", states)
-        if schedule is not None:
-            self.compile(schedule)
-        return self.control(name, "info")
-
     def replace_component(self, comp: Component) -> None:
         """A layout switch: `comp.name`'s processes stopped, `comp`'s (its replica count, its args) started
         fresh. A start that fails stops the new processes and raises CallFailed, leaving the backend
@@ -365,6 +335,7 @@ class RayBackend(Backend):
         self._teardown_dag()
         self._schedule = self._plan_key = None
         names = [n for n in self.actors if n.partition("#")[0] == comp.name]
+        self.stop_parked(names)
         for name in names:
             self._kill(name)
         self._wait_gone([self.pids.pop(n) for n in names if n in self.pids])
@@ -570,6 +541,7 @@ class RayBackend(Backend):
 
     def shutdown(self) -> None:
         self._teardown_dag()
+        self.stop_parked()
         for name in list(self.actors):
             self._kill(name)
         self.actors = {}

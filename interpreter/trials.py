@@ -326,8 +326,8 @@ class TrialSession:
         next complete iteration is training, not a measurement: the new process compiles its programs,
         captures its CUDA graphs and fills its allocator on its first calls (timed, that start-up was
         charged to the quota being tried)."""
-        out = (self.executor.replace_quota(comp, quota, mps_env) if priority is None
-               else self.executor.replace_quota(comp, quota, mps_env, priority=priority))
+        # the process left is parked where the GPU has room (`actor_moves.py`): stage 2 moves back to it
+        out = self.executor.replace_quota(comp, quota, mps_env, priority=priority, keep=True)
         self._last_plan = None
         return out
 

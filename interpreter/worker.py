@@ -392,6 +392,23 @@ class ComponentWorker:
     def get_states(self) -> dict[str, Any]:
         return {so.name: _to_cpu(get_state(self.obj, self.comp, so.name)) for so in self.comp.state}
 
+    def gpu_memory(self) -> dict[str, Any]:
+        """What this process holds of its GPU (torch's allocator, reserved bytes) and what the GPU has free
+        (None: no CUDA here): whether it can be parked beside its replacement (`actor_moves.py`)."""
+        torch = _torch()
+        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return {"reserved": 0, "free": None}
+        free, _ = torch.cuda.mem_get_info()
+        return {"reserved": int(torch.cuda.memory_reserved()), "free": int(free)}
+
+    def park(self) -> None:
+        """Idle beside the process that replaces it (`actor_moves.py`): its snapshots dropped, its allocator's
+        cached blocks given back to the GPU; its own state stays, overwritten if it is moved back to."""
+        self._kept = None
+        torch = _torch()
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+
     def write_state_file(self, path: str, host: str) -> dict[str, Any]:
         """This component's state file of a checkpoint being written (`checkpoint.save_component_checkpoint`),
         written here: the state does not cross to the driver. {"elsewhere": ...} when this process is not on

@@ -33,10 +33,11 @@ def _placement(**params: int) -> GpuPlacement:
 def test_colocated_and_disaggregated_slots() -> None:
     colocated = _placement()
     assert colocated.slot_of == {"policy": 0, "policy#1": 1, "trainer": 0, "trainer#1": 1}
-    assert colocated.slots == 2 and colocated.share(0) == 0.5 and colocated.distinct("trainer")
+    # each bundle is split among its processes and one more (a process moved to another quota: actor_moves.py)
+    assert colocated.slots == 2 and colocated.share(0) == pytest.approx(1 / 3) and colocated.distinct("trainer")
     apart = _placement(trainer_gpu=2)
     assert apart.slot_of == {"policy": 0, "policy#1": 1, "trainer": 2, "trainer#1": 3}
-    assert apart.slots == 4 and apart.share(3) == 1.0
+    assert apart.slots == 4 and apart.share(3) == 0.5
     assert apart.describe() == "GPU 0: policy; GPU 1: policy#1; GPU 2: trainer; GPU 3: trainer#1"
     shared = _placement(replicas=2, policy_gpu=0, trainer_gpu=0)
     assert shared.distinct("policy")
@@ -115,3 +116,38 @@ def test_dead_processes_are_found_in_one_timeout_not_one_each(colocated) -> None
     dead = be.dead_components(timeout=3)
     assert sorted(dead) == sorted(victims) and dead == [p for p in be.components() if p in victims]
     assert time.monotonic() - t0 < 3 * 1.5  # all at once: about one timeout, not three
+
+
+ONE_GPU = """
+rose: 1
+name: one-gpu
+components:
+  policy: {impl: "tests.mocks:DataShard", device: gpu}
+  trainer: {impl: "tests.mocks:DataShard", device: gpu}
+iteration:
+  count: 1
+  body:
+    - {node: b, call: policy.batch, in: {it: iteration.i}, out: [x, y]}
+"""
+
+
+def test_a_process_moved_to_another_quota_starts_beside_the_one_it_parks(ray_four_gpus) -> None:
+    """Stage 2 moves a process to a trial quota and back (`actor_moves.py`): the new process starts while
+    the old one is still alive, parked, on the same GPU -- the slot's bundle keeps room for one process more
+    (with the bundle split exactly among the workflow's processes, the new one waited for a share that
+    never came) -- and the move back hands the state to the parked process instead of starting a third."""
+    from interpreter.procs import pid_alive
+
+    be = RayBackend(load_workflow_text(ONE_GPU, "one.yaml"), ("tests.",), {}, gpu_device="cpu", start_timeout_s=30)
+    try:
+        first = be.control("policy", "info")
+        moved = be.replace_actor("policy", 94, {}, keep=True)
+        assert moved["pid"] != first["pid"] and moved["visible_gpus"] == first["visible_gpus"]
+        assert be.parked["policy"].pid == first["pid"] and pid_alive(first["pid"])
+        back = be.replace_actor("policy", None, {}, keep=True)
+        assert back["pid"] == first["pid"] and be.parked["policy"].pid == moved["pid"]
+        other = be.replace_actor("trainer", 94, {}, keep=True)  # one parked process per GPU: the policy's goes
+        assert set(be.parked) == {"trainer"} and other["visible_gpus"] == first["visible_gpus"]
+    finally:
+        be.shutdown()
+    assert not be.parked

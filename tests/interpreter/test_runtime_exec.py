@@ -172,10 +172,11 @@ def test_checkpoint_and_resume_continue_the_same_run(tmp_path) -> None:
     _assert_same(straight, resumed)
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-def test_replacing_an_actor_keeps_its_state_and_applies_the_new_environment(ray_session, compiled) -> None:
+@pytest.mark.parametrize(("compiled", "keep"), [(False, False), (True, False), (True, True)])
+def test_replacing_an_actor_keeps_its_state_and_applies_the_new_environment(ray_session, compiled, keep) -> None:
     """A quota change moves the component to a new process; training continues from the same state
-    (a compiled graph is compiled again around the new process)."""
+    (a compiled graph is compiled again around the new process). With `keep` the old process is parked, and
+    a move back to its settings hands the state back to it instead of starting a third process."""
     wf = _ppo()
     straight, _ = _run(wf, LocalBackend, iterations=4)
     sch = Schedule(wf)
@@ -188,11 +189,15 @@ def test_replacing_an_actor_keeps_its_state_and_applies_the_new_environment(ray_
         runner.run_iteration(1)
         old_pid = be.control("sim", "info")["pid"]
         info = be.replace_actor("sim", 40, {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40", "CUDA_MPS_CLIENT_PRIORITY": "1"},
-                                priority=1)
+                                priority=1, keep=keep)
         assert info["pid"] != old_pid and info["mps_quota"] == "40" and info["mps_priority"] == "1"
         assert (be.wf.components["sim"].mps_quota, be.wf.components["sim"].mps_priority) == (40, 1)
         assert be.capabilities.compiled == compiled
+        assert (set(be.parked) == {"sim"} and be.parked["sim"].pid == old_pid) if keep else not be.parked
         runner.run_iteration(2)
+        if keep:  # back to the settings it started under: the parked process, not a new one
+            back = be.replace_actor("sim", None, {}, priority=0, keep=True)
+            assert back["pid"] == old_pid and back["mps_quota"] is None and be.parked["sim"].pid == info["pid"]
         runner.run_iteration(3)
         states = {n: be.control(n, "get_states") for n in be.components()}
     finally:

@@ -264,7 +264,7 @@ def test_a_process_moved_under_a_new_quota_gets_a_warm_up_iteration(session, mon
     allocator) the next complete iteration of the same plan is training, not a measurement."""
     wf, s = session
     moved: list[tuple[str, int]] = []
-    monkeypatch.setattr(s.executor, "replace_quota", lambda comp, quota, env: moved.append((comp, quota)) or {})
+    monkeypatch.setattr(s.executor, "replace_quota", lambda comp, quota, env, **kw: moved.append((comp, quota)) or {})
     s.complete([wf], 1)  # the plan's first iteration (untimed) + one measured
     assert s.k == 2
     s.complete([wf], 1)  # no switch: measured at once
