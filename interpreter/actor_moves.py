@@ -75,7 +75,8 @@ class ActorMoves:
         for a process's lifetime; `priority` None keeps the component's): its declared state is read from
         the old process, which is stopped -- or, with `keep`, parked (see the module) -- and the new one
         starts from that state: no training progress is lost. A process parked under exactly these
-        settings is the new one when there is one. Returns the new process's info. The state goes from
+        settings is the new one when there is one. Returns the new process's info (`reused`: it was a parked
+        one). The state goes from
         process to process through Ray's object store, by reference: the driver fetches only its size, to
         know the read succeeded before the old process is stopped (a 4-GB GPU state on the H200: 6.9 s
         through the driver, 5.1 s by reference; a whole replace_actor 11.4 s; `benchmarks/state_transfer.py`)."""
@@ -131,6 +132,7 @@ class ActorMoves:
             self.compile(schedule)
         info: dict[str, Any] = self.control(name, "info")
         self.pids[name] = int(info["pid"])
+        info["reused"] = reuse is not None and info["pid"] == reuse.pid  # a parked process took the state
         return info
 
     def _room_to_park(self, name: str) -> bool:

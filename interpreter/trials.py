@@ -329,6 +329,8 @@ class TrialSession:
         # the process left is parked where the GPU has room (`actor_moves.py`): stage 2 moves back to it
         out = self.executor.replace_quota(comp, quota, mps_env, priority=priority, keep=True)
         self._last_plan = None
+        self.books["quota_moves"] = self.books.get("quota_moves", 0) + 1
+        self.books["quota_moves_to_parked"] = self.books.get("quota_moves_to_parked", 0) + int(bool(out.get("reused")))
         return out
 
     def capture(self, probe_wf: Workflow) -> dict[int, dict[str, Any]]:

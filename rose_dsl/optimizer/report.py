@@ -101,6 +101,13 @@ def with_quotas(baseline_s: float, speedup: float, stage2: Mapping[str, Any] | N
             "note": "stage 1's before/after times stage 2's validation (two interleaved comparisons, chained)"}
 
 
+def _moves_note(books: Mapping[str, float]) -> str:
+    if not books.get("quota_moves"):
+        return ""
+    return (f"; {int(books['quota_moves'])} move(s) of a process, {int(books.get('quota_moves_to_parked', 0))} of them "
+            f"back to a parked process (a state hand-over, no start-up)")
+
+
 def _prefetch_note(books: Mapping[str, float]) -> str:
     if not books.get("quota_check_prefetch_levels"):
         return ""
@@ -130,7 +137,7 @@ def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: f
               "quota": {"count": int(books.get("quota_trials", 0)), "seconds": books.get("quota_s", 0.0),
                         "note": "stage 2's time no other row books: moving the target to a new process under "
                                 "each trial setting and back (probes, search, validation blocks) and what a block "
-                                "costs beyond its iterations (those are training: the first row)"},
+                                "costs beyond its iterations (those are training: the first row)" + _moves_note(books)},
               "quota_checks": {"count": int(books.get("quota_checks", 0)), "seconds": books.get("quota_check_s", 0.0),
                                "note": "the GPU math self-check of each quota level asked (fresh MPS clients, "
                                        "several at once); cached per machine, so paid once per machine"

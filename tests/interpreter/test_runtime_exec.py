@@ -198,6 +198,7 @@ def test_replacing_an_actor_keeps_its_state_and_applies_the_new_environment(ray_
         if keep:  # back to the settings it started under: the parked process, not a new one
             back = be.replace_actor("sim", None, {}, priority=0, keep=True)
             assert back["pid"] == old_pid and back["mps_quota"] is None and be.parked["sim"].pid == info["pid"]
+            assert back["reused"] and not info["reused"]
         runner.run_iteration(3)
         states = {n: be.control(n, "get_states") for n in be.components()}
     finally:

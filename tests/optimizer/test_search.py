@@ -229,6 +229,10 @@ def test_report_holds_every_measurement(wf, tmp_path) -> None:
                            plan_file="p.yaml", run_dir=None, activity_kind="cpu")["trials"]
     assert (guarded["snapshots"]["count"], guarded["snapshots"]["seconds"]) == (2, 1.5)
     assert guarded["other"]["seconds"] == pytest.approx(1.5)
+    moved = build_report(result, books={"quota_trials": 1, "quota_s": 20.0, "quota_moves": 2, "quota_moves_to_parked": 1},
+                         total_s=30.0, workflow=wf.name, file="w.yaml", settings={}, machine={}, stage2=None,
+                         plan_file="p.yaml", run_dir=None, activity_kind="cpu")["trials"]["quota"]
+    assert moved["note"].endswith("2 move(s) of a process, 1 of them back to a parked process (a state hand-over, no start-up)")
     assert doc["overhead_s"]["fraction_of_1h_net"] == pytest.approx(3.0 / 3600)
     r1 = doc["rounds"][0]
     assert r1["targets"][0]["D_v"] > 0 and r1["targets"][0]["tier"] == 1
