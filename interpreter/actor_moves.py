@@ -76,10 +76,10 @@ class ActorMoves:
         the old process, which is stopped -- or, with `keep`, parked (see the module) -- and the new one
         starts from that state: no training progress is lost. A process parked under exactly these
         settings is the new one when there is one. Returns the new process's info (`reused`: it was a parked
-        one). The state goes from
-        process to process through Ray's object store, by reference: the driver fetches only its size, to
-        know the read succeeded before the old process is stopped (a 4-GB GPU state on the H200: 6.9 s
-        through the driver, 5.1 s by reference; a whole replace_actor 11.4 s; `benchmarks/state_transfer.py`)."""
+        one). The state goes from process to process through Ray's object store, by reference: the driver
+        fetches only its size, to know the read succeeded before the old process is stopped (a 4-GB GPU
+        state on the H200: 6.9 s through the driver, 5.1 s by reference; a whole replace_actor 11.4 s;
+        `benchmarks/state_transfer.py`)."""
         base, _, r = name.partition("#")
         size, states = self.actors[name].export_states.options(num_returns=2).remote()
         try:
