@@ -136,7 +136,7 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
                check: Callable[[list[int]], dict[int, QuotaVerdict]] | None = None,
                stop: Callable[[], str | None] | None = None, priorities: bool = False,
                quotas: bool = True, reference_s: list[float] | None = None,
-               running: dict[str, Mps] | None = None) -> dict[str, Any]:
+               running: dict[str, Mps] | None = None, move_s: float = 0.0) -> dict[str, Any]:
     """Algorithm 2 for the stage-1 plan `result.plan`; returns the report's stage-2 section, with
     `quotas` (or `priorities`) and `plan` when a change is kept. `deadline` (a `time.perf_counter()` value)
     ends the search early with the best level measured so far (leaving time for the validation).
@@ -149,7 +149,9 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     (a later stage-2 round: its predecessor's validation), the reference instead of those runs, which
     still give the ranking (the graph is the same; only one process's MPS settings changed). `running`: the
     MPS settings each process runs under now, where they differ from the plan's (a validation ends with its
-    target at the reference, `_validate`); it is kept up to date as processes move."""
+    target at the reference, `_validate`); it is kept up to date as processes move. `move_s`: the most a
+    block has cost beyond its iterations so far (a previous round's), what the budget counts per block until
+    this round measures its own."""
     plan = result.plan
     gpu_of = _gpu_of(plan)
     # SM demand from every run measured: the declared graph's runs show each process alone most often
@@ -277,7 +279,7 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
             return reason
 
         chosen, screened = _screen(plan, probes, session, repeats, final, levels, rho, level_of, usable, mps,
-                                   declared, move, log, screening_over)
+                                   declared, move, log, screening_over, move_s)
         if chosen is None:
             cut = next((r["skipped"] for r in screened if r.get("stopped")), None)
             kinds = {k for _, k in probes}
@@ -296,7 +298,7 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
                    statistics.median(r.seconds for r in result.final_runs) if result.final_runs else 0.0)
     # what a block of complete iterations costs beyond its iterations (a restart, the plan switch, a slow
     # first iteration): the most any probe so far cost beyond its own
-    cost = {"overhead": max((max(r.get("overhead_s", 0.0), r.get("restart_s", 0.0)) for r in screened), default=0.0)}
+    cost = {"overhead": max([move_s, *(max(r.get("overhead_s", 0.0), r.get("restart_s", 0.0)) for r in screened)])}
 
     def block_s(iterations: int) -> float:
         return iterations * iteration_s + cost["overhead"]
@@ -313,6 +315,7 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
             f"({chosen.gain:.3f}x); validating it")
         out.update(kind="priority", checked_levels=checked_levels())
         reuse = chosen.values if region == plan.root.path and mps[pair.target] == chosen.setting else []
+        out["block_overhead_s"] = cost["overhead"]
         return _validate(out, plan, pair.target, chosen.setting, start, reuse, session, move, settings, per_block,
                          block_s, deadline, stop, log, started, before=final if region == plan.root.path else [])
     log(f"stage 2: {pair.target} has {pair.slack_s:.3f} s of float beside critical calls of {pair.other} "
@@ -388,6 +391,7 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
     # two restarts and two blocks saved, the drift check intact
     best = (best_percent, p0)
     reuse = samples.get(search.best, []) if region == plan.root.path and mps[pair.target] == best else []
+    out["block_overhead_s"] = cost["overhead"]
     return _validate(out, plan, pair.target, best, start, reuse, session, move, settings, per_block, block_s,
                      deadline, stop, log, started, before=reused)
 
@@ -435,16 +439,22 @@ def _tune_rounds(wf: Workflow, result: Any, session: Any, gpu: Any, settings: An
                  changes: int, **options: Any) -> dict[str, Any]:
     running: dict[str, Mps] = {}  # the MPS settings each process runs under now, across rounds
     out = tune_quota(wf, result, session, gpu, settings, log, **options, running=running)
+    move_s = 0.0  # the most a block has cost beyond its iterations in the rounds so far
     rounds = [out]
     while len(rounds) < changes and "plan" in rounds[-1]:
         stop, deadline = options.get("stop"), options.get("deadline")
         if (stop is not None and stop()) or (deadline is not None and time.perf_counter() >= deadline):
             break
         last = rounds[-1]
+        # the next round's budget counts what a block cost here (a restart: 10.9-13.5 s on the H100s) from its
+        # first probe on; counted as free until a probe of its own, a round's first probe could start where
+        # its validation no longer fit
+        move_s = max([move_s, float(last.get("block_overhead_s", 0.0)),
+                      *(max(r.get("overhead_s", 0.0), r.get("restart_s", 0.0)) for r in last.get("screened", []))])
         log(f"stage 2, round {len(rounds) + 1}: from the plan with {last['summary'].split(':')[0]}")
         result = replace(result, plan=last["plan"])
         rounds.append(tune_quota(wf, result, session, gpu, settings, log, **options, running=running,
-                                 reference_s=list(last["validation"]["candidate"]["values"])))
+                                 reference_s=list(last["validation"]["candidate"]["values"]), move_s=move_s))
     if len(rounds) == 1:
         return out
     kept = [r for r in rounds if "plan" in r]
@@ -573,8 +583,8 @@ def _stopped_rows(probes: list[tuple[BranchPair, str]], reason: str) -> list[dic
 def _screen(plan: Workflow, probes: list[tuple[BranchPair, str]], session: Any, repeats: int, final: list[float],
             levels: list[tuple[int, int]], rho: int, level_of: Callable[[int], int], usable: Callable[[int], bool],
             mps: dict[str, Mps], declared: dict[str, Mps], move: Callable[[str, Mps], None],
-            log: Callable[[str], None],
-            stop: Callable[[float], str | None] | None) -> tuple[_Screened | None, list[dict[str, Any]]]:
+            log: Callable[[str], None], stop: Callable[[float], str | None] | None,
+            move_s: float = 0.0) -> tuple[_Screened | None, list[dict[str, Any]]]:
     """Which one-step change gets the search (or, for a priority, the validation): each probe (the order of
     `quota.screening_probes`) moves a process with float one coarse quota step down, or to a below-normal
     client priority, and times its comparison graph against that graph at the current settings; the largest
@@ -589,7 +599,7 @@ def _screen(plan: Workflow, probes: list[tuple[BranchPair, str]], session: Any, 
     rows: list[dict[str, Any]] = []
     measured: list[_Screened] = []
     moved: tuple[str, Mps] | None = None  # the previous probe's process and the settings to put it back to
-    overhead_s = 0.0  # the most a probe cost beyond its measured iterations
+    overhead_s = move_s  # the most a probe cost beyond its measured iterations (so far: a previous round's)
     for i, (pair, kind) in enumerate(probes):
         reason = stop(overhead_s) if stop is not None else None
         if reason:

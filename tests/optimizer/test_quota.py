@@ -1022,3 +1022,42 @@ def test_a_process_declared_below_100_percent_is_prefetched_one_step_below_its_o
     assert {n: c.mps_settings[0] for n, c in wf.components.items()} == {"sim": 100, "policy": 100, "trainer": 50}
     levels = first_probe_levels(wf, 132)
     assert len(levels) == 2 and levels[1] == 94 and levels[0] < 50
+
+
+def test_a_later_rounds_budget_counts_the_restarts_the_earlier_round_measured(monkeypatch) -> None:
+    """A round's screening asks the budget for a probe and a validation, each block costed with the most a
+    block cost beyond its iterations so far. A second round starts with the first round's figure (`move_s`),
+    not with none: here 20-s restarts leave no room for round 2's probe, which free restarts would have."""
+    import interpreter.quota_trials as qt
+    from rose_dsl.optimizer.search import Settings
+
+    _two_candidates(monkeypatch)
+    clock = _Clock()
+    monkeypatch.setattr(qt, "time", clock)
+    _, result = _stage1(ROOT)
+
+    def tune(move_s: float):  # type: ignore[no-untyped-def]
+        clock.t = 0.0
+        session = _TimedSession(clock)
+        out = qt.tune_quota(result.plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132,
+                            check=_checked(), deadline=90.0, move_s=move_s)
+        return out, session
+
+    free, _ = tune(0.0)
+    counted, session = tune(20.0)
+    assert any("seconds" in row for row in free["screened"])  # restarts counted as free: a probe ran
+    assert counted["skipped"].startswith("the screening stopped (the time budget is spent)")
+    assert session.executor.replaced == []
+    # tune_mps hands round 1's figure to round 2
+    seen: list[float] = []
+    real = qt.tune_quota
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(kwargs.get("move_s", 0.0))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(qt, "tune_quota", spy)
+    clock.t = 0.0
+    qt.tune_mps(result.plan, result, _TimedSession(clock), _Gpu(), Settings(), log=lambda m: None, total_sms=132,
+                check=_checked(), deadline=10_000.0)
+    assert len(seen) == 2 and seen[0] == 0.0 and seen[1] >= _TimedSession.RESTART_S
