@@ -175,14 +175,10 @@ def save_checkpoint(run_dir: str | os.PathLike[str], iteration: int, states: dic
         with ThreadPoolExecutor(max_workers=max(1, len(written_by))) as pool:
             remote = {f"state/{comp}.pt": pool.submit(write, tmp / "state" / f"{comp}.pt")
                       for comp, write in written_by.items()}
-            blobs = [("meta.json", meta_bytes)]
+            _write_file(tmp / "meta.json", meta_bytes)
+            files["meta.json"] = {"sha256": _sha256(meta_bytes), "size": len(meta_bytes)}
             for comp in sorted(states):
-                buf = io.BytesIO()
-                torch.save(states[comp], buf)
-                blobs.append((f"state/{comp}.pt", buf.getvalue()))
-            for rel, data in blobs:
-                _write_file(tmp / rel, data)
-                files[rel] = {"sha256": _sha256(data), "size": len(data)}
+                files[f"state/{comp}.pt"] = write_state_file(tmp / "state" / f"{comp}.pt", states[comp], comp)
             for rel, future in remote.items():
                 files[rel] = _entry(tmp / rel, future.result())
         files = dict(sorted(files.items()))

@@ -217,8 +217,6 @@ class Executor:
         if not self._backend.capabilities.restartable:
             raise Unsupported(f"quota trials need a backend with one process per component (the {self.backend_name} "
                               "backend cannot move a component to a new process)")
-        if priority is None and not keep:
-            return self._backend.replace_actor(comp, quota, mps_env)
         return self._backend.replace_actor(comp, quota, mps_env, priority=priority, keep=keep)
 
     def close(self) -> None:
