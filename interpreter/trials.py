@@ -143,6 +143,8 @@ class TrialSession:
         self._proven: set[int] = set()  # plans (by id) that completed an iteration
         self._last_plan: Workflow | None = None  # the plan of the last complete iteration
         self.last_failures: dict[int, str] = {}  # the last complete()/local() call: plan index -> why it failed
+        # work that must end before the next measurement and may run beside training until then (`join_pending`)
+        self.pending: list[Callable[[], None]] = []
         executor.add_components({FEED: feed_component(FEED_IMPL)})
         self._watch_cpu()
         self.component_bytes = _StateSizes(executor)
@@ -263,6 +265,14 @@ class TrialSession:
         self.books["complete_s"] += seconds
         return run
 
+    def join_pending(self) -> None:
+        """Run (once) what `pending` holds: joins of work started beside the processes' start-up that would
+        disturb a measurement -- the quota self-check's GEMMs on the GPU (`CheckPrefetch`). Called right
+        before the first timed iteration or local trial, so that the warm-up iterations (training, not
+        timed) run beside it instead of after it."""
+        while self.pending:
+            self.pending.pop(0)()
+
     def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0,
                  labels: Sequence[str] = (), before: Callable[[int], None] | None = None,
                  guard_first: bool = False) -> list[list[IterationRun]]:
@@ -298,6 +308,7 @@ class TrialSession:
                         # plan's compiled graph still winding down). Timed, they made the reference of an
                         # interleaved comparison slower than the candidates and gave slower plans a benefit.
                         self._iteration(plans[i], labels[i], guard=new and (i > 0 or guard_first))
+                    self.join_pending()
                     out[i].append(self._iteration(plans[i], labels[i], guard=False))
                 except TrialFailed as exc:  # the plan fails: its trial is lost, training goes on with the others
                     self.last_failures[i] = str(exc)
@@ -347,6 +358,7 @@ class TrialSession:
     # -- local trials (not training) --------------------------------------------------------------
     def local(self, graphs: Sequence[LocalGraph], repeats: int, captured: Mapping[int, Any], probe_id: int,
               abandon_above: float | None = None, settle_above: float | None = None) -> list[list[IterationRun]]:
+        self.join_pending()
         t = time.perf_counter()
         self.executor.set_states(FEED, {"values": captured.get(probe_id, {})})
         writes = sorted({c for g in graphs for c in g.writes})

@@ -365,8 +365,8 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
                                       started=started)  # stage 1's budget and stage 2's deadline: one clock
         # what ran before and around the processes' start-up: the MPS daemon, the SM sampler, the session's own
         session.books["setup_s"] = max(0.0, time.perf_counter() - started - session.executor.startup_s)
-        if prefetch is not None:
-            prefetch.wait(session.books, log)  # before stage 1 measures anything
+        if prefetch is not None:  # joined before the first measurement: the warm-up iteration runs beside it
+            session.pending.append(lambda: prefetch.wait(session.books, log))
         stop = teardown.enter_context(GracefulStop(log))  # after Ray's start: its handlers are replaced
         layout_section = None
         if opts.layouts:
@@ -388,6 +388,7 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
             if stop():  # stopped before the reference was measured: nothing to write
                 raise KeyboardInterrupt from None
             raise
+        session.join_pending()  # (stage 1 measured nothing: stage 2's checks find the prefetch's verdicts)
         stage2 = _stage2(wf, result, session, gpu, opts, run.backend, settings, log, deadline, stop)
         plan = stage2.pop("plan", None) or result.plan
         _write_plan(plan, opts.output, opts.file, result, stage2, (layout_section or {}).get("chosen"))

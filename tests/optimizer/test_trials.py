@@ -274,6 +274,23 @@ def test_a_process_moved_under_a_new_quota_gets_a_warm_up_iteration(session, mon
     assert moved == [("policy", 50)] and s.k == 5 and len(runs[0]) == 1
 
 
+def test_pending_work_is_joined_after_the_warm_up_and_before_the_first_timed_iteration(session) -> None:
+    """The quota self-check started beside the start-up (`CheckPrefetch`) is joined through `pending`: the
+    untimed warm-up iteration runs beside it (it waited before the warm-up, 10-12 s on an H100), no timed
+    iteration or local trial does, and it runs once."""
+    wf, s = session
+    joined: list[tuple[int, int]] = []
+    s.pending.append(lambda: joined.append((s.k, len(s.retained))))
+    runs = s.complete([wf], 2, warmup=1)[0]
+    assert joined == [(1, 1)]  # after the warm-up's iteration (k counts it), before any timed one
+    assert len(runs) == 2 and not s.pending
+    s.complete([wf], 1)
+    assert joined == [(1, 1)]  # once
+    s.pending.append(lambda: joined.append((s.k, -1)))
+    s.local([], 1, {}, 0)  # a local trial is a measurement too
+    assert joined[-1] == (s.k, -1)
+
+
 def test_the_session_counts_elapsed_time_from_the_commands_start() -> None:
     """`rose optimize` passes its own start: stage 1's share of the budget and stage 2's deadline are then on
     one clock, the processes' start-up counted in both (it was in stage 2's alone)."""
