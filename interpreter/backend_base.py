@@ -139,6 +139,11 @@ class Backend(ABC):
         (`actor_moves.py`)."""
         raise Unsupported(f"the {self.name} backend cannot move a component to a new process")
 
+    def stop_parked(self, names: Any = None) -> None:
+        """Stop the processes `replace_actor(keep=True)` left parked (of `names`; None: all). A backend
+        that parks none has nothing to stop."""
+        return None
+
     def replace_component(self, comp: Component) -> None:
         """Stop every process of `comp.name` and start `comp`'s instead -- another replica count or other
         constructor arguments (a layout: `rose optimize --layout`) -- with fresh state; the caller vouches

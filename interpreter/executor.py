@@ -20,7 +20,7 @@ from typing import Any
 from rose_dsl.ir import Component, Workflow
 
 from .backend_base import Backend, CompileError, Unsupported
-from .runner import RunConfig, Runner
+from .runner import IterationResult, RunConfig, Runner
 from .schedule import Schedule
 from .trace import InvocationRecord
 from .worker import CallFailed
@@ -148,6 +148,22 @@ class Executor:
                          "by call for the rest of the session")
                 self.compiled = False
         self._loaded = plan
+
+    def runner(self, plan: Workflow, config: RunConfig,
+               on_iteration: Callable[[IterationResult], None] | None = None) -> Runner:
+        """A `Runner` of `plan` on these workers with a run's own `config` (iterations, run directory,
+        checkpoints) and the plan loaded (and compiled): training goes on in the processes, with the state
+        they hold (`rose optimize --train`). The workers stay the executor's (`close` shuts them down)."""
+        self.stop_parked()
+        self.add_components(plan.components)
+        runner = Runner(plan, self._backend, config, Schedule(plan), on_iteration, self.sampler)
+        self._load(plan, runner)
+        return runner
+
+    def stop_parked(self) -> None:
+        """Stop the processes a quota move left parked (`Backend.replace_actor(keep=True)`): they hold GPU
+        memory that training after the optimizer has no use for."""
+        self._backend.stop_parked()
 
     def run(self, plan: Workflow, k: int) -> tuple[float, int, int, dict[str, float], list[InvocationRecord]]:
         """Iteration k of `plan`: (seconds, start ns, end ns, metrics, invocation records)."""

@@ -435,9 +435,25 @@ def _book_stage2(session: Any, before: dict[str, float], elapsed: float) -> None
     session.books["quota_s"] = before["quota_s"] + max(0.0, elapsed - others)
 
 
+def settle(plan: Workflow, running: dict[str, Mps], session: Any, gpu: Any) -> list[str]:
+    """Move each process that runs under other MPS settings than `plan` declares (`running`, as stage 2 left
+    them: a validation ends with its target at the reference) to a process under the plan's, its state
+    moved with it -- to the parked process of those settings where there is one (`replace_actor`) -- so
+    that training goes on in the processes as the plan runs them (`rose optimize --train`). The names moved."""
+    moved = []
+    for name, comp in plan.components.items():
+        if name in running and running[name] != comp.mps_settings:
+            session.replace_quota(name, comp.mps_quota, gpu.client_env(comp.mps_quota, comp.mps_priority),
+                                  priority=comp.mps_priority)
+            running[name] = comp.mps_settings
+            moved.append(name)
+    return moved
+
+
 def _tune_rounds(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any, log: Callable[[str], None],
-                 changes: int, **options: Any) -> dict[str, Any]:
-    running: dict[str, Mps] = {}  # the MPS settings each process runs under now, across rounds
+                 changes: int, running: dict[str, Mps] | None = None, **options: Any) -> dict[str, Any]:
+    # the MPS settings each process runs under now, across rounds (the caller's, to `settle` after)
+    running = {} if running is None else running
     out = tune_quota(wf, result, session, gpu, settings, log, **options, running=running)
     move_s = 0.0  # the most a block has cost beyond its iterations in the rounds so far
     rounds = [out]

@@ -322,13 +322,21 @@ class Runner:
         if self.on_iteration is not None:
             self.on_iteration(result)
 
-    def run(self) -> list[IterationResult]:
+    def run(self, start: int | None = None, stop: Callable[[], Any] | None = None) -> list[IterationResult]:
+        """Iterations up to `config.iterations`: from the last checkpoint (`config.resume`), from 0, or from
+        `start` with the state already in the workers (`rose optimize --train`: its processes trained
+        iterations 0..start-1). `stop()` true ends the run after the iteration in progress, with a
+        checkpoint of it when the run has a directory (a signal: what was trained can be resumed)."""
         self.describe_processes()
-        k = self.restore()
+        k = self.restore() if start is None else start
         self._open_outputs(k)
-        restarts = 0
+        restarts, saved = 0, -1
         try:
             while k < self.config.iterations:
+                if stop is not None and stop():
+                    if k > 0 and saved != k - 1:
+                        self.checkpoint(k - 1)
+                    break
                 try:
                     self.run_iteration(k)
                 except CallFailed as exc:
@@ -343,6 +351,7 @@ class Runner:
                 every = self.config.checkpoint_every
                 if every and ((k + 1) % every == 0 or k + 1 == self.config.iterations):
                     self.checkpoint(k)
+                    saved = k
                 k += 1
         finally:
             self.close()

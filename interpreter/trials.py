@@ -32,6 +32,7 @@ from .backend_base import Unsupported
 from .components import ComponentError
 from .cpu_activity import CpuActivity, process_clock, thread_clock
 from .executor import Executor
+from .runner import IterationResult, RunConfig
 from .trace import InvocationRecord
 from .worker import CallFailed, state_bytes
 
@@ -399,6 +400,15 @@ class TrialSession:
         return out
 
     # -- the end ----------------------------------------------------------------------------------
+    def _write_metrics(self) -> None:
+        if self.out_dir is None:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with (self.out_dir / "metrics.jsonl").open("a") as f:
+            for line in self.retained:
+                f.write(json.dumps(line) + "\n")
+        self.retained = []
+
     def finish(self, plan_label: str) -> Path | None:
         """Write the trained iterations' metrics and a checkpoint to the run directory, so that training
         continues from here (`rose execute FILE --plan PLAN --out RUN --resume`)."""
@@ -406,13 +416,29 @@ class TrialSession:
             return None
         from .checkpoint import save_component_checkpoint
 
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        with (self.out_dir / "metrics.jsonl").open("a") as f:
-            for line in self.retained:
-                f.write(json.dumps(line) + "\n")
+        self._write_metrics()
         return save_component_checkpoint(self.out_dir / "checkpoints", self.k - 1, list(self.wf.components),
                                          self.executor.control,
                                          meta={"workflow": self.wf.name, "written_by": "rose optimize", "plan": plan_label})
+
+    def train_on(self, plan: Workflow, iterations: int, checkpoint_every: int = 0,
+                 on_iteration: Callable[[IterationResult], None] | None = None,
+                 stop: Callable[[], Any] | None = None) -> list[IterationResult]:
+        """Go on training `plan` in these processes, with the state they hold, from iteration `self.k` to
+        `iterations` (`rose optimize --train`): what `rose execute FILE --plan PLAN --resume` does after
+        `finish`, without its second start-up and without the hand-over checkpoint (H100, 2026-12-05:
+        21-26 s and 16 s). The run directory gets `rose execute`'s outputs: metrics.jsonl (the optimizer's
+        iterations, then these), checkpoints every `checkpoint_every` iterations and the trace of these
+        iterations; a component process that dies is restarted from the last checkpoint as in `rose
+        execute`. `stop()` ends it after the iteration in progress, with a checkpoint (`Runner.run`). The
+        processes must run under `plan`'s MPS settings already (`quota_trials.settle`)."""
+        self._write_metrics()
+        config = RunConfig(iterations=iterations, out_dir=self.out_dir, checkpoint_every=checkpoint_every,
+                           # (the run directory is this command's own, checked when it started; a recovery
+                           # resumes from its checkpoints as `rose execute --resume` does)
+                           resume=self.out_dir is not None, call_timeout_s=self.executor.call_timeout_s)
+        runner = self.executor.runner(plan, config, on_iteration)
+        return runner.run(start=self.k, stop=stop)
 
     def close(self) -> None:
         if self.cpu is not None:

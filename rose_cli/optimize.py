@@ -108,6 +108,11 @@ def optimize(
     out_dir: Annotated[Path | None, typer.Option("--out", file_okay=False,
                                                  help="run directory for the training done while optimizing "
                                                       "(default: REPORT/run)")] = None,
+    train: Annotated[bool, typer.Option("--train", help="then go on training with the plan in the same processes "
+                                                        "to the workflow's last iteration (rose execute's outputs in "
+                                                        "--out): no second start-up, no hand-over checkpoint")] = False,
+    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", min=0,
+                                                  help="with --train: checkpoint every N iterations (0: never)")] = 0,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace the plan, report and run directory of an "
                                                                 "earlier rose optimize")] = False,
     address: Annotated[str | None, typer.Option("--address", help="join this Ray cluster instead of starting one")] = None,
@@ -128,6 +133,10 @@ def optimize(
 ) -> None:
     """Find a faster plan for a workflow by measuring it: rewrites that overlap work (stage 1), then the
     MPS quota of the process with slack (stage 2). Writes the plan, a report, and a checkpoint."""
+    if checkpoint_every and not train:
+        err.print("error: --checkpoint-every applies to the training that --train goes on with; rose optimize "
+                  "alone writes one checkpoint, at its end", markup=False)
+        raise typer.Exit(ExitCode.INVALID)
     wf = load_or_exit(file, sets)
     policy = TrustPolicy.from_options(allow_module, allow_env, allow_path)
     report_problems(wf, check_trust(wf, policy), "(the workflow asks to run code the command line did not allow)")
@@ -163,7 +172,8 @@ def optimize(
                          compiled=compiled)
     opts = OptimizeOptions(file=file, output=output, report_dir=report_dir, budget_s=budget_s, rounds=rounds,
                            top_k=top_k, alternatives=alternatives, local_max_fraction=local_max_fraction, quota=quota,
-                           stage2=stage2.value, stage1=given, layouts=tuple(layouts))
+                           stage2=stage2.value, stage1=given, layouts=tuple(layouts), train=train,
+                           checkpoint_every=checkpoint_every)
     raise typer.Exit(optimize_workflow(wf, opts, run, out, err))
 
 
@@ -212,6 +222,8 @@ class OptimizeOptions:
     stage2: str = "both"  # what stage 2 tries: "quotas", "priorities" (below-normal MPS client priority), "both"
     stage1: Workflow | None = None  # --stage1: the graph is this plan (no search)
     layouts: tuple[Any, ...] = ()  # --layout: the values to try before stage 1 (optimizer/layouts.py Layout)
+    train: bool = False  # --train: training goes on with the plan in the same processes (`TrialSession.train_on`)
+    checkpoint_every: int = 0  # with --train
 
 
 def optimize_workflow(wf: Workflow, opts: OptimizeOptions, run: Any, out: Console, err: Console) -> int:
@@ -389,17 +401,27 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
                 raise KeyboardInterrupt from None
             raise
         session.join_pending()  # (stage 1 measured nothing: stage 2's checks find the prefetch's verdicts)
-        stage2 = _stage2(wf, result, session, gpu, opts, run.backend, settings, log, deadline, stop)
+        running: dict[str, Any] = {}  # the MPS settings stage 2 left each process under
+        stage2 = _stage2(wf, result, session, gpu, opts, run.backend, settings, log, deadline, stop, running)
         plan = stage2.pop("plan", None) or result.plan
         _write_plan(plan, opts.output, opts.file, result, stage2, (layout_section or {}).get("chosen"))
         # the graph of stage 1 alone (the paper table's `stage1` / `stage1_mps` rows)
         _write_plan(result.plan, opts.report_dir / "stage1.yaml", opts.file, result, {},
                     (layout_section or {}).get("chosen"))
         t = time.perf_counter()
-        ckpt = session.finish(opts.output.name)
-        session.books["checkpoint_s"] = time.perf_counter() - t  # the hand-over to `rose execute --resume`
+        train = opts.train and not stop() and session.k < (wf.root.count or 1)  # (stopped: checkpoint, as without)
+        if train:
+            from interpreter.quota_trials import settle
+
+            session.books["settled"] = len(settle(plan, running, session, gpu))
+            session.books["settle_s"] = time.perf_counter() - t
+            ckpt = None
+        else:
+            ckpt = session.finish(opts.output.name)
+            session.books["checkpoint_s"] = time.perf_counter() - t  # the hand-over to `rose execute --resume`
     run_dir = run.out_dir if ckpt else None
-    doc = _report_doc(wf, result, session, time.perf_counter() - started, opts, run_dir, settings, run.backend, stage2)
+    doc = _report_doc(wf, result, session, time.perf_counter() - started, opts, run_dir, settings, run.backend, stage2,
+                      trains_on=train)
     if layout_section is not None:
         doc["layout"] = layout_section
     if stop():
@@ -409,6 +431,37 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
     _summary(out, doc, opts, run_dir)
     if stop():
         raise Stopped(f"{stop()}: the plan and {opts.report_dir / 'report.md'} hold what was measured before it")
+    if train:
+        _train_on(plan, wf.root.count or 1, session, opts, run, out, stop)
+
+
+def _train_on(plan: Workflow, iterations: int, session: Any, opts: OptimizeOptions, run: Any, out: Console,
+              stop: Any) -> None:
+    """`--train`: the plan's iterations from where the optimizer's training ended to the last, in the same
+    processes (`TrialSession.train_on`), shown as `rose execute` shows them."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from . import report
+
+    first, t = session.k, time.perf_counter()
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                        TimeElapsedColumn(), console=out, transient=True, disable=run.quiet)
+    task = progress.add_task(plan.name, total=iterations, completed=first)
+
+    def on_iteration(result: Any) -> None:
+        progress.update(task, completed=result.iteration + 1)
+        if not run.quiet:
+            progress.console.print(f"it {result.iteration:>4}  {report.metrics_line(result.metrics)}", markup=False)
+
+    out.print(f"training goes on with the plan in the same processes: iterations {first}..{iterations - 1}",
+              markup=False)
+    with progress:
+        results = session.train_on(plan, iterations, opts.checkpoint_every, on_iteration, stop)
+    out.print(f"done: {len(results)} iterations of the plan in {time.perf_counter() - t:.1f} s; outputs in "
+              f"{run.out_dir}", markup=False)
+    if stop():
+        raise Stopped(f"{stop()}: training stopped after iteration {first + len(results) - 1}; "
+                      f"resume: rose execute {opts.file} --plan {opts.output} --out {run.out_dir} --resume")
 
 
 def _typical(runs: list[Any]) -> Any:
@@ -434,7 +487,7 @@ def stage2_skipped(wf: Workflow, quota: bool, backend: str, gpu: Gpu) -> str | N
 
 
 def _stage2(wf: Workflow, result: Any, session: Any, gpu: Gpu, opts: OptimizeOptions, backend: str, settings: Any,
-            log: Any, deadline: float | None, stop: Any = None) -> dict[str, Any]:
+            log: Any, deadline: float | None, stop: Any = None, running: dict[str, Any] | None = None) -> dict[str, Any]:
     skipped = stage2_skipped(wf, opts.quota, backend, gpu)
     if skipped is not None:
         return {"skipped": skipped}
@@ -444,7 +497,7 @@ def _stage2(wf: Workflow, result: Any, session: Any, gpu: Gpu, opts: OptimizeOpt
         return {"skipped": stop()}
     if deadline is not None and time.perf_counter() > deadline:
         return {"skipped": "the time budget (--budget-s) was spent by stage 1"}
-    return tune_mps(wf, result, session, gpu, settings, log, deadline=deadline, stop=stop,
+    return tune_mps(wf, result, session, gpu, settings, log, deadline=deadline, stop=stop, running=running,
                       quotas=opts.stage2 in ("both", "quotas"), priorities=opts.stage2 in ("both", "priorities"))
 
 
@@ -502,7 +555,7 @@ def _machine(backend: str) -> dict[str, Any]:
 
 
 def _report_doc(wf: Workflow, result: Any, session: Any, total: float, opts: OptimizeOptions, run_dir: Path | None,
-                settings: Any, backend: str, stage2: dict[str, Any]) -> dict[str, Any]:
+                settings: Any, backend: str, stage2: dict[str, Any], trains_on: bool = False) -> dict[str, Any]:
     from rose_dsl.optimizer.bound import reorder_bound
     from rose_dsl.optimizer.report import build_report
 
@@ -512,7 +565,8 @@ def _report_doc(wf: Workflow, result: Any, session: Any, total: float, opts: Opt
         bound = {"error": f"{type(exc).__name__}: {exc}"}
     return build_report(result, books=session.sync_books(), total_s=total, workflow=wf.name, file=str(opts.file),
                         settings=asdict(settings), machine=_machine(backend), stage2=stage2, plan_file=str(opts.output),
-                        run_dir=str(run_dir) if run_dir else None, activity_kind=session.activity_kind, bound=bound)
+                        run_dir=str(run_dir) if run_dir else None, activity_kind=session.activity_kind, bound=bound,
+                        trains_on=trains_on)
 
 
 def _summary(out: Console, doc: dict[str, Any], opts: OptimizeOptions, run_dir: Path | None) -> None:
@@ -536,7 +590,8 @@ def _summary(out: Console, doc: dict[str, Any], opts: OptimizeOptions, run_dir: 
         out.print("stage 2: " + (s2.get("summary") or f"skipped ({s2.get('skipped')})"), markup=False)
     out.print(f"optimizer time {ov['total']:.1f} s: {ov['retained_training']:.1f} s training kept, net overhead "
               f"{ov['net']:.1f} s ({ov['fraction_of_1h_net']:.2%} of a one-hour run; "
-              f"{ov['fraction_of_1h_net_beyond_startup']:.2%} without the processes' start-up)", markup=False)
+              + ("the processes' start-up is the training's own: it goes on in them)" if ov.get("trains_on") else
+                 f"{ov['fraction_of_1h_net_beyond_startup']:.2%} without the processes' start-up)"), markup=False)
     report = opts.report_dir
     out.print(f"wrote {opts.output}, {report / 'report.md'} (stage 1 alone: {report / 'stage1.yaml'})", markup=False)
     if run_dir is not None:

@@ -57,19 +57,22 @@ def _round(r: RoundRecord) -> dict[str, Any]:
 
 
 def overhead(total_s: float, retained_s: float, iterations: int, plan_iteration_s: float,
-             baseline_iteration_s: float, once_per_machine_s: float = 0.0, startup_s: float = 0.0) -> dict[str, Any]:
+             baseline_iteration_s: float, once_per_machine_s: float = 0.0, startup_s: float = 0.0,
+             trains_on: bool = False) -> dict[str, Any]:
     """Total optimizer time split into retained training and net overhead (paper §5.4), the share of a
     one-hour run, and a stricter count that values retained iterations at the plan's speed.
     `once_per_machine_s`: the part of the net overhead a second run on the same machine does not pay (the
     cached quota self-checks); `net_repeat` is the net overhead without it. `startup_s`: starting the
     processes, which a plain run of the workflow pays as well; `net_beyond_startup` is the net overhead
-    without it (the optimizer's own cost). `net` keeps every second, start-up included."""
-    net = max(0.0, total_s - retained_s)
-    strict = max(0.0, total_s - iterations * plan_iteration_s)
+    without it (the optimizer's own cost). `net` keeps every second, start-up included -- unless
+    `trains_on`: training goes on in the optimizer's processes (`rose optimize --train`), so their start-up
+    is the training run's own, paid once as a plain run pays it, and not the optimizer's."""
+    net = max(0.0, total_s - retained_s - (startup_s if trains_on else 0.0))
+    strict = max(0.0, total_s - iterations * plan_iteration_s - (startup_s if trains_on else 0.0))
     saved = baseline_iteration_s - plan_iteration_s
     repeat = max(0.0, net - once_per_machine_s)
-    beyond = max(0.0, net - startup_s)
-    return {"total": total_s, "retained_training": retained_s, "net": net, "net_strict": strict,
+    beyond = net if trains_on else max(0.0, net - startup_s)
+    return {"total": total_s, "retained_training": retained_s, "net": net, "net_strict": strict, "trains_on": trains_on,
             "startup": startup_s, "net_beyond_startup": beyond, "fraction_of_1h_net_beyond_startup": beyond / HOUR_S,
             "once_per_machine": once_per_machine_s, "net_repeat": repeat, "fraction_of_1h_net_repeat": repeat / HOUR_S,
             "retained_iterations": iterations,
@@ -119,8 +122,9 @@ def _prefetch_note(books: Mapping[str, float]) -> str:
 def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: float, workflow: str, file: str,
                  settings: Mapping[str, Any], machine: Mapping[str, Any], stage2: Mapping[str, Any] | None,
                  plan_file: str, run_dir: str | None, activity_kind: str,
-                 bound: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """report.json's document. `bound`: `bound.reorder_bound` of the declared graph's profile."""
+                 bound: Mapping[str, Any] | None = None, trains_on: bool = False) -> dict[str, Any]:
+    """report.json's document. `bound`: `bound.reorder_bound` of the declared graph's profile. `trains_on`:
+    training goes on in these processes after the report (`rose optimize --train`; see `overhead`)."""
     base, plan = result.baseline.median, result.final.median
     rel = [(p - m) / m if m else None for _, p, m in result.model_errors]
     errors = [{"what": w, "predicted_s": p, "measured_s": m, "error": e}
@@ -160,6 +164,10 @@ def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: f
                             "note": "the state a plan's first iteration writes, copied inside its component's process "
                                     "before it runs (a failing trial puts it back; local trials' snapshots are in "
                                     "their row)"}}
+    if "settle_s" in books:  # (`--train` only)
+        trials["settle"] = {"count": int(books.get("settled", 0)), "seconds": books["settle_s"],
+                            "note": "moving processes to the plan's MPS settings before training goes on in them "
+                                    "(`--train`): to the process parked under those settings where there is one"}
     counted = sum(v["seconds"] for v in trials.values())
     trials["other"] = {"count": 0, "seconds": max(0.0, total_s - counted),
                        "note": "what no row above counts: profiling and bookkeeping between trials, the driver's "
@@ -174,7 +182,7 @@ def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: f
         "trials": trials,
         "overhead_s": overhead(total_s, books.get("complete_s", 0.0), int(books.get("complete_iterations", 0)),
                                plan, base, once_per_machine_s=books.get("quota_check_s", 0.0),
-                               startup_s=books.get("startup_s", 0.0)),
+                               startup_s=books.get("startup_s", 0.0), trains_on=trains_on),
         "model": {"errors": errors, "mean_abs_error": sum(abs_err) / len(abs_err) if abs_err else None},
         "stage2": dict(stage2) if stage2 is not None else None,
         "reorder_bound": dict(bound) if bound is not None else None,
@@ -261,7 +269,10 @@ def report_markdown(doc: Mapping[str, Any], picture: str | None) -> str:
               f"{ov['fraction_of_1h_net']:.2%} of a one-hour run ({ov['fraction_of_1h_total']:.2%} counting everything; "
               f"{ov['fraction_of_1h_net_strict']:.2%} valuing the kept iterations at the plan's speed"
               + (f", recovered after {be:.0f} iterations of the plan" if be is not None else "") + ")."
-              + (f" {ov['startup']:.1f} s of it were the processes' start-up, which a plain run pays as well: "
+              + (f" Training goes on in these processes (`--train`): their start-up ({ov['startup']:.1f} s) is the "
+                 "training run's own, as a plain run pays it, and is not counted here; no hand-over checkpoint is written."
+                 if ov.get("trains_on") else
+                 f" {ov['startup']:.1f} s of it were the processes' start-up, which a plain run pays as well: "
                  f"{ov['net_beyond_startup']:.1f} s = {ov['fraction_of_1h_net_beyond_startup']:.2%} without it."
                  if ov.get("startup") else "")
               + (f" {ov['once_per_machine']:.1f} s of it were quota self-checks, cached per machine: a second run "

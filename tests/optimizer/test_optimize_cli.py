@@ -136,6 +136,43 @@ def test_interaction_loop_plan_is_faster_and_trains_bit_identically(tmp_path: Pa
     assert t_declared / t_plan >= 1.4, (t_declared, t_plan)
 
 
+def test_train_goes_on_with_the_plan_in_the_same_processes_bit_identically(tmp_path: Path) -> None:
+    """`rose optimize --train`: after the plan and the report, training goes on with the plan in the
+    optimizer's own processes to the workflow's last iteration -- no second start-up, no hand-over
+    checkpoint -- and the run directory holds what `rose execute` of the declared workflow writes, bit for
+    bit. The report does not count the processes' start-up in the overhead (the training's own)."""
+    n = 200  # (the search trains ~95 of them)
+    declared = tmp_path / "declared"
+    r = rose("execute", str(WF / "latency_decode.yaml"), "--set", f"iterations={n}", *NO_WAIT, "--out", str(declared),
+             "--checkpoint-every", str(n), "-q")
+    assert r.returncode == 0, r.stderr
+    plan, run = tmp_path / "plan.yaml", tmp_path / "run"
+    r = rose("optimize", str(WF / "latency_decode.yaml"), "--set", f"iterations={n}", "--rounds", "1", "-o", str(plan),
+             "--out", str(run), "--train", "--checkpoint-every", "25", "-q")
+    assert r.returncode == 0, r.stderr
+    assert "training goes on with the plan in the same processes" in r.stdout and "continue training" not in r.stdout
+    report = json.loads((tmp_path / "plan_report" / "report.json").read_text())
+    ov, trials = report["overhead_s"], report["trials"]
+    assert ov["trains_on"] and trials["checkpoint"]["count"] == 0 and "settle" in trials
+    assert ov["net"] == pytest.approx(max(0.0, ov["total"] - ov["retained_training"] - ov["startup"]))
+    assert sum(row["seconds"] for row in trials.values()) == pytest.approx(ov["total"])
+    trained = ov["retained_iterations"]
+    assert 0 < trained < n
+    b = _metrics(run / "metrics.jsonl")
+    _same_training(_metrics(declared / "metrics.jsonl"), b)
+    assert all("plan" not in b[k] for k in range(trained, n))  # the plan's own iterations, as rose execute logs them
+    from interpreter.checkpoint import find_resumable
+
+    assert find_resumable(run / "checkpoints")[0].iteration == n - 1  # every 25 and at the last
+    sa, sb = _states(declared), _states(run)
+    for comp in ("generator", "learner"):
+        for name, value in sa[comp].items():
+            assert torch.equal(value, sb[comp][name]), f"{comp}.{name}"
+    # --checkpoint-every belongs to --train
+    r = rose("optimize", str(WF / "latency_decode.yaml"), "-o", str(tmp_path / "p2.yaml"), "--checkpoint-every", "5")
+    assert r.returncode == 2 and "--checkpoint-every applies to the training that --train" in r.stderr, r.stderr
+
+
 @pytest.mark.exclusive
 def test_nested_loops_plan_is_faster_and_not_over_split(tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"

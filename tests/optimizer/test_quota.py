@@ -908,6 +908,34 @@ def test_a_second_probe_that_would_leave_no_time_to_validate_the_first_is_not_st
     assert session.executor.envs[-1] == _Gpu().client_env(None)
 
 
+def test_settle_moves_each_process_stage_2_left_at_its_reference_to_the_plans_settings(monkeypatch) -> None:
+    """`rose optimize --train` goes on training in the optimizer's processes: a validation that kept the
+    policy at 94% ends with it back at 100% (B/A/B), so `settle` moves it to the plan's 94% -- and only it,
+    once; a second settle has nothing to move."""
+    from dataclasses import replace
+
+    import interpreter.quota_trials as qt
+    from rose_dsl.optimizer.search import Settings
+
+    def ranked(runs, gpu_of, floats, demand=None):
+        return [BranchPair("policy", "trainer", 0, 0.2, 0.5, ("epoch[1]",), ("update[0]",), 3, 1.0, score_s=0.9)]
+
+    monkeypatch.setattr(qt, "rank_targets", ranked)
+    clock = _Clock()
+    monkeypatch.setattr(qt, "time", clock)
+    _, result = _stage1(ROOT)
+    result = replace(result, final_runs=[*result.final_runs, result.final_runs[0]])
+    session = _TimedSession(clock)
+    running: dict = {}
+    out = qt.tune_quota(result.plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132,
+                        check=_checked(), deadline=130.0, running=running)
+    assert out["quotas"] == {"policy": 94} and session.executor.quota["policy"] == 100
+    assert qt.settle(out["plan"], running, session, _Gpu()) == ["policy"]
+    assert session.executor.replaced == [94, 100, 94] and session.executor.quota["policy"] == 94
+    assert session.executor.envs[-1] == _Gpu().client_env(94)
+    assert qt.settle(out["plan"], running, session, _Gpu()) == [] and session.executor.replaced == [94, 100, 94]
+
+
 class _SteppedOnceSession(_TimedSession):
     """The policy is fastest one coarse step down (94%) and slower at every level below it, as the MJX
     policy measured on the H200 (7.45 s at 94%, 7.56 s at 93%, 7.69 s at 100%)."""

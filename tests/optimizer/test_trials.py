@@ -3,6 +3,7 @@ region really received, local trials leave training state exactly as it was, CPU
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -197,6 +198,56 @@ def test_ray_compiled_executor_switches_plans_and_restores_state() -> None:
         assert _same(before, {c: s.executor.get_states(c) for c in wf.components})
     finally:
         s.close()
+
+
+def test_training_goes_on_in_the_sessions_ray_processes(tmp_path: Path) -> None:
+    """`rose optimize --train` on Ray: after the optimizer's iterations (and a quota move that parked the
+    old process), `train_on` trains the plan in the same actors to the last iteration -- the parked process
+    stopped, the plan compiled -- and the run directory's metrics and final state are those of the declared
+    workflow trained in one go."""
+    pytest.importorskip("ray")
+    n = 12
+    wf = load_workflow(ROOT / "workflows" / "latency_interaction.yaml", {**FAST, "iterations": n})
+    plan = apply_request(wf, "split epoch.step 2").workflow
+    s = TrialSession(wf, _executor(wf, "ray"), out_dir=tmp_path / "run", log=lambda m: None)
+    try:
+        s.complete([wf, plan], 2)
+        first = s.k
+        s.replace_quota("policy", 94, {})
+        assert set(s.executor.backend.parked) == {"policy"}
+        results = s.train_on(plan, n, checkpoint_every=n)
+        assert [r.iteration for r in results] == list(range(first, n)) and not s.executor.backend.parked
+        assert s.executor.compiled and s.executor.backend.capabilities.compiled
+        trained = {c: s.executor.get_states(c) for c in wf.components}
+    finally:
+        s.close()
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [d["iteration"] for d in lines] == list(range(n))
+    one_go = TrialSession(wf, _executor(wf), log=lambda m: None)
+    try:
+        one_go.complete([wf], n - 1)  # (and its first iteration, untimed)
+        assert one_go.k == n
+        assert _same(trained, {c: one_go.executor.get_states(c) for c in wf.components})
+    finally:
+        one_go.close()
+
+
+def test_training_that_goes_on_stops_at_a_signal_with_a_checkpoint_to_resume_from(tmp_path: Path) -> None:
+    """A stop request (SIGTERM under `rose optimize --train`) ends the training after the iteration in
+    progress, with a checkpoint of the last one done: `rose execute --plan --resume` goes on from there."""
+    from interpreter.checkpoint import find_resumable
+
+    wf = load_workflow(ROOT / "workflows" / "latency_interaction.yaml", {**FAST, "iterations": 20})
+    s = TrialSession(wf, _executor(wf), out_dir=tmp_path / "run", log=lambda m: None)
+    try:
+        s.complete([wf], 2)
+        done: list[int] = []
+        results = s.train_on(wf, 20, on_iteration=lambda r: done.append(r.iteration), stop=lambda: len(done) >= 4)
+    finally:
+        s.close()
+    assert [r.iteration for r in results] == [3, 4, 5, 6]
+    ckpt, _ = find_resumable(tmp_path / "run" / "checkpoints")
+    assert ckpt is not None and ckpt.iteration == 6
 
 
 BROKEN = """
