@@ -439,20 +439,10 @@ def _train_on(plan: Workflow, iterations: int, session: Any, opts: OptimizeOptio
               stop: Any) -> None:
     """`--train`: the plan's iterations from where the optimizer's training ended to the last, in the same
     processes (`TrialSession.train_on`), shown as `rose execute` shows them."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from . import report
+    from .run import iteration_progress
 
     first, t = session.k, time.perf_counter()
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                        TimeElapsedColumn(), console=out, transient=True, disable=run.quiet)
-    task = progress.add_task(plan.name, total=iterations, completed=first)
-
-    def on_iteration(result: Any) -> None:
-        progress.update(task, completed=result.iteration + 1)
-        if not run.quiet:
-            progress.console.print(f"it {result.iteration:>4}  {report.metrics_line(result.metrics)}", markup=False)
-
+    progress, _, on_iteration = iteration_progress(out, plan.name, iterations, run.quiet, completed=first)
     out.print(f"training goes on with the plan in the same processes: iterations {first}..{iterations - 1}",
               markup=False)
     with progress:

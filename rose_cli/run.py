@@ -352,6 +352,22 @@ def guarded(body: Callable[[ExitStack, RunContext], None], opts: ExecuteOptions,
             return code
 
 
+def iteration_progress(out: Console, name: str, total: int, quiet: bool,
+                       completed: int = 0) -> tuple[Progress, Any, Callable[[IterationResult], None]]:
+    """The bar and per-iteration lines of a training run (`rose execute`, `rose optimize --train`): the
+    progress (enter it around the run), its task, and the `on_iteration` callback that advances both."""
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                        TimeElapsedColumn(), console=out, transient=True, disable=quiet)
+    task = progress.add_task(name, total=total, completed=completed)
+
+    def on_iteration(result: IterationResult) -> None:
+        progress.update(task, completed=result.iteration + 1)
+        if not quiet:
+            progress.console.print(f"it {result.iteration:>4}  {report.metrics_line(result.metrics)}", markup=False)
+
+    return progress, task, on_iteration
+
+
 def execute_workflow(wf: Workflow, opts: ExecuteOptions, out: Console, err: Console) -> int:
     """Run the workflow; the exit code. Everything started is stopped on every path (one ExitStack)."""
     return guarded(lambda teardown, ctx: _run(wf, opts, teardown, ctx, out), opts, err)
@@ -370,14 +386,7 @@ def _run(wf: Workflow, opts: ExecuteOptions, teardown: ExitStack, ctx: RunContex
     n = opts.iterations if opts.iterations is not None else (wf.root.count or 1)
     config = RunConfig(iterations=n, out_dir=opts.out_dir, checkpoint_every=opts.checkpoint_every,
                        resume=opts.resume, call_timeout_s=opts.call_timeout)
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                        TimeElapsedColumn(), console=out, transient=True, disable=opts.quiet)
-    task = progress.add_task(wf.name, total=n)
-
-    def on_iteration(result: IterationResult) -> None:
-        progress.update(task, completed=result.iteration + 1)
-        if not opts.quiet:
-            progress.console.print(f"it {result.iteration:>4}  {report.metrics_line(result.metrics)}", markup=False)
+    progress, task, on_iteration = iteration_progress(out, wf.name, n, opts.quiet)
 
     def on_resume(resumed: Resumed) -> None:
         report.resumed(ctx.err, resumed, n)
