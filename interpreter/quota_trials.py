@@ -107,9 +107,12 @@ class CheckPrefetch:
         self._thread = threading.Thread(target=run, name="rose-quota-check-prefetch", daemon=True)
         self._thread.start()
 
-    def wait(self, books: dict[str, float], log: Callable[[str], None]) -> None:
+    def wait(self, books: dict[str, float], log: Callable[[str], None], training_since: float | None = None) -> None:
         """Join it. The seconds waited are the self-check's cost beyond the start-up, booked with the checks
-        (`quota_check_s`); `quota_check_prefetch_s` is its whole wall time, beside the start-up."""
+        (`quota_check_s`); `quota_check_prefetch_s` is its whole wall time, beside the start-up;
+        `quota_check_beside_training_s` the part of it after `training_since` (a `time.perf_counter()`
+        value: when the first, untimed iteration began), beside training -- said in the report, since any
+        slowdown it caused that iteration is counted as training."""
         t = time.perf_counter()
         if self._thread.is_alive():
             log("waiting for the quota self-check started with the processes (stage 2 needs it; it is cached per machine)")
@@ -118,6 +121,8 @@ class CheckPrefetch:
         books["quota_check_s"] = books.get("quota_check_s", 0.0) + waited
         books["quota_check_prefetch_s"] = (self.ended or t) - self.started
         books["quota_check_prefetch_levels"] = len(self.levels)
+        if training_since is not None:
+            books["quota_check_beside_training_s"] = max(0.0, (self.ended or t) - training_since)
         if self.error:
             log(f"the quota self-check started with the processes failed ({self.error}); stage 2 checks again")
 

@@ -378,7 +378,8 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
         # what ran before and around the processes' start-up: the MPS daemon, the SM sampler, the session's own
         session.books["setup_s"] = max(0.0, time.perf_counter() - started - session.executor.startup_s)
         if prefetch is not None:  # joined before the first measurement: the warm-up iteration runs beside it
-            session.pending.append(lambda: prefetch.wait(session.books, log))
+            since = time.perf_counter()  # (stage 1's first, untimed iteration starts now)
+            session.pending.append(lambda: prefetch.wait(session.books, log, training_since=since))
         stop = teardown.enter_context(GracefulStop(log))  # after Ray's start: its handlers are replaced
         layout_section = None
         if opts.layouts:

@@ -114,9 +114,12 @@ def _moves_note(books: Mapping[str, float]) -> str:
 def _prefetch_note(books: Mapping[str, float]) -> str:
     if not books.get("quota_check_prefetch_levels"):
         return ""
+    beside = books.get("quota_check_beside_training_s", 0.0)
     return (f"; the screening's first {int(books['quota_check_prefetch_levels'])} level(s) were checked beside the "
-            f"processes' start-up ({books.get('quota_check_prefetch_s', 0.0):.1f} s wall; only the wait after the "
-            f"start-up is counted here)")
+            f"processes' start-up ({books.get('quota_check_prefetch_s', 0.0):.1f} s wall"
+            + (f", {beside:.1f} s of it beside the first, untimed training iteration, which is counted as training"
+               if beside > 0 else "")
+            + "; only the wait before the first measurement is counted here)")
 
 
 def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: float, workflow: str, file: str,

@@ -1034,6 +1034,20 @@ def test_the_self_check_started_with_the_processes_asks_what_the_screening_asks_
     assert asked == [[94]] and prefetch.error is None
     assert books["quota_check_prefetch_levels"] == 1 and books["quota_check_s"] >= 1.0
 
+    # joined after the first (untimed) training iteration: how long it ran beside training is booked and said
+    import time
+
+    def slow(percents: list[int]) -> None:
+        time.sleep(0.2)
+
+    since = time.perf_counter()
+    beside = CheckPrefetch(plan, _Gpu(), check=slow, total_sms=lambda: 132)
+    beside.wait(books, logged.append, training_since=since)
+    assert 0.15 < books["quota_check_beside_training_s"] < 5.0
+    from rose_dsl.optimizer.report import _prefetch_note
+
+    assert "beside the first, untimed training iteration, which is counted as training" in _prefetch_note(books)
+
     def broken() -> int:
         raise RuntimeError("no CUDA here")
 
