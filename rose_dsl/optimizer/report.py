@@ -117,8 +117,8 @@ def _prefetch_note(books: Mapping[str, float]) -> str:
     beside = books.get("quota_check_beside_training_s", 0.0)
     return (f"; the screening's first {int(books['quota_check_prefetch_levels'])} level(s) were checked beside the "
             f"processes' start-up ({books.get('quota_check_prefetch_s', 0.0):.1f} s wall"
-            + (f", {beside:.1f} s of it beside the first, untimed training iteration, which is counted as training"
-               if beside > 0 else "")
+            + (f", {beside:.1f} s of it beside the first, untimed training iteration, which is counted as training "
+               f"(it took {books.get('first_iteration_s', 0.0):.1f} s)" if beside > 0 else "")
             + "; only the wait before the first measurement is counted here)")
 
 
