@@ -170,7 +170,8 @@ def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: f
     if "settle_s" in books:  # (`--train` only)
         trials["settle"] = {"count": int(books.get("settled", 0)), "seconds": books["settle_s"],
                             "note": "moving processes to the plan's MPS settings before training goes on in them "
-                                    "(`--train`): to the process parked under those settings where there is one"}
+                                    "(`--train`): to the process parked under those settings where there is one "
+                                    "(these moves are among the quota row's)"}
     counted = sum(v["seconds"] for v in trials.values())
     trials["other"] = {"count": 0, "seconds": max(0.0, total_s - counted),
                        "note": "what no row above counts: profiling and bookkeeping between trials, the driver's "
