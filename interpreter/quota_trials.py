@@ -30,6 +30,7 @@ from rose_dsl.optimizer.quota import (
     sm_demand,
 )
 from rose_dsl.optimizer.regions import Probe, common_ancestor, local_graphs, probe_workflow
+from rose_dsl.optimizer.search import OutOfBudget
 
 from .mps import expected_sms, quota_levels
 from .quota_safety import QuotaVerdict, check_quotas, machine_fingerprint
@@ -411,10 +412,36 @@ def tune_mps(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any, l
     one process. The section is the first round's, with `rounds` (each round's section), and `quotas`,
     `priorities`, `plan` and `summary` for all of them."""
     started, booked = time.perf_counter(), _other_books(session)
+    by_count, deadline = _count_deadline(session, result), options.get("deadline")
+    counted = by_count is not None and (deadline is None or by_count < deadline)
+    if counted:
+        options["deadline"] = by_count
+        left = session.limit - session.k
     try:
-        return _tune_rounds(wf, result, session, gpu, settings, log, changes, **options)
+        out = _tune_rounds(wf, result, session, gpu, settings, log, changes, **options)
     finally:
         _book_stage2(session, booked, time.perf_counter() - started)
+    for key in ("summary", "skipped"):  # (a section says why it ended in one of them)
+        if counted and "the time budget is spent" in str(out.get(key, "")):
+            out[key] += (f" (stage 2's budget was the workflow's iteration count: {left} iterations were left "
+                         "when it began; raise it with --set iterations=N)")
+    return out
+
+
+COUNT_MARGIN = 0.85  # of the iterations left, the share stage 2 plans to use (a faster quota runs more per second)
+
+
+def _count_deadline(session: Any, result: Any) -> float | None:
+    """The workflow's iteration count as a deadline: the session trains at most `limit` iterations
+    (`TrialSession._iteration` refuses more, OutOfBudget), and stage 2's blocks are complete iterations, so
+    the iterations left, at the plan's measured pace and with a margin, are a time budget too -- checked as
+    the time budget is, before each probe and block, so that stage 2 ends with what it validated instead
+    of running out of iterations inside a block. None: no count, or nothing measured to pace it by."""
+    limit, k = getattr(session, "limit", None), getattr(session, "k", None)
+    runs = getattr(result, "final_runs", None) or []
+    if limit is None or k is None or not runs:
+        return None
+    return time.perf_counter() + COUNT_MARGIN * max(0, limit - k) * statistics.median(r.seconds for r in runs)
 
 
 # the report's rows that time what stage 2 runs besides its restarts: complete iterations (training), the
@@ -459,7 +486,10 @@ def _tune_rounds(wf: Workflow, result: Any, session: Any, gpu: Any, settings: An
                  changes: int, running: dict[str, Mps] | None = None, **options: Any) -> dict[str, Any]:
     # the MPS settings each process runs under now, across rounds (the caller's, to `settle` after)
     running = {} if running is None else running
-    out = tune_quota(wf, result, session, gpu, settings, log, **options, running=running)
+    try:
+        out = tune_quota(wf, result, session, gpu, settings, log, **options, running=running)
+    except OutOfBudget as exc:  # (the count ran out inside a block all the same: nothing validated is lost)
+        return {"skipped": f"{exc}: stage 2 stopped before it validated anything; quotas kept"}
     move_s = 0.0  # the most a block has cost beyond its iterations in the rounds so far
     rounds = [out]
     while len(rounds) < changes and "plan" in rounds[-1]:
@@ -474,8 +504,11 @@ def _tune_rounds(wf: Workflow, result: Any, session: Any, gpu: Any, settings: An
                       *(max(r.get("overhead_s", 0.0), r.get("restart_s", 0.0)) for r in last.get("screened", []))])
         log(f"stage 2, round {len(rounds) + 1}: from the plan with {last['summary'].split(':')[0]}")
         result = replace(result, plan=last["plan"])
-        rounds.append(tune_quota(wf, result, session, gpu, settings, log, **options, running=running,
-                                 reference_s=list(last["validation"]["candidate"]["values"]), move_s=move_s))
+        try:
+            rounds.append(tune_quota(wf, result, session, gpu, settings, log, **options, running=running,
+                                     reference_s=list(last["validation"]["candidate"]["values"]), move_s=move_s))
+        except OutOfBudget as exc:  # the earlier rounds' validated changes stand
+            rounds.append({"skipped": f"{exc}: this round stopped before it validated anything"})
     if len(rounds) == 1:
         return out
     kept = [r for r in rounds if "plan" in r]

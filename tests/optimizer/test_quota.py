@@ -936,6 +936,56 @@ def test_settle_moves_each_process_stage_2_left_at_its_reference_to_the_plans_se
     assert qt.settle(out["plan"], running, session, _Gpu()) == [] and session.executor.replaced == [94, 100, 94]
 
 
+class _CountedSession(_BookedSession):
+    """_BookedSession with the workflow's iteration count, as `TrialSession` keeps it: an iteration past
+    `limit` is refused (OutOfBudget)."""
+
+    def __init__(self, clock: _Clock, limit: int) -> None:
+        super().__init__(clock)
+        self.k, self.limit = 0, limit
+
+    def complete(self, plans, rounds, warmup=0, labels=(), guard_first=False):
+        from rose_dsl.optimizer.search import OutOfBudget
+
+        if self.k + rounds * len(plans) + warmup > self.limit:
+            raise OutOfBudget(f"the workflow's {self.limit} iterations are all trained")
+        self.k += rounds * len(plans) + warmup
+        return super().complete(plans, rounds, warmup, labels, guard_first)
+
+
+@pytest.mark.parametrize("margin", [None, 10.0])
+def test_stage2_ends_within_the_workflows_iteration_count(monkeypatch, margin) -> None:
+    """Stage 2's blocks are training iterations, and the session trains at most the workflow's count: the
+    iterations left, at the plan's pace, are a budget checked as the time budget is (here 12 iterations of
+    ~10 s: the screening and its validation do not fit), and the report says which budget ended it. Before,
+    a block past the count raised out of stage 2 and `rose optimize` exited 2 without its plan and report.
+    With a count budget that is wrong (`margin` 10: ten times the iterations there are) a block still runs
+    out -- stage 2 then ends with nothing validated, quotas kept, and says why."""
+    import interpreter.quota_trials as qt
+    from rose_dsl.optimizer.search import Settings
+
+    _two_candidates(monkeypatch)
+    clock = _Clock()
+    monkeypatch.setattr(qt, "time", clock)
+    if margin is not None:
+        monkeypatch.setattr(qt, "COUNT_MARGIN", margin)
+    _, result = _stage1(ROOT)
+    session = _CountedSession(clock, limit=12)
+    out = qt.tune_mps(result.plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132,
+                      check=_checked(), deadline=10_000.0)
+    assert session.k <= session.limit and "quotas" not in out and "plan" not in out
+    if margin is None:
+        said = out.get("summary") or out["skipped"]
+        assert "the workflow's iteration count: 12 iterations were left" in said, out
+    else:
+        assert out["skipped"].startswith("the workflow's 12 iterations are all trained: stage 2 stopped"), out
+    # with the count left out (no limit), the same stage 2 validates a lower quota for the policy
+    free = _BookedSession(_Clock())
+    monkeypatch.setattr(qt, "time", free.clock)
+    assert "policy" in qt.tune_mps(result.plan, result, free, _Gpu(), Settings(), log=lambda m: None,
+                                   total_sms=132, check=_checked(), deadline=10_000.0).get("quotas", {})
+
+
 class _SteppedOnceSession(_TimedSession):
     """The policy is fastest one coarse step down (94%) and slower at every level below it, as the MJX
     policy measured on the H200 (7.45 s at 94%, 7.56 s at 93%, 7.69 s at 100%)."""
