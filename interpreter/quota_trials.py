@@ -81,8 +81,9 @@ class CheckPrefetch:
     processes' start-up instead of after stage 1: a check is a fresh MPS client's CUDA start plus CPU
     references (35-49 s for one level on an H100, 2026-12-05), the processes' start-up 20-27 s there, and
     neither needs the other. `wait` joins it right before stage 1's first timed iteration
-    (`TrialSession.pending`): the untimed warm-up iteration runs beside it, no measurement does. The verdicts land in the per-machine cache, where stage 2's own checks find them. A prefetch
-    that fails leaves stage 2 to check as before. The thread is a daemon: an interrupted run does not wait
+    (`TrialSession.pending`): the untimed warm-up iteration runs beside it, no measurement does. The
+    verdicts land in the per-machine cache, where stage 2's own checks find them. A prefetch that fails
+    leaves stage 2 to check as before. The thread is a daemon: an interrupted run does not wait
     for it (its check process, a few seconds of GEMMs, ends by itself)."""
 
     def __init__(self, wf: Workflow, gpu: Any, check: Callable[[list[int]], Any] | None = None,

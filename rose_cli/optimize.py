@@ -411,13 +411,19 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
                     (layout_section or {}).get("chosen"))
         t = time.perf_counter()
         train = opts.train and not stop() and session.k < (wf.root.count or 1)  # (stopped: checkpoint, as without)
+        ckpt = None
         if train:
+            from interpreter.backends import CallFailed
             from interpreter.quota_trials import settle
 
-            session.books["settled"] = len(settle(plan, running, session, gpu))
+            try:
+                session.books["settled"] = len(settle(plan, running, session, gpu))
+            except CallFailed as exc:  # a process could not move: no training goes on, the hand-over as without
+                log(f"cannot go on training ({exc}); writing the checkpoint to resume from instead")
+                train = False
             session.books["settle_s"] = time.perf_counter() - t
-            ckpt = None
-        else:
+        if not train:
+            t = time.perf_counter()
             ckpt = session.finish(opts.output.name)
             session.books["checkpoint_s"] = time.perf_counter() - t  # the hand-over to `rose execute --resume`
     run_dir = run.out_dir if ckpt else None

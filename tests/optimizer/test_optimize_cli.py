@@ -173,6 +173,30 @@ def test_train_goes_on_with_the_plan_in_the_same_processes_bit_identically(tmp_p
     assert r.returncode == 2 and "--checkpoint-every applies to the training that --train" in r.stderr, r.stderr
 
 
+def test_train_falls_back_to_the_hand_over_checkpoint_when_a_process_cannot_move(tmp_path: Path, monkeypatch) -> None:
+    """`--train` first moves the processes stage 2 left at a reference to the plan's settings; a process that
+    cannot move ends that: the plan, the report and the hand-over checkpoint are written as without `--train`
+    (exit 0), and the output says why training did not go on."""
+    from typer.testing import CliRunner
+
+    import interpreter.quota_trials as qt
+    from interpreter.backends import CallFailed
+    from rose_cli.main import app
+
+    def cannot_move(plan, running, session, gpu):
+        raise CallFailed("moving policy", "policy", "the new process did not start")
+
+    monkeypatch.setattr(qt, "settle", cannot_move)
+    plan, run = tmp_path / "plan.yaml", tmp_path / "run"
+    r = CliRunner().invoke(app, ["optimize", str(WF / "latency_decode.yaml"), "--set", "iterations=200", "--rounds", "1",
+                                 "-o", str(plan), "--out", str(run), "--train"])
+    assert r.exit_code == 0, r.output
+    assert "cannot go on training" in r.output and "continue training: rose execute" in r.output
+    report = json.loads((tmp_path / "plan_report" / "report.json").read_text())
+    assert not report["overhead_s"]["trains_on"] and report["trials"]["checkpoint"]["count"] == 1
+    assert (run / "checkpoints").is_dir()
+
+
 @pytest.mark.exclusive
 def test_nested_loops_plan_is_faster_and_not_over_split(tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
