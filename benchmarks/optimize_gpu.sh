@@ -9,7 +9,8 @@
 # Usage (repository root; Ray from the bundle, see DEVELOPERS.md "The GPU machine"):
 #   WORKFLOW=workflows/paper_mjx_vla.yaml SETS="--set iterations=100" BUDGET=300 bash benchmarks/optimize_gpu.sh
 # BUDGET is --budget-s for both stages (stage 1 gets about two thirds); ROUNDS (default 1) stage-1 rounds;
-# EXTRA more options (e.g. "--no-compiled", "--no-quota"); LIMIT a timeout for the whole command (SIGTERM, then
+# EXTRA more options (e.g. "--no-compiled", "--no-quota", "--train": training goes on with the plan in the same
+# processes after the report is written -- give SETS an iteration count that leaves some, e.g. iterations=50); LIMIT a timeout for the whole command (SIGTERM, then
 # SIGKILL GRACE s later: keep LIMIT + GRACE under the device call's own limit);
 # TRUST the --allow-* options the workflow's processes need (default for MJX workflows: their import path
 # and JAX cache variable).
