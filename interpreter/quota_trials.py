@@ -22,6 +22,7 @@ from rose_dsl.ir import Workflow
 from rose_dsl.optimizer.bound import call_floats
 from rose_dsl.optimizer.decide import faster, summarize
 from rose_dsl.optimizer.quota import (
+    BUDGET_SPENT,
     BranchPair,
     distinct_levels,
     quota_search,
@@ -282,7 +283,7 @@ def tune_quota(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any,
             reason = stop() if stop is not None else None
             need = (repeats + 3 * per_block) * iteration_s + 5 * overhead_s
             if not reason and deadline is not None and time.perf_counter() + need > deadline:
-                reason = "the time budget is spent"
+                reason = BUDGET_SPENT
             return reason
 
         chosen, screened = _screen(plan, probes, session, repeats, final, levels, rho, level_of, usable, mps,
@@ -423,7 +424,7 @@ def tune_mps(wf: Workflow, result: Any, session: Any, gpu: Any, settings: Any, l
     finally:
         _book_stage2(session, booked, time.perf_counter() - started)
     for key in ("summary", "skipped"):  # (a section says why it ended in one of them)
-        if counted and "the time budget is spent" in str(out.get(key, "")):
+        if counted and BUDGET_SPENT in str(out.get(key, "")):
             out[key] += (f" (stage 2's budget was the workflow's iteration count: {left} iterations were left "
                          "when it began; raise it with --set iterations=N)")
     return out
@@ -560,7 +561,7 @@ def _validate(out: dict[str, Any], plan: Workflow, target: str, cand: Mps, ref: 
         move(target, ref)
         out["trial_seconds"] = time.perf_counter() - started
         out["summary"] = (f"{target} at {_describe(cand)} was fastest ({out['trials']} trials) but not validated: "
-                          f"the time budget is spent (the validation needs ~{need_s:.0f} s): kept {_describe(ref)}")
+                          f"{BUDGET_SPENT} (the validation needs ~{need_s:.0f} s): kept {_describe(ref)}")
         return out
     log(f"stage 2: validating {target} at {_describe(cand)} against {_describe(ref)} on complete iterations")
     for setting, bucket in blocks:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from .profile import Call, IterationRun, base_component
 
-__all__ = ["Branch", "BranchPair", "find_branches", "rank_targets", "busy_s", "sm_demand", "distinct_levels", "QuotaSearch", "quota_search", "branch_key",
+__all__ = ["BUDGET_SPENT", "Branch", "BranchPair", "find_branches", "rank_targets", "busy_s", "sm_demand", "distinct_levels", "QuotaSearch", "quota_search", "branch_key",
            "screening_probes",
            "merge_intervals", "concurrent_ns"]
 
@@ -40,6 +40,9 @@ class Branch:
     calls: int
     busy: tuple[tuple[int, int], ...] = ()  # when the process runs one of the branch's calls (disjoint, sorted)
 
+
+# why a quota search or screening stopped when its budget ran out (`quota_trials.tune_mps` names the budget)
+BUDGET_SPENT = "the time budget is spent"
 
 def merge_intervals(spans: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     """The union of half-open intervals, as disjoint sorted intervals."""
@@ -258,7 +261,7 @@ def quota_search(q: int, k0: int, measure: Callable[[int], float], rho: int = 4,
             s.stopped = s.stopped or f"the trial budget ({max_trials}) is spent"
             return None
         if s.order and out_of_time is not None and out_of_time():
-            s.stopped = s.stopped or "the time budget is spent"
+            s.stopped = s.stopped or BUDGET_SPENT
             return None
         s.history[k] = measure(k)
         s.order.append(k)
@@ -288,7 +291,7 @@ def quota_search(q: int, k0: int, measure: Callable[[int], float], rho: int = 4,
                     hole.setdefault("below", k)
                 return None
             if k not in verdicts and out_of_time is not None and out_of_time():
-                s.stopped = s.stopped or "the time budget is spent"
+                s.stopped = s.stopped or BUDGET_SPENT
                 return None
             if ok(k):
                 return k
