@@ -166,7 +166,7 @@ def record_cost(workers: dict[str, Any]) -> float:
     w = workers["sim"]
     info = next(iter(w.nodes.values()))
     n = 2000
-    w._records = [(info, (0, 0, i), 1, 2, None, None) for i in range(n)]  # noqa: SLF001 - a benchmark's probe
+    w._records = [(info, (0, 0, i), 1, 2, None, None) for i in range(n)]  # a benchmark's probe
     trace = ExecutionTrace()
     t = time.perf_counter()
     for r in w.pop_records():

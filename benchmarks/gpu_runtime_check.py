@@ -88,14 +88,14 @@ def _machine(gpu: int) -> tuple[dict, dict]:
                "cpu_count": os.cpu_count(), "python": sys.version.split()[0]}
     versions: dict = {}
     try:
-        import torch  # noqa: PLC0415
+        import torch
 
         versions["torch"] = torch.__version__
         versions["torch_cuda"] = torch.version.cuda
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - recorded in the results instead of a version
         versions["torch"] = f"unavailable: {e}"
     try:
-        import pynvml  # noqa: PLC0415
+        import pynvml
 
         pynvml.nvmlInit()
         h = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(gpu))
@@ -108,7 +108,7 @@ def _machine(gpu: int) -> tuple[dict, dict]:
             versions[key] = v.decode() if isinstance(v, bytes) else v
         versions["cuda_driver_api"] = pynvml.nvmlSystemGetCudaDriverVersion()
         pynvml.nvmlShutdown()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - no NVML here: recorded, the check goes on
         machine["nvml_error"] = str(e)
     try:
         versions["rose_commit"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"],

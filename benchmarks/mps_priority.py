@@ -29,6 +29,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import queue
 import statistics
 import sys
 import time
@@ -248,7 +249,7 @@ def main() -> None:
         while pending:
             try:
                 msg = out.get(timeout=5)
-            except Exception:
+            except queue.Empty:
                 alive()
                 continue
             assert msg[0] == "ready", msg

@@ -122,7 +122,7 @@ class ActorMoves:
             self._await_ready(name)
         try:
             self.control(name, "set_states", states)
-        except Exception:  # noqa: BLE001 - a parked process that died meanwhile: a fresh one takes its place
+        except Exception:  # a parked process that died meanwhile: a fresh one takes its place
             if reuse is None:
                 raise
             self.actors[name] = self._launch(comp, int(r or 0))

@@ -123,7 +123,7 @@ def resolve_impl(impl: str, allowed: Iterable[str] = DEFAULT_ALLOWED) -> type:
         raise ComponentError(reason)
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - a user module may raise anything on import: one ComponentError says what
+    except Exception as exc:  # a user module may raise anything on import: one ComponentError says what
         raise ComponentError(f"cannot import '{module_name}': {type(exc).__name__}: {exc}") from exc
     obj: Any = module
     for part in qual.split("."):
@@ -159,7 +159,7 @@ def construct(comp: Component, seed: int, device: str = "cpu", allowed: Iterable
     kwargs = context.kwargs(cls, comp.args)
     try:
         return cls(**kwargs)
-    except Exception as exc:  # noqa: BLE001 - a user constructor may raise anything: one ComponentError says what
+    except Exception as exc:  # a user constructor may raise anything: one ComponentError says what
         raise ComponentError(f"constructing component '{comp.name}' ({comp.impl}) failed: {type(exc).__name__}: {exc}") from exc
 
 

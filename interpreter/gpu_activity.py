@@ -171,7 +171,7 @@ def _open_reader(nvml: Any, gpu_index: int, prefer: str) -> tuple[Any, str]:
     """Pick the best working source; returns (reader or None, reason for the choice)."""
     if nvml is None:
         try:
-            import pynvml  # noqa: PLC0415 - optional at import time
+            import pynvml  # optional at import time
         except ImportError as e:
             return None, f"pynvml not importable ({e})"
         nvml = pynvml

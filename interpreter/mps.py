@@ -126,7 +126,7 @@ def detect_mps(binary: str | None = None, nvml: Any = None) -> MpsAvailability:
         return MpsAvailability(False, f"MPS unavailable: {path} is not executable (not permitted)", path)
     if nvml is None:
         try:
-            import pynvml  # noqa: PLC0415
+            import pynvml
         except ImportError as e:
             return MpsAvailability(False, f"MPS unavailable: pynvml not importable ({e})", path)
         nvml = pynvml

@@ -440,7 +440,7 @@ class RayBackend(ActorMoves, Backend):
                 self._drop_graph(next(iter(self._graphs)))
             try:
                 graph = compile_iteration(schedule, self.wf, self.actors)
-            except Exception as exc:  # noqa: BLE001 - Ray raises many kinds here; each means "not compiled", said once
+            except Exception as exc:  # Ray raises many kinds here; each means "not compiled", said once
                 raise CompileError(f"{type(exc).__name__}: {exc}") from exc
         self._graphs[key] = graph  # (most recently used last)
         self._current = graph

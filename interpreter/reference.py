@@ -17,7 +17,16 @@ from typing import Any
 
 from rose_dsl.analysis import AfterOrder
 from rose_dsl.ir import Workflow
-from rose_dsl.semantics import CallSite, Frame, Invocation, Program, SemanticError, run_sequential
+from rose_dsl.semantics import (
+    CallSite,
+    Frame,
+    Invocation,
+    Lookup,
+    Program,
+    SemanticError,
+    ValueOps,
+    run_sequential,
+)
 
 from .components import invoke
 from .recipe import RecipeOps, Ref, leaves_of, lift
@@ -36,13 +45,18 @@ class ReferenceRun:
 
 
 class _Caller:
-    ops = TorchOps()
+    ops: ValueOps = TorchOps()
 
     def __init__(self, components: Mapping[str, Any]) -> None:
         self.components = components
 
     def call(self, site: CallSite, inputs: dict[str, Any]) -> dict[str, Any]:
         return invoke(self.components[site.node.component], site.node, inputs, str(site.inv))
+
+
+def _lookup_in(outputs: dict[Invocation, dict[str, Any]]) -> Lookup:
+    """A frame's lookup over one iteration's outputs (a function, so each iteration binds its own dict)."""
+    return lambda inv, port: outputs[inv][port]
 
 
 def schedule_dependencies(program: Program, sites: list[CallSite]) -> dict[Invocation, set[Invocation]]:
@@ -82,7 +96,7 @@ def run_reference(wf: Workflow, components: Mapping[str, Any], iterations: Itera
     rng = random.Random(seed)
     for k in iterations:
         outputs: dict[Invocation, dict[str, Any]] = {}
-        frame = Frame(lambda inv, port, o=outputs: o[inv][port], caller.ops, root_carry=_carry_from(run, k))
+        frame = Frame(_lookup_in(outputs), caller.ops, root_carry=_carry_from(run, k))
         sites = list(program.unroll(k))
         deps = schedule_dependencies(program, sites)
         by_inv = {s.inv: s for s in sites}

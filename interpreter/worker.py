@@ -174,7 +174,7 @@ class ComponentWorker:
             import signal
 
             path = os.path.join(os.environ["ROSE_STACK_DIR"], f"stack-{comp.name}-{os.getpid()}.txt")
-            self._stack_file = open(path, "w")  # noqa: SIM115 - kept open for the handler
+            self._stack_file = open(path, "w")  # kept open for the handler
             faulthandler.register(signal.SIGUSR1, file=self._stack_file, all_threads=True, chain=False)
         self.nodes: dict[tuple[str, ...], _NodeInfo] = {}  # what `call_flat` runs: the loaded plan's nodes
         # each plan's own nodes, by the plan key its compiled graph passes (`call_compiled`): the backend keeps
@@ -303,7 +303,7 @@ class ComponentWorker:
                 try:
                     outs = invoke(self.obj, node, inputs, label or (lambda: info.label(indices)))
                     break
-                except Exception as exc:  # noqa: BLE001 - retried only where the workflow allows it, else re-raised
+                except Exception as exc:  # retried only where the workflow allows it, else re-raised
                     attempt += 1
                     if not node.idempotent or attempt > self.retries or is_fatal_gpu_error(exc):
                         raise

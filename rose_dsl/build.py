@@ -172,14 +172,15 @@ def _params(ctx: _Ctx, raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> 
         ctx.later = set(names[i:])  # (this param and those below it: what it may not read)
         if name in overrides:
             params[name] = overrides[name]
-            if _kind(value) is not None and _kind(overrides[name]) not in _ACCEPTS[_kind(value)]:
+            kind = _kind(value)
+            if kind is not None and _kind(overrides[name]) not in _ACCEPTS[kind]:
                 # a number (or boolean) param given another kind by --set: refused here, at the command line,
                 # not left to a component's constructor (fourth unseen sweep: `--set pi_fixed=fast` passed
                 # validate and failed at construction with exit 3, naming neither --set nor the param)
                 params[name] = FAILED
                 ctx.diags.append(Diagnostic(
                     SourcePos("<command line>", 0, 0), f"params.{name}",
-                    f"--set {name}={overrides[name]!r} is not {_KIND_NAMES[_kind(value)]}: the workflow declares "
+                    f"--set {name}={overrides[name]!r} is not {_KIND_NAMES[kind]}: the workflow declares "
                     f"{name}: {value!r}"))
             continue
         if isinstance(value, str) and "${" in value:
@@ -398,7 +399,7 @@ class _ItemBuilder:
         for var in raw.get("carry") or {}:
             for sub in ("init", "next"):
                 if sub in (raw["carry"][var] or {}):
-                    fpos[f"carry.{var}.{sub}"] = ctx.doc.pos(path + ("carry", var, sub))  # type: ignore[assignment]
+                    fpos[f"carry.{var}.{sub}"] = ctx.doc.pos(path + ("carry", var, sub))
         return LoopNode(
             path=me, body=self.body(raw["body"], path + ("body",), me), count=count, until=until,
             carries=tuple(carries), collects=tuple(collects), iterations=iterations, split_of=raw.get("split_of"),

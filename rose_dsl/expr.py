@@ -133,7 +133,7 @@ class _ToAst(Transformer):
     def param(self, meta, inner):
         return inner
 
-    def _bin(op: str):  # type: ignore[misc]  # noqa: N805 - a factory evaluated in the class body
+    def _bin(op: str):  # type: ignore[misc]  # a factory evaluated in the class body
         def method(self, meta, left, right):
             return BinOp(_off(meta), op, left, right)
 

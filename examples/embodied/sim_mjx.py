@@ -47,15 +47,15 @@ import torch
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # must precede the first JAX import
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import mujoco  # noqa: E402
+import jax
+import jax.numpy as jnp
+import mujoco
 
 with contextlib.redirect_stdout(io.StringIO()):  # MJX prints to stdout when its optional Warp backend is absent
-    from mujoco import mjx  # noqa: E402
+    from mujoco import mjx
 
-from .determinism import derive_seed, resolve_rows  # noqa: E402
-from .sim_base import EnvFault, SimBase  # noqa: E402
+from .determinism import derive_seed, resolve_rows
+from .sim_base import EnvFault, SimBase
 
 __all__ = ["EnvFault", "ReacherMjxSim"]
 

@@ -50,7 +50,7 @@ def worker_main(conn: Connection, verifier: str, kwargs: dict[str, Any], tokeniz
         ticket, ids, answer = msg
         try:
             conn.send((ticket, float(fn(tok.decode(ids), answer, **kwargs)), None))
-        except Exception as e:  # the verifier's fault, not the worker's: report and keep serving
+        except Exception as e:  # noqa: BLE001 - the verifier's fault, not the worker's: report and keep serving
             conn.send((ticket, 0.0, f"{type(e).__name__}: {e}"))
 
 

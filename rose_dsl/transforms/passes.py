@@ -97,7 +97,7 @@ def run(p: Pass, wf: Workflow, *args, **kwargs) -> Rewritten:
         return result
     except Refused:
         raise
-    except Exception as exc:  # noqa: BLE001 - a bug in a rewrite or a check: refused cleanly, named as a bug
+    except Exception as exc:  # a bug in a rewrite or a check: refused cleanly, named as a bug
         raise Refused(f"{p.name}: rose failed to build or check this rewrite ({type(exc).__name__}: {exc}); a bug in "
                       "rose, please report it", internal=True) from exc
 
@@ -251,7 +251,7 @@ def apply_request(wf: Workflow, request: str) -> Rewritten:
         p, args, kwargs = parse_request(wf, request)
     except Refused:
         raise
-    except Exception as exc:  # noqa: BLE001 - a bug reading a request: refused cleanly
+    except Exception as exc:  # a bug reading a request: refused cleanly
         raise Refused(f"{request}: rose failed to read this request ({type(exc).__name__}: {exc}); a bug in rose, "
                       "please report it", internal=True) from exc
     return run(p, wf, *args, **kwargs)

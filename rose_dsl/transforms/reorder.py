@@ -237,7 +237,7 @@ def build_interleave_siblings(wf: Workflow, paths: Sequence[Path]) -> Rewritten:
     if any(isinstance(n, LoopNode) and n.interleaved and not n.temporal_group for n in neighbours):
         raise Refused("a loop next to these already takes turns with its own neighbours: interleave them all in one request")
     chosen = {p[-1] for p in paths}
-    new = replace_body(wf, parent, [replace(i, interleaved=True) if i.name in chosen else i for i in body])
+    new = replace_body(wf, parent, [replace(i, interleaved=True) if isinstance(i, LoopNode) and i.name in chosen else i for i in body])
     order = [names[j] for j in at]
     return Rewritten(new, identity_locate, f"interleaving loops {', '.join(order)}: one call of each in turn")
 

@@ -21,7 +21,7 @@ import torch
 
 pytest.importorskip("metaworld", reason="metaworld not installed (pip install metaworld==3.1.1)")
 
-from examples.embodied.sim_metaworld import EnvFault, MetaWorldVecSim  # noqa: E402
+from examples.embodied.sim_metaworld import EnvFault, MetaWorldVecSim
 
 REPO = Path(__file__).resolve().parents[2]
 N, CHUNK, EP_LEN, T = 4, 2, 7, 6  # 6 chunks of 2 = 12 steps: every env auto-resets once
