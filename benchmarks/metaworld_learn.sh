@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Meta-World reach-v3 learns under `rose execute` on the CPU: PPO with the flow-matching policy, seed 0,
 # the workflow's defaults (16 envs, 2 rollout epochs of one 100-step episode = 3,200 env steps per
-# iteration, 60 iterations). Writes benchmarks/results/metaworld_learn/: metrics.jsonl (per iteration),
+# iteration, 60 iterations). Writes RES (default runs/metaworld_learn_results/): metrics.jsonl (per iteration),
 # run.log (the CLI's output, with its learning curve), summary.json (command, machine, versions, first
-# vs last returns and success rates, wall/CPU time, env-steps/s) and curve.png (if matplotlib is there).
+# vs last returns and success rates, wall/CPU time, env-steps/s) and curve.png (if matplotlib is there);
+# the canonical result is summary.json and curve.png copied to benchmarks/results/metaworld_learn.{json,png}.
 #
 # Needs `pip install -e '.[metaworld]'` (metaworld 3.1.1, mujoco 3.3.0). Usage (any directory):
 #   bash benchmarks/metaworld_learn.sh                   # ~3-4 min on a 2-core VM
@@ -12,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${RUN:-runs/metaworld_learn}
-RES=${RES:-benchmarks/results/metaworld_learn}
+RES=${RES:-runs/metaworld_learn_results}
 PY=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 CMD=(-m rose_cli execute workflows/embodied_ppo_metaworld.yaml --out "$RUN" --set seed=0 "$@")

@@ -12,7 +12,7 @@ and every run joins (`--address`). The warm-up iterations are dropped; a configu
 its count (env steps or tokens) over the seconds of its measured iterations, per round; the table gives
 the median over rounds and the spread.
 
-Written to `--results` (default benchmarks/results/paper_table/): `paper_table.json` (machine, versions,
+Written to `--results` (default benchmarks/results/): `paper_table.json` (machine, versions,
 settings, and per workload its params, shape figures, lower bound, every configuration's per-iteration
 seconds of every round, throughput median/spread, SM activity, fraction of time below 50% activity, the
 ratios to `declared` and to `best_hand`; top-level keys `declared`, `best_hand`, `stage1`, `stage1_mps`,
@@ -568,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
                          "workload's --allow-* options), e.g. rose optimize")
     ap.add_argument("--param", action="append", default=[], help="WORKLOAD:NAME=VALUE for every configuration")
     ap.add_argument("--calibration", type=Path, default=ROOT / "benchmarks" / "results" / "workload_shapes.json")
-    ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results" / "paper_table")
+    ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--runs", type=Path, default=Path("/tmp/paper_runs"))
     ap.add_argument("--run-timeout", type=float, default=300.0)
     ap.add_argument("--rose-cmd", default=f"{sys.executable} -m rose_cli", help="how to run the rose command")

@@ -2,8 +2,9 @@
 # One device call on the H200: the paper table (benchmarks/paper_table.py) for one workload, with every
 # package it needs set up first. Results come back in $OUT: paper_table_<workload>/ (the JSON and the
 # timeline PNGs), log_<workload>.txt, runs_<workload>.tgz (metrics, nodes, Perfetto traces of every run).
-# Merge the JSONs of several calls into benchmarks/results/paper_table/ with
+# Merge the JSONs of several calls into benchmarks/results/paper_table.json with
 #   python3 benchmarks/paper_table.py --merge A/paper_table.json B/paper_table.json
+#   then: python3 benchmarks/paper_table_rows.py (a merge replaces whole workloads: it refills the optimizer's rows)
 #
 #   WORKLOAD=mjx bash benchmarks/paper_table_gpu.sh [paper_table.py options, e.g. --configs declared,pipe2]
 # carries: mjx: .raybundle + .mjxbundle (benchmarks/mjx_bundle.sh) -- one call, ~45 MB.

@@ -3,7 +3,7 @@ on the GPU machine, with a fresh verdict cache: which quotas rose lets a GPU com
 
 Issue 16 asks that quotas be proven safe at every level before the optimizer tunes them. On the H200
 (torch 2.11.0+cu130, driver 580.159.04) some levels cannot be: cuBLAS's bf16 GEMMs are wrong there
-(`benchmarks/results/quota_nan/`). This records, per level, the SM count a client sees and the check's
+(`benchmarks/results/quota_gemm_probe.json`). This records, per level, the SM count a client sees and the check's
 verdict, next to the earlier replay of the real first PPO update at the same levels
 (`quota_nan/before_fix.json`): a level the check passes must be one where that update was finite.
 

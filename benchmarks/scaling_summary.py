@@ -1,6 +1,7 @@
 """Summarise benchmarks/gpu_scaling.sh's runs: env-steps/s per placement (median over the iterations after
 the first, which pays for process start, compilation and NCCL set-up), per-node time, and a bar picture.
-  python benchmarks/scaling_summary.py benchmarks/results/scaling"""
+  python benchmarks/scaling_summary.py /tmp/scaling   # the runs' directory; the archived runs:
+  #   git archive results-archive benchmarks/results/scaling | tar -x"""
 
 from __future__ import annotations
 

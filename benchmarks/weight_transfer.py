@@ -11,7 +11,7 @@ two processes register or deregister the transport between rounds, so one pair o
 Also checks that both transports load bit-identical weights into the policy.
 
     python3 benchmarks/weight_transfer.py --out $OUT/weight_transfer.json                     # GPU (H200)
-    python3 benchmarks/weight_transfer.py --device cpu --out benchmarks/results/weight_transfer_cpu.json
+    python3 benchmarks/weight_transfer.py --device cpu --out /tmp/weight_transfer_cpu.json
     python3 benchmarks/weight_transfer.py --smoke                                             # tiny, CPU
 """
 

@@ -4,14 +4,14 @@ Why this exists (issue 16, measured on the H200, torch 2.11.0+cu130, driver 580.
 ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, cuBLAS's bf16 GEMMs return WRONG values at some SM counts --
 78 SMs (60%), 92 (70%), 38 (30%): hundreds of thousands of elements per product, garbage up to 1e19, on
 the forward and both backward products of ordinary Linear shapes -- while 12 (10%), 66 (50%) and 132
-(100%) are exact (`benchmarks/results/quota_nan/`). The embodied PPO trainer's "NaN at 60%" was this:
+(100%) are exact (`benchmarks/results/quota_gemm_probe.json`). The embodied PPO trainer's "NaN at 60%" was this:
 a Linear with finite inputs produced non-finite outputs only inside the run, where reused memory held
 the garbage. It is a library fault rose cannot repair, so rose does the narrowest safe thing: before a
 GPU component runs under a quota below 100%, a fresh MPS client at that quota computes the GEMM shapes
 of the models' transformer layers, and whole blocks forward and backward (SDPA, LayerNorm, GELU), in bf16
 and compares every output element with a float32 CPU reference, with the allocator poisoned (NaN) so an
 unwritten output element is caught too. At 20% (26 SMs) every GEMM and block case passed (H200,
-2026-12-02, benchmarks/results/quota_safety_levels_blocks.json) where the real first PPO update was NaN;
+2026-12-02, results-archive:benchmarks/results/quota_safety_levels_blocks.json) where the real first PPO update was NaN;
 the replay recorded why (quota_nan/before_fix.json): the first non-finite value there came out of a Linear
 applied to ONE vector (the time-embedding MLP), a matrix-vector product, so the check now runs those too
 (VECTOR_SHAPES) -- whether that makes it refuse 20% is not yet measured on the H200. A quota that fails is
@@ -55,7 +55,7 @@ BLOCK_CASES: tuple[tuple[int, int, int, int], ...] = ((1600, 4, 512, 8), (64, 64
 # embodied_ppo_gpu, 1024 in the paper-shaped VLAs, 2048 at the 1B size). That is a matrix-vector product
 # (cuBLAS gemv), a kernel no GEMM or block case runs: at 20% (26 SMs), where both lists pass, the replayed
 # first PPO update's first non-finite value was time_mlp.2's output -- 1 of 512 elements, its input finite
-# (benchmarks/results/quota_nan/before_fix.json, the 20% step). Forward (W x + b), dgrad (W^T g) and wgrad
+# (benchmarks/results/quota_nan_root_cause.json, the 20% step). Forward (W x + b), dgrad (W^T g) and wgrad
 # (the outer product g x^T).
 VECTOR_SHAPES: tuple[tuple[int, int], ...] = ((512, 512), (1024, 1024), (2048, 2048))
 _WRONG = 0.05  # an element off by more than this fraction of the reference's largest magnitude is wrong

@@ -3,7 +3,7 @@
 Why: Ray pickles a torch tensor through torch's own reduction, in which every storage becomes a bytes
 object copied into the pickle stream and copied back out on the other side. On the H200 that cost ~1 s per
 RL iteration for the 79M trainable parameters (315 MB) the PPO trainer publishes to the policy: 9-18% of
-every configuration's iteration with the GPU idle (benchmarks/results/paper_table/, the publish -> sync
+every configuration's iteration with the GPU idle (results-archive:benchmarks/results/paper_table/, the publish -> sync
 gap). Here a large contiguous tensor goes to Ray as a numpy uint8 view of its bytes instead: pickle
 protocol 5 passes that out of band, into the object store without a pickle copy, and the receiver maps it.
 

@@ -1,4 +1,4 @@
-"""Third sweep's driver: the measuring logic of benchmarks/optimize_cpu.py (bench()), adapted so each workflow
+"""Third unseen-workflow sweep's driver (its workflows are in the archived sweep's folder: `git archive results-archive benchmarks/results/optimize_cpu_unseen_2026-12-05c | tar -x` (repository root) first): the measuring logic of benchmarks/optimize_cpu.py (bench()), adapted so each workflow
 can take its own `--set`s and the optimizer a `--budget-s`, and so the work directory (plans, reports, run
 directories) is kept under WORK. Each command gets a 300-s timeout (a hang is recorded as an error).
 
@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 WORK = Path(os.environ.get("WORK", "/tmp/sw3/work"))
 
 

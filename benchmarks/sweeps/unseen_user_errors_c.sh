@@ -1,6 +1,7 @@
 #!/bin/bash
 # Runs each user-error case from the repository root; prints the command, its output (stdout+stderr) and exit code.
-cd "$(dirname "$0")/../../../.." || exit 1
+cd "$(dirname "$0")/../.." || exit 1
+# The cases are in the archived sweep's folder: `git archive results-archive benchmarks/results/optimize_cpu_unseen_2026-12-05c | tar -x` (repository root) first.
 export PYTHONPATH=$PWD
 D=benchmarks/results/optimize_cpu_unseen_2026-12-05c
 E=$D/user_errors

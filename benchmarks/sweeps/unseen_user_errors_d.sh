@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # User-facing error probes of rose optimize / execute --plan / compare (fourth sweep). Run from /work/main:
-#   bash benchmarks/results/optimize_cpu_unseen_2026-12-05d/user_errors/run_user_errors.sh > .../user_errors.txt 2>&1
+#   bash benchmarks/sweeps/unseen_user_errors_d.sh > .../user_errors.txt 2>&1
+# The cases are in the archived sweep's folder: `git archive results-archive benchmarks/results/optimize_cpu_unseen_2026-12-05d | tar -x` (repository root) first.
 # Each case prints the command, its stdout+stderr and its exit status. Scratch outputs go under $UE.
 D=benchmarks/results/optimize_cpu_unseen_2026-12-05d
 E=$D/user_errors

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Extra probes (fourth sweep): the workflow's own iteration count (60, no --set), and SIGINT / SIGTERM during
-# rose optimize. Run from /work/main.
+# rose optimize. Run from the repository root, after extracting
+# the archived sweep's folder: `git archive results-archive benchmarks/results/optimize_cpu_unseen_2026-12-05d | tar -x` (repository root) first.
 D=benchmarks/results/optimize_cpu_unseen_2026-12-05d
 UE=${UE:-/tmp/sw4/ue2}; rm -rf $UE; mkdir -p $UE
 export PYTHONPATH=$PWD

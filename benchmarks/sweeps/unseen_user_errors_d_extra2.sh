@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Extra probes, second batch: SIGINT/SIGTERM sent to rose optimize itself (timeout(1) reports 124, hiding rose's
 # exit status), compare with a --set that changes what the plan computes, validate with a non-number float param.
+# Run from the repository root, after extracting the archived sweep's folder: `git archive results-archive benchmarks/results/optimize_cpu_unseen_2026-12-05d | tar -x` (repository root) first.
 D=benchmarks/results/optimize_cpu_unseen_2026-12-05d
 UE=${UE:-/tmp/sw4/ue3}; rm -rf $UE; mkdir -p $UE
 export PYTHONPATH=$PWD

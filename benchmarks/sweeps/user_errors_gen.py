@@ -1,8 +1,10 @@
-"""Generate the broken workflow files (cases/) and the command list (commands.txt) for this run."""
+"""Generate the broken workflow files (cases/) and the command list (commands.txt) of the user-error sweep, in
+benchmarks/results/user_errors_2026-12-05e/ (not tracked: the sweep's recorded run is in the `results-archive` tag)."""
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[2]
+ROOT = Path(__file__).resolve().parents[2]
+HERE = ROOT / "benchmarks" / "results" / "user_errors_2026-12-05e"
+HERE.mkdir(parents=True, exist_ok=True)
 CASES = HERE / "cases"
 L = (ROOT / "workflows/latency_interaction.yaml").read_text()
 P = (ROOT / "workflows/embodied_ppo.yaml").read_text()

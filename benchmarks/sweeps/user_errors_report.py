@@ -2,7 +2,7 @@
 import json
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1] / "results" / "user_errors_2026-12-05e"  # user_errors_run.py writes raw.json
 D = json.loads((HERE / "raw.json").read_text())
 BUGS = {
     1: "batch_size_zero batch_size_negative batch_dim_negative batch_dim_string batch_unknown_key state_component_dup component_state_bad_name component_state_attr_int rw_broken_file",

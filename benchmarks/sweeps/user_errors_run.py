@@ -6,8 +6,8 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[2]
+ROOT = Path(__file__).resolve().parents[2]
+HERE = ROOT / "benchmarks" / "results" / "user_errors_2026-12-05e"  # user_errors_gen.py writes it
 only = set(sys.argv[1:])
 out = json.loads((HERE / "raw.json").read_text()) if (HERE / "raw.json").exists() else {}
 os.makedirs("/tmp/ue_e", exist_ok=True)

@@ -1,7 +1,7 @@
 """Which compiled calls send CUDA tensors by IPC (interpreter/tensor_transport.py `ipc_sites`, the Ray
 compiled iteration's `device_sites`): only a call whose every reader is another process on the producer's GPU, in a
 method that takes device tensors, and never the driver. The transfer itself needs a GPU: it is exercised on
-the H200 by benchmarks/weight_transfer.py (bit-identical weights, benchmarks/results/weight_transfer_h200.json)
+the H200 by benchmarks/weight_transfer.py (bit-identical weights, benchmarks/results/weight_transfer.json)
 and by the paper table's runs."""
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def _producer(conn) -> None:  # a process of its own (spawned): packs a CUDA ten
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(),
                     reason="needs a CUDA GPU: CUDA IPC between two processes on one GPU; exercised on the H200 by "
-                           "benchmarks/weight_transfer.py (results/weight_transfer_h200.json, bit-identical)")
+                           "benchmarks/weight_transfer.py (results/weight_transfer.json, bit-identical)")
 def test_a_cuda_tensor_crosses_by_ipc_as_a_private_copy() -> None:
     import multiprocessing as mp
     import pickle

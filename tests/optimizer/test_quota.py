@@ -13,7 +13,7 @@ from rose_dsl.optimizer.profile import Call, IterationRun, runs_from_chrome_trac
 from rose_dsl.optimizer.quota import BranchPair, distinct_levels, find_branches, quota_search
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNS = ROOT / "benchmarks" / "results" / "gpu_runs"
+TRACES = ROOT / "tests" / "data" / "gpu_traces"  # real GPU runs (README there: which run each is)
 
 
 def _c(node: str, comp: str, indices: tuple[int, ...], start_ms: float, end_ms: float) -> Call:
@@ -23,7 +23,7 @@ def _c(node: str, comp: str, indices: tuple[int, ...], start_ms: float, end_ms: 
 def test_recorded_h200_trace_finds_the_trainer_has_slack() -> None:
     """embodied_ppo_gpu under MPS (H200): the PPO update of epoch 0 (trainer) overlaps the rollout of
     epoch 1 (policy) on GPU 0 and is done ~0.65 s before it: the trainer is the earlier-ready branch."""
-    runs, gpu_of = runs_from_chrome_trace(json.loads((RUNS / "ppo_gpu_mps_p100_t100" / "trace.json").read_text()))
+    runs, gpu_of = runs_from_chrome_trace(json.loads((TRACES / "ppo_gpu_mps_p100_t100.trace.json").read_text()))
     assert gpu_of == {"sim": None, "policy": 0, "trainer": 0}
     pair = find_branches(runs[1:], gpu_of)
     assert isinstance(pair, BranchPair)
@@ -40,7 +40,7 @@ def test_processes_that_take_turns_are_not_a_pair() -> None:
     (act -> step -> act), so their branches' spans overlap but they never share the GPU; stage 2 used to
     tune the policy against its own simulator there (the first H200 run of `rose optimize`). The pair
     that does share the GPU is the rollout of epoch 1 against the PPO update of epoch 0."""
-    trace = ROOT / "benchmarks" / "results" / "paper_table" / "frame_skip4_1round" / "runs_mjx_h200" / "mjx" / "declared" / "round0" / "trace.json"
+    trace = TRACES / "mjx_frame_skip4_declared.trace.json"
     runs, gpu_of = runs_from_chrome_trace(json.loads(trace.read_text()))
     assert gpu_of == {"sim": 0, "policy": 0, "trainer": 0}
     pair = find_branches(runs[1:], gpu_of)
@@ -60,7 +60,7 @@ def test_a_chain_of_turns_alone_has_no_pair() -> None:
 
 
 def test_traces_without_gpu_processes_have_no_pair() -> None:
-    runs, gpu_of = runs_from_chrome_trace(json.loads((RUNS / "ppo_gpu" / "trace.json").read_text()))
+    runs, gpu_of = runs_from_chrome_trace(json.loads((TRACES / "ppo_gpu.trace.json").read_text()))
     assert find_branches(runs, gpu_of) == "fewer than two processes run on a GPU"
 
 
@@ -500,7 +500,7 @@ def test_a_spent_budget_before_any_trial_is_said_as_such() -> None:
 
 # -- whose SMs to give away: floats on the critical path (rank_targets) and the screening --------------
 
-PQ = ROOT / "benchmarks" / "results" / "paper_table" / "mjx_policy_quota_2026-12-03" / "traces"
+PQ = TRACES / "mjx_policy_quota"
 
 
 def _recorded(name: str):
@@ -858,10 +858,10 @@ def test_time_beside_the_critical_path_counts_by_how_busy_the_sms_were(monkeypat
     from rose_dsl import load_workflow
     from rose_dsl.optimizer.bound import call_floats
 
-    here = ROOT / "benchmarks" / "results" / "paper_table" / "mjx_rose_2026-12-04"
-    plan = load_workflow(here / "plans" / "rose.yaml")
-    runs, _ = runs_from_chrome_trace(json.loads((here / "traces" / "rose" / "trace.json").read_text()))
-    declared, _ = runs_from_chrome_trace(json.loads((here / "traces" / "declared" / "trace.json").read_text()))
+    here = TRACES / "mjx_rose"
+    plan = load_workflow(here / "rose.yaml")
+    runs, _ = runs_from_chrome_trace(json.loads((here / "rose" / "trace.json").read_text()))
+    declared, _ = runs_from_chrome_trace(json.loads((here / "declared" / "trace.json").read_text()))
     assert runs[0].activity_samples
     gpu_of = {c.component: 0 for r in runs + declared for c in r.calls}
     floats = [call_floats(plan, r) for r in runs]
@@ -1009,7 +1009,7 @@ def test_the_search_probes_no_level_after_which_the_validation_would_not_fit(mon
     assert clock.t <= 230.0
 
 
-H100_TRACES = ROOT / "benchmarks" / "results" / "paper_table" / "mjx_stage1_h100_2026-12-05e" / "traces"
+H100_TRACES = TRACES / "mjx_stage1_h100"
 
 
 def test_sm_demand_reads_the_lagging_counters_the_same_in_every_round() -> None:
