@@ -57,6 +57,7 @@ class ExecuteOptions:
     quiet: bool = False
     compiled: bool = True
     check_quotas: bool = True  # refuse MPS quotas under which this machine's GEMMs are wrong (quota_safety.py)
+    loggers: tuple[str, ...] = ("tensorboard",)  # where metrics go besides metrics.jsonl (interpreter/loggers.py)
 
 
 class SetupError(Exception):
@@ -372,7 +373,8 @@ def _run(wf: Workflow, opts: ExecuteOptions, teardown: ExitStack, ctx: RunContex
         report.processes(out, be)
     n = opts.iterations if opts.iterations is not None else (wf.root.count or 1)
     config = RunConfig(iterations=n, out_dir=opts.out_dir, checkpoint_every=opts.checkpoint_every,
-                       resume=opts.resume, call_timeout_s=opts.call_timeout)
+                       resume=opts.resume, call_timeout_s=opts.call_timeout,
+                       tensorboard="tensorboard" in opts.loggers, loggers=opts.loggers)
     progress, task, on_iteration = iteration_progress(out, wf.name, n, opts.quiet)
 
     def on_resume(resumed: Resumed) -> None:
