@@ -212,9 +212,10 @@ TRIAL_MODULES = ("interpreter.trials",)  # the trial components (`__feed__`, `__
 def progress_log(out: Console, quiet: bool, deadline: float | None = None) -> Any:
     """A spinner with the latest line and the budget left (`deadline`, a `time.perf_counter()` value), and
     `log(line)` that also prints the line (unless quiet): `progress.optimizer_progress`."""
+    from .clock import budget_clock
     from .progress import optimizer_progress
 
-    return optimizer_progress(out, quiet, deadline)
+    return optimizer_progress(out, quiet, deadline, clock=budget_clock())
 
 
 def start_trial_session(wf: Workflow, opts: ExecuteOptions, gpu: Gpu, ctx: RunContext, teardown: ExitStack,

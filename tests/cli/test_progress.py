@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 from types import SimpleNamespace
 
+import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -141,3 +142,25 @@ def test_rose_execute_prints_progress_lines_in_a_log(tmp_path) -> None:
     result = CliRunner().invoke(app, ["execute", str(wf), "--allow-module", "tests", "--backend", "local"])
     assert result.exit_code == 0, result.output
     assert "progress 1/4" in result.output and "progress 4/4" in result.output and "ETA 0s" in result.output
+
+
+def test_the_budget_clock_is_chosen_in_one_place(monkeypatch) -> None:
+    """`rose_cli.clock.budget_clock`: the real clock, or for a test the fake one `ROSE_FAKE_CLOCK` describes
+    (in a subprocess too); `rose optimize`'s budget-left display reads it."""
+    import time
+
+    from rose_cli.clock import CLOCK_ENV, budget_clock
+    from rose_cli.run import progress_log
+
+    assert budget_clock({}) is time.perf_counter
+    clock = budget_clock({CLOCK_ENV: "100,2.5"})
+    assert [clock(), clock(), clock()] == [100.0, 102.5, 105.0]
+    still = budget_clock({CLOCK_ENV: "7"})
+    assert still() == still() == 7.0
+    with pytest.raises(ValueError, match="START"):
+        budget_clock({CLOCK_ENV: "soon"})
+    monkeypatch.setenv(CLOCK_ENV, "1000")
+    console = _console(False)
+    with progress_log(console, False, deadline=1042.0) as log:
+        log("stage 1")
+    assert console.file.getvalue().splitlines() == ["stage 1  [budget left 42s]"]  # type: ignore[attr-defined]
