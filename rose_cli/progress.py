@@ -22,7 +22,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 __all__ = ["WIDTH", "duration", "progress_line", "budget_note", "IterationProgress", "BudgetLog", "optimizer_progress"]
 
@@ -118,6 +119,17 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
+class BudgetColumn(ProgressColumn):
+    """The budget left, read on the clock at every redraw (not only when the optimizer logs a line)."""
+
+    def __init__(self, deadline: float | None, clock: Callable[[], float]) -> None:
+        super().__init__()
+        self.deadline, self.clock = deadline, clock
+
+    def render(self, task: Any) -> Text:
+        return Text(budget_note(self.deadline, self.clock()))
+
+
 class BudgetLog:
     """`log(line)` of `optimizer_progress`: prints the optimizer's line (unless quiet) and shows it with the
     budget left -- live beside a spinner on a terminal (`progress`), appended to each line otherwise."""
@@ -125,18 +137,16 @@ class BudgetLog:
     def __init__(self, out: Console, quiet: bool, deadline: float | None, clock: Callable[[], float]) -> None:
         self.quiet, self.deadline, self.clock = quiet, deadline, clock
         self.live = out.is_terminal and not quiet
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"),
-                                 TextColumn("{task.fields[budget]}"), TimeElapsedColumn(), console=out,
-                                 transient=True, disable=not self.live)
-        self.task = self.progress.add_task("starting the components", total=None,
-                                           budget=budget_note(deadline, clock()))
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BudgetColumn(deadline, clock),
+                                 TimeElapsedColumn(), console=out, transient=True, disable=not self.live)
+        self.task = self.progress.add_task("starting the components", total=None)
 
     def __call__(self, msg: str) -> None:
-        note = budget_note(self.deadline, self.clock())
         first = msg.splitlines()[0] if msg else msg
-        self.progress.update(self.task, description=_cut(first, WIDTH - 32), budget=note)
+        self.progress.update(self.task, description=_cut(first, WIDTH - 32))
         if not self.quiet:
-            self.progress.console.print(msg if self.live or not note else f"{msg}  [{note}]", markup=False)
+            note = "" if self.live else budget_note(self.deadline, self.clock())
+            self.progress.console.print(f"{msg}  [{note}]" if note else msg, markup=False)
 
 
 @contextmanager
