@@ -14,7 +14,7 @@ for q in ${QUOTAS:-"100/100 50/50 75/25"}; do
   set -- $q; name=ppo_gpu_mps_p$1_t$2
   echo "== $name"
   python3 -m rose_cli rewrite workflows/embodied_ppo_gpu.yaml --do "expand act" --set policy_quota=$1 \
-      --set trainer_quota=$2 -o /tmp/$name.yaml > /dev/null || exit 1
+      --set trainer_quota=$2 -o /tmp/$name.yaml --overwrite > /dev/null || exit 1
   timeout 150 python3 -m rose_cli execute workflows/embodied_ppo_gpu.yaml --plan /tmp/$name.yaml --backend ray \
       -n $N --out /tmp/runs/$name 2>&1 | tail -24
 done

@@ -9,7 +9,7 @@ mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/cpusite .whlcpu/*.whl || exit 1
 export PYTHONPATH=/tmp/cpusite:/tmp/site:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m rose_cli rewrite workflows/embodied_ppo_gpu.yaml --do "expand act" -o /tmp/ppo_gpu_phases.yaml > /dev/null
+python3 -m rose_cli rewrite workflows/embodied_ppo_gpu.yaml --do "expand act" -o /tmp/ppo_gpu_phases.yaml --overwrite > /dev/null
 N=${N:-5}
 echo "== embodied PPO GPU (declared)"; timeout 240 python3 -m rose_cli execute workflows/embodied_ppo_gpu.yaml --backend ray -n $N --out /tmp/runs/ppo_gpu 2>&1 | tail -22
 echo "== embodied PPO GPU (phases exposed)"; timeout 240 python3 -m rose_cli execute workflows/embodied_ppo_gpu.yaml --plan /tmp/ppo_gpu_phases.yaml --backend ray -n $N --out /tmp/runs/ppo_gpu_phases 2>&1 | tail -22

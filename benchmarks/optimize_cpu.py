@@ -4,6 +4,8 @@ wrote, measured outside the optimizer: interleaved rounds (declared, plan, decla
 
     python3 benchmarks/optimize_cpu.py [--workflows interaction,nested,chain,sim_processes] [--rounds 5] [--iterations 8]
     python3 benchmarks/optimize_cpu.py --smoke        # one workflow, two short rounds (CI-sized)
+    python3 benchmarks/optimize_cpu.py --workflows interaction,nested,chain,decode,sim_processes --check
+        # the optimizer's speed claims (CHECKS), which the tests do not assert: run on a machine to itself
 
 Writes `--out` (default benchmarks/results/optimize_cpu.json): machine, versions, settings, and per
 workflow what the optimizer chose (its rewrites, its own before/after, overhead, trial counts) and
@@ -33,6 +35,38 @@ WORKFLOWS = {"interaction": "workflows/latency_interaction.yaml", "nested": "wor
 # Ray (replicas are processes) for the optimizer and for both sides of the A/B rounds alike
 OPTIMIZE_ARGS = {"sim_processes": ["--layout", "sim_replicas=1,2,4", "--backend", "ray"]}
 EXECUTE_ARGS = {"sim_processes": ["--backend", "ray"]}
+
+# `--check`: what the optimizer must achieve on each workflow, measured by the A/B rounds outside it (the
+# claims the end-to-end tests used to assert on wall time, which depends on the machine's load: issue 42).
+# The minimum A/B speedup is below what the 2-core machine measured (benchmarks/results/optimize_cpu.json
+# 1.58x / 1.55x / 1.29x, optimize_cpu_decode_2026-12-05.json 1.30x) by the spread of its rounds; the chain's
+# is "never slower". `forbid`: over-split plans (eight groups pay eight fixed costs per step: slower).
+CHECKS: dict[str, dict[str, Any]] = {
+    "interaction": {"min_speedup": 1.3, "any_request": ("split-time epoch", "split epoch.step"), "forbid": " 8"},
+    "nested": {"min_speedup": 1.3, "any_request": ("split rollout.step", "split-time rollout"), "forbid": " 8"},
+    "chain": {"min_speedup": 0.95},
+    "decode": {"min_speedup": 1.15, "any_request": ("split-chain sample decode grade",)},
+    "sim_processes": {"min_speedup": 1.2, "layout_more_than": ("sim_replicas", 1)},
+}
+
+
+def check(name: str, result: dict[str, Any]) -> list[str]:
+    """What `result` (one workflow's `bench`) misses of CHECKS[name]; [] when it holds (or none is set)."""
+    want = CHECKS.get(name, {})
+    requests = result.get("plan_requests") or []
+    misses = []
+    if "min_speedup" in want and result["speedup"] < want["min_speedup"]:
+        misses.append(f"A/B speedup {result['speedup']:.2f}x < {want['min_speedup']}x")
+    if "any_request" in want and not any(q.startswith(want["any_request"]) for q in requests):
+        misses.append(f"no rewrite starting with {' or '.join(want['any_request'])} in {requests}")
+    if "forbid" in want and any(q.startswith("split") and q.endswith(want["forbid"]) for q in requests):
+        misses.append(f"an over-split plan: {requests}")
+    if "layout_more_than" in want:
+        knob, least = want["layout_more_than"]
+        chosen = (result["optimizer"].get("layout") or {}).get("chosen") or {}
+        if not chosen.get(knob, least) > least:
+            misses.append(f"layout {knob} not above {least}: chosen {chosen or 'the declared one'}")
+    return misses
 
 
 def _rose(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -99,6 +133,8 @@ def main() -> int:
     ap.add_argument("--iterations", type=int, default=8)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "optimize_cpu.json")
     ap.add_argument("--smoke", action="store_true", help="one workflow, two rounds of 3 iterations")
+    ap.add_argument("--check", action="store_true", help="exit 1 unless each workflow meets CHECKS (speedup, the "
+                                                         "rewrites chosen): on a machine to itself")
     args = ap.parse_args()
     names = ["interaction"] if args.smoke else args.workflows.split(",")
     if args.smoke:
@@ -134,6 +170,10 @@ def main() -> int:
         chosen = "; ".join([*(f"layout {k}={v}" for k, v in (layout or {}).items()), *r["plan_requests"]])
         print(f"{n:<12} {r['declared']['median']:>11.4f} {r['plan']['median']:>9.4f} {r['speedup']:>7.2f}x "
               f"{r['optimizer']['speedup']:>8.2f}x  {chosen or 'declared'}")
+        misses = check(n, r) if args.check else []
+        for miss in misses:
+            print(f"{'':<12} check failed: {miss}")
+        failed = failed or bool(misses)
     return 1 if failed else 0
 
 

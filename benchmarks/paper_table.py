@@ -126,7 +126,7 @@ class Prepared:
         options = [a for k, v in cfg.sets for a in ("--layout", f"{k}={v}")] if layout else []
         proc = _rose(args, "rewrite", str(cfg.workflow), *_sets(sets), *options,
                      *[a for r in cfg.requests for a in ("--do", r)],
-                     "-o", str(plan), timeout=120, log=self.work / "plans" / f"{cfg.name}.log")
+                     "-o", str(plan), "--overwrite", timeout=120, log=self.work / "plans" / f"{cfg.name}.log")
         if proc.returncode:
             self.errors[cfg.name] = f"rose rewrite refused: {(proc.stderr or proc.stdout).strip()[-400:]}"
             return cfg

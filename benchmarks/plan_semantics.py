@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.do:
             ap.error("give --do REQUEST (one or more) or --plan FILE")
         r = _rose("rewrite", args.workflow, *sets, *[x for d in args.do for x in ("--do", d)], "-o", str(plan),
-                  timeout=args.timeout)
+                  "--overwrite", timeout=args.timeout)
         if r.returncode != 0:
             print(r.stderr, file=sys.stderr)
             return 1

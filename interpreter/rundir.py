@@ -23,10 +23,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from .loggers import Trackers
+
 __all__ = ["OUTPUTS", "RunDirInUse", "check_run_dir", "clear_outputs", "MetricsLog"]
 
 OUTPUTS = ("metrics.jsonl", "tb", "checkpoints", "trace.json", "trace.jsonl", "nodes.json", "stacks.txt",
-           "recoveries.jsonl")
+           "recoveries.jsonl", "mlruns", "wandb")  # (mlruns, wandb: the optional loggers, loggers.py)
 
 
 class RunDirInUse(Exception):
@@ -73,9 +75,11 @@ class MetricsLog:
     """`metrics.jsonl` and TensorBoard for one run directory, starting at iteration `start`: what an
     earlier segment logged for iterations >= `start` is dropped first (see the module docstring)."""
 
-    def __init__(self, out: Path, start: int = 0, tensorboard: bool = True) -> None:
+    def __init__(self, out: Path, start: int = 0, tensorboard: bool = True, loggers: tuple[str, ...] = (),
+                 name: str = "rose") -> None:
         self.out = out
         self.tensorboard = tensorboard
+        self.trackers = Trackers(out, loggers, name)  # MLflow, W&B (`--logger`)
         self._file: Any = None
         self._tb: Any = None
         self.unavailable: str | None = None  # why TensorBoard is not written, if it is not
@@ -87,6 +91,7 @@ class MetricsLog:
         if start > 0 and path.exists():
             self._cut(path, start)
         self._file = path.open("a" if start > 0 else "w")
+        self.trackers.open(start)
         if self.tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -118,11 +123,13 @@ class MetricsLog:
     def log(self, iteration: int, metrics: dict[str, float]) -> None:
         self._file.write(json.dumps({"iteration": iteration, **{k: _json_value(v) for k, v in metrics.items()}}) + "\n")
         self._file.flush()
+        self.trackers.log(iteration, metrics)
         if self._tb is not None:
             for name, value in metrics.items():
                 self._tb.add_scalar(name, value, iteration)
 
     def close(self) -> None:
+        self.trackers.close()
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -36,6 +36,7 @@ class RunConfig:
     resume: bool = False
     call_timeout_s: float = 900.0
     tensorboard: bool = True
+    loggers: tuple[str, ...] = ()  # trackers besides TensorBoard: "mlflow", "wandb" (loggers.py)
     max_restarts: int = 2  # a component process that dies is restarted this often, then the run stops
 
 
@@ -198,7 +199,8 @@ class Runner:
 
     def _open_outputs(self, start: int) -> None:
         if self.config.out_dir is not None and self.outputs is None:
-            self.outputs = MetricsLog(self.config.out_dir, start, self.config.tensorboard)
+            self.outputs = MetricsLog(self.config.out_dir, start, self.config.tensorboard, self.config.loggers,
+                                      self.wf.name)
 
     def checkpoint(self, k: int) -> Path | None:
         if self.config.out_dir is None:

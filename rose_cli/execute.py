@@ -41,6 +41,25 @@ def positive_seconds(value: float) -> float:
 
 
 
+def _loggers(text: str, out_dir: Path | None) -> tuple[str, ...]:
+    """`--logger` as names, each installed; exit 2 naming the unknown or missing ones and the fix."""
+    from interpreter.loggers import missing, parse_loggers
+
+    try:
+        names = parse_loggers(text)
+    except ValueError as exc:
+        err.print(f"error: --logger: {exc}", markup=False)
+        raise typer.Exit(ExitCode.INVALID) from None
+    absent = missing(tuple(n for n in names if n != "tensorboard"))  # (no TensorBoard: said once, at the start)
+    if absent:
+        err.print(f"error: --logger: not installed: {', '.join(absent)}", markup=False)
+        raise typer.Exit(ExitCode.INVALID)
+    if out_dir is None and any(n != "tensorboard" for n in names):
+        err.print("note: --logger writes into the run directory: without --out only the console shows the metrics",
+                  markup=False)
+    return names
+
+
 def execute(
     file: FileArg,
     plan: Annotated[Path | None, typer.Option("--plan", help="run this plan (a rewritten workflow) instead of FILE",
@@ -68,6 +87,9 @@ def execute(
     quota_check: Annotated[bool, typer.Option("--quota-check/--no-quota-check",
                                               help="before a GPU component runs under an MPS quota below 100%, check "
                                                    "that GEMMs are correct under it on this machine (cached)")] = True,
+    logger: Annotated[str, typer.Option("--logger", help="where metrics go besides metrics.jsonl, comma-separated: "
+                                                         "tensorboard, mlflow (local store in --out/mlruns), wandb "
+                                                         "(offline, in --out/wandb), or none")] = "tensorboard",
     sets: SetOpt = None,
 ) -> None:
     """Train: run RL iterations of a workflow (or plan) on the local or Ray backend."""
@@ -78,6 +100,7 @@ def execute(
     if resume and out_dir is None:
         err.print("error: --resume needs --out (the run directory holding the checkpoints)", markup=False)
         raise typer.Exit(ExitCode.INVALID)
+    loggers = _loggers(logger, out_dir)
     wf = load_or_exit(plan or file, sets, source=file if plan is not None else None)
     policy = TrustPolicy.from_options(allow_module, allow_env, allow_path)
     report_problems(wf, check_trust(wf, policy), "(the workflow asks to run code the command line did not allow)")
@@ -89,7 +112,7 @@ def execute(
     opts = ExecuteOptions(backend=default_backend(wf) if backend is BackendName.AUTO else backend.value, iterations=iterations, out_dir=out_dir, checkpoint_every=checkpoint_every,
                           resume=resume, overwrite=overwrite, address=address, call_timeout=call_timeout,
                           allowed=policy.modules, mps=mps, quiet=quiet, compiled=compiled,
-                          check_quotas=quota_check)
+                          check_quotas=quota_check, loggers=loggers)
     raise typer.Exit(execute_workflow(wf, opts, out, err))
 
 

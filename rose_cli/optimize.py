@@ -372,7 +372,7 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
         from interpreter.quota_trials import CheckPrefetch
 
         prefetch = CheckPrefetch(wf, gpu)  # the screening's self-check, beside the processes' start-up
-    with progress_log(out, run.quiet) as log:
+    with progress_log(out, run.quiet, deadline) as log:  # (shows the budget left)
         session = start_trial_session(wf, run, gpu, ctx, teardown, _copies(wf, run.backend, opts.stage1), log,
                                       started=started)  # stage 1's budget and stage 2's deadline: one clock
         # what ran before and around the processes' start-up: the MPS daemon, the SM sampler, the session's own

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from interpreter.backends import Backend, CallFailed, WatchdogTimeout, make_backend
 from interpreter.checkpoint import CheckpointError
@@ -58,6 +57,7 @@ class ExecuteOptions:
     quiet: bool = False
     compiled: bool = True
     check_quotas: bool = True  # refuse MPS quotas under which this machine's GEMMs are wrong (quota_safety.py)
+    loggers: tuple[str, ...] = ("tensorboard",)  # where metrics go besides metrics.jsonl (interpreter/loggers.py)
 
 
 class SetupError(Exception):
@@ -209,20 +209,13 @@ def build_backend(wf: Workflow, schedule: Schedule, opts: ExecuteOptions, gpu: G
 TRIAL_MODULES = ("interpreter.trials",)  # the trial components (`__feed__`, `__probe__`) are rose's own code
 
 
-@contextmanager
-def progress_log(out: Console, quiet: bool) -> Iterator[Callable[[str], None]]:
-    """A spinner with the latest line, and `log(line)` that also prints the line (unless quiet)."""
-    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=out,
-                        transient=True, disable=quiet)
-    task = progress.add_task("starting the components", total=None)
+def progress_log(out: Console, quiet: bool, deadline: float | None = None) -> Any:
+    """A spinner with the latest line and the budget left (`deadline`, a `time.perf_counter()` value), and
+    `log(line)` that also prints the line (unless quiet): `progress.optimizer_progress`."""
+    from .clock import budget_clock
+    from .progress import optimizer_progress
 
-    def log(msg: str) -> None:
-        progress.update(task, description=msg)
-        if not quiet:
-            progress.console.print(msg, markup=False)
-
-    with progress:
-        yield log
+    return optimizer_progress(out, quiet, deadline, clock=budget_clock())
 
 
 def start_trial_session(wf: Workflow, opts: ExecuteOptions, gpu: Gpu, ctx: RunContext, teardown: ExitStack,
@@ -353,19 +346,15 @@ def guarded(body: Callable[[ExitStack, RunContext], None], opts: ExecuteOptions,
 
 
 def iteration_progress(out: Console, name: str, total: int, quiet: bool,
-                       completed: int = 0) -> tuple[Progress, Any, Callable[[IterationResult], None]]:
-    """The bar and per-iteration lines of a training run (`rose execute`, `rose optimize --train`): the
-    progress (enter it around the run), its task, and the `on_iteration` callback that advances both."""
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                        TimeElapsedColumn(), console=out, transient=True, disable=quiet)
-    task = progress.add_task(name, total=total, completed=completed)
+                       completed: int = 0) -> tuple[Any, Any, Callable[[IterationResult], None]]:
+    """The progress of a training run (`rose execute`, `rose optimize --train`): `i/N` with a time estimate
+    and each iteration's metrics line (`progress.IterationProgress`): the progress (enter it around the run),
+    its task, and the `on_iteration` callback that advances both."""
+    from .progress import IterationProgress
 
-    def on_iteration(result: IterationResult) -> None:
-        progress.update(task, completed=result.iteration + 1)
-        if not quiet:
-            progress.console.print(f"it {result.iteration:>4}  {report.metrics_line(result.metrics)}", markup=False)
-
-    return progress, task, on_iteration
+    progress = IterationProgress(out, name, total, quiet, completed,
+                                 line_of=lambda r: f"it {r.iteration:>4}  {report.metrics_line(r.metrics)}")
+    return progress, progress.task, progress
 
 
 def execute_workflow(wf: Workflow, opts: ExecuteOptions, out: Console, err: Console) -> int:
@@ -385,12 +374,13 @@ def _run(wf: Workflow, opts: ExecuteOptions, teardown: ExitStack, ctx: RunContex
         report.processes(out, be)
     n = opts.iterations if opts.iterations is not None else (wf.root.count or 1)
     config = RunConfig(iterations=n, out_dir=opts.out_dir, checkpoint_every=opts.checkpoint_every,
-                       resume=opts.resume, call_timeout_s=opts.call_timeout)
+                       resume=opts.resume, call_timeout_s=opts.call_timeout,
+                       tensorboard="tensorboard" in opts.loggers, loggers=opts.loggers)
     progress, task, on_iteration = iteration_progress(out, wf.name, n, opts.quiet)
 
     def on_resume(resumed: Resumed) -> None:
         report.resumed(ctx.err, resumed, n)
-        progress.update(task, completed=resumed.iteration + 1)
+        progress.resumed_at(resumed.iteration + 1)
 
     runner = Runner(wf, be, config, schedule, on_iteration, gpu.sampler)
     runner.on_recovery = lambda rec: report.recovery(ctx.err, rec)

@@ -27,7 +27,7 @@ from .ir import ExecutionNode, LoopNode, MergeNode, Workflow
 from .trust import TrustPolicy, check_trust
 
 __all__ = ["ExitCode", "app", "main", "make_app", "register", "run_app", "load_or_exit", "report_problems",
-           "write_output", "out", "err", "FileArg", "SetOpt", "AllowModuleOpt", "AllowEnvOpt", "AllowPathOpt"]
+           "write_output", "refuse_existing", "OverwriteOpt", "out", "err", "FileArg", "SetOpt", "AllowModuleOpt", "AllowEnvOpt", "AllowPathOpt"]
 
 
 class ExitCode(IntEnum):
@@ -156,9 +156,26 @@ def report_problems(wf: Workflow, problems: list[Diagnostic], what: str) -> None
     raise typer.Exit(ExitCode.INVALID)
 
 
+OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="replace the output file if it exists")]
+
+
+def refuse_existing(path: Path, overwrite: bool, option: str = "-o") -> None:
+    """The one rule of every file a user names for rose to write (`-o`, `--json`, `--report`...): an
+    existing file is replaced only with `--overwrite`; otherwise exit 2 with the fix, before any work.
+    Why: `rose rewrite -o` silently replaced a plan by hand while `rose optimize -o` refused (issue 42)."""
+    if path.is_dir():
+        err.print(f"error: {option} {path} is a directory; name a file", markup=False)
+        raise typer.Exit(ExitCode.INVALID)
+    if (path.exists() or path.is_symlink()) and not overwrite:
+        err.print(f"error: {option} {path} already exists; choose another path, or replace it with --overwrite",
+                  markup=False)
+        raise typer.Exit(ExitCode.INVALID)
+
+
 def write_output(path: Path, text: str) -> None:
     """Write a result file whole or not at all (temp file, rename); an unwritable path is the user's
-    to fix: exit 2 naming it, nothing half-written."""
+    to fix: exit 2 naming it, nothing half-written. (Whether an existing file may be replaced is
+    `refuse_existing`'s to say, asked before the work.)"""
     tmp = path.with_name(path.name + ".tmp")
     try:
         tmp.write_text(text)
@@ -255,11 +272,14 @@ def graph(
     file: FileArg,
     format: Annotated[GraphFormat, typer.Option("--format", "-f", help="dot or mermaid")] = GraphFormat.DOT,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="write here instead of stdout", dir_okay=False)] = None,
+    overwrite: OverwriteOpt = False,
     sets: SetOpt = None,
 ) -> None:
     """Print the analysed graph: loops as clusters, data edges solid, state edges dashed."""
     from .render import to_dot, to_mermaid
 
+    if output is not None:
+        refuse_existing(output, overwrite)
     wf = load_or_exit(file, sets)
     a = analyze(wf, explain=True)
     text = to_dot(a) if format is GraphFormat.DOT else to_mermaid(a)
@@ -273,6 +293,7 @@ def rewrite(
     file: FileArg,
     do: Annotated[list[str] | None, typer.Option("--do", help="a rewrite request, applied in order (repeatable); see --help-requests")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="write the plan here", dir_okay=False)] = None,
+    overwrite: OverwriteOpt = False,
     help_requests: Annotated[bool, typer.Option("--help-requests", help="list the rewrite requests")] = False,
     layout: Annotated[list[str] | None, typer.Option("--layout", help="NAME=VALUE: the plan runs with this value of a "
                                                      "layout param (e.g. sim_replicas=4: simulator processes), "
@@ -289,6 +310,11 @@ def rewrite(
         if not (do or layout):
             raise typer.Exit(ExitCode.OK if help_requests else ExitCode.INVALID)
         return
+    if output is not None:
+        if output.exists() and output.resolve() == file.resolve():
+            err.print(f"error: -o {output} is the workflow itself; write the plan to another file", markup=False)
+            raise typer.Exit(ExitCode.INVALID)
+        refuse_existing(output, overwrite)
     wf = load_or_exit(file, sets)
     values = _layout_values(file, wf, sets, layout or [])
     if values:

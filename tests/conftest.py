@@ -5,8 +5,10 @@ hypothesis profiles: the default runs hundreds of examples per property (CI); `p
 
 Parallel runs: the README's test command runs the suite on two pytest-xdist workers (most tests wait on
 process start-up -- Ray, torch imports -- more than they compute). A test marked `exclusive` runs with the
-machine to itself: one that asserts wall-clock ratios (an optimizer's plan is faster; two simulator
-processes beat one) or that reads the machine's whole process table (no Ray process left behind). The
+machine to itself: one that reads the machine's whole process table (no Ray process left behind). No test
+asserts on wall time (issue 42: a loaded CI machine measures other times): budgets and deadlines are tested
+on a fake clock (DEVELOPERS.md, Tests), and the optimizer's speed claims are `benchmarks/optimize_cpu.py
+--check`'s, on a machine to itself. The
 workers share a readers-writer lock in pytest's base temporary directory: every other test holds it
 shared, an exclusive test holds it alone, and a turnstile in front of it lets a waiting exclusive test in
 before the other worker's next test (without it, the other worker could take the shared lock back between

@@ -368,6 +368,34 @@ def quota_curve_markdown(stage2: Mapping[str, Any]) -> list[str]:
 _COLORS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")
 
 
+def time_ticks(span_s: float, most: int = 8) -> list[float]:
+    """Tick positions in seconds from 0 to `span_s`: a step of 1, 2 or 5 times a power of ten, the smallest
+    that gives at most `most` intervals (a reader compares bars against round numbers)."""
+    if not span_s > 0:
+        return [0.0]
+    step = 10.0 ** math.floor(math.log10(span_s / most))
+    step = next(m * step for m in (1, 2, 5, 10) if span_s / (m * step) <= most)
+    return [round(i * step, 12) for i in range(int(span_s / step + 1e-9) + 1)]
+
+
+def tick_label(t: float, step: float) -> str:
+    digits = max(0, -math.floor(math.log10(step))) if step > 0 else 0
+    return f"{t:.{digits}f}"
+
+
+def _time_axis(x0: float, width: float, y: int, span_ns: float) -> list[str]:
+    """An axis under a panel's rows: a line, a tick and its label in seconds at round numbers."""
+    ticks = time_ticks(span_ns / 1e9)
+    step = ticks[1] - ticks[0] if len(ticks) > 1 else 1.0
+    parts = [f'<line x1="{x0}" y1="{y}" x2="{x0 + width}" y2="{y}" stroke="#555"/>']
+    for t in ticks:
+        x = x0 + t * 1e9 / span_ns * width
+        parts.append(f'<line x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{y + 4}" stroke="#555"/>'
+                     f'<text x="{x:.1f}" y="{y + 14}" font-size="9" text-anchor="middle">{tick_label(t, step)}</text>')
+    parts.append(f'<text x="{x0 - 6}" y="{y + 14}" font-size="9" text-anchor="end">time (s)</text>')
+    return parts
+
+
 def timeline_svg(panels: Sequence[tuple[str, IterationRun]], activity: str = "cpu", width: int = 900) -> str:
     """One iteration per panel, on a common time scale: a row per component process, a bar per call
     (colour: its node), bar opacity = the call's activity (SM activity or CPU busy fraction)."""
@@ -407,7 +435,8 @@ def timeline_svg(panels: Sequence[tuple[str, IterationRun]], activity: str = "cp
                 parts.append(f'<rect x="{x:.1f}" y="{y + row_h - 2 - h:.1f}" width="{w:.1f}" height="{h:.1f}" fill="#59a14f">'
                              f'<title>{value:.0%}</title></rect>')
             y += row_h
-        y += gap
+        parts += _time_axis(left, width - left - 10, y + 2, span)
+        y += 18 + gap
     legend_y = y
     for i, n in enumerate(nodes):
         x = 4 + (i % 4) * 220

@@ -6,7 +6,6 @@ import multiprocessing as mp
 import os
 import signal
 import threading
-import time
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
@@ -276,13 +275,13 @@ def test_reward_pool_survives_hangs_errors_and_kills():
     """answers -1 hang, -2 raise, -3 SIGKILL the worker: those items get 0, the rest is scored."""
     pool = RewardPool(workers=2, timeout_s=0.5, verifier=FAULTY)
     try:
-        t0 = time.monotonic()
+        # (a hang is an hour: had the pool waited for it, the test's 90-s timeout would end it; no wall-clock
+        # bound here, which a loaded machine could miss)
         batch = completions([-1, -2, -3, 12], [["1", "21"], ["1", "1"], ["1", "1"], ["21", "3"]])
         out = pool.score(batch)["reward"]
         assert out.tolist() == [[0, 0], [0, 0], [0, 0], [1, 0]]
         m = pool.pop_metrics()
         assert (m["timeouts"], m["crashes"], m["errors"]) == (2, 2, 4)  # errors: 2 raised + 2 crashed
-        assert time.monotonic() - t0 < 30
         assert pool.score(completions([12], [["21", "12"]]))["reward"].tolist() == [[1, 0]]  # healthy again
     finally:
         pids = pool.worker_pids()

@@ -134,11 +134,13 @@ def test_background_thread_samples_every_interval():
     windows read 0 under full load (measured on the H200, benchmarks/results/gpm_probe.json)."""
     nvml = FakeNvml(time.perf_counter_ns, [(0, 0.3)])
     s = ActivitySampler(0, interval_s=0.01, nvml=nvml)
-    with s:
-        time.sleep(0.55)
+    with s:  # (until three samples, not for a wall time: a loaded machine may run the thread late)
+        give_up = time.monotonic() + 60
+        while len(s.samples()) < 3 and time.monotonic() < give_up:
+            time.sleep(0.02)
     got = s.samples()
-    assert s.source == "gpm" and 3 <= len(got) <= 7
-    assert all(b.t_end_ns - b.t_start_ns >= 90_000_000 for b in got)
+    assert s.source == "gpm" and len(got) >= 3
+    assert all(b.t_end_ns - b.t_start_ns >= 90_000_000 for b in got)  # never shorter than GPM's 100-ms step
     assert all(a.t_end_ns == b.t_start_ns for a, b in zip(got, got[1:], strict=False))
     assert all(v.value == pytest.approx(0.3) for v in got)
     n = len(got)

@@ -206,15 +206,21 @@ def test_a_value_starts_only_if_it_and_the_next_reference_block_fit_in_the_budge
     assert session.switches == [2, 1, 2]  # value 4 never started
 
 
-@pytest.mark.exclusive
 def test_rose_optimize_tries_simulator_processes_and_training_stays_the_declared_one(tmp_path: Path) -> None:
     """End to end on the Ray backend: `--layout sim_replicas=1,2` measures two simulator processes against
-    one while training, keeps the faster, and every iteration it trained (with processes started and
-    stopped between blocks) computed what the declared workflow computes."""
-    from tests.optimizer.test_optimize_cli import NO_WAIT, _metrics, _timing_is_meaningful, _training, rose
+    one while training, decides on them, and every iteration it trained (with processes started and
+    stopped between blocks) computed what the declared workflow computes.
+
+    Nothing here depends on the machine's speed (a 2-core CI machine under load once fitted fewer layout
+    iterations into a 60-s `--budget-s`): no time budget -- the workflow's iteration count bounds the run,
+    so every block runs -- and no assertion on which value was faster (measured wall time). How a budget
+    cuts the blocks, and that the faster value is kept, are tested on a fake clock and fake measurements
+    above; that two simulator processes are faster here is `benchmarks/optimize_cpu.py --workflows
+    sim_processes --check`'s to measure."""
+    from tests.optimizer.test_optimize_cli import NO_WAIT, _metrics, _training, rose
 
     # 26 iterations: the layout blocks R, V, R train 11 of them (each block's first iteration is not timed);
-    # stage 1 trains the rest, cut short by the iteration count if need be (what it finds is not checked here)
+    # stage 1 trains the rest, cut short by the iteration count (what it finds is not checked here)
     n = 26
     sets = ["--set", f"iterations={n}", "--set", "steps=5"]
     declared = tmp_path / "declared"
@@ -225,13 +231,18 @@ def test_rose_optimize_tries_simulator_processes_and_training_stays_the_declared
     assert r.returncode == 0, r.stderr
     plan = tmp_path / "plan.yaml"
     r = rose("optimize", str(SIM_PROCESSES), *sets, "-o", str(plan), "--layout", "sim_replicas=1,2", "--rounds", "1",
-             "--budget-s", "100", "-q", timeout=400)
+             "-q", timeout=400)
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "plan_report" / "report.json").read_text())
     (row,) = report["layout"]["candidates"]
     assert row["values"] == {"sim_replicas": 2} and row["changed"] == ["sim"]
     assert row["candidate"]["n"] >= 4 and row["reference"]["n"] >= 4  # blocks R, V, R
-    assert report["trials"]["layout"]["count"] >= 3
+    assert "not_measured" not in row and isinstance(row["accepted"], bool)  # a verdict, whichever it is
+    chosen = report["layout"]["chosen"]
+    assert chosen == ({"sim_replicas": 2} if row["accepted"] else None)
+    # switches: to the value and back (R, V, R), and to the value again when it is kept
+    assert report["trials"]["layout"]["count"] == 2 + (chosen is not None)
+    assert ("sim_replicas: 2" in plan.read_text()) == (chosen is not None)  # (the plan runs the value kept)
     a, b = _metrics(declared / "metrics.jsonl"), _metrics(tmp_path / "plan_report" / "run" / "metrics.jsonl")
     assert len(b) >= 9 and set(b) <= set(a)
     for k in b:
@@ -240,6 +251,3 @@ def test_rose_optimize_tries_simulator_processes_and_training_stays_the_declared
         for key in ta:  # the reward is a mean over the simulator processes' rows: only its summation order differs
             assert tb[key] == (pytest.approx(ta[key], rel=1e-12) if key == "sim/reward" else ta[key]), (k, key)
     assert "Layout (before stage 1)" in (tmp_path / "plan_report" / "report.md").read_text()
-    _timing_is_meaningful()
-    assert row["accepted"] and report["layout"]["chosen"] == {"sim_replicas": 2}
-    assert "sim_replicas: 2" in plan.read_text()

@@ -1,12 +1,17 @@
-"""`rose optimize` end to end on latency-bound CPU workflows: the plan is faster (measured independently
-of the optimizer), training through the optimizer and on with the plan is bit-identical to training the
-declared workflow, over-split plans are not chosen, and bad input gets one clear message."""
+"""`rose optimize` end to end on latency-bound CPU workflows: training through the optimizer and on with the
+plan is bit-identical to training the declared workflow, the report's books add up, and bad input gets one
+clear message.
+
+Nothing here asserts on wall time or on a choice made from it (issue 42: a loaded 2-core CI machine
+measures other times): which plan is faster, that it is not over-split and by how much it wins are
+`benchmarks/optimize_cpu.py --check`'s (A/B rounds outside the optimizer, on a machine to itself); the
+search's decisions and its budget are tested on fake measurements and a fake clock (test_search.py,
+test_layouts.py, test_quota.py)."""
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -38,14 +43,6 @@ def _states(run: Path) -> dict:
     return load_checkpoint(latest_complete(run / "checkpoints")).states
 
 
-def _timing_is_meaningful() -> None:
-    """Wall-clock ratios mean nothing on an oversubscribed machine (other jobs sharing the two cores):
-    checked after the semantics, skipped with the reason."""
-    load = os.getloadavg()[0]
-    if load > 3 * (os.cpu_count() or 1):
-        pytest.skip(f"timing not checked: load average {load:.1f} on {os.cpu_count()} cores")
-
-
 def _training(d: dict) -> dict[str, float]:
     """What training computed (not how long it took)."""
     return {k: v for k, v in d.items() if "/" in k and not k.startswith("time/") and not k.endswith("_per_s")}
@@ -62,8 +59,7 @@ def _same_training(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]
         assert _training(a[k]) == _training(b[k]), k
 
 
-@pytest.mark.exclusive
-def test_interaction_loop_plan_is_faster_and_trains_bit_identically(tmp_path: Path) -> None:
+def test_interaction_loop_trains_bit_identically_through_the_optimizer(tmp_path: Path) -> None:
     # 180 iterations: the search trains ~115 of them (each interleaved trial's first iteration after a switch
     # of plan is training, not a measurement; the epoch regions here are half an iteration, so their
     # alternatives are measured on complete iterations, `Settings.local_max_fraction`), and the plan's own run
@@ -80,7 +76,7 @@ def test_interaction_loop_plan_is_faster_and_trains_bit_identically(tmp_path: Pa
     r = rose("execute", str(WF / "latency_interaction.yaml"), "--set", f"iterations={n}", *NO_WAIT, *shape, "--out",
              str(declared), "--checkpoint-every", str(n), "-q")
     assert r.returncode == 0, r.stderr
-    timed_n = 20  # (its first five iterations, start-up, are left out of its median)
+    timed_n = 5  # (the waits only sleep: they change nothing the run computes)
     timed = tmp_path / "declared_timed"
     r = rose("execute", str(WF / "latency_interaction.yaml"), "--set", f"iterations={timed_n}", *timing, "--out",
              str(timed), "-q")
@@ -92,22 +88,14 @@ def test_interaction_loop_plan_is_faster_and_trains_bit_identically(tmp_path: Pa
     assert r.returncode == 0, r.stderr
     assert "continue training" in r.stdout
     report = json.loads((tmp_path / "plan_report" / "report.json").read_text())
-    assert report["rounds"][0]["combined"]["accepted"]
-    requests = report["plan_requests"]
-    # a rewrite that overlaps the policy with the simulator: the two epochs as temporal groups taking turns on
-    # the policy (each on its own simulator), or row groups of the step loop -- never eight groups, which pay
-    # eight fixed costs per step: slower
-    assert {"split-time epoch 2", "interleave epoch"} <= set(requests) or any(
-        q.startswith("split epoch.step") for q in requests), requests
-    assert not any(q.startswith("split") and q.endswith(" 8") for q in requests), requests
-    assert report["overhead_s"]["fraction_of_1h_net"] < 0.02
+    assert report["rounds"] and rose("validate", str(plan)).returncode == 0
     # the rows add up: the set-up before the processes and the hand-over checkpoint are rows of their own
     trials = report["trials"]
     assert trials["checkpoint"]["count"] == 1 and trials["checkpoint"]["seconds"] > 0 and trials["setup"]["seconds"] > 0
     assert sum(row["seconds"] for row in trials.values()) == pytest.approx(report["overhead_s"]["total"])
     run = tmp_path / "plan_report" / "run"
     trained = len(_metrics(run / "metrics.jsonl"))
-    assert 10 < trained < n - 20
+    assert 0 < trained <= n
     r = rose("execute", str(WF / "latency_interaction.yaml"), "--plan", str(plan), "--out", str(run), "--resume",
              "--checkpoint-every", str(n), "-q")
     assert r.returncode == 0, r.stderr
@@ -128,12 +116,6 @@ def test_interaction_loop_plan_is_faster_and_trains_bit_identically(tmp_path: Pa
     for comp in ("sim", "policy", "trainer"):
         for name, value in sa[comp].items():
             assert torch.equal(value, sb[comp][name]), f"{comp}.{name}"
-    # faster, measured outside the optimizer: the declared run against the plan's resumed iterations
-    _timing_is_meaningful()
-    assert report["speedup"] >= 1.3  # its own before/after (5 + 5 interleaved iterations)
-    t_declared = statistics.median(a_timed[k]["iteration_s"] for k in range(5, timed_n))
-    t_plan = statistics.median(b[k]["iteration_s"] for k in range(trained + 1, n))
-    assert t_declared / t_plan >= 1.4, (t_declared, t_plan)
 
 
 def test_train_goes_on_with_the_plan_in_the_same_processes_bit_identically(tmp_path: Path) -> None:
@@ -197,24 +179,19 @@ def test_train_falls_back_to_the_hand_over_checkpoint_when_a_process_cannot_move
     assert (run / "checkpoints").is_dir()
 
 
-@pytest.mark.exclusive
-def test_nested_loops_plan_is_faster_and_not_over_split(tmp_path: Path) -> None:
+def test_nested_loops_get_a_plan_that_validates_and_a_report_whose_books_add_up(tmp_path: Path) -> None:
+    """(Which plan, and that it is faster and not over-split: benchmarks/optimize_cpu.py --check, `nested`.)"""
     plan = tmp_path / "plan.yaml"
     r = rose("optimize", str(WF / "latency_nested.yaml"), "--set", "iterations=200", "--rounds", "1", "-o", str(plan), "-q")
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "plan_report" / "report.json").read_text())
-    combined = report["rounds"][0]["combined"]
-    assert combined["accepted"] and combined["measured"]["median"] < combined["reference"]["median"]
-    requests = report["plan_requests"]
-    # row groups of the step loop or the rollout epochs as temporal groups taking turns -- never eight groups
-    assert any(q.startswith(("split rollout.step", "split-time")) for q in requests), requests
-    assert not any(q.startswith("split") and q.endswith(" 8") for q in requests), requests
-    _timing_is_meaningful()
-    assert report["speedup"] >= 1.3
+    assert report["rounds"] and report["rounds"][0]["combined"] is not None
+    assert sum(row["seconds"] for row in report["trials"].values()) == pytest.approx(report["overhead_s"]["total"])
+    assert rose("validate", str(plan)).returncode == 0
 
 
-@pytest.mark.exclusive
-def test_chain_plan_is_never_slower(tmp_path: Path) -> None:
+def test_chain_plan_validates_and_gets_a_reorder_bound(tmp_path: Path) -> None:
+    """(That the plan is never slower: benchmarks/optimize_cpu.py --check, `chain`.)"""
     plan = tmp_path / "plan.yaml"
     # 64 rows (the workflow's 128 halved): the same chain at about 0.2 s an iteration instead of 0.3 s
     r = rose("optimize", str(WF / "latency_chain.yaml"), "--set", "iterations=200", "--set", "rows=64", "--rounds", "1",
@@ -227,26 +204,28 @@ def test_chain_plan_is_never_slower(tmp_path: Path) -> None:
     bound = report["reorder_bound"]
     assert bound["matched"] == bound["invocations"] and 0 < bound["seconds"] <= bound["iteration_s"] * 1.05
     assert "Reorder bound" in (tmp_path / "plan_report" / "report.md").read_text()
-    _timing_is_meaningful()
-    assert report["speedup"] >= 0.95
 
 
-@pytest.mark.exclusive
-def test_a_decode_loop_and_its_verifier_are_pipelined(tmp_path: Path) -> None:
-    """An LLM-RL shape with a token-by-token decode loop: the optimizer copies the loop per row group and
-    pipelines the verifier behind it (`split-chain ... decode grade K`); the training through the optimizer
-    and on with the plan is the declared workflow's, bit for bit."""
-    n = 120
+def test_a_pipelined_decode_loop_trains_bit_identically_through_the_optimizer(tmp_path: Path) -> None:
+    """An LLM-RL shape with a token-by-token decode loop, the loop copied per row group and the verifier
+    pipelined behind it (`split-chain sample decode grade 4`, what the optimizer finds there: benchmarks/
+    optimize_cpu.py --check, `decode`): given as the graph (`--stage1`, so the plan does not depend on what
+    this machine measured), the training through the optimizer -- the declared workflow and the plan
+    interleaved -- and on with the plan is the declared workflow's, bit for bit."""
+    n = 60
     declared = tmp_path / "declared"
     r = rose("execute", str(WF / "latency_decode.yaml"), "--set", f"iterations={n}", *NO_WAIT, "--out", str(declared),
              "--checkpoint-every", str(n), "-q")
     assert r.returncode == 0, r.stderr
-    plan = tmp_path / "plan.yaml"
-    r = rose("optimize", str(WF / "latency_decode.yaml"), "--set", f"iterations={n}", "--rounds", "1", "-o", str(plan), "-q")
+    given, plan = tmp_path / "given.yaml", tmp_path / "plan.yaml"
+    r = rose("rewrite", str(WF / "latency_decode.yaml"), "--set", f"iterations={n}", "--do",
+             "split-chain sample decode grade 4", "-o", str(given))
+    assert r.returncode == 0, r.stderr
+    r = rose("optimize", str(WF / "latency_decode.yaml"), "--set", f"iterations={n}", "--stage1", str(given), "-o",
+             str(plan), "-q")
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "plan_report" / "report.json").read_text())
-    requests = report["plan_requests"]
-    assert any(q.startswith("split-chain") and " decode grade " in q for q in requests), requests
+    assert report["plan_requests"] == ["split-chain sample decode grade 4"], report["plan_requests"]
     run = tmp_path / "plan_report" / "run"
     r = rose("execute", str(WF / "latency_decode.yaml"), "--plan", str(plan), "--out", str(run), "--resume",
              "--checkpoint-every", str(n), "-q")
@@ -256,8 +235,6 @@ def test_a_decode_loop_and_its_verifier_are_pipelined(tmp_path: Path) -> None:
     for comp in ("generator", "learner"):
         for name, value in sa[comp].items():
             assert torch.equal(value, sb[comp][name]), f"{comp}.{name}"
-    _timing_is_meaningful()
-    assert report["speedup"] >= 1.15
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -363,7 +340,6 @@ def test_a_sigterm_stops_the_search_and_still_writes_the_plan_and_report(tmp_pat
     a killed run had left nothing of several minutes of measurements)."""
     import signal
     import threading
-    import time
 
     plan = tmp_path / "plan.yaml"
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -385,7 +361,6 @@ def test_a_sigterm_stops_the_search_and_still_writes_the_plan_and_report(tmp_pat
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    t0 = time.monotonic()
     try:
         code = p.wait(timeout=240)
     finally:
@@ -400,7 +375,6 @@ def test_a_sigterm_stops_the_search_and_still_writes_the_plan_and_report(tmp_pat
     report = json.loads((tmp_path / "plan_report" / "report.json").read_text())
     assert report["cut_short"] and "SIGTERM" in report["stopped"] and report["interrupted"] == "stopped by SIGTERM"
     assert rose("validate", str(plan)).returncode == 0
-    assert time.monotonic() - t0 < 240
 
 
 def test_stage1_gets_the_whole_budget_when_stage2_cannot_run() -> None:

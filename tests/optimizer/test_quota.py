@@ -1065,7 +1065,7 @@ def test_a_component_seen_alone_long_enough_is_read_alone_and_the_others_are_fit
     assert demand["policy"] == pytest.approx(0.8, abs=0.1)
 
 
-def test_the_self_check_started_with_the_processes_asks_what_the_screening_asks_first() -> None:
+def test_the_self_check_started_with_the_processes_asks_what_the_screening_asks_first(monkeypatch) -> None:
     """The prefetch (`CheckPrefetch`, started beside the processes' start-up) checks each GPU process's first
     coarse step down -- the level the screening's first probe asks the self-check about -- so that stage 2
     finds it cached. End to end on the H200 recording: the first level tune_quota asks is one of them."""
@@ -1085,15 +1085,21 @@ def test_the_self_check_started_with_the_processes_asks_what_the_screening_asks_
     assert books["quota_check_prefetch_levels"] == 1 and books["quota_check_s"] >= 1.0
 
     # joined after the first (untimed) training iteration: how long it ran beside training is booked and said
-    import time
+    # (on a fake clock: the check takes 0.2 s of it, whatever the machine's load)
+    import interpreter.quota_trials as qt
+
+    clock = _Clock()
+    monkeypatch.setattr(qt, "time", clock)
 
     def slow(percents: list[int]) -> None:
-        time.sleep(0.2)
+        clock.t += 0.2
 
-    since = time.perf_counter()
+    clock.t = 50.0
     beside = CheckPrefetch(plan, _Gpu(), check=slow, total_sms=lambda: 132)
-    beside.wait(books, logged.append, training_since=since)
-    assert 0.15 < books["quota_check_beside_training_s"] < 5.0
+    # the first training iteration began 0.05 s after the check did
+    beside.wait(books, logged.append, training_since=50.05)
+    assert books["quota_check_beside_training_s"] == pytest.approx(0.15)
+    assert books["quota_check_prefetch_s"] == pytest.approx(0.2)
     from rose_dsl.optimizer.report import _prefetch_note
 
     assert "beside the first, untimed training iteration, which is counted as training" in _prefetch_note(books)
