@@ -50,6 +50,8 @@ from rose_dsl.trust import TrustPolicy, check_trust
 from .execute import BackendName
 
 if TYPE_CHECKING:
+    from rose_dsl.optimizer.records import Stage2Record
+
     from .run import Gpu, RunContext
 
 __all__ = ["register", "optimize", "OptimizeOptions", "optimize_workflow", "Stage2Kinds"]
@@ -348,6 +350,7 @@ class GracefulStop:
 
 
 def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunContext, out: Console) -> None:
+    from rose_dsl.optimizer.budget import Budget
     from rose_dsl.optimizer.report import write_report
     from rose_dsl.optimizer.search import OutOfBudget, Settings, given_plan, optimize_graph
 
@@ -360,34 +363,38 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
     if run.overwrite:
         clear_report(opts.report_dir)  # the schedule, replicas, the cluster address, the run directory (cleared with --overwrite)
     gpu = teardown.enter_context(gpu_session(wf, run, ctx.err))
-    # with stage 2 to come, stage 1 gets about two thirds of the budget (all of it goes to stage 2 with --stage1);
+    # with stage 2 to come, stage 1 gets its share of the budget (all of it goes to stage 2 with --stage1);
     # when stage 2 will be skipped (no GPU component, no MPS, --no-quota...), stage 1 gets all of it
     quota_stage = stage2_skipped(wf, opts.quota, run.backend, gpu) is None
     settings = Settings(top_k=opts.top_k, alternatives=opts.alternatives, rounds=opts.rounds,
-                        local_max_fraction=None if opts.local_max_fraction >= 1.0 else opts.local_max_fraction,
-                        budget_s=None if opts.budget_s is None else opts.budget_s * (0.65 if quota_stage else 1.0))
-    deadline = None if opts.budget_s is None else started + opts.budget_s
+                        local_max_fraction=None if opts.local_max_fraction >= 1.0 else opts.local_max_fraction)
+    # one budget, on one clock from the command's start: the layouts', stage 1's and stage 2's shares of it
+    budget = Budget.of(opts.budget_s, started=started,
+                       shares={"stage1": settings.stage1_share if quota_stage else 1.0, "layouts": settings.layout_share})
+    settings.budget_s = budget.share("stage1").total_s  # (the report's settings say stage 1's share)
     prefetch = None
     if quota_stage and opts.stage2 in ("both", "quotas") and run.check_quotas:
-        from interpreter.quota_trials import CheckPrefetch
+        from interpreter.quota_trials import CheckPrefetch, quota_sms
+        from rose_dsl.optimizer.stage2 import first_probe_levels
 
-        prefetch = CheckPrefetch(wf, gpu)  # the screening's self-check, beside the processes' start-up
+        # the screening's self-check, beside the processes' start-up
+        prefetch = CheckPrefetch(gpu, lambda: first_probe_levels(wf, quota_sms()), parallel=settings.quota_parallel_checks)
     with progress_log(out, run.quiet) as log:
         session = start_trial_session(wf, run, gpu, ctx, teardown, _copies(wf, run.backend, opts.stage1), log,
                                       started=started)  # stage 1's budget and stage 2's deadline: one clock
         # what ran before and around the processes' start-up: the MPS daemon, the SM sampler, the session's own
-        session.books["setup_s"] = max(0.0, time.perf_counter() - started - session.executor.startup_s)
+        session.books.setup_s = max(0.0, time.perf_counter() - started - session.executor.startup_s)
         if prefetch is not None:  # joined before the first measurement: the warm-up iteration runs beside it
             since = time.perf_counter()  # (stage 1's first, untimed iteration starts now)
             session.pending.append(lambda: prefetch.wait(session.books, log, training_since=since))
         stop = teardown.enter_context(GracefulStop(log))  # after Ray's start: its handlers are replaced
         layout_section = None
         if opts.layouts:
-            from interpreter.layout_trials import choose_layout
+            from rose_dsl.optimizer.layout_search import choose_layout
 
-            # layouts first, within about a third of the budget: stage 1's rewrites then apply to the chosen one
-            cap = None if opts.budget_s is None else time.perf_counter() + opts.budget_s * 0.35
-            chosen, layout_section = choose_layout(wf, opts.layouts, session, settings, log, deadline=cap, stop=stop)
+            # layouts first, within their share of the budget from now: stage 1's rewrites then apply to the chosen one
+            chosen, layout_section = choose_layout(wf, opts.layouts, session, settings, log,
+                                                   budget=budget.share("layouts", from_now=True), stop=stop)
             if chosen is not None and chosen.workflow is not None:
                 wf = chosen.workflow
                 log(f"layout: {layout_section['summary']}; stage 1 goes on with it")
@@ -396,18 +403,18 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
                 requests = [str(r) for r in (opts.stage1.plan or {}).get("rewrites") or []]
                 result = given_plan(wf, opts.stage1, requests, session, settings, log, stop)
             else:
-                result = optimize_graph(wf, session, settings, log, stop)
+                result = optimize_graph(wf, session, settings, log, stop, budget=budget.share("stage1"))
         except OutOfBudget:
             if stop():  # stopped before the reference was measured: nothing to write
                 raise KeyboardInterrupt from None
             raise
         session.join_pending()  # (stage 1 measured nothing: stage 2's checks find the prefetch's verdicts)
         running: dict[str, Any] = {}  # the MPS settings stage 2 left each process under
-        stage2 = _stage2(wf, result, session, gpu, opts, run.backend, settings, log, deadline, stop, running)
-        plan = stage2.pop("plan", None) or result.plan
+        stage2 = _stage2(wf, result, session, gpu, opts, run.backend, settings, log, budget, stop, running)
+        plan = stage2.plan or result.plan
         _write_plan(plan, opts.output, opts.file, result, stage2, (layout_section or {}).get("chosen"))
         # the graph of stage 1 alone (the paper table's `stage1` / `stage1_mps` rows)
-        _write_plan(result.plan, opts.report_dir / "stage1.yaml", opts.file, result, {},
+        _write_plan(result.plan, opts.report_dir / "stage1.yaml", opts.file, result, None,
                     (layout_section or {}).get("chosen"))
         t = time.perf_counter()
         train = opts.train and not stop() and session.k < (wf.root.count or 1)  # (stopped: checkpoint, as without)
@@ -417,15 +424,15 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
             from interpreter.quota_trials import settle
 
             try:
-                session.books["settled"] = len(settle(plan, running, session, gpu))
+                session.books.settled = len(settle(plan, running, session, gpu))
             except CallFailed as exc:  # a process could not move: no training goes on, the hand-over as without
                 log(f"cannot go on training ({exc}); writing the checkpoint to resume from instead")
                 train = False
-            session.books["settle_s"] = time.perf_counter() - t
+            session.books.settle_s = time.perf_counter() - t
         if not train:
             t = time.perf_counter()
             ckpt = session.finish(opts.output.name)
-            session.books["checkpoint_s"] = time.perf_counter() - t  # the hand-over to `rose execute --resume`
+            session.books.checkpoint_s = time.perf_counter() - t  # the hand-over to `rose execute --resume`
     run_dir = run.out_dir if ckpt else None
     doc = _report_doc(wf, result, session, time.perf_counter() - started, opts, run_dir, settings, run.backend, stage2,
                       trains_on=train)
@@ -484,27 +491,32 @@ def stage2_skipped(wf: Workflow, quota: bool, backend: str, gpu: Gpu) -> str | N
 
 
 def _stage2(wf: Workflow, result: Any, session: Any, gpu: Gpu, opts: OptimizeOptions, backend: str, settings: Any,
-            log: Any, deadline: float | None, stop: Any = None, running: dict[str, Any] | None = None) -> dict[str, Any]:
+            log: Any, budget: Any, stop: Any = None, running: dict[str, Any] | None = None) -> Stage2Record:
+    """Stage 2 (the optimizer's `stage2.tune_mps`) on the runtime's `QuotaTrials`, or why it is skipped."""
+    from rose_dsl.optimizer.records import Stage2Record
+
     skipped = stage2_skipped(wf, opts.quota, backend, gpu)
     if skipped is not None:
-        return {"skipped": skipped}
-    from interpreter.quota_trials import tune_mps
+        return Stage2Record(skipped=skipped)
+    from interpreter.quota_trials import QuotaTrials
+    from rose_dsl.optimizer.stage2 import tune_mps
 
     if stop is not None and stop():
-        return {"skipped": stop()}
-    if deadline is not None and time.perf_counter() > deadline:
-        return {"skipped": "the time budget (--budget-s) was spent by stage 1"}
-    return tune_mps(wf, result, session, gpu, settings, log, deadline=deadline, stop=stop, running=running,
-                      quotas=opts.stage2 in ("both", "quotas"), priorities=opts.stage2 in ("both", "priorities"))
+        return Stage2Record(skipped=stop())
+    if budget.spent():
+        return Stage2Record(skipped="the time budget (--budget-s) was spent by stage 1")
+    trials = QuotaTrials(session, gpu, stop=stop, parallel=settings.quota_parallel_checks)
+    return tune_mps(result, trials, settings, log, budget=budget, stop=stop, running=running,
+                    quotas=opts.stage2 in ("both", "quotas"), priorities=opts.stage2 in ("both", "priorities"))
 
 
-def _write_plan(plan: Workflow, output: Path, file: Path, result: Any, stage2: dict[str, Any],
+def _write_plan(plan: Workflow, output: Path, file: Path, result: Any, stage2: Stage2Record | None,
                 layout: dict[str, Any] | None = None) -> None:
     from rose_dsl import WorkflowError, load_workflow_text
     from rose_dsl.serialize import to_yaml
 
-    quotas = stage2.get("quotas") or {}
-    priorities = stage2.get("priorities") or {}
+    quotas = (stage2.quotas if stage2 else None) or {}
+    priorities = (stage2.priorities if stage2 else None) or {}
     meta = {"source": str(file), "rewrites": list(result.requests), "written_by": "rose optimize",
             "baseline_iteration_s": round(result.baseline.median, 6), "plan_iteration_s": round(result.final.median, 6)}
     if quotas:
@@ -552,7 +564,7 @@ def _machine(backend: str) -> dict[str, Any]:
 
 
 def _report_doc(wf: Workflow, result: Any, session: Any, total: float, opts: OptimizeOptions, run_dir: Path | None,
-                settings: Any, backend: str, stage2: dict[str, Any], trains_on: bool = False) -> dict[str, Any]:
+                settings: Any, backend: str, stage2: Stage2Record, trains_on: bool = False) -> dict[str, Any]:
     from rose_dsl.optimizer.bound import reorder_bound
     from rose_dsl.optimizer.report import build_report
 
