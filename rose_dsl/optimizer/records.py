@@ -73,6 +73,9 @@ class Measurer(Protocol):
 
 @dataclass
 class Settings:
+    """Every knob of the optimizer, stage 2's limits and the budget's shares included. Each one's reason is
+    in docs/optimizer.md ("Settings and the budget"); the report lists their values."""
+
     top_k: int = 3  # K
     alternatives: int = 4  # L
     rounds: int = 2  # R
@@ -89,26 +92,20 @@ class Settings:
     final_rounds: int = 5  # the before/after comparison at the end (training, kept)
     local_repeats: int = 3
     window_fraction: float = 0.25  # a loop region runs about this fraction of an iteration locally
-    # a comparison graph estimated at this share of an iteration or more (one window of a coarse loop, e.g. one
-    # of two epochs) is measured by complete iterations instead: a local trial costs nearly an iteration and is
-    # not training, a complete one is kept (MJX on the H200, 2026-12-03: 80 s of local trials, two thirds of the
-    # net overhead, for an epoch region of 0.45 T_iter). None: always local.
+    # a comparison graph estimated at this share of an iteration or more is measured by complete iterations
+    # instead of a local trial. None: always local.
     local_max_fraction: float | None = 0.4
     groups: tuple[int, ...] = (2, 4, 8)
-    budget_s: float | None = None
+    budget_s: float | None = None  # stage 1's seconds (its share of `--budget-s`); a `Budget` given wins
     tolerance: float = 0.05  # measure what the model predicts no slower than (1 + tolerance) x G
     # a further calibration split (another family's k = 2), after the first one taught the model: measured
     # unless predicted slower than (1 + calibration_band) x the unchanged comparison graph
     calibration_band: float = 0.25
     # a local trial stops repeating an alternative whose first run took more than this many times the
-    # unchanged graph's first run: ±15% run-to-run noise cannot make a candidate that slow a win, and on
-    # the H200 (2026-12-01) spatial splits ran 1.7-2x the unchanged graph three times each -- most of the
-    # local-trial seconds of that run. None: every alternative gets all its repeats.
+    # unchanged graph's first run. None: every alternative gets all its repeats.
     abandon_factor: float | None = 1.3
-    # ... and one whose first two runs both took more than this many times the unchanged graph's median:
-    # its median of three could not beat the unchanged graph by eps_min (`decide.stop_repeating`). Losing
-    # alternatives were most of the H200 runs' local-trial seconds (92 s of the 165-s net overhead of
-    # 2026-12-01). None: no such stop.
+    # ... and one whose first two runs both took more than this many times the unchanged graph's median
+    # (`decide.stop_repeating`). None: no such stop.
     settle_factor: float | None = 1.03
     # the budget's named shares (`budget.Budget.share`): stage 1's of the whole when stage 2 follows (all of
     # it otherwise), and the layout trials' (counted from when they start)
