@@ -438,8 +438,8 @@ class TrialSession:
                  stop: Callable[[], Any] | None = None) -> list[IterationResult]:
         """Go on training `plan` in these processes, with the state they hold, from iteration `self.k` to
         `iterations` (`rose optimize --train`): what `rose execute FILE --plan PLAN --resume` does after
-        `finish`, without its second start-up and without the hand-over checkpoint (H100, 2026-12-05:
-        21-26 s and 16 s). The run directory gets `rose execute`'s outputs: metrics.jsonl (the optimizer's
+        `finish`, without its second start-up and without the hand-over checkpoint (each tens of seconds on
+        an H100: docs/optimizer.md). The run directory gets `rose execute`'s outputs: metrics.jsonl (the optimizer's
         iterations, then these), checkpoints every `checkpoint_every` iterations and the trace of these
         iterations; a component process that dies is restarted from the last checkpoint as in `rose
         execute`. `stop()` ends it after the iteration in progress, with a checkpoint (`Runner.run`). The
