@@ -405,6 +405,10 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
         running: dict[str, Any] = {}  # the MPS settings stage 2 left each process under
         stage2 = _stage2(wf, result, session, gpu, opts, run.backend, settings, log, deadline, stop, running)
         plan = stage2.pop("plan", None) or result.plan
+        # a run that fails from here on (the hand-over checkpoint, the report) leaves no plan: one was taken
+        # for a result and blocked the re-run without --overwrite (issue 42)
+        finished: list[bool] = []
+        teardown.callback(_unless_finished, [opts.output, opts.report_dir / "stage1.yaml"], finished)
         _write_plan(plan, opts.output, opts.file, result, stage2, (layout_section or {}).get("chosen"))
         # the graph of stage 1 alone (the paper table's `stage1` / `stage1_mps` rows)
         _write_plan(result.plan, opts.report_dir / "stage1.yaml", opts.file, result, {},
@@ -435,6 +439,7 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
         doc["interrupted"] = stop()  # the signal that ended the run early (what was measured is all here)
     panels = [("declared", _typical(result.baseline_runs)), ("plan", _typical(result.final_runs))]
     write_report(doc, opts.report_dir, [p for p in panels if p[1] is not None])
+    finished.append(True)
     _summary(out, doc, opts, run_dir)
     if stop():
         raise Stopped(f"{stop()}: the plan and {opts.report_dir / 'report.md'} hold what was measured before it")
@@ -496,6 +501,13 @@ def _stage2(wf: Workflow, result: Any, session: Any, gpu: Gpu, opts: OptimizeOpt
         return {"skipped": "the time budget (--budget-s) was spent by stage 1"}
     return tune_mps(wf, result, session, gpu, settings, log, deadline=deadline, stop=stop, running=running,
                       quotas=opts.stage2 in ("both", "quotas"), priorities=opts.stage2 in ("both", "priorities"))
+
+
+def _unless_finished(paths: list[Path], finished: list[bool]) -> None:
+    """At teardown: remove the plans written when the run did not get to write its report (it failed)."""
+    if not finished:
+        for path in paths:
+            path.unlink(missing_ok=True)
 
 
 def _write_plan(plan: Workflow, output: Path, file: Path, result: Any, stage2: dict[str, Any],
