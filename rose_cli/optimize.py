@@ -517,7 +517,9 @@ def _write_plan(plan: Workflow, output: Path, file: Path, result: Any, stage2: d
 
     quotas = stage2.get("quotas") or {}
     priorities = stage2.get("priorities") or {}
-    meta = {"source": str(file), "rewrites": list(result.requests), "written_by": "rose optimize",
+    from rose_dsl.transforms.plan_check import recorded_source
+
+    meta = {"source": recorded_source(file, output), "rewrites": list(result.requests), "written_by": "rose optimize",
             "baseline_iteration_s": round(result.baseline.median, 6), "plan_iteration_s": round(result.final.median, 6)}
     if quotas:
         meta["mps_quota"] = dict(quotas)

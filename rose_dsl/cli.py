@@ -322,7 +322,9 @@ def rewrite(
         applied.append(result.description)
         out.print(f"applied: {result.description}", markup=False)
     header = "\n".join([f"# plan written by `rose rewrite` from {file}", *[f"#   {a}" for a in applied]])
-    meta: dict[str, Any] = {"source": str(file), "rewrites": list(do or [])}
+    from .transforms.plan_check import recorded_source
+
+    meta: dict[str, Any] = {"source": recorded_source(file, output), "rewrites": list(do or [])}
     if values:  # (the plan's params hold them too: `rose execute FILE --plan` checks it against FILE with them)
         meta["layout"] = values
     text = to_yaml(wf, plan=meta, header=header)
