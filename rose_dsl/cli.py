@@ -46,7 +46,7 @@ class _Console(Console):
     """rich's Console, printing text with what a terminal would obey escaped (`errors.printable`): a name
     from a workflow, a plan or the command line (`\\e[2J`, an RTL override) is shown, never acted on."""
 
-    def print(self, *objects: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def print(self, *objects: Any, **kwargs: Any) -> None:
         super().print(*(printable(o, lines=True) if isinstance(o, str) else o for o in objects), **kwargs)
 
 

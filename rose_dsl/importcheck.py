@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from .errors import Diagnostic, SourcePos, did_you_mean
 from .ir import ExecutionNode, Workflow
@@ -217,11 +218,13 @@ def component_env(comp_env: Mapping[str, str], python_path: tuple[str, ...]) -> 
     return {**{k: str(v) for k, v in comp_env.items()}, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
 
 
-def check_imports(specs: Mapping[str, tuple[str, list[str]] | tuple[str, list[str], list[str]]], timeout_s: float = 120.0,
+def check_imports(specs: Mapping[str, tuple[Any, ...]], timeout_s: float = 120.0,
                   env: Mapping[str, str] | None = None, python: str | None = None) -> dict[str, dict]:
     """Import each component class in a child process (`python`, default this interpreter) with `env`
-    added to this environment (a spec: impl, called methods and, optionally, the `args:` keys): {component:
-    {"impl": [message, hint] | None, "methods": {name: [message, hint]}, "args": {key: [message, hint]}}}."""
+    added to this environment (a spec: impl, called methods and, optionally, the `args:` keys, the directories
+    whose modules a missing top-level name is compared with, and what to construct to read its state):
+    {component: {"impl": [message, hint] | None, "methods": {name: [message, hint]}, "args": {key: [message,
+    hint]}, "signatures": {method: {"names", "required", "any"}}, "state": {name: [message, hint]}}}."""
     try:
         proc = subprocess.run([python or sys.executable, "-c", _CHILD], input=json.dumps(specs), capture_output=True,
                               text=True, timeout=timeout_s, env={**os.environ, **(env or {})})

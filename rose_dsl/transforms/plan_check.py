@@ -390,7 +390,7 @@ class _RowsOf:
                 parts = [self.value(x, bound, depth + 1) for x in args]
                 if not all(isinstance(p, tuple) for p in parts):
                     return UNKNOWN
-                return _ranges([r for p in parts for r in p])  # type: ignore[union-attr]
+                return _ranges([r for p in parts if isinstance(p, tuple) for r in p])
             case Int() | BinOp() | Neg() | Param():
                 return None
         return UNKNOWN
