@@ -103,7 +103,9 @@ def _copied_components(wf: Workflow, loop: LoopNode) -> list[str]:
         if comp in copied and s not in written and s in everywhere:
             node = wf.find(reader)
             raise Refused(f"'{s}' is read by '{reader[-1]}' inside loop '{loop.name}' and written elsewhere: a copy of "
-                          f"'{comp}' for another group would not see its value",
+                          f"'{comp}' for another group would not see its value (copies start from the component's "
+                          "constructor, not from the original's state; keep what the loop only reads on a component "
+                          "the loop does not write)",
                           at=(node.field_pos.get("state") or node.pos) if node is not None else None)
     return copied
 
