@@ -124,7 +124,10 @@ def resolve_impl(impl: str, allowed: Iterable[str] = DEFAULT_ALLOWED) -> type:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # a user module may raise anything on import: one ComponentError says what
-        raise ComponentError(f"cannot import '{module_name}': {type(exc).__name__}: {exc}") from exc
+        how = ("; the example components are not installed with rose: `rose init DIR --workflow NAME` writes a "
+               "workflow and the components it imports into DIR" if isinstance(exc, ModuleNotFoundError)
+               and exc.name == "examples" else "")
+        raise ComponentError(f"cannot import '{module_name}': {type(exc).__name__}: {exc}{how}") from exc
     obj: Any = module
     for part in qual.split("."):
         obj = getattr(obj, part, None)

@@ -15,7 +15,7 @@ import sys
 from rose_dsl import cli as language
 from rose_dsl.cli import make_app, run_app
 
-from . import compare, execute, optimize
+from . import compare, execute, init, optimize
 
 __all__ = ["COMMANDS", "app", "main"]
 
@@ -24,6 +24,7 @@ COMMANDS = (
     execute.register,  # execute
     optimize.register,  # optimize
     compare.register,  # compare
+    init.register,  # init
 )
 
 app = make_app("rose: declarative RL workflows, rewritten for overlap and run on Ray.")

@@ -376,6 +376,10 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
         stage2 = _stage2(wf, result, session, gpu, opts, run.backend, settings, log, budget, stop, running)
         plan = stage2.plan or result.plan
         chosen = (layout_section or {}).get("chosen")
+        # a run that fails from here on (the hand-over checkpoint, the report) leaves no plan: one was taken
+        # for a result and blocked the re-run without --overwrite (issue 42)
+        finished: list[bool] = []
+        teardown.callback(_unless_finished, [opts.output, opts.report_dir / "stage1.yaml"], finished)
         _write_plan(plan, opts.output, opts.file, result, stage2, chosen)
         # the graph of stage 1 alone (the paper table's `stage1` / `stage1_mps` rows)
         _write_plan(result.plan, opts.report_dir / "stage1.yaml", opts.file, result, None, chosen)
@@ -384,6 +388,7 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
     doc = _report_doc(wf, result, session, time.perf_counter() - started, opts, run_dir, settings, run.backend, stage2,
                       trains_on=train)
     _write_report(doc, result, layout_section, opts, stop)
+    finished.append(True)
     _summary(out, doc, opts, run_dir)
     if stop():
         raise Stopped(f"{stop()}: the plan and {opts.report_dir / 'report.md'} hold what was measured before it")
@@ -558,6 +563,13 @@ def _stage2(wf: Workflow, result: Any, session: Any, gpu: Gpu, opts: OptimizeOpt
                     quotas=opts.stage2 in ("both", "quotas"), priorities=opts.stage2 in ("both", "priorities"))
 
 
+def _unless_finished(paths: list[Path], finished: list[bool]) -> None:
+    """At teardown: remove the plans written when the run did not get to write its report (it failed)."""
+    if not finished:
+        for path in paths:
+            path.unlink(missing_ok=True)
+
+
 def _write_plan(plan: Workflow, output: Path, file: Path, result: Any, stage2: Stage2Record | None,
                 layout: dict[str, Any] | None = None) -> None:
     from rose_dsl import WorkflowError, load_workflow_text
@@ -565,7 +577,9 @@ def _write_plan(plan: Workflow, output: Path, file: Path, result: Any, stage2: S
 
     quotas = (stage2.quotas if stage2 else None) or {}
     priorities = (stage2.priorities if stage2 else None) or {}
-    meta = {"source": str(file), "rewrites": list(result.requests), "written_by": "rose optimize",
+    from rose_dsl.transforms.plan_check import recorded_source
+
+    meta = {"source": recorded_source(file, output), "rewrites": list(result.requests), "written_by": "rose optimize",
             "baseline_iteration_s": round(result.baseline.median, 6), "plan_iteration_s": round(result.final.median, 6)}
     if quotas:
         meta["mps_quota"] = dict(quotas)

@@ -7,13 +7,14 @@ effects) are checked by `resolve.py` on the finished IR, so that transformed pla
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .bulk import in_bulk
-from .errors import Diagnostic, SourcePos, WorkflowError, did_you_mean, format_path
-from .expr import BinOp, Expr, ExprSyntaxError, Int, Neg, Param, parse_expr, walk
+from .errors import Diagnostic, SourcePos, WorkflowError, did_you_mean, format_path, shown
+from .expr import MAX_INT, BinOp, Expr, ExprSyntaxError, Int, Neg, Param, parse_expr, walk
 from .ir import (
     Access,
     Carry,
@@ -111,7 +112,7 @@ def eval_int(e: Expr, params: Mapping[str, Any]) -> int:
             if op in ("//", "%") and y == 0:
                 raise _ParamError(e.offset, "division by zero")
             result = {"+": x + y, "-": x - y, "*": x * y, "//": x // y if y else 0, "%": x % y if y else 0}[op]
-            if abs(result) > 2**62:
+            if abs(result) > MAX_INT:
                 raise _ParamError(e.offset, "integer overflow")
             return result
     raise _ParamError(e.offset, "expected integer arithmetic over ${params}")
@@ -165,6 +166,17 @@ def _kind(value: Any) -> str | None:
     return None
 
 
+def _unusable_number(value: Any) -> str | None:
+    """Why a param's number cannot be used (None: it can). NaN and infinity pass every comparison a
+    component makes (`fixed_ms: .nan` validated, then slept for nothing or forever); an integer past
+    MAX_INT is past every count and index rose takes, and past what Python turns into text."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value} is not a finite number: a param holds a finite one (write a large number for 'no limit')"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+        return f"{shown(value)} is too large (at most {MAX_INT})"
+    return None
+
+
 def _params(ctx: _Ctx, raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     params: dict[str, Any] = {}
     names = list(raw)
@@ -180,8 +192,16 @@ def _params(ctx: _Ctx, raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> 
                 params[name] = FAILED
                 ctx.diags.append(Diagnostic(
                     SourcePos("<command line>", 0, 0), f"params.{name}",
-                    f"--set {name}={overrides[name]!r} is not {_KIND_NAMES[kind]}: the workflow declares "
-                    f"{name}: {value!r}"))
+                    f"--set {name}={shown(overrides[name])} is not {_KIND_NAMES[kind]}: the workflow declares "
+                    f"{name}: {shown(value)}"))
+            elif (why := _unusable_number(overrides[name])) is not None:
+                params[name] = FAILED
+                ctx.diags.append(Diagnostic(SourcePos("<command line>", 0, 0), f"params.{name}",
+                                            f"--set {name}: {why}"))
+            continue
+        if (why := _unusable_number(value)) is not None:
+            ctx.error(("params", name), why)
+            params[name] = FAILED
             continue
         if isinstance(value, str) and "${" in value:
             ctx.params = params  # a param may use the params defined before it

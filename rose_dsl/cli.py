@@ -22,7 +22,7 @@ from rich.table import Table
 
 from . import WorkflowError, __version__, load_workflow
 from .analysis import analyze
-from .errors import Diagnostic
+from .errors import Diagnostic, SourcePos, printable, shown
 from .ir import ExecutionNode, LoopNode, MergeNode, Workflow
 from .trust import TrustPolicy, check_trust
 
@@ -42,8 +42,16 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130
 
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+class _Console(Console):
+    """rich's Console, printing text with what a terminal would obey escaped (`errors.printable`): a name
+    from a workflow, a plan or the command line (`\\e[2J`, an RTL override) is shown, never acted on."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        super().print(*(printable(o, lines=True) if isinstance(o, str) else o for o in objects), **kwargs)
+
+
+out = _Console(highlight=False, soft_wrap=True)
+err = _Console(stderr=True, highlight=False, soft_wrap=True)
 
 FileArg = Annotated[Path, typer.Argument(help="workflow (or plan) YAML file", show_default=False, exists=True,
                                          dir_okay=False, readable=True)]
@@ -100,15 +108,23 @@ def run_app(app: typer.Typer, prog_name: str | None = None) -> None:
 
 
 def set_overrides(items: list[str] | None) -> dict[str, object]:
-    """`--set NAME=VALUE` options as params (each value read as YAML)."""
-    import yaml
+    """`--set NAME=VALUE` options as params, each value read as a workflow's values are
+    (`loader.load_value`); a value that is not valid YAML (`[unclosed`, `*x`, a tag) is a WorkflowError
+    at the command line, said once, exit 2 (they were PyYAML's errors, exit 1)."""
+    from .loader import load_value
 
     result: dict[str, object] = {}
+    problems = []
     for item in items or []:
         name, sep, raw = item.partition("=")
         if not sep or not name.strip():
-            raise typer.BadParameter(f"--set expects NAME=VALUE, got {item!r}")
-        result[name.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+            raise typer.BadParameter(f"--set expects NAME=VALUE, got {shown(item)}")
+        try:
+            result[name.strip()] = load_value(raw, f"--set {name.strip()}") if raw.strip() else ""
+        except ValueError as exc:
+            problems.append(Diagnostic(SourcePos("<command line>", 0, 0), f"params.{name.strip()}", str(exc)))
+    if problems:
+        raise WorkflowError(problems)
     return result
 
 
@@ -332,7 +348,9 @@ def rewrite(
         applied.append(result.description)
         out.print(f"applied: {result.description}", markup=False)
     header = "\n".join([f"# plan written by `rose rewrite` from {file}", *[f"#   {a}" for a in applied]])
-    meta: dict[str, Any] = {"source": str(file), "rewrites": list(do or [])}
+    from .transforms.plan_check import recorded_source
+
+    meta: dict[str, Any] = {"source": recorded_source(file, output), "rewrites": list(do or [])}
     if values:  # (the plan's params hold them too: `rose execute FILE --plan` checks it against FILE with them)
         meta["layout"] = values
     text = to_yaml(wf, plan=meta, header=header)

@@ -8,10 +8,48 @@ workflow in one round trip. Internal errors are never wrapped as diagnostics: th
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["SourcePos", "Diagnostic", "WorkflowError", "did_you_mean", "format_path", "excerpt"]
+__all__ = ["SourcePos", "Diagnostic", "WorkflowError", "did_you_mean", "format_path", "excerpt", "printable",
+           "shown"]
+
+# What a terminal acts on instead of showing: C0 and C1 controls (an escape sequence can clear the screen
+# or retitle the window) and the bidirectional overrides and isolates (an RTL override reverses what
+# follows it, so a name reads as another). Tab and newline are kept where whole lines are printed.
+_CONTROLS = "".join(chr(c) for c in [*range(0x00, 0x20), *range(0x7F, 0xA0)])
+_BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+_UNPRINTABLE = re.compile("[" + re.escape(_CONTROLS + _BIDI) + "]")
+_UNPRINTABLE_IN_LINES = re.compile("[" + re.escape(_CONTROLS.replace("\t", "").replace("\n", "") + _BIDI) + "]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def printable(text: str, lines: bool = False) -> str:
+    """`text` with every character a terminal would act on written as an escape (`\\x1b`, `\\u202e`), so
+    that a name from a file or the command line is shown, never obeyed. `lines`: keep newlines and tabs
+    (text made of whole lines); otherwise one line. Every message rose prints goes through it (the
+    diagnostics' formatter, and the consoles of `rose_dsl.cli`)."""
+    pattern = _UNPRINTABLE_IN_LINES if lines else _UNPRINTABLE
+    return pattern.sub(_escape, text) if pattern.search(text) else text
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """A value as a message quotes it: `repr`, cut to `limit` characters with the length said (a 5,000-digit
+    number or a pasted file is not echoed whole), and printable."""
+    if isinstance(value, int) and value.bit_length() > 3 * limit:
+        try:
+            return f"an integer of {len(str(abs(value)))} digits"
+        except ValueError:  # past Python's int-to-text limit (4,300 digits)
+            return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    text = repr(value)
+    if len(text) > limit:
+        text = f"{text[:limit - 20]}... ({len(text)} characters)"
+    return printable(text)
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -60,13 +98,13 @@ class Diagnostic:
         return (self.pos.file, self.pos.line, self.pos.col, self.path, self.message)
 
     def format(self, text: str | None = None) -> str:
-        lines = [f"{self.pos}: {self.path}: {self.message}"]
+        lines = [printable(f"{self.pos}: {self.path}: {self.message}")]
         if text is not None and self.pos.line > 0:
-            lines.extend(excerpt(text, self.pos.line, self.pos.col))
+            lines.extend(printable(line) for line in excerpt(text, self.pos.line, self.pos.col))
         if self.hint:
-            lines.append(f"  hint: {self.hint}")
+            lines.append(printable(f"  hint: {self.hint}"))
         for pos, what in self.related:
-            lines.append(f"  {pos}: note: {what}")
+            lines.append(printable(f"  {pos}: note: {what}"))
         return "\n".join(lines)
 
 

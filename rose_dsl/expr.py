@@ -99,6 +99,7 @@ class Slice(Expr):
 
 
 MAX_OPERATORS = 256  # per expression string; a 200-term sum reads fine
+MAX_INT = 2**62  # the largest integer an expression holds or computes (a count, a row, an index)
 
 
 class ExprSyntaxError(Exception):
@@ -122,10 +123,18 @@ def _off(meta_or_token: object) -> int:
     return getattr(meta_or_token, "start_pos", 0) or 0
 
 
+def _literal(meta: object, tok: Token) -> int:
+    """An integer literal, at most MAX_INT (a 5,000-digit one was Python's int-from-text ValueError, exit 1)."""
+    text = str(tok)
+    if len(text.lstrip("0")) > len(str(MAX_INT)) or int(text) > MAX_INT:
+        raise ExprSyntaxError(_off(meta), f"integer literal of {len(text)} digits is too large (at most {MAX_INT})")
+    return int(text)
+
+
 @v_args(meta=True, inline=True)
 class _ToAst(Transformer):
     def int(self, meta, tok):
-        return Int(_off(meta), int(tok))
+        return Int(_off(meta), _literal(meta, tok))
 
     def pname(self, meta, tok):
         return Param(_off(meta), str(tok))
@@ -150,10 +159,10 @@ class _ToAst(Transformer):
         return Ref(_off(meta), str(head), str(attr))
 
     def idx_int(self, meta, tok):
-        return Index(_off(meta), "int", int(tok))
+        return Index(_off(meta), "int", _literal(meta, tok))
 
     def idx_neg(self, meta, tok):
-        if int(tok) != 1:
+        if _literal(meta, tok) != 1:
             raise ExprSyntaxError(_off(meta), f"negative iteration index -{tok}: only -1 (the last iteration) is allowed")
         return Index(_off(meta), "last", -1)
 

@@ -18,8 +18,9 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from .errors import Diagnostic
+from .errors import Diagnostic, SourcePos, did_you_mean
 from .ir import ExecutionNode, Workflow
 from .trust import DEFAULT_ALLOWED, DENIED_MODULES, TrustPolicy, check_trust, module_allowed
 
@@ -34,8 +35,10 @@ def hint(name, candidates):
     m = difflib.get_close_matches(name, sorted(set(candidates)), n=3, cutoff=0.6)
     return ("did you mean " + " or ".join("'%s'" % x for x in m) + "?") if m else None
 
-def missing_module(name):
-    """Which part of a dotted module name does not exist, and what exists there instead."""
+def missing_module(name, own_dirs):
+    """Which part of a dotted module name does not exist, and what exists there instead: for a top-level
+    name, only the modules of the user's own directories (the working directory, the component's
+    python_path), never a stray module of some installed dependency ('example', 'tempfile')."""
     parts = name.split(".")
     for i in range(len(parts)):
         head = ".".join(parts[: i + 1])
@@ -45,7 +48,10 @@ def missing_module(name):
             found = False
         if not found:
             if i == 0:
-                return "no module named '%s'" % head, hint(head, (m.name for m in pkgutil.iter_modules()))
+                if head == "examples":
+                    return ("no module named 'examples'", "the example components are not installed with rose: "
+                            "`rose init DIR --workflow NAME` writes a workflow and the components it imports into DIR")
+                return "no module named '%s'" % head, hint(head, (m.name for m in pkgutil.iter_modules(own_dirs)))
             parent = importlib.import_module(".".join(parts[:i]))
             names = [m.name for m in pkgutil.iter_modules(getattr(parent, "__path__", []))]
             return "module '%s' has no submodule '%s'" % (parent.__name__, parts[i]), hint(parts[i], names)
@@ -63,12 +69,113 @@ def arg_problems(obj, impl, args):
     return {a: ["'%s' takes no argument '%s' (it takes %s)" % (impl, a, ", ".join(names) or "none"), hint(a, names)]
             for a in args if a not in names}
 
-def check(impl, methods, args=()):
+def signature_of(cls, name):
+    """What a method takes: {"names": keywords, "required": those without a default, "any": **kwargs};
+    None without a readable signature."""
+    fn = getattr(cls, name, None)
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if inspect.isfunction(fn) and not isinstance(inspect.getattr_static(cls, name, None), staticmethod) and params:
+        params = params[1:]  # self
+    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return {"names": [p.name for p in named], "required": [p.name for p in named if p.default is p.empty],
+            "any": any(p.kind == p.VAR_KEYWORD for p in params)}
+
+def savable(value, where, depth=0):
+    """Why a checkpoint cannot hold `value` (what torch.load(weights_only=True) loads), or None."""
+    t = type(value)
+    if depth > 50:
+        return "%s is nested too deeply" % where
+    if t.__module__.split(".")[0] == "torch" and t.__name__ in ("Tensor", "Parameter", "dtype", "device", "Size"):
+        return None
+    if t in (int, float, bool, str, bytes, complex, type(None)):
+        return None
+    if isinstance(value, dict) and t.__name__ in ("dict", "OrderedDict"):
+        for k, v in value.items():
+            if type(k) not in (str, int, float, bool, type(None)):
+                return "%s has a key of type %s" % (where, type(k).__name__)
+            why = savable(v, "%s[%r]" % (where, k), depth + 1)
+            if why:
+                return why
+        return None
+    if t in (list, tuple, set):
+        for i, v in enumerate(value):
+            why = savable(v, "%s[%d]" % (where, i), depth + 1)
+            if why:
+                return why
+        return None
+    return "%s is a %s.%s" % (where, t.__module__, t.__qualname__)
+
+def grad_tensors(value, where, depth=0):
+    """The first tensor in `value` that requires grad (a parameter), or None."""
+    if getattr(value, "requires_grad", False) is True and type(value).__module__.split(".")[0] == "torch":
+        return where
+    if depth > 50:
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for k, v in items:
+        found = grad_tensors(v, "%s[%r]" % (where, k), depth + 1)
+        if found:
+            return found
+    return None
+
+GET_SET = ("write get_state(name) and set_state(name, value) on the class (docs/components.md, State objects)")
+
+def probe(cls, impl, spec):
+    """Construct the component as a run would (on the CPU) and read each declared state object as a
+    snapshot does: what a checkpoint cannot hold, and a default snapshot that would break training."""
+    kwargs = dict(spec["args"])
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        params = {}
+    for name, value in (("device", "cpu"), ("seed", spec["seed"])):
+        if name in params and name not in kwargs:
+            kwargs[name] = value
+    for name, value in (("replica", 0), ("replicas", 1)):
+        if name in params:
+            kwargs[name] = value
+    try:
+        obj = cls(**kwargs)
+    except BaseException as exc:  # user code: any exception is its report
+        return {"": ["constructing '%s' (to read its state) failed: %s: %s" % (impl, type(exc).__name__, exc), None]}
+    stateful = callable(getattr(obj, "get_state", None)) and callable(getattr(obj, "set_state", None))
+    out = {}
+    for name, attr in spec["states"].items():
+        try:
+            value = obj.get_state(name) if stateful else getattr(obj, attr)
+        except BaseException:  # a state made at the first call (lazily) is not there yet: nothing to say
+            continue
+        why = savable(value, "state '%s'" % name)
+        if why:
+            source = "get_state(%r)" % name if stateful else "attribute '%s'" % attr
+            out[name] = ["%s (from %s), which a checkpoint cannot hold: state is tensors, dicts, lists, tuples, "
+                         "ints, floats, strings, bools or None" % (why, source),
+                         "return its state_dict() from get_state and load it in set_state" if stateful else
+                         GET_SET + ", e.g. returning an optimizer's state_dict() and loading it back"]
+            continue
+        grad = None if stateful else grad_tensors(value, "state '%s'" % name)
+        if grad:
+            out[name] = ["%s requires grad: rose's default snapshot deep-copies attribute '%s' and restores it by "
+                         "replacing it, which leaves the optimizer and autograd holding the old tensors" % (grad, attr),
+                         GET_SET + ": get_state returning detached copies, set_state copying them in place "
+                         "(with torch.no_grad(): t.copy_(v))"]
+    close = getattr(obj, "close", None)
+    if callable(close):
+        try:
+            close()
+        except BaseException:
+            pass
+    return out
+
+def check(impl, methods, args=(), own_dirs=(), state=None):
     module_name, _, qual = impl.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        where = missing_module(module_name)
+        where = missing_module(module_name, list(own_dirs))
         if where is not None and exc.name and module_name.startswith(exc.name):
             return ["cannot import '%s': %s" % (module_name, where[0]), where[1]], {}
         return ["importing '%s' failed: %s: %s" % (module_name, type(exc).__name__, exc), None], {}
@@ -86,14 +193,19 @@ def check(impl, methods, args=()):
         return ["'%s' resolves to '%s.%s', outside '%s'" % (impl, obj.__module__, obj.__qualname__, module_name),
                 None], {}
     public = [n for n in dir(obj) if not n.startswith("_") and callable(getattr(obj, n, None))]
-    bad = {}
+    bad, signatures = {}, {}
     for m in methods:
         if not callable(getattr(obj, m, None)):
             bad[m] = ["class '%s' has no method '%s'" % (impl, m), hint(m, public)]
-    return None, bad, arg_problems(obj, impl, args)
+        else:
+            signatures[m] = signature_of(obj, m)
+    problems = arg_problems(obj, impl, args)
+    states = probe(obj, impl, state) if state is not None and not bad and not problems else {}
+    return None, bad, problems, signatures, states
 
 specs = json.load(sys.stdin)
-print(json.dumps({c: dict(zip(("impl", "methods", "args"), check(*spec))) for c, spec in specs.items()}))
+keys = ("impl", "methods", "args", "signatures", "state")
+print(json.dumps({c: dict(zip(keys, check(*spec))) for c, spec in specs.items()}))
 '''
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -106,11 +218,13 @@ def component_env(comp_env: Mapping[str, str], python_path: tuple[str, ...]) -> 
     return {**{k: str(v) for k, v in comp_env.items()}, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
 
 
-def check_imports(specs: Mapping[str, tuple[str, list[str]] | tuple[str, list[str], list[str]]], timeout_s: float = 120.0,
+def check_imports(specs: Mapping[str, tuple[Any, ...]], timeout_s: float = 120.0,
                   env: Mapping[str, str] | None = None, python: str | None = None) -> dict[str, dict]:
     """Import each component class in a child process (`python`, default this interpreter) with `env`
-    added to this environment (a spec: impl, called methods and, optionally, the `args:` keys): {component:
-    {"impl": [message, hint] | None, "methods": {name: [message, hint]}, "args": {key: [message, hint]}}}."""
+    added to this environment (a spec: impl, called methods and, optionally, the `args:` keys, the directories
+    whose modules a missing top-level name is compared with, and what to construct to read its state):
+    {component: {"impl": [message, hint] | None, "methods": {name: [message, hint]}, "args": {key: [message,
+    hint]}, "signatures": {method: {"names", "required", "any"}}, "state": {name: [message, hint]}}}."""
     try:
         proc = subprocess.run([python or sys.executable, "-c", _CHILD], input=json.dumps(specs), capture_output=True,
                               text=True, timeout=timeout_s, env={**os.environ, **(env or {})})
@@ -138,11 +252,23 @@ def import_problems(wf: Workflow, policy: TrustPolicy) -> list[Diagnostic]:
     for c in wf.components.values():  # one child per component: each with its own environment
         methods = calls.get(c.name, {})
         python = str(Path(policy.cwd, c.venv, "bin", "python")) if c.venv else None
-        result = check_imports({c.name: (c.impl, sorted(methods), sorted(c.args))},
+        own_dirs = [str(Path(policy.cwd, d)) for d in ("", *c.python_path)]
+        state = ({"args": c.args, "seed": wf.seed, "states": {s.name: s.attr for s in c.state}}
+                 if c.state and _plain(c.args) else None)
+        result = check_imports({c.name: (c.impl, sorted(methods), sorted(c.args), own_dirs, state)},
                                env=component_env(c.env, c.python_path), python=python)[c.name]
         if result["impl"]:
             message, hint = result["impl"]
             out.append(Diagnostic(c.field_pos.get("impl", c.pos), f"components.{c.name}.impl", message, hint))
+        out += _port_problems(c.impl, methods, result.get("signatures") or {})
+        for name, (message, hint) in (result.get("state") or {}).items():
+            if not name:  # it could not be constructed here: on the CPU, a GPU component may not be
+                if c.device == "cpu":
+                    out.append(Diagnostic(c.field_pos.get("impl", c.pos), f"components.{c.name}.impl", message, hint))
+                continue
+            so = c.state_object(name)
+            pos = so.pos if so is not None and so.pos.line else c.field_pos.get("state", c.pos)
+            out.append(Diagnostic(pos, f"components.{c.name}.state.{name}", message, hint))
         for arg, (message, hint) in result.get("args", {}).items():  # what constructing it would refuse
             out.append(Diagnostic(c.field_pos.get(f"args.{arg}", c.field_pos.get("args", c.pos)),
                                   f"components.{c.name}.args.{arg}", message, hint))
@@ -154,3 +280,44 @@ def import_problems(wf: Workflow, policy: TrustPolicy) -> list[Diagnostic]:
                     seen.add(pos)
                     out.append(Diagnostic(pos, ".".join(node.path) + ".call", message, hint))
     return sorted(out, key=Diagnostic.sort_key)
+
+
+def _plain(value: object) -> bool:
+    """Whether constructor args travel to the child as JSON unchanged."""
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    return isinstance(value, str | int | float | bool | type(None))
+
+
+def _port_problems(impl: str, methods: Mapping[str, list[ExecutionNode]],
+                   signatures: Mapping[str, dict | None]) -> list[Diagnostic]:
+    """Each `in:` port a called method does not take (a TypeError at the first call, exit 3, an hour in),
+    and each argument it requires that no port gives, at the node (`rows` is rose's to pass)."""
+    out = []
+    for method, nodes in methods.items():
+        sig = signatures.get(method)
+        if sig is None:
+            continue
+        seen: set[tuple[SourcePos, str]] = set()
+        for node in nodes:
+            ports = [p for p, _ in node.inputs]
+            if not sig["any"]:
+                for port in ports:
+                    if port not in sig["names"]:
+                        pos = node.field_pos.get(f"in.{port}", node.field_pos.get("call", node.pos))
+                        if (pos, port) not in seen:  # split groups of one declared node share its position
+                            seen.add((pos, port))
+                            out.append(Diagnostic(pos, f"{'.'.join(node.path)}.in.{port}",
+                                                  f"{impl}.{method}() takes no argument '{port}' (it takes "
+                                                  f"{', '.join(sig['names']) or 'none'})",
+                                                  did_you_mean(port, sig["names"])))
+            lacking = [n for n in sig["required"] if n not in ports and n != "rows"]
+            pos = node.field_pos.get("call", node.pos)
+            if lacking and (pos, "") not in seen:
+                seen.add((pos, ""))
+                out.append(Diagnostic(pos, f"{'.'.join(node.path)}.in",
+                                      f"{impl}.{method}() requires {', '.join(repr(n) for n in lacking)}, which "
+                                      "no port of `in:` gives"))
+    return out

@@ -14,6 +14,7 @@ limits), which is reported only once the rest of the stream has been read.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,11 +37,14 @@ from yaml.events import (
 )
 
 from .bulk import in_bulk
-from .errors import Diagnostic, SourcePos, WorkflowError
+from .errors import Diagnostic, SourcePos, WorkflowError, shown
 
-__all__ = ["Document", "FieldPositions", "Limits", "load_file", "load_text", "Path_"]
+__all__ = ["Document", "FieldPositions", "Limits", "load_file", "load_text", "load_value", "Path_"]
 
 Path_ = tuple[str | int, ...]
+
+
+MAX_INT_DIGITS = 18  # every integer rose takes fits 62 bits (`expr.MAX_INT`); Python refuses 4,300+ digits
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,18 @@ class FieldPositions(dict):
 
 
 # libyaml's parser when PyYAML was built with it (about 10x faster); the same events either way.
-_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _SafeLoader(_BaseLoader):  # type: ignore[misc, valid-type]
+    """PyYAML's safe loader, with YAML 1.2's floats: `1e-4` is a number (YAML 1.1 wants `1.0e-4`, and
+    read `lr: 1e-4` or `--set lr=1e-4` as a string, which a number param then refused)."""
+
+
+_SafeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"))
 _STR = "tag:yaml.org,2002:str"
 _MERGE = "tag:yaml.org,2002:merge"
 _SEQ = "tag:yaml.org,2002:seq"
@@ -231,7 +246,7 @@ class _Builder:
         self.constructor = SafeConstructor()
         self._resolve = resolve
         self._tags: dict[tuple[str, tuple[bool, bool]], str] = {}  # the implicit tags of plain scalars, cached
-        resolvers = yaml.SafeLoader.yaml_implicit_resolvers  # first character -> [(tag, regexp)]
+        resolvers = _SafeLoader.yaml_implicit_resolvers  # first character -> [(tag, regexp)]
         # a plain scalar whose first character starts no resolver is a string (unless one matches anything)
         self._resolved_first = frozenset(resolvers) if None not in resolvers else None
 
@@ -336,7 +351,10 @@ class _Builder:
             raise self.fail(ev.start_mark, (), f"not valid YAML: {problem}") from None
         except Exception:  # noqa: BLE001 - PyYAML's constructors fail on some text (`!!int ''`: IndexError)
             what = tag.rsplit(":", 1)[-1]
-            raise self.fail(ev.start_mark, (), f"not valid YAML: {ev.value!r} is not a valid {what}") from None
+            digits = sum(c.isdigit() for c in ev.value)
+            if what == "int" and digits > MAX_INT_DIGITS:  # past Python's int-from-text limit (4,300)
+                raise self.fail(ev.start_mark, (), f"an integer of {digits} digits is too large") from None
+            raise self.fail(ev.start_mark, (), f"not valid YAML: {shown(ev.value)} is not a valid {what}") from None
 
 
 def _read(file: str, text: str, limits: Limits, loader: Any) -> Document:
@@ -400,7 +418,8 @@ def load_text(text: str, file: str = "<string>", limits: Limits = Limits()) -> D
             related = ((_mark(file, exc.context_mark), f"{exc.context} here"),)
         raise WorkflowError([Diagnostic(pos, "<document>", f"not valid YAML: {what}", related=related)], text) from None
     except yaml.YAMLError as exc:
-        raise WorkflowError([Diagnostic(top, "<document>", f"not valid YAML: {exc}")], text) from None
+        what = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise WorkflowError([Diagnostic(top, "<document>", f"not valid YAML: {what}")], text) from None
     doc.text = text
     return doc
 
@@ -427,3 +446,32 @@ def load_file(path: str | Path, limits: Limits = Limits()) -> Document:
         raise WorkflowError([Diagnostic(SourcePos(name, 1, 1), "<document>",
                                         f"not UTF-8 text (byte {exc.start})")]) from None
     return load_text(text, name, limits)
+
+
+# what a command-line value may hold: what JSON holds (a YAML tag's timestamp, bytes or set is refused)
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def load_value(text: str, where: str) -> Any:
+    """A value given on the command line (`--set NAME=VALUE`, a `--layout` value), read as a workflow's
+    values are (this loader: safe, bounded, YAML 1.2's floats), or ValueError with one line saying why.
+    `where` names the option in the message (`--set num_envs`)."""
+    try:
+        value = load_text(text, where).data
+    except WorkflowError as exc:
+        d = exc.diagnostics[0]
+        at = f" (at character {d.pos.col})" if d.pos.line == 1 and d.pos.col > 1 else ""
+        raise ValueError(f"{where}={shown(text, 40)}: {d.message}{at}") from None
+
+    def check(v: Any) -> None:
+        if isinstance(v, list):
+            for x in v:
+                check(x)
+        elif isinstance(v, dict):
+            for x in v.values():
+                check(x)
+        elif not isinstance(v, _PLAIN):
+            raise ValueError(f"{where}={shown(text, 40)}: YAML tags are not supported here ({type(v).__name__})")
+
+    check(value)
+    return value

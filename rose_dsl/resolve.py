@@ -254,6 +254,15 @@ class Resolver(Scopes):
         if loop.dynamic and e.index.kind in ("int", "loop"):
             raise ResolveError(e.index.offset, f"loop '{loop.name}' has a dynamic end: only [-1] or [*] may select its iterations")
         inner = self.resolve_in_body(e.inner, loop.path)
+        for member in found[1:] if isinstance(found, tuple) else ():
+            # every group of a loop split in time must give what is read through it (a hand-edited plan that
+            # renamed one group's output passed here and failed evaluating, an internal error)
+            try:
+                self.resolve_in_body(e.inner, member.path)
+            except ResolveError as exc:
+                raise ResolveError(exc.offset, f"{exc.message}, in '{member.name}' (a part of the loop "
+                                   f"'{e.loop}' split in time: each part must give what is read through it)",
+                                   exc.hint, exc.target) from None
         return IterSelect(loop.path, e.index, index_loop, tuple(inner), family)
 
     def _find_loop(self, e: IterRef, scope: Scope, pos: float, self_loop: LoopNode | None) -> LoopNode | tuple[LoopNode, ...]:

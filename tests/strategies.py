@@ -36,6 +36,7 @@ class _Gen:
     # that ends on a condition. Stacking them over iterations is ragged, so no `stack(l[*]...)` reads them
     # (CI, 2026-12-05: `stack(l2[*].l5.c)` with l5 an until loop -- the declared workflow itself failed)
     ragged: set[str] = field(default_factory=set)
+    afters: bool = False  # give some items `after:` an earlier sibling (an ordering without a data dependency)
 
     def is_ragged(self, ref: str) -> bool:
         return any(ref == r or ref.endswith("." + r) for r in self.ragged)
@@ -149,6 +150,12 @@ def _body(g: _Gen, scope: _Scope, depth: int) -> tuple[list[dict[str, Any]], lis
         item, outs = _node(g, local)
         items.append(item)
         produced += outs
+    if g.afters:  # (after the items are drawn: the draws of workflows without `after:` stay as they were)
+        for i in range(1, len(items)):
+            if d(st.booleans()):
+                loops = [x for x in items[:i] if "loop" in x]  # what split-time and fuse replace, mostly
+                target = d(st.sampled_from(loops or items[:i]))
+                items[i]["after"] = [target.get("node") or target["loop"]]
     return items, produced, produced + ends
 
 
@@ -212,11 +219,11 @@ def _strip(body: Any, ref: str, replacement: str) -> Any:
 
 
 @st.composite
-def workflows(draw, max_nodes: int = 14, max_depth: int = 3) -> dict[str, Any]:
-    """A random valid workflow document (a dict ready for yaml.safe_dump)."""
+def workflows(draw, max_nodes: int = 14, max_depth: int = 3, afters: bool = False) -> dict[str, Any]:
+    """A random valid workflow document (a dict ready for yaml.safe_dump); `afters`: with `after:` orderings."""
     ncomp = draw(st.integers(1, 3))
     components = {f"c{i}": [f"s{j}" for j in range(draw(st.integers(0, 2)))] for i in range(ncomp)}
-    g = _Gen(draw, components, max_depth=max_depth, max_nodes=max_nodes)
+    g = _Gen(draw, components, max_depth=max_depth, max_nodes=max_nodes, afters=afters)
     body, _, _ = _body(g, _Scope(ints=["iteration.i"]), 1)
     return {
         "rose": 1,

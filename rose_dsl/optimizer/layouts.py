@@ -24,10 +24,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from ..analysis import state_access_order
+from ..errors import shown
 from ..ir import Access, Workflow
+from ..loader import load_value
 
 __all__ = ["Layout", "parse_layout_option", "layouts", "changed_components", "layout_change"]
 
@@ -57,14 +57,14 @@ def parse_layout_option(text: str) -> tuple[str, list[Any]]:
     name, sep, rest = text.partition("=")
     name = name.strip()
     if not sep or not name or not rest.strip():
-        raise ValueError(f"--layout takes NAME=V1,V2,... (a workflow param and its values), not {text!r}")
+        raise ValueError(f"--layout takes NAME=V1,V2,... (a workflow param and its values), not {shown(text)}")
     values = []
     for item in rest.split(","):
         if not item.strip():
-            raise ValueError(f"--layout {text!r}: an empty value")
-        values.append(yaml.safe_load(item.strip()))
+            raise ValueError(f"--layout {shown(text)}: an empty value")
+        values.append(load_value(item.strip(), f"--layout {name}"))
     if len(set(map(repr, values))) != len(values):
-        raise ValueError(f"--layout {text!r}: a value is given twice")
+        raise ValueError(f"--layout {shown(text)}: a value is given twice")
     return name, values
 
 

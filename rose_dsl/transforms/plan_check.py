@@ -18,12 +18,19 @@ two RL iterations (like the legality oracle), with every exposed phase run:
 
 Plan invocations are traced to source ones through the plan's own annotations: a group is its
 `split_of` (its iteration numbers are the source's), an item a rewrite moved names where it came from
-(`moved_from`). What is not checked: which rows of a merged value a slice takes (dependencies are
-tracked per row group, not per row), and the values components compute.
+(`moved_from`). Dependencies are tracked per row group; which rows a group reads is checked apart
+(`_RowsOf`): every input of a row group, and a carried value's first and next values, hold the group's
+rows where static slices and `cat`s say which (a slice bounded by a param, or of a stacked value, is not
+followed). Not checked: the values components compute.
+
+The recorded `plan: source:` is anyone's edit too: it is read relative to the plan (then the working
+directory), and a file that is not a workflow is refused naming its path only, never its content.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path as FilePath
@@ -31,16 +38,16 @@ from typing import Any
 
 from ..analysis import Dep, InvocationGraph, invocation_graph
 from ..errors import Diagnostic, SourcePos, WorkflowError
-from ..expr import Expr, unparse
+from ..expr import BinOp, Call, Expr, Int, IterRef, Neg, Param, Ref, Slice, unparse
 from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from ..loader import load_text
-from ..resolve import Resolver
+from ..resolve import CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver, binding_table
 from ..semantics import Invocation, SemanticError
 from .legality import describe_invocation, on_component, state_observations, values_of
-from .refs import RefUse, binding_target, map_field, rename_ref
+from .refs import RefUse, batch_dim, binding_target, map_field, rename_ref
 from .tree import source_paths
 
-__all__ = ["PlanDifference", "plan_differences", "check_plan_source"]
+__all__ = ["PlanDifference", "plan_differences", "check_plan_source", "recorded_source"]
 
 Path = tuple[str, ...]
 Rows = tuple[int, int] | None
@@ -113,7 +120,35 @@ class _Checker:
         if not self.out:
             self.data(g0, g1, images)
             self.state(g0, g1, images)
+        if not self.out:
+            self.rows()
         return self.out
+
+    # -- rows -------------------------------------------------------------------------------------
+    def rows(self) -> None:
+        """Each row group reads its own rows: an input of a group, and a carried value's first and next
+        values, hold the rows the group declares (`_RowsOf`). The dependency check tracks row groups, not
+        which rows a slice takes: a hand edit of `reset.obs[32:64]` to `[0:32]` kept every dependency and
+        trained the second group on the first group's rows (issue 42)."""
+        rows_of = _RowsOf(self.resolver())
+        for item in self.plan_items.values():
+            if isinstance(item, ExecutionNode) and item.rows is not None:
+                for port, e in item.inputs:
+                    got = rows_of.field(item, f"in.{port}", e)
+                    if isinstance(got, tuple) and got != (item.rows,):
+                        self.differ(item, f"row group {list(item.rows)} of '{item.split_of or item.name}' reads "
+                                          f"rows {_shown_rows(got)} through its input '{port}' ({unparse(e)})",
+                                    f"in.{port}")
+                        return  # (one cause: what reads this group's value reads the same rows)
+            elif isinstance(item, LoopNode):
+                for c in item.carries:
+                    first = rows_of.field(item, f"carry.{c.name}.init", c.init)
+                    later = rows_of.field(item, f"carry.{c.name}.next", c.next)
+                    if isinstance(first, tuple) and isinstance(later, tuple) and first != later:
+                        self.differ(item, f"carried value '{c.name}' starts with rows {_shown_rows(first)} "
+                                          f"({unparse(c.init)}) and goes on with rows {_shown_rows(later)} "
+                                          f"({unparse(c.next)})", f"carry.{c.name}")
+                        return
 
     # -- items ------------------------------------------------------------------------------------
     def component_of(self, name: str) -> str:
@@ -288,6 +323,115 @@ class _Checker:
                 return
 
 
+UNKNOWN = "unknown"
+# the rows of the source's batch (dim 0) a plan value holds, in order: contiguous ranges; None: all rows, or
+# a value without rows; UNKNOWN: rose cannot tell
+RowsValue = tuple[tuple[int, int], ...] | None | str
+
+
+def _ranges(parts: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Ranges in order, adjacent ones joined (`[0:2]` then `[2:4]` is `[0:4]`)."""
+    out: list[tuple[int, int]] = []
+    for a, b in parts:
+        if a >= b:
+            continue
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return tuple(out)
+
+
+def _take(ranges: tuple[tuple[int, int], ...], start: int, stop: int | None) -> RowsValue:
+    """Rows `start:stop` of a value holding `ranges` (in order)."""
+    taken, at = [], 0
+    for a, b in ranges:
+        n = b - a
+        lo, hi = max(start - at, 0), n if stop is None else min(stop - at, n)
+        if lo < hi:
+            taken.append((a + lo, a + hi))
+        at += n
+    return _ranges(taken)
+
+
+def _shown_rows(rows: RowsValue) -> str:
+    return " and ".join(f"[{a}, {b}]" for a, b in rows) if isinstance(rows, tuple) and rows else "none"
+
+
+class _RowsOf:
+    """Which rows of the source's batch (dim 0) a plan value holds, from the `rows:` of the row groups
+    that produce it and the static slices and `cat`s between them; UNKNOWN where rose cannot tell (a
+    slice of a stacked value, bounds from params, a record)."""
+
+    def __init__(self, resolver: Resolver) -> None:
+        self.resolver = resolver
+        self.carries: dict[tuple[Path, str], RowsValue] = {}
+
+    def field(self, item: Item, key: str, expr: Expr) -> RowsValue:
+        return self.value(expr, self.resolver.tables.field(item, key, expr), 0)
+
+    def value(self, expr: Expr, bound: dict[int, Any], depth: int) -> RowsValue:
+        if depth > 50:
+            return UNKNOWN
+        match expr:
+            case Ref() | IterRef():
+                return self.binding(expr, bound.get(id(expr)), bound, depth)
+            case Slice(target=t, start=a, stop=b):
+                base = self.value(t, bound, depth + 1)
+                if base == UNKNOWN or not (isinstance(a, Int | None) and isinstance(b, Int | None)):
+                    return UNKNOWN
+                if batch_dim(self.resolver, t, bound) != 0:
+                    return UNKNOWN  # the slice takes iterations of a stacked value, or a value without rows
+                if base is None:  # all rows of the batch: the slice's bounds are rows
+                    return UNKNOWN if b is None else _ranges([(a.value if a is not None else 0, b.value)])
+                assert isinstance(base, tuple)
+                return _take(base, a.value if a is not None else 0, b.value if b is not None else None)
+            case Call(fn="cat", args=args):
+                parts = [self.value(x, bound, depth + 1) for x in args]
+                if not all(isinstance(p, tuple) for p in parts):
+                    return UNKNOWN
+                return _ranges([r for p in parts if isinstance(p, tuple) for r in p])
+            case Int() | BinOp() | Neg() | Param():
+                return None
+        return UNKNOWN
+
+    def binding(self, expr: Expr, b: Any, bound: dict[int, Any], depth: int) -> RowsValue:
+        items = self.resolver.items
+        match b:
+            case LoopIndex():
+                return None
+            case NodePort(node=node, port=port):
+                item = items[node]
+                if isinstance(item, ExecutionNode):
+                    return None if item.rows is None else (item.rows,)
+                if isinstance(item, MergeNode):
+                    return None
+                assert isinstance(item, LoopNode)
+                c = item.carry(port)
+                return self.carry(item, c) if c is not None else UNKNOWN
+            case CarryIn(loop=loop, var=var):
+                item = items[loop]
+                assert isinstance(item, LoopNode)
+                c = item.carry(var)
+                return self.carry(item, c) if c is not None else UNKNOWN
+            case ParentInput(node=node, port=port):
+                parent = items[node]
+                assert isinstance(parent, ExecutionNode)
+                return self.field(parent, f"in.{port}", dict(parent.inputs)[port])
+            case IterSelect(inner=inner):
+                assert isinstance(expr, IterRef)
+                return self.value(expr.inner, {**bound, **binding_table(inner)}, depth + 1)
+        return UNKNOWN
+
+    def carry(self, loop: LoopNode, c: Any) -> RowsValue:
+        """A carried value's rows: its first value's (its next values' are checked against them)."""
+        key = (loop.path, c.name)
+        if key not in self.carries:
+            self.carries[key] = UNKNOWN  # (while working it out: a carried value that reads itself)
+            self.carries[key] = self.field(loop, f"carry.{c.name}.init", c.init)
+        return self.carries[key]
+
+
 def _text(e: Expr | None) -> str:
     return unparse(e) if e is not None else ""
 
@@ -380,17 +524,20 @@ def check_plan_source(plan: Workflow, source_file: str | FilePath | None = None)
                 f"give its source: rose execute SOURCE --plan {plan.file}")], text)
         return {}
     here = FilePath(plan.file).parent
-    candidates = [FilePath(source_file)] if source_file is not None else [FilePath(str(recorded)), here / str(recorded)]
+    # the recorded path is relative to the plan's directory (rose writes it so); then to the working directory,
+    # where plans written to stdout, or by rose before issue 42, recorded it
+    candidates = [FilePath(source_file)] if source_file is not None else [here / str(recorded), FilePath(str(recorded))]
     candidates = list(dict.fromkeys(candidates))  # an absolute path is one place, not two
     found = next((c for c in candidates if c.is_file()), None)
     text = FilePath(plan.file).read_text() if FilePath(plan.file).is_file() else None
+    at_source = _key_pos(plan.file, text, ("plan", "source")) if source_file is None else None
     if found is None:
-        raise WorkflowError([Diagnostic(_key_pos(plan.file, text, ("plan", "source")), "plan.source",
+        raise WorkflowError([Diagnostic(at_source or SourcePos(str(source_file), 0, 0), "plan.source",
                                         f"the plan's source workflow '{recorded}' is not found (looked in "
                                         f"{', '.join(str(c) for c in candidates)}): the plan cannot be checked",
                                         "run it from the directory it was written in, or give the source: "
                                         "rose execute SOURCE --plan PLAN")], text)
-    declared = load_workflow(found)
+    declared = _load_source(found, at_source, text)
     if plan.name != declared.name:
         if source_file is None:  # the recorded source itself is of another workflow (the plan was edited)
             raise WorkflowError([Diagnostic(
@@ -417,6 +564,48 @@ def check_plan_source(plan: Workflow, source_file: str | FilePath | None = None)
                              for d in diffs[:MAX_SHOWN]], text, texts)
     return {name: (value, declared.params[name]) for name, value in plan.params.items()
             if declared.params[name] != value}
+
+
+WORKFLOW_SUFFIXES = (".yaml", ".yml")
+
+
+def _load_source(found: FilePath, at_source: SourcePos | None, text: str | None) -> Workflow:
+    """The source workflow a plan records (`at_source`: where the plan says so; None: the command line
+    named it, and its problems are shown as `rose validate` shows them). A recorded path is anyone's
+    edit: a file that is not a workflow is refused without a word of its content (`source:
+    /proc/self/environ` printed the environment in the error's excerpt; a secrets file, its lines)."""
+    from .. import load_workflow
+
+    if at_source is None:
+        return load_workflow(found)
+
+    def refuse(why: str) -> WorkflowError:
+        return WorkflowError([Diagnostic(at_source, "plan.source", f"names {found}, which {why}: a plan's source "
+                                         "is the workflow file it was made from",
+                                         f"check it with `rose validate {found}`, or give the source: rose execute "
+                                         "SOURCE --plan PLAN")], text)
+
+    try:
+        regular = stat.S_ISREG(os.stat(found).st_mode)
+    except OSError as exc:
+        raise refuse(f"cannot be read ({exc.strerror})") from None
+    if not regular or found.suffix.lower() not in WORKFLOW_SUFFIXES or found.resolve().parts[1:2] in (
+            ("proc",), ("sys",), ("dev",)):
+        raise refuse(f"is not a workflow file ({'/'.join(WORKFLOW_SUFFIXES)})")
+    try:
+        return load_workflow(found)
+    except WorkflowError as exc:
+        n = len(exc.diagnostics)
+        raise refuse(f"is not a valid workflow ({n} problem{'s' if n != 1 else ''})") from None
+
+
+def recorded_source(source: str | FilePath, plan_file: str | FilePath | None) -> str:
+    """The `plan: source:` a plan written to `plan_file` records: the path relative to the plan's directory,
+    so that the plan is checked against it from any working directory (None: the plan goes to stdout, the
+    path as given)."""
+    if plan_file is None:
+        return str(source)
+    return os.path.relpath(FilePath(source).resolve(), FilePath(plan_file).resolve().parent)
 
 
 def _key_pos(file: str, text: str | None, path: tuple[str, ...]) -> SourcePos:

@@ -28,6 +28,7 @@ from .rewritten import Refused
 from .tree import map_item_exprs, map_tree, map_workflow
 
 __all__ = ["RefUse", "RefFn", "map_refs", "rename_ref", "binding_target", "map_field", "map_subtree", "map_outside",
+           "retarget_after",
            "batch_dim", "ref_dim", "port_dim", "Dim"]
 
 Path = tuple[str, ...]
@@ -143,6 +144,26 @@ def map_outside(new: Workflow, resolver: Resolver, region: Path, fn: RefFn) -> W
         return map_item_exprs(item, lambda key, e: map_field(resolver, item, key, e, fn))
 
     return map_workflow(new, outside)
+
+
+def retarget_after(wf: Workflow, targets: Mapping[Path, tuple[str, ...]]) -> Workflow:
+    """`after:` entries rewritten by what they name: an entry bound to an item a rewrite replaced (its path,
+    a key of `targets`) names what stands for it now, e.g. `after: [epoch]` -> `after: [epoch@0, epoch@1]`
+    once `epoch` is split in time, `after: [update]` -> `after: [epoch]` once `update` is fused into
+    `epoch`. An entry binds to the sibling of that name (`resolve._check_scopes`): the item's parent path
+    plus the name, never the name alone (an inner item of the same name is another item). Left as it was,
+    the entry named nothing and the rewrite was refused as breaking a dependency."""
+    if not targets:
+        return wf
+
+    def fn(item: Item) -> Item:
+        if not item.after:
+            return item
+        parent = item.path[:-1]
+        names = tuple(new for name in item.after for new in targets.get(parent + (name,), (name,)))
+        return item if names == item.after else replace(item, after=tuple(dict.fromkeys(names)))
+
+    return map_workflow(wf, fn)
 
 
 def batch_dim(resolver: Resolver, expr: Expr, bound: Mapping[int, Binding], depth: int = 0) -> Dim:

@@ -25,7 +25,7 @@ from dataclasses import replace
 from ..expr import Expr, Index, IterRef, unparse
 from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from ..resolve import CarryIn, IterSelect, NodePort, Resolver
-from .refs import RefUse, map_outside, map_subtree, rename_ref
+from .refs import RefUse, map_outside, map_subtree, rename_ref, retarget_after
 from .rewritten import Refused, Rewritten, identity_locate
 from .tree import base_name, children, find, into_group, repath, replace_body, source_paths, unique_name
 
@@ -118,8 +118,9 @@ def build_fuse_loops(wf: Workflow, first: Path, second: Path) -> Rewritten:
     parent, body = _siblings(wf, first)
     fused = replace(a, body=a.body + tuple(moved))
     new = replace_body(wf, parent.path, [fused if i.path == first else i for i in body if i.path != second])
-    # later items reading `second[j].X` now read `first[j].X'`
+    # later items reading `second[j].X` now read `first[j].X'`; `after: [second]` is after the fused loop
     new = map_outside(new, resolver, second, lambda use: rename_ref(use, names, families=bases))
+    new = retarget_after(new, {second: (a.name,)})
 
     def locate(p: Path, idx: tuple[int, ...]):
         if p[: len(second)] == second and len(p) > len(second):

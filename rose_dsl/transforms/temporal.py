@@ -18,7 +18,7 @@ from ..analysis import loop_kinds, state_access_order
 from ..expr import Expr
 from ..ir import Component, ExecutionNode, Item, LoopNode, StateEffect, StateObject, Workflow
 from ..resolve import Resolver
-from .refs import RefUse, map_subtree, rename_ref
+from .refs import RefUse, map_subtree, rename_ref, retarget_after
 from .rewritten import Refused, Rewritten
 from .tree import find, into_group, map_tree, repath, replace_item
 
@@ -58,6 +58,7 @@ def build_split_temporal(wf: Workflow, path: Path, k: int, blocks: bool = False,
         group = replace(loop, body=tuple(body), iterations=its, split_of=loop.name)
         members.append(into_group(repath(group, path, path[:-1] + (member,)), g))
     new = replace_item(replace(wf, components=components), path, members)
+    new = retarget_after(new, {path: tuple(m.name for m in members)})  # `after: [loop]`: after every group
     member_of = {j: g for g, its in enumerate(groups) for j in its}
     depth = sum(isinstance(wf.find(path[:n]), LoopNode) for n in range(1, len(path)))  # this loop's index position
 
@@ -102,7 +103,9 @@ def _copied_components(wf: Workflow, loop: LoopNode) -> list[str]:
         if comp in copied and s not in written and s in everywhere:
             node = wf.find(reader)
             raise Refused(f"'{s}' is read by '{reader[-1]}' inside loop '{loop.name}' and written elsewhere: a copy of "
-                          f"'{comp}' for another group would not see its value",
+                          f"'{comp}' for another group would not see its value (copies start from the component's "
+                          "constructor, not from the original's state; keep what the loop only reads on a component "
+                          "the loop does not write)",
                           at=(node.field_pos.get("state") or node.pos) if node is not None else None)
     return copied
 

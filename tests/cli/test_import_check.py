@@ -128,3 +128,73 @@ def test_an_argument_the_constructor_does_not_take_is_reported_at_args(tmp_path)
     text = _check(wf)
     assert "components.a.args.secnds: 'tests.mocks:Sleeper' takes no argument 'secnds'" in text
     assert "did you mean 'seconds'?" in text
+
+
+STATEFUL = """rose: 1
+name: stateful
+components:
+  t: {impl: "IMPL", state: [weights]}
+iteration:
+  count: 1
+  body:
+    - {node: step, call: t.update, in: {PORTS}, out: [y], state: {weights: update}}
+"""
+
+
+def _stateful(tmp_path, impl="tests.cli.state_mocks:WithGetSet", ports="x: iteration.i"):
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(STATEFUL.replace("IMPL", impl).replace("PORTS", ports))
+    return wf
+
+
+def test_an_in_port_the_method_does_not_take_is_reported_at_the_port(tmp_path) -> None:
+    """Issue 42: a wrong `in:` port name passed `validate --import` and failed at run time (exit 3, TypeError)."""
+    wf = _stateful(tmp_path, ports="xx: iteration.i")
+    text = _check(wf)
+    assert (f"{wf}:8:45: iteration.step.in.xx: tests.cli.state_mocks:WithGetSet.update() takes no argument 'xx' "
+            "(it takes x)") in text
+    assert "1 problem found by importing the components" in text
+    # **kwargs takes any port
+    ok = rose("validate", str(_stateful(tmp_path, "tests.cli.state_mocks:TakesAnything", "xx: iteration.i")),
+              "--import", "--allow-module", "tests")
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_a_state_a_checkpoint_cannot_hold_is_found_at_import_check(tmp_path) -> None:
+    """Issue 42: a `torch.optim.Adam` object as state passed validate and execute and failed only in `rose
+    optimize` (exit 5) with no hint; a dict of requires_grad tensors broke training with a RuntimeError."""
+    wf = _stateful(tmp_path, "tests.cli.state_mocks:AdamAsState")
+    wf.write_text(wf.read_text().replace("state: [weights]", "state: [optimizer]").replace(
+        "{weights: update}", "{optimizer: update}"))
+    text = _check(wf)
+    assert ("components.t.state.optimizer: state 'optimizer' is a torch.optim.adam.Adam (from attribute "
+            "'optimizer'), which a checkpoint cannot hold") in text
+    assert "get_state(name) and set_state(name, value)" in text and "state_dict()" in text
+    text = _check(_stateful(tmp_path, "tests.cli.state_mocks:ParametersAsState"))
+    assert "components.t.state.weights: state 'weights'['w'] requires grad" in text
+    assert "get_state returning detached copies, set_state copying them in place" in text
+
+
+def test_a_missing_top_level_module_is_hinted_only_from_the_users_own_directories(tmp_path, monkeypatch) -> None:
+    """Issue 42: `no module named 'examples'` came with "did you mean 'example' or 'tempfile'?" (stray modules of
+    dependencies). A top-level hint names only modules of the working directory or the component's
+    python_path; a missing `examples` says how to get the example components (`rose init`)."""
+    from rose_dsl import load_workflow_text
+    from rose_dsl.importcheck import import_problems
+    from rose_dsl.trust import TrustPolicy
+
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    text = TWO.replace("IMPL_A", "tempfil.x:A").replace("IMPL_B", "mypkh.x:B").replace("CALL_A", "work")
+    wf = load_workflow_text(text, "wf.yaml")
+    found = {d.path: d for d in import_problems(wf, TrustPolicy.from_options(["tempfil", "mypkh"], None, None))}
+    assert found["components.a.impl"].message == "cannot import 'tempfil.x': no module named 'tempfil'"
+    assert found["components.a.impl"].hint is None  # not the standard library's 'tempfile'
+    assert found["components.b.impl"].hint == "did you mean 'mypkg'?"
+    from rose_dsl.importcheck import check_imports
+
+    result = check_imports({"a": ("examples.nowhere:A", ["work"], [], [str(tmp_path)], None)},
+                           env={"PYTHONPATH": str(tmp_path)})["a"]
+    assert result["impl"][0] == "cannot import 'examples.nowhere': no module named 'examples'"
+    assert "rose init DIR --workflow NAME" in result["impl"][1]

@@ -118,4 +118,23 @@ CASES: list[tuple[str, str, str]] = [
      "collects ('traj') would be empty: a consumer of it would train on nothing"),
     ("too_deep", "x: " + "[" * 100 + "]" * 100 + "\n", "nesting deeper than 64 levels"),
     ("huge_file", "rose: 1\n" + "#" * (10 * 1024 * 1024) + "\n", "wf.yaml:1:1: <document>: file is larger than 4 MiB"),
+    # issue 42: a name with a terminal escape or an RTL override is shown escaped, never obeyed by the terminal
+    ("name_with_terminal_escape", MINI.replace("  a: {impl", '  "a\\e[2J": {impl'),
+     "wf.yaml:5:3: components.a\\x1b[2J: 'a\\x1b[2J' is not a valid name"),
+    ("call_with_rtl_override", MINI.replace("call: a.f", 'call: "a.f\\u202e"'),
+     "wf.yaml:9:24: iteration.body[0].call: a string ('a.f\\u202e') is not a valid call (component.method)"),
+    # issue 42: numbers no param can hold (they were Python's int-from-text ValueError, exit 1; NaN validated)
+    ("param_nan", MINI.replace("params: {n: 2}", "params: {n: 2, ms: .nan}"),
+     "wf.yaml:3:20: params.ms: nan is not a finite number"),
+    ("param_huge_int", MINI.replace("params: {n: 2}", "params: {n: " + "9" * 5000 + "}"),
+     "wf.yaml:3:13: <document>: an integer of 5000 digits is too large"),
+    ("expression_huge_int", mini('    - {loop: l, count: "${' + "9" * 5000 + '}", body: [{node: p, call: a.f}]}\n'),
+     "integer literal of 5000 digits is too large"),
+    # issue 42: a plan whose split-time part lost the output read through the loop (a hand edit): at the reader
+    ("split_time_part_without_output", MINI.replace("    - {node: p, call: a.f, out: [y]}\n", (
+        "    - {loop: l@0, count: 2, iterations: [0], split_of: l, group: 0, body: [{node: p, call: a.f, out: [y]}]}\n"
+        "    - {loop: l@1, count: 2, iterations: [1], split_of: l, group: 1, body: [{node: p, call: a.f, out: [z]}]}\n"
+        "    - {node: q, call: a.f, in: {x: 'stack(l[*].p.y)'}}\n")),
+     "wf.yaml:11:48: iteration.body[2].in.x: in 'stack(l[*].p.y)': node 'p' has no output 'y', in 'l@1' (a part of "
+     "the loop 'l' split in time: each part must give what is read through it)"),
 ]

@@ -17,12 +17,15 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from yaml.constructor import SafeConstructor
 
+import rose_dsl.loader as loader_module
 from rose_dsl import WorkflowError, load_workflow
 from rose_dsl.loader import FieldPositions, Limits, load_text
 
 from ..strategies import workflows
 
-LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the parser the loader uses: marks differ slightly
+# the parser the loader uses (marks differ slightly), with its one difference from PyYAML's safe loader:
+# YAML 1.2's floats (`1e-4` a number; issue 42)
+LOADER = loader_module._SafeLoader
 CHARS = list(" :-[]{}\"'.$*@0123456789abcxyz\n\t#&!|>%,?~")
 PIECES = CHARS + ["<<", "!!str ", "!!int ", "!!binary ", "---\n", "...\n", "\n- ", "&x ", "*x", "&y ", "*y", "2001-12-14",
                   "null", "yes", "0x1f", "1e3", "'q'", '"d"', "|\n  t\n"]
@@ -150,3 +153,9 @@ def test_field_positions_are_source_positions_and_survive_pickling() -> None:
     assert reset.field_pos["in.it"] == pos and reset.field_pos.get("nothing") is None
     again = pickle.loads(pickle.dumps(reset.field_pos))
     assert again.get("in.it") == pos and dict(again.items()) == dict(reset.field_pos.items())
+
+
+def test_a_number_in_exponent_form_is_a_number_as_in_yaml_1_2() -> None:
+    """Issue 42: YAML 1.1 (PyYAML) reads `1e-4` as a string; `lr: 1e-4` was then refused or passed on as text."""
+    assert load_text("a: [1e-4, 2E3, -.5e1, 1.5e+2, 1_0e1, e3, 1e, '1e3']\n", "wf.yaml").data == {
+        "a": [1e-4, 2000.0, -5.0, 150.0, 100.0, "e3", "1e", "1e3"]}

@@ -409,3 +409,23 @@ def test_a_stage1_plan_with_its_own_mps_settings_is_refused(tmp_path: Path) -> N
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "other MPS settings" in r.stderr and "policy: below-normal priority" in r.stderr
     assert not (tmp_path / "p.yaml").exists()
+
+
+def test_a_failed_optimize_writes_no_plan(tmp_path: Path, monkeypatch) -> None:
+    """Issue 42: a run that failed writing its hand-over checkpoint (exit 5) left the plan, headed "no rewrite:
+    the declared graph was fastest", which then blocked the re-run. A failed run leaves no plan."""
+    from typer.testing import CliRunner
+
+    from interpreter.checkpoint import CheckpointError
+    from interpreter.trials import TrialSession
+    from rose_cli.main import app
+
+    def cannot_write(self, plan_label):
+        raise CheckpointError("cannot write the checkpoint: a test's failure")
+
+    monkeypatch.setattr(TrialSession, "finish", cannot_write)
+    plan, run = tmp_path / "plan.yaml", tmp_path / "run"
+    r = CliRunner().invoke(app, ["optimize", str(WF / "latency_decode.yaml"), *NO_WAIT, "--rounds", "1",
+                                 "--top-k", "1", "--alternatives", "1", "-o", str(plan), "--out", str(run)])
+    assert r.exit_code == 5, r.output
+    assert not plan.exists() and not (tmp_path / "plan_report" / "stage1.yaml").exists()

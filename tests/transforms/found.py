@@ -374,3 +374,37 @@ ACCEPTED.append(Found(
         - {node: n9, call: c0.n9, in: {x0: "{a: n1.o0, b: l2.v}"}}
 """, count=1),
     ("fuse iteration.l2 iteration.l8",)))
+
+# issue 42: an `after:` naming the item a rewrite replaces was left naming the old item, which the plan no longer
+# has: the rewrite was refused as "would break a data dependency" ('after: l1' names no item of this body).
+# The rewrite now retargets the `after:` by what it names (`refs.retarget_after`). Found by hand (a user's
+# workflow, and the paper's fuse of Figure 9b with a node that runs `after:` the update loop).
+ACCEPTED += [
+    Found(
+        "issue 42: `split-time` of a free loop that a later sibling runs `after:`",
+        _wf(_mock("c0", [], {"n1": SEP}) + _mock("c1", ["s0"], {"n2": "{state: {s0: update}, out: [o0], "
+                                                                 "separable: true}"}), """\
+    - loop: l1
+      count: 2
+      body:
+        - {node: n1, call: c0.n1, in: {t: l1.i}, out: [o0], batch: {dim: 0, size: 6}}
+    - {node: n2, call: c1.n2, out: [o0], state: {s0: update}, batch: {dim: 0, size: 6}, after: [l1]}
+"""),
+        ("split-time iteration.l1 2",)),
+    Found(
+        "issue 42: `fuse` of two loops where a later sibling runs `after:` the second (Figure 9b: a node after "
+        "the update loop)",
+        _wf(_mock("c0", [], {"n1": SEP}) + _mock("c1", ["s0"], {
+            "n2": "{state: {s0: update}, out: [o0], separable: false}"}), """\
+    - loop: l1
+      count: 2
+      body:
+        - {node: n1, call: c0.n1, in: {t: l1.i}, out: [o0], batch: {dim: 0, size: 6}}
+    - loop: l2
+      count: 2
+      body:
+        - {node: n2, call: c1.n2, in: {x: "l1[l2.i].n1.o0"}, out: [o0], state: {s0: update}}
+    - {node: n3, call: c0.n1, in: {t: iteration.i}, out: [o0], batch: {dim: 0, size: 6}, after: [l2]}
+"""),
+        ("fuse iteration.l1 iteration.l2",)),
+]

@@ -216,3 +216,59 @@ def test_a_loop_fused_with_itself_is_refused_as_such(ppo) -> None:
 
     with pytest.raises(Refused, match="a loop cannot be fused with itself"):
         apply_request(ppo, "fuse epoch epoch")
+
+
+@pytest.mark.parametrize(("edit", "expected"), [
+    ((r"init: 'reset\.obs\[2:4\]'", "init: 'reset.obs[0:2]'"),
+     "carried value 'obs@1' starts with rows [0, 2] (reset.obs[0:2]) and goes on with rows [2, 4] (env@1.obs)"),
+    ((r"init: 'reset\.obs\[2:4\]'", "init: 'cat(reset.obs[0:1], reset.obs[3:4])'"),
+     "carried value 'obs@1' starts with rows [0, 1] and [3, 4] (cat(reset.obs[0:1], reset.obs[3:4])) and goes on "
+     "with rows [2, 4] (env@1.obs)"),
+], ids=["carry init", "carry init, cat"])
+def test_a_row_group_that_reads_other_rows_is_refused(ppo, edit, expected) -> None:
+    """Issue 42: a plan hand-edited to read other rows (`obs@1: {init: 'reset.obs[32:64]'}` -> `[0:32]`) kept every
+    dependency the check tracked (per row group) and trained the second group on the first group's rows."""
+    plan = _edited(_plan(ppo, "split step 2"), edit)
+    messages = [d.message for d in plan_differences(ppo, plan)]
+    assert any(expected in m for m in messages), messages
+
+
+def _plan_file(ppo, tmp_path: Path, source: str) -> Path:
+    path = tmp_path / "plans" / "plan.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(to_yaml(_plan(ppo, "split step 2"), plan={"source": source}))
+    return path
+
+
+@pytest.mark.parametrize(("source", "why"), [
+    ("/proc/self/environ", "is not a workflow file (.yaml/.yml)"),
+    ("../secret.txt", "is not a workflow file (.yaml/.yml)"),
+    ("../secrets.yaml", "is not a valid workflow (4 problems)"),
+])
+def test_a_plan_source_that_is_no_workflow_is_refused_without_its_content(ppo, tmp_path, monkeypatch, source,
+                                                                          why) -> None:
+    """Issue 42: `plan: source: /proc/self/environ` printed the environment's values in the error's excerpt,
+    a secrets file its lines. The source is refused, naming the path only."""
+    monkeypatch.setenv("ROSE_TEST_SECRET", "hunter2")
+    (tmp_path / "secret.txt").write_text("password: hunter2\n")
+    (tmp_path / "secrets.yaml").write_text("rose: 1\ntoken: hunter2\n")
+    plan = _plan_file(ppo, tmp_path, source)
+    with pytest.raises(WorkflowError) as info:
+        check_plan_source(load_workflow(plan))
+    text = info.value.format()
+    assert "hunter2" not in text and why in text and text.startswith(f"{plan}:"), text
+
+
+def test_a_plan_source_is_found_relative_to_the_plan_from_any_directory(ppo, tmp_path, monkeypatch) -> None:
+    """`rose rewrite -o` records the source relative to the plan; a plan recorded relative to the working
+    directory it was written in (before issue 42) is still found from there."""
+    (tmp_path / "wf.yaml").write_text(PPO.read_text())
+    plan = _plan_file(ppo, tmp_path, "../wf.yaml")
+    monkeypatch.chdir("/")
+    check_plan_source(load_workflow(plan, SMALL))
+    monkeypatch.chdir(tmp_path)
+    check_plan_source(load_workflow(_plan_file(ppo, tmp_path, "wf.yaml"), SMALL))
+    from rose_dsl.transforms.plan_check import recorded_source
+
+    assert recorded_source(tmp_path / "wf.yaml", tmp_path / "plans" / "p.yaml") == "../wf.yaml"
+    assert recorded_source("wf.yaml", None) == "wf.yaml"

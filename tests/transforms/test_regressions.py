@@ -285,3 +285,37 @@ def test_a_refusal_after_earlier_rewrites_cites_the_original_file() -> None:
     line = next(n for n, text in enumerate(PPO.read_text().splitlines(), 1) if "in: {action: act.action}" in text)
     assert info.value.reason.startswith(f"{PPO}:{line}:")
     assert "'act@1' runs later in the same iteration" in info.value.reason
+
+
+# -- issue 42: `after:` naming the item a rewrite replaces --------------------------------------------
+@pytest.mark.parametrize("found", [f for f in __import__("tests.transforms.found", fromlist=["ACCEPTED"]).ACCEPTED
+                                   if f.title.startswith("issue 42")], ids=lambda f: f.requests[0])
+def test_a_rewrite_of_an_item_named_by_after_retargets_the_after(found) -> None:
+    """`split-time` of a loop that a sibling runs `after:`, and the paper's fuse (Figure 9b) with a node `after:`
+    the second loop, were refused as "would break a data dependency": the plan's `after:` named the old item.
+    Accepted now, with the `after:` naming what stands for it, and computing the same in every legal order."""
+    import yaml
+
+    from rose_dsl.serialize import to_yaml
+    from rose_dsl.transforms.plan_check import plan_differences
+
+    wf, result = run_requests(yaml.safe_dump(found.doc, sort_keys=False), *found.requests)
+    after = [i.after for i in result.workflow.root.body if i.after]
+    assert after in ([("l1@0", "l1@1")], [("l1",)]), after
+    assert load_workflow_text(to_yaml(result.workflow), "plan.yaml") == result.workflow
+    assert plan_differences(wf, result.workflow) == []
+    assert_preserved(wf, result)
+
+
+def test_the_papers_fuse_with_a_node_after_the_update_is_accepted() -> None:
+    """Figure 9b on the embodied PPO workflow, with `publish` declared to run `after: [update]`."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "workflows" / "embodied_ppo.yaml").read_text()
+    old = "    - node: publish\n"
+    assert old in text
+    wf = load_workflow_text(text.replace(old, old + "      after: [update]\n", 1), "wf.yaml")
+    fused = apply_request(wf, "fuse epoch update").workflow
+    assert fused.find(("iteration", "publish")).after == ("epoch",)
+    split = apply_request(wf, "split-time epoch 2").workflow  # the update loop reads every epoch: after all of them
+    assert [i.name for i in split.root.body][:2] == ["epoch@0", "epoch@1"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, Phase, example, find, given, note, settings
+from hypothesis import HealthCheck, Phase, event, example, find, given, note, settings
 from hypothesis import strategies as st
 
 from rose_dsl import load_workflow_text
@@ -159,11 +159,49 @@ def pin(found):
 @given(workflows(max_nodes=10), st.lists(STEPS, min_size=1, max_size=4))
 @pin(ACCEPTED)
 def test_accepted_rewrites_preserve_results_in_any_legal_order(doc, steps) -> None:
+    _accepted_rewrites_preserve_results(doc, steps)
+
+
+# the rewrites that replace an item another one names in `after:` (issue 42: the `after:` was left naming the
+# old item, and the rewrite refused), then more steps, the reorders `after:` constrains among them
+AFTER_STEPS = st.tuples(st.sampled_from(("split_time", "fuse", "rewire", "split_node", "split_loop", "split_chain",
+                                         "chain_loop", "interleave", "interleave_loops")),
+                        st.integers(0, 999), st.integers(0, 999), st.integers(0, 999))
+
+
+def _named_by_after(wf: Workflow, op: str, n: int) -> str | None:
+    """A `split-time` or `fuse` request on a loop that an `after:` names (None: none to apply it to)."""
+    named = sorted({i.path[:-1] + (a,) for i in wf.items() for a in i.after})
+    loops = [p for p in named if isinstance(wf.find(p), LoopNode)]
+    target = pick(loops, n)
+    if target is None:
+        return None
+    if op == "split_time":
+        return f"split-time {_name(target)} 2"
+    parent = wf.find(target[:-1])
+    assert isinstance(parent, LoopNode)
+    earlier = [i for i in parent.body[:[i.path for i in parent.body].index(target)] if isinstance(i, LoopNode)]
+    return f"fuse {_name(earlier[-1].path)} {_name(target)}" if earlier else None
+
+
+@settings(max_examples=300)
+@given(workflows(max_nodes=8, afters=True), st.sampled_from(("split_time", "fuse")), st.integers(0, 999),
+       st.lists(AFTER_STEPS, max_size=2))
+def test_accepted_rewrites_of_workflows_with_after_preserve_results(doc, op, n, steps) -> None:
+    """Property 1 on workflows whose items run `after:` earlier siblings, first rewriting a loop one names."""
+    first = _named_by_after(load_workflow_text(yaml.safe_dump(doc, sort_keys=False), "wf.yaml"), op, n)
+    applied = _accepted_rewrites_preserve_results(doc, ([first] if first else []) + steps)
+    if first is not None and applied[:1] == [first]:
+        event(f"{op} of a loop named by an `after:`: accepted")
+
+
+def _accepted_rewrites_preserve_results(doc, steps) -> list[str]:
+    """The requests applied (refused ones skipped), after checking the plan computes what `doc` computes."""
     original = load_workflow_text(yaml.safe_dump(doc, sort_keys=False), "wf.yaml")
     result, applied = apply_steps(original, steps)
     note(f"applied: {applied}")
     if result is None:
-        return
+        return applied
     wf = result.workflow
     assert not check_workflow(wf)
     # a plan is itself a workflow: it serialises, validates and reads back the same
@@ -174,6 +212,7 @@ def test_accepted_rewrites_preserve_results_in_any_legal_order(doc, steps) -> No
     for order, seed in orders(wf):
         run, comps = execute(wf, order, seed=seed)
         assert differences(original, ref_run, ref_comps, wf, run, comps, result.locate) == [], applied
+    return applied
 
 
 @settings(max_examples=300)
