@@ -47,6 +47,8 @@ __all__ = [
     "list_complete",
     "load_checkpoint",
     "read_meta",
+    "export_checkpoint",
+    "exported_files",
     "save_checkpoint",
     "save_component_checkpoint",
     "write_state_file",
@@ -506,3 +508,53 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> 
                 raise CheckpointError(f"{path}/{rel}: cannot be loaded with weights_only=True ({e})") from None
     meta = head.get("meta", {})
     return Checkpoint(path=path, iteration=marker["iteration"], states=states, meta=meta if isinstance(meta, dict) else {})
+
+
+# --- the export: a run's final state for whoever loads it without rose ----------------------------------
+EXPORT_FORMAT = 1
+
+
+def export_checkpoint(ckpt: str | os.PathLike[str], export_dir: str | os.PathLike[str],
+                      about: dict[str, Any]) -> Path:
+    """Copy each component's state file of the complete checkpoint `ckpt` to `export_dir/<component>.pt`
+    and write `export_dir/manifest.json` (docs/components.md, "The export"): what a user loads with
+    `torch.load(path, weights_only=True)` alone, no rose needed. `about` goes into the manifest (the
+    workflow, its hash, the params, each component's state names). Copies, not links: a user who saves
+    into an exported file must not change the checkpoint. Each file is replaced atomically and the
+    manifest last, so a manifest never names a file of another export; files of components the previous
+    export had and this one lacks are removed."""
+    ckpt, export_dir = Path(ckpt), Path(export_dir)
+    with _opened(ckpt) as fd:
+        marker = _read_marker(ckpt, fd)
+    export_dir.mkdir(parents=True, exist_ok=True)
+    previous = exported_files(export_dir)
+    components: dict[str, Any] = {}
+    for rel, info in sorted(marker["files"].items()):
+        if not rel.startswith("state/"):
+            continue
+        comp = rel.removeprefix("state/").removesuffix(".pt")
+        tmp = export_dir / f".{comp}.pt.tmp-{os.getpid()}"
+        shutil.copyfile(ckpt / rel, tmp, follow_symlinks=False)
+        os.replace(tmp, export_dir / f"{comp}.pt")
+        components[comp] = {"file": f"{comp}.pt", "sha256": info["sha256"], "size": info["size"],
+                            **(about.get("states", {}).get(comp) or {})}
+    manifest = {"format": EXPORT_FORMAT, "iteration": marker["iteration"], "checkpoint": ckpt.name,
+                **{k: v for k, v in about.items() if k != "states"}, "components": components,
+                "load": "torch.load(<component>.pt, weights_only=True) gives {state name: value} (tensors, dicts, "
+                        "lists, numbers, strings); see rose's docs/components.md"}
+    tmp = export_dir / f".manifest.json.tmp-{os.getpid()}"
+    _write_file(tmp, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+    os.replace(tmp, export_dir / "manifest.json")
+    for name in previous - {c["file"] for c in components.values()}:
+        (export_dir / name).unlink(missing_ok=True)
+    _fsync_dir(export_dir)
+    return export_dir
+
+
+def exported_files(export_dir: Path) -> set[str]:
+    """The component files the export in `export_dir` names (its manifest's), to remove those a new one lacks."""
+    try:
+        manifest = json.loads((export_dir / "manifest.json").read_text())
+        return {c["file"] for c in manifest["components"].values() if _NAME_RE.match(str(c["file"]))}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()
