@@ -12,6 +12,13 @@ last, and only then is the directory renamed into place; so a ``ckpt-*`` directo
 absent, and a partial one can never be mistaken for the latest.  Loading verifies the hashes and uses
 ``torch.load(weights_only=True)`` only: a checkpoint is data, never code (no pickle of arbitrary
 objects).  State that would not load that way is refused when saving, naming where it is.
+
+Reading trusts nothing in the directory (it may have been copied, edited or planted): only regular files
+inside it are opened, relative to it and without following links (a FIFO would block the read, a link to
+/dev/zero never end it), each file's size is checked against the marker before it is read, the marker
+may list nothing but ``meta.json`` and ``state/<component>.pt``, and the directory's name, the marker's
+iteration and ``meta.json``'s must agree.  The marker's digest is a checksum, not a signature: it
+catches damage, not a forger (docs/reliability.md, threat model).
 """
 
 from __future__ import annotations

@@ -118,7 +118,7 @@ def clear_outputs(out: Path) -> tuple[list[str], list[str]]:
         sub = out / name
         if sub.is_dir() and not sub.is_symlink() and not any(sub.iterdir()):
             sub.rmdir()
-    return [str(p.relative_to(out)) for p in mine], [str(p.relative_to(out)) for p in theirs]
+    return sorted(str(p.relative_to(out)) for p in mine), sorted(str(p.relative_to(out)) for p in theirs)
 
 
 class RunDirLock:

@@ -207,6 +207,7 @@ class Runner:
         self.resumed: Resumed | None = None
         self.last_checkpoint: Path | None = None  # the newest checkpoint of this run (written or resumed from)
         self.exported: Path | None = None  # `export/`, once written
+        self._sha256: str | None = None  # workflow_sha256(wf), when first needed
         self.on_resume: Callable[[Resumed], None] | None = None  # told which checkpoint a resume uses
         self.outputs: MetricsLog | None = None  # metrics.jsonl + TensorBoard (opened at the first iteration)
         if config.out_dir is not None and not config.resume:
@@ -278,12 +279,18 @@ class Runner:
         if self.config.out_dir is not None and self.outputs is None:
             self.outputs = MetricsLog(self.config.out_dir, start, self.config.tensorboard)
 
+    @property
+    def workflow_sha256(self) -> str:
+        if self._sha256 is None:
+            self._sha256 = workflow_sha256(self.wf)
+        return self._sha256
+
     def checkpoint(self, k: int) -> Path | None:
         if self.config.out_dir is None:
             return None
         self.last_checkpoint = save_component_checkpoint(
             self.config.out_dir / "checkpoints", k, self.component_processes(), self.backend.control,
-            meta={"workflow": self.wf.name, "workflow_sha256": workflow_sha256(self.wf),
+            meta={"workflow": self.wf.name, "workflow_sha256": self.workflow_sha256,
                   "params": recorded_params(self.wf)})
         return self.last_checkpoint
 
@@ -294,7 +301,7 @@ class Runner:
             return None
         states = {c: {"states": [st.name for st in comp.state]} for c, comp in self.wf.components.items()}
         self.exported = export_checkpoint(self.last_checkpoint, self.config.out_dir / "export", {
-            "workflow": self.wf.name, "workflow_file": str(self.wf.file), "workflow_sha256": workflow_sha256(self.wf),
+            "workflow": self.wf.name, "workflow_file": str(self.wf.file), "workflow_sha256": self.workflow_sha256,
             "params": recorded_params(self.wf), "states": states})
         return self.exported
 

@@ -337,7 +337,8 @@ def _report_component(exc: BaseException, ctx: RunContext) -> None:
                       "checks them where the constructor names its parameters)" if constructing else
                       "(`rose validate --import FILE` checks every impl, called method and constructor argument "
                       "before a run)", markup=False)
-    ctx.err.print("stopped; the last complete checkpoint (if any) is intact", markup=False)
+    ctx.err.print(f"stopped; {kept_line(ctx.opts.out_dir)}" if ctx.opts.out_dir is not None else
+                  "stopped (no --out: no checkpoint)", markup=False)
 
 
 def _report_watchdog(exc: BaseException, ctx: RunContext) -> None:
