@@ -134,9 +134,9 @@ class RunDirLock:
         self.note: str | None = None  # set by `acquire` when it took over a lock left by a killed holder
 
     def acquire(self) -> RunDirLock:
-        self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / LOCK
         try:
+            self.out.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise RunDirInUse(f"--out {self.out}: cannot open its lock file {path} ({exc.strerror})") from None
