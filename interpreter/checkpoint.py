@@ -12,10 +12,18 @@ last, and only then is the directory renamed into place; so a ``ckpt-*`` directo
 absent, and a partial one can never be mistaken for the latest.  Loading verifies the hashes and uses
 ``torch.load(weights_only=True)`` only: a checkpoint is data, never code (no pickle of arbitrary
 objects).  State that would not load that way is refused when saving, naming where it is.
+
+Reading trusts nothing in the directory (it may have been copied, edited or planted): only regular files
+inside it are opened, relative to it and without following links (a FIFO would block the read, a link to
+/dev/zero never end it), each file's size is checked against the marker before it is read, the marker
+may list nothing but ``meta.json`` and ``state/<component>.pt``, and the directory's name, the marker's
+iteration and ``meta.json``'s must agree.  The marker's digest is a checksum, not a signature: it
+catches damage, not a forger (docs/reliability.md, threat model).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -23,10 +31,12 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +53,9 @@ __all__ = [
     "latest_complete",
     "list_complete",
     "load_checkpoint",
+    "read_meta",
+    "export_checkpoint",
+    "exported_files",
     "save_checkpoint",
     "save_component_checkpoint",
     "write_state_file",
@@ -53,6 +66,8 @@ MARKER = "COMPLETE"
 _DIR_RE = re.compile(r"^ckpt-(\d{6,})$")
 _TMP_RE = re.compile(r"^\.tmp-ckpt-\d+-(\d+)-")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]*$")  # `@`: a temporal split's copy (`sim@1`)
+_MEMBER_RE = re.compile(r"^(meta\.json|state/[A-Za-z0-9_][A-Za-z0-9_.@-]*\.pt)$")  # what a marker may list
+MAX_MARKER_BYTES = 1 << 20  # a marker holds ~150 bytes per component: a bound far above any workflow's
 _LEAVES = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device, torch.Size)
 
 
@@ -193,9 +208,7 @@ def save_checkpoint(run_dir: str | os.PathLike[str], iteration: int, states: dic
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if keep_last is not None:
-        for old in list_complete(run_dir)[:-keep_last]:
-            if old != final:
-                shutil.rmtree(old, ignore_errors=True)
+        _prune(run_dir, keep_last, final)
     return final
 
 
@@ -256,44 +269,152 @@ def _remove_stale_temps(run_dir: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def _read_marker(path: Path) -> dict[str, Any]:
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: not a checkpoint directory")
-    if not any(path.iterdir()):
+def _open_dir(path: Path, dir_fd: int | None = None, where: str | None = None) -> int:
+    """A checkpoint's directory (or its `state/`), opened without following a link: what a checkpoint
+    reads must lie inside it, not wherever a link points."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as e:
+        try:
+            link = stat.S_ISLNK(os.stat(path, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+        except OSError:
+            link = False
+        if link or e.errno == errno.ELOOP:
+            raise CheckpointError(f"{where or path}: a symbolic link; a checkpoint is a plain directory of regular "
+                                  "files") from None
+        raise CheckpointError(f"{where or path}: not a checkpoint directory ({e.strerror})") from None
+
+
+@contextmanager
+def _opened(path: Path) -> Iterator[int]:
+    """The checkpoint directory `path`, opened without following a link (closed on exit)."""
+    fd = _open_dir(path)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    return next((what for test, what in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
+                                         (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                                         (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")) if test(mode)),
+                "not a regular file")
+
+
+def _read_member(ck_fd: int, rel: str, size: int | None, where: str) -> bytes:
+    """The bytes of `rel` (`meta.json`, `state/<component>.pt`, the marker) inside the checkpoint opened as
+    `ck_fd`: only a regular file there (a link, a FIFO or a device is refused before it is opened: a FIFO
+    would block the read, /dev/zero never end it), of exactly `size` bytes (the marker's; checked before
+    reading), or at most `MAX_MARKER_BYTES` for the marker itself."""
+    parent, _, name = rel.rpartition("/")
+    fd_dir = _open_dir(Path(parent), ck_fd, where.removesuffix(f"/{name}")) if parent else ck_fd
+    try:
+        try:
+            st = os.stat(name, dir_fd=fd_dir, follow_symlinks=False)
+        except OSError as e:
+            raise CheckpointError(f"{where}: missing or unreadable ({e.strerror})") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointError(f"{where}: {_kind(st.st_mode)}; a checkpoint holds regular files only")
+        if size is None and st.st_size > MAX_MARKER_BYTES:
+            raise CheckpointError(f"{where}: {st.st_size} bytes, more than a marker's {MAX_MARKER_BYTES}")
+        if size is not None and st.st_size != size:
+            raise CheckpointError(f"{where}: {st.st_size} bytes, the marker says {size} (truncated or overwritten)")
+        limit = MAX_MARKER_BYTES if size is None else size
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd_dir)
+        except OSError as e:
+            raise CheckpointError(f"{where}: missing or unreadable ({e.strerror})") from None
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # (replaced between the two looks)
+                raise CheckpointError(f"{where}: not a regular file; a checkpoint holds regular files only")
+            data = f.read(limit + 1)
+        if len(data) > limit or (size is not None and len(data) != size):
+            raise CheckpointError(f"{where}: changed while it was read ({len(data)} bytes)")
+        return data
+    finally:
+        if fd_dir != ck_fd:
+            os.close(fd_dir)
+
+
+def _read_marker(path: Path, ck_fd: int) -> dict[str, Any]:
+    """The marker of the checkpoint opened as `ck_fd`, checked: its digest, its iteration, its file list
+    (only `meta.json` and `state/<component>.pt` with their sizes: no path leaving the directory)."""
+    if not os.listdir(ck_fd):
         raise CheckpointError(f"{path}: empty checkpoint directory")
     try:
-        marker = json.loads((path / MARKER).read_text())
+        os.stat(MARKER, dir_fd=ck_fd, follow_symlinks=False)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no {MARKER} marker, the checkpoint is partial "
                               "(the writer was interrupted)") from None
-    except (OSError, ValueError) as e:
+    raw = _read_member(ck_fd, MARKER, None, f"{path}/{MARKER}")
+    try:
+        marker = json.loads(raw)
+    except ValueError as e:
         raise CheckpointError(f"{path}/{MARKER}: unreadable marker ({e})") from None
     if not isinstance(marker, dict) or marker.get("format") != FORMAT or not isinstance(marker.get("files"), dict):
         raise CheckpointError(f"{path}/{MARKER}: not a format-{FORMAT} checkpoint marker")
     if marker.get("digest") != _digest(marker.get("iteration"), marker["files"]):  # type: ignore[arg-type]
         raise CheckpointError(f"{path}/{MARKER}: marker digest mismatch (the marker was altered)")
+    iteration = marker.get("iteration")
+    if type(iteration) is not int or iteration < 0:
+        raise CheckpointError(f"{path}/{MARKER}: iteration {iteration!r} is not a non-negative int")
+    for rel, info in marker["files"].items():
+        if not _MEMBER_RE.match(rel) or not isinstance(info, dict) or type(info.get("size")) is not int:
+            raise CheckpointError(f"{path}/{MARKER}: lists {rel!r}, which is not a checkpoint file "
+                                  "(meta.json, state/<component>.pt) with its size")
     return marker
 
 
-def _quick_ok(path: Path) -> bool:
+def _check_name(path: Path, iteration: int) -> None:
+    """A `ckpt-<n>` directory holds iteration n: a copied or renamed one would resume at another
+    iteration than its name says."""
+    named = _DIR_RE.match(path.name)
+    if named and int(named.group(1)) != iteration:
+        raise CheckpointError(f"{path}: named for iteration {int(named.group(1))} but its {MARKER} marker is of "
+                              f"iteration {iteration} (a copied or renamed checkpoint)")
+
+
+def _quick_iteration(path: Path) -> int | None:
+    """The marker's iteration of a complete checkpoint (marker good, every file a regular one of its
+    size; hashes not read), else None. What pruning and `list_complete` go by."""
     try:
-        marker = _read_marker(path)
-        return all((path / rel).stat().st_size == info["size"] for rel, info in marker["files"].items())
+        with _opened(path) as fd:
+            marker = _read_marker(path, fd)
+            for rel, info in marker["files"].items():
+                parent, _, name = rel.rpartition("/")
+                st = os.stat(rel, dir_fd=fd, follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode) or st.st_size != info["size"] or \
+                        (parent and stat.S_ISLNK(os.stat(parent, dir_fd=fd, follow_symlinks=False).st_mode)):
+                    return None
+            return int(marker["iteration"])
     except (CheckpointError, OSError, KeyError, TypeError):
-        return False
+        return None
+
+
+def _complete(run_dir: Path) -> list[tuple[int, Path]]:
+    """(marker iteration, dir) of every complete `ckpt-*` directory, by that iteration, name unchecked."""
+    if not run_dir.is_dir():
+        return []
+    found = [(it, p) for p in run_dir.iterdir() if _DIR_RE.match(p.name) and (it := _quick_iteration(p)) is not None]
+    return sorted(found, key=lambda e: (e[0], e[1].name))
 
 
 def list_complete(run_dir: str | os.PathLike[str]) -> list[Path]:
-    """Complete checkpoint dirs (marker present, file sizes match), oldest first."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        return []
-    found = []
-    for p in run_dir.iterdir():
-        m = _DIR_RE.match(p.name)
-        if m and _quick_ok(p):
-            found.append((int(m.group(1)), p))
-    return [p for _, p in sorted(found)]
+    """Complete checkpoint dirs (marker present, file sizes match, named for the marker's iteration), oldest first."""
+    return [p for it, p in _complete(Path(run_dir)) if p.name == f"ckpt-{it:06d}"]
+
+
+def _prune(run_dir: Path, keep_last: int, final: Path) -> None:
+    """Keep the newest `keep_last` checkpoints, by the iteration their markers hold: a directory copied or
+    renamed to a higher number is pruned once it is older than those, never kept for its name."""
+    kept = list_complete(run_dir)[-keep_last:]
+    if not kept:
+        return
+    oldest_kept = _quick_iteration(kept[0])
+    for it, path in _complete(run_dir):
+        if oldest_kept is not None and it < oldest_kept and path != final:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def latest_complete(run_dir: str | os.PathLike[str], *, verify: bool = False) -> Path | None:
@@ -336,33 +457,111 @@ def find_resumable(run_dir: str | os.PathLike[str], map_location: Any = "cpu") -
     return None, rejected
 
 
-def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> Checkpoint:
-    """Verify the marker and every file's hash, then load with ``weights_only=True``."""
+def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A checkpoint's `meta.json` (`{"iteration", "meta", "components"}`), its size and hash checked
+    against the marker, without loading any state: what can be compared before processes start."""
     path = Path(path)
-    marker = _read_marker(path)
-    blobs: dict[str, bytes] = {}
-    for rel, info in marker["files"].items():
-        try:
-            data = (path / rel).read_bytes()
-        except OSError as e:
-            raise CheckpointError(f"{path}/{rel}: missing or unreadable ({e.strerror})") from None
-        if len(data) != info.get("size"):
-            raise CheckpointError(f"{path}/{rel}: {len(data)} bytes, the marker says {info.get('size')} "
-                                  "(truncated or overwritten)")
-        if _sha256(data) != info.get("sha256"):
-            raise CheckpointError(f"{path}/{rel}: content hash mismatch (corrupt or modified file)")
-        blobs[rel] = data
+    with _opened(path) as fd:
+        marker = _read_marker(path, fd)
+        _check_name(path, marker["iteration"])
+        return _head(path, fd, marker)
+
+
+def _head(path: Path, fd: int, marker: dict[str, Any]) -> dict[str, Any]:
+    """meta.json, verified, and cross-checked with the marker: the same iteration, and a state file for
+    every component it lists."""
+    info = marker["files"].get("meta.json")
+    if info is None:
+        raise CheckpointError(f"{path}/meta.json: not in the {MARKER} marker")
+    data = _verified(path, fd, "meta.json", info)
     try:
-        head = json.loads(blobs["meta.json"])
-    except (KeyError, ValueError) as e:
-        raise CheckpointError(f"{path}/meta.json: missing or not JSON ({e})") from None
-    states: dict[str, dict[str, Any]] = {}
-    for comp in head.get("components", []):
-        rel = f"state/{comp}.pt"
-        if rel not in blobs:
-            raise CheckpointError(f"{path}/{rel}: listed in meta.json but not in {MARKER}")
-        try:
-            states[comp] = torch.load(io.BytesIO(blobs[rel]), map_location=map_location, weights_only=True)
-        except Exception as e:  # noqa: BLE001 - unpickling errors have many types
-            raise CheckpointError(f"{path}/{rel}: cannot be loaded with weights_only=True ({e})") from None
-    return Checkpoint(path=path, iteration=int(head["iteration"]), states=states, meta=head.get("meta", {}))
+        head = json.loads(data)
+    except ValueError as e:
+        raise CheckpointError(f"{path}/meta.json: not JSON ({e})") from None
+    if not isinstance(head, dict) or head.get("iteration") != marker["iteration"]:
+        raise CheckpointError(f"{path}/meta.json: iteration {head.get('iteration') if isinstance(head, dict) else None!r}, "
+                              f"the {MARKER} marker says {marker['iteration']}")
+    components = head.get("components", [])
+    if not isinstance(components, list) or not all(isinstance(c, str) and _NAME_RE.match(c) for c in components):
+        raise CheckpointError(f"{path}/meta.json: components {components!r} are not component names")
+    for comp in components:
+        if f"state/{comp}.pt" not in marker["files"]:
+            raise CheckpointError(f"{path}/state/{comp}.pt: listed in meta.json but not in {MARKER}")
+    return head
+
+
+def _verified(path: Path, fd: int, rel: str, info: dict[str, Any]) -> bytes:
+    data = _read_member(fd, rel, info["size"], f"{path}/{rel}")
+    if _sha256(data) != info.get("sha256"):
+        raise CheckpointError(f"{path}/{rel}: content hash mismatch (corrupt or modified file)")
+    return data
+
+
+def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> Checkpoint:
+    """Verify the marker, the directory's name, meta.json and every file's size (before reading) and hash,
+    then load with ``weights_only=True``. Only regular files inside the directory are read."""
+    path = Path(path)
+    with _opened(path) as fd:
+        marker = _read_marker(path, fd)
+        _check_name(path, marker["iteration"])
+        head = _head(path, fd, marker)
+        states: dict[str, dict[str, Any]] = {}
+        for comp in head.get("components", []):
+            rel = f"state/{comp}.pt"
+            data = _verified(path, fd, rel, marker["files"][rel])
+            try:
+                states[comp] = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+            except Exception as e:  # noqa: BLE001 - unpickling errors have many types
+                raise CheckpointError(f"{path}/{rel}: cannot be loaded with weights_only=True ({e})") from None
+    meta = head.get("meta", {})
+    return Checkpoint(path=path, iteration=marker["iteration"], states=states, meta=meta if isinstance(meta, dict) else {})
+
+
+# --- the export: a run's final state for whoever loads it without rose ----------------------------------
+EXPORT_FORMAT = 1
+
+
+def export_checkpoint(ckpt: str | os.PathLike[str], export_dir: str | os.PathLike[str],
+                      about: dict[str, Any]) -> Path:
+    """Copy each component's state file of the complete checkpoint `ckpt` to `export_dir/<component>.pt`
+    and write `export_dir/manifest.json` (docs/components.md, "The export"): what a user loads with
+    `torch.load(path, weights_only=True)` alone, no rose needed. `about` goes into the manifest (the
+    workflow, its hash, the params, each component's state names). Copies, not links: a user who saves
+    into an exported file must not change the checkpoint. Each file is replaced atomically and the
+    manifest last, so a manifest never names a file of another export; files of components the previous
+    export had and this one lacks are removed."""
+    ckpt, export_dir = Path(ckpt), Path(export_dir)
+    with _opened(ckpt) as fd:
+        marker = _read_marker(ckpt, fd)
+    export_dir.mkdir(parents=True, exist_ok=True)
+    previous = exported_files(export_dir)
+    components: dict[str, Any] = {}
+    for rel, info in sorted(marker["files"].items()):
+        if not rel.startswith("state/"):
+            continue
+        comp = rel.removeprefix("state/").removesuffix(".pt")
+        tmp = export_dir / f".{comp}.pt.tmp-{os.getpid()}"
+        shutil.copyfile(ckpt / rel, tmp, follow_symlinks=False)
+        os.replace(tmp, export_dir / f"{comp}.pt")
+        components[comp] = {"file": f"{comp}.pt", "sha256": info["sha256"], "size": info["size"],
+                            **(about.get("states", {}).get(comp) or {})}
+    manifest = {"format": EXPORT_FORMAT, "iteration": marker["iteration"], "checkpoint": ckpt.name,
+                **{k: v for k, v in about.items() if k != "states"}, "components": components,
+                "load": "torch.load(<component>.pt, weights_only=True) gives {state name: value} (tensors, dicts, "
+                        "lists, numbers, strings); see rose's docs/components.md"}
+    tmp = export_dir / f".manifest.json.tmp-{os.getpid()}"
+    _write_file(tmp, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+    os.replace(tmp, export_dir / "manifest.json")
+    for name in previous - {c["file"] for c in components.values()}:
+        (export_dir / name).unlink(missing_ok=True)
+    _fsync_dir(export_dir)
+    return export_dir
+
+
+def exported_files(export_dir: Path) -> set[str]:
+    """The component files the export in `export_dir` names (its manifest's), to remove those a new one lacks."""
+    try:
+        manifest = json.loads((export_dir / "manifest.json").read_text())
+        return {c["file"] for c in manifest["components"].values() if _NAME_RE.match(str(c["file"]))}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()

@@ -3,11 +3,14 @@
 Per iteration: submit every call in program order (the backend returns handles at once), wait for
 them in program order (so the first failure reported is the root cause, not a consumer of it),
 collect the workers' invocation records and metrics, write a metrics line, and checkpoint every N
-iterations. Everything is flushed on every exit path.
+iterations. A run with a directory keeps its work: a checkpoint of its last iteration when it ends or is
+asked to stop (`stop`, a signal), and an export of that state loadable without rose (`export/`).
+Everything is flushed on every exit path.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections import defaultdict
@@ -19,13 +22,21 @@ from typing import Any
 from rose_dsl.ir import Workflow
 
 from .backend_base import NODE_LIMIT, Backend, Overdue, WatchdogTimeout
-from .checkpoint import Checkpoint, CheckpointError, Rejected, find_resumable, save_component_checkpoint
+from .checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    Rejected,
+    export_checkpoint,
+    find_resumable,
+    save_component_checkpoint,
+)
 from .rundir import MetricsLog, check_run_dir
 from .schedule import ReplicaSet, Schedule, replicated
 from .trace import ExecutionTrace, InvocationRecord
 from .worker import CallFailed
 
-__all__ = ["RunConfig", "Runner", "IterationResult", "Resumed"]
+__all__ = ["RunConfig", "Runner", "IterationResult", "Resumed", "ParamsChanged", "param_changes", "recorded_params",
+           "workflow_sha256"]
 
 
 @dataclass
@@ -38,6 +49,68 @@ class RunConfig:
     tensorboard: bool = True
     loggers: tuple[str, ...] = ()  # trackers besides TensorBoard: "mlflow", "wandb" (loggers.py)
     max_restarts: int = 2  # a component process that dies is restarted this often, then the run stops
+    allow_param_change: tuple[str, ...] = ()  # params a resume may change (`--allow-param-change`)
+    export: bool = True  # at the end, the final state into `export/` (loadable without rose)
+
+
+class ParamsChanged(Exception):
+    """`--resume` with params other than the run's checkpoint was written with; the message lists them."""
+
+
+def recorded_params(wf: Workflow) -> dict[str, Any]:
+    """The params a checkpoint records (those JSON holds), to compare at a resume."""
+    out = {}
+    for name, value in wf.params.items():
+        try:
+            out[name] = json.loads(json.dumps(value, allow_nan=False))
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def param_changes(recorded: Mapping[str, Any], current: Mapping[str, Any],
+                  allowed: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
+    """(param, old, new) for each param that differs between a checkpoint's record and now, except
+    `allowed`; a param only one side has shows `None` on the other."""
+    return [(name, recorded.get(name), current.get(name)) for name in sorted({*recorded, *current})
+            if name not in allowed and (name not in recorded or name not in current or recorded[name] != current[name])]
+
+
+def check_params(meta: Mapping[str, Any], wf: Workflow, allowed: tuple[str, ...], where: Path) -> None:
+    """Refuse (ParamsChanged) to resume the run whose checkpoint `meta` recorded other params: its
+    components' state was made with those (64 environments' rows trained as 32)."""
+    recorded = meta.get("params")
+    if not isinstance(recorded, dict):  # (written by `rose optimize`, or before params were recorded)
+        return
+    changed = param_changes(recorded, recorded_params(wf), allowed)
+    if not changed:
+        return
+    rows = "".join(f"\n  {name}: {_shown(old, name in recorded)} -> {_shown(new, name in wf.params)}"
+                   for name, old, new in changed)
+    names = ",".join(name for name, _, _ in changed)
+    raise ParamsChanged(f"--resume: the run in {where} was trained with other params than these:{rows}\n"
+                        "its state was made with the old values; resume without changing them, or, where the state "
+                        f"can take the change, allow it with --allow-param-change {names} (to train longer, -n N "
+                        "sets the total iterations without changing a param)")
+
+
+def _shown(value: Any, present: bool) -> str:
+    return json.dumps(value) if present else "(not set)"
+
+
+def workflow_sha256(wf: Workflow) -> str:
+    """A hash of what the run computes: the workflow as resolved (params substituted), in rose's canonical
+    YAML (`serialize.to_yaml`); the file's bytes when it cannot be written so."""
+    from rose_dsl.serialize import to_yaml
+
+    try:
+        text = to_yaml(wf).encode()
+    except Exception:  # noqa: BLE001 - a hash for the record only; any failure falls back to the file
+        try:
+            text = Path(wf.file).read_bytes()
+        except (OSError, TypeError):
+            text = wf.name.encode()
+    return hashlib.sha256(text).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -133,6 +206,9 @@ class Runner:
         self._rows = _rows_per_call(wf)
         self.processes: dict[int, dict[str, Any]] = {}  # pid -> the process's own view (SM count, quota)
         self.resumed: Resumed | None = None
+        self.last_checkpoint: Path | None = None  # the newest checkpoint of this run (written or resumed from)
+        self.exported: Path | None = None  # `export/`, once written
+        self._sha256: str | None = None  # workflow_sha256(wf), when first needed
         self.on_resume: Callable[[Resumed], None] | None = None  # told which checkpoint a resume uses
         self.outputs: MetricsLog | None = None  # metrics.jsonl + TensorBoard (opened at the first iteration)
         if config.out_dir is not None and not config.resume:
@@ -191,7 +267,10 @@ class Runner:
         if written_by is not None and written_by != self.wf.name:  # another run's state: never mix them
             raise CheckpointError(f"{ckpt.path} was written by workflow '{written_by}', not '{self.wf.name}'; "
                                   "resume with the workflow (or plan) that wrote it")
+        assert self.config.out_dir is not None  # (_last_checkpoint refuses a run without one)
+        check_params(ckpt.meta, self.wf, self.config.allow_param_change, self.config.out_dir)
         self.resumed = Resumed(ckpt.path, ckpt.iteration, rejected)
+        self.last_checkpoint = ckpt.path
         if self.on_resume is not None:
             self.on_resume(self.resumed)
         self._load_states(ckpt)
@@ -202,13 +281,31 @@ class Runner:
             self.outputs = MetricsLog(self.config.out_dir, start, self.config.tensorboard, self.config.loggers,
                                       self.wf.name)
 
+    @property
+    def workflow_sha256(self) -> str:
+        if self._sha256 is None:
+            self._sha256 = workflow_sha256(self.wf)
+        return self._sha256
+
     def checkpoint(self, k: int) -> Path | None:
         if self.config.out_dir is None:
             return None
-        return save_component_checkpoint(
+        self.last_checkpoint = save_component_checkpoint(
             self.config.out_dir / "checkpoints", k, self.component_processes(), self.backend.control,
-            meta={"workflow": self.wf.name, "params": {p: v for p, v in self.wf.params.items()
-                                                      if isinstance(v, int | float | str | bool)}})
+            meta={"workflow": self.wf.name, "workflow_sha256": self.workflow_sha256,
+                  "params": recorded_params(self.wf)})
+        return self.last_checkpoint
+
+    def export(self) -> Path | None:
+        """The last checkpoint's state into `export/` (`checkpoint.export_checkpoint`), with the manifest
+        naming the workflow, its hash, the params and each component's state names."""
+        if self.config.out_dir is None or self.last_checkpoint is None or not self.config.export:
+            return None
+        states = {c: {"states": [st.name for st in comp.state]} for c, comp in self.wf.components.items()}
+        self.exported = export_checkpoint(self.last_checkpoint, self.config.out_dir / "export", {
+            "workflow": self.wf.name, "workflow_file": str(self.wf.file), "workflow_sha256": self.workflow_sha256,
+            "params": recorded_params(self.wf), "states": states})
+        return self.exported
 
     # -- iterations -------------------------------------------------------------------------
     def run_iteration(self, k: int) -> IterationResult:
@@ -327,18 +424,15 @@ class Runner:
     def run(self, start: int | None = None, stop: Callable[[], Any] | None = None) -> list[IterationResult]:
         """Iterations up to `config.iterations`: from the last checkpoint (`config.resume`), from 0, or from
         `start` with the state already in the workers (`rose optimize --train`: its processes trained
-        iterations 0..start-1). `stop()` true ends the run after the iteration in progress, with a
-        checkpoint of it when the run has a directory (a signal: what was trained can be resumed)."""
+        iterations 0..start-1). `stop()` true ends the run after the iteration in progress. With a run
+        directory the run keeps its work whichever way it ends but a failure: a checkpoint of its last
+        complete iteration (besides every `checkpoint_every`), then the export of that state."""
         self.describe_processes()
         k = self.restore() if start is None else start
         self._open_outputs(k)
-        restarts, saved = 0, -1
+        restarts, saved = 0, (k - 1 if self.resumed is not None else -1)
         try:
-            while k < self.config.iterations:
-                if stop is not None and stop():
-                    if k > 0 and saved != k - 1:
-                        self.checkpoint(k - 1)
-                    break
+            while k < self.config.iterations and not (stop is not None and stop()):
                 try:
                     self.run_iteration(k)
                 except CallFailed as exc:
@@ -349,12 +443,16 @@ class Runner:
                         raise CallFailed(exc.label, exc.component, f"{exc.message}; gave up after "
                                          f"{self.config.max_restarts} restart(s)", died=True) from None
                     k = self._recover(exc, restarts)
+                    saved = k - 1  # (the checkpoint it restarted from)
                     continue
                 every = self.config.checkpoint_every
-                if every and ((k + 1) % every == 0 or k + 1 == self.config.iterations):
+                if every and (k + 1) % every == 0:
                     self.checkpoint(k)
                     saved = k
                 k += 1
+            if k > 0 and saved != k - 1:  # the end, or a stop: the last complete iteration is kept
+                self.checkpoint(k - 1)
+            self.export()
         finally:
             self.close()
         return self.results

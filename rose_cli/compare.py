@@ -254,7 +254,7 @@ def _run(entries: list[Entry], run: Any, opts: _Options, teardown: ExitStack, ct
 
     started = time.perf_counter()
     wf = entries[0].workflow
-    prepare(wf, run)
+    prepare(wf, run, teardown, ctx.err)
     gpu = teardown.enter_context(gpu_session(wf, run, ctx.err))
     # the quotas the plans ask for (checked once each, as rose execute does)
     gpu_comps = [c for e in entries for c in e.workflow.components.values() if c.device == "gpu"]

@@ -72,9 +72,17 @@ def execute(
                                                         "with --resume, the total including those done")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", file_okay=False,
                                                  help="run directory: metrics.jsonl, tb/, trace.json, checkpoints/")] = None,
-    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", min=0, help="checkpoint every N iterations (0: never)")] = 0,
+    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", min=0,
+                                                  help="also checkpoint every N iterations (0: only at the end of "
+                                                       "the run and at the first Ctrl-C/SIGTERM, as always)")] = 0,
     resume: Annotated[bool, typer.Option("--resume", help="continue the run in --out from its last usable checkpoint")] = False,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace the outputs of an earlier run in --out")] = False,
+    allow_param_change: Annotated[list[str] | None, typer.Option(
+        "--allow-param-change", metavar="NAME[,NAME...]",
+        help="with --resume: params that may differ from the run's (refused otherwise)")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace what rose wrote in --out (a user's own files "
+                                                                "there stay)")] = False,
+    export: Annotated[bool, typer.Option("--export/--no-export", help="with --out: copy the final state to export/ "
+                                                                      "(loadable without rose)")] = True,
     address: Annotated[str | None, typer.Option("--address", help="join this Ray cluster instead of starting one")] = None,
     call_timeout: Annotated[float, typer.Option("--call-timeout", callback=positive_seconds,
                                                 help="watchdog: seconds an iteration's calls may take")] = 900.0,
@@ -101,6 +109,10 @@ def execute(
         err.print("error: --resume needs --out (the run directory holding the checkpoints)", markup=False)
         raise typer.Exit(ExitCode.INVALID)
     loggers = _loggers(logger, out_dir)
+    allowed_changes = tuple(n.strip() for names in allow_param_change or () for n in names.split(",") if n.strip())
+    if allowed_changes and not resume:
+        err.print("error: --allow-param-change applies to --resume (a new run takes any params)", markup=False)
+        raise typer.Exit(ExitCode.INVALID)
     wf = load_or_exit(plan or file, sets, source=file if plan is not None else None)
     policy = TrustPolicy.from_options(allow_module, allow_env, allow_path)
     report_problems(wf, check_trust(wf, policy), "(the workflow asks to run code the command line did not allow)")
@@ -112,7 +124,8 @@ def execute(
     opts = ExecuteOptions(backend=default_backend(wf) if backend is BackendName.AUTO else backend.value, iterations=iterations, out_dir=out_dir, checkpoint_every=checkpoint_every,
                           resume=resume, overwrite=overwrite, address=address, call_timeout=call_timeout,
                           allowed=policy.modules, mps=mps, quiet=quiet, compiled=compiled,
-                          check_quotas=quota_check, loggers=loggers)
+                          check_quotas=quota_check, allow_param_change=allowed_changes, export=export,
+                          loggers=loggers)
     raise typer.Exit(execute_workflow(wf, opts, out, err))
 
 

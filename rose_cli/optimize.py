@@ -360,7 +360,7 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
     started = time.perf_counter()
     run = ctx.opts
     check_outputs(wf, opts, run.overwrite)
-    prepare(wf, run)
+    prepare(wf, run, teardown, ctx.err)
     if run.overwrite:
         clear_report(opts.report_dir)  # the schedule, replicas, the cluster address, the run directory (cleared with --overwrite)
     gpu = teardown.enter_context(gpu_session(wf, run, ctx.err))

@@ -4,19 +4,25 @@ with its exit code -- with ONE teardown (an `ExitStack`) on every path, the watc
 
 The pieces, in the order a run meets them:
 
-* `prepare` -- the schedule, the replica mapping, the run directory rules: problems are `SetupError`
-  (exit 2) before a process starts;
+* `prepare` -- the schedule, the replica mapping, the run directory rules (its lock, what is in it, the
+  params a resume would change): problems are `SetupError` / `RunDirInUse` / `ParamsChanged` (exit 2)
+  before a process starts;
 * `gpu_session` -- a context manager: the MPS daemon and the GPU sampler, stopped when it exits;
 * `build_backend` -- the one call that turns a workflow into a running backend (the runtime's backend
   factory replaces it);
 * `FAILURES` -- the table of exceptions -> exit code and report, applied by `guarded`, which also holds
-  the one teardown (`rose optimize` runs through the same four pieces).
+  the one teardown (`rose optimize` runs through the same four pieces);
+* `StopOnSignal` -- `rose execute`'s SIGINT / SIGTERM: the iteration in progress ends, its checkpoint and
+  the export are written, and the run exits 130 / 143 (128 + the signal), never 0.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -29,8 +35,8 @@ from rich.console import Console
 from interpreter.backends import Backend, CallFailed, WatchdogTimeout, make_backend
 from interpreter.checkpoint import CheckpointError
 from interpreter.components import ComponentError, StartProblems
-from interpreter.rundir import RunDirInUse, check_run_dir, clear_outputs
-from interpreter.runner import IterationResult, Resumed, RunConfig, Runner
+from interpreter.rundir import RunDirInUse, RunDirLock, check_run_dir, clear_outputs
+from interpreter.runner import IterationResult, ParamsChanged, Resumed, RunConfig, Runner
 from interpreter.schedule import Schedule, check_replica_edges
 from interpreter.shared_process import SharedProcessError
 from rose_dsl.cli import ExitCode
@@ -39,7 +45,8 @@ from rose_dsl.ir import Workflow
 from . import report
 
 __all__ = ["ExecuteOptions", "SetupError", "Gpu", "RunContext", "execute_workflow", "guarded", "prepare", "gpu_session", "check_quotas",
-           "build_backend", "FAILURES", "Failure", "TRIAL_MODULES", "progress_log", "start_trial_session"]
+           "build_backend", "FAILURES", "Failure", "TRIAL_MODULES", "progress_log", "start_trial_session",
+           "StopOnSignal", "Interrupted"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,8 @@ class ExecuteOptions:
     compiled: bool = True
     check_quotas: bool = True  # refuse MPS quotas under which this machine's GEMMs are wrong (quota_safety.py)
     loggers: tuple[str, ...] = ("tensorboard",)  # where metrics go besides metrics.jsonl (interpreter/loggers.py)
+    allow_param_change: tuple[str, ...] = ()  # params `--resume` may change (`--allow-param-change`)
+    export: bool = True  # the final state into `--out`'s export/ (loadable without rose)
 
 
 class SetupError(Exception):
@@ -95,8 +104,10 @@ class RunContext:
 
 
 # --- before anything starts ------------------------------------------------------------------------
-def prepare(wf: Workflow, opts: ExecuteOptions) -> Schedule:
-    """Everything that can be refused before a process starts; the schedule of one iteration."""
+def prepare(wf: Workflow, opts: ExecuteOptions, teardown: ExitStack | None = None, err: Console | None = None) -> Schedule:
+    """Everything that can be refused before a process starts; the schedule of one iteration. With
+    `teardown`, the run directory is locked until it closes (`RunDirLock`) before anything in it is
+    looked at or removed; `err` gets the notes (a lock taken over, files `--overwrite` left)."""
     _static_loops_only(wf)
     try:
         schedule = Schedule(wf)
@@ -113,10 +124,45 @@ def prepare(wf: Workflow, opts: ExecuteOptions) -> Schedule:
     if opts.backend == "ray" and opts.address:
         _check_reachable(opts.address)
     if opts.out_dir is not None:
-        check_run_dir(opts.out_dir, resume=opts.resume, overwrite=opts.overwrite)
-        if opts.overwrite:
-            clear_outputs(opts.out_dir)
+        _prepare_run_dir(wf, opts, teardown, err)
     return schedule
+
+
+def _prepare_run_dir(wf: Workflow, opts: ExecuteOptions, teardown: ExitStack | None, err: Console | None) -> None:
+    assert opts.out_dir is not None
+    note = (lambda text: err.print(text, markup=False)) if err is not None else (lambda text: None)
+    if opts.resume and opts.overwrite:  # (refused before the lock would create the directory)
+        check_run_dir(opts.out_dir, resume=True, overwrite=True)
+    if opts.out_dir.exists() and not opts.out_dir.is_dir():
+        raise RunDirInUse(f"--out {opts.out_dir} is a file, not a directory")
+    if teardown is not None:
+        lock = teardown.enter_context(RunDirLock(opts.out_dir))
+        if lock.note:
+            note(lock.note)
+    check_run_dir(opts.out_dir, resume=opts.resume, overwrite=opts.overwrite)
+    if opts.resume:
+        _check_resumed_params(wf, opts)
+    if opts.overwrite:
+        _, left = clear_outputs(opts.out_dir)
+        if left:
+            note(f"note: --overwrite removed only what rose wrote in {opts.out_dir}; it left {', '.join(left)}")
+
+
+def _check_resumed_params(wf: Workflow, opts: ExecuteOptions) -> None:
+    """`--resume` with other params than the newest checkpoint's is refused here, before processes start
+    (the runner checks the checkpoint it loads as well)."""
+    from interpreter.checkpoint import read_meta
+    from interpreter.runner import check_params
+
+    assert opts.out_dir is not None
+    ckpt_dir = opts.out_dir / "checkpoints"
+    for path in sorted(ckpt_dir.glob("ckpt-*"), key=lambda p: p.name, reverse=True):
+        try:
+            meta = read_meta(path).get("meta") or {}
+        except CheckpointError:
+            continue  # (the runner says why it is rejected)
+        check_params(meta, wf, opts.allow_param_change, opts.out_dir)
+        return
 
 
 def _static_loops_only(wf: Workflow) -> None:
@@ -284,7 +330,8 @@ def _report_component(exc: BaseException, ctx: RunContext) -> None:
                       "checks them where the constructor names its parameters)" if constructing else
                       "(`rose validate --import FILE` checks every impl, called method and constructor argument "
                       "before a run)", markup=False)
-    ctx.err.print("stopped; the last complete checkpoint (if any) is intact", markup=False)
+    ctx.err.print(f"stopped; {kept_line(ctx.opts.out_dir)}" if ctx.opts.out_dir is not None else
+                  "stopped (no --out: no checkpoint)", markup=False)
 
 
 def _report_watchdog(exc: BaseException, ctx: RunContext) -> None:
@@ -299,7 +346,89 @@ def _report_checkpoint(exc: BaseException, ctx: RunContext) -> None:
 
 
 def _report_interrupt(exc: BaseException, ctx: RunContext) -> None:
+    """Stopped at once (a second signal, or one before `StopOnSignal` was installed): the iteration in
+    progress is lost; what is kept is the last checkpoint, said by name."""
     ctx.err.print("interrupted; stopping components", markup=False)
+    out_dir = ctx.opts.out_dir
+    if out_dir is not None:
+        ctx.err.print(kept_line(out_dir), markup=False)
+
+
+def kept_line(out_dir: Path) -> str:
+    """What a stopped run leaves to continue from, naming the checkpoint, or that there is none."""
+    from interpreter.checkpoint import list_complete
+
+    done = list_complete(out_dir / "checkpoints")
+    if not done:
+        return (f"no checkpoint in {out_dir}: it stopped before its first one (a run writes one at its end, on "
+                "the first Ctrl-C or SIGTERM, and every N iterations with --checkpoint-every N)")
+    return f"the last checkpoint is {done[-1]}; continue with: {resume_command(out_dir)}"
+
+
+def resume_command(out_dir: Path) -> str:
+    """The command line that continues this run: the user's own, with --resume (and without --overwrite)."""
+    args = sys.argv[1:]
+    if args[:1] != ["execute"]:  # (run from elsewhere than the `rose` command: the general form)
+        return f"rose execute FILE --out {shlex.quote(str(out_dir))} --resume"
+    kept = [a for a in args if a != "--overwrite"]
+    return shlex.join(["rose", *kept, *([] if "--resume" in kept else ["--resume"])])
+
+
+class Interrupted(Exception):
+    """`rose execute` was stopped by a signal after keeping its work (exit 128 + the signal's number)."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+class SignalInterrupt(KeyboardInterrupt):
+    """The second signal: stop at once (exit 128 + its number)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.exit_code = 128 + signum
+
+
+class StopOnSignal:
+    """The first SIGINT or SIGTERM asks the run to stop after the iteration in progress (`Runner.run`'s
+    `stop`), which then writes a checkpoint of it and the export; a second one, a second or more later,
+    stops at once (`SignalInterrupt`: the iteration in progress is lost, the last checkpoint stays).
+    Calling the object gives the signal's number, or None. The note is written with `os.write`: a handler
+    may run inside a print, and Python's buffered streams refuse being re-entered."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._first = 0.0
+        self._previous: dict[int, Any] = {}
+
+    def __call__(self) -> int | None:
+        return self.signum
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        now = time.monotonic()
+        if self.signum is not None:
+            if now - self._first > 1.0:  # (`timeout` signals the command, then its group: one request twice)
+                raise SignalInterrupt(signum)
+            return
+        self.signum, self._first = signum, now
+        os.write(2, f"\n{signal.Signals(signum).name}: ending the iteration in progress, then writing a checkpoint "
+                    "and stopping (send it again to stop at once)\n".encode())
+
+    def install(self) -> StopOnSignal:
+        """(Again after Ray's start, which sets its own handlers.)"""
+        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous = signal.signal(sig, self._handle)
+                self._previous.setdefault(sig, previous)
+        return self
+
+    def __enter__(self) -> StopOnSignal:
+        return self.install()
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 # first match wins; anything else is a bug (exit 1, `rose_dsl.cli.run_app`)
@@ -307,6 +436,8 @@ Failure = tuple[type[BaseException], ExitCode, Callable[[BaseException, RunConte
 FAILURES: tuple[Failure, ...] = (
     (SetupError, ExitCode.INVALID, _report_setup),
     (RunDirInUse, ExitCode.INVALID, _report_setup),
+    (ParamsChanged, ExitCode.INVALID, _report_setup),
+    (Interrupted, ExitCode.INTERRUPTED, lambda exc, ctx: ctx.err.print(str(exc), markup=False)),
     (SharedProcessError, ExitCode.INVALID, _report_setup),
     (StartProblems, ExitCode.INVALID, _report_start_problems),
     (CallFailed, ExitCode.COMPONENT, _report_component),
@@ -335,6 +466,7 @@ def guarded(body: Callable[[ExitStack, RunContext], None], opts: ExecuteOptions,
             if code is None or reporter is None:
                 raise
             reporter(exc, ctx)
+            code = getattr(exc, "exit_code", code)  # (a signal: 128 + its number)
             if isinstance(exc, WatchdogTimeout) and opts.backend == "local":
                 # a stuck thread cannot be stopped and the interpreter would wait for it at exit: tear down
                 # what can be, then leave at once
@@ -364,17 +496,20 @@ def execute_workflow(wf: Workflow, opts: ExecuteOptions, out: Console, err: Cons
 
 def _run(wf: Workflow, opts: ExecuteOptions, teardown: ExitStack, ctx: RunContext, out: Console) -> None:
     started = time.perf_counter()
-    schedule = prepare(wf, opts)
+    stop = teardown.enter_context(StopOnSignal())
+    schedule = prepare(wf, opts, teardown, ctx.err)
     gpu = teardown.enter_context(gpu_session(wf, opts, ctx.err))
     ctx.phase = "starting components"
     be = ctx.backend = build_backend(wf, schedule, opts, gpu, ctx.err)
     teardown.callback(be.shutdown)
+    stop.install()  # (Ray's start replaces the handlers)
     ctx.phase = "running"
     if opts.backend == "ray":
         report.processes(out, be)
     n = opts.iterations if opts.iterations is not None else (wf.root.count or 1)
     config = RunConfig(iterations=n, out_dir=opts.out_dir, checkpoint_every=opts.checkpoint_every,
                        resume=opts.resume, call_timeout_s=opts.call_timeout,
+                       allow_param_change=opts.allow_param_change, export=opts.export,
                        tensorboard="tensorboard" in opts.loggers, loggers=opts.loggers)
     progress, task, on_iteration = iteration_progress(out, wf.name, n, opts.quiet)
 
@@ -386,12 +521,32 @@ def _run(wf: Workflow, opts: ExecuteOptions, teardown: ExitStack, ctx: RunContex
     runner.on_recovery = lambda rec: report.recovery(ctx.err, rec)
     runner.on_resume = on_resume
     with progress:
-        results = runner.run()
+        results = runner.run(stop=stop)
     if runner.outputs is not None and runner.outputs.unavailable:
         ctx.err.print(f"warning: {runner.outputs.unavailable}", markup=False)
     if not opts.quiet:
         report.nodes(out, runner.node_summary())
     report.curve(out, results)
+    if stop() is not None:
+        raise Interrupted(_stopped_line(stop() or 0, runner, opts), stop() or 0)
+    if runner.last_checkpoint is not None:
+        out.print(_kept(runner), markup=False)
     total = time.perf_counter() - started
     out.print(f"done: {len(results)} iterations in {total:.1f} s" + (f"; outputs in {opts.out_dir}" if opts.out_dir else ""),
               markup=False)
+
+
+def _kept(runner: Runner) -> str:
+    """Where the run's work is: its last checkpoint and the export."""
+    assert runner.last_checkpoint is not None
+    export = f"; final state for use without rose in {runner.exported} (docs/components.md)" if runner.exported else ""
+    return f"checkpoint: {runner.last_checkpoint}{export}"
+
+
+def _stopped_line(signum: int, runner: Runner, opts: ExecuteOptions) -> str:
+    name = signal.Signals(signum).name
+    if opts.out_dir is None:
+        return f"stopped by {name} after {len(runner.results)} iteration(s); nothing kept (no --out)"
+    if runner.last_checkpoint is None:
+        return f"stopped by {name} before the first iteration ended: nothing to keep in {opts.out_dir}"
+    return f"stopped by {name}; {_kept(runner)}\ncontinue with: {resume_command(opts.out_dir)}"

@@ -294,3 +294,125 @@ def test_a_state_file_that_is_not_where_the_process_said_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match="written elsewhere or incompletely"):
         save_component_checkpoint(tmp_path, 1, ["policy"], control)
     assert latest_complete(tmp_path) is None
+
+
+# --- reading only what a checkpoint is (issue 42) ----------------------------------------------------------
+def _load_within(path, seconds=30.0):
+    """load_checkpoint in a daemon thread: a read that blocks (a FIFO) fails the test instead of hanging it."""
+    import threading
+
+    box = {}
+
+    def target():
+        try:
+            box["value"] = load_checkpoint(path)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            box["error"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), "load_checkpoint blocked"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _rewrite_marker(path, **changes):
+    """A marker edited consistently (its digest recomputed): what someone who edits one by hand can make."""
+    import json
+
+    from interpreter.checkpoint import _digest
+
+    marker = json.loads((path / "COMPLETE").read_text())
+    marker.update(changes)
+    marker["digest"] = _digest(marker["iteration"], marker["files"])
+    (path / "COMPLETE").write_text(json.dumps(marker))
+
+
+@pytest.mark.parametrize("make", ["symlink-dev-zero", "fifo", "symlink-inside"])
+def test_a_state_file_that_is_not_a_regular_file_is_refused_before_it_is_read(tmp_path, make):
+    p = save_checkpoint(tmp_path, 1, _states(1))
+    f = p / "state" / "sim.pt"
+    f.unlink()
+    if make == "symlink-dev-zero":
+        f.symlink_to("/dev/zero")
+    elif make == "fifo":
+        os.mkfifo(f)
+    else:
+        f.symlink_to(p / "state" / "policy.pt")
+    what = {"fifo": "a FIFO"}.get(make, "a symbolic link")
+    with pytest.raises(CheckpointError, match=rf"state/sim\.pt: {what}; a checkpoint holds regular files only"):
+        _load_within(p)
+    assert list_complete(tmp_path) == []
+
+
+def test_a_marker_that_lists_a_path_outside_the_checkpoint_is_refused(tmp_path):
+    import json
+
+    secret = tmp_path / "secret.pt"
+    torch.save({"x": torch.ones(1)}, secret)
+    p = save_checkpoint(tmp_path / "run", 1, {"c": {"x": torch.zeros(1)}})
+    files = json.loads((p / "COMPLETE").read_text())["files"]
+    files["state/../../../secret.pt"] = {"sha256": "0" * 64, "size": secret.stat().st_size}
+    _rewrite_marker(p, files=files)
+    with pytest.raises(CheckpointError, match=r"lists 'state/\.\./\.\./\.\./secret\.pt', which is not a checkpoint file"):
+        load_checkpoint(p)
+
+
+def test_a_linked_state_directory_or_checkpoint_directory_is_refused(tmp_path):
+    p = save_checkpoint(tmp_path / "run", 1, {"c": {"x": torch.zeros(1)}})
+    moved = tmp_path / "elsewhere"
+    (p / "state").rename(moved)
+    (p / "state").symlink_to(moved)
+    with pytest.raises(CheckpointError, match="state: a symbolic link"):
+        load_checkpoint(p)
+    (p / "state").unlink()
+    moved.rename(p / "state")
+    link = tmp_path / "run" / "ckpt-000002"
+    link.symlink_to(p)
+    with pytest.raises(CheckpointError, match="ckpt-000002: a symbolic link"):
+        load_checkpoint(link)
+    assert load_checkpoint(p).iteration == 1
+
+
+def test_the_name_the_marker_and_meta_json_must_agree_on_the_iteration(tmp_path):
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    for i in (1, 2):
+        save_checkpoint(run, i, _states(i))
+    copy = run / "ckpt-000099"
+    shutil.copytree(run / "ckpt-000001", copy)
+    with pytest.raises(CheckpointError, match="named for iteration 99 but its COMPLETE marker is of iteration 1"):
+        load_checkpoint(copy)
+    from interpreter.checkpoint import find_resumable
+
+    ck, rejected = find_resumable(run)
+    assert ck.iteration == 2 and [r.path.name for r in rejected] == ["ckpt-000099"]
+    assert [p.name for p in list_complete(run)] == ["ckpt-000001", "ckpt-000002"]
+    # meta.json saying another iteration than the marker (both rewritten consistently)
+    p = run / "ckpt-000002"
+    head = json.loads((p / "meta.json").read_text())
+    head["iteration"] = 7
+    data = json.dumps(head).encode()
+    (p / "meta.json").write_bytes(data)
+    files = json.loads((p / "COMPLETE").read_text())["files"]
+    import hashlib
+
+    files["meta.json"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    _rewrite_marker(p, files=files)
+    with pytest.raises(CheckpointError, match=r"meta\.json: iteration 7, the COMPLETE marker says 2"):
+        load_checkpoint(p)
+
+
+def test_pruning_goes_by_the_iteration_a_checkpoint_holds_not_its_name(tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    save_checkpoint(run, 1, _states(1), keep_last=2)
+    shutil.copytree(run / "ckpt-000001", run / "ckpt-000099")  # a copy under a higher number
+    for i in (2, 3, 4):
+        save_checkpoint(run, i, _states(i), keep_last=2)
+    assert sorted(p.name for p in run.iterdir()) == ["ckpt-000003", "ckpt-000004"]

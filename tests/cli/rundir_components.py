@@ -1,0 +1,37 @@
+"""Components of the run-directory tests (tests/cli/test_run_dir.py)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class Holds:
+    """Adds each call's input to a running total (its state, `acc`). At call `hold_at` it writes the file
+    `inside` and waits until the file `go` exists: the test signals the run while an iteration is in
+    flight, then lets that iteration end. `rows` only makes a param reach the component."""
+
+    def __init__(self, inside: str = "", go: str = "", hold_at: int = 0, rows: int = 1) -> None:
+        self.inside, self.go, self.hold_at = inside, go, hold_at
+        self.calls = 0
+        self.total = torch.zeros(rows)
+
+    def work(self, x: Any = 0) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls == self.hold_at:
+            Path(self.inside).write_text("in the call")
+            deadline = time.monotonic() + 300  # (a bound, not a measurement: the test creates `go` at once)
+            while not Path(self.go).exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        self.total = self.total + torch.as_tensor(x, dtype=torch.float32)
+        return {"y": self.total.clone()}
+
+    def get_state(self, name: str) -> Any:
+        return {"total": self.total.clone(), "calls": self.calls}
+
+    def set_state(self, name: str, value: Any) -> None:
+        self.total = value["total"].clone()
+        self.calls = value["calls"]
