@@ -15,6 +15,7 @@ with any number of decode slots: generation is split-invariant along prompts (`b
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -23,8 +24,8 @@ from typing import Any
 import torch
 
 from examples.llm.model import KVCache
-from examples.llm.policy import PolicySpec, build_policy, clone_weights, param_hash
-from examples.llm.sampling import sample_rows, uniform_streams
+from examples.llm.policy import PolicySpec, build_policy, clone_weights, param_hash, params_to
+from examples.llm.sampling import allowed_logits, forced_lengths, lognormal_params, sample_rows, uniform_streams
 from examples.llm.tokenizer import CharTokenizer
 
 Record = dict[str, torch.Tensor]
@@ -49,6 +50,8 @@ class Generator:
         policy: Mapping[str, Any] | None = None,
         cache_dir: str | None = None,
         tokenizer_hash: str | None = None,
+        length_mean: float = 0.0,
+        length_p99: float = 0.0,
     ) -> None:
         self.spec = PolicySpec.from_args(policy)
         if int(k) < 1:
@@ -63,6 +66,11 @@ class Generator:
             raise ValueError(f"Generator: top_p must be in (0, 1], got {top_p}")
         if int(max_batch) < 1:
             raise ValueError(f"Generator: max_batch (decode slots) must be >= 1, got {max_batch}")
+        if bool(length_mean) != bool(length_p99):
+            raise ValueError("Generator: give both length_mean and length_p99 (forced completion lengths) or neither")
+        self.lengths = (float(length_mean), float(length_p99)) if length_mean else None
+        if self.lengths:
+            lognormal_params(*self.lengths)  # a pair no lognormal has is an error here, not at the first call
         self.k, self.max_new_tokens, self.max_batch = int(k), int(max_new_tokens), int(max_batch)
         self.temperature, self.top_p, self.seed = float(temperature), float(top_p), int(seed)
         self.device = torch.device(device)
@@ -71,9 +79,11 @@ class Generator:
         if tokenizer_hash is not None:
             self.tokenizer.check(tokenizer_hash, "Generator")
         self.model = build_policy(self.spec, self.seed, self.device, cache_dir).eval()
-        # bit-exact row invariance is a CPU property; on CUDA use the fast kernels (and bf16 autocast)
+        self.weights_hash = param_hash(self.model.state_dict())  # of the fp32 weights, as the learner's
+        # bit-exact row invariance is a CPU property; on CUDA use the fast kernels and bf16 weights
         self.row_invariant = self.device.type == "cpu"
-        self.weights_hash = param_hash(self.model.state_dict())
+        if self.device.type == "cuda":
+            params_to(self.model, torch.bfloat16)
         self.version = 0
         self._metrics: dict[str, float] = {}
 
@@ -85,7 +95,7 @@ class Generator:
     @weights.setter
     def weights(self, w: Mapping[str, torch.Tensor]) -> None:
         self.model.load_state_dict({k: v.to(self.device) for k, v in w.items()})
-        self.weights_hash = param_hash(self.model.state_dict())
+        self.weights_hash = param_hash(w)
 
     def get_state(self, name: str) -> Any:
         if name != "weights":
@@ -120,7 +130,10 @@ class Generator:
         prompt [P, Lp], prompt_len [P], answer [P], index [P] (passed through); tokens [P, K, L]
         (completion ids, PAD after the end; L = max_new_tokens); logp [P, K, L] (sampling log-probs,
         0 outside the mask); mask [P, K, L] (completion tokens, EOS included); lengths [P, K];
-        finished [P, K] (ended by EOS rather than by the length limit); temperature [P].
+        finished [P, K] (ended by EOS rather than by the length limit); temperature [P]; version [P, K]
+        (the policy version that sampled it: the number of weight syncs received); no_eos [P] (the lengths
+        were forced: EOS was banned until the drawn length, then ended the completion unsampled -- it is
+        not stored in tokens; `finished` is then True).
         """
         start = 0 if rows is None or rows.start is None else int(rows.start)
         tokens, plen = prompts["tokens"], prompts["lengths"].long()
@@ -138,12 +151,16 @@ class Generator:
             raise ValueError(f"Generator.generate: prompt row {start + bad[0]} has token ids outside the vocabulary")
         t0 = time.perf_counter()
         u = uniform_streams(self.seed, int(it), ids, self.k, self.max_new_tokens)
-        out = self._run(tokens, plen, u)
+        forced = None if self.lengths is None else forced_lengths(
+            self.seed, int(it), ids, self.k, *self.lengths, self.max_new_tokens)
+        out = self._run(tokens, plen, u, forced)
         seconds = time.perf_counter() - t0
         out.update(
             prompt=tokens.clone(), prompt_len=plen.clone(),
             temperature=torch.full((p_count,), self.temperature, dtype=torch.float32),
             index=torch.tensor(ids, dtype=torch.long),
+            version=torch.full((p_count, self.k), self.version, dtype=torch.long),
+            no_eos=torch.full((p_count,), forced is not None, dtype=torch.bool),
         )
         if "answer" in prompts:
             out["answer"] = prompts["answer"].clone()
@@ -151,80 +168,37 @@ class Generator:
         return {"rollouts": out}
 
     @torch.no_grad()
-    def _run(self, tokens: torch.Tensor, plen: torch.Tensor, u: torch.Tensor) -> Record:
-        """The scheduler: admit (prompt, sample) work into free slots, decode, retire finished rows."""
-        p_count, k, length, dev = tokens.shape[0], self.k, self.max_new_tokens, self.device
-        eos = self.tokenizer.eos_id
-        out_tok = torch.full((p_count, k, length), self.tokenizer.pad_id, dtype=torch.long)
-        out_logp = torch.zeros(p_count, k, length)
-        finished = torch.zeros(p_count, k, dtype=torch.bool)
-        lengths = torch.zeros(p_count, k, dtype=torch.long)
-        queue = deque((p, j) for p in range(p_count) for j in range(k))
-        slots = min(self.max_batch, p_count * k)
-        # per-slot bookkeeping: which (prompt, sample) it holds, tokens emitted, next input and position
-        s_prompt = torch.zeros(slots, dtype=torch.long)
-        s_sample = torch.zeros(slots, dtype=torch.long)
-        s_step = torch.zeros(slots, dtype=torch.long)
-        s_token = torch.zeros(slots, dtype=torch.long)
-        s_pos = torch.zeros(slots, dtype=torch.long)
-        free, active = list(range(slots)), set()
-        prefixes: dict[int, list[Any]] = {}  # prompt -> [logits, k, v, samples not yet admitted]
-        cache: KVCache | None = None
-        n_prefill = n_steps = occupancy = 0
+    def _run(self, tokens: torch.Tensor, plen: torch.Tensor, u: torch.Tensor, forced: torch.Tensor | None) -> Record:
+        """The scheduler: admit (prompt, sample) work into free slots, decode, retire finished rows.
 
-        while queue or active:
-            while free and queue:  # admission: refill the free slots from the pending work
+        A finished row frees its slot at once and the next waiting (prompt, sample) takes it (the lowest
+        free slot first, which keeps the slots in use a prefix on the GPU). `forced` [P, K]: each
+        completion's drawn length (EOS banned until then); None: the policy's EOS or `max_new_tokens`.
+        """
+        p_count, k = tokens.shape[0], self.k
+        slots = min(self.max_batch, p_count * k)
+        run = _Run(self, p_count, slots, forced)
+        queue = deque((p, j) for p in range(p_count) for j in range(k))
+        prefixes: dict[int, list[Any]] = {}  # prompt -> [logits, k, v, samples not yet admitted]
+        while queue or run.active:
+            while run.free and queue:  # admission: refill the free slots from the pending work
                 p, js = queue[0][0], []
-                while queue and queue[0][0] == p and len(js) < len(free):
+                while queue and queue[0][0] == p and len(js) < len(run.free):
                     js.append(queue.popleft()[1])
                 if p not in prefixes:
                     with self._autocast():
-                        logits, kv_k, kv_v = self.model.prefill(tokens[p, : plen[p]].to(dev))
+                        logits, kv_k, kv_v = self.model.prefill(tokens[p, : plen[p]].to(self.device))
                     prefixes[p] = [logits.float().unsqueeze(0), kv_k, kv_v, k]
-                    n_prefill += 1
-                entry, jt = prefixes[p], torch.tensor(js)
-                # the first token of each sample comes from the shared prefill's logits
-                tok, lp = sample_rows(entry[0].expand(len(js), -1), u[p, jt, 0], self.temperature, self.top_p)
-                tok, lp = tok.cpu(), lp.cpu()
-                out_tok[p, jt, 0], out_logp[p, jt, 0], lengths[p, jt] = tok, lp, 1
-                finished[p, jt] = tok == eos
-                go_on = (tok != eos) & (length > 1)  # the others finished on their first token
-                new = torch.tensor([free.pop() for _ in range(int(go_on.sum()))], dtype=torch.long)
-                if len(new):
-                    if cache is None:
-                        cache = KVCache(self.model.cfg, slots, dev, entry[1].dtype)
-                    cache.load_prefix(new.to(dev), entry[1], entry[2])  # expand the prefix KV, no recompute
-                    s_prompt[new], s_sample[new], s_step[new] = p, jt[go_on], 1
-                    s_token[new], s_pos[new] = tok[go_on], plen[p]
-                    active.update(new.tolist())
+                    run.n_prefill += 1
+                entry = prefixes[p]
+                run.admit(p, torch.tensor(js), entry, int(plen[p]), u)
                 entry[3] -= len(js)
                 if entry[3] == 0:
                     del prefixes[p]  # the shared prefix is released once its last sample is admitted
-            if not active:
-                continue
-            act = torch.tensor(sorted(active), dtype=torch.long)
-            with self._autocast():
-                logits = self.model.decode(
-                    s_token[act].to(dev), s_pos[act].to(dev), cache, act.to(dev), self.row_invariant
-                )
-            ps, js, ts = s_prompt[act], s_sample[act], s_step[act]
-            tok, lp = sample_rows(logits.float(), u[ps, js, ts], self.temperature, self.top_p)
-            tok, lp = tok.cpu(), lp.cpu()
-            out_tok[ps, js, ts], out_logp[ps, js, ts], lengths[ps, js] = tok, lp, ts + 1
-            done = (tok == eos) | (ts + 1 == length)
-            finished[ps, js] = tok == eos
-            s_token[act], s_pos[act], s_step[act] = tok, s_pos[act] + 1, ts + 1
-            for slot in act[done].tolist():
-                active.discard(slot)
-                free.append(slot)
-            n_steps += 1
-            occupancy += len(act)
-        mask = torch.arange(length).view(1, 1, -1) < lengths.unsqueeze(-1)
-        self._sched = {"prefills": n_prefill, "decode_steps": n_steps, "slot_occupancy": occupancy}
-        return {
-            "tokens": out_tok.masked_fill(~mask, self.tokenizer.pad_id), "logp": out_logp * mask,
-            "mask": mask, "lengths": lengths, "finished": finished,
-        }
+            if run.active:
+                run.step(u)
+        self._sched = {"prefills": run.n_prefill, "decode_steps": run.n_steps, "slot_occupancy": run.occupancy}
+        return run.record()
 
     def _autocast(self) -> torch.autocast:
         """bf16 autocast on CUDA; a disabled context on the CPU (fp32, bit-reproducible)."""
@@ -254,4 +228,84 @@ class Generator:
             "prefills": m["prefills"],
             "mean_active_slots": m["slot_occupancy"] / max(m["decode_steps"], 1.0),
             "weights_version": float(self.version),
+        }
+
+
+class _Run:
+    """The decode slots of one `generate` call and the completions they write (see `Generator._run`)."""
+
+    def __init__(self, gen: Generator, p_count: int, slots: int, forced: torch.Tensor | None) -> None:
+        self.gen, k, length = gen, gen.k, gen.max_new_tokens
+        self.limit = forced if forced is not None else torch.full((p_count, k), length, dtype=torch.long)
+        self.ban = gen.tokenizer.eos_id if forced is not None else None
+        self.tok = torch.full((p_count, k, length), gen.tokenizer.pad_id, dtype=torch.long)
+        self.logp = torch.zeros(p_count, k, length)
+        self.finished = torch.zeros(p_count, k, dtype=torch.bool)
+        self.lengths = torch.zeros(p_count, k, dtype=torch.long)
+        # per slot: which (prompt, sample) it holds, tokens emitted, next input and its position
+        self.s_prompt, self.s_sample, self.s_step, self.s_token, self.s_pos = (
+            torch.zeros(slots, dtype=torch.long) for _ in range(5))
+        self.free, self.active = list(range(slots)), set()  # `free` is a heap: the lowest slot first
+        self.cache: Any = None
+        self.slots = slots
+        self.n_prefill = self.n_steps = self.occupancy = 0
+
+    def _sample(self, logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = self.gen
+        logits = allowed_logits(logits.float(), gen.tokenizer.vocab_size, self.ban)
+        tok, lp = sample_rows(logits, u, gen.temperature, gen.top_p)
+        return tok.cpu(), lp.cpu()
+
+    def _ends(self, tok: torch.Tensor, ps: torch.Tensor, js: torch.Tensor, emitted: torch.Tensor) -> torch.Tensor:
+        """Record which rows end now (EOS sampled, or their length reached) and return that mask."""
+        eos = (tok == self.gen.tokenizer.eos_id) if self.ban is None else torch.zeros_like(tok, dtype=torch.bool)
+        at_limit = emitted == self.limit[ps, js]
+        self.finished[ps, js] = eos | (at_limit if self.ban is not None else eos)
+        return eos | at_limit
+
+    def admit(self, p: int, jt: torch.Tensor, entry: list[Any], plen: int, u: torch.Tensor) -> None:
+        """Samples `jt` of prompt p: their first token from the shared prefill, then a slot each if they go on."""
+        tok, lp = self._sample(entry[0].expand(len(jt), -1), u[p, jt, 0])
+        self.tok[p, jt, 0], self.logp[p, jt, 0], self.lengths[p, jt] = tok, lp, 1
+        go_on = ~self._ends(tok, torch.full_like(jt, p), jt, torch.ones_like(jt))
+        new = torch.tensor([heapq.heappop(self.free) for _ in range(int(go_on.sum()))], dtype=torch.long)
+        if not len(new):
+            return
+        if self.cache is None:
+            self.cache = self.gen.model.new_cache(self.slots, self.gen.device, entry[1].dtype)
+        self.cache.load_prefix(new.to(self.gen.device), entry[1], entry[2])  # expand the prefix KV, no recompute
+        self.s_prompt[new], self.s_sample[new], self.s_step[new] = p, jt[go_on], 1
+        self.s_token[new], self.s_pos[new] = tok[go_on], plen
+        self.active.update(new.tolist())
+
+    def step(self, u: torch.Tensor) -> None:
+        """One decode step of every active slot; finished rows free their slots."""
+        gen, dev = self.gen, self.gen.device
+        act = torch.tensor(sorted(self.active), dtype=torch.long)
+        with gen._autocast():
+            if gen.row_invariant:  # the active slots, row by row (CPU: split invariance)
+                logits = gen.model.decode(self.s_token[act].to(dev), self.s_pos[act].to(dev), self.cache,
+                                          act.to(dev), True)
+            else:  # the prefix of slots up to the highest in use, as views of the cache (GPU)
+                hi = int(act[-1]) + 1
+                logits = gen.model.decode(self.s_token[:hi].to(dev), self.s_pos[:hi].to(dev), self.cache, None,
+                                          False)[act.to(dev)]
+        ps, js, ts = self.s_prompt[act], self.s_sample[act], self.s_step[act]
+        tok, lp = self._sample(logits, u[ps, js, ts])
+        self.tok[ps, js, ts], self.logp[ps, js, ts], self.lengths[ps, js] = tok, lp, ts + 1
+        done = self._ends(tok, ps, js, ts + 1)
+        self.s_token[act], self.s_pos[act], self.s_step[act] = tok, self.s_pos[act] + 1, ts + 1
+        for slot in act[done].tolist():
+            self.active.discard(slot)
+            heapq.heappush(self.free, slot)
+            self.s_token[slot], self.s_pos[slot] = 0, 0  # an idle slot in the GPU prefix writes at position 0
+        self.n_steps += 1
+        self.occupancy += len(act)
+
+    def record(self) -> Record:
+        length = self.gen.max_new_tokens
+        mask = torch.arange(length).view(1, 1, -1) < self.lengths.unsqueeze(-1)
+        return {
+            "tokens": self.tok.masked_fill(~mask, self.gen.tokenizer.pad_id), "logp": self.logp * mask,
+            "mask": mask, "lengths": self.lengths, "finished": self.finished,
         }
