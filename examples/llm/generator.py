@@ -86,6 +86,7 @@ class Generator:
             params_to(self.model, torch.bfloat16)
         self.version = 0
         self._metrics: dict[str, float] = {}
+        self._flight = _Flight(self)  # the completions being decoded (across `submit`/`collect` calls)
 
     # -- state ---------------------------------------------------------------------------------------
     @property
@@ -113,6 +114,11 @@ class Generator:
         A mismatch means the sync corrupted or mixed up weights; sampling from them would silently
         produce off-policy rollouts, so it is an error, and the old weights stay in place.
         """
+        if self._flight.rows_in_flight():
+            raise RuntimeError(
+                "Generator.load_weights: completions submitted under the current weights are not collected yet; "
+                "a weight sync must come after the `collect` of every submitted prompt"
+            )
         got = param_hash(w)
         if got != hash:
             raise WeightSyncError(
@@ -125,7 +131,8 @@ class Generator:
 
     # -- generation ----------------------------------------------------------------------------------
     def generate(self, prompts: Record, it: int, rows: slice | None = None) -> dict[str, Record]:
-        """K completions for each prompt. Returns `{"rollouts": record}`, prompts on dim 0:
+        """K completions for each prompt (`submit` and `collect` in one call). Returns `{"rollouts": record}`,
+        prompts on dim 0:
 
         prompt [P, Lp], prompt_len [P], answer [P], index [P] (passed through); tokens [P, K, L]
         (completion ids, PAD after the end; L = max_new_tokens); logp [P, K, L] (sampling log-probs,
@@ -135,10 +142,45 @@ class Generator:
         were forced: EOS was banned until the drawn length, then ended the completion unsampled -- it is
         not stored in tokens; `finished` is then True).
         """
+        return self.collect(prompts, it, rows)
+
+    def submit(self, prompts: Record, it: int, rows: slice | None = None) -> dict[str, Record]:
+        """Queue the K samples of each prompt for decoding and pass the prompts on (`{"pending": prompts}`).
+
+        Decoding happens in `collect` calls, which decode every queued completion (continuous batching over
+        all of them, in submission order) until the ones they ask for are finished. A plan that splits
+        `collect` into row groups therefore gets group g's rollouts as soon as group g is finished, while
+        the other groups' completions go on decoding in the next `collect`: group g's scoring overlaps the
+        generation of the rest (the long-tail overlap), and the tokens are the same as one `generate`.
+        """
+        self._flight.add(prompts, int(it), self._prompt_ids(prompts, rows))
+        return {"pending": prompts}
+
+    def collect(self, pending: Record, it: int, rows: slice | None = None) -> dict[str, Record]:
+        """The rollouts of `pending`'s prompts (queued first if `submit` did not), decoded to their end."""
+        ids = self._prompt_ids(pending, rows)
+        t0 = time.perf_counter()
+        keys = self._flight.add(pending, int(it), ids)
+        self._flight.run_until(keys)
+        out = self._flight.take(keys)
+        seconds = time.perf_counter() - t0
+        p_count = len(ids)
+        out.update(
+            prompt=pending["tokens"].clone(), prompt_len=pending["lengths"].long().clone(),
+            temperature=torch.full((p_count,), self.temperature, dtype=torch.float32),
+            index=torch.tensor(ids, dtype=torch.long),
+            version=torch.full((p_count, self.k), self.version, dtype=torch.long),
+            no_eos=torch.full((p_count,), self.lengths is not None, dtype=torch.bool),
+        )
+        if "answer" in pending:
+            out["answer"] = pending["answer"].clone()
+        self._record_metrics(out, seconds)
+        return {"rollouts": out}
+
+    def _prompt_ids(self, prompts: Record, rows: slice | None) -> list[int]:
+        """The prompts' stream ids (their `index`, else their rows), after checking the prompts fit."""
         start = 0 if rows is None or rows.start is None else int(rows.start)
         tokens, plen = prompts["tokens"], prompts["lengths"].long()
-        p_count = tokens.shape[0]
-        ids = prompts["index"].tolist() if "index" in prompts else list(range(start, start + p_count))
         limit = self.spec.context - self.max_new_tokens
         for r, n in enumerate(plen.tolist()):
             if not 1 <= n <= limit:
@@ -149,56 +191,7 @@ class Generator:
         bad = ((tokens < 0) | (tokens >= self.tokenizer.vocab_size)).any(dim=1).nonzero().flatten().tolist()
         if bad:
             raise ValueError(f"Generator.generate: prompt row {start + bad[0]} has token ids outside the vocabulary")
-        t0 = time.perf_counter()
-        u = uniform_streams(self.seed, int(it), ids, self.k, self.max_new_tokens)
-        forced = None if self.lengths is None else forced_lengths(
-            self.seed, int(it), ids, self.k, *self.lengths, self.max_new_tokens)
-        out = self._run(tokens, plen, u, forced)
-        seconds = time.perf_counter() - t0
-        out.update(
-            prompt=tokens.clone(), prompt_len=plen.clone(),
-            temperature=torch.full((p_count,), self.temperature, dtype=torch.float32),
-            index=torch.tensor(ids, dtype=torch.long),
-            version=torch.full((p_count, self.k), self.version, dtype=torch.long),
-            no_eos=torch.full((p_count,), forced is not None, dtype=torch.bool),
-        )
-        if "answer" in prompts:
-            out["answer"] = prompts["answer"].clone()
-        self._record_metrics(out, seconds)
-        return {"rollouts": out}
-
-    @torch.no_grad()
-    def _run(self, tokens: torch.Tensor, plen: torch.Tensor, u: torch.Tensor, forced: torch.Tensor | None) -> Record:
-        """The scheduler: admit (prompt, sample) work into free slots, decode, retire finished rows.
-
-        A finished row frees its slot at once and the next waiting (prompt, sample) takes it (the lowest
-        free slot first, which keeps the slots in use a prefix on the GPU). `forced` [P, K]: each
-        completion's drawn length (EOS banned until then); None: the policy's EOS or `max_new_tokens`.
-        """
-        p_count, k = tokens.shape[0], self.k
-        slots = min(self.max_batch, p_count * k)
-        run = _Run(self, p_count, slots, forced)
-        queue = deque((p, j) for p in range(p_count) for j in range(k))
-        prefixes: dict[int, list[Any]] = {}  # prompt -> [logits, k, v, samples not yet admitted]
-        while queue or run.active:
-            while run.free and queue:  # admission: refill the free slots from the pending work
-                p, js = queue[0][0], []
-                while queue and queue[0][0] == p and len(js) < len(run.free):
-                    js.append(queue.popleft()[1])
-                if p not in prefixes:
-                    with self._autocast():
-                        logits, kv_k, kv_v = self.model.prefill(tokens[p, : plen[p]].to(self.device))
-                    prefixes[p] = [logits.float().unsqueeze(0), kv_k, kv_v, k]
-                    run.n_prefill += 1
-                entry = prefixes[p]
-                run.admit(p, torch.tensor(js), entry, int(plen[p]), u)
-                entry[3] -= len(js)
-                if entry[3] == 0:
-                    del prefixes[p]  # the shared prefix is released once its last sample is admitted
-            if run.active:
-                run.step(u)
-        self._sched = {"prefills": run.n_prefill, "decode_steps": run.n_steps, "slot_occupancy": run.occupancy}
-        return run.record()
+        return prompts["index"].tolist() if "index" in prompts else list(range(start, start + tokens.shape[0]))
 
     def _autocast(self) -> torch.autocast:
         """bf16 autocast on CUDA; a disabled context on the CPU (fp32, bit-reproducible)."""
@@ -211,7 +204,7 @@ class Generator:
         m["seconds"] = m.get("seconds", 0.0) + seconds
         m["sequences"] = m.get("sequences", 0.0) + float(out["lengths"].numel())
         m["eos"] = m.get("eos", 0.0) + float(out["finished"].sum())
-        for key, val in self._sched.items():
+        for key, val in self._flight.pop_counts().items():
             m[key] = m.get(key, 0.0) + val
 
     def pop_metrics(self) -> dict[str, float]:
@@ -231,54 +224,158 @@ class Generator:
         }
 
 
-class _Run:
-    """The decode slots of one `generate` call and the completions they write (see `Generator._run`)."""
 
-    def __init__(self, gen: Generator, p_count: int, slots: int, forced: torch.Tensor | None) -> None:
-        self.gen, k, length = gen, gen.k, gen.max_new_tokens
-        self.limit = forced if forced is not None else torch.full((p_count, k), length, dtype=torch.long)
-        self.ban = gen.tokenizer.eos_id if forced is not None else None
-        self.tok = torch.full((p_count, k, length), gen.tokenizer.pad_id, dtype=torch.long)
-        self.logp = torch.zeros(p_count, k, length)
-        self.finished = torch.zeros(p_count, k, dtype=torch.bool)
-        self.lengths = torch.zeros(p_count, k, dtype=torch.long)
-        # per slot: which (prompt, sample) it holds, tokens emitted, next input and its position
-        self.s_prompt, self.s_sample, self.s_step, self.s_token, self.s_pos = (
-            torch.zeros(slots, dtype=torch.long) for _ in range(5))
-        self.free, self.active = list(range(slots)), set()  # `free` is a heap: the lowest slot first
+class _Flight:
+    """Every completion submitted and not yet collected, and the decode slots they share.
+
+    Rows (one per (iteration, prompt, sample)) live in flat arrays in submission order; a slot holds one
+    row. The KV cache has `max_batch` slots, allocated once at the first admission and reused by every
+    call (a finished row frees its slot at once; the next queued row takes the lowest free slot, which
+    keeps the slots in use a prefix of the cache for the GPU's decode).
+    """
+
+    def __init__(self, gen: Generator) -> None:
+        self.gen = gen
+        self.slots = gen.max_batch
         self.cache: Any = None
-        self.slots = slots
-        self.n_prefill = self.n_steps = self.occupancy = 0
+        self.s_row, self.s_step, self.s_token, self.s_pos = (torch.zeros(self.slots, dtype=torch.long) for _ in range(4))
+        self.free: list[int] = list(range(self.slots))  # a heap: the lowest slot first
+        self.active: set[int] = set()
+        self.counts = {"prefills": 0, "decode_steps": 0, "slot_occupancy": 0}
+        self._reset()
+
+    def _reset(self) -> None:
+        length = self.gen.max_new_tokens
+        self.tok = torch.zeros(0, length, dtype=torch.long)
+        self.logp, self.u = torch.zeros(0, length), torch.zeros(0, length, dtype=torch.float64)
+        self.limit, self.lengths = torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+        self.finished, self.done = torch.zeros(0, dtype=torch.bool), torch.zeros(0, dtype=torch.bool)
+        self.rows: dict[tuple[int, int], int] = {}  # (it, prompt id) -> its first row (K rows each)
+        self.prompt_of: list[tuple[int, int]] = []
+        self.prompt_data: dict[tuple[int, int], tuple[torch.Tensor, int]] = {}
+        self.queue: deque[int] = deque()
+        self.prefixes: dict[tuple[int, int], list[Any]] = {}  # prompt -> [logits, k, v, samples not admitted]
+        self.taken = 0
+
+    def rows_in_flight(self) -> bool:
+        return self.taken < len(self.prompt_of)
+
+    def pop_counts(self) -> dict[str, int]:
+        out, self.counts = self.counts, dict.fromkeys(self.counts, 0)
+        return out
+
+    def add(self, prompts: Record, it: int, ids: list[int]) -> list[tuple[int, int]]:
+        """Queue the K rows of each prompt not in flight yet; returns the prompts' keys."""
+        gen, k = self.gen, self.gen.k
+        keys = [(it, pid) for pid in ids]
+        new = [r for r, key in enumerate(keys) if key not in self.rows]
+        if not new:
+            return keys
+        new_ids = [ids[r] for r in new]
+        u = uniform_streams(gen.seed, it, new_ids, k, gen.max_new_tokens)
+        limit = (torch.full((len(new), k), gen.max_new_tokens, dtype=torch.long) if gen.lengths is None
+                 else forced_lengths(gen.seed, it, new_ids, k, *gen.lengths, gen.max_new_tokens))
+        first = len(self.prompt_of)
+        plen = prompts["lengths"].long()
+        for n, r in enumerate(new):
+            self.rows[keys[r]] = first + n * k
+            self.prompt_data[keys[r]] = (prompts["tokens"][r, : int(plen[r])], int(plen[r]))
+            self.prompt_of += [keys[r]] * k
+        count = len(new) * k
+        self.tok = torch.cat([self.tok, torch.full((count, gen.max_new_tokens), gen.tokenizer.pad_id)])
+        self.logp = torch.cat([self.logp, torch.zeros(count, gen.max_new_tokens)])
+        self.u = torch.cat([self.u, u.reshape(count, -1)])
+        self.limit = torch.cat([self.limit, limit.reshape(-1)])
+        self.lengths = torch.cat([self.lengths, torch.zeros(count, dtype=torch.long)])
+        self.finished = torch.cat([self.finished, torch.zeros(count, dtype=torch.bool)])
+        self.done = torch.cat([self.done, torch.zeros(count, dtype=torch.bool)])
+        self.queue.extend(range(first, first + count))
+        return keys
+
+    def _rows_of(self, keys: list[tuple[int, int]]) -> torch.Tensor:
+        return torch.cat([torch.arange(self.rows[key], self.rows[key] + self.gen.k) for key in keys]) \
+            if keys else torch.zeros(0, dtype=torch.long)
+
+    def run_until(self, keys: list[tuple[int, int]]) -> None:
+        """Admit and decode (every row in flight) until the rows of `keys` are all finished."""
+        want = self._rows_of(keys)
+        while not bool(self.done[want].all()):
+            self._admit()
+            if self.active:
+                self._step()
+
+    def take(self, keys: list[tuple[int, int]]) -> Record:
+        """The finished rollouts of `keys` ([P, K, L] record fields); the flight forgets nothing else."""
+        rows, (p, k, length) = self._rows_of(keys), (len(keys), self.gen.k, self.gen.max_new_tokens)
+        lengths = self.lengths[rows]
+        mask = torch.arange(length).view(1, -1) < lengths.unsqueeze(-1)
+        out = {
+            "tokens": self.tok[rows].masked_fill(~mask, self.gen.tokenizer.pad_id).view(p, k, length),
+            "logp": (self.logp[rows] * mask).view(p, k, length), "mask": mask.view(p, k, length),
+            "lengths": lengths.view(p, k), "finished": self.finished[rows].view(p, k),
+        }
+        for key in keys:
+            self.rows.pop(key)
+        self.taken += len(rows)
+        if not self.rows_in_flight():
+            self._reset()
+        return out
 
     def _sample(self, logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         gen = self.gen
-        logits = allowed_logits(logits.float(), gen.tokenizer.vocab_size, self.ban)
-        tok, lp = sample_rows(logits, u, gen.temperature, gen.top_p)
+        ban = gen.tokenizer.eos_id if gen.lengths is not None else None
+        tok, lp = sample_rows(allowed_logits(logits.float(), gen.tokenizer.vocab_size, ban), u, gen.temperature,
+                              gen.top_p)
         return tok.cpu(), lp.cpu()
 
-    def _ends(self, tok: torch.Tensor, ps: torch.Tensor, js: torch.Tensor, emitted: torch.Tensor) -> torch.Tensor:
-        """Record which rows end now (EOS sampled, or their length reached) and return that mask."""
-        eos = (tok == self.gen.tokenizer.eos_id) if self.ban is None else torch.zeros_like(tok, dtype=torch.bool)
-        at_limit = emitted == self.limit[ps, js]
-        self.finished[ps, js] = eos | (at_limit if self.ban is not None else eos)
-        return eos | at_limit
+    def _record(self, rows: torch.Tensor, steps: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor) -> torch.Tensor:
+        """Store the tokens sampled at `steps` of `rows`; mark and return the rows that end with them."""
+        self.tok[rows, steps], self.logp[rows, steps], self.lengths[rows] = tok, lp, steps + 1
+        at_limit = steps + 1 == self.limit[rows]
+        if self.gen.lengths is None:
+            eos = tok == self.gen.tokenizer.eos_id
+            self.finished[rows] = eos
+            ends = eos | at_limit
+        else:  # forced lengths: EOS was banned, the drawn length ends the row (and counts as finished)
+            self.finished[rows] = at_limit
+            ends = at_limit
+        self.done[rows[ends]] = True
+        return ends
 
-    def admit(self, p: int, jt: torch.Tensor, entry: list[Any], plen: int, u: torch.Tensor) -> None:
-        """Samples `jt` of prompt p: their first token from the shared prefill, then a slot each if they go on."""
-        tok, lp = self._sample(entry[0].expand(len(jt), -1), u[p, jt, 0])
-        self.tok[p, jt, 0], self.logp[p, jt, 0], self.lengths[p, jt] = tok, lp, 1
-        go_on = ~self._ends(tok, torch.full_like(jt, p), jt, torch.ones_like(jt))
-        new = torch.tensor([heapq.heappop(self.free) for _ in range(int(go_on.sum()))], dtype=torch.long)
-        if not len(new):
+    def _admit(self) -> None:
+        """Refill the free slots from the queue; a prompt's first admission runs its (shared) prefill."""
+        gen, queue = self.gen, self.queue
+        while self.free and queue:
+            key, rows = self.prompt_of[queue[0]], []
+            while queue and self.prompt_of[queue[0]] == key and len(rows) < len(self.free):
+                rows.append(queue.popleft())
+            if key not in self.prefixes:
+                tokens, _ = self.prompt_data[key]
+                with gen._autocast():
+                    logits, kv_k, kv_v = gen.model.prefill(tokens.to(gen.device))
+                self.prefixes[key] = [logits.float().unsqueeze(0), kv_k, kv_v, gen.k]
+                self.counts["prefills"] += 1
+            entry, rt = self.prefixes[key], torch.tensor(rows, dtype=torch.long)
+            # the first token of each sample comes from the shared prefill's logits
+            tok, lp = self._sample(entry[0].expand(len(rows), -1), self.u[rt, 0])
+            go_on = ~self._record(rt, torch.zeros_like(rt), tok, lp)
+            self._occupy(rt[go_on], tok[go_on], entry, self.prompt_data[key][1])
+            entry[3] -= len(rows)
+            if entry[3] == 0:
+                del self.prefixes[key]  # the shared prefix is released once its last sample is admitted
+
+    def _occupy(self, rows: torch.Tensor, tok: torch.Tensor, entry: list[Any], plen: int) -> None:
+        if not len(rows):
             return
+        gen = self.gen
+        new = torch.tensor([heapq.heappop(self.free) for _ in range(len(rows))], dtype=torch.long)
         if self.cache is None:
-            self.cache = self.gen.model.new_cache(self.slots, self.gen.device, entry[1].dtype)
-        self.cache.load_prefix(new.to(self.gen.device), entry[1], entry[2])  # expand the prefix KV, no recompute
-        self.s_prompt[new], self.s_sample[new], self.s_step[new] = p, jt[go_on], 1
-        self.s_token[new], self.s_pos[new] = tok[go_on], plen
+            self.cache = gen.model.new_cache(self.slots, gen.device, entry[1].dtype)
+        self.cache.load_prefix(new.to(gen.device), entry[1], entry[2])  # expand the prefix KV, no recompute
+        self.s_row[new], self.s_step[new], self.s_token[new], self.s_pos[new] = rows, 1, tok, plen
         self.active.update(new.tolist())
 
-    def step(self, u: torch.Tensor) -> None:
+    def _step(self) -> None:
         """One decode step of every active slot; finished rows free their slots."""
         gen, dev = self.gen, self.gen.device
         act = torch.tensor(sorted(self.active), dtype=torch.long)
@@ -290,22 +387,13 @@ class _Run:
                 hi = int(act[-1]) + 1
                 logits = gen.model.decode(self.s_token[:hi].to(dev), self.s_pos[:hi].to(dev), self.cache, None,
                                           False)[act.to(dev)]
-        ps, js, ts = self.s_prompt[act], self.s_sample[act], self.s_step[act]
-        tok, lp = self._sample(logits, u[ps, js, ts])
-        self.tok[ps, js, ts], self.logp[ps, js, ts], self.lengths[ps, js] = tok, lp, ts + 1
-        done = self._ends(tok, ps, js, ts + 1)
-        self.s_token[act], self.s_pos[act], self.s_step[act] = tok, self.s_pos[act] + 1, ts + 1
-        for slot in act[done].tolist():
+        rows, steps = self.s_row[act], self.s_step[act]
+        tok, lp = self._sample(logits, self.u[rows, steps])
+        ends = self._record(rows, steps, tok, lp)
+        self.s_token[act], self.s_pos[act], self.s_step[act] = tok, self.s_pos[act] + 1, steps + 1
+        for slot in act[ends].tolist():
             self.active.discard(slot)
             heapq.heappush(self.free, slot)
             self.s_token[slot], self.s_pos[slot] = 0, 0  # an idle slot in the GPU prefix writes at position 0
-        self.n_steps += 1
-        self.occupancy += len(act)
-
-    def record(self) -> Record:
-        length = self.gen.max_new_tokens
-        mask = torch.arange(length).view(1, 1, -1) < self.lengths.unsqueeze(-1)
-        return {
-            "tokens": self.tok.masked_fill(~mask, self.gen.tokenizer.pad_id), "logp": self.logp * mask,
-            "mask": mask, "lengths": self.lengths, "finished": self.finished,
-        }
+        self.counts["decode_steps"] += 1
+        self.counts["slot_occupancy"] += len(act)
