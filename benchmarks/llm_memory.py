@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="K=V")
     ap.add_argument("--gib", type=float, default=78.0, help="the card's memory (H100: ~78 GiB usable)")
     args = ap.parse_args(argv)
-    sets = dict(s.split("=", 1) for s in args.set)
+    sets = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
     out = estimate(Path(args.workflow), sets)
     out["fits"] = out["total_gib"] <= args.gib * (1 - HEADROOM)
     print(json.dumps(out, indent=1))

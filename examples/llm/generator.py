@@ -215,6 +215,7 @@ class Generator:
         seqs = max(m["sequences"], 1.0)
         return {
             "tokens": m["tokens"],
+            "generated_tokens": m["tokens"],  # (a name no other component writes: the paper table's work metric)
             "tokens_per_s": m["tokens"] / max(m["seconds"], 1e-9),
             "mean_completion_len": m["tokens"] / seqs,
             "eos_rate": m["eos"] / seqs,
