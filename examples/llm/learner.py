@@ -8,6 +8,8 @@ samples are dropped (counted), invalid samples of kept groups are masked out.
 
 Loss per completion token (token-level mean over the mask of the minibatch):
     -min(r * A, clip(r, 1 - clip, 1 + clip) * A) + kl_coef * k3(ref, new)
+(`loss_agg: sequence`: each sample's token mean, then the mean over samples, as GRPO's paper writes it:
+with forced long-tail lengths the tokens that only fill a completion then do not outweigh its answer)
 with r = exp(logp_new - logp_behaviour), A = (reward - group mean) / (group std + eps) and the k3 KL
 estimator exp(ref - new) - (ref - new) - 1 (unbiased for KL(pi || ref), always >= 0).
 
@@ -76,6 +78,7 @@ class GRPOLearner:
         adv_eps: float = 1e-4,
         max_grad_norm: float = 1.0,
         micro_tokens: int = 0,
+        loss_agg: str = "token",
         policy: Mapping[str, Any] | None = None,
         cache_dir: str | None = None,
         tokenizer_hash: str | None = None,
@@ -91,6 +94,9 @@ class GRPOLearner:
         if int(micro_tokens) < 0:
             raise ValueError(f"GRPOLearner: micro_tokens must be >= 0 (0: no micro-batches), got {micro_tokens}")
         self.micro_tokens = int(micro_tokens)
+        if loss_agg not in ("token", "sequence"):
+            raise ValueError(f"GRPOLearner: loss_agg must be 'token' or 'sequence', got {loss_agg!r}")
+        self.loss_agg = loss_agg
         self.version = 0  # weights published (`get_weights`): the policy version a sample's lag is taken against
         self.device = torch.device(device)
         self.tokenizer = CharTokenizer()
@@ -167,9 +173,14 @@ class GRPOLearner:
         sel = (valid & keep.unsqueeze(1)).nonzero(as_tuple=True)  # train only on the kept samples
         self._staleness(part, sel)
         dev = self.device
+        m = tok_mask[sel].to(dev)
+        if self.loss_agg == "token":  # every token of the minibatch weighs the same (long samples weigh more)
+            weight = m.float() / n_tok
+        else:  # every sample weighs the same: its tokens' mean, then the mean over samples (GRPO's paper)
+            weight = m.float() / (m.sum(-1, keepdim=True).clamp(min=1) * m.shape[0])
         batch = {
             "samples": flat_samples(part, sel), "old": part["logp"][sel].to(dev), "ref": ref[sel].to(dev),
-            "adv": adv[sel].to(dev).unsqueeze(-1), "mask": tok_mask[sel].to(dev),
+            "adv": adv[sel].to(dev).unsqueeze(-1), "mask": m, "weight": weight,
         }
         self.opt.zero_grad(set_to_none=True)
         stats = self._accumulate(batch, n_tok)
@@ -196,11 +207,12 @@ class GRPOLearner:
                 new = completion_logp(self.model, sub, self.device, trim).float().squeeze(1)
             d = idx.to(self.device)
             old, ref_s, adv_s, m = batch["old"][d], batch["ref"][d], batch["adv"][d], batch["mask"][d]
+            w = batch["weight"][d]
             ratio = torch.exp(new - old)
             surrogate = torch.minimum(ratio * adv_s, ratio.clamp(1 - self.clip, 1 + self.clip) * adv_s)
             log_r = ref_s - new
             kl = torch.exp(log_r) - log_r - 1
-            loss = ((-surrogate + self.kl_coef * kl) * m).sum() / n_tok
+            loss = ((-surrogate + self.kl_coef * kl) * w).sum()
             loss.backward()
             with torch.no_grad():
                 loss_sum += float(loss)
