@@ -23,9 +23,14 @@ from typing import Any
 
 import torch
 
-from examples.llm.model import KVCache
 from examples.llm.policy import PolicySpec, build_policy, clone_weights, param_hash, params_to
-from examples.llm.sampling import allowed_logits, forced_lengths, lognormal_params, sample_rows, uniform_streams
+from examples.llm.sampling import (
+    allowed_logits,
+    forced_lengths,
+    lognormal_params,
+    sample_rows,
+    uniform_streams,
+)
 from examples.llm.tokenizer import CharTokenizer
 
 Record = dict[str, torch.Tensor]

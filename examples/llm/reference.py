@@ -13,7 +13,15 @@ from typing import Any
 
 import torch
 
-from examples.llm.policy import PolicySpec, build_policy, completion_logp, flat_samples, param_hash, params_to, token_chunks
+from examples.llm.policy import (
+    PolicySpec,
+    build_policy,
+    completion_logp,
+    flat_samples,
+    param_hash,
+    params_to,
+    token_chunks,
+)
 from examples.llm.tokenizer import CharTokenizer
 
 Record = dict[str, torch.Tensor]

@@ -203,3 +203,20 @@ def test_memory_estimate_of_the_gpu_workflow() -> None:
     assert base["total_gib"] < 78 * 0.85
     double = estimate(path, {"max_batch": 1024})
     assert double["processes_gib"]["generator"] > base["processes_gib"]["generator"] + 12
+
+
+def test_the_gpu_code_paths_agree_with_the_cpu_ones(prompts) -> None:
+    """What runs only on the device, run on the CPU: decode over the prefix of slots (views of the cache,
+    attention up to the longest row), the reference's micro-batches by tokens cut to their longest row,
+    and the learner's trimmed micro-batches: the same tokens and log-probs up to float rounding."""
+    exact = _gen(max_batch=8).generate(prompts=prompts, it=6)["rollouts"]
+    fast = _gen(max_batch=8)
+    fast.row_invariant = False
+    got = fast.generate(prompts=prompts, it=6)["rollouts"]
+    assert torch.equal(got["tokens"], exact["tokens"]) and torch.equal(got["lengths"], exact["lengths"])
+    torch.testing.assert_close(got["logp"], exact["logp"], atol=1e-4, rtol=1e-4)
+    ref = ReferenceScorer(policy=POLICY, micro_tokens=40)
+    torch.testing.assert_close(ref._score_by_tokens(exact), ref.score(rollouts=exact)["ref_logp"], atol=1e-5,
+                               rtol=1e-5)
+    trimmed = completion_logp(fast.model, exact, trim=True)
+    torch.testing.assert_close(trimmed, exact["logp"], atol=2e-5, rtol=1e-5)
