@@ -86,3 +86,9 @@ def answer_prefix_credit(completion: str, answer: int, reverse: bool = True) -> 
         n += 1
     ended = n == len(target) and (n == len(completion) or not completion[n].isdigit())
     return (n + ended) / (len(target) + 1)
+
+
+def answer_then_stop(completion: str, answer: int, reverse: bool = True) -> float:
+    """The long-tail workload's exact reward: 1.0 iff the completion starts with the answer followed by a
+    non-digit or its end (`answer_prefix_credit` without the partial credit), else 0.0."""
+    return 1.0 if answer_prefix_credit(completion, answer, reverse) == 1.0 else 0.0
