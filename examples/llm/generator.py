@@ -184,7 +184,7 @@ class Generator:
 
     def _prompt_ids(self, prompts: Record, rows: slice | None) -> list[int]:
         """The prompts' stream ids (their `index`, else their rows), after checking the prompts fit."""
-        start = 0 if rows is None or rows.start is None else int(rows.start)
+        start = int(rows.start or 0) if isinstance(rows, slice) else 0
         tokens, plen = prompts["tokens"], prompts["lengths"].long()
         limit = self.spec.context - self.max_new_tokens
         for r, n in enumerate(plen.tolist()):

@@ -136,8 +136,11 @@ class GRPOLearner:
             raise KeyError(f"GRPOLearner has no state {name!r} (it has: weights, optimizer)")
 
     def get_weights(self) -> dict[str, Any]:
-        """`{"w": CPU copy of the parameters, "hash": their sha256}`, for `Generator.load_weights`."""
+        """`{"w": CPU copy of the parameters (bf16 when training on CUDA), "hash": their sha256}`, for
+        `Generator.load_weights`; counts a published version."""
         w = clone_weights(self.model)
+        if self.device.type == "cuda":  # the generator samples with bf16 weights there: half the bytes to move and hash
+            w = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in w.items()}
         self.version += 1
         return {"w": w, "hash": param_hash(w)}
 
