@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -99,6 +100,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1).to(x.dtype)
 
 
+class _Step(NamedTuple):
+    """One decode step's per-row inputs shared by every layer (see `Decoder.decode`)."""
+
+    pos: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    slots: torch.Tensor | None
+    rows: torch.Tensor
+    seen: torch.Tensor | None
+    t: int
+    row_invariant: bool
+
+
 class DecoderBlock(nn.Module):
     def __init__(self, cfg: DecoderConfig) -> None:
         super().__init__()
@@ -134,22 +148,19 @@ class DecoderBlock(nn.Module):
         x = x + self.o_proj(att.transpose(1, 2).reshape(b, t, cfg.heads * hd))
         return x + self._mlp(x, False), k, v
 
-    def decode(self, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: GQACache,
-               layer: int, slots: torch.Tensor | None, row_invariant: bool, t: int) -> torch.Tensor:
-        """One token per row: x [A, d] at positions pos [A] (all below `t`); appends its k/v to the rows'
-        cache slots."""
+    def decode(self, x: torch.Tensor, step: _Step, cache: GQACache, layer: int) -> torch.Tensor:
+        """One token per row: x [A, d] at positions step.pos [A]; appends its k/v to the rows' cache slots."""
         a = x.shape[0]
         cfg, hd = self.cfg, self.cfg.head_dim
-        q, k, v = self._qkv(self.attn_norm(x), row_invariant)
-        q = apply_rope(q.view(a, cfg.heads, hd), cos, sin)
-        k = apply_rope(k.view(a, cfg.kv_heads, hd), cos, sin)
-        rows = torch.arange(a, device=x.device) if slots is None else slots
-        cache.k[layer, rows, :, pos] = k.to(cache.k.dtype)
-        cache.v[layer, rows, :, pos] = v.view(a, cfg.kv_heads, hd).to(cache.v.dtype)
+        pos, slots, row_invariant = step.pos, step.slots, step.row_invariant
+        y = _linear(self.attn_norm(x), self.qkv, row_invariant).view(a, cfg.heads + 2 * cfg.kv_heads, hd)
+        qk = apply_rope(y[:, : cfg.heads + cfg.kv_heads], step.cos, step.sin)  # q and k rotated in one pass
+        q, k, v = qk[:, : cfg.heads], qk[:, cfg.heads :], y[:, cfg.heads + cfg.kv_heads :]
+        cache.k[layer, step.rows, :, pos] = k.to(cache.k.dtype)
+        cache.v[layer, step.rows, :, pos] = v.to(cache.v.dtype)
         if slots is None:  # the first A slots, positions up to the longest row: views, one SDPA call
-            keys, values = cache.k[layer, :a, :, :t], cache.v[layer, :a, :, :t]
-            seen = (torch.arange(t, device=x.device).view(1, -1) <= pos.view(-1, 1)).view(a, 1, 1, t)
-            att = F.scaled_dot_product_attention(q.unsqueeze(2).to(keys.dtype), keys, values, attn_mask=seen,
+            keys, values = cache.k[layer, :a, :, : step.t], cache.v[layer, :a, :, : step.t]
+            att = F.scaled_dot_product_attention(q.unsqueeze(2).to(keys.dtype), keys, values, attn_mask=step.seen,
                                                  enable_gqa=cfg.kv_heads != cfg.heads).reshape(a, cfg.d_model)
         else:  # row-wise over the whole context (split invariance on the CPU)
             keys, values = cache.k[layer, slots], cache.v[layer, slots]  # [A, kvh, T, hd]
@@ -235,8 +246,13 @@ class Decoder(nn.Module):
         top = int(pos.max())  # one host sync per step (the generator reads the sampled tokens anyway)
         self._check_pos(top)
         x = self.tok_emb(tokens)
-        cos, sin = self.rope_cos[pos], self.rope_sin[pos]
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads
+        a, t = tokens.shape[0], top + 1
+        rows = torch.arange(a, device=tokens.device) if slots is None else slots
+        seen = None if slots is not None else \
+            (torch.arange(t, device=tokens.device).view(1, -1) <= pos.view(-1, 1)).view(a, 1, 1, t)
+        # what every layer shares, computed once per step: RoPE angles (broadcast over heads), rows, mask
+        step = _Step(pos, self.rope_cos[pos].unsqueeze(1), self.rope_sin[pos].unsqueeze(1), slots, rows, seen, t,
+                     row_invariant)
         for layer, block in enumerate(self.blocks):
-            x = block.decode(x, pos, cos, sin, cache, layer, slots, row_invariant, top + 1)
+            x = block.decode(x, step, cache, layer)
         return self._logits(x, row_invariant)
