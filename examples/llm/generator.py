@@ -1,11 +1,18 @@
-"""Generator: K completions per prompt with prefix sharing and continuous batching (`generator.generate`).
+"""Generator: K completions per prompt with prefix sharing and continuous batching (`generator.generate`,
+or `generator.submit` then `generator.collect` per row group).
 
 The shape of the work follows the lecture's rollout engine, scaled down:
 - one prefill per prompt; its KV cache is copied into the decode slots of the prompt's K samples
   (expanded, never recomputed) and released once the last of the K samples has been admitted;
 - a fixed number of decode slots (`max_batch`); after every decode step, sequences that emitted EOS or
   reached `max_new_tokens` free their slot, and pending (prompt, sample) work takes it at once;
-- per-token sampling log-probs are recorded alongside the tokens (the PPO ratio's pi_old).
+- per-token sampling log-probs are recorded alongside the tokens (the PPO ratio's pi_old), and each
+  sample's policy version (weight syncs received);
+- the completions in flight outlive a call: `submit` queues prompts, `collect` decodes every queued
+  completion until the rows it asks for are finished, so the rows of one group can be returned while
+  the others keep decoding (the long-tail overlap; README);
+- optionally, each completion's length is forced (`length_mean`, `length_p99`): drawn from a lognormal
+  per (seed, it, prompt id, sample), EOS banned until then -- a systems stand-in for long-tail lengths.
 
 Reproducibility: each (prompt, sample) draws from its own uniform stream keyed by (seed, it, prompt id,
 sample index), and on the CPU every decode-step computation is row-invariant (see `model.py`). The
