@@ -347,6 +347,8 @@ def _shape(wl: Workload, figures: dict[str, list[dict[str, Any]]], calibration: 
     the policy's call time at B/2 over B in the runs (pipe2 against declared, under the other processes'
     load) and, when given, in isolation (the calibration JSON)."""
     declared = figures.get("declared", [])
+    if wl.targets is not None:
+        return _policy_shape(wl.targets, declared)
     shape: dict[str, Any] = {"targets": TARGETS}
     shape["loop_share"] = _median([s for f in declared for s in f["loop_share"]]) if wl.loop else None
     sm = [f["sm_activity"] for f in declared if f["sm_activity"] is not None]
@@ -363,6 +365,23 @@ def _shape(wl: Workload, figures: dict[str, list[dict[str, Any]]], calibration: 
         "halving": None if halving is None else halving <= TARGETS["halving_max"],
         "sm_activity": None if shape["declared_sm_activity"] is None
         else shape["declared_sm_activity"] < TARGETS["sm_activity_max"],
+    }
+    return shape
+
+
+def _policy_shape(targets: dict[str, float], declared: list[dict[str, Any]]) -> dict[str, Any]:
+    """The LLM long-tail shape: the policy's (generation's) share of the declared iteration and the declared
+    iteration's mean SM activity, both with lower bounds."""
+    sm = [f["sm_activity"] for f in declared if f["sm_activity"] is not None]
+    full = _median([f["policy_call_s"] for f in declared])
+    iteration = _median([s for f in declared for s in f["iteration_s"]])
+    shape: dict[str, Any] = {"targets": targets, "policy_call_s": full,
+                             "policy_share": full / iteration if full and iteration else None,
+                             "declared_sm_activity": statistics.mean(sm) if sm else None}
+    shape["met"] = {
+        "policy_share": None if shape["policy_share"] is None else shape["policy_share"] >= targets["policy_share_min"],
+        "sm_activity": None if shape["declared_sm_activity"] is None
+        else shape["declared_sm_activity"] >= targets["sm_activity_min"],
     }
     return shape
 

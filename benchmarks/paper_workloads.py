@@ -11,6 +11,7 @@ combination can be asked for on the command line:
 | `splittimeK` | K rollout epochs at once, each on its own policy + simulator processes | `rose rewrite --do "split-time epoch K"` |
 | `fuse` | each epoch's update right after its rollout (overlaps the next rollout) | `rose rewrite --do "fuse epoch update"` |
 | `llmpipe` | LLM: reward scoring of one prompt group overlapped with generation of the next | the hand-written `workflows/llm_grpo_gpu_pipelined.yaml` |
+| `chainG` | LLM long tail: G prompt groups; a group's reference and reward scoring start when its completions are finished, while the other groups go on decoding (verl's/RLinf's streamed rollout-to-scoring) | `rose rewrite --do "split-chain generate ref score G"` |
 
 Parts combine with `+` (`pipe2+fuse`). The optimizer's rows (`stage1`, `stage1_mps`, `rose`) are plan files
 or commands given to `paper_table.py` (`--row`, `--row-cmd`): adding a row is naming a plan.
@@ -62,6 +63,7 @@ class Workload:
     # variables and import paths a workflow asks for unless the user allows them: docs/reliability.md)
     trust: tuple[str, ...] = ()
     notes: str = ""
+    targets: dict[str, float] | None = None  # shape targets of this workload (default: paper_table.TARGETS)
 
     def config(self, name: str) -> Config:
         """The configuration called `name` (see the module docstring)."""
@@ -80,9 +82,11 @@ class Workload:
                 requests.append(f"split-time epoch {m[1]}")
             elif part == "fuse":
                 requests.append("fuse epoch update")
+            elif m := re.fullmatch(r"chain(\d+)", part):
+                requests.append(f"split-chain generate ref score {m[1]}")
             else:
                 raise ValueError(f"unknown configuration part {part!r} in {name!r} (declared, pipeG, simS, "
-                                 f"splittimeK, fuse, {', '.join(self.variants) or 'no variants'}; joined by '+')")
+                                 f"splittimeK, fuse, chainG, {', '.join(self.variants) or 'no variants'}; joined by '+')")
         return Config(name, self.workflow, tuple(requests), tuple(sets))
 
 
@@ -122,6 +126,11 @@ def _smoke_llm(doc: dict[str, Any]) -> None:
     _cpu_devices(doc)
 
 
+LONGTAIL_SMOKE = {"prompts": 8, "k": 4, "length_mean": 4, "length_p99": 12, "max_new_tokens": 16, "max_batch": 16,
+                  "layers": 2, "d_model": 64, "heads": 4, "kv_heads": 2, "intermediate": 128, "context": 24,
+                  "micro_tokens": 64, "ref_micro_tokens": 0, "minibatches": 2}
+
+
 TINY_VLA = {"hidden": 32, "layers": 2, "heads": 4, "expert_layers": 1, "denoise_steps": 2, "micro_batch": 8,
             "trainable_blocks": 1}
 
@@ -155,4 +164,15 @@ WORKLOADS: dict[str, Workload] = {
         smoke_edit=_smoke_llm,
         notes="Generation on the GPU, reward scoring on CPU workers: the hand-written variant overlaps the "
               "scoring of one prompt group with the generation of the next."),
+    "llm_longtail": Workload(
+        name="llm_longtail", workflow=ROOT / "workflows" / "llm_grpo_longtail_gpu.yaml", throughput="tokens_per_s",
+        work_metric="generated_tokens", sweep=("declared", "chain2", "chain4", "chain8"),
+        smoke_sweep=("declared", "chain2"), loop=None, policy_node="generate",
+        smoke_params=LONGTAIL_SMOKE, smoke_edit=_smoke_llm,
+        targets={"policy_share_min": 0.5, "sm_activity_min": 0.3},
+        notes="A 0.5B-shaped decoder (random weights) generating lognormal completion lengths (mean 256, p99 2048) "
+              "with continuous batching; reward on CPU workers, reference and learner micro-batched by tokens on "
+              "the same GPU. The hand-written rows stream finished prompt groups to scoring (chainG); every row "
+              "has the same micro-batches (they bound memory, not speed). Tokens/s: generated tokens over the "
+              "iteration's seconds."),
 }

@@ -73,3 +73,22 @@ def format_answer(answer: int, reverse: bool = True) -> str:
 def check_answer(completion: str, answer: int, reverse: bool = True) -> float:
     """The verifiable reward: 1.0 iff the completion (decoded up to EOS) is exactly the answer's text."""
     return 1.0 if completion == format_answer(answer, reverse) else 0.0
+
+
+def answer_prefix_credit(completion: str, answer: int, reverse: bool = True) -> float:
+    """The verifiable reward of the long-tail workload, whose completion lengths are forced (the answer
+    is followed by whatever fills the drawn length): partial credit for each leading character of the
+    answer written in place, and full credit (1.0) when the answer is complete and followed by a
+    non-digit or the end. Dense, so that GRPO has signal from a weak (even random) policy."""
+    target = format_answer(answer, reverse)
+    n = 0
+    while n < len(target) and n < len(completion) and completion[n] == target[n]:
+        n += 1
+    ended = n == len(target) and (n == len(completion) or not completion[n].isdigit())
+    return (n + ended) / (len(target) + 1)
+
+
+def answer_then_stop(completion: str, answer: int, reverse: bool = True) -> float:
+    """The long-tail workload's exact reward: 1.0 iff the completion starts with the answer followed by a
+    non-digit or its end (`answer_prefix_credit` without the partial credit), else 0.0."""
+    return 1.0 if answer_prefix_credit(completion, answer, reverse) == 1.0 else 0.0

@@ -8,8 +8,23 @@ samples are dropped (counted), invalid samples of kept groups are masked out.
 
 Loss per completion token (token-level mean over the mask of the minibatch):
     -min(r * A, clip(r, 1 - clip, 1 + clip) * A) + kl_coef * k3(ref, new)
-with r = exp(logp_new - logp_sampling), A = (reward - group mean) / (group std + eps) and the k3 KL
+(`loss_agg: sequence`: each sample's token mean, then the mean over samples, as GRPO's paper writes it:
+with forced long-tail lengths the tokens that only fill a completion then do not outweigh its answer)
+with r = exp(logp_new - logp_behaviour), A = (reward - group mean) / (group std + eps) and the k3 KL
 estimator exp(ref - new) - (ref - new) - 1 (unbiased for KL(pi || ref), always >= 0).
+
+The behaviour log-probs are the generator's, recorded at sampling time (`rollouts["logp"]`), never
+recomputed: the importance ratio r is against the policy that actually sampled, whatever its age (the
+lecture's PPO/GRPO recipe; clipping bounds what a stale sample can move). Each sample carries the policy
+version that sampled it (`rollouts["version"]`: weight syncs the generator had received); the learner
+counts the weights it has published (`version`), and their difference is the sample's staleness. The
+metrics give the ratio's statistics and a staleness histogram (`staleness_hist_<lag>`: samples trained
+at that lag); with today's synchronous plans every lag is 0 and r = 1 up to floating point (the
+generator's KV-cache decode against the learner's full forward, bf16 on the GPU).
+
+Micro-batches (`micro_tokens`): one optimiser step accumulates the gradients of groups of samples of
+at most that many (padded) tokens each, longest first, so that a long-tail minibatch fits in memory on
+the GPU; 0 = the whole minibatch in one pass (the CPU default).
 """
 
 from __future__ import annotations
@@ -19,7 +34,15 @@ from typing import Any
 
 import torch
 
-from examples.llm.policy import PolicySpec, build_policy, clone_weights, completion_logp, param_hash
+from examples.llm.policy import (
+    PolicySpec,
+    build_policy,
+    clone_weights,
+    completion_logp,
+    flat_samples,
+    param_hash,
+    token_chunks,
+)
 from examples.llm.tokenizer import CharTokenizer
 
 Record = dict[str, torch.Tensor]
@@ -54,6 +77,8 @@ class GRPOLearner:
         min_k: int = 2,
         adv_eps: float = 1e-4,
         max_grad_norm: float = 1.0,
+        micro_tokens: int = 0,
+        loss_agg: str = "token",
         policy: Mapping[str, Any] | None = None,
         cache_dir: str | None = None,
         tokenizer_hash: str | None = None,
@@ -66,6 +91,13 @@ class GRPOLearner:
         self.minibatches, self.min_k = int(minibatches), int(min_k)
         self.clip, self.kl_coef, self.adv_eps = float(clip), float(kl_coef), float(adv_eps)
         self.max_grad_norm = float(max_grad_norm)
+        if int(micro_tokens) < 0:
+            raise ValueError(f"GRPOLearner: micro_tokens must be >= 0 (0: no micro-batches), got {micro_tokens}")
+        self.micro_tokens = int(micro_tokens)
+        if loss_agg not in ("token", "sequence"):
+            raise ValueError(f"GRPOLearner: loss_agg must be 'token' or 'sequence', got {loss_agg!r}")
+        self.loss_agg = loss_agg
+        self.version = 0  # weights published (`get_weights`): the policy version a sample's lag is taken against
         self.device = torch.device(device)
         self.tokenizer = CharTokenizer()
         self.tokenizer_hash = self.tokenizer.hash()
@@ -104,8 +136,12 @@ class GRPOLearner:
             raise KeyError(f"GRPOLearner has no state {name!r} (it has: weights, optimizer)")
 
     def get_weights(self) -> dict[str, Any]:
-        """`{"w": CPU copy of the parameters, "hash": their sha256}`, for `Generator.load_weights`."""
+        """`{"w": CPU copy of the parameters (bf16 when training on CUDA), "hash": their sha256}`, for
+        `Generator.load_weights`; counts a published version."""
         w = clone_weights(self.model)
+        if self.device.type == "cuda":  # the generator samples with bf16 weights there: half the bytes to move and hash
+            w = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in w.items()}
+        self.version += 1
         return {"w": w, "hash": param_hash(w)}
 
     # -- training ------------------------------------------------------------------------------------
@@ -138,54 +174,93 @@ class GRPOLearner:
             self._add(skipped_steps=1.0)
             return
         sel = (valid & keep.unsqueeze(1)).nonzero(as_tuple=True)  # train only on the kept samples
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
-            new = completion_logp(self.model, _select_samples(part, sel), self.device).float().squeeze(1)
+        self._staleness(part, sel)
         dev = self.device
-        old = part["logp"][sel].to(dev)
-        ref_s, adv_s, m = ref[sel].to(dev), adv[sel].to(dev).unsqueeze(-1), tok_mask[sel].to(dev)
-        ratio = torch.exp(new - old)
-        surrogate = torch.minimum(ratio * adv_s, ratio.clamp(1 - self.clip, 1 + self.clip) * adv_s)
-        log_r = ref_s - new
-        kl = torch.exp(log_r) - log_r - 1
-        loss = ((-surrogate + self.kl_coef * kl) * m).sum() / n_tok
+        m = tok_mask[sel].to(dev)
+        if self.loss_agg == "token":  # every token of the minibatch weighs the same (long samples weigh more)
+            weight = m.float() / n_tok
+        else:  # every sample weighs the same: its tokens' mean, then the mean over samples (GRPO's paper)
+            weight = m.float() / (m.sum(-1, keepdim=True).clamp(min=1) * m.shape[0])
+        batch = {
+            "samples": flat_samples(part, sel), "old": part["logp"][sel].to(dev), "ref": ref[sel].to(dev),
+            "adv": adv[sel].to(dev).unsqueeze(-1), "mask": m, "weight": weight,
+        }
         self.opt.zero_grad(set_to_none=True)
-        loss.backward()
+        stats = self._accumulate(batch, n_tok)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self.opt.step()
-        with torch.no_grad():
-            r, mf = ratio.detach()[m], m.float()
-            clipped = ((ratio - 1).abs() > self.clip) & m
-            self._add(
-                loss=float(loss), kl=float((kl.detach() * mf).sum() / n_tok), ratio_mean=float(r.mean()),
-                clip_frac=float(clipped.sum() / n_tok), grad_norm=float(grad_norm), trained_steps=1.0,
-                tokens=float(n_tok), reward=float(rew[valid].mean()) if valid.any() else 0.0,
-            )
-            self._metrics["ratio_max"] = max(self._metrics.get("ratio_max", 0.0), float(r.max()))
+        r = torch.cat(stats.pop("ratios"))
+        self._add(**stats, grad_norm=float(grad_norm), trained_steps=1.0, tokens=float(n_tok),
+                  reward=float(rew[valid].mean()) if valid.any() else 0.0, ratio_sq=float((r * r).sum()),
+                  ratio_sum=float(r.sum()), ratio_n=float(r.numel()))
+        self._metrics["ratio_max"] = max(self._metrics.get("ratio_max", 0.0), float(r.max()))
+        self._metrics["ratio_min"] = min(self._metrics.get("ratio_min", float("inf")), float(r.min()))
+
+    def _accumulate(self, batch: dict[str, Any], n_tok: int) -> dict[str, Any]:
+        """Forward and backward over the micro-batches of one step; the loss is the token mean of the step."""
+        samples, lengths = batch["samples"], batch["samples"]["prompt_len"] + batch["mask"].sum(-1).cpu()
+        n = lengths.numel()
+        chunks = token_chunks(lengths, self.micro_tokens) if self.micro_tokens else [torch.arange(n)]
+        trim = self.device.type != "cpu"
+        loss_sum = kl_sum = clipped = 0.0
+        ratios = []
+        for idx in chunks:
+            sub = {name: t[idx] for name, t in samples.items()}
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+                new = completion_logp(self.model, sub, self.device, trim).float().squeeze(1)
+            d = idx.to(self.device)
+            old, ref_s, adv_s, m = batch["old"][d], batch["ref"][d], batch["adv"][d], batch["mask"][d]
+            w = batch["weight"][d]
+            ratio = torch.exp(new - old)
+            surrogate = torch.minimum(ratio * adv_s, ratio.clamp(1 - self.clip, 1 + self.clip) * adv_s)
+            log_r = ref_s - new
+            kl = torch.exp(log_r) - log_r - 1
+            loss = ((-surrogate + self.kl_coef * kl) * w).sum()
+            loss.backward()
+            with torch.no_grad():
+                loss_sum += float(loss)
+                kl_sum += float((kl * m).sum()) / n_tok
+                clipped += float((((ratio - 1).abs() > self.clip) & m).sum()) / n_tok
+                ratios.append(ratio.detach()[m].float().cpu())
+        return {"loss": loss_sum, "kl": kl_sum, "clip_frac": clipped, "ratios": ratios}
+
+    def _staleness(self, part: Record, sel: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Count the trained samples by lag = published versions - the version that sampled them."""
+        if "version" not in part:
+            return
+        versions = part["version"][sel]
+        lags = (self.version - versions).tolist()
+        for lag in set(lags):
+            self._add(**{f"staleness_hist_{lag}": float(lags.count(lag))})
+        self._add(staleness_sum=float(sum(lags)), staleness_n=float(len(lags)))
+        self._metrics["staleness_max"] = max(self._metrics.get("staleness_max", 0.0), float(max(lags, default=0)))
+        self._metrics["sample_version_min"] = min(self._metrics.get("sample_version_min", float("inf")),
+                                                  float(versions.min()) if len(lags) else float("inf"))
 
     def _add(self, **values: float) -> None:
         for k, v in values.items():
             self._metrics[k] = self._metrics.get(k, 0.0) + v
 
     def pop_metrics(self) -> dict[str, float]:
-        """Loss, KL, ratio mean/max, clip fraction, grad norm (means over trained steps), dropped groups."""
+        """Loss, KL, clip fraction, grad norm (means over trained steps); the importance ratio's mean, std,
+        min and max over trained tokens; the staleness histogram, mean and max; dropped groups."""
         m, self._metrics = self._metrics, {}
         if not m:
             return {}
         n = max(m.get("trained_steps", 0.0), 1.0)
-        out = {k: m[k] / n for k in ("loss", "kl", "ratio_mean", "clip_frac", "grad_norm", "reward") if k in m}
+        out = {k: m[k] / n for k in ("loss", "kl", "clip_frac", "grad_norm", "reward") if k in m}
         out.update(
             ratio_max=m.get("ratio_max", 0.0), dropped_groups=m.get("dropped_groups", 0.0),
             groups=m.get("groups", 0.0), steps=m.get("steps", 0.0),
             skipped_steps=m.get("skipped_steps", 0.0), tokens=m.get("tokens", 0.0),
+            policy_version=float(self.version),
         )
+        if m.get("ratio_n"):
+            mean = m["ratio_sum"] / m["ratio_n"]
+            out.update(ratio_mean=mean, ratio_min=m["ratio_min"],
+                       ratio_std=max(m["ratio_sq"] / m["ratio_n"] - mean * mean, 0.0) ** 0.5)
+        if m.get("staleness_n"):
+            out.update(staleness_mean=m["staleness_sum"] / m["staleness_n"], staleness_max=m["staleness_max"],
+                       sample_version_min=m["sample_version_min"])
+            out.update({k: v for k, v in m.items() if k.startswith("staleness_hist_")})
         return out
-
-
-def _select_samples(part: Record, sel: tuple[torch.Tensor, torch.Tensor]) -> Record:
-    """A one-sample-per-row rollout record ([N, 1, L]) of the selected (prompt, sample) pairs."""
-    p_idx, k_idx = sel
-    return {
-        "prompt": part["prompt"][p_idx], "prompt_len": part["prompt_len"][p_idx],
-        "temperature": part["temperature"][p_idx],
-        "tokens": part["tokens"][p_idx, k_idx].unsqueeze(1), "mask": part["mask"][p_idx, k_idx].unsqueeze(1),
-    }

@@ -152,6 +152,9 @@ class TinyLM(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    def new_cache(self, slots: int, device: torch.device | str, dtype: torch.dtype) -> KVCache:
+        return KVCache(self.cfg, slots, device, dtype)
+
     def _embed(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         if int(pos.max()) >= self.cfg.context:
             raise ValueError(f"position {int(pos.max())} is beyond the model context {self.cfg.context}")
@@ -182,10 +185,13 @@ class TinyLM(nn.Module):
 
     @torch.no_grad()
     def decode(
-        self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache, slots: torch.Tensor,
+        self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache, slots: torch.Tensor | None,
         row_invariant: bool = True,
     ) -> torch.Tensor:
-        """Logits [A, V] for the next token of each active slot, given its newest token [A] at pos [A]."""
+        """Logits [A, V] for the next token of each active slot, given its newest token [A] at pos [A];
+        `slots` None: the first A slots."""
+        if slots is None:
+            slots = torch.arange(tokens.shape[0], device=tokens.device)
         x = self._embed(tokens, pos)
         for layer, block in enumerate(self.blocks):
             x = block.decode(x, pos, cache, layer, slots, row_invariant)

@@ -23,11 +23,15 @@ import torch
 import torch.nn.functional as F
 
 from examples.llm.arithmetic import ArithmeticTask
+from examples.llm.decoder import Decoder, DecoderConfig, rope_tables
 from examples.llm.model import ModelConfig, TinyLM
+from examples.llm.sampling import allowed_logits
 from examples.llm.seeding import mix_seed
 from examples.llm.tokenizer import CharTokenizer
 
 Record = dict[str, torch.Tensor]
+Policy = TinyLM | Decoder
+ARCHS = ("tiny", "decoder")
 _SFT_STREAM = 0x5F7  # the warm start draws its problems from a stream separate from the prompts'
 
 
@@ -49,6 +53,12 @@ class PolicySpec:
     warm_check_every: int = 5
     warm_batch: int = 64
     warm_lr: float = 1e-3
+    # the current-architecture decoder (`decoder.py`); "tiny" is TinyLM. `warm_steps: 0` = random init
+    arch: str = "tiny"
+    kv_heads: int = 0  # decoder: key/value heads (0: as many as `heads`)
+    intermediate: int = 0  # decoder: SwiGLU width (0: ffn_mult * d_model)
+    tie_embeddings: bool = True  # decoder
+    vocab: int = 0  # model vocabulary, >= the tokenizer's (0: the tokenizer's); padded ids are never sampled
 
     @classmethod
     def from_args(cls, policy: Mapping[str, Any] | None) -> PolicySpec:
@@ -58,21 +68,36 @@ class PolicySpec:
         unknown = sorted(set(policy) - known)
         if unknown:
             raise ValueError(f"unknown policy settings {unknown}; valid: {sorted(known)}")
-        return cls(**policy)
+        spec = cls(**policy)
+        if spec.arch not in ARCHS:
+            raise ValueError(f"policy arch must be one of {ARCHS}, got {spec.arch!r}")
+        return spec
 
     def task(self) -> ArithmeticTask:
         return ArithmeticTask(digits=self.digits, ops=self.ops, reverse=self.reverse)
 
-    def model_config(self, tokenizer: CharTokenizer) -> ModelConfig:
+    def model_config(self, tokenizer: CharTokenizer) -> ModelConfig | DecoderConfig:
+        if self.vocab and self.vocab < tokenizer.vocab_size:
+            raise ValueError(f"policy vocab {self.vocab} is smaller than the tokenizer's {tokenizer.vocab_size}")
+        vocab = max(self.vocab, tokenizer.vocab_size)
+        if self.arch == "decoder":
+            return DecoderConfig(
+                vocab_size=vocab, context=self.context, layers=self.layers, d_model=self.d_model,
+                heads=self.heads, kv_heads=self.kv_heads or self.heads,
+                intermediate=self.intermediate or self.ffn_mult * self.d_model, tie_embeddings=self.tie_embeddings,
+            )
         return ModelConfig(
-            vocab_size=tokenizer.vocab_size, context=self.context, layers=self.layers,
+            vocab_size=vocab, context=self.context, layers=self.layers,
             d_model=self.d_model, heads=self.heads, ffn_mult=self.ffn_mult,
         )
 
     def key(self, seed: int, tokenizer: CharTokenizer) -> str:
-        """Cache key: sha256 of the spec, the seed, the tokenizer and the torch version."""
+        """Cache key: sha256 of the spec, the seed, the tokenizer and the torch version. Settings at their
+        defaults that came after the first cached specs are left out (the old caches stay valid)."""
+        later = {"arch", "kv_heads", "intermediate", "tie_embeddings", "vocab"}
+        spec = {k: v for k, v in asdict(self).items() if k not in later or v != getattr(PolicySpec, k)}
         blob = json.dumps(
-            {"spec": asdict(self), "seed": seed, "tok": tokenizer.hash(), "torch": torch.__version__},
+            {"spec": spec, "seed": seed, "tok": tokenizer.hash(), "torch": torch.__version__},
             sort_keys=True,
         )
         return hashlib.sha256(blob.encode()).hexdigest()
@@ -93,12 +118,25 @@ def clone_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
-def sequences(rollouts: Record, max_width: int) -> tuple[torch.Tensor, torch.Tensor]:
+def params_to(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """Cast the parameters only (bf16 inference on the GPU); buffers such as RoPE tables stay fp32."""
+    for p in model.parameters():
+        p.data = p.data.to(dtype)
+    return model
+
+
+def make_model(cfg: ModelConfig | DecoderConfig) -> Policy:
+    return Decoder(cfg) if isinstance(cfg, DecoderConfig) else TinyLM(cfg)
+
+
+def sequences(rollouts: Record, max_width: int, trim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Prompt + completion token rows [P*K, W] (right-padded) and each row's prompt length [P*K].
 
     Each sequence starts at position 0 with its own prompt, so positions match what the generator saw.
     The width W = min(prompt width + L, max_width) depends on the record's layout only, never on its
     contents, so every prompt group is laid out (and computed) the same way whatever batch it is in.
+    With `trim` (the GPU, where that guarantee is not made) W is the longest row's, so a batch of
+    long-tail completions is not padded to the length limit.
     """
     prompt, plen, comp = rollouts["prompt"], rollouts["prompt_len"], rollouts["tokens"]
     p, k, length = comp.shape
@@ -108,29 +146,71 @@ def sequences(rollouts: Record, max_width: int) -> tuple[torch.Tensor, torch.Ten
     seq[:, : prompt.shape[1]] = prompt.repeat_interleave(k, dim=0)
     cols = plen_rows.unsqueeze(1) + torch.arange(length).unsqueeze(0)
     seq.scatter_(1, cols, comp.reshape(p * k, length))
+    if trim and p * k:
+        width = int((plen_rows + rollouts["mask"].reshape(p * k, length).sum(-1)).max())
     return seq[:, : min(width, max_width)], plen_rows
 
 
-def completion_logp(model: TinyLM, rollouts: Record, device: torch.device | str = "cpu") -> torch.Tensor:
+def completion_logp(model: Policy, rollouts: Record, device: torch.device | str = "cpu",
+                    trim: bool = False) -> torch.Tensor:
     """Per-token log-probs [P, K, L] of the completions under `model`, 0 outside the completion mask.
 
     Uses the sampling temperature carried in the rollouts, so that these log-probs are comparable to the
-    generator's sampling log-probs (same distribution family: softmax(logits / T)).
+    generator's sampling log-probs (same distribution family: softmax(logits / T)), and the same
+    `allowed_logits` mask (padded vocabulary; EOS banned in rows whose length was forced, `no_eos`).
     """
     p, k, length = rollouts["tokens"].shape
     if p * k == 0:
         return torch.zeros(p, k, length)
-    seq, plen = sequences(rollouts, model.cfg.context)
+    seq, plen = sequences(rollouts, model.cfg.context, trim)
     seq, plen = seq.to(device), plen.to(device)
+    width = seq.shape[1]
     logits = model(seq).float()  # [N, T, V]
     cols = plen.unsqueeze(1) - 1 + torch.arange(length, device=device).unsqueeze(0)  # predicting positions
-    cols = cols.clamp(max=seq.shape[1] - 1)
+    cols = cols.clamp(max=width - 1)
     picked = logits.gather(1, cols.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))  # [N, L, V]
+    picked = _allowed(picked, rollouts, k)
     temp = rollouts["temperature"].to(device).repeat_interleave(k).view(-1, 1, 1)
     logp = F.log_softmax(picked / temp, dim=-1)
     tok = rollouts["tokens"].to(device).reshape(p * k, length, 1)
     out = logp.gather(-1, tok).squeeze(-1).view(p, k, length)
     return out.masked_fill(~rollouts["mask"].to(device), 0.0)
+
+
+def _allowed(picked: torch.Tensor, rollouts: Record, k: int) -> torch.Tensor:
+    """`allowed_logits` row by row: EOS banned in the rows of prompts whose completion lengths were forced."""
+    tok = CharTokenizer()
+    out = allowed_logits(picked, tok.vocab_size)
+    no_eos = rollouts.get("no_eos")
+    if no_eos is not None and bool(no_eos.any()):
+        banned = allowed_logits(out, tok.vocab_size, tok.eos_id)
+        rows = no_eos.to(picked.device).repeat_interleave(k).view(-1, 1, 1)
+        out = torch.where(rows, banned, out)
+    return out
+
+
+def flat_samples(rollouts: Record, sel: tuple[torch.Tensor, torch.Tensor]) -> Record:
+    """A one-sample-per-row rollout record ([N, 1, L]) of the selected (prompt, sample) pairs."""
+    p_idx, k_idx = sel
+    out = {name: rollouts[name][p_idx] for name in ("prompt", "prompt_len", "temperature") }
+    out.update(tokens=rollouts["tokens"][p_idx, k_idx].unsqueeze(1), mask=rollouts["mask"][p_idx, k_idx].unsqueeze(1))
+    if "no_eos" in rollouts:
+        out["no_eos"] = rollouts["no_eos"][p_idx]
+    return out
+
+
+def token_chunks(lengths: torch.Tensor, budget: int) -> list[torch.Tensor]:
+    """Row indices grouped so that rows x longest row <= `budget` tokens per group (at least one row each),
+    rows taken longest first: the micro-batches of the reference and the learner on the GPU, where a long
+    tail padded into every batch would multiply the work."""
+    order = torch.argsort(lengths, descending=True, stable=True).tolist()
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and (len(groups[-1]) + 1) * int(lengths[groups[-1][0]]) <= budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return [torch.tensor(g, dtype=torch.long) for g in groups]
 
 
 def _sft_batch(tok: CharTokenizer, task: ArithmeticTask, stream: int, start: int, n: int) -> Record:
@@ -151,7 +231,7 @@ def _sft_batch(tok: CharTokenizer, task: ArithmeticTask, stream: int, start: int
 
 
 @torch.no_grad()
-def answer_stats(model: TinyLM, batch: Record) -> dict[str, float]:
+def answer_stats(model: Policy, batch: Record) -> dict[str, float]:
     """Teacher-forced competence on `batch`, without sampling noise.
 
     expected_reward: mean probability of sampling exactly the right answer+EOS at temperature 1.
@@ -168,7 +248,7 @@ def answer_stats(model: TinyLM, batch: Record) -> dict[str, float]:
     }
 
 
-def warm_start(model: TinyLM, tok: CharTokenizer, spec: PolicySpec, seed: int) -> dict[str, float]:
+def warm_start(model: Policy, tok: CharTokenizer, spec: PolicySpec, seed: int) -> dict[str, float]:
     """Supervised steps on the task (answer tokens only) until greedy accuracy reaches `warm_target`.
 
     The label smoothing leaves the policy knowing more than it samples: its greedy answers are mostly
@@ -210,6 +290,9 @@ def warm_started(
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """(initial weights, warm-start stats) for (spec, seed): trained once, then cached in memory and on disk."""
     tok = CharTokenizer()
+    if spec.warm_steps == 0:  # a seeded random init: every process makes the same bytes, nothing to cache
+        blob = train_initial(spec, seed, tok)
+        return blob["weights"], blob["warm_start"]
     key = spec.key(seed, tok)
     if key not in _MEMO:
         root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -238,8 +321,8 @@ def train_initial(spec: PolicySpec, seed: int, tok: CharTokenizer) -> dict[str, 
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(mix_seed(seed, 1))
-            model = TinyLM(spec.model_config(tok))
-            stats = warm_start(model, tok, spec, seed)
+            model = make_model(spec.model_config(tok))
+            stats = warm_start(model, tok, spec, seed) if spec.warm_steps else {"steps": 0.0}
     finally:
         torch.set_num_threads(threads)
     return {"weights": clone_weights(model), "spec": asdict(spec), "seed": seed, "warm_start": stats}
@@ -248,9 +331,12 @@ def train_initial(spec: PolicySpec, seed: int, tok: CharTokenizer) -> dict[str, 
 def build_policy(
     spec: PolicySpec, seed: int, device: torch.device | str = "cpu",
     cache_dir: str | os.PathLike[str] | None = None,
-) -> TinyLM:
-    """A TinyLM on `device` holding the warm-started initial weights."""
-    with torch.random.fork_rng(devices=[]):
-        model = TinyLM(spec.model_config(CharTokenizer()))
+) -> Policy:
+    """The policy on `device` holding the warm-started (or, with `warm_steps: 0`, seeded random) weights."""
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        model = make_model(spec.model_config(CharTokenizer()))
+    model = model.to_empty(device="cpu")
+    if isinstance(model, Decoder):  # non-persistent buffers are not in the weights: rebuild them
+        model.rope_cos, model.rope_sin = rope_tables(model.cfg)
     model.load_state_dict(warm_started(spec, seed, cache_dir)[0])
     return model.to(device)

@@ -13,7 +13,15 @@ from typing import Any
 
 import torch
 
-from examples.llm.policy import PolicySpec, build_policy, completion_logp, param_hash
+from examples.llm.policy import (
+    PolicySpec,
+    build_policy,
+    completion_logp,
+    flat_samples,
+    param_hash,
+    params_to,
+    token_chunks,
+)
 from examples.llm.tokenizer import CharTokenizer
 
 Record = dict[str, torch.Tensor]
@@ -30,6 +38,7 @@ class ReferenceScorer:
         cache_dir: str | None = None,
         tokenizer_hash: str | None = None,
         max_rows: int = 1024,
+        micro_tokens: int = 0,
     ) -> None:
         self.spec = PolicySpec.from_args(policy)
         self.device = torch.device(device)
@@ -40,7 +49,12 @@ class ReferenceScorer:
         self.model = build_policy(self.spec, int(seed), self.device, cache_dir).eval()
         self.model.requires_grad_(False)
         self.weights_hash = param_hash(self.model.state_dict())
+        if self.device.type == "cuda":
+            params_to(self.model, torch.bfloat16)
         self.max_rows = int(max_rows)
+        if int(micro_tokens) < 0:
+            raise ValueError(f"ReferenceScorer: micro_tokens must be >= 0 (0: by max_rows), got {micro_tokens}")
+        self.micro_tokens = int(micro_tokens)
 
     @torch.no_grad()
     def score(self, rollouts: Record) -> dict[str, torch.Tensor]:
@@ -48,8 +62,12 @@ class ReferenceScorer:
 
         On the CPU each prompt's K sequences are scored in their own forward pass of a fixed shape, so a
         prompt's result is bit-identical whatever other prompts share the call (split invariance); on
-        CUDA, up to `max_rows` sequences go through one pass, for speed.
+        CUDA, up to `max_rows` sequences go through one pass, for speed, or with `micro_tokens` the
+        samples in groups of at most that many tokens, longest first, each cut to its longest row (a
+        long tail padded into every pass would multiply the work).
         """
+        if self.micro_tokens and self.device.type != "cpu":
+            return {"ref_logp": self._score_by_tokens(rollouts)}
         p_count, k, _ = rollouts["tokens"].shape
         step = 1 if self.device.type == "cpu" else max(1, self.max_rows // max(k, 1))
         parts = []
@@ -59,3 +77,16 @@ class ReferenceScorer:
                 parts.append(completion_logp(self.model, chunk, self.device).float().cpu())
         out = torch.cat(parts) if parts else torch.zeros_like(rollouts["logp"])
         return {"ref_logp": out}
+
+    def _score_by_tokens(self, rollouts: Record) -> torch.Tensor:
+        p_count, k, length = rollouts["tokens"].shape
+        out = torch.zeros(p_count * k, length)
+        if p_count * k == 0:
+            return out.view(p_count, k, length)
+        sel = torch.ones(p_count, k, dtype=torch.bool).nonzero(as_tuple=True)
+        samples = flat_samples(rollouts, sel)
+        lengths = samples["prompt_len"] + samples["mask"].sum(-1).squeeze(1)
+        for idx in token_chunks(lengths, self.micro_tokens):
+            sub = {name: t[idx] for name, t in samples.items()}
+            out[idx] = completion_logp(self.model, sub, self.device, trim=True).float().cpu().squeeze(1)
+        return out.view(p_count, k, length)

@@ -8,6 +8,9 @@ or on the order in which the scheduler admits work.
 
 from __future__ import annotations
 
+import math
+import random
+
 import torch
 import torch.nn.functional as F
 
@@ -23,6 +26,20 @@ def uniform_streams(seed: int, it: int, prompt_ids: list[int], k: int, length: i
             g.manual_seed(mix_seed(seed, it, pid, j))
             out[p, j] = torch.rand(length, generator=g, dtype=torch.float64)
     return out
+
+
+def allowed_logits(logits: torch.Tensor, n_tokens: int, ban: int | None = None) -> torch.Tensor:
+    """`logits` [..., V] with the ids the policy may not emit set to -inf: ids >= `n_tokens` (a model vocabulary
+    padded beyond the tokenizer's) and `ban` (EOS while a forced completion length is not reached). The
+    sampler and every log-prob recomputation apply the same mask, so the behaviour, reference and learner
+    log-probs are of one distribution (the mask is part of the environment, as top-p is)."""
+    if logits.shape[-1] <= n_tokens and ban is None:
+        return logits
+    logits = logits.clone()
+    logits[..., n_tokens:] = float("-inf")
+    if ban is not None:
+        logits[..., ban] = float("-inf")
+    return logits
 
 
 def sample_rows(
@@ -48,3 +65,34 @@ def sample_rows(
     idx = torch.minimum(idx, last_positive)
     tokens = order.gather(1, idx).squeeze(1)
     return tokens, logp_all.gather(1, tokens.unsqueeze(1)).squeeze(1)
+
+
+Z99 = 2.3263478740408408  # the standard normal's 99th percentile
+_LENGTH_STREAM = 0x1E5  # the length draws have their own stream, apart from the token uniforms
+
+
+def lognormal_params(mean: float, p99: float) -> tuple[float, float]:
+    """(mu, sigma) of the lognormal with this mean and 99th percentile: ln p99 = mu + z sigma and
+    ln mean = mu + sigma^2 / 2 give sigma = z - sqrt(z^2 - 2 ln(p99 / mean)) (the narrower root)."""
+    if not 0 < mean < p99:
+        raise ValueError(f"completion lengths need 0 < mean < p99, got mean {mean}, p99 {p99}")
+    disc = Z99 * Z99 - 2 * math.log(p99 / mean)
+    if disc < 0:
+        raise ValueError(f"no lognormal has mean {mean} and p99 {p99}: p99 / mean must be <= "
+                         f"{math.exp(Z99 * Z99 / 2):.1f}")
+    sigma = Z99 - math.sqrt(disc)
+    return math.log(mean) - sigma * sigma / 2, sigma
+
+
+def forced_lengths(seed: int, it: int, prompt_ids: list[int], k: int, mean: float, p99: float,
+                   limit: int) -> torch.Tensor:
+    """Completion lengths [P, K] (int64, in [1, limit]): sample (p, j) draws its length from the lognormal
+    of `mean` and `p99` with its own generator keyed by (seed, it, prompt id, j), so that every plan, row
+    grouping and slot count generates the same lengths (a systems stand-in for a trained model's lengths)."""
+    mu, sigma = lognormal_params(mean, p99)
+    out = torch.empty(len(prompt_ids), k, dtype=torch.long)
+    for p, pid in enumerate(prompt_ids):
+        for j in range(k):
+            x = random.Random(mix_seed(seed, it, pid, j, _LENGTH_STREAM)).lognormvariate(mu, sigma)
+            out[p, j] = max(1, min(limit, round(x)))
+    return out
