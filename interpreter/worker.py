@@ -29,7 +29,7 @@ from .components import (
     invoke,
     set_state,
 )
-from .recipe import IterVar, Leaf, evaluate, resolve_k
+from .recipe import HELD, LIVE_ROWS, IterVar, Leaf, evaluate, resolve_k
 from .trace import InvocationRecord
 
 __all__ = ["ComponentWorker", "CallFailed", "replica_name", "group_of"]
@@ -298,10 +298,16 @@ class ComponentWorker:
         self.current = (info, indices, label, start)  # the label is built when a message needs it (~1 µs a call)
         try:
             inputs = {port: leaves[r.index] if type(r) is Leaf else evaluate(r, leaves, None, k) for port, r in recipe}
+            # a call of a loop that ends per row, after some rows are done: its rows, and its previous full outputs
+            live, held = (inputs.pop(LIVE_ROWS), inputs.pop(HELD)) if recipe and recipe[-1][0] == HELD else (None, None)
+            if live is not None:
+                import torch
+
+                live = torch.as_tensor(live, dtype=torch.long)
             attempt = 0
             while True:
                 try:
-                    outs = invoke(self.obj, node, inputs, label or (lambda: info.label(indices)))
+                    outs = invoke(self.obj, node, inputs, label or (lambda: info.label(indices)), live)
                     break
                 except Exception as exc:  # noqa: BLE001 - retried only where the workflow allows it, else re-raised
                     attempt += 1
@@ -312,7 +318,12 @@ class ComponentWorker:
                                         f"({type(exc).__name__}: {exc}); retrying")
                     time.sleep(min(2.0, 0.05 * 2**attempt))
             if node.batch is not None:
-                check_batch(node, outs, label or info.label(indices))
+                check_batch(node, outs, label or info.label(indices), None if live is None else len(live))
+            if live is not None:  # the done rows keep the values of their last trip
+                from .values import hold
+
+                outs = {o: hold(held[n], outs[o], live, node.batch or 0)  # type: ignore[index]
+                        for n, o in enumerate(node.outputs)}
             device_end = self._wait_device(outs)
         except ComponentError as exc:
             label = label or info.label(indices)

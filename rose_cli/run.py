@@ -97,7 +97,6 @@ class RunContext:
 # --- before anything starts ------------------------------------------------------------------------
 def prepare(wf: Workflow, opts: ExecuteOptions) -> Schedule:
     """Everything that can be refused before a process starts; the schedule of one iteration."""
-    _static_loops_only(wf)
     try:
         schedule = Schedule(wf)
     except ValueError as exc:
@@ -117,23 +116,6 @@ def prepare(wf: Workflow, opts: ExecuteOptions) -> Schedule:
         if opts.overwrite:
             clear_outputs(opts.out_dir)
     return schedule
-
-
-def _static_loops_only(wf: Workflow) -> None:
-    """A loop that ends on a condition (`until:`) is valid rose (`rose validate` and the rewrites take it) but
-    the runtime unrolls every iteration into a static schedule of calls: refused here, at the loop."""
-    from rose_dsl.errors import format_path
-    from rose_dsl.ir import LoopNode
-
-    for item in wf.items():
-        if isinstance(item, LoopNode) and item.dynamic:
-            pos = item.field_pos.get("until") or item.pos
-            where = f"{format_path(item.src + ('until',))}: " if item.src else ""
-            fix = ("drop `until:` (it also has `count:`: its iterations then all run, finished rows idle)"
-                   if item.count is not None else
-                   "give it `count:` (e.g. the episode length) instead of `until:` and let finished rows idle")
-            raise SetupError(f"{pos}: {where}loop '{item.name}' ends on a condition (until); the runtime runs loops "
-                             f"with a fixed count only: {fix}")
 
 
 def _check_reachable(address: str) -> None:
