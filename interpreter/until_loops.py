@@ -7,7 +7,7 @@ wait for data the driver does), and decides (docs/language.md, `until`):
 
 * a loop that ends **as a whole** (some call in its body declares no batch) runs trips until the
   condition holds for every row, at most `count`; `loop[*]` is the trips that ran;
-* a loop that ends **per row** (`LoopNode.per_row`: every call in its body declares `batch:`) keeps, per
+* a loop that ends **per row** (`rose_dsl.until.whole_reason`: every call in its body declares `batch:`) keeps, per
   row, whether it is done (its flag held after some trip; it stays done). A trip after some rows are done
   gives each call only the rows not yet done (`recipe.Take` of every input, the rows as `rows=` to a
   method that takes them) and the call's worker puts the new rows into its previous full outputs
@@ -25,12 +25,15 @@ from __future__ import annotations
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
+from rose_dsl.expr import Expr
+from rose_dsl.expr import Record as ExprRecord
 from rose_dsl.ir import ExecutionNode, LoopNode
 from rose_dsl.semantics import CallSite, Frame, Invocation, Program
+from rose_dsl.until import input_dims, whole_reason
 
-from .recipe import HELD, LIVE_ROWS, Const, Recipe, Ref, Seq, Take, evaluate, lift, number_leaves
+from .recipe import HELD, LIVE_ROWS, Const, Recipe, Record, Ref, Seq, Take, evaluate, lift, number_leaves
 
-__all__ = ["UntilLoops"]
+__all__ = ["UntilLoops", "live_inputs", "keep_done_rows"]
 
 Path = tuple[str, ...]
 
@@ -48,6 +51,9 @@ class UntilLoops:
         self.done: dict[tuple[Path, tuple[int, ...]], Any] = {}  # per loop instance: a [N] bool tensor
         self.live: dict[Path, tuple[tuple[int, ...] | None, int]] = {}  # per-row loop -> (rows not done, its trip)
         self.trips: dict[Path, int] = {}  # trips run by each loop's last instance (for the trace, tests)
+        self._dims: dict[int, int | None | str] = {}  # per input expression of a body call: the dimension of its rows
+        self._per_row: dict[Path, bool] = {}
+        self.aliases: dict[Invocation, Invocation] = {}  # a trip not run -> the last trip run (per-row loops)
 
     def condition(self, loop: LoopNode, ctx: dict[Path, int]) -> Any:
         """The value of the loop's condition after trip ctx[loop]: its producers' values fetched."""
@@ -64,7 +70,7 @@ class UntilLoops:
         j = ctx[loop.path]
         value = self.condition(loop, ctx)
         self.trips[loop.path] = j + 1
-        if not loop.per_row:
+        if not self.per_row(loop):
             self.frame.dynamic_ran.setdefault(key, []).append(j)
             return TorchOps().truth(value)
         flags = row_flags(value)
@@ -93,6 +99,7 @@ class UntilLoops:
                 alias = Invocation(item.path, prefix + (j,))
                 self.handles[alias] = self.handles[ran]
                 self.component[alias] = self.component[ran]
+                self.aliases[alias] = ran
         self.live.pop(loop.path, None)
         self.done.pop(key, None)
 
@@ -105,6 +112,45 @@ class UntilLoops:
             return ports
         assert isinstance(node, ExecutionNode) and site.inv.indices[-1] == trip
         previous = self.handles[Invocation(node.path, site.inv.indices[:-1] + (trip - 1,))]
-        dim = node.batch or 0
         held = Seq(tuple(Ref(h) for h in previous[:len(node.outputs)]))
-        return [(port, Take(r, rows, dim)) for port, r in ports] + [(LIVE_ROWS, Const(rows)), (HELD, held)]
+        inputs = dict(node.inputs)
+        taken = [(port, self._take(node, f"in.{port}", inputs[port], r, rows)) for port, r in ports]
+        return taken + [(LIVE_ROWS, Const(rows)), (HELD, held)]
+
+    def _take(self, node: ExecutionNode, key: str, expr: Expr, recipe: Recipe, rows: tuple[int, ...]) -> Recipe:
+        """The rows of one input (a record field by field): along the dimension the analysis says holds the
+        loop's rows (`rose_dsl.until.input_dims`; none for an integer, the same for every row)."""
+        if isinstance(expr, ExprRecord) and isinstance(recipe, Const) and isinstance(recipe.value, dict):
+            recipe = Record(tuple((name, lift(v)) for name, v in recipe.value.items()))  # (a concrete record)
+        if isinstance(expr, ExprRecord) and isinstance(recipe, Record):
+            fields = dict(expr.fields)
+            return Record(tuple((name, self._take(node, key, fields[name], r, rows)) for name, r in recipe.fields))
+        if id(expr) not in self._dims:
+            port = key.removeprefix("in.")
+            self._dims.update(input_dims(self.program.resolver, node, port, dict(node.inputs)[port]))
+        dim = self._dims[id(expr)]
+        assert not isinstance(dim, str), "a loop whose inputs' rows are unknown ends as a whole"
+        return recipe if dim is None else Take(recipe, rows, dim)
+
+    def per_row(self, loop: LoopNode) -> bool:
+        if loop.path not in self._per_row:
+            self._per_row[loop.path] = whole_reason(self.program.resolver, loop) is None
+        return self._per_row[loop.path]
+
+
+def live_inputs(recipe: Any, inputs: dict[str, Any]) -> tuple[Any, Any]:
+    """Take the rows and the held outputs `narrow` added out of a call's evaluated inputs: (rows as a
+    LongTensor, previous full outputs), or (None, None) for a call that computes every row."""
+    if not recipe or recipe[-1][0] != HELD:
+        return None, None
+    import torch
+
+    return torch.as_tensor(inputs.pop(LIVE_ROWS), dtype=torch.long), inputs.pop(HELD)
+
+
+def keep_done_rows(node: ExecutionNode, outs: dict[str, Any], live: Any, held: Any) -> dict[str, Any]:
+    """A narrowed call's outputs as full values: the previous trip's with the computed rows replaced."""
+    from .values import hold
+
+    return {o: hold(held[n], outs[o], live, node.batch or 0) for n, o in enumerate(node.outputs)}
+

@@ -29,8 +29,9 @@ from .components import (
     invoke,
     set_state,
 )
-from .recipe import HELD, LIVE_ROWS, IterVar, Leaf, evaluate, resolve_k
+from .recipe import IterVar, Leaf, evaluate, resolve_k
 from .trace import InvocationRecord
+from .until_loops import keep_done_rows, live_inputs
 
 __all__ = ["ComponentWorker", "CallFailed", "replica_name", "group_of"]
 
@@ -299,11 +300,7 @@ class ComponentWorker:
         try:
             inputs = {port: leaves[r.index] if type(r) is Leaf else evaluate(r, leaves, None, k) for port, r in recipe}
             # a call of a loop that ends per row, after some rows are done: its rows, and its previous full outputs
-            live, held = (inputs.pop(LIVE_ROWS), inputs.pop(HELD)) if recipe and recipe[-1][0] == HELD else (None, None)
-            if live is not None:
-                import torch
-
-                live = torch.as_tensor(live, dtype=torch.long)
+            live, held = live_inputs(recipe, inputs)
             attempt = 0
             while True:
                 try:
@@ -320,10 +317,7 @@ class ComponentWorker:
             if node.batch is not None:
                 check_batch(node, outs, label or info.label(indices), None if live is None else len(live))
             if live is not None:  # the done rows keep the values of their last trip
-                from .values import hold
-
-                outs = {o: hold(held[n], outs[o], live, node.batch or 0)  # type: ignore[index]
-                        for n, o in enumerate(node.outputs)}
+                outs = keep_done_rows(node, outs, live, held)
             device_end = self._wait_device(outs)
         except ComponentError as exc:
             label = label or info.label(indices)

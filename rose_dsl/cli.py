@@ -239,18 +239,19 @@ def validate(
     for d in check_trust(wf, policy):  # valid, but running it needs the command line's permission
         err.print(f"note: {d.pos}: {d.path}: {d.message}", markup=False)
     for loop in (i for i in wf.items() if isinstance(i, LoopNode) and i.dynamic):  # how it ends, said once
-        err.print(f"note: {loop.field_pos.get('until') or loop.pos}: {until_note(loop)}", markup=False)
+        err.print(f"note: {loop.field_pos.get('until') or loop.pos}: {until_note(wf, loop)}", markup=False)
 
 
-def until_note(loop: LoopNode) -> str:
+def until_note(wf: Workflow, loop: LoopNode) -> str:
     """How a loop that ends on a condition runs (docs/language.md, `until`): per row, or as a whole."""
-    if loop.per_row:
+    from .resolve import Resolver
+    from .until import whole_reason
+
+    why = whole_reason(Resolver(wf), loop)
+    if why is None:
         return (f"loop '{loop.name}' ends per row (every call in it declares batch:): after each iteration a row whose "
                 f"condition holds is done -- its values are final and later calls get only the rows not done -- and "
                 f"the loop ends when every row is done, at most {loop.count} iterations")
-    why = next((f"'{i.name}' is a loop" if isinstance(i, LoopNode) else f"'{i.name}' declares no batch:"
-                if getattr(i, "batch", None) is None else f"'{i.name}' is not separable"
-                for i in loop.body if not (isinstance(i, ExecutionNode) and i.batch is not None and i.separable)), "")
     return (f"loop '{loop.name}' ends as a whole ({why}): every row runs every iteration until the condition holds for "
             f"all rows, at most {loop.count} iterations")
 

@@ -195,16 +195,6 @@ class LoopNode:
         return self.until is not None
 
     @property
-    def per_row(self) -> bool:
-        """A loop that ends on a condition row by row (docs/language.md, `until`): every item of its body is
-        a call that declares its batch (`batch:`, separable) and runs no phases, so the runtime can give each
-        call only the rows not yet done and keep a finished row's values. Otherwise the loop ends as a whole,
-        when every row's condition holds."""
-        return self.dynamic and all(
-            isinstance(i, ExecutionNode) and i.batch is not None and i.separable and not (i.expand and i.phases)
-            for i in self.body)
-
-    @property
     def temporal_group(self) -> bool:
         """A group of a loop split in time (`split-time`): it runs a subset of the loop's iterations."""
         return self.split_of is not None and self.iterations is not None

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ToyLM", "LengthReward", "ToyEnv", "ToyPolicy", "reference_decode", "reference_episodes"]
+__all__ = ["ToyLM", "LengthReward", "ToyEnv", "ToyPolicy", "Tick", "reference_decode", "reference_episodes"]
 
 
 def _noise(seed: int, it: Any, t: Any, rows: torch.Tensor, width: int) -> torch.Tensor:
@@ -29,7 +29,12 @@ def _noise(seed: int, it: Any, t: Any, rows: torch.Tensor, width: int) -> torch.
 
 
 def _all(rows: Any, n: int) -> torch.Tensor:
-    return torch.arange(n) if rows is None else torch.as_tensor(rows).long().reshape(-1)
+    """The global rows a call computes: all, a split group's slice, or the indices of the rows not done."""
+    if rows is None:
+        return torch.arange(n)
+    if isinstance(rows, slice):
+        return torch.arange(rows.start, rows.stop)
+    return torch.as_tensor(rows).long().reshape(-1)
 
 
 class ToyLM:
@@ -45,7 +50,7 @@ class ToyLM:
 
     def prompts(self, it: int) -> dict[str, torch.Tensor]:
         u = _noise(self.seed, it, -1, torch.arange(self.rows), 1)[:, 0]
-        return {"tok": 1 + (u * (self.vocab - 1)).long()}
+        return {"tok": 1 + (u * (self.vocab - 1)).long(), "len0": torch.zeros(self.rows, dtype=torch.long)}
 
     def step(self, tok: torch.Tensor, t: int, it: int, rows: Any = None) -> dict[str, torch.Tensor]:
         g = _all(rows, tok.shape[0])
@@ -53,13 +58,18 @@ class ToyLM:
         gumbel = -torch.log(-torch.log(_noise(self.seed, it, t, g, self.vocab).clamp(1e-12, 1 - 1e-12)))
         nxt = (logits + gumbel).argmax(dim=1)
         logp = torch.log_softmax(logits, dim=1).gather(1, nxt.unsqueeze(1)).squeeze(1)
-        return {"tok": nxt, "logp": logp, "eos": nxt == self.eos}
+        return {"tok": nxt, "logp": logp, "eos": nxt == self.eos, "len": torch.full_like(nxt, t + 1)}
 
     def update(self, logp: torch.Tensor, reward: torch.Tensor, eos: torch.Tensor) -> None:
         live = _live_mask(eos)
         loss = -(logp * live * reward.unsqueeze(0)).sum() / live.sum()
         self.weights = self.weights - 0.01 * float(loss) * torch.ones_like(self.weights)
         self._metrics = {"loss": float(loss), "tokens": float(live.sum())}
+
+    def learn(self, reward: torch.Tensor) -> None:
+        """A step on the rewards of the finished completions alone (what a split's groups hand on)."""
+        self.weights = self.weights + 0.01 * float(reward.mean()) * torch.ones_like(self.weights)
+        self._metrics = {"reward": float(reward.mean()), "checksum": float(self.weights.sum())}
 
     def pop_metrics(self) -> dict[str, float]:
         out, self._metrics = self._metrics, {}
@@ -87,6 +97,10 @@ class LengthReward:
         reward = -(length - self.target).abs() + 0.01 * tokens[-1].double()
         self._metrics = {"reward": float(reward.mean()), "length": float(length.mean())}
         return {"reward": reward}
+
+    def final(self, tok: torch.Tensor, length: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per row, from each completion's last token and length (separable: a row group scores its rows)."""
+        return {"reward": -(length.double() - self.target).abs() + 0.01 * tok.double()}
 
     def pop_metrics(self) -> dict[str, float]:
         out, self._metrics = self._metrics, {}
@@ -214,3 +228,21 @@ def reference_episodes(iterations: int, num_envs: int, max_steps: int, seed: int
         pi.update(torch.stack([s["reward"] for s in steps]), torch.stack([s["done"] for s in steps]))
         out.append({f"pi/{k}": v for k, v in pi.pop_metrics().items()})
     return out
+
+
+class Tick:
+    """A counter per row for dispatch benchmarks: `start` gives each row its number of trips, `tick` counts
+    one down and says which rows reached zero (`benchmarks/until_dispatch.py`)."""
+
+    def __init__(self, rows: int = 8, trips: int = 100, spread: bool = False) -> None:
+        self.rows, self.trips, self.spread = rows, trips, spread
+
+    def start(self, it: int) -> dict[str, torch.Tensor]:
+        left = torch.full((self.rows,), self.trips, dtype=torch.long)
+        if self.spread:  # rows end at evenly spread trips, the last at `trips`
+            left = torch.linspace(1, self.trips, self.rows).round().long()
+        return {"x": left}
+
+    def tick(self, x: torch.Tensor, rows: Any = None) -> dict[str, torch.Tensor]:
+        y = x - 1
+        return {"x": y, "done": y <= 0}
