@@ -164,11 +164,12 @@ def _renaming(names: dict[Path, str]) -> RefFn:
 def build_split_loop_body(wf: Workflow, path: Path, k: int, batch_size: int | None = None) -> Rewritten:
     """Every item of a loop body split into k row groups (each with its own carried values), merged at
     the end of each iteration for the readers outside the groups."""
-    loop, size = _splittable_loop(wf, path, batch_size)
-    if loop.dynamic:
+    loop = find(wf, path)
+    if isinstance(loop, LoopNode) and loop.dynamic:
         raise Refused(f"loop '{loop.name}' ends on a condition (until): split inside its body, the condition would "
                       "read the merge of every group's rows, so no group could end before the others; copy the whole "
                       f"loop per row group instead (split-chain {loop.name} CONSUMER K)", at=loop.field_pos.get("until"))
+    loop, size = _splittable_loop(wf, path, batch_size)
     groups = row_groups(size, k, f"loop '{loop.name}'", loop.pos)
     resolver = Resolver(wf)
     _check_carries(resolver, loop)
