@@ -272,6 +272,8 @@ class Runner:
             metrics["tokens_per_s"] = tokens / seconds
         for node, ns in self._time_by_node(t0, t1).items():
             metrics[f"time/{node}"] = ns / 1e9
+        for loop, trips in self.schedule.trips.items():  # loops that end on a condition: the trips they ran
+            metrics[f"trips/{'.'.join(loop[1:])}"] = float(trips)
         if self.sampler is not None:
             act = self.sampler.mean_activity([(t0, t1)])
             if act is not None:

@@ -75,6 +75,7 @@ def test_an_until_loop_on_the_local_backend_equals_the_loop_written_by_hand(case
     bound = 12 if case == "decode" else 15
     per_iteration = [sum(1 for r in calls if r.loop_indices[0][1] == k) for k in range(3)]
     assert min(per_iteration) < bound, (loop, per_iteration)
+    assert [r.metrics[f"trips/{loop}"] for r in runner.results] == per_iteration  # what each iteration logs
     assert len({k for k in got for k in ("lm/tokens", "pi/env_steps") if k in got[0]}) == 1
 
 
