@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["ToyLM", "LengthReward", "ToyEnv", "ToyPolicy", "Tick", "reference_decode", "reference_episodes"]
+__all__ = ["ToyLM", "LengthReward", "ToyEnv", "ToyPolicy", "Tick", "SleepyLM", "SleepyJudge", "reference_decode",
+           "reference_episodes"]
 
 
 def _noise(seed: int, it: Any, t: Any, rows: torch.Tensor, width: int) -> torch.Tensor:
@@ -246,3 +247,57 @@ class Tick:
     def tick(self, x: torch.Tensor, rows: Any = None) -> dict[str, torch.Tensor]:
         y = x - 1
         return {"x": y, "done": y <= 0}
+
+
+def _lengths(seed: int, it: int, rows: torch.Tensor, mean: float, sigma: float, most: int) -> torch.Tensor:
+    """Per-row completion lengths with a long tail: lognormal with the given mean (in trips) and log-sd,
+    from each row's own noise (the same whatever batch computes it), at least 1, at most `most`."""
+    u = _noise(seed, it, -3, rows, 2).clamp(1e-9, 1 - 1e-9)
+    z = torch.sqrt(-2 * torch.log(u[:, 0])) * torch.cos(2 * torch.pi * u[:, 1])  # Box-Muller
+    mu = torch.log(torch.tensor(mean)) - sigma * sigma / 2
+    return torch.exp(mu + sigma * z).round().clamp(1, most).long()
+
+
+class SleepyLM:
+    """A decoder whose step costs `fixed_ms + per_row_ms * rows` of wall time (sleep: no CPU, so a benchmark
+    on a loaded machine measures scheduling, not contention) and whose rows end at long-tailed lengths
+    (`_lengths`): the shape of LLM generation with a long tail, for `benchmarks/until_long_tail.py`."""
+
+    def __init__(self, rows: int = 16, fixed_ms: float = 1.0, per_row_ms: float = 0.1, mean: float = 8.0,
+                 sigma: float = 1.0, most: int = 64, seed: int = 0) -> None:
+        self.rows, self.fixed, self.per_row = rows, fixed_ms / 1e3, per_row_ms / 1e3
+        self.mean, self.sigma, self.most, self.seed = mean, sigma, most, seed
+        self.weights = torch.zeros(1, dtype=torch.float64)
+        self.tokens = 0
+
+    def prompts(self, it: int) -> dict[str, torch.Tensor]:
+        return {"tok": torch.zeros(self.rows, dtype=torch.long), "len0": torch.zeros(self.rows, dtype=torch.long)}
+
+    def step(self, tok: torch.Tensor, t: int, it: int, rows: Any = None) -> dict[str, torch.Tensor]:
+        import time
+
+        g = _all(rows, tok.shape[0])
+        time.sleep(self.fixed + self.per_row * len(g))
+        self.tokens += len(g)
+        ends = _lengths(self.seed, it, g, self.mean, self.sigma, self.most)
+        return {"tok": tok + 1, "eos": ends <= t + 1, "len": torch.full_like(tok, t + 1)}
+
+    def learn(self, reward: torch.Tensor) -> None:
+        self.weights = self.weights + 1e-3 * float(reward.mean())
+
+    def pop_metrics(self) -> dict[str, float]:
+        out, self.tokens = {"tokens": float(self.tokens), "weights": float(self.weights.sum())}, 0
+        return out
+
+
+class SleepyJudge:
+    """Scores finished completions: `per_token_ms` of wall time per token scored (a reward model's pass)."""
+
+    def __init__(self, per_token_ms: float = 0.05) -> None:
+        self.per_token = per_token_ms / 1e3
+
+    def final(self, tok: torch.Tensor, length: torch.Tensor) -> dict[str, torch.Tensor]:
+        import time
+
+        time.sleep(self.per_token * float(length.sum()))
+        return {"reward": -length.double()}
