@@ -24,7 +24,7 @@ def whole_reason(resolver: Resolver, loop: LoopNode) -> str | None:
         if isinstance(item, LoopNode):
             return f"its body holds loop '{item.name}'"
         if not isinstance(item, ExecutionNode):
-            return f"its body holds '{item.name}', which is not a call"
+            return f"its body holds merge '{item.name}' of row groups split inside it"
         if item.batch is None:
             return f"'{item.name}' declares no batch:"
         if not item.separable:

@@ -99,3 +99,22 @@ def test_a_loop_that_ends_as_a_whole_is_not_split_and_says_why() -> None:
 def test_splitting_inside_the_body_of_an_until_loop_is_refused_with_the_alternative() -> None:
     with pytest.raises(Refused, match=r"the condition would read the merge of every group's rows.*split-chain decode"):
         _plan(SPLIT, "split decode 2")
+
+
+def test_a_split_inside_a_per_row_loop_is_refused_and_forced_through_changes_the_result() -> None:
+    """The pinned failure (found.py, UNTIL_PER_ROW): merges in the body would make the loop end as a whole."""
+    from rose_dsl.transforms import passes
+
+    from .found import UNTIL_PER_ROW
+    from .harness import differences, execute
+
+    wf = load_workflow_text(UNTIL_PER_ROW.text, "wf.yaml")
+    (request,) = UNTIL_PER_ROW.requests
+    with pytest.raises(Refused, match=r"loop 'l1' ends on a condition per row, and would end as a whole \(its body "
+                                      r"holds merge 'n2' of row groups split inside it\)"):
+        apply_request(wf, request)
+    forced = passes.run(passes.Pass("split-chain", passes.build_split_chain, (passes.well_formed, passes.writable)), wf,
+                        [("iteration", "l1", "n2"), ("iteration", "l1", "n3")], 2)
+    a, comps_a = execute(wf, "program")
+    b, comps_b = execute(forced.workflow, "program")
+    assert differences(wf, a, comps_a, forced.workflow, b, comps_b, forced.locate)
