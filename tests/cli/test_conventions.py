@@ -140,6 +140,11 @@ def test_a_loop_that_ends_on_a_condition_runs_and_validate_says_how_it_ends(tmp_
     said = valid.stderr.replace("\n", " ")
     assert re.search(rf"note: {re.escape(str(wf))}:\d+:\d+: loop 'decode' ends per row", said), said
     assert "fixed count only" not in said
+    whole = tmp_path / "whole.yaml"
+    whole.write_text((ROOT / "tests" / "dsl" / "fixtures" / "until.yaml").read_text())
+    said = rose("validate", str(whole)).stderr.replace("\n", " ")
+    assert re.search(rf"note: {re.escape(str(whole))}:\d+:\d+: loop 'step' ends as a whole \('act' declares no batch:\)",
+                     said), said
     ran = rose("execute", str(wf), "-n", "2", "--out", str(tmp_path / "run"))
     assert ran.returncode == 0, ran.stderr
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
