@@ -186,9 +186,12 @@ def _takes_rows(cls: type, name: str) -> bool:
     return _TAKES_ROWS[key]
 
 
-def invoke(obj: Any, node: ExecutionNode, inputs: Mapping[str, Any], where: str | Callable[[], str] = "") -> dict[str, Any]:
+def invoke(obj: Any, node: ExecutionNode, inputs: Mapping[str, Any], where: str | Callable[[], str] = "",
+           live: Any = None) -> dict[str, Any]:
     """Call `node.method` on `obj` and check the result against the node's declared outputs. `where`
-    names the invocation in messages (or builds that name: only a failing call needs it)."""
+    names the invocation in messages (or builds that name: only a failing call needs it). `live`: the
+    rows (a LongTensor, of the loop's batch) this call of a loop that ends per row computes, the others
+    being done; a method that takes `rows=` gets them as global rows (offset by a split group's start)."""
     def label() -> str:
         return (where() if callable(where) else where) or ".".join(node.path)
 
@@ -196,7 +199,15 @@ def invoke(obj: Any, node: ExecutionNode, inputs: Mapping[str, Any], where: str 
     if method is None or not callable(method):
         raise ComponentError(f"{label()}: component '{node.component}' has no method '{node.method}'")
     kwargs = dict(inputs)
-    if node.rows is not None:
+    if live is not None:
+        if _takes_rows(type(obj), node.method):
+            kwargs["rows"] = live + node.rows[0] if node.rows else live
+        elif node.effects:
+            raise ComponentError(
+                f"{label()}: {node.call} runs in a loop that ends per row, on the rows not yet done, and declares "
+                f"state ({', '.join(e.state for e in node.effects)}), but takes no `rows=` argument: such a method "
+                "must take `rows` (the indices of the rows it computes; docs/components.md)")
+    elif node.rows is not None:
         if _takes_rows(type(obj), node.method):
             kwargs["rows"] = slice(*node.rows)
         elif node.effects:
@@ -221,11 +232,12 @@ def invoke(obj: Any, node: ExecutionNode, inputs: Mapping[str, Any], where: str 
     return {o: result[o] for o in outs}
 
 
-def check_batch(node: ExecutionNode, outputs: Mapping[str, Any], label: str) -> None:
-    """A batch-separable node with a declared batch size must return that many rows (its group's rows)."""
-    if node.batch is None or node.batch_size is None:
+def check_batch(node: ExecutionNode, outputs: Mapping[str, Any], label: str, live: int | None = None) -> None:
+    """A batch-separable node with a declared batch size must return that many rows (its group's rows, or
+    the `live` rows a call of a loop that ends per row computed)."""
+    if node.batch is None or (node.batch_size is None and live is None):
         return
-    rows = node.rows[1] - node.rows[0] if node.rows else node.batch_size
+    rows = live if live is not None else node.rows[1] - node.rows[0] if node.rows else node.batch_size
     for port, value in outputs.items():
         for leaf_name, leaf in _leaves(port, value):
             shape = getattr(leaf, "shape", None)

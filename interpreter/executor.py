@@ -140,7 +140,7 @@ class Executor:
         self._loaded = None  # (until loaded: a failure below leaves nothing half-believed)
         backend.load(runner.schedule)
         self.loads += 1
-        if self.compiled:
+        if self.compiled and not runner.schedule.dynamic:  # (a loop that ends on a condition: call by call)
             try:
                 backend.compile(runner.schedule)
             except CompileError as exc:  # per-call dispatch from now on, said plainly (as rose execute does)

@@ -427,6 +427,9 @@ class RayBackend(ActorMoves, Backend):
         """Compile the RL iteration of `schedule` (the loaded one) into one Ray Compiled Graph, its number
         the graph's input, or take its graph from the cache when it was compiled before. Raises
         CompileError (then the backend still dispatches call by call)."""
+        if schedule.dynamic:
+            raise CompileError(f"loop '{schedule.dynamic[0].name}' ends on a condition: its trips are decided as the "
+                               "iteration runs, so the iteration is dispatched call by call")
         key = id(schedule)
         if self._schedule is not schedule:  # (compile without load: the nodes are the ones the actors have)
             self._schedule, self._plan_key = schedule, key

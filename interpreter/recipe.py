@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 __all__ = [
-    "Recipe", "Leaf", "Ref", "Const", "Seq", "Stack", "Cat", "Record", "Slice", "Part", "IterVar", "Arith", "Neg",
-    "K", "RecipeOps", "lift", "map_leaves", "leaves_of", "number_leaves", "evaluate", "resolve_k",
+    "Recipe", "Leaf", "Ref", "Const", "Seq", "Stack", "Cat", "Record", "Slice", "Part", "Take", "IterVar", "Arith", "Neg",
+    "K", "LIVE_ROWS", "HELD", "RecipeOps", "lift", "map_leaves", "leaves_of", "number_leaves", "evaluate", "resolve_k",
 ]
 
 
@@ -177,6 +177,22 @@ class Part:
 
 
 @dataclass(frozen=True, slots=True)
+class Take:
+    """Rows `index` (increasing row numbers) along `dim` of every tensor in the value: what a call in a loop
+    that ends per row gets once some rows are done (`until_loops.UntilLoops`)."""
+
+    target: Recipe
+    index: tuple[int, ...]
+    dim: int
+
+    def _map(self, fn: Callable[[Recipe], Recipe]) -> Recipe:
+        return Take(fn(self.target), self.index, self.dim)
+
+    def _eval(self, env: _Env) -> Any:
+        return env.ops.take(self.target._eval(env), self.index, self.dim)
+
+
+@dataclass(frozen=True, slots=True)
 class IterVar(_Symbolic):
     """The RL-iteration number as a symbol (hashable: it stands in invocations' indices)."""
 
@@ -231,10 +247,16 @@ class Neg(_Symbolic):
         return f"-{self.operand!r}"
 
 
-Recipe = Union[Leaf, Ref, Const, Seq, Stack, Cat, Record, Slice, Part, IterVar, Arith, Neg]  # noqa: UP007 - a runtime alias
-_NODES = (Leaf, Ref, Const, Seq, Stack, Cat, Record, Slice, Part, IterVar, Arith, Neg)
+Recipe = Union[Leaf, Ref, Const, Seq, Stack, Cat, Record, Slice, Part, Take, IterVar, Arith, Neg]  # noqa: UP007 - a runtime alias
+_NODES = (Leaf, Ref, Const, Seq, Stack, Cat, Record, Slice, Part, Take, IterVar, Arith, Neg)
 
 K = IterVar()
+
+# The two inputs a call of a loop that ends per row gets besides its ports once some rows are done (the
+# schedule adds them last; the worker takes them out before the call): the rows it computes, and its own
+# outputs of the previous trip, which the done rows keep. Not identifiers, so no port can be named so.
+LIVE_ROWS = "rose.live_rows"
+HELD = "rose.held"
 
 
 # -- one traversal, one evaluator ---------------------------------------------------------------

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rose_dsl.analysis import AfterOrder
-from rose_dsl.ir import Workflow
+from rose_dsl.ir import LoopNode, Workflow
 from rose_dsl.semantics import (
     CallSite,
     Frame,
@@ -29,7 +29,8 @@ from rose_dsl.semantics import (
 )
 
 from .components import invoke
-from .recipe import RecipeOps, Ref, leaves_of, lift
+from .recipe import RecipeOps, Ref, evaluate, leaves_of, lift, number_leaves
+from .until_loops import UntilLoops, keep_done_rows, live_inputs
 from .values import TorchOps
 
 __all__ = ["ReferenceRun", "run_reference", "schedule_dependencies"]
@@ -84,6 +85,10 @@ def run_reference(wf: Workflow, components: Mapping[str, Any], iterations: Itera
     program = Program(wf)
     run = ReferenceRun(program, components)
     caller = _Caller(components)
+    if order == "program" and any(isinstance(i, LoopNode) and i.dynamic for i in wf.items()):
+        for k in iterations:
+            _run_with_until(run, caller, k)
+        return run
     if order == "program":
         def keep(k, outs):
             run.outputs[k] = dict(outs)
@@ -121,6 +126,37 @@ def run_reference(wf: Workflow, components: Mapping[str, Any], iterations: Itera
         run.outputs[k] = outputs
         run.frames[k] = frame
     return run
+
+
+def _run_with_until(run: ReferenceRun, caller: _Caller, k: int) -> None:
+    """RL iteration k in program order, loops that end on a condition run as the runtime's schedule runs
+    them (`until_loops.UntilLoops`: per row, a call after some rows are done computes only the rows not
+    done and a done row keeps its values), on concrete values: the handles are the values themselves."""
+    program = run.program
+    outputs: dict[Invocation, dict[str, Any]] = {}
+    handles: dict[Invocation, tuple[Any, ...]] = {}
+    aliases: dict[Invocation, Invocation] = {}
+    frame = Frame(lambda inv, port: outputs[aliases.get(inv, inv)][port], caller.ops, root_carry=_carry_from(run, k))
+    until = UntilLoops(program, frame, handles, {}, lambda value: value, k)
+    until.aliases = aliases
+    for site in program.unroll(k, until.reached):
+        pairs = until.narrow(site, [(port, lift(v)) for port, v in program.inputs(site, frame).items()])
+        recipe, leaves = number_leaves(pairs)
+        inputs = {port: evaluate(r, leaves, caller.ops, k) for port, r in recipe}
+        live, held = live_inputs(recipe, inputs)
+        node = site.node
+        outs = invoke(caller.components[node.component], node, inputs, str(site.inv), live)
+        if live is not None:
+            outs = keep_done_rows(node, outs, live, held)
+        outputs[site.inv] = outs
+        handles[site.inv] = tuple(outs[o] for o in node.outputs) or (None,)
+        until.component[site.inv] = node.component
+        run.order.append(site.inv)
+    for alias, ran in until.aliases.items():  # the trips a per-row loop did not run repeat its last
+        outputs[alias] = outputs[ran]
+    program.end_iteration(k, frame)
+    run.outputs[k] = outputs
+    run.frames[k] = frame
 
 
 def _carry_from(run: ReferenceRun, k: int) -> dict[int, dict[str, Any]]:

@@ -194,6 +194,9 @@ class Runner:
         self._replicas = max((c.replicas for c in wf.components.values()), default=1)
         if self._replicas > 1 and not backend.capabilities.replicas:
             raise ValueError(f"replicas: {self._replicas} needs a backend with one process per replica (--backend ray)")
+        if self._replicas > 1 and self.schedule.dynamic:
+            raise ValueError(f"loop '{self.schedule.dynamic[0].name}' ends on a condition (until): such a loop runs "
+                             "with one process per component (no replicas) for now")
         self.on_iteration = on_iteration
         self.sampler = _as_gpu_activity(sampler)
         self.trace = ExecutionTrace(meta={"workflow": wf.name})
@@ -331,11 +334,18 @@ class Runner:
         never early: every call the waited one depends on -- its data producers and its component's
         previous call -- is earlier in program order, hence finished, so the waited call is running
         (or starting) by then."""
+        deadline = time.monotonic() + self.config.call_timeout_s
+
+        def fetch(handle: Any) -> Any:  # a loop's condition's producer, after a trip (`until:`)
+            try:
+                return self.backend.result(handle, timeout=max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise Overdue("the condition of a loop that ends on one", self.config.call_timeout_s) from None
+
         if self._replicas == 1:
-            submitted = self.schedule.steps(k, self.backend.submit)
+            submitted = self.schedule.steps(k, self.backend.submit, fetch)
         else:  # data parallel: every call once per replica of its component, each on its own process
             submitted = self.schedule.steps(k, replicated(self.backend.submit, self.wf))
-        deadline = time.monotonic() + self.config.call_timeout_s
         for step, handles in submitted:
             first = handles[0]
             own = step.node.timeout_s
@@ -361,6 +371,8 @@ class Runner:
             metrics["tokens_per_s"] = tokens / seconds
         for node, ns in self._time_by_node(t0, t1).items():
             metrics[f"time/{node}"] = ns / 1e9
+        for loop, trips in self.schedule.trips.items():  # loops that end on a condition: the trips they ran
+            metrics[f"trips/{'.'.join(loop[1:])}"] = float(trips)
         if self.sampler is not None:
             act = self.sampler.mean_activity([(t0, t1)])
             if act is not None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rose_dsl.analysis import AfterOrder
-from rose_dsl.ir import ExecutionNode, Workflow
+from rose_dsl.ir import ExecutionNode, LoopNode, Workflow
 from rose_dsl.semantics import CallSite, Frame, Invocation, Program
 
 from .recipe import Cat, Leaf, Part, Recipe, RecipeOps, Ref, leaves_of, lift, map_leaves, number_leaves
@@ -107,19 +107,22 @@ class Schedule:
     def __init__(self, wf: Workflow) -> None:
         self.program = Program(wf)
         self.workflow = wf
-        dynamic = [i for i in wf.items() if getattr(i, "until", None) is not None]
-        if dynamic:
-            raise ValueError(f"loop '{dynamic[0].name}' ends on a condition; the runtime schedules static loops only")
+        # loops that end on a condition: an iteration holding one is scheduled while it runs (`steps`' fetch)
+        self.dynamic = tuple(i for i in wf.items() if isinstance(i, LoopNode) and i.dynamic)
+        self.trips: dict[tuple[str, ...], int] = {}  # trips each such loop ran in the last iteration scheduled
         # values the iteration loop carries (as recipes; with replicas their leaves are `ReplicaSet`s)
         self._root_carry: dict[int, dict[str, Any]] = {}
 
     def sites(self, k: int) -> list[CallSite]:
         return list(self.program.unroll(k))
 
-    def steps(self, k: Any, submit: Callable[[Step], Sequence[Any]]) -> list[tuple[Step, Sequence[Any]]]:
+    def steps(self, k: Any, submit: Callable[[Step], Sequence[Any]],
+              fetch: Callable[[Any], Any] | None = None) -> list[tuple[Step, Sequence[Any]]]:
         """Build every step of iteration k in program order and `submit` it; `submit` returns one handle
         per output port (in `node.outputs` order), which later recipes then refer to (data-parallel
-        replicas: see `replicated`)."""
+        replicas: see `replicated`). A workflow with loops that end on a condition needs `fetch` (a
+        handle's value, waiting for it): after each trip of such a loop the condition's producers are
+        fetched to decide on the next (`until_loops.UntilLoops`)."""
         handles: dict[Invocation, tuple[Any, ...]] = {}
         component: dict[Invocation, str] = {}
         ports = {p: {port: i for i, port in enumerate(item.outputs)} for p, item in self.program.items.items()
@@ -127,10 +130,19 @@ class Schedule:
         frame = Frame(lambda inv, port: Ref(handles[inv][ports[inv.path][port]]), RecipeOps(),
                       root_carry=self._root_carry)
         order = AfterOrder(self.program.items)
+        until = None
+        if self.dynamic:
+            if fetch is None:
+                raise ValueError(f"loop '{self.dynamic[0].name}' ends on a condition: scheduling it needs the values "
+                                 "its condition reads (fetch)")
+            from .until_loops import UntilLoops
+
+            until = UntilLoops(self.program, frame, handles, component, fetch, k)
         out = []
-        for site in self.sites(k):
+        for site in self.program.unroll(k, until.reached if until is not None else None):
             raw = self.program.inputs(site, frame)
-            recipe, leaves = number_leaves([(port, lift(value)) for port, value in raw.items()])
+            lifted = [(port, lift(value)) for port, value in raw.items()]
+            recipe, leaves = number_leaves(until.narrow(site, lifted) if until is not None else lifted)
             # an `after:` waits for the last such call on each other component (a component runs its
             # calls in order, so that one finishing means its earlier ones did; its own are earlier still)
             last = {component[inv]: inv for inv, _ in order.visit(site)}
@@ -142,6 +154,8 @@ class Schedule:
             out.append((step, result))
         self.program.end_iteration(k, frame)
         self._root_carry = {j: v for j, v in frame.root_carry.items() if j > k}
+        if until is not None:
+            self.trips = dict(until.trips)
         return out
 
 

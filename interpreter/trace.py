@@ -70,6 +70,7 @@ class InvocationRecord:
     device_end_ns: int | None = None
     status: str = "running"
     error: str | None = None
+    rows: int | None = None  # the rows the call computed when fewer than its node's (a loop that ends per row)
 
     def __post_init__(self) -> None:
         if self.status not in _STATUSES:

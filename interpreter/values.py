@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["TorchOps"]
+__all__ = ["TorchOps", "hold", "row_flags"]
 
 
 def _leafwise(fn, values: Sequence[Any]) -> Any:
@@ -56,7 +56,38 @@ class TorchOps:
             raise ValueError(f"cannot shard {t.shape[dim]} rows along dim {dim} into {parts} equal parts")
         return t.tensor_split(parts, dim=dim)[index]
 
+    def take(self, value: Any, index: Any, dim: int) -> Any:
+        """The rows `index` (row numbers) along `dim` of every tensor in a value (a loop that ends per row
+        gives a call only its rows not yet done); integers and tensors without that dimension pass."""
+        if isinstance(value, Mapping):
+            return {k: self.take(v, index, dim) for k, v in value.items()}
+        if isinstance(value, torch.Tensor) and value.dim() > dim:
+            return value.index_select(dim, torch.as_tensor(index, dtype=torch.long, device=value.device))
+        return value
+
     def truth(self, value: Any) -> bool:
         if isinstance(value, torch.Tensor):
             return bool(value.all())
         return bool(value)
+
+
+def hold(previous: Any, live: Any, index: torch.Tensor, dim: int) -> Any:
+    """A call's full output after a trip that computed only rows `index`: the previous trip's full value
+    with those rows replaced by the new ones, so a finished row keeps its last values (a new tensor: the
+    previous trip's value may still be read)."""
+    if isinstance(previous, Mapping):
+        return {k: hold(previous[k], live[k], index, dim) for k in previous}
+    if not isinstance(previous, torch.Tensor) or previous.dim() <= dim:
+        return live
+    out = previous.clone()
+    out.index_copy_(dim, index.to(out.device), live.to(out.dtype))
+    return out
+
+
+def row_flags(value: Any) -> torch.Tensor:
+    """A loop condition's value as one done flag per row (a [N] bool tensor): the flag tensor's dim 0 is the
+    rows, every other dimension must hold for the row; a scalar is one flag for every row."""
+    t = _as_tensor(value)
+    if t.dim() == 0:
+        return t.reshape(1).bool()
+    return t.reshape(t.shape[0], -1).bool().all(dim=1)

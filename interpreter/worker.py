@@ -31,6 +31,7 @@ from .components import (
 )
 from .recipe import IterVar, Leaf, evaluate, resolve_k
 from .trace import InvocationRecord
+from .until_loops import keep_done_rows, live_inputs
 
 __all__ = ["ComponentWorker", "CallFailed", "replica_name", "group_of"]
 
@@ -298,10 +299,12 @@ class ComponentWorker:
         self.current = (info, indices, label, start)  # the label is built when a message needs it (~1 µs a call)
         try:
             inputs = {port: leaves[r.index] if type(r) is Leaf else evaluate(r, leaves, None, k) for port, r in recipe}
+            # a call of a loop that ends per row, after some rows are done: its rows, and its previous full outputs
+            live, held = live_inputs(recipe, inputs)
             attempt = 0
             while True:
                 try:
-                    outs = invoke(self.obj, node, inputs, label or (lambda: info.label(indices)))
+                    outs = invoke(self.obj, node, inputs, label or (lambda: info.label(indices)), live)
                     break
                 except Exception as exc:  # retried only where the workflow allows it, else re-raised
                     attempt += 1
@@ -312,7 +315,9 @@ class ComponentWorker:
                                         f"({type(exc).__name__}: {exc}); retrying")
                     time.sleep(min(2.0, 0.05 * 2**attempt))
             if node.batch is not None:
-                check_batch(node, outs, label or info.label(indices))
+                check_batch(node, outs, label or info.label(indices), None if live is None else len(live))
+            if live is not None:  # the done rows keep the values of their last trip
+                outs = keep_done_rows(node, outs, live, held)
             device_end = self._wait_device(outs)
         except ComponentError as exc:
             label = label or info.label(indices)
@@ -326,7 +331,7 @@ class ComponentWorker:
                              traceback.format_exc(limit=8), gpu_fatal=is_fatal_gpu_error(exc)) from None
         finally:
             self.current = None
-        self._record(info, indices, start, time.perf_counter_ns(), device_end, None)
+        self._record(info, indices, start, time.perf_counter_ns(), device_end, None, None if live is None else len(live))
         values = tuple(outs[o] for o in node.outputs)
         if self.outputs_to_cpu and not on_device and _cuda_initialized():
             values = tuple(_to_cpu(v) for v in values)  # (no CUDA in this process: no CUDA tensors either)
@@ -362,22 +367,24 @@ class ComponentWorker:
         return time.perf_counter_ns() if waited else None
 
     def _record(self, info: _NodeInfo, indices: tuple[int, ...], start: int, end: int, device_end: int | None,
-                error: str | None) -> None:
-        # a tuple on the hot path; pop_records builds the InvocationRecords
-        self._records.append((info, indices, start, end, device_end, error))
+                error: str | None, rows: int | None = None) -> None:
+        # a tuple on the hot path; pop_records builds the InvocationRecords (`rows`: the rows a call of a loop
+        # that ends per row computed, once some were done)
+        self._records.append((info, indices, start, end, device_end, error, rows))
 
     # -- control ----------------------------------------------------------------------------
     def pop_records(self) -> list[InvocationRecord]:
         """The invocation records of the calls since the last pop (call ids are given by the trace)."""
         raw, self._records = self._records, []
         out = []
-        for info, indices, start, end, device_end, error in raw:
+        for info, indices, start, end, device_end, error, rows in raw:
             out.append(InvocationRecord(
                 call_id=0, node=info.name, component=self.name, host_start_ns=start, host_end_ns=end,
                 device_start_ns=start if device_end else None,
                 device_end_ns=max(end, device_end) if device_end else None,
                 loop_indices=tuple(zip(info.loops, indices, strict=False)), group=info.group, state=info.state,
-                pid=self.pid, gpu=self.gpu_index, status="error" if error is not None else "ok", error=error))
+                pid=self.pid, gpu=self.gpu_index, status="error" if error is not None else "ok", error=error,
+                rows=rows))
         return out
 
     def pop_metrics(self) -> dict[str, float]:

@@ -108,7 +108,6 @@ def prepare(wf: Workflow, opts: ExecuteOptions, teardown: ExitStack | None = Non
     """Everything that can be refused before a process starts; the schedule of one iteration. With
     `teardown`, the run directory is locked until it closes (`RunDirLock`) before anything in it is
     looked at or removed; `err` gets the notes (a lock taken over, files `--overwrite` left)."""
-    _static_loops_only(wf)
     try:
         schedule = Schedule(wf)
     except ValueError as exc:
@@ -163,23 +162,6 @@ def _check_resumed_params(wf: Workflow, opts: ExecuteOptions) -> None:
             continue  # (the runner says why it is rejected)
         check_params(meta, wf, opts.allow_param_change, opts.out_dir)
         return
-
-
-def _static_loops_only(wf: Workflow) -> None:
-    """A loop that ends on a condition (`until:`) is valid rose (`rose validate` and the rewrites take it) but
-    the runtime unrolls every iteration into a static schedule of calls: refused here, at the loop."""
-    from rose_dsl.errors import format_path
-    from rose_dsl.ir import LoopNode
-
-    for item in wf.items():
-        if isinstance(item, LoopNode) and item.dynamic:
-            pos = item.field_pos.get("until") or item.pos
-            where = f"{format_path(item.src + ('until',))}: " if item.src else ""
-            fix = ("drop `until:` (it also has `count:`: its iterations then all run, finished rows idle)"
-                   if item.count is not None else
-                   "give it `count:` (e.g. the episode length) instead of `until:` and let finished rows idle")
-            raise SetupError(f"{pos}: {where}loop '{item.name}' ends on a condition (until); the runtime runs loops "
-                             f"with a fixed count only: {fix}")
 
 
 def _check_reachable(address: str) -> None:

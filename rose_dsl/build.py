@@ -385,6 +385,10 @@ class _ItemBuilder:
             ctx.error(path + ("iterations",), f"iteration {max(iterations)} is outside the loop's count {count}")
         if iterations is not None and list(iterations) != sorted(set(iterations)):
             ctx.error(path + ("iterations",), "a temporal group's iterations must be increasing and distinct")
+        if until is not None and "count" not in raw and iterations is None:
+            ctx.error(path + ("until",), f"loop '{name}' ends on a condition (until) but has no bound: a loop that "
+                      "ends on a condition needs `count:` beside `until:`, the most iterations it may run",
+                      f"add `count: N` to loop '{name}' (e.g. the episode length, or the most tokens to generate)")
         if raw.get("interleave") and raw.get("until") is not None:
             ctx.error(path + ("interleave",), f"loop '{name}' ends on a condition (until): its calls cannot be dealt "
                       "in turns with other loops' calls",

@@ -228,7 +228,7 @@ def _summary(wf: Workflow, explain: bool) -> None:
         t.add_column(col)
     for loop in loops:
         k = a.loops[loop.path]
-        count = str(loop.count) if loop.count is not None else "until"
+        count = str(loop.count) if not loop.dynamic else f"until, ≤{loop.count}"
         t.add_row(".".join(loop.path), count, k.kind, "; ".join(k.reasons))
     out.print(t)
     t = Table(title="state objects", title_justify="left", show_edge=False)
@@ -271,12 +271,22 @@ def validate(
     _summary(wf, explain)
     for d in check_trust(wf, policy):  # valid, but running it needs the command line's permission
         err.print(f"note: {d.pos}: {d.path}: {d.message}", markup=False)
-    for loop in (i for i in wf.items() if isinstance(i, LoopNode) and i.dynamic):  # valid, but not run yet
-        fix = ("drop `until:`: it also has `count:`" if loop.count is not None else
-               "give it `count:`, e.g. the episode length, and let finished rows idle")
-        err.print(f"note: {loop.field_pos.get('until') or loop.pos}: loop '{loop.name}' ends on a condition (until): "
-                  "valid rose, which the analysis and the rewrites take, but `rose execute` and `rose optimize` run "
-                  f"loops with a fixed count only ({fix})", markup=False)
+    for loop in (i for i in wf.items() if isinstance(i, LoopNode) and i.dynamic):  # how it ends, said once
+        err.print(f"note: {loop.field_pos.get('until') or loop.pos}: {until_note(wf, loop)}", markup=False)
+
+
+def until_note(wf: Workflow, loop: LoopNode) -> str:
+    """How a loop that ends on a condition runs (docs/language.md, `until`): per row, or as a whole."""
+    from .resolve import Resolver
+    from .until import whole_reason
+
+    why = whole_reason(Resolver(wf), loop)
+    if why is None:
+        return (f"loop '{loop.name}' ends per row (every call in it declares batch:): after each iteration a row whose "
+                f"condition holds is done -- its values are final and later calls get only the rows not done -- and "
+                f"the loop ends when every row is done, at most {loop.count} iterations")
+    return (f"loop '{loop.name}' ends as a whole ({why}): every row runs every iteration until the condition holds for "
+            f"all rows, at most {loop.count} iterations")
 
 
 class GraphFormat(StrEnum):

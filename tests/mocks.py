@@ -2,7 +2,8 @@
 
 A mock's behaviour per method is given at construction (by the test's workflow generator): which
 state objects it reads / updates / refreshes, whether it is batch-separable, and which outputs are
-per-row 0/1 flags (`flags`, for loops that end `until:` every row is done). Every value is a
+per-row 0/1 flags (`flags`, for loops that end `until:` every row is done; `lengths`: the flag of row r is set
+from trip `lengths[r] - 1` on, given the trip as input `t`). Every value is a
 float64 vector over the batch (the last dimension; stacked values are `[T, ..., B]`), so row r of an
 output depends only on row r of the inputs and of the state for separable methods, and on all rows
 for the others. Every state operation is logged.
@@ -53,9 +54,11 @@ class Mock:
             raise AttributeError(method)
         spec = behaviors[method]
 
-        def call(rows: slice | None = None, **inputs: Any) -> dict[str, torch.Tensor]:
+        def call(rows: Any = None, **inputs: Any) -> dict[str, torch.Tensor]:
+            # rows: a split group's slice, the indices of the rows not done in a loop that ends per row, or all
             idx = rows if rows is not None else slice(0, self.batch)
-            n = len(range(*idx.indices(self.batch)))
+            positions = range(*idx.indices(self.batch)) if isinstance(idx, slice) else idx.tolist()
+            n = len(positions)
             separable = spec.get("separable", False)  # if not, rows mix: a split changes the result
             mix = torch.full((n,), _const(self.name, method), dtype=torch.float64)
             for port in sorted(inputs):
@@ -78,10 +81,13 @@ class Mock:
             for j, port in enumerate(spec.get("out", [])):
                 base = mix if separable else mix.cumsum(0)
                 outs[port] = torch.tanh(base * (0.5 + 0.1 * j) + _const(method, port))
-                if port in spec.get("flags", ()):  # a per-row 'done' flag (0 or 1), for `until:`
+                if port in spec.get("lengths", {}):  # done after a per-row number of trips: t + 1 >= lengths[r]
+                    length = torch.tensor([spec["lengths"][port][r] for r in positions], dtype=torch.float64)
+                    outs[port] = (self._reduce(inputs["t"], n) + 1 >= length).to(torch.float64)
+                elif port in spec.get("flags", ()):  # a per-row 'done' flag (0 or 1), for `until:`
                     # row r's flag depends on row r's value and on r itself (a global row: `rows` is the
                     # group's), so that rows finish at different iterations
-                    offset = torch.tensor([_const(self.name, method, port, str(r)) for r in range(*idx.indices(self.batch))],
+                    offset = torch.tensor([_const(self.name, method, port, str(r)) for r in positions],
                                           dtype=torch.float64)
                     outs[port] = (outs[port] + offset > 0).to(torch.float64)
             return outs

@@ -234,3 +234,44 @@ def workflows(draw, max_nodes: int = 14, max_depth: int = 3, afters: bool = Fals
                        for c, s in components.items()},
         "iteration": {"count": draw(st.integers(1, 3)), "body": body},
     }
+
+
+@st.composite
+def until_workflows(draw: Any) -> dict[str, Any]:
+    """A loop that ends per row, with random per-row lengths, then a per-row consumer and a learner: what
+    `split-chain l score K` splits into groups that each end on their own (the long-tail overlap). The rows
+    finish after `lengths[r]` trips (drawn per row; `count + 1`: never, the bound ends it), the body is a chain
+    of 1-3 separable calls that may read a state object, and the loop carries a value to its consumer."""
+    d = draw
+    batch = d(st.integers(2, 7))
+    count = d(st.integers(1, 6))
+    lengths = d(st.lists(st.integers(1, count + 1), min_size=batch, max_size=batch))
+    size = {"dim": 0, "size": batch}
+    reads = d(st.booleans())
+    behaviors: dict[str, dict[str, Any]] = {"c0": {}, "c1": {}}
+    body: list[dict[str, Any]] = []
+    previous = "l.v"
+    for n in range(d(st.integers(0, 2))):
+        name = f"b{n}"
+        body.append({"node": name, "call": f"c1.{name}", "in": {"x": previous}, "out": ["o0"], "batch": dict(size),
+                     **({"state": {"s1": "read"}} if reads else {})})
+        behaviors["c1"][name] = {"state": {"s1": "read"} if reads else {}, "out": ["o0"], "separable": True}
+        previous = f"{name}.o0"
+    body.append({"node": "f", "call": "c1.f", "in": {"x": previous, "t": "l.i"}, "out": ["o0", "o1"], "batch": dict(size)})
+    behaviors["c1"]["f"] = {"state": {}, "out": ["o0", "o1"], "separable": True, "lengths": {"o0": lengths}}
+    behaviors["c0"] = {"p": {"state": {}, "out": ["o0"], "separable": False},
+                       "score": {"state": {}, "out": ["o0"], "separable": True},
+                       "learn": {"state": {"s0": "update"}, "out": [], "separable": False}}
+    loop: dict[str, Any] = {"loop": "l", "count": count, "until": "f.o0", "carry": {"v": {"init": "p.o0", "next": "f.o1"}},
+                            "body": body}
+    if d(st.booleans()):
+        loop["collect"] = {"c": "stack(l[*].f.o1)"}
+    return {"rose": 1, "name": "until", "params": {"seed": 0},
+            "components": {c: {"impl": "tests.mocks:Mock", "state": [s],
+                               "args": {"name": c, "batch": batch, "behaviors": behaviors[c], "states": [s]}}
+                           for c, s in (("c0", "s0"), ("c1", "s1"))},
+            "iteration": {"count": 1, "body": [
+                {"node": "p", "call": "c0.p", "in": {"it": "iteration.i"}, "out": ["o0"], "batch": {**size, "separable": False}},
+                loop,
+                {"node": "score", "call": "c0.score", "in": {"x": "l.v"}, "out": ["o0"], "batch": dict(size)},
+                {"node": "learn", "call": "c0.learn", "in": {"x": "score.o0"}, "state": {"s0": "update"}}]}}

@@ -194,7 +194,8 @@ def alternatives(wf: Workflow, target: str, groups: Sequence[int] = DEFAULT_GROU
             loop = wf.find(parent.path[:n])
             if isinstance(loop, LoopNode) and kinds.get(loop.path) and kinds[loop.path].kind == "free":
                 out += _temporal(wf, loop, target, groups, comp)
-        out += _spatial(wf, parent, target, groups, comp)
+        if not parent.dynamic:  # (a loop that ends on a condition is split as copies per row group: the chain)
+            out += _spatial(wf, parent, target, groups, comp)
         out += _around(wf, parent, target, groups, comp)
         out += _chain(wf, parent, target, groups)  # the loop copied per row group, pipelined with its consumers
     elif isinstance(parent, LoopNode):  # a node of the iteration body

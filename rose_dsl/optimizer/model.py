@@ -9,7 +9,10 @@ Three things measured on this machine make the model:
   Y it runs (1 + c) times slower -- calibrated from every overlapping call the session measured, so it
   includes MPS when MPS is on, the GIL on the local backend, two processes on two cores;
 * the **dispatch latency**: how long after its inputs are ready (and its component is free) a call
-  starts, the median over measured calls.
+  starts, the median over measured calls;
+* the **trips** of each loop that ends on a condition (`profile.TripStats`: per run, and per row): a plan
+  is simulated with each such loop as many trips long as measured -- a row group's copy as long as the
+  expected slowest of its rows, which is what splitting a long-tailed loop gains.
 A plan is predicted by simulating one iteration of its invocation graph: each component process runs
 its calls in program order, a call starts when its producers are done plus the latency, and calls that
 overlap slow each other by the contention factors (a fluid model: rates change as calls start and end).
@@ -23,11 +26,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..analysis import invocation_graph
-from ..ir import ExecutionNode, Workflow
+from ..ir import ExecutionNode, Item, LoopNode, Workflow
 from ..semantics import Invocation
-from .profile import Call, IterationRun, base_component, structural
+from .profile import Call, IterationRun, TripStats, base_component, structural, trip_stats
 
-__all__ = ["RowModel", "CostModel", "Prediction", "overlaps", "simulate", "rows_of"]
+__all__ = ["RowModel", "CostModel", "Prediction", "overlaps", "simulate", "rows_of", "trips_at"]
 
 SOLO = 0.1  # a call is "alone" when other processes' calls overlap less than this fraction of it
 
@@ -89,6 +92,10 @@ class CostModel:
         self.rows: dict[str, RowModel] = {}
         self.contention: dict[tuple[str, str], float] = {}
         self.latency_s = 0.0
+        # loops that end on a condition: their measured trips (`profile.TripStats`), from the runs observed
+        self.trips: dict[str, TripStats] = {}
+        self._trip_runs: list[IterationRun] = []
+        self._trip_loops: dict[str, str] = {}  # loop -> its first call (structural paths)
 
     # -- learning ---------------------------------------------------------------------------------
     def observe(self, runs: Iterable[IterationRun], wf: Workflow | None = None) -> None:
@@ -102,7 +109,18 @@ class CostModel:
                 self.points[c.structural].append((c.rows, c.seconds, sum(frac.values()), c.component, frac))
             if wf is not None:
                 self.gaps += _gaps(run.calls, wf)
+        self._observe_trips(runs, wf)
         self._fit()
+
+    def _observe_trips(self, runs: Sequence[IterationRun], wf: Workflow | None) -> None:
+        """Keep the runs of plans holding loops that end on a condition, and their trip statistics."""
+        loops = {structural(".".join(i.path)): structural(".".join(i.body[0].path))
+                 for i in (wf.items() if wf is not None else ()) if isinstance(i, LoopNode) and i.dynamic and i.body}
+        if not loops:
+            return
+        self._trip_loops.update(loops)
+        self._trip_runs += runs
+        self.trips = trip_stats(self._trip_runs, sorted(self._trip_loops.items()))
 
     def _fit(self) -> None:
         self.rows = {}
@@ -134,6 +152,22 @@ class CostModel:
             return None
         return model.at(_rows(node), lower_bound)
 
+    def with_trips(self, wf: Workflow) -> Workflow:
+        """`wf` with every loop that ends on a condition made a static loop of the trips measured for it
+        (`trips_at`: a row group's copy as long as its slowest row), so the simulation runs as many trips as
+        the plan would; a loop not measured yet is left to the analysis' representative count."""
+        if not self.trips or not any(isinstance(i, LoopNode) and i.dynamic for i in wf.items()):
+            return wf
+
+        def fix(item: Item) -> Item:
+            if isinstance(item, LoopNode):
+                body = tuple(fix(c) for c in item.body)
+                n = trips_at(self.trips.get(structural(".".join(item.path))), item) if item.dynamic else None
+                return replace(item, body=body, until=None, count=n) if n is not None else replace(item, body=body)
+            return item
+
+        return replace(wf, root=fix(wf.root))  # type: ignore[arg-type]
+
     def predict(self, wf: Workflow, free: Sequence[str] = (), lower_bound: bool = False) -> Prediction:
         """Simulate one iteration of `wf`; components in `free` (e.g. the feed of a local graph) cost 0.
 
@@ -141,7 +175,7 @@ class CostModel:
         this plan gives it (`RowModel.at`) instead of making the plan unpredictable: the prediction is then
         an optimistic one, and `unknown` names the nodes it assumed. A plan predicted clearly slower even
         so is clearly slower (where calls overlap little; a fluid simulation is not strictly monotone)."""
-        g = invocation_graph(wf, iterations=1)
+        g = invocation_graph(self.with_trips(wf), iterations=1)
         dur: dict[Invocation, float] = {}
         unknown: list[str] = []
         broken = False  # a node with no duration, even as a lower bound
@@ -164,6 +198,23 @@ class CostModel:
         deps = {inv: [p for p in g.producers(inv) if p in dur] for inv in g.order}
         p = _simulate(g.order, comp, deps, dur, self.contention, self.latency_s)
         return replace(p, unknown=tuple(dict.fromkeys(unknown))) if unknown and p.seconds is not None else p
+
+
+def _group_rows(loop: LoopNode) -> int | None:
+    """The rows one run of a loop computes: a row-group copy's rows, else its calls' batch size."""
+    sizes = {_rows(n) for n in loop.body if isinstance(n, ExecutionNode)} - {None}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def trips_at(stats: TripStats | None, loop: LoopNode) -> int | None:
+    """The trips to predict for one run of a loop that ends on a condition: its slowest row's expected
+    trips among the rows it computes (`TripStats.group_trips`; all rows: the measured mean), at most
+    its bound. None: nothing measured (the analysis' representative count stands)."""
+    if stats is None or not stats.trips:
+        return None
+    rows = _group_rows(loop)
+    expected = stats.group_trips(rows) if rows is not None and rows < stats.rows else stats.mean
+    return max(1, min(loop.count or 1, round(expected)))
 
 
 def simulate(wf: Workflow, cost: Callable[[ExecutionNode], float], contention: Mapping[tuple[str, str], float] | None = None,

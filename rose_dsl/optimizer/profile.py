@@ -16,12 +16,14 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from itertools import pairwise
+from math import comb
 from pathlib import Path
 from typing import Any
 
 from ..measurement import Call, IterationRun, structural
 
-__all__ = ["Call", "IterationRun", "Profile", "NodeStats", "structural", "node_stats", "base_component"]
+__all__ = ["Call", "IterationRun", "Profile", "NodeStats", "TripStats", "structural", "node_stats", "base_component",
+           "trip_stats"]
 
 
 def base_component(process: str) -> str:
@@ -147,3 +149,70 @@ def runs_from_chrome_trace(doc: dict[str, Any] | list[dict[str, Any]]) -> tuple[
                         if min(b, t1) > max(a, t0))
         runs.append(IterationRun((t1 - t0) / 1e9, calls, t0, t1, k, activity_samples=samples))
     return runs, gpu_of
+
+
+@dataclass(frozen=True)
+class TripStats:
+    """What was measured of a loop that ends on a condition (docs/optimizer.md): the trips each run of it
+    took, and how many trips each of its rows took -- read off the rows its first call computed at each trip
+    (a loop that ends per row gives a call only the rows not done: the rows that drop out after trip t took
+    t + 1 trips). A row group of the loop ends when its slowest row does, so a split into groups is as long
+    as the expected longest of its rows (`group_trips`): with a long tail, much shorter than the whole loop
+    for most groups."""
+
+    loop: str  # structural path
+    trips: tuple[int, ...]  # per run of the loop (per RL iteration, per row-group copy)
+    row_trips: tuple[int, ...]  # per row of every run, pooled, sorted
+    rows: int  # the rows of one run (the most seen)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.trips) if self.trips else 0.0
+
+    @property
+    def spread(self) -> float:
+        """The coefficient of variation of the rows' trips (0: every row as long)."""
+        if len(self.row_trips) < 2 or not statistics.fmean(self.row_trips):
+            return 0.0
+        return statistics.pstdev(self.row_trips) / statistics.fmean(self.row_trips)
+
+    def group_trips(self, rows: int) -> float:
+        """The expected trips of a group of `rows` rows drawn from the measured rows: the expected largest
+        of `rows` values drawn without replacement from `row_trips` (a group ends with its slowest row)."""
+        values, n = self.row_trips, len(self.row_trips)
+        if not values:
+            return self.mean
+        m = max(1, min(rows, n))
+        total = comb(n, m)
+        return sum(v * (comb(j, m) - comb(j - 1, m)) for j, v in enumerate(values, start=1)) / total
+
+
+def trip_stats(runs: Sequence[IterationRun] | Profile, loops: Sequence[tuple[str, str]]) -> dict[str, TripStats]:
+    """Per loop that ends on a condition -- (structural path, structural path of its first call) pairs --
+    the trips and per-row trips measured in `runs`. A run of a loop is one RL iteration of one copy of it
+    (a split group's copy `decode@1` is a run of its own, told apart by the call's own node path)."""
+    runs = runs.runs if isinstance(runs, Profile) else runs
+    out: dict[str, TripStats] = {}
+    for loop, first in loops:
+        per_run: dict[tuple, dict[int, int | None]] = defaultdict(dict)
+        for run in runs:
+            for c in run.calls:
+                if c.structural == first and c.indices:
+                    per_run[(run.iteration, c.node, c.indices[:-1])][c.indices[-1]] = c.rows
+        if not per_run:
+            continue
+        trips, row_trips, most = [], [], 0
+        for live in per_run.values():
+            trips.append(max(live) + 1)
+            counts = [live.get(t) for t in range(max(live) + 1)]
+            full = counts[0] if counts[0] is not None else 0
+            most = max(most, full)
+            row_trips += _rows_ended(counts, full)
+        out[loop] = TripStats(loop, tuple(trips), tuple(sorted(row_trips)), most)
+    return out
+
+
+def _rows_ended(counts: Sequence[int | None], full: int) -> list[int]:
+    """Per row, the trip count, from the rows computed at each trip (None: every row, as declared)."""
+    live = [full if c is None else c for c in counts] + [0]
+    return [t + 1 for t in range(len(counts)) for _ in range(max(0, live[t] - live[t + 1]))]

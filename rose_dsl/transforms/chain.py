@@ -22,7 +22,7 @@ from ..expr import BinOp, Call, Expr, Int, IterRef, Neg, Record, Ref, Slice
 from ..ir import Carry, ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from ..resolve import Binding, CarryIn, NodePort, Resolver
 from .rewritten import Refused, Rewritten, compose
-from .tree import children, find, map_item_exprs, map_workflow
+from .tree import children, find, map_item_exprs, map_workflow, replace_body
 
 __all__ = ["forward_merge_slices", "build_split_chain"]
 
@@ -243,4 +243,23 @@ def build_split_chain(wf: Workflow, paths: Sequence[Path], k: int) -> Rewritten:
         result = step if result is None else compose(result, step)
     assert result is not None
     names = ", ".join(p[-1] for p in paths)
-    return Rewritten(result.workflow, result.locate, f"split the chain {names} into {k} row groups each")
+    out = result.workflow
+    if any(isinstance(find(wf, p), LoopNode) and find(wf, p).dynamic for p in paths):  # type: ignore[union-attr]
+        out = _groups_in_turn(out, parent, [p[-1] for p in paths], k)
+    return Rewritten(out, result.locate, f"split the chain {names} into {k} row groups each")
+
+
+def _groups_in_turn(wf: Workflow, parent: Path, names: Sequence[str], k: int) -> Workflow:
+    """The chain's groups in group order (`decode@0, score@0, decode@1, score@1`, then the merges) when it
+    holds a loop that ends on a condition: the driver decides such a loop's trips as it runs them, so it
+    submits the calls after it only once it has ended -- in item order, group 0's consumer would wait for
+    group 1's loop to end, and the long-tail overlap (score group 0 while group 1 still generates) would be
+    lost. Each group reads only its own groups (`forward_merge_slices`), so the order keeps every dependency
+    (the pass runner checks the result)."""
+    body = list(children(find(wf, parent)))
+    region = {f"{n}@{g}" for n in names for g in range(k)} | set(names)
+    at = min(i for i, item in enumerate(body) if item.name in region)
+    by_name = {item.name: item for item in body}
+    ordered = [by_name[f"{n}@{g}"] for g in range(k) for n in names] + [by_name[n] for n in names if n in by_name]
+    rest = [item for item in body if item.name not in region]
+    return replace_body(wf, parent, rest[:at] + ordered + rest[at:])

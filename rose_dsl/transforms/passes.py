@@ -8,7 +8,7 @@ Each rewrite is a `Pass`: a pure `build` function (in `split.py`, `chain.py`, `t
 
 | pass | checks after building |
 | --- | --- |
-| split, split-loop, split-chain, expand | well formed, writable as a plan |
+| split, split-loop, split-chain, expand | well formed, writable as a plan, loops that end per row still do |
 | split-time, rewire, interleave, fuse | the above, every dependency kept (`legality.check_order_preserved`) |
 
 `apply(wf, request)` is the entry point for a search (the optimizer): it returns `Rewritten` or
@@ -67,6 +67,29 @@ def order_kept(orig: Workflow, result: Rewritten) -> None:
     check_order_preserved(orig, result.workflow, result.locate, result.description)
 
 
+def until_kept(orig: Workflow, result: Rewritten) -> None:
+    """A loop that ends on a condition per row still does (`rose_dsl.until`): a split or an expansion inside
+    its body (a merge, phases) would make it end as a whole -- every row running every trip until all are
+    done -- and a done row would no longer keep its values."""
+    from ..resolve import Resolver
+    from ..until import whole_reason
+    from .tree import source_paths
+
+    dynamic = [i for i in result.workflow.items() if isinstance(i, LoopNode) and i.dynamic]
+    if not dynamic:
+        return
+    sources, before, after = source_paths(result.workflow), Resolver(orig), Resolver(result.workflow)
+    for loop in dynamic:
+        src = before.items.get(sources.get(loop.path, loop.path))
+        if not isinstance(src, LoopNode) or whole_reason(before, src) is not None:
+            continue
+        why = whole_reason(after, loop)
+        if why is not None:
+            raise Refused(f"{result.description}: loop '{src.name}' ends on a condition per row, and would end as a "
+                          f"whole ({why}): a done row would be computed again instead of keeping its values",
+                          at=src.field_pos.get("until") or src.pos)
+
+
 @dataclass(frozen=True)
 class Pass:
     name: str  # the request's first word
@@ -74,7 +97,7 @@ class Pass:
     checks: tuple[Check, ...]
 
 
-_SHAPE = (well_formed, writable)
+_SHAPE = (well_formed, writable, until_kept)
 PASSES = {
     "split": Pass("split", build_split_node, _SHAPE),
     "split-loop": Pass("split-loop", build_split_loop_body, _SHAPE),

@@ -14,7 +14,9 @@ its rows, then `decode@1`), so that a consumer split into the same groups starts
 What makes a split legal is checked while building it (the pass runner, `passes.py`, adds the checks of
 the result): every split node is batch-separable along dim 0, every value a group reads from outside
 has its batch on dim 0 (so the group can take its rows), and no loop that ends on a condition is
-copied into groups (each copy would stop on its own rows' condition, not on all rows').
+copied into groups unless each copy may end on its own rows (`_check_until_rows`: a loop that ends per
+row, on one call's per-row flag, writing no state) -- the long-tail overlap: a decode loop's group 0 ends
+and its reward starts while group 1 still generates.
 """
 
 from __future__ import annotations
@@ -162,6 +164,11 @@ def _renaming(names: dict[Path, str]) -> RefFn:
 def build_split_loop_body(wf: Workflow, path: Path, k: int, batch_size: int | None = None) -> Rewritten:
     """Every item of a loop body split into k row groups (each with its own carried values), merged at
     the end of each iteration for the readers outside the groups."""
+    loop = find(wf, path)
+    if isinstance(loop, LoopNode) and loop.dynamic:
+        raise Refused(f"loop '{loop.name}' ends on a condition (until): split inside its body, the condition would "
+                      "read the merge of every group's rows, so no group could end before the others; copy the whole "
+                      f"loop per row group instead (split-chain {loop.name} CONSUMER K)", at=loop.field_pos.get("until"))
     loop, size = _splittable_loop(wf, path, batch_size)
     groups = row_groups(size, k, f"loop '{loop.name}'", loop.pos)
     resolver = Resolver(wf)
@@ -202,8 +209,7 @@ def _splittable_loop(wf: Workflow, path: Path, batch_size: int | None) -> tuple[
     if not isinstance(loop, LoopNode) or path == wf.root.path:
         raise Refused(f"'{loop.name}' is not a loop inside the iteration")
     if loop.dynamic:
-        raise Refused(f"loop '{loop.name}' ends on a condition (until): split into row groups, each group would stop "
-                      "on its own rows' condition instead of when all rows are done", at=loop.field_pos.get("until"))
+        _check_until_rows(wf, loop)
     if loop.split_of is not None:
         raise Refused(f"loop '{loop.name}' is already a split group", at=loop.pos)
     sizes = set()
@@ -223,6 +229,35 @@ def _splittable_loop(wf: Workflow, path: Path, batch_size: int | None) -> tuple[
         raise Refused(f"the batch size of loop '{loop.name}' is " + ("unknown: declare batch sizes or pass one" if not sizes
                       else f"ambiguous: its nodes declare {sorted(sizes)}"), at=loop.pos)
     return loop, sizes.pop()
+
+
+def _check_until_rows(wf: Workflow, loop: LoopNode) -> None:
+    """A loop that ends on a condition may be copied per row group only where each copy, ending when its own
+    rows are done, gives what the declared loop gives those rows: the loop ends per row (a done row's values
+    are final whatever the other rows do; `rose_dsl.until`), its condition is one call's per-row output (a
+    condition that combines rows could end a group on another group's rows), and no call in it writes state
+    (each copy runs its own number of iterations: the state would see other calls than the declared loop's)."""
+    from ..until import whole_reason
+
+    at = loop.field_pos.get("until") or loop.pos
+    why = whole_reason(Resolver(wf), loop)
+    if why is not None:
+        raise Refused(f"loop '{loop.name}' ends on a condition as a whole ({why}): split into row groups, each group "
+                      "would stop on its own rows' condition instead of when all rows are done", at=at)
+    resolver = Resolver(wf)
+    until = loop.until
+    assert until is not None
+    b = resolver.tables.field(loop, "until", until).get(id(until))
+    node = resolver.items.get(b.node) if isinstance(b, NodePort) else None
+    if not (isinstance(until, Ref) and isinstance(node, ExecutionNode) and node.path[:-1] == loop.path):
+        raise Refused(f"the condition of loop '{loop.name}' ('{unparse(until)}') is not one output of a call in its "
+                      "body: it may read all rows, so a row group could not end on its own rows", at=at)
+    for item in loop.body:
+        writes = [e.state for e in getattr(item, "effects", ()) if e.access.value != "read"]
+        if writes:
+            raise Refused(f"'{item.name}' in loop '{loop.name}' writes state ({', '.join(writes)}) inside a loop that "
+                          "ends on a condition: split into row groups, each group runs its own number of iterations, "
+                          "so the state would see other calls than the declared loop's", at=item.pos)
 
 
 def _check_carries(resolver: Resolver, loop: LoopNode) -> None:

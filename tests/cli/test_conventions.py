@@ -130,17 +130,35 @@ def test_dot_labels_render_as_lines_in_graphviz(tmp_path) -> None:
     assert "backbone" in texts and "policy.act" in texts  # the phases' entry node, rendered from the plan
 
 
-@pytest.mark.parametrize("command", ["execute", "optimize"])
-def test_a_loop_that_ends_on_a_condition_is_refused_at_its_until(tmp_path, command) -> None:
-    """Valid rose (validate and the rewrites take it), but the runtime runs fixed-count loops only: the
-    refusal points at the loop's `until:` before any process starts."""
+def test_a_loop_that_ends_on_a_condition_runs_and_validate_says_how_it_ends(tmp_path) -> None:
+    """`rose validate` says, at the loop's `until:`, whether it ends per row or as a whole (no longer that the
+    runtime refuses it), and `rose execute` runs it."""
     wf = tmp_path / "until.yaml"
-    wf.write_text((ROOT / "tests" / "dsl" / "fixtures" / "until.yaml").read_text())
+    wf.write_text((ROOT / "tests" / "dsl" / "fixtures" / "until_decode.yaml").read_text())
     valid = rose("validate", str(wf))
-    assert valid.returncode == 0
-    # ... and says, in a note at the loop, that the runtime will not run it
-    assert re.search(rf"note: {re.escape(str(wf))}:\d+:\d+: loop '\w+' ends on a condition .* `rose execute` and "
-                     "`rose optimize` run loops with a fixed count only", valid.stderr.replace("\n", " ")), valid.stderr
-    out = plain_failure(rose(command, str(wf), "-o", str(tmp_path / "p.yaml")) if command == "optimize"
-                        else rose(command, str(wf), "-n", "1", "--out", str(tmp_path / "run")))
-    assert re.search(rf"{re.escape(str(wf))}:\d+:\d+: iteration\.body\[\d+\]\.until: loop '\w+' ends on a condition", out), out
+    assert valid.returncode == 0, valid.stderr
+    said = valid.stderr.replace("\n", " ")
+    assert re.search(rf"note: {re.escape(str(wf))}:\d+:\d+: loop 'decode' ends per row", said), said
+    assert "fixed count only" not in said
+    whole = tmp_path / "whole.yaml"
+    whole.write_text((ROOT / "tests" / "dsl" / "fixtures" / "until.yaml").read_text())
+    said = rose("validate", str(whole)).stderr.replace("\n", " ")
+    assert re.search(rf"note: {re.escape(str(whole))}:\d+:\d+: loop 'step' ends as a whole \('act' declares no batch:\)",
+                     said), said
+    ran = rose("execute", str(wf), "-n", "2", "--out", str(tmp_path / "run"))
+    assert ran.returncode == 0, ran.stderr
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and "lm/loss" in lines[-1]
+
+
+def test_a_loop_that_ends_on_a_condition_without_a_bound_is_refused_with_the_fix(tmp_path) -> None:
+    wf = tmp_path / "until.yaml"
+    wf.write_text((ROOT / "tests" / "dsl" / "fixtures" / "until_decode.yaml").read_text()
+                  .replace('      count: "${max_new}"\n', ""))
+    for command in ("validate", "execute"):
+        proc = rose(command, str(wf))
+        assert proc.returncode == 2, proc.stderr
+        out = plain_failure(proc)
+        assert re.search(rf"{re.escape(str(wf))}:\d+:\d+: iteration\.body\[1\]\.until: loop 'decode' ends on a condition "
+                         r"\(until\) but has no bound", out), out
+        assert "add `count: N`" in out.replace("\n", " "), out

@@ -26,6 +26,7 @@ from interpreter.recipe import (
     Seq,
     Slice,
     Stack,
+    Take,
     evaluate,
     leaves_of,
     map_leaves,
@@ -109,6 +110,7 @@ def _every_node() -> R.Recipe:
         ("part", Part(Leaf(1), 0, 1, 2)),
         ("neg", Neg(K)),
         ("k", IterVar()),
+        ("take", Take(Leaf(1), (3, 1), 0)),
     ))
 
 
@@ -131,15 +133,16 @@ def test_every_node_type_is_mapped_and_evaluated() -> None:
 
     collect(recipe)
     assert seen_types | {Ref} == set(R._NODES), "a node type is missing from this test"
-    assert [leaf.index for leaf in leaves_of(recipe)] == [0, 1, 0, 1, 2, 0, 1]
+    assert [leaf.index for leaf in leaves_of(recipe)] == [0, 1, 0, 1, 2, 0, 1, 1]
     shifted = map_leaves(recipe, lambda leaf: Leaf(leaf.index + 1))
     a, b, c = torch.arange(4.0), torch.arange(4.0) + 10, "third"
     got, want = evaluate(shifted, [None, a, b, c], k=1), evaluate(recipe, [a, b, c], k=1)
     assert got.keys() == want.keys()
-    for key in ("stack", "cat", "slice", "part"):
+    for key in ("stack", "cat", "slice", "part", "take"):
         assert torch.equal(got[key], want[key]), key
     assert want["seq"] == ["third", 7] and want["neg"] == -1 and want["k"] == 1
     assert torch.equal(want["slice"], a[1:3]) and torch.equal(want["part"], b[2:])
+    assert torch.equal(want["take"], b[[3, 1]]) and torch.equal(got["take"], want["take"])
 
 
 def test_numbering_dedups_handles_and_refuses_numbered_recipes() -> None:

@@ -408,3 +408,23 @@ ACCEPTED += [
 """),
         ("fuse iteration.l1 iteration.l2",)),
 ]
+
+# Found while adding per-row completion to loops that end on a condition (issue 45)
+UNTIL_PER_ROW = Found(
+    "a chain split of the calls inside a loop that ends per row put merges in its body, so the loop ended as "
+    "a whole: rows already done were computed again and their values changed (found by the default profile "
+    "of test_accepted_rewrites once per-row completion ran; refused since by the pass runner's `until_kept`)",
+    _wf(_mock("c0", [], {"p": "{state: {}, out: [o0], separable: false}", "n2": SEP,
+                         "n3": "{state: {}, out: [o0], separable: true, flags: [o0]}", "n4": SEP}), """\
+    - {node: p, call: c0.p, in: {t: iteration.i}, out: [o0], batch: {dim: 0, size: 6, separable: false}}
+    - loop: l1
+      count: 3
+      until: n3.o0
+      carry: {v: {init: p.o0, next: n2.o0}}
+      body:
+        - {node: n2, call: c0.n2, in: {x: l1.v}, out: [o0], batch: {dim: 0, size: 6}}
+        - {node: n3, call: c0.n3, in: {x: n2.o0, t: l1.i}, out: [o0], batch: {dim: 0, size: 6}}
+    - {node: n4, call: c0.n4, in: {x: l1.v}, out: [o0], batch: {dim: 0, size: 6}}
+""", count=1),
+    ("split-chain iteration.l1.n2 iteration.l1.n3 2",))
+ACCEPTED += [UNTIL_PER_ROW]

@@ -200,7 +200,7 @@ def test_split_of_an_until_loop_itself_says_why_in_its_own_words() -> None:
     wf = load_workflow_text(UNTIL_INSIDE, "wf.yaml")
     with pytest.raises(Refused) as info:
         apply_request(wf, "split outer.wait 2")
-    assert "each group would stop on its own rows' condition" in info.value.reason
+    assert "the condition would read the merge of every group's rows" in info.value.reason
     assert "kept whole" not in info.value.reason
 
 

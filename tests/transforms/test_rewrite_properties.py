@@ -31,7 +31,7 @@ from rose_dsl.transforms.reorder import build_rewire
 from rose_dsl.transforms.split import build_split_node
 from rose_dsl.transforms.temporal import build_split_temporal
 
-from ..strategies import workflows
+from ..strategies import until_workflows, workflows
 from .found import ACCEPTED, FORCED
 from .harness import differences, execute, orders
 
@@ -396,3 +396,27 @@ def test_sibling_interleavings_a_plan_check_accepts_compute_the_same(doc, before
     for order, seed in [("program", 0), *orders(forced)]:
         run, comps = execute(forced, order, seed=seed)
         assert differences(wf, ref_run, ref_comps, forced, run, comps, lambda p, i: (p, i)) == [], (order, seed)
+
+
+@settings()
+@given(until_workflows(), st.integers(2, 4), st.lists(STEPS, max_size=3))
+def test_until_loops_split_into_groups_that_end_on_their_own_compute_the_same(doc, k, steps) -> None:
+    """A loop that ends per row (random per-row lengths), copied per row group with its consumer, each group
+    ending when its own rows are done -- then any further accepted rewrites: bit for bit what the declared
+    workflow computes, and a plan the plan check accepts."""
+    original = load_workflow_text(yaml.safe_dump(doc, sort_keys=False), "wf.yaml")
+    batch = doc["components"]["c0"]["args"]["batch"]
+    result, applied = apply_steps(original, [f"split-chain iteration.l iteration.score {k}", *steps])
+    note(f"applied: {applied}")
+    split = applied[:1] == [f"split-chain iteration.l iteration.score {k}"]
+    assert split or k > batch, applied
+    lengths = doc["components"]["c1"]["args"]["behaviors"]["f"]["lengths"]["o0"]
+    event(f"loop split into groups that end on their own: {split}; rows' lengths differ: {len(set(lengths)) > 1}")
+    event(f"rewrites accepted: {len(applied)}")
+    if result is None:
+        return
+    wf = result.workflow
+    assert plan_differences(original, wf) == [], applied
+    ref_run, ref_comps = execute(original, "program")
+    run, comps = execute(wf, "program")
+    assert differences(original, ref_run, ref_comps, wf, run, comps, result.locate) == [], applied

@@ -1,0 +1,156 @@
+"""Loops that end on a condition (`until:`), as the schedule runs them.
+
+A static loop unrolls into calls before anything runs; a loop that ends on a condition cannot: after each
+trip the driver needs the condition's value. So the schedule, while it submits an iteration's calls in
+program order, stops after each trip of such a loop, fetches the values the condition reads (the only
+wait for data the driver does), and decides (docs/language.md, `until`):
+
+* a loop that ends **as a whole** (some call in its body declares no batch) runs trips until the
+  condition holds for every row, at most `count`; `loop[*]` is the trips that ran;
+* a loop that ends **per row** (`rose_dsl.until.whole_reason`: every call in its body declares `batch:`) keeps, per
+  row, whether it is done (its flag held after some trip; it stays done). A trip after some rows are done
+  gives each call only the rows not yet done (`recipe.Take` of every input, the rows as `rows=` to a
+  method that takes them) and the call's worker puts the new rows into its previous full outputs
+  (`values.hold`), so every value the driver hands on has all rows and a done row keeps its last values.
+  The loop ends when every row is done or after `count` trips; either way it has `count` iterations seen
+  from outside -- `loop[*]` is `count` values, and the trips not run are the last trip's values (every row
+  was done by then) -- so its outputs have the same shape whatever its rows' lengths, and a split of its
+  rows into groups that each end on their own gives the same values.
+
+Nothing here touches data except the condition's value, which is small (one flag per row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+from rose_dsl.expr import Expr
+from rose_dsl.expr import Record as ExprRecord
+from rose_dsl.ir import ExecutionNode, LoopNode
+from rose_dsl.semantics import CallSite, Frame, Invocation, Program
+from rose_dsl.until import input_dims, whole_reason
+
+from .recipe import HELD, LIVE_ROWS, Const, Recipe, Record, Ref, Seq, Take, evaluate, lift, number_leaves
+
+__all__ = ["UntilLoops", "live_inputs", "keep_done_rows"]
+
+Path = tuple[str, ...]
+
+
+class UntilLoops:
+    """The state of the loops that end on a condition in one RL iteration being scheduled: `reached` is the
+    semantics' `until_reached` (called after each trip), `narrow` adds the rows to a call of a trip after
+    some rows are done. `handles`/`component` are the schedule's: ended per-row loops alias their trips
+    not run to their last trip there."""
+
+    def __init__(self, program: Program, frame: Frame, handles: MutableMapping[Invocation, tuple[Any, ...]],
+                 component: MutableMapping[Invocation, str], fetch: Callable[[Any], Any], k: Any) -> None:
+        self.program, self.frame, self.handles, self.component = program, frame, handles, component
+        self.fetch, self.k = fetch, k
+        self.done: dict[tuple[Path, tuple[int, ...]], Any] = {}  # per loop instance: a [N] bool tensor
+        self.live: dict[Path, tuple[tuple[int, ...] | None, int]] = {}  # per-row loop -> (rows not done, its trip)
+        self.trips: dict[Path, int] = {}  # trips run by each loop's last instance (for the trace, tests)
+        self._dims: dict[int, int | None | str] = {}  # per input expression of a body call: the dimension of its rows
+        self._per_row: dict[Path, bool] = {}
+        self.aliases: dict[Invocation, Invocation] = {}  # a trip not run -> the last trip run (per-row loops)
+
+    def condition(self, loop: LoopNode, ctx: dict[Path, int]) -> Any:
+        """The value of the loop's condition after trip ctx[loop]: its producers' values fetched."""
+        assert loop.until is not None
+        raw = self.program.evaluate(loop.until, self.program.bound(loop, "until", loop.until), ctx, self.frame)
+        ((_, recipe),), handles = number_leaves([("until", lift(raw))])
+        return evaluate(recipe, [self.fetch(h) for h in handles], None, self.k)
+
+    def reached(self, loop: LoopNode, ctx: dict[Path, int]) -> bool:
+        """Whether the loop ends after trip ctx[loop] (the semantics asks after every trip)."""
+        from .values import TorchOps, row_flags
+
+        key = (loop.path, self.program.indices_of(loop.path, ctx))
+        j = ctx[loop.path]
+        value = self.condition(loop, ctx)
+        self.trips[loop.path] = j + 1
+        if not self.per_row(loop):
+            self.frame.dynamic_ran.setdefault(key, []).append(j)
+            return TorchOps().truth(value)
+        flags = row_flags(value)
+        before = self.done.get(key)
+        if before is not None and before.shape != flags.shape:
+            raise ValueError(f"the condition of loop '{loop.name}' ({loop.until}) gave {flags.shape[0]} row flag(s) "
+                             f"after trip {j}, {before.shape[0]} before: it must give one per row of the loop's batch")
+        done = flags if before is None else before | flags
+        self.done[key] = done
+        if j + 1 < (loop.count or 0) and not bool(done.all()):
+            rows = tuple(done.logical_not().nonzero().flatten().tolist()) if bool(done.any()) else None
+            self.live[loop.path] = (rows, j + 1)
+            return False
+        self._end(loop, key, j)
+        return True
+
+    def _end(self, loop: LoopNode, key: tuple[Path, tuple[int, ...]], last: int) -> None:
+        """A per-row loop ended after trip `last`: seen from outside it ran `count` iterations, those not run
+        being the last trip's values."""
+        count = loop.count or 0
+        self.frame.dynamic_ran[key] = list(range(count))
+        prefix = key[1]
+        for item in loop.body:
+            ran = Invocation(item.path, prefix + (last,))
+            for j in range(last + 1, count):
+                alias = Invocation(item.path, prefix + (j,))
+                self.handles[alias] = self.handles[ran]
+                self.component[alias] = self.component[ran]
+                self.aliases[alias] = ran
+        self.live.pop(loop.path, None)
+        self.done.pop(key, None)
+
+    def narrow(self, site: CallSite, ports: list[tuple[str, Recipe]]) -> list[tuple[str, Recipe]]:
+        """A call's inputs (recipes over handles), given only the rows not yet done when it runs in a trip of a
+        per-row loop after some rows are done, with those rows and its previous trip's outputs."""
+        node = site.node
+        rows, trip = self.live.get(node.path[:-1], (None, 0))
+        if rows is None:
+            return ports
+        assert isinstance(node, ExecutionNode) and site.inv.indices[-1] == trip
+        previous = self.handles[Invocation(node.path, site.inv.indices[:-1] + (trip - 1,))]
+        held = Seq(tuple(Ref(h) for h in previous[:len(node.outputs)]))
+        inputs = dict(node.inputs)
+        taken = [(port, self._take(node, f"in.{port}", inputs[port], r, rows)) for port, r in ports]
+        return taken + [(LIVE_ROWS, Const(rows)), (HELD, held)]
+
+    def _take(self, node: ExecutionNode, key: str, expr: Expr, recipe: Recipe, rows: tuple[int, ...]) -> Recipe:
+        """The rows of one input (a record field by field): along the dimension the analysis says holds the
+        loop's rows (`rose_dsl.until.input_dims`; none for an integer, the same for every row)."""
+        if isinstance(expr, ExprRecord) and isinstance(recipe, Const) and isinstance(recipe.value, dict):
+            recipe = Record(tuple((name, lift(v)) for name, v in recipe.value.items()))  # (a concrete record)
+        if isinstance(expr, ExprRecord) and isinstance(recipe, Record):
+            fields = dict(expr.fields)
+            return Record(tuple((name, self._take(node, key, fields[name], r, rows)) for name, r in recipe.fields))
+        if id(expr) not in self._dims:
+            port = key.removeprefix("in.")
+            self._dims.update(input_dims(self.program.resolver, node, port, dict(node.inputs)[port]))
+        dim = self._dims[id(expr)]
+        assert not isinstance(dim, str), "a loop whose inputs' rows are unknown ends as a whole"
+        return recipe if dim is None else Take(recipe, rows, dim)
+
+    def per_row(self, loop: LoopNode) -> bool:
+        if loop.path not in self._per_row:
+            self._per_row[loop.path] = whole_reason(self.program.resolver, loop) is None
+        return self._per_row[loop.path]
+
+
+def live_inputs(recipe: Any, inputs: dict[str, Any]) -> tuple[Any, Any]:
+    """Take the rows and the held outputs `narrow` added out of a call's evaluated inputs: (rows as a
+    LongTensor, previous full outputs), or (None, None) for a call that computes every row."""
+    if not recipe or recipe[-1][0] != HELD:
+        return None, None
+    import torch
+
+    return torch.as_tensor(inputs.pop(LIVE_ROWS), dtype=torch.long), inputs.pop(HELD)
+
+
+def keep_done_rows(node: ExecutionNode, outs: dict[str, Any], live: Any, held: Any) -> dict[str, Any]:
+    """A narrowed call's outputs as full values: the previous trip's with the computed rows replaced."""
+    from .values import hold
+
+    return {o: hold(held[n], outs[o], live, node.batch or 0) for n, o in enumerate(node.outputs)}
+

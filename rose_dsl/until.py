@@ -1,0 +1,56 @@
+"""How a loop that ends on a condition (`until:`) ends: per row, or as a whole (docs/language.md).
+
+Per row, a call after some rows are done is given only the rows not done, so rose must know which
+dimension of each of its inputs holds the rows, and which rows each call computes: every item of the
+body is a call that declares `batch:` (separable, no phases run in its place), and the analysis tells the
+batch dimension of every input (`transforms.refs.batch_dim`: a number, or none for an integer). A loop
+that fails one of these ends as a whole: every row runs every iteration until all rows are done. The
+runtime, the reference interpreter, `rose validate`'s note and the rewrites all ask here.
+"""
+
+from __future__ import annotations
+
+from .expr import Expr
+from .expr import Record as ExprRecord
+from .ir import ExecutionNode, LoopNode
+from .resolve import Resolver
+
+__all__ = ["whole_reason", "input_dims"]
+
+
+def whole_reason(resolver: Resolver, loop: LoopNode) -> str | None:
+    """None when the dynamic loop ends per row, else why it ends as a whole (a clause for a message)."""
+    for item in loop.body:
+        if isinstance(item, LoopNode):
+            return f"its body holds loop '{item.name}'"
+        if not isinstance(item, ExecutionNode):
+            return f"its body holds merge '{item.name}' of row groups split inside it"
+        if item.batch is None:
+            return f"'{item.name}' declares no batch:"
+        if not item.separable:
+            return f"'{item.name}' is not separable"
+        if item.expand and item.phases:
+            return f"'{item.name}' runs its phases"
+        for port, expr in item.inputs:
+            if any(d == "unknown" for d in input_dims(resolver, item, port, expr).values()):
+                return f"rose cannot tell the rows of input '{port}' of '{item.name}'"
+    return None
+
+
+def input_dims(resolver: Resolver, node: ExecutionNode, port: str, expr: Expr) -> dict[int, int | None | str]:
+    """The batch dimension of each part of an input that is taken on its own (a record's fields, else the
+    whole value), by id of its expression: a number, None (an integer), or 'unknown'."""
+    from .transforms.refs import batch_dim
+
+    table = resolver.tables.field(node, f"in.{port}", expr)
+    out: dict[int, int | None | str] = {}
+
+    def visit(e: Expr) -> None:
+        if isinstance(e, ExprRecord):
+            for _, v in e.fields:
+                visit(v)
+        else:
+            out[id(e)] = batch_dim(resolver, e, table)
+
+    visit(expr)
+    return out

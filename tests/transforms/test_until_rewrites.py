@@ -1,0 +1,120 @@
+"""Rewrites of loops that end on a condition (`until:`): a loop that ends per row, copied per row group with
+its consumer (`split-chain decode score K`), lets each group end on its own -- group 0's consumer runs
+while group 1 still generates -- and computes what the declared workflow computes; where a group could not
+end on its own rows, the rewrite is refused with the reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from interpreter.local_backend import LocalBackend
+from interpreter.runner import RunConfig, Runner
+from interpreter.schedule import Schedule
+from rose_dsl import load_workflow_text
+from rose_dsl.ir import Workflow
+from rose_dsl.transforms import Refused, apply_request
+
+FIXTURES = Path(__file__).resolve().parents[1] / "dsl" / "fixtures"
+SPLIT = (FIXTURES / "until_decode_split.yaml").read_text()
+EPISODES = (FIXTURES / "until_episodes.yaml").read_text()
+
+
+def _metrics(wf: Workflow, backend: str = "local", order: list[str] | None = None) -> list[dict[str, float]]:
+    sch = Schedule(wf)
+    if backend == "local":
+        be = LocalBackend(wf, ("examples.",), sch.program.loops_of)
+    else:
+        from interpreter.backends import make_backend
+
+        be = make_backend("ray", wf, sch, allowed=("examples.",), log=lambda _: None)
+    if order is not None:
+        submit = be.submit
+
+        def recording(step, replica=0):
+            order.append(step.label)
+            return submit(step, replica)
+
+        be.submit = recording  # type: ignore[method-assign]
+    try:
+        runner = Runner(wf, be, RunConfig(iterations=3, tensorboard=False), sch)
+        runner.run()
+    finally:
+        be.shutdown()
+    return [{k: v for k, v in r.metrics.items() if k.startswith(("lm/", "judge/"))} for r in runner.results]
+
+
+def _plan(text: str, request: str) -> Workflow:
+    wf = load_workflow_text(text, "until.yaml")
+    return apply_request(wf, request).workflow
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_a_per_row_decode_loop_split_with_its_scorer_computes_the_declared_values(k) -> None:
+    declared = load_workflow_text(SPLIT, "until.yaml")
+    plan = _plan(SPLIT, f"split-chain decode score {k}")
+    order: list[str] = []
+    want, got = _metrics(declared), _metrics(plan, order=order)
+    assert want and got == want  # bit for bit: every row computes the same values in its group
+    # the long-tail overlap: group 0's scorer is sent before group 1's loop runs (the driver decides a loop's
+    # trips as it runs them, so in item order it would wait for every group's loop to end)
+    first = [label for label in order if label.startswith("iteration.")]
+    score0 = next(i for i, label in enumerate(first) if label.startswith("iteration.score@0"))
+    gen1 = next(i for i, label in enumerate(first) if label.startswith("iteration.decode@1.gen"))
+    assert score0 < gen1, first[:12]
+
+
+def test_the_split_plan_on_ray_equals_the_declared_workflow() -> None:
+    ray = pytest.importorskip("ray")
+    declared = load_workflow_text(SPLIT, "until.yaml")
+    want = _metrics(declared)
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
+    try:
+        assert _metrics(_plan(SPLIT, "split-chain decode score 2"), "ray") == want
+    finally:
+        ray.shutdown()
+
+
+def test_a_loop_that_writes_state_is_not_split_into_groups_that_end_on_their_own() -> None:
+    with pytest.raises(Refused, match=r"'envstep' in loop 'ep' writes state \(env.episode\) inside a loop that ends on a "
+                                      r"condition: split into row groups, each group runs its own number of iterations"):
+        _plan(EPISODES, "split-chain ep learn 2")
+
+
+def test_a_condition_that_may_read_all_rows_is_refused() -> None:
+    text = SPLIT.replace("until: gen.eos", "until: decode.len").replace(
+        "len: {init: prompt.len0, next: gen.len}", "len: {init: prompt.len0, next: gen.eos}")
+    with pytest.raises(Refused, match=r"the condition of loop 'decode' \('decode.len'\) is not one output of a call in "
+                                      r"its body: it may read all rows"):
+        _plan(text, "split-chain decode score 2")
+
+
+def test_a_loop_that_ends_as_a_whole_is_not_split_and_says_why() -> None:
+    text = SPLIT.replace('out: [tok, logp, eos, len], batch: {dim: 0, size: "${rows}"}}', "out: [tok, logp, eos, len]}")
+    with pytest.raises(Refused, match=r"loop 'decode' ends on a condition as a whole \('gen' declares no batch:\)"):
+        _plan(text, "split-chain decode score 2")
+
+
+def test_splitting_inside_the_body_of_an_until_loop_is_refused_with_the_alternative() -> None:
+    with pytest.raises(Refused, match=r"the condition would read the merge of every group's rows.*split-chain decode"):
+        _plan(SPLIT, "split decode 2")
+
+
+def test_a_split_inside_a_per_row_loop_is_refused_and_forced_through_changes_the_result() -> None:
+    """The pinned failure (found.py, UNTIL_PER_ROW): merges in the body would make the loop end as a whole."""
+    from rose_dsl.transforms import passes
+
+    from .found import UNTIL_PER_ROW
+    from .harness import differences, execute
+
+    wf = load_workflow_text(UNTIL_PER_ROW.text, "wf.yaml")
+    (request,) = UNTIL_PER_ROW.requests
+    with pytest.raises(Refused, match=r"loop 'l1' ends on a condition per row, and would end as a whole \(its body "
+                                      r"holds merge 'n2' of row groups split inside it\)"):
+        apply_request(wf, request)
+    forced = passes.run(passes.Pass("split-chain", passes.build_split_chain, (passes.well_formed, passes.writable)), wf,
+                        [("iteration", "l1", "n2"), ("iteration", "l1", "n3")], 2)
+    a, comps_a = execute(wf, "program")
+    b, comps_b = execute(forced.workflow, "program")
+    assert differences(wf, a, comps_a, forced.workflow, b, comps_b, forced.locate)
