@@ -245,7 +245,7 @@ def sequential(measure_pair: Callable[[], tuple[float, float] | None], rule: Rul
     until the rule decides, the looks are spent or `go_on()` says stop; `start`: pairs already measured."""
     pairs = list(start)
     while True:
-        verdict = decide(*zip(*pairs), rule=rule) if pairs else None  # type: ignore[call-arg]
+        verdict = decide([r for r, _ in pairs], [c for _, c in pairs], rule) if pairs else None
         if verdict is not None and verdict.final:
             return verdict
         if not go_on():
@@ -256,5 +256,4 @@ def sequential(measure_pair: Callable[[], tuple[float, float] | None], rule: Rul
         pairs.append(got)
     if not pairs:
         return Verdict("undecided", 0, 1.0, 0.0, math.inf, 1.0, 1.0, rule.level_at(1), True, "nothing measured")
-    ref, cand = zip(*pairs, strict=True)
-    return decide(ref, cand, rule, more=False)
+    return decide([r for r, _ in pairs], [c for _, c in pairs], rule, more=False)
