@@ -205,6 +205,7 @@ class Stage1Result:
     # headline figure is validated by it (False: cut short, or not measured: the figure is a stage's own)
     verdict: Verdict | None = None
     validated: bool = False
+    rule: str = ""  # the decision rule, as the report states it
 
 
 @dataclass

@@ -623,7 +623,7 @@ def optimize_graph(wf: Workflow, measurer: Measurer, settings: Settings | None =
         baseline_runs = list(search.accepted_reference)
         baseline = summarize([r.seconds for r in baseline_runs])
     return Stage1Result(g, requests, baseline, final, rounds, search.errors, stopped, cut_short, baseline_runs, final_runs,
-                        verdict, validated)
+                        verdict, validated, s.rule.describe())
 
 
 def _before_after(search: _Search, wf: Workflow, g: Workflow, requests: tuple[str, ...], measurer: Measurer,
