@@ -89,3 +89,13 @@ def test_infeasible_alternatives_carry_their_fix_into_report_md(wf) -> None:  # 
     assert refused and all(a["fix"] for a in refused)
     text = report_markdown(doc, None)
     assert text.count("-- fix: ") >= len(refused)
+
+
+def test_metrics_merged_over_copies_are_named_in_the_report() -> None:
+    from rose_dsl.optimizer.report import metrics_markdown
+
+    notes = {"sim/reward_so_far": "not mergeable (declared 'copies'): one figure per process (2)",
+             "sim/reward": "mean over 2 processes (undeclared: the default; declare metric_merge if it is a snapshot)"}
+    text = "\n".join(metrics_markdown(notes))
+    assert "## Metrics under the plans" in text and "`sim/reward_so_far`: not mergeable" in text
+    assert "undeclared" in text and metrics_markdown({}) == []
