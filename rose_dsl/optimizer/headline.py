@@ -18,6 +18,8 @@ import textwrap
 from collections.abc import Mapping
 from typing import Any
 
+from .stats import percent
+
 __all__ = ["LEGEND", "headline", "headline_lines", "fix_for", "clip"]
 
 LEGEND = (
@@ -91,7 +93,7 @@ def headline(doc: Mapping[str, Any]) -> dict[str, Any]:
         out["how"] = "no rewrite kept: the plan is the declared graph"
     elif out["validated"] and verdict:
         out["how"] = (f"before/after, {verdict['n']} interleaved rounds each, decided by the rule with confidence "
-                      f"{verdict['confidence']:.1%}")
+                      f"{percent(verdict['confidence'])}")
     else:
         why = (f"the before/after measured {verdict['n']} round(s) and the rule says {verdict['outcome']} "
                f"({verdict['reason']})" if verdict else "no before/after was measured")

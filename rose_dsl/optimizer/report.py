@@ -20,6 +20,7 @@ from .decide import Summary
 from .headline import LEGEND, clip, fix_for, headline, headline_lines
 from .profile import IterationRun, structural
 from .search import DEVIATIONS, Measured, RoundRecord, Stage1Result, Stage2Record
+from .stats import percent
 
 # report.json's layout: 2 -- the books and stage 2's section are typed records (`Books`, `Stage2Record`),
 # serialized here; a reader checks it before it reads the document's fields
@@ -247,7 +248,7 @@ def _combined_markdown(c: Mapping[str, Any]) -> list[str]:
         lines += [f"| `{'; '.join(x['requests'])}` | {_f(x['predicted_s'], 's', 4)} |" for x in combos[:8]]
         lines.append("")
     v = c.get("verdict")
-    decided = (f"{v['outcome']} at {v['speedup']:.2f}x, confidence {v['confidence']:.1%}, n={v['n']}" if v
+    decided = (f"{v['outcome']} at {v['speedup']:.2f}x, confidence {percent(v['confidence'])}, n={v['n']}" if v
                else f"margin {_pct(c['margin'])}")
     lines += [f"Combined: `{'; '.join(c['requests']) or '-'}` predicted {_f(c['predicted_iteration_s'])}, measured "
               f"{_med(c['measured'])} vs reference {_med(c['reference'])} ({decided}): "

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
-__all__ = ["Rule", "Verdict", "decide", "sequential", "signed_rank_null", "DEFAULT_RULE"]
+__all__ = ["Rule", "Verdict", "decide", "sequential", "signed_rank_null", "DEFAULT_RULE", "percent"]
 
 Outcome = Literal["faster", "slower", "undecided"]
 
@@ -130,12 +130,17 @@ class Verdict:
     def describe(self) -> str:
         lo, hi = 1.0 / self.high if self.high > 0 else math.inf, 1.0 / self.low if self.low > 0 else math.inf
         return (f"{self.outcome}: {self.speedup:.2f}x (interval {lo:.2f}-{hi:.2f}x) on {self.n} interleaved "
-                f"pair(s), confidence {self.confidence:.1%} -- {self.reason}")
+                f"pair(s), confidence {percent(self.confidence)} -- {self.reason}")
 
     def to_json(self) -> dict[str, Any]:
         return {"outcome": self.outcome, "n": self.n, "ratio": self.ratio, "speedup": self.speedup,
                 "low": self.low, "high": self.high, "p_faster": self.p_faster, "p_slower": self.p_slower,
                 "level": self.level, "confidence": self.confidence, "final": self.final, "reason": self.reason}
+
+
+def percent(confidence: float) -> str:
+    """A confidence as a person reads it: never "100.0%" for 99.95% (one more digit near certainty)."""
+    return f"{confidence:.1%}" if confidence < 0.999 else f"{min(confidence, 0.9999):.2%}"
 
 
 @lru_cache(maxsize=64)
