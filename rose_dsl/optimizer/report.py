@@ -247,6 +247,8 @@ def _combined_markdown(c: Mapping[str, Any]) -> list[str]:
                   "| combination | predicted |", "| --- | --- |"]
         lines += [f"| `{'; '.join(x['requests'])}` | {_f(x['predicted_s'], 's', 4)} |" for x in combos[:8]]
         lines.append("")
+    if not c["requests"]:
+        return [*lines, f"Combined: nothing to combine -- {clip(c['note'], 300)}.", ""]
     v = c.get("verdict")
     decided = (f"{v['outcome']} at {v['speedup']:.2f}x, confidence {percent(v['confidence'])}, n={v['n']}" if v
                else f"margin {_pct(c['margin'])}")

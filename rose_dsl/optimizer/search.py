@@ -221,7 +221,7 @@ class _Search(_LocalTrials):
         self._measure(g, rec, ref_runs, reference)
         chosen = self._combine(g, rec)
         if not chosen:
-            rec.note = "no alternative was measured faster than its comparison graph by more than the noise"
+            rec.note = "no alternative was decided faster (complete iterations: by the decision rule; local trials: beyond the noise margin)"
             return rec, None, (), []
         return self._validate(g, rec, chosen, reference, ref_runs)
 
