@@ -35,7 +35,9 @@ class Stateful(Protocol):
 @runtime_checkable
 class ReportsMetrics(Protocol):
     """Reports what accumulated since the last call; rose calls it once per RL iteration and logs each
-    value as `component/name`. Counts named `env_steps` or `tokens` feed the throughput figures."""
+    value as `component/name`. Counts named `env_steps` or `tokens` feed the throughput figures. A class
+    attribute `metric_merge` (metric -> sum | mean | last | max | min | copies) says how each merges over
+    a component's processes (`interpreter/metric_merge.py`); a snapshot is `copies`."""
 
     def pop_metrics(self) -> Mapping[str, float]: ...
 

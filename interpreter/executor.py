@@ -178,6 +178,14 @@ class Executor:
         t1 = time.perf_counter_ns()
         return result.seconds, t0, t1, result.metrics, runner.trace.records()[before:]
 
+    def metric_notes(self) -> dict[str, str]:
+        """How each metric merged over several processes of a component was merged, over every plan run so
+        far (`Runner.metric_notes`): what a plan's report names (per-copy snapshots, undeclared means)."""
+        notes: dict[str, str] = {}
+        for _, runner in self._runners.values():
+            notes.update(runner.metric_notes)
+        return notes
+
     def drain(self) -> None:
         """After a failed iteration: wait until every call still queued or running has ended (a control
         call runs after them on each worker) and forget their records and metrics; the plan is loaded

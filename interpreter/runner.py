@@ -30,6 +30,7 @@ from .checkpoint import (
     find_resumable,
     save_component_checkpoint,
 )
+from .metric_merge import merge_metrics
 from .rundir import MetricsLog, check_run_dir
 from .schedule import ReplicaSet, Schedule, replicated
 from .trace import ExecutionTrace, InvocationRecord
@@ -153,34 +154,17 @@ def _as_gpu_activity(sampler: Any) -> Any:
     return sampler
 
 
-# metrics that add up over data-parallel replicas (the rest are averaged)
-ADDITIVE_METRICS = ("env_steps", "tokens", "episodes", "env_faults", "errors", "retries")
-
-
-def merge_replica_metrics(per_process: dict[str, dict[str, float]],
-                          work: Mapping[str, int] | None = None) -> dict[str, float]:
+def merge_replica_metrics(per_process: dict[str, dict[str, float]], work: Mapping[str, int] | None = None,
+                          declared: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, float]:
     """`{process: {metric: value}}` -> `{"component/metric": value}`, replicas (`name#r`) and temporal-split
-    copies (`name@g`) folded into their component: counts summed, everything else the mean over the
-    processes that reported it, weighted by the work each did (`work`, per process, this iteration: the
-    batch rows of its calls) when that differs. Why weighted: a process's mean is over its own rows, and the
-    temporal groups of an odd count are uneven -- 3 epochs split in 2 run 2 and 1 on the copies, and their
-    plain mean (m_A + m_B) / 2 is not the declared (2 m_A + m_B) / 3 (a CPU sweep's `sim/reward` was 0.4-0.8%
-    off, 2026-12-05). Rows, not calls: a copy whose steps are split in row groups runs twice the calls on
-    half the rows each. Equal work, or a figure missing: the plain mean, as before."""
-    values: dict[str, list[tuple[float, str]]] = {}
-    for process, metrics in per_process.items():
-        comp = process.partition("#")[0].partition("@")[0]
-        for name, value in metrics.items():
-            values.setdefault(f"{comp}/{name}", []).append((float(value), process))
-
-    def mean(vs: list[tuple[float, str]]) -> float:
-        weights = [(work or {}).get(p) for _, p in vs]
-        if len(vs) > 1 and all(w for w in weights) and len(set(weights)) > 1:
-            return sum(v * w for (v, _), w in zip(vs, weights, strict=True) if w) / sum(w for w in weights if w)
-        return sum(v for v, _ in vs) / len(vs)
-
-    return {key: sum(v for v, _ in vs) if key.rsplit("/", 1)[-1].endswith(ADDITIVE_METRICS) else mean(vs)
-            for key, vs in values.items()}
+    copies (`name@g`) folded into their component by each metric's rule (`interpreter/metric_merge.py`):
+    undeclared counts summed, everything else the mean over the processes that reported it, weighted by the
+    work each did (`work`, per process, this iteration: the batch rows of its calls) when that differs. Why
+    weighted: a process's mean is over its own rows, and the temporal groups of an odd count are uneven -- 3
+    epochs split in 2 run 2 and 1 on the copies, and their plain mean (m_A + m_B) / 2 is not the declared
+    (2 m_A + m_B) / 3. Rows, not calls: a copy whose steps are split in row groups runs twice the calls on
+    half the rows each."""
+    return merge_metrics(per_process, work, declared).values
 
 
 class Runner:
@@ -208,6 +192,8 @@ class Runner:
         self._work: dict[str, int] = {}  # this iteration's batch rows per process: weights of merged means
         self._rows = _rows_per_call(wf)
         self.processes: dict[int, dict[str, Any]] = {}  # pid -> the process's own view (SM count, quota)
+        self._rules: dict[str, Mapping[str, str]] = {}  # component -> its declared metric_merge
+        self.metric_notes: dict[str, str] = {}  # metric merged over several processes -> how (for reports)
         self.resumed: Resumed | None = None
         self.last_checkpoint: Path | None = None  # the newest checkpoint of this run (written or resumed from)
         self.exported: Path | None = None  # `export/`, once written
@@ -232,6 +218,23 @@ class Runner:
             except (CallFailed, TimeoutError):  # descriptive only: a failing process is reported by its calls
                 continue
             self.processes[info["pid"]] = info
+
+    def _metric_rules(self, per_process: Mapping[str, Mapping[str, float]]) -> dict[str, Mapping[str, str]]:
+        """Each component's declared `metric_merge`, asked once per component and only when several of its
+        processes report metrics (the one case where a rule matters)."""
+        counts: dict[str, int] = defaultdict(int)
+        for process, values in per_process.items():
+            if values:
+                counts[process.partition("#")[0].partition("@")[0]] += 1
+        for comp in (c for c, n in counts.items() if n > 1 and c not in self._rules):
+            try:
+                info = self.backend.control(comp, "info", timeout=60)
+            except (CallFailed, TimeoutError):
+                info = {}
+            self._rules[comp] = dict((info or {}).get("metric_merge") or {})
+            if (info or {}).get("metric_merge_problem"):
+                self.metric_notes[comp] = f"{info['metric_merge_problem']} (ignored: the default rules apply)"
+        return self._rules
 
     def _gpu_of(self, pid: int | None) -> int | None:
         """The NVML index of the GPU a component process runs on, when one GPU is visible to it and
@@ -362,7 +365,9 @@ class Runner:
         seconds = (t1 - t0) / 1e9
         metrics: dict[str, float] = {"iteration_s": seconds}
         per_process = {comp: self.backend.control(comp, "pop_metrics") for comp in self.component_processes()}
-        metrics.update(merge_replica_metrics(per_process, self._work))
+        merged = merge_metrics(per_process, self._work, self._metric_rules(per_process))
+        metrics.update(merged.values)
+        self.metric_notes.update(merged.notes)
         steps = sum(v for n, v in metrics.items() if n.endswith("/env_steps"))
         if steps:
             metrics["env_steps_per_s"] = steps / seconds

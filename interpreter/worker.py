@@ -29,6 +29,7 @@ from .components import (
     invoke,
     set_state,
 )
+from .metric_merge import merge_rule_problem
 from .recipe import IterVar, Leaf, evaluate, resolve_k
 from .trace import InvocationRecord
 from .until_loops import keep_done_rows, live_inputs
@@ -484,7 +485,8 @@ class ComponentWorker:
                                 "mps_priority": os.environ.get("CUDA_MPS_CLIENT_PRIORITY"),
                                 "visible_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpu_slot": self.gpu_index,
                                 "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-                                "call_problems": self.call_problems(), "impl_problem": self.impl_problem}
+                                "call_problems": self.call_problems(), "impl_problem": self.impl_problem,
+                                **self._metric_merge()}
         if _torch() is not None:
             info["torch_threads"] = _torch().get_num_threads()
         try:
@@ -496,6 +498,13 @@ class ComponentWorker:
         except (RuntimeError, AssertionError) as exc:  # a broken CUDA set-up is described here; calls fail with it
             info["cuda_error"] = repr(exc)
         return info
+
+    def _metric_merge(self) -> dict[str, Any]:
+        """The component's declared `metric_merge` (`interpreter/metric_merge.py`) and what is wrong with it."""
+        declared = getattr(type(self.obj), "metric_merge", None) if self.obj is not None else None
+        problem = None if declared is None else merge_rule_problem(declared)
+        return {"metric_merge": {} if declared is None or problem else dict(declared),
+                "metric_merge_problem": problem}
 
     def close(self) -> None:
         hook = getattr(self.obj, "close", None)

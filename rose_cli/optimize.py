@@ -637,13 +637,26 @@ def _report_doc(wf: Workflow, result: Any, session: Any, total: float, opts: Opt
     return build_report(result, books=session.sync_books(), total_s=total, workflow=wf.name, file=str(opts.file),
                         settings=asdict(settings), machine=_machine(backend), stage2=stage2, plan_file=str(opts.output),
                         run_dir=str(run_dir) if run_dir else None, activity_kind=session.activity_kind, bound=bound,
-                        trains_on=trains_on)
+                        trains_on=trains_on, metric_notes=_metric_notes(session))
+
+
+def _metric_notes(session: Any) -> dict[str, str]:
+    """How the plans' processes' metrics were merged (`Executor.metric_notes`; none from a session without one)."""
+    notes = getattr(getattr(session, "executor", None), "metric_notes", None)
+    return dict(notes()) if callable(notes) else {}
 
 
 def _summary(out: Console, doc: dict[str, Any], opts: OptimizeOptions, run_dir: Path | None) -> None:
-    ov = doc["overhead_s"]
-    out.print(f"declared {doc['baseline_iteration_s']:.3f} s -> plan {doc['plan_iteration_s']:.3f} s per iteration: "
-              f"{doc['speedup']:.2f}x", markup=False)
+    from rose_dsl.optimizer.headline import headline
+
+    ov, head = doc["overhead_s"], headline(doc)
+    spreads = (f" (spreads {head['declared_spread']:.0%} / {head['plan_spread']:.0%})"
+               if head.get("declared_spread") is not None and head.get("plan_spread") is not None else "")
+    out.print(f"declared {head['declared_s']:.3f} s -> plan {head['plan_s']:.3f} s per iteration{spreads}: "
+              f"{head['speedup']:.2f}x over {head['against']}" + ("" if head["validated"] else " -- NOT VALIDATED"),
+              markup=False)
+    if not head["validated"]:
+        out.print(f"{head['how']}; to validate it: {head['compare']}", markup=False)
     if doc.get("with_quotas"):
         wq = doc["with_quotas"]
         out.print(f"with stage 2's {wq['label']}: ~{wq['iteration_s']:.3f} s per iteration: {wq['speedup']:.2f}x over declared "

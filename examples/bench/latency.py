@@ -27,16 +27,20 @@ __all__ = ["Source", "Policy", "Sim", "Scorer", "Trainer", "Stage"]
 DTYPE = torch.float64
 
 
-def _wait(fixed_ms: float, per_row_ms: float, rows: int, spin: bool) -> None:
+def _wait(fixed_ms: float, per_row_ms: float, rows: int, spin: bool | str) -> None:
+    """Sleep (`spin` false), spin until a wall-clock deadline (`True`: busy, but done on time however the
+    machine is loaded), or spin until the thread has used that much CPU time (`"cpu"`: a fixed amount of
+    pure-Python work holding the GIL, as a real compute-bound call: two of them never overlap in one process)."""
     seconds = (fixed_ms + per_row_ms * rows) / 1e3
     if seconds <= 0:
         return
     if not spin:
         time.sleep(seconds)
         return
-    end = time.perf_counter() + seconds
+    clock = time.thread_time if spin == "cpu" else time.perf_counter
+    end = clock() + seconds
     x = 0.0
-    while time.perf_counter() < end:  # burn the CPU: a compute-bound call
+    while clock() < end:  # burn the CPU: a compute-bound call
         x = math.sin(x + 1.0)
 
 
@@ -53,8 +57,9 @@ def _wave(seed: int, *keys: float, rows: range, width: int) -> torch.Tensor:
 
 
 class _Timed:
-    def __init__(self, fixed_ms: float = 1.0, per_row_ms: float = 0.1, spin: bool = False) -> None:
-        self.fixed_ms, self.per_row_ms, self.spin = float(fixed_ms), float(per_row_ms), bool(spin)
+    def __init__(self, fixed_ms: float = 1.0, per_row_ms: float = 0.1, spin: bool | str = False) -> None:
+        self.fixed_ms, self.per_row_ms = float(fixed_ms), float(per_row_ms)
+        self.spin: bool | str = "cpu" if spin == "cpu" else bool(spin)
 
     def wait(self, rows: int) -> None:
         _wait(self.fixed_ms, self.per_row_ms, rows, self.spin)
@@ -168,9 +173,11 @@ class Trainer(_Timed):
     trajectory, scored samples); `get_weights()` returns the weights. Not batch-separable. Metric:
     `loss`. Its cost counts the rows of the batch's first leaf (time-major stacks count T x N)."""
 
-    def __init__(self, dim: int = 4, act_dim: int = 2, lr: float = 0.05, seed: int = 0, **timing: Any) -> None:
+    def __init__(self, dim: int = 4, act_dim: int = 2, lr: float = 0.05, seed: int = 0,
+                 publish_ms: float | None = None, **timing: Any) -> None:
         super().__init__(**timing)
         self.lr, self.seed = float(lr), int(seed)
+        self.publish_ms = self.fixed_ms if publish_ms is None else float(publish_ms)  # get_weights' wait
         self.weights = _wave(seed, 1.0, rows=range(int(dim)), width=int(act_dim)) * 0.5
         self.optimizer = torch.zeros_like(self.weights)
         self._losses: list[float] = []
@@ -191,7 +198,7 @@ class Trainer(_Timed):
         self._losses.append(float((grad ** 2).mean()))
 
     def get_weights(self) -> torch.Tensor:
-        self.wait(0)
+        _wait(self.publish_ms, 0.0, 0, self.spin)
         return self.weights.clone()
 
     def pop_metrics(self) -> dict[str, float]:

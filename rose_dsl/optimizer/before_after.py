@@ -14,6 +14,7 @@ from ..ir import Workflow
 from .decide import summarize
 from .profile import IterationRun
 from .records import Log, Measurer, OutOfBudget, Settings, Stage1Result, Stop
+from .stats import decide
 
 __all__ = ["interleaved", "given_plan", "declared_graph"]
 
@@ -63,9 +64,12 @@ def given_plan(wf: Workflow, plan: Workflow, requests: Sequence[str], measurer: 
         raise OutOfBudget(f"{cut}: not even the before/after of the given plan was measured")
     if cut:
         log(f"before/after cut short after {len(after)} round(s): {cut}")
+    verdict = None if same else decide([r.seconds for r in before[:len(after)]],
+                                       [r.seconds for r in after[:len(before)]], s.rule, more=False)
     return Stage1Result(plan, tuple(requests), summarize([r.seconds for r in before]),
                         summarize([r.seconds for r in after]), [], [], "stage 1 skipped: the given plan", False,
-                        list(before), list(after))
+                        list(before), list(after), verdict, verdict is not None and verdict.outcome == "faster",
+                        s.rule.describe())
 
 
 def declared_graph(wf: Workflow, plan: Workflow) -> bool:

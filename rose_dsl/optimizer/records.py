@@ -14,6 +14,7 @@ from .decide import Summary
 from .profile import IterationRun
 from .rank import Ranking
 from .regions import LocalGraph
+from .stats import DEFAULT_RULE, Rule, Verdict
 
 __all__ = ["DEVIATIONS", "OutOfBudget", "Measurer", "Settings", "Measured", "TargetRecord", "RoundRecord", "Stage1Result", "Stage2Record",
            "Log", "Stop", "GiveUp"]
@@ -86,9 +87,12 @@ class Settings:
     warmup: int = 1  # iterations run before the first profile (not timed)
     reference_iterations: int = 3
     validation_rounds: int = 3
-    # complete-iteration candidates faster by more than eps_min but not by the noise margin get this many
-    # more interleaved rounds (once) before the verdict (`decide.undecided`); 0: decide on the first rounds
+    # complete-iteration candidates the decision rule (`rule`) leaves undecided whose median is faster get more
+    # interleaved rounds, up to the rule's next look, until it decides or its last look; 0: decide on the first rounds
     extra_rounds: int = 3
+    # acceptance of a plan in stage 1 and the final before/after (`stats.py`): a sequential signed-rank test on
+    # interleaved pairs, false-accept rate <= rule.alpha
+    rule: Rule = field(default_factory=lambda: DEFAULT_RULE)
     final_rounds: int = 5  # the before/after comparison at the end (training, kept)
     local_repeats: int = 3
     window_fraction: float = 0.25  # a loop region runs about this fraction of an iteration locally
@@ -136,6 +140,7 @@ class Measured:
     reason: str = ""
     benefit_s: float = 0.0  # estimated iteration time saved
     significant: bool = False
+    verdict: Verdict | None = None  # the decision rule's, on complete iterations (local trials: None)
     workflow: Workflow | None = field(default=None, repr=False)
     runs: list[IterationRun] = field(default_factory=list, repr=False)  # complete-iteration trials
 
@@ -176,6 +181,10 @@ class RoundRecord:
     margin: float | None = None
     accepted: bool = False
     note: str = ""
+    verdict: Verdict | None = None  # the decision rule's verdict on the validated plan
+    # every feasible combination of the round's winners, best predicted first (the alternatives a later round
+    # may need, and what the report shows of the Combine step)
+    combinations: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -192,6 +201,11 @@ class Stage1Result:
     cut_short: bool = False
     baseline_runs: list[IterationRun] = field(default_factory=list, repr=False)
     final_runs: list[IterationRun] = field(default_factory=list, repr=False)
+    # the before/after's verdict by the decision rule (None: no before/after was measured), and whether the
+    # headline figure is validated by it (False: cut short, or not measured: the figure is a stage's own)
+    verdict: Verdict | None = None
+    validated: bool = False
+    rule: str = ""  # the decision rule, as the report states it
 
 
 @dataclass
@@ -256,7 +270,8 @@ Stop = Callable[[], str | None]  # why the search must end now (a signal, say), 
 
 # How this search departs from the paper's Algorithm 1 (listed in every report).
 DEVIATIONS = (
-    "on the CPU, a node's activity a_v is its component's CPU busy fraction over its calls (no SM activity)",
+    "on the CPU, a node's activity a_v is the fraction of its calls' time its component ran or waited for a CPU "
+    "(CPU time + run-queue delay; no SM activity)",
     "candidates are ordered by the duration mismatch of target and partner both after the split",
     "alternatives the calibrated model predicts to be slower are not measured; the first split of each "
     "family (k = 2) is measured as calibration -- the first one always, the others unless the model, calibrated "
@@ -268,8 +283,11 @@ DEVIATIONS = (
     "when a combination of several targets fails validation, the best single alternative is validated "
     "before the round ends",
     "a node's phases are ranked only when the graph runs them expanded",
-    "a complete-iteration candidate faster than the reference by more than eps_min but not by the noise margin "
-    "gets extra_rounds (3) more interleaved rounds, with the reference, before the verdict",
+    "acceptance on complete iterations is a sequential one-sided Wilcoxon signed-rank test on interleaved pairs "
+    "(false-accept rate <= alpha over all looks; `stats.py`) instead of a fixed margin; a candidate whose median is "
+    "faster but which the test leaves undecided gets more interleaved rounds, up to the rule's next look",
+    "Combine takes the best predicted compatible set of the round's winners (every subset of up to three, one per "
+    "split family, applied fuse/rewire first, then temporal, then row splits), not the single largest saving",
     "a block of complete iterations is not started when its estimate (iterations x the reference's median) "
     "would overrun stage 1's share of the budget: stage 2 keeps its share",
     "a round measures its complete-iteration alternatives (training, kept) before its local trials (overhead); "

@@ -17,8 +17,10 @@ from typing import Any
 
 from ..measurement import Books
 from .decide import Summary
+from .headline import LEGEND, clip, fix_for, headline, headline_lines
 from .profile import IterationRun, structural
 from .search import DEVIATIONS, Measured, RoundRecord, Stage1Result, Stage2Record
+from .stats import percent
 
 # report.json's layout: 2 -- the books and stage 2's section are typed records (`Books`, `Stage2Record`),
 # serialized here; a reader checks it before it reads the document's fields
@@ -37,7 +39,9 @@ def _alt(m: Measured) -> dict[str, Any]:
     return {"requests": list(m.requests), "family": m.family, "groups": m.groups, "partners": list(m.partners),
             "delta_s": m.delta_s, "predicted_iteration_s": m.predicted_iteration_s,
             "predicted_local_s": m.predicted_local_s, "measured": _s(m.summary), "status": m.status,
-            "reason": m.reason, "significant": m.significant, "benefit_s": m.benefit_s}
+            "reason": m.reason, "significant": m.significant, "benefit_s": m.benefit_s,
+            "verdict": m.verdict.to_json() if m.verdict is not None else None,
+            "fix": fix_for(m.reason) if m.status == "infeasible" else None}
 
 
 def _round(r: RoundRecord) -> dict[str, Any]:
@@ -58,6 +62,8 @@ def _round(r: RoundRecord) -> dict[str, Any]:
             "threshold_s": r.ranking.threshold_s if r.ranking else None, "ranking": ranking, "targets": targets,
             "combined": {"requests": r.combined, "predicted_iteration_s": r.combined_predicted_s,
                          "measured": _s(r.candidate), "reference": _s(r.reference_validation), "margin": r.margin,
+                         "verdict": r.verdict.to_json() if r.verdict is not None else None,
+                         "combinations": list(r.combinations),
                          "accepted": r.accepted, "note": r.note}}
 
 
@@ -130,9 +136,11 @@ def _prefetch_note(books: Books) -> str:
 def build_report(result: Stage1Result, *, books: Books, total_s: float, workflow: str, file: str,
                  settings: Mapping[str, Any], machine: Mapping[str, Any], stage2: Stage2Record | None,
                  plan_file: str, run_dir: str | None, activity_kind: str,
-                 bound: Mapping[str, Any] | None = None, trains_on: bool = False) -> dict[str, Any]:
+                 bound: Mapping[str, Any] | None = None, trains_on: bool = False,
+                 metric_notes: Mapping[str, str] | None = None) -> dict[str, Any]:
     """report.json's document. `bound`: `bound.reorder_bound` of the declared graph's profile. `trains_on`:
-    training goes on in these processes after the report (`rose optimize --train`; see `overhead`)."""
+    training goes on in these processes after the report (`rose optimize --train`; see `overhead`).
+    `metric_notes`: how each metric merged over several processes was merged (`Executor.metric_notes`)."""
     base, plan = result.baseline.median, result.final.median
     section = stage2.to_json() if stage2 is not None else None
     rel = [(p - m) / m if m else None for _, p, m in result.model_errors]
@@ -199,6 +207,9 @@ def build_report(result: Stage1Result, *, books: Books, total_s: float, workflow
         "reorder_bound": dict(bound) if bound is not None else None,
         "settings": dict(settings), "machine": dict(machine), "deviations": list(DEVIATIONS),
         "run_dir": run_dir,
+        "before_after": {"verdict": result.verdict.to_json() if result.verdict is not None else None,
+                         "validated": result.validated, "rule": result.rule},
+        "metrics_merged": dict(metric_notes or {}),
     }
 
 
@@ -218,12 +229,56 @@ def _med(m: Mapping[str, Any] | None) -> str:
     return f"{m['median']:.4f} s (n={m['n']}, spread {m['spread']:.0%})"
 
 
+def _why(a: Mapping[str, Any]) -> str:
+    """An alternative's reason on one line, cut at a word; a refusal with its fix."""
+    why = clip(a["reason"], 160) if a["reason"] else ""
+    if a.get("fix"):
+        why += f" -- fix: {a['fix']}"
+    return why.replace("|", "/")
+
+
+def _combined_markdown(c: Mapping[str, Any]) -> list[str]:
+    """A round's Combine step: the combinations of its winners (best predicted first) and the verdict on the
+    one validated."""
+    lines = [""]
+    combos = c.get("combinations") or []
+    if len(combos) > 1:
+        lines += ["Combinations of the round's winners (best predicted first; the first is validated):", "",
+                  "| combination | predicted |", "| --- | --- |"]
+        lines += [f"| `{'; '.join(x['requests'])}` | {_f(x['predicted_s'], 's', 4)} |" for x in combos[:8]]
+        lines.append("")
+    if not c["requests"]:
+        return [*lines, f"Combined: nothing to combine -- {clip(c['note'], 300)}.", ""]
+    v = c.get("verdict")
+    decided = (f"{v['outcome']} at {v['speedup']:.2f}x, confidence {percent(v['confidence'])}, n={v['n']}" if v
+               else f"margin {_pct(c['margin'])}")
+    lines += [f"Combined: `{'; '.join(c['requests']) or '-'}` predicted {_f(c['predicted_iteration_s'])}, measured "
+              f"{_med(c['measured'])} vs reference {_med(c['reference'])} ({decided}): "
+              f"**{'accepted' if c['accepted'] else 'rejected'}** ({clip(c['note'], 300)})", ""]
+    return lines
+
+
+def metrics_markdown(notes: Mapping[str, str]) -> list[str]:
+    """Metrics that a plan's processes reported several times: per copy (not mergeable) and by which rule."""
+    if not notes:
+        return []
+    lines = ["## Metrics under the plans", "", "A component ran on several processes under a plan; its metrics were "
+             "merged by these rules (`metric_merge` in docs/components.md):", ""]
+    lines += [f"- `{k}`: {v}" for k, v in sorted(notes.items())]
+    return [*lines, ""]
+
+
 def report_markdown(doc: Mapping[str, Any], picture: str | None) -> str:
+    head = doc.get("headline") or headline(doc)
     lines = [f"# rose optimize: {doc['workflow']}", "",
-             f"Source `{doc['file']}`, plan `{doc['plan_file']}`.", "",
-             "| | iteration (median) | |", "| --- | --- | --- |",
-             f"| declared | {_med(doc['baseline'])} | |",
-             f"| plan | {_med(doc['plan'])} | **{doc['speedup']:.2f}x** |"]
+             f"Source `{doc['file']}`, plan `{doc['plan_file']}`.", "", *headline_lines(head),
+             "| | iteration (median) | |", "| --- | --- | --- |"]
+    if head.get("layout_gain"):
+        lines.append(f"| declared, as written | {head['declared_s']:.4f} s (spread {_pct(head['declared_spread'])}) | |")
+    lines += [f"| declared{' at the layout' if head.get('layout_gain') else ''} | {_med(doc['baseline'])} | |",
+              f"| plan | {_med(doc['plan'])} | **{doc['speedup']:.2f}x**"
+              + (f" ({head['speedup']:.2f}x over the workflow as written)" if head.get("layout_gain") else "")
+              + ("" if head["validated"] else ", not validated") + " |"]
     wq = doc.get("with_quotas")
     if wq:
         lines += [f"| plan with {', '.join(wq['changes'])} | {wq['iteration_s']:.4f} s (chained: {wq['stage2_gain']:.3f}x on the plan) "
@@ -232,7 +287,7 @@ def report_markdown(doc: Mapping[str, Any], picture: str | None) -> str:
     else:
         lines += [""]
     lines += ["Plan: " + ("`" + "`, `".join(doc["plan_requests"]) + "`" if doc["plan_requests"] else "the declared graph "
-                          "(no rewrite was measured faster by more than the noise)"), ""]
+                          "(no rewrite was decided faster by the rule)"), ""]
     if doc.get("stage2"):
         lines += stage2_markdown(doc["stage2"])
     lines += [f"Stopped: {doc['stopped']}.", ""]
@@ -245,6 +300,8 @@ def report_markdown(doc: Mapping[str, Any], picture: str | None) -> str:
                   f"{' -> ...' if len(b['chain']) > 6 else ''}; `bound.py` says why it is an estimate).", ""]
     if picture:
         lines += [f"![one iteration before and after]({picture})", ""]
+    if doc["rounds"]:
+        lines += [f"Legend: {LEGEND}", ""]
     for r in doc["rounds"]:
         lines += [f"## Round {r['index']}", "", f"Reference: {_med(r['reference'])}; eligibility threshold "
                   f"{_f(r['threshold_s'])}.", "",
@@ -264,11 +321,8 @@ def report_markdown(doc: Mapping[str, Any], picture: str | None) -> str:
                 pred = a["predicted_local_s"] if a["status"] == "measured" else a["predicted_iteration_s"]
                 lines.append(f"| `{'; '.join(a['requests'])}` | {a['status']}{' ✓' if a['significant'] else ''} | "
                              f"{_med(a['measured'])} | {_f(pred, 's', 4)} | {_f(a['benefit_s'], 's', 4)} | "
-                             f"{a['reason'][:140].replace('|', '/')} |")
-        c = r["combined"]
-        lines += ["", f"Combined: `{'; '.join(c['requests']) or '-'}` predicted {_f(c['predicted_iteration_s'])}, measured "
-                  f"{_med(c['measured'])} vs reference {_med(c['reference'])}, margin {_pct(c['margin'])}: "
-                  f"**{'accepted' if c['accepted'] else 'rejected'}** ({c['note']})", ""]
+                             f"{_why(a)} |")
+        lines += _combined_markdown(r["combined"])
     lines += layout_markdown(doc.get("layout"))
     tr, ov = doc["trials"], doc["overhead_s"]
     lines += ["## Trials and overhead", "", "| kind | count | seconds | |", "| --- | --- | --- | --- |"]
@@ -297,6 +351,7 @@ def report_markdown(doc: Mapping[str, Any], picture: str | None) -> str:
                   for e in m["errors"]]
         lines.append("")
     lines += quota_curve_markdown(doc.get("stage2") or {})
+    lines += metrics_markdown(doc.get("metrics_merged") or {})
     lines += ["## Deviations from the paper", ""] + [f"- {d}" for d in doc["deviations"]] + [""]
     if doc.get("run_dir"):
         lines += ["## Continue training", "", f"The iterations trained while optimizing are checkpointed in "
@@ -508,6 +563,7 @@ def write_report(doc: Mapping[str, Any], out_dir: Path, panels: Sequence[tuple[s
                                                               if p.get("seconds") is not None],
                                                              holes=[p["percent"] for p in s2["curve"] if p.get("unsafe")]))
         written.append(out_dir / "quota_curve.svg")
+    doc = {**doc, "headline": headline(doc)}
     (out_dir / "report.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     (out_dir / "report.md").write_text(report_markdown(doc, picture))
     return [out_dir / "report.json", out_dir / "report.md", *written]

@@ -20,7 +20,8 @@ from ..ir import Workflow
 from .before_after import declared_graph, given_plan, interleaved
 from .budget import Budget
 from .candidates import SWEEP, Alternative, Feasible, Infeasible, alternatives, check, memory_estimate, sweep
-from .decide import Summary, faster, summarize, undecided
+from .combine import Option, combinations_of
+from .decide import Summary, summarize
 from .local_trials import _LocalTrials
 from .model import CostModel
 from .profile import IterationRun, node_stats
@@ -43,6 +44,13 @@ from .regions import (
     common_ancestor,
     local_graphs,
 )
+from .stats import Rule, Verdict, decide
+
+
+def paired(rule: Rule, reference: Sequence[IterationRun], candidate: Sequence[IterationRun], more: bool) -> Verdict:
+    """The decision rule on two plans' runs of the same interleaved rounds (the i-th of each is one round)."""
+    n = min(len(reference), len(candidate))
+    return decide([r.seconds for r in reference[:n]], [r.seconds for r in candidate[:n]], rule, more)
 
 __all__ = ["Settings", "Measurer", "Measured", "TargetRecord", "RoundRecord", "Stage1Result", "Stage2Record", "optimize_graph",
            "OutOfBudget", "DEVIATIONS", "given_plan", "interleaved", "declared_graph", "Stop"]
@@ -213,7 +221,7 @@ class _Search(_LocalTrials):
         self._measure(g, rec, ref_runs, reference)
         chosen = self._combine(g, rec)
         if not chosen:
-            rec.note = "no alternative was measured faster than its comparison graph by more than the noise"
+            rec.note = "no alternative was decided faster (complete iterations: by the decision rule; local trials: beyond the noise margin)"
             return rec, None, (), []
         return self._validate(g, rec, chosen, reference, ref_runs)
 
@@ -380,10 +388,13 @@ class _Search(_LocalTrials):
                     m.status, m.reason = "failed", failed.get(i, "no iteration completed")
                 continue
             summary = summarize([r.seconds for r in rs])
-            ok, _ = faster(ref, summary, self.s.eps_min, self.s.z)
+            verdict = paired(self.s.rule, runs[0], rs, more=False)
             for m in ms:
-                m.summary, m.runs, m.status, m.significant = summary, list(rs), "complete", ok
+                m.summary, m.runs, m.status = summary, list(rs), "complete"
+                m.verdict, m.significant = verdict, verdict.outcome == "faster"
                 m.benefit_s = ref.median - summary.median
+                if not m.significant:
+                    m.reason = m.reason or verdict.describe()
             if ms[0].predicted_iteration_s is not None:
                 self.errors.append((f"iteration {ms[0].label}", ms[0].predicted_iteration_s, summary.median))
         assert self.rec is not None
@@ -415,54 +426,78 @@ class _Search(_LocalTrials):
 
     def _settle(self, plans: Sequence[Workflow], runs: list[list[IterationRun]], failed: dict[int, str],
                 labels: Sequence[str]) -> list[list[IterationRun]]:
-        """`runs` of `plans` (the first the reference) with `extra_rounds` more interleaved rounds of the
-        reference and of every candidate the first rounds left undecided (`decide.undecided`); a candidate
-        that fails in them keeps its first runs. A spent budget keeps what was measured."""
+        """`runs` of `plans` (the first the reference) with more interleaved rounds of the reference and of every
+        candidate the decision rule has not decided yet and whose median is faster (the only ones that could
+        come out faster), up to the rule's next look each time, until it decides them, its looks are spent or
+        the budget is (what was measured is kept). A candidate that fails in them keeps its first runs."""
         if not self.s.extra_rounds or 0 in failed or not runs[0]:
             return runs
-        ref = summarize([r.seconds for r in runs[0]])
-        open_ = [i for i in range(1, len(plans)) if i not in failed and runs[i]
-                 and undecided(ref, summarize([r.seconds for r in runs[i]]), self.s.eps_min, self.s.z)]
-        if not open_:
-            return runs
-        self.log(f"  {len(open_)} alternative(s) faster but within the noise margin: {self.s.extra_rounds} more "
-                 "interleaved round(s)")
-        try:
-            more = self.complete([plans[0]] + [plans[i] for i in open_], self.s.extra_rounds,
-                                 labels=[labels[0]] + [labels[i] for i in open_])
-        except OutOfBudget:
-            return runs  # (the search's next budget check ends it)
-        failed_more = dict(self.block_failures)
-        if 0 in failed_more:
-            return runs
         out = [list(rs) for rs in runs]
-        out[0] += more[0]
-        for j, i in enumerate(open_, start=1):
-            if j not in failed_more:
-                out[i] += more[j]
-        return out
+        while True:
+            open_ = [i for i in range(1, len(plans)) if i not in failed and out[i] and self._open(out[0], out[i])]
+            if not open_:
+                return out
+            n = min(len(out[i]) for i in open_)
+            more_rounds = next((k for k in self.s.rule.looks if k > n), self.s.rule.max_n) - n
+            self.log(f"  {len(open_)} alternative(s) faster but not decided by the rule at n = {n}: {more_rounds} "
+                     "more interleaved round(s)")
+            try:
+                more = self.complete([plans[0]] + [plans[i] for i in open_], more_rounds,
+                                     labels=[labels[0]] + [labels[i] for i in open_])
+            except OutOfBudget:
+                return out  # (the search's next budget check ends it)
+            failed_more = dict(self.block_failures)
+            if 0 in failed_more or not more[0]:
+                return out
+            out[0] += more[0]
+            for j, i in enumerate(open_, start=1):
+                if j in failed_more:
+                    failed[i] = failed_more[j]
+                else:
+                    out[i] += more[j]
+            if self.cut:
+                return out
+
+    def _open(self, reference: list[IterationRun], candidate: list[IterationRun]) -> bool:
+        """Is the candidate worth more rounds? The rule has not decided it (and could with more rounds), and its
+        estimated gain is at least the rule's `worth` (a candidate 1% faster is not worth the iterations)."""
+        v = paired(self.s.rule, reference, candidate, more=True)
+        return not v.final and v.ratio < 1.0 - self.s.rule.worth
 
     # -- combine and validate ---------------------------------------------------------------------
     def _combine(self, g: Workflow, rec: RoundRecord) -> list[Measured]:
-        bests = sorted((t.best for t in rec.targets if t.best is not None), key=lambda m: -m.benefit_s)
-        chosen: list[Measured] = []
-        current = g
-        for m in bests:
-            if any(m.requests == c.requests for c in chosen):
-                continue
-            result = check(current, Alternative(m.requests, m.family, ""), self.memory)
-            if isinstance(result, Feasible):
-                current = result.workflow
-                chosen.append(m)
-        rec.combined = [r for m in chosen for r in m.requests]
-        self.combined_wf = current
+        """The Combine step (`combine.py`): the best predicted compatible set of everything the round called
+        faster, not the single largest saving; every feasible combination is kept in the round's record."""
+        winners = {m.requests: m for t in rec.targets for m in t.alternatives
+                   if m.significant and m.status in ("complete", "measured")}
+        options = [Option(m.requests, m.family, m.benefit_s, True, split_family(m), m.label) for m in winners.values()]
+
+        def apply(base: Workflow, requests: tuple[str, ...]) -> Workflow | str:
+            got = check(base, Alternative(requests, "combination", ""), self.memory)
+            return got.workflow if isinstance(got, Feasible) else got.reason
+
+        ref_s = self.iteration_s or rec.reference.median
+        combos = combinations_of(g, options, ref_s, apply, lambda plan: self.model.predict(plan).seconds)
+        rec.combinations = [c.to_json() for c in combos]
+        if not combos:
+            self.combined_wf = g
+            return []
+        best = combos[0]
+        chosen = [winners[o.requests] for o in sorted(best.options, key=lambda o: best.requests.index(o.requests[0]))]
+        rec.combined = list(best.requests)
+        assert best.workflow is not None
+        self.combined_wf = best.workflow
+        if len(chosen) > 1:
+            self.log(f"round {rec.index}: combining {len(chosen)} alternatives (predicted {best.predicted_s:.3f} s "
+                     f"against {ref_s:.3f} s): {best.label}")
         return chosen
 
     def _validate(self, g: Workflow, rec: RoundRecord, chosen: list[Measured], reference: Summary,
                   ref_runs: list[IterationRun]):
         options = [(chosen, self.combined_wf)]
-        if len(chosen) > 1:
-            options.append(([chosen[0]], chosen[0].plan()))
+        if len(chosen) > 1:  # the combination failing: the best single alternative measured
+            single = max(chosen, key=lambda m: m.benefit_s)
+            options.append(([single], single.plan()))
         for picked, plan in options:
             requests = tuple(r for m in picked for r in m.requests)
             rec.combined = list(requests)
@@ -472,6 +507,7 @@ class _Search(_LocalTrials):
                 cand, ref = reuse, summarize([r.seconds for r in self.complete_reference])
                 runs = picked[0].runs
                 self.accepted_reference = list(self.complete_reference)
+                verdict = picked[0].verdict or paired(self.s.rule, self.complete_reference, runs, more=False)
             else:
                 self.log(f"round {rec.index}: validating {'; '.join(requests)} on complete iterations")
                 labels = [self.label, self.label + "; ".join(requests)]
@@ -489,16 +525,15 @@ class _Search(_LocalTrials):
                     continue
                 ref, cand, runs = summarize([r.seconds for r in both[0]]), summarize([r.seconds for r in both[1]]), both[1]
                 self.accepted_reference = list(both[0])
-            ok, eps = faster(ref, cand, self.s.eps_min, self.s.z)
-            rec.candidate, rec.reference_validation, rec.margin = cand, ref, eps
+                verdict = paired(self.s.rule, both[0], both[1], more=False)
+            rec.candidate, rec.reference_validation, rec.verdict = cand, ref, verdict
             if rec.combined_predicted_s is not None:
                 self.errors.append((f"iteration {'; '.join(requests)}", rec.combined_predicted_s, cand.median))
-            if ok:
+            if verdict.outcome == "faster":
                 rec.accepted = True
-                rec.note = f"{ref.median / cand.median:.2f}x faster than the reference (margin {eps:.1%})"
+                rec.note = verdict.describe()
                 return rec, plan, requests, runs
-            rec.note = (f"not faster by more than the margin: {cand.median:.3f} s vs {ref.median:.3f} s "
-                        f"(margin {eps:.1%})")
+            rec.note = f"not accepted: {verdict.describe()}"
             self.log(f"round {rec.index}: rejected ({rec.note})")
         return rec, None, (), []
 
@@ -551,33 +586,25 @@ def optimize_graph(wf: Workflow, measurer: Measurer, settings: Settings | None =
             search.rec.note = search.rec.note or f"cut short: {exc}"
             rounds.append(search.rec)  # what the unfinished round measured stays in the report
     final_runs = list(runs)
+    verdict: Verdict | None = None
+    validated = False
     stop_reason = stop() if stop is not None else None
     if stop_reason and requests:
         log(f"no before/after comparison: {stop_reason}")
     elif requests and s.final_rounds:
-        # before / after, interleaved: the figures the report leads with
         try:
-            log(f"before/after: {s.final_rounds} complete iterations each of the declared graph and the plan")
-            # retained training, but budgeted: a round is not begun past stage 1's share
-            def within_budget() -> str | None:  # training, but it takes the time of the stage after it
-                try:
-                    search.budget(search._block_s([wf, g], 1))
-                except OutOfBudget as exc:
-                    return str(exc)
-                return None
-
-            (before, after), cut = interleaved(measurer, [wf, g], s.final_rounds, ["", "; ".join(requests)],
-                                               within_budget)
-            if cut:
-                log(f"before/after cut short after {len(after)} of {s.final_rounds} round(s): {cut}")
-                if len(rounds) == 1 and rounds[0].accepted and search.accepted_reference:
-                    # round 1's validation interleaved the same two graphs: its runs join the few rounds the
-                    # budget left (H200, 2026-12-04: one round each, 1.29x, against 1.28x over three in the block)
-                    before, after = list(search.accepted_reference) + before, list(runs) + after
+            before, after, cut = _before_after(search, wf, g, requests, measurer, s, log)
+            if cut and len(rounds) == 1 and rounds[0].accepted and search.accepted_reference:
+                # round 1's validation interleaved the same two graphs: its runs join the few rounds the
+                # budget left (H200, 2026-12-04: one round each, 1.29x, against 1.28x over three in the block)
+                before, after = list(search.accepted_reference) + before, list(runs) + after
             if before and after:
+                verdict = paired(s.rule, before, after, more=False)
+                validated = verdict.outcome == "faster"  # (a cut-short n < 5 never is)
                 baseline, final = summarize([r.seconds for r in before]), summarize([r.seconds for r in after])
                 baseline_runs, final_runs = before, after
-                if final.median > baseline.median:
+                log(f"before/after: {verdict.describe()}" + (f" (cut short: {cut})" if cut else ""))
+                if verdict.outcome == "slower" or final.median > baseline.median:
                     # never slower than declared: the plan was accepted on a reference that drifted (H200,
                     # 2026-12-03: accepted at 1.09x, then 0.99x over 5 interleaved rounds) -- the declared
                     # graph is kept, and the report says why
@@ -586,7 +613,7 @@ def optimize_graph(wf: Workflow, measurer: Measurer, settings: Settings | None =
                     stopped = (f"{stopped}; " if stopped else "") + (
                         f"the plan ({'; '.join(requests)}) was accepted, then measured slower than the declared graph "
                         f"in the before/after ({final.median:.4f} s against {baseline.median:.4f} s): declared graph kept")
-                    g, requests, final, final_runs = wf, (), baseline, list(before)
+                    g, requests, final, final_runs, validated = wf, (), baseline, list(before), False
         except OutOfBudget as exc:
             log(f"no before/after comparison: {exc}")
     if requests and baseline_runs is runs_profile and len(rounds) == 1 and search.accepted_reference:
@@ -595,7 +622,39 @@ def optimize_graph(wf: Workflow, measurer: Measurer, settings: Settings | None =
         # 2026-12-04 (MJX): profile 9.25 s, the interleaved reference 9.51 s, the plan 7.55 s
         baseline_runs = list(search.accepted_reference)
         baseline = summarize([r.seconds for r in baseline_runs])
-    return Stage1Result(g, requests, baseline, final, rounds, search.errors, stopped, cut_short, baseline_runs, final_runs)
+    return Stage1Result(g, requests, baseline, final, rounds, search.errors, stopped, cut_short, baseline_runs, final_runs,
+                        verdict, validated, s.rule.describe())
+
+
+def _before_after(search: _Search, wf: Workflow, g: Workflow, requests: tuple[str, ...], measurer: Measurer,
+                  s: Settings, log: Log) -> tuple[list[IterationRun], list[IterationRun], str | None]:
+    """The final before/after (retained training, budgeted: a round is not begun past stage 1's share):
+    `final_rounds` interleaved rounds of the declared graph and the plan, then more, up to the decision
+    rule's next look each time, while the rule has not decided and the budget allows. Returns the runs
+    and why the measurement was cut short (None: it ran until the rule decided or its looks ran out)."""
+    def within_budget() -> str | None:
+        try:
+            search.budget(search._block_s([wf, g], 1))
+        except OutOfBudget as exc:
+            return str(exc)
+        return None
+
+    label = "; ".join(requests)
+    log(f"before/after: {s.final_rounds} complete iterations each of the declared graph and the plan")
+    (before, after), cut = interleaved(measurer, [wf, g], s.final_rounds, ["", label], within_budget)
+    while not cut and before and after:
+        v = paired(s.rule, before, after, more=True)
+        if v.final:
+            break
+        n = min(len(before), len(after))
+        more = next((k for k in s.rule.looks if k > n), s.rule.max_n) - n
+        log(f"before/after undecided at n = {n} ({v.reason}): {more} more round(s)")
+        (b, a), cut = interleaved(measurer, [wf, g], more, ["", label], within_budget)
+        before, after = before + b, after + a
+    if cut:
+        log(f"before/after cut short after {min(len(before), len(after))} round(s): {cut}")
+    return before, after, cut
+
 
 
 def speedup(a: Summary, b: Summary) -> float:

@@ -60,11 +60,11 @@ def _same_training(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]
 
 
 def test_interaction_loop_trains_bit_identically_through_the_optimizer(tmp_path: Path) -> None:
-    # 180 iterations: the search trains ~115 of them (each interleaved trial's first iteration after a switch
-    # of plan is training, not a measurement; the epoch regions here are half an iteration, so their
-    # alternatives are measured on complete iterations, `Settings.local_max_fraction`), and the plan's own run
-    # needs the rest to be timed
-    n = 180
+    # 320 iterations: the search trains most of 180-250 of them (each interleaved trial's first iteration after
+    # a switch of plan is training, not a measurement; the epoch regions here are half an iteration, so their
+    # alternatives are measured on complete iterations, `Settings.local_max_fraction`; the decision rule takes
+    # candidates to five interleaved rounds at least), and the plan's own run needs the rest to be timed
+    n = 320
     # five steps per epoch instead of the workflow's ten: the same calls and overlap in half the time
     shape = ["--set", "steps=5"]
     timing = ["--set", "per_row_ms=0.2", "--set", "fixed_ms=0.5", *shape]
