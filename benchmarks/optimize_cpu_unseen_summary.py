@@ -1,11 +1,15 @@
 """The table of README.md from the runs here: each run's `rose compare` (the optimizer's plan `rose` against
-the declared workflow and the hand-written plans, interleaved) and its `rose optimize` log."""
+the declared workflow and the hand-written plans, interleaved) and its `rose optimize` log.
+
+    python3 benchmarks/optimize_cpu_unseen_summary.py DIR   # DIR/<run>/compare.json and optimize.log
+"""
 
 import json
 import re
+import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/tmp/s44/opt")
 out = []
 for f in sorted(HERE.glob("*/compare.json")):
     d = json.loads(f.read_text())

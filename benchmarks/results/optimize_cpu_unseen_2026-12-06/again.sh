@@ -1,4 +1,0 @@
-cd /work/wt/stat44; export PYTHONPATH=$PWD
-timeout 900 nice python3 -m rose_cli compare workflows/latency_ppo_trainer.yaml --plan rose=/tmp/s44/opt/ppo3.yaml --plan ppo_split_hand=/tmp/s44/ppo_split_rollout_step_2_interleave_rollout_step.yaml --plan ppo_fuse_split_hand=/tmp/s44/ppo_fuse_rollout_update_split_rollout_step_2_interleave_rollout_step.yaml -r 10 --set iterations=120 --json /tmp/s44/opt/ppo3_cmp10.json --overwrite > /tmp/s44/opt/ppo3_cmp10.txt 2>&1
-timeout 900 nice python3 -m rose_cli compare workflows/latency_gil_trap.yaml --plan trap_split_hand=/tmp/s44/trap_split_epoch_step_2_interleave_epoch_step.yaml --plan trap_fuse_hand=/tmp/s44/trap_fuse_epoch_update.yaml --plan trap_time_hand=/tmp/s44/trap_split_time_epoch_2_interleave_epoch.yaml -r 10 --set iterations=120 --json /tmp/s44/opt/trap_cmp10.json --overwrite > /tmp/s44/opt/trap_cmp10.txt 2>&1
-echo done > /tmp/s44/opt/AGAIN_DONE
