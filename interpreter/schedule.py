@@ -112,15 +112,45 @@ class Schedule:
             raise ValueError(f"loop '{dynamic[0].name}' ends on a condition; the runtime schedules static loops only")
         # values the iteration loop carries (as recipes; with replicas their leaves are `ReplicaSet`s)
         self._root_carry: dict[int, dict[str, Any]] = {}
+        # an asynchronous plan (`defer:`): the first RL iteration since the last drain, and the handles of
+        # the iterations whose deferred calls are still to come (they read those iterations' outputs)
+        self.depth = self.program.depth
+        self._since = 0
+        self._kept: dict[Invocation, tuple[Any, ...]] = {}
 
     def sites(self, k: int) -> list[CallSite]:
-        return list(self.program.unroll(k))
+        return list(self.program.unroll(k, since=self._since))
+
+    def start_at(self, k: int) -> None:
+        """The next RL iteration is k with nothing deferred pending (a resume from a checkpoint, which was
+        taken after a drain; a recovery; a plan loaded mid-run)."""
+        self._since = k
+        self._kept.clear()
 
     def steps(self, k: Any, submit: Callable[[Step], Sequence[Any]]) -> list[tuple[Step, Sequence[Any]]]:
         """Build every step of iteration k in program order and `submit` it; `submit` returns one handle
         per output port (in `node.outputs` order), which later recipes then refer to (data-parallel
-        replicas: see `replicated`)."""
-        handles: dict[Invocation, tuple[Any, ...]] = {}
+        replicas: see `replicated`). A deferred node submits its call of iteration k - defer."""
+        if self.depth > 1 and not isinstance(k, int):
+            raise ValueError("an asynchronous plan (defer:) runs without a compiled graph: its deferred calls "
+                             "read values of earlier RL iterations")
+        out = self._submit(self.sites(k), k, submit)
+        if self.depth > 1:  # keep what later iterations' deferred calls read
+            self._kept = {inv: h for inv, h in self._kept.items() if inv.indices[0] >= k + 2 - self.depth}
+        return out
+
+    def drain(self, k: int, submit: Callable[[Step], Sequence[Any]]) -> list[tuple[Step, Sequence[Any]]]:
+        """Submit the deferred calls still pending after iteration k (before a checkpoint, at the end of a
+        run): afterwards the state is the one the declared workflow leaves, and iteration k+1 starts with
+        nothing pending (`semantics.Program.drain`)."""
+        if self.depth == 1:
+            return []
+        out = self._submit(list(self.program.drain(k, self._since)), None, submit)
+        self.start_at(k + 1)
+        return out
+
+    def _submit(self, sites: list[CallSite], k: Any, submit: Callable[[Step], Sequence[Any]]) -> list[tuple[Step, Sequence[Any]]]:
+        handles: dict[Invocation, tuple[Any, ...]] = self._kept if self.depth > 1 else {}
         component: dict[Invocation, str] = {}
         ports = {p: {port: i for i, port in enumerate(item.outputs)} for p, item in self.program.items.items()
                  if isinstance(item, ExecutionNode)}
@@ -128,7 +158,7 @@ class Schedule:
                       root_carry=self._root_carry)
         order = AfterOrder(self.program.items)
         out = []
-        for site in self.sites(k):
+        for site in sites:
             raw = self.program.inputs(site, frame)
             recipe, leaves = number_leaves([(port, lift(value)) for port, value in raw.items()])
             # an `after:` waits for the last such call on each other component (a component runs its
@@ -140,8 +170,9 @@ class Schedule:
             handles[site.inv] = tuple(result)
             component[site.inv] = site.node.component
             out.append((step, result))
-        self.program.end_iteration(k, frame)
-        self._root_carry = {j: v for j, v in frame.root_carry.items() if j > k}
+        if k is not None:
+            self.program.end_iteration(k, frame)
+            self._root_carry = {j: v for j, v in frame.root_carry.items() if j > k}
         return out
 
 
