@@ -44,7 +44,7 @@ def build_defer(wf: Workflow, path: Path, k: int | None = None) -> Rewritten:
         raise Refused(f"defer: K must be at least 1, not {k}", at=node.pos)
     if node.defer:
         raise Refused(f"defer: '{node.name}' is already deferred ({node.defer})", at=node.pos)
-    body = [replace(i, defer=k) if i.path == path else i for i in wf.root.body]
+    body = [replace(node, defer=k) if i.path == path else i for i in wf.root.body]
     return Rewritten(replace_body(wf, wf.root.path, body), identity_locate, f"defer {node.name} {k}")
 
 

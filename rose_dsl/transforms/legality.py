@@ -135,7 +135,7 @@ def check_order_preserved(orig: Workflow, new: Workflow, locate: Locate, what: s
         raise Refused(f"{what} would break the state dependency {_writers(seen0[reader, state], items, 'initial value')} -> "
                       f"{describe_invocation(reader, items)} ('{state}': {_access(node, state)}): "
                       f"{describe_invocation(reader, items)} would see {values_of(got, {i.path: i for i in new.items()})} instead"
-                      + _over_budget(state, lag, budgets.get(state, 0), _access(node, state)),
+                      + (_over_budget(state, lag, budgets.get(state, 0), _access(node, state)) if n > 2 or budgets else ""),
                       at=node.field_pos.get("state") or node.pos)
     for (k, state), writers in sorted(left0.items()):
         got = left1.get((k, state), frozenset())
@@ -145,7 +145,7 @@ def check_order_preserved(orig: Workflow, new: Workflow, locate: Locate, what: s
         if lag is None or lag > budgets.get(state, 0):
             raise Refused(f"{what} would change which value of '{state}' RL iteration {k} leaves for the next one and "
                           f"checkpoints: {values_of(got, {i.path: i for i in new.items()})} instead of {values_of(writers, items)}"
-                          + _over_budget(state, lag, budgets.get(state, 0), "read"))
+                          + (_over_budget(state, lag, budgets.get(state, 0), "read") if n > 2 or budgets else ""))
 
 
 def read_lags(wf: Workflow) -> dict[tuple[str, tuple[str, ...]], int]:
