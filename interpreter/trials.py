@@ -1,5 +1,6 @@
 """The measuring side of `rose optimize`: complete iterations, captured inputs, local trials on state
-snapshots and quota trials, on the real backends (implements `rose_dsl.optimizer.search.Measurer`).
+snapshots and quota trials, on the real backends (implements the optimizer's `Measurer` protocol
+structurally: this module imports nothing of the search, only the contract in `rose_dsl.measurement`).
 
 Why complete-iteration trials are training: every plan the optimizer measures computes exactly what
 the declared workflow computes, so running iteration k with one plan and k+1 with another keeps
@@ -23,10 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from rose_dsl.ir import Component, ExecutionNode, Workflow
-from rose_dsl.optimizer.decide import stop_repeating
-from rose_dsl.optimizer.profile import Call, IterationRun
-from rose_dsl.optimizer.regions import FEED, PROBE, LocalGraph, feed_component, probe_component
-from rose_dsl.optimizer.search import OutOfBudget
+from rose_dsl.measurement import (
+    FEED,
+    PROBE,
+    Books,
+    Call,
+    IterationRun,
+    OutOfBudget,
+    feed_component,
+    probe_component,
+)
 
 from .backend_base import Unsupported
 from .components import ComponentError
@@ -120,6 +127,10 @@ class TrialSession:
     """Implements the optimizer's `Measurer` on an `Executor`, keeping the books: training iterations
     (retained), local trials, captures, and the time of each."""
 
+    feed_impl, probe_impl = FEED_IMPL, PROBE_IMPL  # (the trial components' classes, for the search's graphs)
+    # what loses a layout block's trial rather than the run: a call that failed, a component not addable
+    trial_errors: tuple[type[Exception], ...] = (CallFailed, Unsupported)
+
     def __init__(self, wf: Workflow, executor: Executor, *, out_dir: Path | None = None, gpu_sampler: Any = None,
                  log: Callable[[str], None] = print, memory_limits: Mapping[str, int] | None = None,
                  started: float | None = None) -> None:
@@ -135,11 +146,7 @@ class TrialSession:
         # `elapsed` counts from here: the command's start when given (`time.perf_counter()`), so that stage 1's
         # share of the budget and stage 2's deadline are on one clock (the processes' start-up counts in both)
         self.started = time.perf_counter() if started is None else started
-        self.books: dict[str, float] = {"complete_iterations": 0, "complete_s": 0.0, "local_runs": 0, "local_s": 0.0,
-                                        "local_abandoned": 0, "captures": 0, "capture_s": 0.0, "snapshot_s": 0.0,
-                                        "guard_snapshots": 0, "guard_snapshot_s": 0.0, "quota_trials": 0,
-                                        "quota_s": 0.0, "quota_checks": 0, "quota_check_s": 0.0,
-                                        "layout_switches": 0, "layout_s": 0.0}
+        self.books = Books()
         self.retained: list[dict[str, Any]] = []  # one line per training iteration (metrics.jsonl)
         self._proven: set[int] = set()  # plans (by id) that completed an iteration
         self._last_plan: Workflow | None = None  # the plan of the last complete iteration
@@ -167,10 +174,10 @@ class TrialSession:
                     "(GPU placement is fixed at start; only the copies of a split in two groups are started)")
         return None
 
-    def sync_books(self) -> dict[str, float]:
+    def sync_books(self) -> Books:
         """The books with the executor's set-up costs (start, plan preparation, restarts)."""
-        self.books.update(startup_s=self.executor.startup_s, prepare_s=self.executor.prepare_s,
-                          plan_loads=float(self.executor.loads))
+        self.books.startup_s, self.books.prepare_s = self.executor.startup_s, self.executor.prepare_s
+        self.books.plan_loads = self.executor.loads
         return self.books
 
     def _watch_cpu(self) -> None:
@@ -248,9 +255,9 @@ class TrialSession:
             kept = self._written(plan)
             self.executor.keep_states(kept)
             dt = time.perf_counter() - t
-            self.books["snapshot_s"] += dt
-            self.books["guard_snapshots"] += 1  # (local trials' snapshots are inside local_s)
-            self.books["guard_snapshot_s"] += dt
+            self.books.snapshot_s += dt
+            self.books.guard_snapshots += 1  # (local trials' snapshots are inside local_s)
+            self.books.guard_snapshot_s += dt
         seconds, t0, t1, metrics, records = self._guarded(plan, self.k, kept)
         if kept:
             self.executor.drop_kept(kept)
@@ -262,10 +269,10 @@ class TrialSession:
         run = IterationRun(seconds, self._calls(plan, records), t0, t1, self.k, metrics, self._samples(t0, t1))
         self.retained.append({"iteration": self.k, "plan": label, **metrics})
         if self.k == 0:  # (start-up costs of its own; what ran beside it, e.g. the self-check: the report says)
-            self.books["first_iteration_s"] = seconds
+            self.books.first_iteration_s = seconds
         self.k += 1
-        self.books["complete_iterations"] += 1
-        self.books["complete_s"] += seconds
+        self.books.complete_iterations += 1
+        self.books.complete_s += seconds
         return run
 
     def join_pending(self) -> None:
@@ -329,8 +336,8 @@ class TrialSession:
         if replaced:
             self._last_plan = None  # the next iteration is the new processes' first: training, not timed
             self.component_bytes = _StateSizes(self.executor)
-            self.books["layout_switches"] += 1
-        self.books["layout_s"] += time.perf_counter() - t
+            self.books.layout_switches += 1
+        self.books.layout_s += time.perf_counter() - t
         return replaced
 
     def replace_quota(self, comp: str, quota: int | None, mps_env: dict[str, str] | None,
@@ -343,8 +350,8 @@ class TrialSession:
         # the process left is parked where the GPU has room (`actor_moves.py`): stage 2 moves back to it
         out = self.executor.replace_quota(comp, quota, mps_env, priority=priority, keep=True)
         self._last_plan = None
-        self.books["quota_moves"] = self.books.get("quota_moves", 0) + 1
-        self.books["quota_moves_to_parked"] = self.books.get("quota_moves_to_parked", 0) + int(bool(out.get("reused")))
+        self.books.quota_moves = self.books.quota_moves + 1
+        self.books.quota_moves_to_parked = self.books.quota_moves_to_parked + int(bool(out.get("reused")))
         return out
 
     def capture(self, probe_wf: Workflow) -> dict[int, dict[str, Any]]:
@@ -354,19 +361,22 @@ class TrialSession:
         self._iteration(probe_wf, "probes")
         captured = self.executor.get_states(PROBE).get("captured", {})
         self.executor.set_states(PROBE, {"captured": {}})
-        self.books["captures"] += 1
-        self.books["capture_s"] += time.perf_counter() - t
+        self.books.captures += 1
+        self.books.capture_s += time.perf_counter() - t
         return captured
 
     # -- local trials (not training) --------------------------------------------------------------
-    def local(self, graphs: Sequence[LocalGraph], repeats: int, captured: Mapping[int, Any], probe_id: int,
-              abandon_above: float | None = None, settle_above: float | None = None) -> list[list[IterationRun]]:
+    def local(self, graphs: Sequence[Any], repeats: int, captured: Mapping[int, Any], probe_id: int,
+              give_up: Callable[[Sequence[float], Sequence[float]], str | None] | None = None) -> list[list[IterationRun]]:
+        """Interleaved runs of local graphs (the search's `LocalGraph`s: `workflow`, `writes`) on the
+        captured inputs, state restored before each; a graph for which `give_up(graphs[0]'s seconds,
+        its own)` says so gets no more runs (the search's rule)."""
         self.join_pending()
         t = time.perf_counter()
         self.executor.set_states(FEED, {"values": captured.get(probe_id, {})})
         writes = sorted({c for g in graphs for c in g.writes})
         self.executor.keep_states(writes)
-        self.books["snapshot_s"] += time.perf_counter() - t
+        self.books.snapshot_s += time.perf_counter() - t
         out: list[list[IterationRun]] = [[] for _ in graphs]
         # one untimed run of each graph first (r = -1): its start-up (new copies, compiled programs, captured
         # graphs for new batch sizes) is not what the graph costs per run
@@ -388,17 +398,17 @@ class TrialSession:
                 self._watch_cpu()
                 if self.cpu is not None:
                     self.cpu.poll()
-                self.books["local_runs"] += 1
+                self.books.local_runs += 1
                 if r >= 0:
                     out[i].append(IterationRun(seconds, self._calls(graphs[i].workflow, records), t0, t1))
-                    if i > 0 and len(out[i]) < repeats and stop_repeating(
-                            [x.seconds for x in out[0]], [x.seconds for x in out[i]], abandon_above, settle_above):
+                    if i > 0 and len(out[i]) < repeats and give_up is not None and give_up(
+                            [x.seconds for x in out[0]], [x.seconds for x in out[i]]):
                         abandoned.add(i)  # clearly slower: its other repeats would only cost time
-                        self.books["local_abandoned"] += repeats - len(out[i])
+                        self.books.local_abandoned += repeats - len(out[i])
         finally:
             self.executor.restore_kept(writes)
             self._last_plan = None  # the workers ran other graphs: the next complete iteration follows a switch
-        self.books["local_s"] += time.perf_counter() - t
+        self.books.local_s += time.perf_counter() - t
         return out
 
     # -- the end ----------------------------------------------------------------------------------

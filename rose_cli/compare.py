@@ -334,11 +334,11 @@ def _in(order: list[int], before: Callable[[int], None]) -> Callable[[int], None
 
 
 def _write_json(opts: _Options, entries: list[Entry], results: list[list[IterationRun]], failures: dict[int, str],
-                backend: str, seconds: float, books: dict[str, float], rounds_done: int) -> None:
+                backend: str, seconds: float, books: Any, rounds_done: int) -> None:
     if opts.json_path is None:
         return
     doc = {"workflow": str(entries[0].file), "rounds": opts.rounds, "rounds_done": rounds_done, "warmup": opts.warmup,
-           "backend": backend, "seconds_total": seconds, "books": dict(books),
+           "backend": backend, "seconds_total": seconds, "books": books.to_json(),
            "rows": plan_rows(entries, results, failures)}
     opts.json_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = opts.json_path.with_name(opts.json_path.name + ".tmp")
@@ -395,7 +395,7 @@ def plan_rows(entries: list[Entry], results: list[list[IterationRun]], failures:
     return rows
 
 
-def _print_table(rows: list[dict[str, Any]], total: float, books: dict[str, float]) -> None:
+def _print_table(rows: list[dict[str, Any]], total: float, books: Any) -> None:
     rates = sorted({k for r in rows for k in r["throughput"]})
     table = Table(title="seconds per iteration, interleaved on one set of workers")
     for col in ("plan", "median s", "spread", "n", "vs declared", *rates, "SM activity"):
@@ -410,7 +410,7 @@ def _print_table(rows: list[dict[str, Any]], total: float, books: dict[str, floa
                       *[f"{r['throughput'][k]:.1f}" if k in r["throughput"] else "-" for k in rates],
                       f"{r['sm_activity']:.0%}" if r["sm_activity"] is not None else "-")
     out.print(table)
-    out.print(f"{int(books.get('complete_iterations', 0))} training iterations in {total:.1f} s (start-up and "
+    out.print(f"{int(books.complete_iterations)} training iterations in {total:.1f} s (start-up and "
               "plan switches included)", markup=False)
 
 

@@ -50,6 +50,8 @@ from rose_dsl.trust import TrustPolicy, check_trust
 from .execute import BackendName
 
 if TYPE_CHECKING:
+    from rose_dsl.optimizer.records import Stage2Record
+
     from .run import Gpu, RunContext
 
 __all__ = ["register", "optimize", "OptimizeOptions", "optimize_workflow", "Stage2Kinds"]
@@ -79,58 +81,56 @@ def _fraction(value: float) -> float:
     return value
 
 
-def optimize(
-    file: FileArg,
-    output: Annotated[Path, typer.Option("--output", "-o", dir_okay=False, help="write the plan here")],
-    report: Annotated[Path | None, typer.Option("--report", file_okay=False,
-                                                help="report directory (default: PLAN_report next to the plan)")] = None,
-    backend: Annotated[BackendName, typer.Option("--backend", help="local (threads in this process) or ray (one actor "
-                                                                 "per component); auto: ray for workflows with GPU "
-                                                                 "components or replicas, local otherwise")] = BackendName.AUTO,
-    budget_s: Annotated[float | None, typer.Option("--budget-s", callback=_positive,
-                                                   help="stop searching after this many seconds")] = None,
-    rounds: Annotated[int, typer.Option("--rounds", min=1, help="rounds of graph optimization (R)")] = 2,
-    top_k: Annotated[int, typer.Option("--top-k", min=1, help="targets per round (K)")] = 3,
-    alternatives: Annotated[int, typer.Option("--alternatives", min=1, help="alternatives measured per target (L)")] = 4,
-    local_max_fraction: Annotated[float, typer.Option(
-        "--local-max-fraction", callback=_fraction,
-        help="a comparison graph estimated at this share of an iteration or more is measured by complete "
-             "iterations (retained training) instead of a local trial on snapshots (pure overhead); 1 keeps "
-             "every such graph local")] = 0.4,
-    quota: Annotated[bool, typer.Option("--quota/--no-quota", help="stage 2: tune the MPS quota of the process with slack")] = True,
-    stage2: Annotated[Stage2Kinds, typer.Option("--stage2", case_sensitive=False,
-                                                help="what stage 2 tries for the processes with slack: lower MPS "
-                                                     "quotas, a below-normal MPS client priority, or both")] = Stage2Kinds.BOTH,
-    stage1: Annotated[Path | None, typer.Option("--stage1", exists=True, dir_okay=False, readable=True,
+# the options, one type each (the search's, stage 2's, the outputs', how it runs); `OptimizeOptions` and
+# `ExecuteOptions` carry them past the command function
+OutputOpt = Annotated[Path, typer.Option("--output", "-o", dir_okay=False, help="write the plan here")]
+ReportOpt = Annotated[Path | None, typer.Option("--report", file_okay=False, help="report directory (default: PLAN_report next to the plan)")]
+BudgetOpt = Annotated[float | None, typer.Option("--budget-s", callback=_positive, help="stop searching after this many seconds")]
+RoundsOpt = Annotated[int, typer.Option("--rounds", min=1, help="rounds of graph optimization (R)")]
+TopKOpt = Annotated[int, typer.Option("--top-k", min=1, help="targets per round (K)")]
+AlternativesOpt = Annotated[int, typer.Option("--alternatives", min=1, help="alternatives measured per target (L)")]
+LocalMaxOpt = Annotated[float, typer.Option(
+    "--local-max-fraction", callback=_fraction, help="a comparison graph estimated at this share of an iteration or more is measured by complete "
+         "iterations (retained training) instead of a local trial on snapshots (pure overhead); 1 keeps "
+         "every such graph local")]
+LayoutOpt = Annotated[list[str] | None, typer.Option(
+    "--layout", help="NAME=V1,V2,...: a workflow param that changes only how many processes a component runs "
+         "as and their arguments (e.g. sim_replicas=1,2,4: simulator processes); each value is "
+         "measured on complete iterations before stage 1 and the fastest kept (repeatable; "
+         "docs/optimizer.md)")]
+Stage1Opt = Annotated[Path | None, typer.Option("--stage1", exists=True, dir_okay=False, readable=True,
                                                 help="skip the graph search: this plan of FILE (e.g. an earlier "
                                                      "run's stage1.yaml) is the graph; measure it against FILE, "
-                                                     "then tune quotas on it with the whole budget")] = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", file_okay=False,
-                                                 help="run directory for the training done while optimizing "
-                                                      "(default: REPORT/run)")] = None,
-    train: Annotated[bool, typer.Option("--train", help="then go on training with the plan in the same processes "
-                                                        "to the workflow's last iteration (rose execute's outputs in "
-                                                        "--out): no second start-up, no hand-over checkpoint")] = False,
-    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", min=0,
-                                                  help="with --train: checkpoint every N iterations (0: never)")] = 0,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace the plan, report and run directory of an "
-                                                                "earlier rose optimize")] = False,
-    address: Annotated[str | None, typer.Option("--address", help="join this Ray cluster instead of starting one")] = None,
-    call_timeout: Annotated[float, typer.Option("--call-timeout", callback=_positive,
-                                                help="watchdog: seconds an iteration's calls may take")] = 900.0,
-    allow_module: AllowModuleOpt = None,
-    allow_env: AllowEnvOpt = None,
-    allow_path: AllowPathOpt = None,
-    mps: Annotated[bool, typer.Option("--mps/--no-mps", help="run GPU components under NVIDIA MPS with their quotas")] = True,
-    compiled: Annotated[bool, typer.Option("--compiled/--no-compiled", help="ray: compile each iteration into a Ray Compiled Graph")] = True,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress lines")] = False,
-    layout: Annotated[list[str] | None, typer.Option(
-        "--layout", help="NAME=V1,V2,...: a workflow param that changes only how many processes a component runs "
-                         "as and their arguments (e.g. sim_replicas=1,2,4: simulator processes); each value is "
-                         "measured on complete iterations before stage 1 and the fastest kept (repeatable; "
-                         "docs/optimizer.md)")] = None,
-    sets: SetOpt = None,
-) -> None:
+                                                     "then tune quotas on it with the whole budget")]
+QuotaOpt = Annotated[bool, typer.Option("--quota/--no-quota", help="stage 2: tune the MPS quota of the process with slack")]
+Stage2Opt = Annotated[Stage2Kinds, typer.Option("--stage2", case_sensitive=False, help="what stage 2 tries for the processes with slack: lower MPS "
+                                                     "quotas, a below-normal MPS client priority, or both")]
+OutDirOpt = Annotated[Path | None, typer.Option("--out", file_okay=False, help="run directory for the training done while optimizing "
+                                                     "(default: REPORT/run)")]
+TrainOpt = Annotated[bool, typer.Option("--train", help="then go on training with the plan in the same processes to the "
+                                             "workflow's last iteration (rose execute's outputs in --out): no "
+                                             "second start-up, no hand-over checkpoint")]
+CheckpointEveryOpt = Annotated[int, typer.Option("--checkpoint-every", min=0, help="with --train: checkpoint every N iterations (0: never)")]
+OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="replace the plan, report and run directory of an earlier "
+                                                 "rose optimize")]
+BackendOpt = Annotated[BackendName, typer.Option("--backend", help="local (threads in this process) or ray (one actor per "
+                                                      "component); auto: ray for workflows with GPU components or "
+                                                      "replicas, local otherwise")]
+AddressOpt = Annotated[str | None, typer.Option("--address", help="join this Ray cluster instead of starting one")]
+CallTimeoutOpt = Annotated[float, typer.Option("--call-timeout", callback=_positive, help="watchdog: seconds an iteration's calls may take")]
+MpsOpt = Annotated[bool, typer.Option("--mps/--no-mps", help="run GPU components under NVIDIA MPS with their quotas")]
+CompiledOpt = Annotated[bool, typer.Option("--compiled/--no-compiled", help="ray: compile each iteration into a Ray Compiled Graph")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress lines")]
+
+
+def optimize(file: FileArg, output: OutputOpt, report: ReportOpt = None, backend: BackendOpt = BackendName.AUTO,
+             budget_s: BudgetOpt = None, rounds: RoundsOpt = 2, top_k: TopKOpt = 3, alternatives: AlternativesOpt = 4,
+             local_max_fraction: LocalMaxOpt = 0.4, quota: QuotaOpt = True, stage2: Stage2Opt = Stage2Kinds.BOTH,
+             stage1: Stage1Opt = None, out_dir: OutDirOpt = None, train: TrainOpt = False,
+             checkpoint_every: CheckpointEveryOpt = 0, overwrite: OverwriteOpt = False, address: AddressOpt = None,
+             call_timeout: CallTimeoutOpt = 900.0, allow_module: AllowModuleOpt = None, allow_env: AllowEnvOpt = None,
+             allow_path: AllowPathOpt = None, mps: MpsOpt = True, compiled: CompiledOpt = True, quiet: QuietOpt = False,
+             layout: LayoutOpt = None, sets: SetOpt = None) -> None:
     """Find a faster plan for a workflow by measuring it: rewrites that overlap work (stage 1), then the
     MPS quota of the process with slack (stage 2). Writes the plan, a report, and a checkpoint."""
     if checkpoint_every and not train:
@@ -140,24 +140,7 @@ def optimize(
     wf = load_or_exit(file, sets)
     policy = TrustPolicy.from_options(allow_module, allow_env, allow_path)
     report_problems(wf, check_trust(wf, policy), "(the workflow asks to run code the command line did not allow)")
-    given = None
-    if stage1 is not None:
-        from .compare import same_computation
-
-        given = load_or_exit(stage1, None, source=file)
-        diffs = same_computation(wf, given)
-        if diffs:
-            err.print(f"error: --stage1 {stage1} does not compute what {file} computes (with these --set values): "
-                      + "; ".join(diffs[:4]), markup=False)
-            raise typer.Exit(ExitCode.INVALID)
-        moved = mps_changes(wf, given)
-        if moved:
-            err.print(f"error: --stage1 {stage1} runs processes under other MPS settings than {file} ({'; '.join(moved)}): "
-                      "--stage1 takes stage 1's graph (an earlier report's stage1.yaml), and stage 2 chooses the "
-                      "quotas and priorities", markup=False)
-            raise typer.Exit(ExitCode.INVALID)
-        report_problems(given, check_trust(given, policy), "(the plan asks to run code the command line did not allow)")
-
+    given = None if stage1 is None else _given_stage1(file, stage1, wf, policy)
     layouts = _layouts(file, wf, sets, layout or [], given is not None)
 
     from interpreter.backends import default_backend
@@ -175,6 +158,27 @@ def optimize(
                            stage2=stage2.value, stage1=given, layouts=tuple(layouts), train=train,
                            checkpoint_every=checkpoint_every)
     raise typer.Exit(optimize_workflow(wf, opts, run, out, err))
+
+
+def _given_stage1(file: Path, stage1: Path, wf: Workflow, policy: TrustPolicy) -> Workflow:
+    """`--stage1`: the plan, checked to compute what FILE computes, under FILE's MPS settings, and to run only
+    code the command line allowed; exit 2 otherwise."""
+    from .compare import same_computation
+
+    given = load_or_exit(stage1, None, source=file)
+    diffs = same_computation(wf, given)
+    if diffs:
+        err.print(f"error: --stage1 {stage1} does not compute what {file} computes (with these --set values): "
+                  + "; ".join(diffs[:4]), markup=False)
+        raise typer.Exit(ExitCode.INVALID)
+    moved = mps_changes(wf, given)
+    if moved:
+        err.print(f"error: --stage1 {stage1} runs processes under other MPS settings than {file} ({'; '.join(moved)}): "
+                  "--stage1 takes stage 1's graph (an earlier report's stage1.yaml), and stage 2 chooses the "
+                  "quotas and priorities", markup=False)
+        raise typer.Exit(ExitCode.INVALID)
+    report_problems(given, check_trust(given, policy), "(the plan asks to run code the command line did not allow)")
+    return given
 
 
 def _layouts(file: Path, wf: Workflow, sets: list[str] | None, options: list[str], with_stage1: bool) -> list[Any]:
@@ -348,10 +352,10 @@ class GracefulStop:
 
 
 def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunContext, out: Console) -> None:
-    from rose_dsl.optimizer.report import write_report
-    from rose_dsl.optimizer.search import OutOfBudget, Settings, given_plan, optimize_graph
-
-    from .run import gpu_session, prepare, progress_log, start_trial_session
+    """The run, in its order: outputs checked, the GPU session, the settings and the budget, the processes
+    (with the quota self-check beside their start-up), layouts and stage 1, stage 2, the plan, the
+    hand-over (a checkpoint, or training going on), the report."""
+    from .run import gpu_session, prepare, progress_log
 
     started = time.perf_counter()
     run = ctx.opts
@@ -360,86 +364,137 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
     if run.overwrite:
         clear_report(opts.report_dir)  # the schedule, replicas, the cluster address, the run directory (cleared with --overwrite)
     gpu = teardown.enter_context(gpu_session(wf, run, ctx.err))
-    # with stage 2 to come, stage 1 gets about two thirds of the budget (all of it goes to stage 2 with --stage1);
-    # when stage 2 will be skipped (no GPU component, no MPS, --no-quota...), stage 1 gets all of it
     quota_stage = stage2_skipped(wf, opts.quota, run.backend, gpu) is None
-    settings = Settings(top_k=opts.top_k, alternatives=opts.alternatives, rounds=opts.rounds,
-                        local_max_fraction=None if opts.local_max_fraction >= 1.0 else opts.local_max_fraction,
-                        budget_s=None if opts.budget_s is None else opts.budget_s * (0.65 if quota_stage else 1.0))
-    deadline = None if opts.budget_s is None else started + opts.budget_s
-    prefetch = None
-    if quota_stage and opts.stage2 in ("both", "quotas") and run.check_quotas:
-        from interpreter.quota_trials import CheckPrefetch
-
-        prefetch = CheckPrefetch(wf, gpu)  # the screening's self-check, beside the processes' start-up
+    settings, budget = _settings_and_budget(opts, quota_stage, started)
+    prefetch = _prefetch(wf, opts, run, gpu, settings) if quota_stage else None
     with progress_log(out, run.quiet) as log:
-        session = start_trial_session(wf, run, gpu, ctx, teardown, _copies(wf, run.backend, opts.stage1), log,
-                                      started=started)  # stage 1's budget and stage 2's deadline: one clock
-        # what ran before and around the processes' start-up: the MPS daemon, the SM sampler, the session's own
-        session.books["setup_s"] = max(0.0, time.perf_counter() - started - session.executor.startup_s)
-        if prefetch is not None:  # joined before the first measurement: the warm-up iteration runs beside it
-            since = time.perf_counter()  # (stage 1's first, untimed iteration starts now)
-            session.pending.append(lambda: prefetch.wait(session.books, log, training_since=since))
+        session = _start(wf, opts, run, gpu, ctx, teardown, log, started, prefetch)
         stop = teardown.enter_context(GracefulStop(log))  # after Ray's start: its handlers are replaced
-        layout_section = None
-        if opts.layouts:
-            from interpreter.layout_trials import choose_layout
-
-            # layouts first, within about a third of the budget: stage 1's rewrites then apply to the chosen one
-            cap = None if opts.budget_s is None else time.perf_counter() + opts.budget_s * 0.35
-            chosen, layout_section = choose_layout(wf, opts.layouts, session, settings, log, deadline=cap, stop=stop)
-            if chosen is not None and chosen.workflow is not None:
-                wf = chosen.workflow
-                log(f"layout: {layout_section['summary']}; stage 1 goes on with it")
-        try:
-            if opts.stage1 is not None:
-                requests = [str(r) for r in (opts.stage1.plan or {}).get("rewrites") or []]
-                result = given_plan(wf, opts.stage1, requests, session, settings, log, stop)
-            else:
-                result = optimize_graph(wf, session, settings, log, stop)
-        except OutOfBudget:
-            if stop():  # stopped before the reference was measured: nothing to write
-                raise KeyboardInterrupt from None
-            raise
+        wf, layout_section, result = _search(wf, opts, session, settings, budget, log, stop)
         session.join_pending()  # (stage 1 measured nothing: stage 2's checks find the prefetch's verdicts)
         running: dict[str, Any] = {}  # the MPS settings stage 2 left each process under
-        stage2 = _stage2(wf, result, session, gpu, opts, run.backend, settings, log, deadline, stop, running)
-        plan = stage2.pop("plan", None) or result.plan
-        _write_plan(plan, opts.output, opts.file, result, stage2, (layout_section or {}).get("chosen"))
+        stage2 = _stage2(wf, result, session, gpu, opts, run.backend, settings, log, budget, stop, running)
+        plan = stage2.plan or result.plan
+        chosen = (layout_section or {}).get("chosen")
+        _write_plan(plan, opts.output, opts.file, result, stage2, chosen)
         # the graph of stage 1 alone (the paper table's `stage1` / `stage1_mps` rows)
-        _write_plan(result.plan, opts.report_dir / "stage1.yaml", opts.file, result, {},
-                    (layout_section or {}).get("chosen"))
-        t = time.perf_counter()
-        train = opts.train and not stop() and session.k < (wf.root.count or 1)  # (stopped: checkpoint, as without)
-        ckpt = None
-        if train:
-            from interpreter.backends import CallFailed
-            from interpreter.quota_trials import settle
-
-            try:
-                session.books["settled"] = len(settle(plan, running, session, gpu))
-            except CallFailed as exc:  # a process could not move: no training goes on, the hand-over as without
-                log(f"cannot go on training ({exc}); writing the checkpoint to resume from instead")
-                train = False
-            session.books["settle_s"] = time.perf_counter() - t
-        if not train:
-            t = time.perf_counter()
-            ckpt = session.finish(opts.output.name)
-            session.books["checkpoint_s"] = time.perf_counter() - t  # the hand-over to `rose execute --resume`
+        _write_plan(result.plan, opts.report_dir / "stage1.yaml", opts.file, result, None, chosen)
+        train, ckpt = _hand_over(plan, wf, opts, session, gpu, running, log, stop)
     run_dir = run.out_dir if ckpt else None
     doc = _report_doc(wf, result, session, time.perf_counter() - started, opts, run_dir, settings, run.backend, stage2,
                       trains_on=train)
+    _write_report(doc, result, layout_section, opts, stop)
+    _summary(out, doc, opts, run_dir)
+    if stop():
+        raise Stopped(f"{stop()}: the plan and {opts.report_dir / 'report.md'} hold what was measured before it")
+    if train:
+        _train_on(plan, wf.root.count or 1, session, opts, run, out, stop)
+
+
+def _settings_and_budget(opts: OptimizeOptions, quota_stage: bool, started: float) -> tuple[Any, Any]:
+    """The search's `Settings` from the options, and the one `Budget` of the run, on the clock the command
+    started on: with stage 2 to come, stage 1 gets its share (`Settings.stage1_share`; all of it goes to
+    stage 2 with --stage1); when stage 2 will be skipped (no GPU component, no MPS, --no-quota...), all."""
+    from rose_dsl.optimizer.budget import Budget
+    from rose_dsl.optimizer.search import Settings
+
+    settings = Settings(top_k=opts.top_k, alternatives=opts.alternatives, rounds=opts.rounds,
+                        local_max_fraction=None if opts.local_max_fraction >= 1.0 else opts.local_max_fraction)
+    budget = Budget.of(opts.budget_s, started=started,
+                       shares={"stage1": settings.stage1_share if quota_stage else 1.0, "layouts": settings.layout_share})
+    settings.budget_s = budget.share("stage1").total_s  # (the report's settings say stage 1's share)
+    return settings, budget
+
+
+def _prefetch(wf: Workflow, opts: OptimizeOptions, run: Any, gpu: Gpu, settings: Any) -> Any:
+    """The screening's first quota self-check (the optimizer says which levels), started now, beside the
+    processes' start-up; None when stage 2 will try no quota or the checks are off."""
+    if opts.stage2 not in ("both", "quotas") or not run.check_quotas:
+        return None
+    from interpreter.quota_trials import CheckPrefetch, quota_sms
+    from rose_dsl.optimizer.stage2 import first_probe_levels
+
+    return CheckPrefetch(gpu, lambda: first_probe_levels(wf, quota_sms()), parallel=settings.quota_parallel_checks)
+
+
+def _start(wf: Workflow, opts: OptimizeOptions, run: Any, gpu: Gpu, ctx: RunContext, teardown: ExitStack, log: Any,
+           started: float, prefetch: Any) -> Any:
+    """The measuring session (the workflow's processes and the trial components), its set-up booked; the
+    prefetched self-check is joined before the first measurement, so the warm-up iteration runs beside it."""
+    from .run import start_trial_session
+
+    session = start_trial_session(wf, run, gpu, ctx, teardown, _copies(wf, run.backend, opts.stage1), log,
+                                  started=started)  # stage 1's budget and stage 2's deadline: one clock
+    # what ran before and around the processes' start-up: the MPS daemon, the SM sampler, the session's own
+    session.books.setup_s = max(0.0, time.perf_counter() - started - session.executor.startup_s)
+    if prefetch is not None:
+        since = time.perf_counter()  # (stage 1's first, untimed iteration starts now)
+        session.pending.append(lambda: prefetch.wait(session.books, log, training_since=since))
+    return session
+
+
+def _search(wf: Workflow, opts: OptimizeOptions, session: Any, settings: Any, budget: Any, log: Any,
+            stop: Any) -> tuple[Workflow, dict[str, Any] | None, Any]:
+    """Layouts first, within their share of the budget from now (stage 1's rewrites then apply to the chosen
+    one), then stage 1 (or the `--stage1` plan measured): the workflow trained, the layout section, stage 1's
+    result."""
+    from rose_dsl.optimizer.search import OutOfBudget, given_plan, optimize_graph
+
+    layout_section = None
+    if opts.layouts:
+        from rose_dsl.optimizer.layout_search import choose_layout
+
+        chosen, layout_section = choose_layout(wf, opts.layouts, session, settings, log,
+                                               budget=budget.share("layouts", from_now=True), stop=stop)
+        if chosen is not None and chosen.workflow is not None:
+            wf = chosen.workflow
+            log(f"layout: {layout_section['summary']}; stage 1 goes on with it")
+    try:
+        if opts.stage1 is not None:
+            requests = [str(r) for r in (opts.stage1.plan or {}).get("rewrites") or []]
+            return wf, layout_section, given_plan(wf, opts.stage1, requests, session, settings, log, stop)
+        return wf, layout_section, optimize_graph(wf, session, settings, log, stop, budget=budget.share("stage1"))
+    except OutOfBudget:
+        if stop():  # stopped before the reference was measured: nothing to write
+            raise KeyboardInterrupt from None
+        raise
+
+
+def _hand_over(plan: Workflow, wf: Workflow, opts: OptimizeOptions, session: Any, gpu: Gpu,
+               running: dict[str, Any], log: Any, stop: Any) -> tuple[bool, Any]:
+    """(whether training goes on, the checkpoint written): with --train, every process moved to the plan's
+    MPS settings (`settle`) -- a process that cannot move ends that, and the hand-over checkpoint is written
+    as without --train; otherwise (or stopped) the checkpoint `rose execute --resume` continues from."""
+    t = time.perf_counter()
+    train = opts.train and not stop() and session.k < (wf.root.count or 1)  # (stopped: checkpoint, as without)
+    if train:
+        from interpreter.backends import CallFailed
+        from interpreter.quota_trials import settle
+
+        try:
+            session.books.settled = len(settle(plan, running, session, gpu))
+        except CallFailed as exc:  # a process could not move: no training goes on, the hand-over as without
+            log(f"cannot go on training ({exc}); writing the checkpoint to resume from instead")
+            train = False
+        session.books.settle_s = time.perf_counter() - t
+    if train:
+        return True, None
+    t = time.perf_counter()
+    ckpt = session.finish(opts.output.name)
+    session.books.checkpoint_s = time.perf_counter() - t  # the hand-over to `rose execute --resume`
+    return False, ckpt
+
+
+def _write_report(doc: dict[str, Any], result: Any, layout_section: dict[str, Any] | None, opts: OptimizeOptions,
+                  stop: Any) -> None:
+    from rose_dsl.optimizer.report import write_report
+
     if layout_section is not None:
         doc["layout"] = layout_section
     if stop():
         doc["interrupted"] = stop()  # the signal that ended the run early (what was measured is all here)
     panels = [("declared", _typical(result.baseline_runs)), ("plan", _typical(result.final_runs))]
     write_report(doc, opts.report_dir, [p for p in panels if p[1] is not None])
-    _summary(out, doc, opts, run_dir)
-    if stop():
-        raise Stopped(f"{stop()}: the plan and {opts.report_dir / 'report.md'} hold what was measured before it")
-    if train:
-        _train_on(plan, wf.root.count or 1, session, opts, run, out, stop)
 
 
 def _train_on(plan: Workflow, iterations: int, session: Any, opts: OptimizeOptions, run: Any, out: Console,
@@ -484,27 +539,32 @@ def stage2_skipped(wf: Workflow, quota: bool, backend: str, gpu: Gpu) -> str | N
 
 
 def _stage2(wf: Workflow, result: Any, session: Any, gpu: Gpu, opts: OptimizeOptions, backend: str, settings: Any,
-            log: Any, deadline: float | None, stop: Any = None, running: dict[str, Any] | None = None) -> dict[str, Any]:
+            log: Any, budget: Any, stop: Any = None, running: dict[str, Any] | None = None) -> Stage2Record:
+    """Stage 2 (the optimizer's `stage2.tune_mps`) on the runtime's `QuotaTrials`, or why it is skipped."""
+    from rose_dsl.optimizer.records import Stage2Record
+
     skipped = stage2_skipped(wf, opts.quota, backend, gpu)
     if skipped is not None:
-        return {"skipped": skipped}
-    from interpreter.quota_trials import tune_mps
+        return Stage2Record(skipped=skipped)
+    from interpreter.quota_trials import QuotaTrials
+    from rose_dsl.optimizer.stage2 import tune_mps
 
     if stop is not None and stop():
-        return {"skipped": stop()}
-    if deadline is not None and time.perf_counter() > deadline:
-        return {"skipped": "the time budget (--budget-s) was spent by stage 1"}
-    return tune_mps(wf, result, session, gpu, settings, log, deadline=deadline, stop=stop, running=running,
-                      quotas=opts.stage2 in ("both", "quotas"), priorities=opts.stage2 in ("both", "priorities"))
+        return Stage2Record(skipped=stop())
+    if budget.spent():
+        return Stage2Record(skipped="the time budget (--budget-s) was spent by stage 1")
+    trials = QuotaTrials(session, gpu, stop=stop, parallel=settings.quota_parallel_checks)
+    return tune_mps(result, trials, settings, log, budget=budget, stop=stop, running=running,
+                    quotas=opts.stage2 in ("both", "quotas"), priorities=opts.stage2 in ("both", "priorities"))
 
 
-def _write_plan(plan: Workflow, output: Path, file: Path, result: Any, stage2: dict[str, Any],
+def _write_plan(plan: Workflow, output: Path, file: Path, result: Any, stage2: Stage2Record | None,
                 layout: dict[str, Any] | None = None) -> None:
     from rose_dsl import WorkflowError, load_workflow_text
     from rose_dsl.serialize import to_yaml
 
-    quotas = stage2.get("quotas") or {}
-    priorities = stage2.get("priorities") or {}
+    quotas = (stage2.quotas if stage2 else None) or {}
+    priorities = (stage2.priorities if stage2 else None) or {}
     meta = {"source": str(file), "rewrites": list(result.requests), "written_by": "rose optimize",
             "baseline_iteration_s": round(result.baseline.median, 6), "plan_iteration_s": round(result.final.median, 6)}
     if quotas:
@@ -552,7 +612,7 @@ def _machine(backend: str) -> dict[str, Any]:
 
 
 def _report_doc(wf: Workflow, result: Any, session: Any, total: float, opts: OptimizeOptions, run_dir: Path | None,
-                settings: Any, backend: str, stage2: dict[str, Any], trains_on: bool = False) -> dict[str, Any]:
+                settings: Any, backend: str, stage2: Stage2Record, trains_on: bool = False) -> dict[str, Any]:
     from rose_dsl.optimizer.bound import reorder_bound
     from rose_dsl.optimizer.report import build_report
 

@@ -13,7 +13,7 @@ anything runs, for each value:
   it (`state_access_order`), so the new processes need nothing from the old ones: a layout switch starts
   them fresh, while the unchanged components keep their processes and state.
 
-Measuring a layout is the runtime's (`interpreter/layout_trials.py`): complete training iterations in
+Measuring a layout is `layout_search.py`'s, through the runtime's session: complete training iterations in
 blocks R, V, R (the declared layout around each value), kept only past the noise margin. `rose compare`
 measures a plan written with a layout (`plan: layout:`) the same way, checked by `layout_change`.
 """

@@ -11,7 +11,7 @@ calibration-first measuring of each target's alternatives (`_local_target`). It 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..ir import LoopNode, Workflow
@@ -23,9 +23,7 @@ from .profile import IterationRun, structural
 from .records import Log, Measured, Measurer, RoundRecord, Settings, TargetRecord
 from .regions import LocalGraph, Probe, external_texts, probe_workflow
 
-__all__ = ["PROBE_IMPL"]
-
-PROBE_IMPL = "interpreter.trials:Probe"
+__all__: list[str] = []
 
 
 class _LocalTrials:
@@ -122,7 +120,7 @@ class _LocalTrials:
             externals.setdefault(region, {}).update(dict(external_texts([c0] + [lg for _, lg in pairs])))
         probe_list = [Probe(p.id, p.region, tuple(sorted(externals[p.region].items(), key=lambda kv: int(kv[0][1:]))))
                       for p in probes.values()]
-        pw = probe_workflow(g, probe_list, PROBE_IMPL)
+        pw = probe_workflow(g, probe_list, self.m.probe_impl)
         if isinstance(pw, str):
             for t, _, _, pairs in plans:
                 t.local_note = pw
@@ -165,8 +163,7 @@ class _LocalTrials:
             self.log(f"  {t.node.removeprefix('iteration.')}: local trials of {len(batch)} alternative(s) on "
                      f"{'.'.join(c0.region[1:])} (x{self.s.local_repeats})")
             graphs = [c0] + [graph_of[id(m)] for m in batch]
-            runs = self.m.local(graphs, self.s.local_repeats, captured, probe_id, self.s.abandon_factor,
-                                self.s.settle_factor)
+            runs = self.m.local(graphs, self.s.local_repeats, captured, probe_id, self._give_up)
             failed = dict(self.m.last_failures)
             if 0 in failed or not runs[0]:
                 t.local_note = f"the unchanged comparison graph failed: {failed.get(0, 'no run completed')}"
@@ -211,6 +208,11 @@ class _LocalTrials:
         top = max(best, key=lambda m: m.benefit_s) if best else None
         if top is not None and (t.best is None or top.benefit_s > t.best.benefit_s):
             t.best = top  # (a complete-iteration alternative, measured first, may already be better)
+
+    def _give_up(self, reference: Sequence[float], runs: Sequence[float]) -> str | None:
+        """The local trials' rule for the runtime (`Measurer.local`): an alternative clearly slower than the
+        unchanged graph gets no more runs (`decide.stop_repeating`, `abandon_factor`, `settle_factor`)."""
+        return stop_repeating(reference, runs, self.s.abandon_factor, self.s.settle_factor)
 
     def _still_promising(self, m: Measured, c0: LocalGraph, lg: LocalGraph, band: float) -> bool:
         """False (and `m` skipped, saying why) when the model predicts `lg` more than (1 + band) x the

@@ -3,7 +3,7 @@ statistics (paper §4.3.2: D_v, the mean invocation time T(v), the time-weighted
 
 Why a form of its own: the search is pure (no runtime import), is unit-tested on profiles recorded on
 other machines (JSON files), and must not care whether a record came from a thread, a Ray actor or a
-GPU. The runtime (`interpreter/trials.py`) turns its invocation records into `Call`s, with each call's
+GPU. The runtime turns its invocation records into `Call`s, with each call's
 activity already averaged over the call's own window: device-wide SM activity on a GPU, the busy
 fraction of the call's component on the CPU.
 """
@@ -14,58 +14,19 @@ import json
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from ..measurement import Call, IterationRun, structural
+
 __all__ = ["Call", "IterationRun", "Profile", "NodeStats", "structural", "node_stats", "base_component"]
-
-
-def structural(node: str) -> str:
-    """`iteration.epoch@1.step.act@0` -> `iteration.epoch.step.act`: split groups are their node."""
-    return ".".join(part.split("@")[0] for part in node.split("."))
 
 
 def base_component(process: str) -> str:
     """`sim@1` (a temporal-split copy) or `sim#2` (a data-parallel replica) -> `sim`."""
     return process.split("#")[0].split("@")[0]
-
-
-@dataclass(frozen=True)
-class Call:
-    """One invocation as measured: times in ns on the clock shared with the activity sampler."""
-
-    node: str  # executed path, `iteration.epoch.step.act@0`
-    component: str  # the process that ran it (`sim`, `sim@1`, `policy#1`)
-    iteration: int
-    indices: tuple[int, ...]  # every enclosing loop's iteration, outermost (the RL iteration) first
-    start_ns: int
-    end_ns: int
-    rows: int | None = None  # rows along the batch dimension, when the node is batch-separable
-    activity: float | None = None  # mean activity over [start, end) (SM activity or CPU busy fraction)
-
-    @property
-    def structural(self) -> str:
-        return structural(self.node)
-
-    @property
-    def seconds(self) -> float:
-        return (self.end_ns - self.start_ns) / 1e9
-
-
-@dataclass(frozen=True)
-class IterationRun:
-    """One executed iteration (complete, or one run of a local graph): wall time and its calls."""
-
-    seconds: float
-    calls: tuple[Call, ...] = ()
-    start_ns: int = 0
-    end_ns: int = 0
-    iteration: int = -1  # the RL iteration (complete runs); -1 for local runs
-    metrics: dict[str, float] = field(default_factory=dict, compare=False)
-    # device-wide SM activity samples (start ns, end ns, value) during the run, on a GPU
-    activity_samples: tuple[tuple[int, int, float], ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ class Branch:
     busy: tuple[tuple[int, int], ...] = ()  # when the process runs one of the branch's calls (disjoint, sorted)
 
 
-# why a quota search or screening stopped when its budget ran out (`quota_trials.tune_mps` names the budget)
+# why a quota search or screening stopped when its budget ran out (`stage2.tune_mps` names the budget)
 BUDGET_SPENT = "the time budget is spent"
 
 def merge_intervals(spans: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
@@ -249,94 +249,111 @@ def quota_search(q: int, k0: int, measure: Callable[[int], float], rho: int = 4,
         raise ValueError(f"the starting level {k0} is outside 1..{q}")
     if rho < 2:
         raise ValueError("the coarse step must be at least 2 levels")
-    known = dict(known or {})
-    s = QuotaSearch(known=frozenset(known))
+    walk = _Walk(q, k0, measure, rho, max_trials, out_of_time, usable, dict(known or {}))
+    if walk.t(k0) is None:
+        return walk.s
+    walk.coarse_then_fine(k0)
+    # A run of unusable levels wider than the coarse step (on the H200, 60-88% of the SMs) is crossed
+    # only after the fine search around the anchor: with a few trials left, the anchor's neighbours are
+    # the likelier gain than a level past the hole. Then the first usable level below the hole is
+    # measured, and the search goes on from it if it is no slower than the best so far.
+    s = walk.s
+    while walk.hole is not None and not s.stopped:
+        k = walk.next_usable(walk.hole, -1)
+        walk.hole = None
+        if k is None or k in s.history:
+            break
+        v = walk.t(k)
+        if v is None or v > min(s.history.values()):
+            break
+        walk.coarse_then_fine(k)
+    s.best = min(s.history, key=lambda k: (s.history[k], -k))
+    s.stopped = s.stopped or "both directions rose above the anchor"
+    return s
 
-    def t(k: int) -> float | None:
-        if k in known:
-            s.history[k] = known[k]
+
+class _Walk:
+    """`quota_search`'s state: the measurements so far (`s`), the usability verdicts asked, and where a
+    downward walk met a hole wider than the coarse step."""
+
+    def __init__(self, q: int, k0: int, measure: Callable[[int], float], rho: int, max_trials: int,
+                 out_of_time: Callable[[], bool] | None, usable: Callable[[int], bool] | None,
+                 known: dict[int, float]) -> None:
+        self.q, self.k0, self.measure, self.rho, self.max_trials = q, k0, measure, rho, max_trials
+        self.out_of_time, self.usable, self.known = out_of_time, usable, known
+        self.s = QuotaSearch(known=frozenset(known))
+        self.verdicts: dict[int, bool] = {}
+        self.hole: int | None = None  # the first level below a run of more than `rho` unusable ones
+
+    def _spent(self) -> bool:
+        if self.out_of_time is not None and self.out_of_time():
+            self.s.stopped = self.s.stopped or BUDGET_SPENT
+            return True
+        return False
+
+    def t(self, k: int) -> float | None:
+        """Level k's time: known (free), or measured -- None when the trials or the time are spent."""
+        s = self.s
+        if k in self.known:
+            s.history[k] = self.known[k]
             s.order.append(k)
             return s.history[k]
-        if s.trials >= max_trials:
-            s.stopped = s.stopped or f"the trial budget ({max_trials}) is spent"
+        if s.trials >= self.max_trials:
+            s.stopped = s.stopped or f"the trial budget ({self.max_trials}) is spent"
             return None
-        if s.order and out_of_time is not None and out_of_time():
-            s.stopped = s.stopped or BUDGET_SPENT
+        if s.order and self._spent():
             return None
-        s.history[k] = measure(k)
+        s.history[k] = self.measure(k)
         s.order.append(k)
         return s.history[k]
 
-    verdicts: dict[int, bool] = {}
+    def ok(self, k: int) -> bool:
+        if k not in self.verdicts:
+            self.verdicts[k] = self.usable is None or k == self.k0 or self.usable(k)
+            if not self.verdicts[k]:
+                self.s.skipped.append(k)
+        return self.verdicts[k]
 
-    def ok(k: int) -> bool:
-        if k not in verdicts:
-            verdicts[k] = usable is None or k == k0 or usable(k)
-            if not verdicts[k]:
-                s.skipped.append(k)
-        return verdicts[k]
-
-    hole: dict[str, int] = {}  # where a downward walk met more than `rho` unusable levels in a row
-
-    def next_usable(k: int, d: int, max_skip: int | None = None) -> int | None:
+    def next_usable(self, k: int, d: int, max_skip: int | None = None) -> int | None:
         """k itself or the first usable level beyond it in direction d (None: none left in 1..q, more
         than `max_skip` unusable levels in a row -- a downward hole is remembered in `hole` --, or the
         time budget ran out while asking: each question may cost a check, so it is budgeted too)."""
         skipped = 0
-        while 1 <= k <= q:
-            if k in s.history or k in known:  # measured: usable, and no question to pay for
+        while 1 <= k <= self.q:
+            if k in self.s.history or k in self.known:  # measured: usable, and no question to pay for
                 return k
             if max_skip is not None and skipped > max_skip:
-                if d < 0:
-                    hole.setdefault("below", k)
+                if d < 0 and self.hole is None:
+                    self.hole = k
                 return None
-            if k not in verdicts and out_of_time is not None and out_of_time():
-                s.stopped = s.stopped or BUDGET_SPENT
+            if k not in self.verdicts and self._spent():
                 return None
-            if ok(k):
+            if self.ok(k):
                 return k
             skipped += 1
             k += d
         return None
 
-    def coarse_then_fine(kb: int) -> int:
+    def coarse_then_fine(self, kb: int) -> int:
+        """Coarse steps down from kb while the time does not rise, then unit steps both ways around the
+        anchor; the anchor."""
+        history, rho = self.s.history, self.rho
         while kb > 1:  # coarse search
-            k = next_usable(max(1, kb - rho), -1, max_skip=rho)
+            k = self.next_usable(max(1, kb - rho), -1, max_skip=rho)
             if k is None:
                 break
-            v = t(k)
-            if v is None or v > s.history[kb]:
+            v = self.t(k)
+            if v is None or v > history[kb]:
                 break
             kb = k
         for d in (-1, +1):  # fine search around the anchor
-            k = next_usable(kb + d, d, max_skip=rho)
-            while k is not None and k not in s.history:
-                v = t(k)
-                if v is None or v > s.history[kb]:
+            k = self.next_usable(kb + d, d, max_skip=rho)
+            while k is not None and k not in history:
+                v = self.t(k)
+                if v is None or v > history[kb]:
                     break
-                k = next_usable(k + d, d, max_skip=rho)
+                k = self.next_usable(k + d, d, max_skip=rho)
         return kb
-
-    kb = k0
-    if t(kb) is None:
-        return s
-    kb = coarse_then_fine(kb)
-    # A run of unusable levels wider than the coarse step (on the H200, 60-88% of the SMs) is crossed
-    # only after the fine search around the anchor: with a few trials left, the anchor's neighbours are
-    # the likelier gain than a level past the hole. Then the first usable level below the hole is
-    # measured, and the search goes on from it if it is no slower than the best so far.
-    while "below" in hole and not s.stopped:
-        k = next_usable(hole.pop("below"), -1)
-        if k is None or k in s.history:
-            break
-        v = t(k)
-        best = min(s.history.values())
-        if v is None or v > best:
-            break
-        kb = coarse_then_fine(k)
-    s.best = min(s.history, key=lambda k: (s.history[k], -k))
-    s.stopped = s.stopped or "both directions rose above the anchor"
-    return s
 
 
 Floats = Mapping[tuple[str, tuple[int, ...]], float]

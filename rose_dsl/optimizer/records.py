@@ -5,24 +5,32 @@ stage-1 result) that the report is built from. Plain data; the algorithm is in `
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from ..ir import Workflow
+from ..measurement import OutOfBudget
 from .decide import Summary
 from .profile import IterationRun
 from .rank import Ranking
 from .regions import LocalGraph
 
-__all__ = ["DEVIATIONS", "OutOfBudget", "Measurer", "Settings", "Measured", "TargetRecord", "RoundRecord", "Stage1Result",
-           "Log", "Stop"]
-
-
-class OutOfBudget(Exception):
-    """The time budget or the workflow's iterations are spent: stop with what is validated."""
+__all__ = ["DEVIATIONS", "OutOfBudget", "Measurer", "Settings", "Measured", "TargetRecord", "RoundRecord", "Stage1Result", "Stage2Record",
+           "Log", "Stop", "GiveUp"]
 
 
 class Measurer(Protocol):
+    """What stage 1 (and the final before/after) asks of the runtime: complete iterations, captures and
+    local trials. The runtime implements it structurally (it imports nothing of the search)."""
+
+    @property
+    def feed_impl(self) -> str:
+        """The runtime's class (`module:Class`) that implements the `FEED` trial component."""
+
+    @property
+    def probe_impl(self) -> str:
+        """The runtime's class that implements the `PROBE` trial component."""
+
     @property
     def activity_kind(self) -> str:
         """"sm" (GPU SM activity), "cpu" (component busy fraction) or "none"."""
@@ -46,11 +54,11 @@ class Measurer(Protocol):
         """One real iteration of a probe workflow; the captured values per probe id (opaque)."""
 
     def local(self, graphs: Sequence[LocalGraph], repeats: int, captured: Any, probe_id: int,
-              abandon_above: float | None = None, settle_above: float | None = None) -> list[list[IterationRun]]:
+              give_up: GiveUp | None = None) -> list[list[IterationRun]]:
         """Interleaved runs of local graphs on the captured inputs, state restored before each. A graph
-        that `decide.stop_repeating` says is clearly slower than graphs[0] (the unchanged comparison
-        graph) -- after one run by `abandon_above`, after two by `settle_above` -- gets no further runs:
-        its list is shorter than `repeats`."""
+        for which `give_up(graphs[0]'s seconds so far, its own so far)` is true (the search's rule,
+        `decide.stop_repeating`: clearly slower than the unchanged comparison graph) gets no further
+        runs: its list is shorter than `repeats`."""
 
     def elapsed(self) -> float: ...
 
@@ -65,6 +73,9 @@ class Measurer(Protocol):
 
 @dataclass
 class Settings:
+    """Every knob of the optimizer, stage 2's limits and the budget's shares included. Each one's reason is
+    in docs/optimizer.md ("Settings and the budget"); the report lists their values."""
+
     top_k: int = 3  # K
     alternatives: int = 4  # L
     rounds: int = 2  # R
@@ -81,27 +92,33 @@ class Settings:
     final_rounds: int = 5  # the before/after comparison at the end (training, kept)
     local_repeats: int = 3
     window_fraction: float = 0.25  # a loop region runs about this fraction of an iteration locally
-    # a comparison graph estimated at this share of an iteration or more (one window of a coarse loop, e.g. one
-    # of two epochs) is measured by complete iterations instead: a local trial costs nearly an iteration and is
-    # not training, a complete one is kept (MJX on the H200, 2026-12-03: 80 s of local trials, two thirds of the
-    # net overhead, for an epoch region of 0.45 T_iter). None: always local.
+    # a comparison graph estimated at this share of an iteration or more is measured by complete iterations
+    # instead of a local trial. None: always local.
     local_max_fraction: float | None = 0.4
     groups: tuple[int, ...] = (2, 4, 8)
-    budget_s: float | None = None
+    budget_s: float | None = None  # stage 1's seconds (its share of `--budget-s`); a `Budget` given wins
     tolerance: float = 0.05  # measure what the model predicts no slower than (1 + tolerance) x G
     # a further calibration split (another family's k = 2), after the first one taught the model: measured
     # unless predicted slower than (1 + calibration_band) x the unchanged comparison graph
     calibration_band: float = 0.25
     # a local trial stops repeating an alternative whose first run took more than this many times the
-    # unchanged graph's first run: ±15% run-to-run noise cannot make a candidate that slow a win, and on
-    # the H200 (2026-12-01) spatial splits ran 1.7-2x the unchanged graph three times each -- most of the
-    # local-trial seconds of that run. None: every alternative gets all its repeats.
+    # unchanged graph's first run. None: every alternative gets all its repeats.
     abandon_factor: float | None = 1.3
-    # ... and one whose first two runs both took more than this many times the unchanged graph's median:
-    # its median of three could not beat the unchanged graph by eps_min (`decide.stop_repeating`). Losing
-    # alternatives were most of the H200 runs' local-trial seconds (92 s of the 165-s net overhead of
-    # 2026-12-01). None: no such stop.
+    # ... and one whose first two runs both took more than this many times the unchanged graph's median
+    # (`decide.stop_repeating`). None: no such stop.
     settle_factor: float | None = 1.03
+    # the budget's named shares (`budget.Budget.share`): stage 1's of the whole when stage 2 follows (all of
+    # it otherwise), and the layout trials' (counted from when they start)
+    stage1_share: float = 0.65
+    layout_share: float = 0.35
+    # stage 2 (`stage2.py`): trials of one quota search (the paper's seven), rounds of one change each,
+    # processes screened before the search, quota self-checks run side by side, and the share of the
+    # workflow's iterations left that stage 2 plans to use
+    quota_max_trials: int = 7
+    quota_max_changes: int = 2
+    quota_max_screened: int = 3
+    quota_parallel_checks: int = 6
+    quota_count_margin: float = 0.85
 
 
 @dataclass
@@ -177,7 +194,61 @@ class Stage1Result:
     final_runs: list[IterationRun] = field(default_factory=list, repr=False)
 
 
+@dataclass
+class Stage2Record:
+    """What stage 2 (`stage2.py`) did for one plan, or for several rounds (`rounds`): the report's `stage2`
+    section (`to_json`). A section is either `skipped` (why stage 2 did not start or found nothing to try)
+    or names its `target` process and ends with a `summary`; `plan`, `quotas`/`priorities` when a change
+    was validated and kept. Rows of the screening, the quota curve and the validation stay plain data."""
+
+    skipped: str | None = None
+    summary: str | None = None
+    target: str | None = None  # the process whose MPS settings were tuned, and the one it runs beside
+    other: str | None = None
+    gpu: int | None = None
+    slack_s: float | None = None
+    overlap_s: float | None = None
+    score_s: float | None = None
+    demand: float | None = None
+    kind: str | None = None  # "quota" (searched) | "priority" (validated as screened)
+    screened: list[dict[str, Any]] | None = None  # one row per screening probe
+    branches: dict[str, list[str]] | None = None
+    comparison_graph: str | None = None
+    levels: int | None = None  # quota levels the GPU distinguishes, the coarse step, the starting quota
+    rho: int | None = None
+    start_percent: int | None = None
+    unsafe_levels: dict[int, str] | None = None  # percent -> why its self-check failed
+    trials: int | None = None
+    search_stopped: str | None = None
+    best_percent: int | None = None
+    curve: list[dict[str, Any]] | None = None  # the quota search's measurements (and the levels skipped)
+    checked_levels: dict[int, dict[str, Any]] | None = None
+    validation: dict[str, Any] | None = None  # reference, candidate (Summary JSON), margin, accepted
+    validation_reused_reference: int | None = None
+    validation_reused_block: int | None = None
+    block_overhead_s: float | None = None
+    trial_seconds: float | None = None
+    quotas: dict[str, int] | None = None  # kept: process -> quota percent / client priority
+    priorities: dict[str, int] | None = None
+    rounds: list[Stage2Record] | None = None  # several rounds: each one's section
+    plan: Workflow | None = field(default=None, repr=False)  # the plan with the kept change (not serialized)
+
+    def to_json(self) -> dict[str, Any]:
+        """The report's section: every field that was set, rounds included, the plan left out."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None or f.name == "plan":
+                continue
+            out[f.name] = [r.to_json() for r in value] if f.name == "rounds" else value
+        return out
+
+
 Log = Callable[[str], None]
+
+# the search's rule for a local trial: (the unchanged graph's seconds so far, an alternative's so far) ->
+# why the alternative gets no more runs, or None
+GiveUp = Callable[[Sequence[float], Sequence[float]], str | None]
 
 
 Stop = Callable[[], str | None]  # why the search must end now (a signal, say), or None to go on

@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..expr import BinOp, Call, Expr, Int, IterRef, Neg, Record, Ref, Slice, parse_expr, unparse
-from ..ir import Component, ExecutionNode, Item, LoopNode, StateObject, Workflow
+from ..ir import ExecutionNode, Item, LoopNode, Workflow
+from ..measurement import FEED, PROBE, feed_component, probe_component
 from ..resolve import (
     Binding,
     CarryIn,
@@ -39,8 +40,6 @@ __all__ = ["changed_regions", "common_ancestor", "LocalGraph", "local_graphs", "
            "FEED", "PROBE", "Probe", "feed_component", "probe_component"]
 
 Path = tuple[str, ...]
-FEED = "__feed__"  # the component (and node) that replays captured inputs in a local graph
-PROBE = "__probe__"  # the component whose nodes capture them during a real iteration
 
 
 # -- where two workflows differ -------------------------------------------------------------------
@@ -208,14 +207,6 @@ def _walk(item: Item) -> Iterator[Item]:
     yield item
     for c in children(item):
         yield from _walk(c)
-
-
-def feed_component(impl: str) -> Component:
-    return Component(name=FEED, impl=impl, args={}, device="cpu", state=(StateObject(FEED, "values", "values"),))
-
-
-def probe_component(impl: str) -> Component:
-    return Component(name=PROBE, impl=impl, args={}, device="cpu", state=(StateObject(PROBE, "captured", "captured"),))
 
 
 def _local(wf: Workflow, region: Path, window: int | None, ports: dict[str, str], feed_impl: str) -> LocalGraph | str:

@@ -15,9 +15,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..measurement import Books
 from .decide import Summary
 from .profile import IterationRun, structural
-from .search import DEVIATIONS, Measured, RoundRecord, Stage1Result
+from .search import DEVIATIONS, Measured, RoundRecord, Stage1Result, Stage2Record
+
+# report.json's layout: 2 -- the books and stage 2's section are typed records (`Books`, `Stage2Record`),
+# serialized here; a reader checks it before it reads the document's fields
+REPORT_VERSION = 2
 
 __all__ = ["build_report", "write_report", "timeline_svg", "overhead"]
 
@@ -104,71 +109,72 @@ def with_quotas(baseline_s: float, speedup: float, stage2: Mapping[str, Any] | N
             "note": "stage 1's before/after times stage 2's validation (two interleaved comparisons, chained)"}
 
 
-def _moves_note(books: Mapping[str, float]) -> str:
-    if not books.get("quota_moves"):
+def _moves_note(books: Books) -> str:
+    if not books.quota_moves:
         return ""
-    return (f"; {int(books['quota_moves'])} move(s) of a process, {int(books.get('quota_moves_to_parked', 0))} of them "
+    return (f"; {int(books.quota_moves)} move(s) of a process, {int(books.quota_moves_to_parked)} of them "
             f"back to a parked process (a state hand-over, no start-up)")
 
 
-def _prefetch_note(books: Mapping[str, float]) -> str:
-    if not books.get("quota_check_prefetch_levels"):
+def _prefetch_note(books: Books) -> str:
+    if not books.quota_check_prefetch_levels:
         return ""
-    beside = books.get("quota_check_beside_training_s", 0.0)
-    return (f"; the screening's first {int(books['quota_check_prefetch_levels'])} level(s) were checked beside the "
-            f"processes' start-up ({books.get('quota_check_prefetch_s', 0.0):.1f} s wall"
+    beside = books.quota_check_beside_training_s
+    return (f"; the screening's first {int(books.quota_check_prefetch_levels)} level(s) were checked beside the "
+            f"processes' start-up ({books.quota_check_prefetch_s:.1f} s wall"
             + (f", {beside:.1f} s of it beside the first, untimed training iteration, which is counted as training "
-               f"(it took {books.get('first_iteration_s', 0.0):.1f} s)" if beside > 0 else "")
+               f"(it took {books.first_iteration_s:.1f} s)" if beside > 0 else "")
             + "; only the wait before the first measurement is counted here)")
 
 
-def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: float, workflow: str, file: str,
-                 settings: Mapping[str, Any], machine: Mapping[str, Any], stage2: Mapping[str, Any] | None,
+def build_report(result: Stage1Result, *, books: Books, total_s: float, workflow: str, file: str,
+                 settings: Mapping[str, Any], machine: Mapping[str, Any], stage2: Stage2Record | None,
                  plan_file: str, run_dir: str | None, activity_kind: str,
                  bound: Mapping[str, Any] | None = None, trains_on: bool = False) -> dict[str, Any]:
     """report.json's document. `bound`: `bound.reorder_bound` of the declared graph's profile. `trains_on`:
     training goes on in these processes after the report (`rose optimize --train`; see `overhead`)."""
     base, plan = result.baseline.median, result.final.median
+    section = stage2.to_json() if stage2 is not None else None
     rel = [(p - m) / m if m else None for _, p, m in result.model_errors]
     errors = [{"what": w, "predicted_s": p, "measured_s": m, "error": e}
               for (w, p, m), e in zip(result.model_errors, rel, strict=True)]
     abs_err = [abs(e) for e in rel if e is not None]
     trials: dict[str, dict[str, Any]] = {
-              "complete": {"count": int(books.get("complete_iterations", 0)), "seconds": books.get("complete_s", 0.0),
+              "complete": {"count": int(books.complete_iterations), "seconds": books.complete_s,
                            "note": "real training iterations (retained)"},
-              "local": {"count": int(books.get("local_runs", 0)), "seconds": books.get("local_s", 0.0),
-                        "abandoned": int(books.get("local_abandoned", 0)),
+              "local": {"count": int(books.local_runs), "seconds": books.local_s,
+                        "abandoned": int(books.local_abandoned),
                         "note": "comparison graphs on state snapshots (not training); abandoned: repeats "
                                 "not run because the first run was clearly slower"},
-              "captures": {"count": int(books.get("captures", 0)), "seconds": books.get("capture_s", 0.0)},
-              "quota": {"count": int(books.get("quota_trials", 0)), "seconds": books.get("quota_s", 0.0),
+              "captures": {"count": int(books.captures), "seconds": books.capture_s},
+              "quota": {"count": int(books.quota_trials), "seconds": books.quota_s,
                         "note": "stage 2's time no other row books: moving the target to a new process under "
                                 "each trial setting and back (probes, search, validation blocks) and what a block "
                                 "costs beyond its iterations (those are training: the first row)" + _moves_note(books)},
-              "quota_checks": {"count": int(books.get("quota_checks", 0)), "seconds": books.get("quota_check_s", 0.0),
+              "quota_checks": {"count": int(books.quota_checks), "seconds": books.quota_check_s,
                                "note": "the GPU math self-check of each quota level asked (fresh MPS clients, "
                                        "several at once); cached per machine, so paid once per machine"
                                        + _prefetch_note(books)},
-              "layout": {"count": int(books.get("layout_switches", 0)), "seconds": books.get("layout_s", 0.0),
+              "layout": {"count": int(books.layout_switches), "seconds": books.layout_s,
                          "note": "layout switches (`--layout`): stopping and starting the processes a layout changes"},
-              "startup": {"count": 1, "seconds": books.get("startup_s", 0.0),
+              "startup": {"count": 1, "seconds": books.startup_s,
                           "note": "starting the component processes (the workflow's, which a plain run starts too, "
                                   "and the optimizer's small trial components beside them)"},
-              "setup": {"count": 1, "seconds": books.get("setup_s", 0.0),
+              "setup": {"count": 1, "seconds": books.setup_s,
                         "note": "what runs before and around the processes' start-up: the MPS daemon, the SM-activity "
                                 "sampler, the session's own set-up"},
-              "checkpoint": {"count": 1 if "checkpoint_s" in books else 0, "seconds": books.get("checkpoint_s", 0.0),
+              "checkpoint": {"count": 1 if books.checkpoint_s is not None else 0, "seconds": books.checkpoint_s or 0.0,
                              "note": "the checkpoint of the training done, from which `rose execute --plan ... "
                                      "--resume` goes on (a plain run writes one at its end as well)"},
-              "plan_switches": {"count": int(books.get("plan_loads", 0)), "seconds": books.get("prepare_s", 0.0),
+              "plan_switches": {"count": int(books.plan_loads), "seconds": books.prepare_s,
                                 "note": "loading plans onto the workers and compiling their graphs (a graph stays "
                                         "compiled while it is one of the last few used), starting a plan's copies"},
-              "snapshots": {"count": int(books.get("guard_snapshots", 0)), "seconds": books.get("guard_snapshot_s", 0.0),
+              "snapshots": {"count": int(books.guard_snapshots), "seconds": books.guard_snapshot_s,
                             "note": "the state a plan's first iteration writes, copied inside its component's process "
                                     "before it runs (a failing trial puts it back; local trials' snapshots are in "
                                     "their row)"}}
-    if "settle_s" in books:  # (`--train` only)
-        trials["settle"] = {"count": int(books.get("settled", 0)), "seconds": books["settle_s"],
+    if books.settle_s is not None:  # (`--train` only)
+        trials["settle"] = {"count": int(books.settled), "seconds": books.settle_s,
                             "note": "moving processes to the plan's MPS settings before training goes on in them "
                                     "(`--train`): to the process parked under those settings where there is one "
                                     "(these moves are among the quota row's)"}
@@ -177,18 +183,19 @@ def build_report(result: Stage1Result, *, books: Mapping[str, float], total_s: f
                        "note": "what no row above counts: profiling and bookkeeping between trials, the driver's "
                                "own work, processes stopping"}
     return {
+        "report_version": REPORT_VERSION,
         "workflow": workflow, "file": file, "plan_file": plan_file, "activity": activity_kind,
         "baseline_iteration_s": base, "plan_iteration_s": plan,
         "speedup": base / plan if plan > 0 else math.nan,
-        "with_quotas": with_quotas(base, base / plan if plan > 0 else math.nan, stage2),
+        "with_quotas": with_quotas(base, base / plan if plan > 0 else math.nan, section),
         "baseline": _s(result.baseline), "plan": _s(result.final), "plan_requests": list(result.requests),
         "rounds": [_round(r) for r in result.rounds], "stopped": result.stopped, "cut_short": result.cut_short,
         "trials": trials,
-        "overhead_s": overhead(total_s, books.get("complete_s", 0.0), int(books.get("complete_iterations", 0)),
-                               plan, base, once_per_machine_s=books.get("quota_check_s", 0.0),
-                               startup_s=books.get("startup_s", 0.0), trains_on=trains_on),
+        "overhead_s": overhead(total_s, books.complete_s, int(books.complete_iterations),
+                               plan, base, once_per_machine_s=books.quota_check_s,
+                               startup_s=books.startup_s, trains_on=trains_on),
         "model": {"errors": errors, "mean_abs_error": sum(abs_err) / len(abs_err) if abs_err else None},
-        "stage2": dict(stage2) if stage2 is not None else None,
+        "stage2": section,
         "reorder_bound": dict(bound) if bound is not None else None,
         "settings": dict(settings), "machine": dict(machine), "deviations": list(DEVIATIONS),
         "run_dir": run_dir,

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from ..ir import Workflow
 from .before_after import declared_graph, given_plan, interleaved
+from .budget import Budget
 from .candidates import SWEEP, Alternative, Feasible, Infeasible, alternatives, check, memory_estimate, sweep
 from .decide import Summary, faster, summarize, undecided
 from .local_trials import _LocalTrials
@@ -33,6 +34,7 @@ from .records import (
     RoundRecord,
     Settings,
     Stage1Result,
+    Stage2Record,
     Stop,
     TargetRecord,
 )
@@ -42,10 +44,9 @@ from .regions import (
     local_graphs,
 )
 
-__all__ = ["Settings", "Measurer", "Measured", "TargetRecord", "RoundRecord", "Stage1Result", "optimize_graph",
+__all__ = ["Settings", "Measurer", "Measured", "TargetRecord", "RoundRecord", "Stage1Result", "Stage2Record", "optimize_graph",
            "OutOfBudget", "DEVIATIONS", "given_plan", "interleaved", "declared_graph", "Stop"]
 
-FEED_IMPL = "interpreter.trials:Feed"
 
 
 
@@ -64,9 +65,12 @@ def split_family(m: Measured) -> tuple[str, ...]:
 
 
 class _Search(_LocalTrials):
-    def __init__(self, wf: Workflow, measurer: Measurer, settings: Settings, log: Log, stop: Stop | None = None) -> None:
+    def __init__(self, wf: Workflow, measurer: Measurer, settings: Settings, log: Log, stop: Stop | None = None,
+                 budget: Budget | None = None) -> None:
         self.wf, self.m, self.s, self.log = wf, measurer, settings, log
         self.stop = stop
+        # stage 1's share of the time budget; without one, `settings.budget_s` on the measurer's clock
+        self.time = budget if budget is not None else Budget.of(settings.budget_s, clock=measurer.elapsed, started=0.0)
         self.model = CostModel()
         fits = memory_estimate(measurer.component_bytes, measurer.memory_limits, wf.components)
         placement = getattr(measurer, "placement", None)
@@ -99,13 +103,13 @@ class _Search(_LocalTrials):
         reason = self.stop() if self.stop is not None else None
         if reason:
             raise OutOfBudget(reason)
-        if self.s.budget_s is None:
+        if not self.time.limited:
             return
-        elapsed = self.m.elapsed()
-        if elapsed > self.s.budget_s:
-            raise OutOfBudget(f"the time budget of {_secs(self.s.budget_s)} s is spent")
-        if need_s > 0 and elapsed + need_s > self.s.budget_s:
-            raise OutOfBudget(f"the time budget of {_secs(self.s.budget_s)} s leaves {_secs(self.s.budget_s - elapsed)} s "
+        total = self.time.total_s or 0.0
+        if self.time.spent():
+            raise OutOfBudget(f"the time budget of {_secs(total)} s is spent")
+        if need_s > 0 and not self.time.fits(need_s):
+            raise OutOfBudget(f"the time budget of {_secs(total)} s leaves {_secs(self.time.left() or 0.0)} s "
                               f"and the next measurement needs about {_secs(need_s)} s")
 
     def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0,
@@ -282,7 +286,7 @@ class _Search(_LocalTrials):
                 for m in local:
                     whole.setdefault(m.requests, []).append(m)
                 continue
-            c0, graphs = local_graphs(g, [m.plan() for m in local], region, t.window, FEED_IMPL)
+            c0, graphs = local_graphs(g, [m.plan() for m in local], region, t.window, self.m.feed_impl)
             if isinstance(c0, str):
                 t.local_note = c0
                 for m in local:
@@ -395,9 +399,9 @@ class _Search(_LocalTrials):
         the budget by `_block_s`, the most promising first (predicted iteration time; unpredicted ones
         after, in the candidates' order). H200, 2026-12-03 (MJX): twelve alternatives made a 378-s block
         against 229 s left, so none was measured -- the first of them was 1.23x."""
-        if self.s.budget_s is None or not self.iteration_s:
+        if not self.time.limited or not self.iteration_s:
             return unique, []
-        left = self.s.budget_s - self.m.elapsed()
+        left = self.time.left() or 0.0
         ranked = sorted(range(len(unique)), key=lambda i: (unique[i].predicted_iteration_s is None,
                                                            unique[i].predicted_iteration_s or 0.0, i))
         kept = ranked[:1]  # the most promising, even when the estimate says it will not fit: `complete`
@@ -500,12 +504,12 @@ class _Search(_LocalTrials):
 
 
 def optimize_graph(wf: Workflow, measurer: Measurer, settings: Settings | None = None, log: Log = print,
-                   stop: Stop | None = None) -> Stage1Result:
+                   stop: Stop | None = None, budget: Budget | None = None) -> Stage1Result:
     """Algorithm 1 on `wf`: returns the selected plan and everything measured on the way. `stop()`, asked
     wherever the time budget is, ends the search early as a spent budget does (and skips the final
     before/after): what was decided so far is the result."""
     s = settings or Settings()
-    search = _Search(wf, measurer, s, log, stop)
+    search = _Search(wf, measurer, s, log, stop, budget)
     g: Workflow = wf
     requests: tuple[str, ...] = ()
     rounds: list[RoundRecord] = []

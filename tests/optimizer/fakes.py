@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rose_dsl.ir import ExecutionNode, Workflow
-from rose_dsl.optimizer.decide import stop_repeating
 from rose_dsl.optimizer.model import rows_of, simulate
 from rose_dsl.optimizer.profile import Call, IterationRun
 from rose_dsl.optimizer.regions import LocalGraph
@@ -35,6 +34,7 @@ class GroundTruth:
 
 class FakeMeasurer:
     activity_kind = "cpu"
+    feed_impl, probe_impl = "tests.optimizer.fakes:Feed", "tests.optimizer.fakes:Probe"  # (never run)
 
     def __init__(self, truth: GroundTruth, noise: float = 0.01, seed: int = 0, iterations: int | None = None,
                  seconds_per_step: float = 0.0) -> None:
@@ -93,7 +93,7 @@ class FakeMeasurer:
         return {}
 
     def local(self, graphs: Sequence[LocalGraph], repeats: int, captured: Any, probe_id: int,
-              abandon_above: float | None = None, settle_above: float | None = None) -> list[list[IterationRun]]:
+              give_up: Any = None) -> list[list[IterationRun]]:
         out: list[list[IterationRun]] = [[] for _ in graphs]
         abandoned: set[int] = set()
         for _ in range(repeats):
@@ -102,8 +102,8 @@ class FakeMeasurer:
                     continue
                 self.log.append(("local", ".".join(g.region)))
                 out[i].append(self._run(g.workflow, 0))
-                if i > 0 and len(out[i]) < repeats and stop_repeating(
-                        [x.seconds for x in out[0]], [x.seconds for x in out[i]], abandon_above, settle_above):
+                if i > 0 and len(out[i]) < repeats and give_up is not None and give_up(
+                        [x.seconds for x in out[0]], [x.seconds for x in out[i]]):
                     abandoned.add(i)
         return out
 

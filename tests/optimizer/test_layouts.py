@@ -1,4 +1,4 @@
-"""Layout knobs (`rose optimize --layout`, rose_dsl/optimizer/layouts.py and interpreter/layout_trials.py):
+"""Layout knobs (`rose optimize --layout`, rose_dsl/optimizer/layouts.py and layout_search.py):
 which param values may be tried (only process counts and arguments change, and the changed components'
 state is refreshed before use), how they are measured (blocks R, V, R of complete iterations, kept past the noise),
 and that switching layouts while training keeps the training what the declared workflow computes."""
@@ -113,6 +113,7 @@ class _Session:
 
     clock = None
     switch_s = 0.0
+    trial_errors: tuple[type[Exception], ...] = ()
 
     def complete(self, plans, rounds, warmup=0, labels=(), before=None, guard_first=False):
         from rose_dsl.optimizer.profile import IterationRun
@@ -128,7 +129,7 @@ class _Session:
 
 
 def test_layout_trials_keep_the_fastest_value_past_the_noise_and_say_why_others_were_not() -> None:
-    from interpreter.layout_trials import choose_layout
+    from rose_dsl.optimizer.layout_search import choose_layout
     from rose_dsl.optimizer.search import Settings
 
     base = load_workflow(SIM_PROCESSES)
@@ -150,7 +151,7 @@ def test_layout_trials_keep_the_fastest_value_past_the_noise_and_say_why_others_
 
 
 def test_a_layout_that_fails_is_lost_and_the_declared_layout_runs_on() -> None:
-    from interpreter.layout_trials import choose_layout
+    from rose_dsl.optimizer.layout_search import choose_layout
     from rose_dsl.optimizer.search import Settings
 
     base = load_workflow(SIM_PROCESSES)
@@ -162,7 +163,7 @@ def test_a_layout_that_fails_is_lost_and_the_declared_layout_runs_on() -> None:
 
 
 def test_a_stop_request_ends_the_layout_trials_with_nothing_half_measured_kept() -> None:
-    from interpreter.layout_trials import choose_layout
+    from rose_dsl.optimizer.layout_search import choose_layout
     from rose_dsl.optimizer.search import Settings
 
     base = load_workflow(SIM_PROCESSES)
@@ -182,7 +183,8 @@ def test_a_stop_request_ends_the_layout_trials_with_nothing_half_measured_kept()
 def test_a_value_starts_only_if_it_and_the_next_reference_block_fit_in_the_budget(monkeypatch) -> None:
     """The estimate comes from the blocks measured so far (iteration time, switch time); a value that
     would not fit is reported with what it would have needed, and the ones measured keep their verdict."""
-    import interpreter.layout_trials as lt
+    from rose_dsl.optimizer.budget import Budget
+    from rose_dsl.optimizer.layout_search import choose_layout
     from rose_dsl.optimizer.search import Settings
 
     class Clock:
@@ -192,14 +194,14 @@ def test_a_value_starts_only_if_it_and_the_next_reference_block_fit_in_the_budge
             return self.now
 
     clock = Clock()
-    monkeypatch.setattr(lt, "time", clock)
     base = load_workflow(SIM_PROCESSES)
     found = layouts(base, {"sim_replicas": [2, 4]}, _loader(SIM_PROCESSES))
     session = _Session({1: 10.0, 2: 6.0, 4: 5.0})
     session.clock, session.switch_s = clock, 5.0
     # R (3 iterations of 10 s = 30 s) + value 2 (5 s switch + 5 x 6 s) + R (5 s + 30 s) = 100 s; a
     # second value then needs ~5 + 5 x 10 + 5 + 3 x 10 = 90 s by the estimate (median iteration 10 s)
-    chosen, section = lt.choose_layout(base, found, session, Settings(), log=lambda m: None, deadline=1000.0 + 150)
+    chosen, section = choose_layout(base, found, session, Settings(), log=lambda m: None,
+                                    budget=Budget(deadline=1000.0 + 150, clock=clock.perf_counter))
     rows = {r["values"]["sim_replicas"]: r for r in section["candidates"]}
     assert rows[2]["accepted"] and chosen is not None and dict(chosen.values) == {"sim_replicas": 2}
     assert "needs about" in rows[4]["not_measured"] and rows[4]["needed_s"] > 50

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
+import rose_dsl.optimizer.stage2 as stage2
 from rose_dsl.optimizer.quota import BranchPair, screening_probes
 
-from .test_quota import ROOT, _checked, _Gpu, _stage1, _TwoProcessSession
+from .test_quota import _QT, ROOT, _checked, _Gpu, _stage1, _TwoProcessSession
 
 
 def _pair(target: str, other: str, score_s: float, demand: float | None) -> BranchPair:
@@ -47,13 +48,13 @@ class _PrioritySession(_TwoProcessSession):
 
 def _tune(monkeypatch: pytest.MonkeyPatch, session: _PrioritySession, priorities: bool = True,  # type: ignore[no-untyped-def]
           quotas: bool = True, check=None, ranking=None):
-    import interpreter.quota_trials as qt
+    qt = _QT
     from rose_dsl.optimizer.search import Settings
 
     def ranked(runs, gpu_of, floats, demand=None):  # the trainer ranks first, the policy second
         return ranking or [_pair("trainer", "policy", 0.9, None), _pair("policy", "trainer", 0.4, None)]
 
-    monkeypatch.setattr(qt, "rank_targets", ranked)
+    monkeypatch.setattr(stage2, "rank_targets", ranked)
     _, result = _stage1(ROOT)
     log: list[str] = []
     out = qt.tune_quota(result.plan, result, session, _Gpu(), Settings(), log=log.append, total_sms=132,
@@ -92,7 +93,7 @@ def test_a_process_already_at_a_below_normal_priority_is_not_probed_again_and_ke
     policy's quota probe moves it with its priority (a quota change keeps the process's priority)."""
     from dataclasses import replace
 
-    import interpreter.quota_trials as qt
+    qt = _QT
     from rose_dsl.optimizer.search import Settings
 
     session = _PrioritySession(helps="policy", gain_s=0.1)
@@ -101,7 +102,7 @@ def test_a_process_already_at_a_below_normal_priority_is_not_probed_again_and_ke
     plan = result.plan
     plan = replace(plan, components={**plan.components, "policy": replace(plan.components["policy"], mps_priority=1)})
     result = replace(result, plan=plan)
-    monkeypatch.setattr(qt, "rank_targets", lambda runs, gpu_of, floats, demand=None: [
+    monkeypatch.setattr(stage2, "rank_targets", lambda runs, gpu_of, floats, demand=None: [
         _pair("trainer", "policy", 0.9, None), _pair("policy", "trainer", 0.4, None)])
     out = qt.tune_quota(plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132,
                         check=_checked(), priorities=True)
@@ -176,11 +177,11 @@ def test_stage2_keeps_a_quota_and_then_a_priority_in_two_rounds(monkeypatch) -> 
     """`tune_mps`: round 1 keeps the best single change (the trainer's quota, searched and validated); round
     2 starts from that plan -- its validation's iterations are the profile -- and keeps the policy's
     priority; the plan has both, the section says both, and the whole figure chains both validations."""
-    import interpreter.quota_trials as qt
+    qt = _QT
     from rose_dsl.optimizer.report import stage2_markdown, with_quotas
     from rose_dsl.optimizer.search import Settings
 
-    monkeypatch.setattr(qt, "rank_targets", lambda runs, gpu_of, floats, demand=None: [
+    monkeypatch.setattr(stage2, "rank_targets", lambda runs, gpu_of, floats, demand=None: [
         _pair("trainer", "policy", 0.9, None), _pair("policy", "trainer", 0.4, None)])
     _, result = _stage1(ROOT)
     session = _BothSession()
@@ -220,10 +221,10 @@ def test_stage2_keeps_a_quota_and_then_a_priority_in_two_rounds(monkeypatch) -> 
 
 
 def test_a_round_that_keeps_nothing_ends_stage_2(monkeypatch) -> None:
-    import interpreter.quota_trials as qt
+    qt = _QT
     from rose_dsl.optimizer.search import Settings
 
-    monkeypatch.setattr(qt, "rank_targets", lambda runs, gpu_of, floats, demand=None: [
+    monkeypatch.setattr(stage2, "rank_targets", lambda runs, gpu_of, floats, demand=None: [
         _pair("trainer", "policy", 0.9, None), _pair("policy", "trainer", 0.4, None)])
     _, result = _stage1(ROOT)
     session = _PrioritySession(helps="trainer", gain_s=0.0)  # nothing helps
@@ -240,10 +241,10 @@ def test_a_process_a_validation_left_at_its_reference_is_put_where_the_plan_says
     moves to 80% before the policy's priority probe, not after."""
     from dataclasses import replace
 
-    import interpreter.quota_trials as qt
+    qt = _QT
     from rose_dsl.optimizer.search import Settings
 
-    monkeypatch.setattr(qt, "rank_targets", lambda runs, gpu_of, floats, demand=None: [_pair("policy", "trainer", 0.4, None)])
+    monkeypatch.setattr(stage2, "rank_targets", lambda runs, gpu_of, floats, demand=None: [_pair("policy", "trainer", 0.4, None)])
     _, result = _stage1(ROOT)
     plan = replace(result.plan, components={**result.plan.components,
                                             "trainer": replace(result.plan.components["trainer"], mps_quota=80)})

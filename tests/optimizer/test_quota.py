@@ -8,12 +8,57 @@ from pathlib import Path
 
 import pytest
 
+import rose_dsl.optimizer.stage2 as stage2
 from interpreter.mps import quota_levels
+from interpreter.quota_trials import QuotaTrials, settle
+from rose_dsl.measurement import Books
+from rose_dsl.optimizer.budget import Budget
 from rose_dsl.optimizer.profile import Call, IterationRun, runs_from_chrome_trace
 from rose_dsl.optimizer.quota import BranchPair, distinct_levels, find_branches, quota_search
+from rose_dsl.optimizer.records import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = ROOT / "tests" / "data" / "gpu_traces"  # real GPU runs (README there: which run each is)
+
+
+class _Stage2:
+    """Stage 2 as `rose optimize` drives it: the optimizer's decisions (`stage2`) on the runtime's
+    `QuotaTrials` over a fake session and GPU. `time`: a fake clock (its `perf_counter`) for the budget;
+    `COUNT_MARGIN`: `Settings.quota_count_margin` for these calls."""
+
+    time: object | None = None
+    COUNT_MARGIN: float | None = None
+    PARALLEL_CHECKS = Settings().quota_parallel_checks
+    settle = staticmethod(settle)
+
+    def _wire(self, session, gpu, settings, total_sms, check, stop, deadline):  # type: ignore[no-untyped-def]
+        import time as real_time
+        from dataclasses import replace
+
+        clock = self.time.perf_counter if self.time is not None else real_time.perf_counter  # type: ignore[attr-defined]
+        if self.COUNT_MARGIN is not None:
+            settings = replace(settings, quota_count_margin=self.COUNT_MARGIN)
+        qm = QuotaTrials(session, gpu, check=check, stop=stop, total_sms=total_sms)
+        return qm, settings, Budget(deadline=deadline, clock=clock)
+
+    def tune_quota(self, wf, result, session, gpu, settings, log, total_sms=None, check=None, stop=None,  # type: ignore[no-untyped-def]
+                   deadline=None, **options):
+        qm, settings, budget = self._wire(session, gpu, settings, total_sms, check, stop, deadline)
+        return _section(stage2.tune_quota(result, qm, settings, log, budget=budget, stop=stop, **options))
+
+    def tune_mps(self, wf, result, session, gpu, settings, log, total_sms=None, check=None, stop=None,  # type: ignore[no-untyped-def]
+                 deadline=None, **options):
+        qm, settings, budget = self._wire(session, gpu, settings, total_sms, check, stop, deadline)
+        return _section(stage2.tune_mps(result, qm, settings, log, budget=budget, stop=stop, **options))
+
+
+def _section(record):  # type: ignore[no-untyped-def]
+    """What the tests read: the report's section (`Stage2Record.to_json`) with the kept plan."""
+    return {**record.to_json(), **({"plan": record.plan} if record.plan is not None else {})}
+
+
+_QT = _Stage2()  # one for all tests (monkeypatch puts back what a test sets on it)
+RUNS = ROOT / "benchmarks" / "results" / "gpu_runs"
 
 
 def _c(node: str, comp: str, indices: tuple[int, ...], start_ms: float, end_ms: float) -> Call:
@@ -171,7 +216,7 @@ class _FakeSession:
 
     def __init__(self, best: int = 80) -> None:
         self.executor = _FakeExecutor()
-        self.books = {"quota_trials": 0, "quota_s": 0.0}
+        self.books = Books()
         self.best = best
 
     def _t(self) -> float:
@@ -229,7 +274,7 @@ def _stage1(root: Path):
 
 
 def test_tune_quota_searches_validates_and_writes_the_quota() -> None:
-    from interpreter.quota_trials import tune_quota
+    tune_quota = _QT.tune_quota
     from rose_dsl.optimizer.search import Settings
 
     wf, result = _stage1(ROOT)
@@ -237,7 +282,7 @@ def test_tune_quota_searches_validates_and_writes_the_quota() -> None:
     out = tune_quota(wf, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132, check=_checked())
     assert out["target"] == "trainer" and out["other"] == "policy" and out["slack_s"] == pytest.approx(0.45)
     assert out["comparison_graph"] == "iteration"  # update and epoch: the LCA is the whole iteration
-    assert out["trials"] <= 7 and session.books["quota_trials"] == out["trials"]
+    assert out["trials"] <= 7 and session.books.quota_trials == out["trials"]
     assert out["best_percent"] < 100 and out["validation"]["accepted"]
     assert out["quotas"] == {"trainer": out["best_percent"]}
     assert out["plan"].components["trainer"].mps_quota == out["best_percent"]
@@ -246,7 +291,7 @@ def test_tune_quota_searches_validates_and_writes_the_quota() -> None:
 
 
 def test_tune_quota_keeps_the_default_when_nothing_is_faster() -> None:
-    from interpreter.quota_trials import tune_quota
+    tune_quota = _QT.tune_quota
     from rose_dsl.optimizer.search import Settings
 
     wf, result = _stage1(ROOT)
@@ -261,7 +306,7 @@ def test_a_whole_iteration_graph_reuses_stage_1s_measurement_as_its_first_point(
     stage 1 measured last (complete iterations of the same plan and quotas), not three more iterations."""
     from dataclasses import replace
 
-    from interpreter.quota_trials import tune_quota
+    tune_quota = _QT.tune_quota
     from rose_dsl.optimizer.search import Settings
 
     wf, result = _stage1(ROOT)
@@ -271,7 +316,7 @@ def test_a_whole_iteration_graph_reuses_stage_1s_measurement_as_its_first_point(
     start = next(p for p in out["curve"] if p["percent"] == 100)
     assert start["reused"] and start["samples"] == [r.seconds for r in result.final_runs]
     assert 100 not in session.executor.replaced[:1]  # the first trial moved the trainer to a new level
-    assert out["trials"] == session.books["quota_trials"] == sum(1 for p in out["curve"] if not p["reused"])
+    assert out["trials"] == session.books.quota_trials == sum(1 for p in out["curve"] if not p["reused"])
     assert 1 <= out["trials"] <= 7 and out["best_percent"] < 100
 
 
@@ -320,7 +365,7 @@ def test_a_wide_hole_is_crossed_after_the_fine_search_around_the_anchor() -> Non
 
 def test_tune_quota_never_uses_a_level_whose_gemms_are_wrong() -> None:
     """Issue 16: on the H200 cuBLAS is wrong at 78 and 92 SMs; the search must route around such levels."""
-    from interpreter.quota_trials import tune_quota
+    tune_quota = _QT.tune_quota
     from rose_dsl.optimizer.search import Settings
 
     wf, result = _stage1(ROOT)
@@ -333,7 +378,7 @@ def test_tune_quota_never_uses_a_level_whose_gemms_are_wrong() -> None:
     assert bad in check.seen and bad in out["unsafe_levels"]
     assert out["best_percent"] != bad and bad not in session.executor.replaced
     assert any(p["unsafe"] and p["seconds"] is None for p in out["curve"])
-    assert session.books["quota_trials"] == out["trials"] == sum(1 for p in out["curve"] if not p["unsafe"])
+    assert session.books.quota_trials == out["trials"] == sum(1 for p in out["curve"] if not p["unsafe"])
     # the report shows the hole in the curve instead of failing on it
     from rose_dsl.optimizer.report import quota_curve_markdown
 
@@ -344,7 +389,7 @@ def test_a_run_of_unsafe_levels_is_checked_in_parallel_batches() -> None:
     """H200, 2026-12-02: below 94% nearly every level down to 50% is unsafe; checked one at a time (~18 s
     each) they took the whole stage-2 budget. The search asks level by level; the checks go in batches of
     the nearest unchecked levels, each level checked once."""
-    from interpreter.quota_trials import PARALLEL_CHECKS, tune_quota
+    PARALLEL_CHECKS, tune_quota = _Stage2.PARALLEL_CHECKS, _QT.tune_quota
     from rose_dsl.optimizer.search import Settings
 
     wf, result = _stage1(ROOT)
@@ -382,7 +427,7 @@ def test_concurrent_time_is_the_measure_of_the_intersection() -> None:
 def test_a_stop_request_ends_the_quota_search_and_keeps_the_unvalidated_level_out() -> None:
     """A signal during stage 2 (`rose optimize`'s GracefulStop): no new trial starts, and a level that was
     faster locally but not validated on complete iterations is not kept."""
-    from interpreter.quota_trials import tune_quota
+    tune_quota = _QT.tune_quota
     from rose_dsl.optimizer.search import Settings
 
     wf, result = _stage1(ROOT)
@@ -391,7 +436,7 @@ def test_a_stop_request_ends_the_quota_search_and_keeps_the_unvalidated_level_ou
 
     def stop() -> str | None:
         asked["n"] += 1
-        return "stopped by SIGTERM" if session.books["quota_trials"] >= 2 else None
+        return "stopped by SIGTERM" if session.books.quota_trials >= 2 else None
 
     out = tune_quota(wf, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132, check=_checked(),
                      stop=stop)
@@ -403,7 +448,7 @@ def test_a_stop_request_ends_the_quota_search_and_keeps_the_unvalidated_level_ou
 def test_a_stop_request_during_validation_ends_it_between_blocks_and_keeps_the_default() -> None:
     """The validation's A/B/A blocks are minutes on the GPU: a signal after the first block ends it there
     (no half-validated quota is kept, the process is back at its default)."""
-    from interpreter.quota_trials import tune_quota
+    tune_quota = _QT.tune_quota
     from rose_dsl.optimizer.search import Settings
 
     wf, result = _stage1(ROOT)
@@ -446,7 +491,7 @@ def test_a_level_whose_check_did_not_run_is_skipped_and_said_so() -> None:
     """A self-check that could not run (out of memory next to the training run, say) leaves the level
     unproven: skipped like an unsafe one, but the log does not claim its GEMMs are wrong."""
     from interpreter.quota_safety import QuotaVerdict
-    from interpreter.quota_trials import tune_quota
+    tune_quota = _QT.tune_quota
     from rose_dsl.optimizer.search import Settings
 
     def check(percents: list[int]) -> dict[int, QuotaVerdict]:
@@ -464,7 +509,7 @@ def test_a_level_whose_check_did_not_run_is_skipped_and_said_so() -> None:
 def test_the_self_checks_are_booked_apart_as_a_once_per_machine_cost() -> None:
     """The quota self-checks are cached per machine: the report gives the net overhead with and without
     them, and counts every level asked."""
-    from interpreter.quota_trials import tune_quota
+    tune_quota = _QT.tune_quota
     from rose_dsl.optimizer.report import overhead
     from rose_dsl.optimizer.search import Settings
 
@@ -472,7 +517,7 @@ def test_the_self_checks_are_booked_apart_as_a_once_per_machine_cost() -> None:
     session = _FakeSession(best=80)
     check = _checked(unsafe=(94, 93))
     tune_quota(wf, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132, check=check)
-    assert session.books["quota_checks"] == len(check.seen) > 0 and session.books["quota_check_s"] >= 0.0
+    assert session.books.quota_checks == len(check.seen) > 0 and session.books.quota_check_s >= 0.0
     ov = overhead(400.0, 160.0, 18, 8.0, 8.7, once_per_machine_s=90.0)
     assert ov["net"] == 240.0 and ov["net_repeat"] == 150.0
     assert ov["fraction_of_1h_net_repeat"] == pytest.approx(150.0 / 3600)
@@ -485,7 +530,7 @@ def test_a_spent_budget_before_any_trial_is_said_as_such() -> None:
     import time
     from dataclasses import replace
 
-    from interpreter.quota_trials import tune_quota
+    tune_quota = _QT.tune_quota
     from rose_dsl.optimizer.search import Settings
 
     wf, result = _stage1(ROOT)
@@ -609,13 +654,13 @@ class _TwoProcessSession(_FakeSession):
 
 
 def _two_candidates(monkeypatch: pytest.MonkeyPatch):
-    import interpreter.quota_trials as qt
+    qt = _QT
 
     def ranked(runs, gpu_of, floats, demand=None):  # the trainer ranks first, the policy second
         return [BranchPair("trainer", "policy", 0, 0.4, 1.0, ("update[0]",), ("epoch[1]",), 3, 1.0, score_s=0.9),
                 BranchPair("policy", "trainer", 0, 0.2, 0.5, ("epoch[1]",), ("update[0]",), 3, 1.0, score_s=0.4)]
 
-    monkeypatch.setattr(qt, "rank_targets", ranked)
+    monkeypatch.setattr(stage2, "rank_targets", ranked)
     return qt.tune_quota
 
 
@@ -649,7 +694,7 @@ def test_an_unsafe_probe_level_turns_the_screenings_checks_into_batches(monkeypa
     are), the walk down to a usable level asks PARALLEL_CHECKS levels at a time, each level once -- and
     goes at most one more coarse step down: a probe is one step (H100, 2026-12-05: every level from 88% to
     52% failed, and an unbounded walk checked them all until the run was killed)."""
-    from interpreter.quota_trials import PARALLEL_CHECKS
+    PARALLEL_CHECKS = _Stage2.PARALLEL_CHECKS
     from rose_dsl.optimizer.search import Settings
 
     tune_quota = _two_candidates(monkeypatch)
@@ -674,7 +719,7 @@ def test_the_screenings_walk_past_unsafe_levels_asks_the_budget_at_each_step(mon
     the budget, no further level is checked, nothing is measured."""
     from dataclasses import replace
 
-    import interpreter.quota_trials as qt
+    qt = _QT
     from rose_dsl.optimizer.search import Settings
 
     _two_candidates(monkeypatch)
@@ -710,7 +755,7 @@ def test_screening_keeps_the_quotas_when_no_step_down_helps(monkeypatch: pytest.
 def _stage2_on_the_recorded_st2i(check):  # type: ignore[no-untyped-def]
     """tune_quota on the H200 recording of `split-time epoch 2; interleave epoch` (plan and trace), in a
     session where only the policy's quota helps: (plan, stage 2's section, session)."""
-    from interpreter.quota_trials import tune_quota
+    tune_quota = _QT.tune_quota
     from rose_dsl import load_workflow
     from rose_dsl.optimizer.decide import summarize
     from rose_dsl.optimizer.search import Settings, Stage1Result
@@ -766,7 +811,7 @@ class _TimedSession(_TwoProcessSession):
 
 def _timed_tune(monkeypatch, session_class, deadline: float):  # type: ignore[no-untyped-def]
     """tune_quota with the trainer and the policy as candidates, on a clock only the session advances."""
-    import interpreter.quota_trials as qt
+    qt = _QT
     from rose_dsl.optimizer.search import Settings
 
     tune_quota = _two_candidates(monkeypatch)
@@ -803,12 +848,11 @@ class _BookedSession(_TimedSession):
 
     def __init__(self, clock: _Clock) -> None:
         super().__init__(clock)
-        self.books.update(complete_s=0.0, complete_iterations=0)
 
     def complete(self, plans, rounds, warmup=0, labels=(), guard_first=False):
         out = super().complete(plans, rounds, warmup, labels, guard_first)
-        self.books["complete_s"] += sum(r.seconds for r in out[0])
-        self.books["complete_iterations"] += len(out[0])
+        self.books.complete_s += sum(r.seconds for r in out[0])
+        self.books.complete_iterations += len(out[0])
         return out
 
 
@@ -818,7 +862,7 @@ def test_stage2s_row_books_its_restarts_and_not_its_training(monkeypatch, deadli
     that only restarts (20 s each) and iterations advance, exactly the restarts. Before, a probe's block was
     booked whole (its iterations, which are training, counted twice) and the validation's restarts nowhere
     (H100, 2026-12-05: 46.6 s booked where ~40 s of restarts ran)."""
-    import interpreter.quota_trials as qt
+    qt = _QT
     from rose_dsl.optimizer.search import Settings
 
     _two_candidates(monkeypatch)
@@ -829,9 +873,9 @@ def test_stage2s_row_books_its_restarts_and_not_its_training(monkeypatch, deadli
     qt.tune_mps(result.plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132,
                 check=_checked(), deadline=deadline)
     restarts = len(session.executor.replaced)
-    assert restarts >= 2 and session.books["complete_iterations"] > 0
-    assert session.books["quota_s"] == pytest.approx(_TimedSession.RESTART_S * restarts)
-    assert clock.t == pytest.approx(session.books["quota_s"] + session.books["complete_s"])
+    assert restarts >= 2 and session.books.complete_iterations > 0
+    assert session.books.quota_s == pytest.approx(_TimedSession.RESTART_S * restarts)
+    assert clock.t == pytest.approx(session.books.quota_s + session.books.complete_s)
 
 
 def test_levels_measured_before_the_search_are_read_free_of_trials_and_budget() -> None:
@@ -883,14 +927,14 @@ def test_a_second_probe_that_would_leave_no_time_to_validate_the_first_is_not_st
     the first was put back as soon as its probe ended, and its validation (three blocks) did not fit."""
     from dataclasses import replace
 
-    import interpreter.quota_trials as qt
+    qt = _QT
     from rose_dsl.optimizer.search import Settings
 
     def ranked(runs, gpu_of, floats, demand=None):  # the policy ranks first here
         return [BranchPair("policy", "trainer", 0, 0.2, 0.5, ("epoch[1]",), ("update[0]",), 3, 1.0, score_s=0.9),
                 BranchPair("trainer", "policy", 0, 0.4, 1.0, ("update[0]",), ("epoch[1]",), 3, 1.0, score_s=0.4)]
 
-    monkeypatch.setattr(qt, "rank_targets", ranked)
+    monkeypatch.setattr(stage2, "rank_targets", ranked)
     clock = _Clock()
     monkeypatch.setattr(qt, "time", clock)
     _, result = _stage1(ROOT)
@@ -914,13 +958,13 @@ def test_settle_moves_each_process_stage_2_left_at_its_reference_to_the_plans_se
     once; a second settle has nothing to move."""
     from dataclasses import replace
 
-    import interpreter.quota_trials as qt
+    qt = _QT
     from rose_dsl.optimizer.search import Settings
 
     def ranked(runs, gpu_of, floats, demand=None):
         return [BranchPair("policy", "trainer", 0, 0.2, 0.5, ("epoch[1]",), ("update[0]",), 3, 1.0, score_s=0.9)]
 
-    monkeypatch.setattr(qt, "rank_targets", ranked)
+    monkeypatch.setattr(stage2, "rank_targets", ranked)
     clock = _Clock()
     monkeypatch.setattr(qt, "time", clock)
     _, result = _stage1(ROOT)
@@ -961,7 +1005,7 @@ def test_stage2_ends_within_the_workflows_iteration_count(monkeypatch, margin) -
     a block past the count raised out of stage 2 and `rose optimize` exited 2 without its plan and report.
     With a count budget that is wrong (`margin` 10: ten times the iterations there are) a block still runs
     out -- stage 2 then ends with nothing validated, quotas kept, and says why."""
-    import interpreter.quota_trials as qt
+    qt = _QT
     from rose_dsl.optimizer.search import Settings
 
     _two_candidates(monkeypatch)
@@ -1069,20 +1113,21 @@ def test_the_self_check_started_with_the_processes_asks_what_the_screening_asks_
     """The prefetch (`CheckPrefetch`, started beside the processes' start-up) checks each GPU process's first
     coarse step down -- the level the screening's first probe asks the self-check about -- so that stage 2
     finds it cached. End to end on the H200 recording: the first level tune_quota asks is one of them."""
-    from interpreter.quota_trials import CheckPrefetch, first_probe_levels
+    from interpreter.quota_trials import CheckPrefetch
+    from rose_dsl.optimizer.stage2 import first_probe_levels
 
     check = _checked()
     plan, _, _ = _stage2_on_the_recorded_st2i(check)
-    assert first_probe_levels(plan, 132) == [94]  # every process at 100%: one level
-    assert check.batches[0] == first_probe_levels(plan, 132)
+    assert first_probe_levels(plan, quota_levels(132)) == [94]  # every process at 100%: one level
+    assert check.batches[0] == first_probe_levels(plan, quota_levels(132))
 
     asked: list[list[int]] = []
     logged: list[str] = []
-    books: dict[str, float] = {"quota_check_s": 1.0}
-    prefetch = CheckPrefetch(plan, _Gpu(), check=asked.append, total_sms=lambda: 132)
+    books = Books(quota_check_s=1.0)
+    prefetch = CheckPrefetch(_Gpu(), lambda: first_probe_levels(plan, quota_levels(132)), check=asked.append)
     prefetch.wait(books, logged.append)
     assert asked == [[94]] and prefetch.error is None
-    assert books["quota_check_prefetch_levels"] == 1 and books["quota_check_s"] >= 1.0
+    assert books.quota_check_prefetch_levels == 1 and books.quota_check_s >= 1.0
 
     # joined after the first (untimed) training iteration: how long it ran beside training is booked and said
     import time
@@ -1091,28 +1136,28 @@ def test_the_self_check_started_with_the_processes_asks_what_the_screening_asks_
         time.sleep(0.2)
 
     since = time.perf_counter()
-    beside = CheckPrefetch(plan, _Gpu(), check=slow, total_sms=lambda: 132)
+    beside = CheckPrefetch(_Gpu(), lambda: first_probe_levels(plan, quota_levels(132)), check=slow)
     beside.wait(books, logged.append, training_since=since)
-    assert 0.15 < books["quota_check_beside_training_s"] < 5.0
+    assert 0.15 < books.quota_check_beside_training_s < 5.0
     from rose_dsl.optimizer.report import _prefetch_note
 
     assert "beside the first, untimed training iteration, which is counted as training" in _prefetch_note(books)
 
-    def broken() -> int:
+    def broken() -> list[int]:
         raise RuntimeError("no CUDA here")
 
-    failing = CheckPrefetch(plan, _Gpu(), check=asked.append, total_sms=broken)
+    failing = CheckPrefetch(_Gpu(), broken, check=asked.append)
     failing.wait(books, logged.append)  # a prefetch that fails leaves stage 2 to check: said, not raised
     assert failing.error == "RuntimeError: no CUDA here" and "stage 2 checks again" in logged[-1]
 
 
 def test_a_process_declared_below_100_percent_is_prefetched_one_step_below_its_own_quota() -> None:
-    from interpreter.quota_trials import first_probe_levels
     from rose_dsl import load_workflow
+    from rose_dsl.optimizer.stage2 import first_probe_levels
 
     wf = load_workflow(ROOT / "workflows" / "paper_mjx_vla.yaml", {"trainer_quota": 50})
     assert {n: c.mps_settings[0] for n, c in wf.components.items()} == {"sim": 100, "policy": 100, "trainer": 50}
-    levels = first_probe_levels(wf, 132)
+    levels = first_probe_levels(wf, quota_levels(132))
     assert len(levels) == 2 and levels[1] == 94 and levels[0] < 50
 
 
@@ -1120,7 +1165,7 @@ def test_a_later_rounds_budget_counts_the_restarts_the_earlier_round_measured(mo
     """A round's screening asks the budget for a probe and a validation, each block costed with the most a
     block cost beyond its iterations so far. A second round starts with the first round's figure (`move_s`),
     not with none: here 20-s restarts leave no room for round 2's probe, which free restarts would have."""
-    import interpreter.quota_trials as qt
+    qt = _QT
     from rose_dsl.optimizer.search import Settings
 
     _two_candidates(monkeypatch)
@@ -1142,13 +1187,13 @@ def test_a_later_rounds_budget_counts_the_restarts_the_earlier_round_measured(mo
     assert session.executor.replaced == []
     # tune_mps hands round 1's figure to round 2
     seen: list[float] = []
-    real = qt.tune_quota
+    real = stage2.tune_quota
 
     def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
         seen.append(kwargs.get("move_s", 0.0))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(qt, "tune_quota", spy)
+    monkeypatch.setattr(stage2, "tune_quota", spy)
     clock.t = 0.0
     qt.tune_mps(result.plan, result, _TimedSession(clock), _Gpu(), Settings(), log=lambda m: None, total_sms=132,
                 check=_checked(), deadline=10_000.0)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from rose_dsl import check, load_workflow, load_workflow_text
+from rose_dsl.measurement import Books
 from rose_dsl.optimizer.report import build_report, report_markdown, timeline_svg
 from rose_dsl.optimizer.search import Measured, OutOfBudget, Settings, optimize_graph
 
@@ -217,19 +218,19 @@ def test_report_holds_every_measurement(wf, tmp_path) -> None:
 
     m = FakeMeasurer(LATENCY)
     result = optimize_graph(wf, m, Settings(), **QUIET)
-    doc = build_report(result, books={"complete_iterations": m.k, "complete_s": 5.0, "local_runs": 9, "local_s": 1.0},
+    doc = build_report(result, books=Books(complete_iterations=m.k, complete_s=5.0, local_runs=9, local_s=1.0),
                        total_s=8.0, workflow=wf.name, file="w.yaml", settings={}, machine={}, stage2=None,
                        plan_file="p.yaml", run_dir=None, activity_kind="cpu")
     for key in ("baseline_iteration_s", "plan_iteration_s", "speedup", "rounds", "trials", "overhead_s"):
         assert key in doc
     assert doc["overhead_s"]["net"] == pytest.approx(3.0)
     assert doc["trials"]["other"]["seconds"] == pytest.approx(8.0 - 5.0 - 1.0)  # what no row counts
-    guarded = build_report(result, books={"complete_s": 5.0, "guard_snapshots": 2, "guard_snapshot_s": 1.5},
+    guarded = build_report(result, books=Books(complete_s=5.0, guard_snapshots=2, guard_snapshot_s=1.5),
                            total_s=8.0, workflow=wf.name, file="w.yaml", settings={}, machine={}, stage2=None,
                            plan_file="p.yaml", run_dir=None, activity_kind="cpu")["trials"]
     assert (guarded["snapshots"]["count"], guarded["snapshots"]["seconds"]) == (2, 1.5)
     assert guarded["other"]["seconds"] == pytest.approx(1.5)
-    moved = build_report(result, books={"quota_trials": 1, "quota_s": 20.0, "quota_moves": 2, "quota_moves_to_parked": 1},
+    moved = build_report(result, books=Books(quota_trials=1, quota_s=20.0, quota_moves=2, quota_moves_to_parked=1),
                          total_s=30.0, workflow=wf.name, file="w.yaml", settings={}, machine={}, stage2=None,
                          plan_file="p.yaml", run_dir=None, activity_kind="cpu")["trials"]["quota"]
     assert moved["note"].endswith("2 move(s) of a process, 1 of them back to a parked process (a state hand-over, no start-up)")
@@ -573,6 +574,7 @@ def test_a_kept_quota_chains_its_validation_onto_stage_1s_figure(wf) -> None:
     """The H200 MJX run of 2026-12-05 (`--stage1`): declared 9.714 s against the stage-1 graph's 7.770 s
     (1.25x), then the policy at 94% validated at 7.436 s against 7.802 s (1.049x): the report gives the
     whole plan's figure as those two interleaved comparisons chained, ~1.31x, and says that it is chained."""
+    from rose_dsl.optimizer.records import Stage2Record
     from rose_dsl.optimizer.report import with_quotas
 
     stage2 = {"quotas": {"policy": 94}, "validation": {"reference": {"median": 7.802}, "candidate": {"median": 7.436},
@@ -584,12 +586,13 @@ def test_a_kept_quota_chains_its_validation_onto_stage_1s_figure(wf) -> None:
     assert with_quotas(9.714, 1.25, rejected) is None and with_quotas(9.714, 1.25, {"skipped": "no MPS"}) is None
     assert with_quotas(9.714, 1.25, None) is None
     result = optimize_graph(wf, FakeMeasurer(LATENCY), Settings(), **QUIET)
-    doc = build_report(result, books={}, total_s=8.0, workflow=wf.name, file="w.yaml", settings={}, machine={},
-                       stage2={**stage2, "summary": "policy at 94%"}, plan_file="p.yaml", run_dir=None,
+    doc = build_report(result, books=Books(), total_s=8.0, workflow=wf.name, file="w.yaml", settings={}, machine={},
+                       stage2=Stage2Record(**stage2, summary="policy at 94%"), plan_file="p.yaml", run_dir=None,
                        activity_kind="gpu")
     assert doc["with_quotas"]["speedup"] == pytest.approx(doc["speedup"] * 7.802 / 7.436)
     md = report_markdown(doc, None)
     assert "| plan with policy 94% |" in md and f"**{doc['with_quotas']['speedup']:.2f}x**" in md
+    assert doc["report_version"] == 2 and doc["stage2"]["summary"] == "policy at 94%" and "plan" not in doc["stage2"]
 
 
 def test_a_split_familys_group_counts_take_one_place_and_k2_is_never_cut() -> None:

@@ -16,6 +16,7 @@ from interpreter.cpu_activity import CpuActivity, thread_clock
 from interpreter.executor import Executor
 from interpreter.trials import TrialSession, trial_components
 from rose_dsl import load_workflow
+from rose_dsl.optimizer.decide import stop_repeating
 from rose_dsl.optimizer.regions import Probe, local_graphs, probe_workflow
 from rose_dsl.transforms import apply_request
 
@@ -82,15 +83,15 @@ def test_local_trials_leave_training_state_as_it_was(session) -> None:
     assert {c.rows for c in runs[1][0].calls if "act" in c.node} == {32}
     after = {c: s.executor.get_states(c) for c in wf.components}
     assert _same(before, after)
-    assert s.books["local_runs"] == 6  # two graphs: one untimed run (start-up) and two timed each
+    assert s.books.local_runs == 6  # two graphs: one untimed run (start-up) and two timed each
     # not vacuous: running the comparison graph without the session's restore does change training state
     s.executor.run(c0.workflow, 0)
     assert not _same(before["sim"], s.executor.get_states("sim"))
 
 
 def test_a_local_trial_abandons_a_graph_whose_first_run_is_clearly_slower(session) -> None:
-    """abandon_above: a graph slower than that many times the unchanged graph's first timed run gets no
-    more repeats (the unchanged graph itself always gets all of them); the state is restored as ever."""
+    """give_up (the search's rule, here: slower than that many times the unchanged graph's first timed run)
+    -- a graph it gives up on gets no more repeats (the unchanged graph itself always gets all of them); the state is restored as ever."""
     wf, s = session
     s.complete([wf], 1)
     plan = apply_request(wf, "split epoch.step 2").workflow
@@ -98,11 +99,11 @@ def test_a_local_trial_abandons_a_graph_whose_first_run_is_clearly_slower(sessio
     c0, (c1,) = local_graphs(wf, [plan], region, 1, "interpreter.trials:Feed")
     captured = s.capture(probe_workflow(wf, [Probe(1, region, c0.externals)], "interpreter.trials:Probe"))
     before = {c: s.executor.get_states(c) for c in wf.components}
-    runs = s.local([c0, c1], 3, captured, 1, abandon_above=1e-9)  # every run is "clearly slower"
-    assert [len(r) for r in runs] == [3, 1] and s.books["local_abandoned"] == 2
+    runs = s.local([c0, c1], 3, captured, 1, give_up=lambda ref, own: stop_repeating(ref, own, 1e-9, None))  # all slower
+    assert [len(r) for r in runs] == [3, 1] and s.books.local_abandoned == 2
     assert _same(before, {c: s.executor.get_states(c) for c in wf.components})
-    runs = s.local([c0, c1], 3, captured, 1, abandon_above=1e9)  # none is
-    assert [len(r) for r in runs] == [3, 3] and s.books["local_abandoned"] == 2
+    runs = s.local([c0, c1], 3, captured, 1, give_up=lambda ref, own: stop_repeating(ref, own, 1e9, None))  # none is
+    assert [len(r) for r in runs] == [3, 3] and s.books.local_abandoned == 2
 
 
 def test_plans_with_copies_share_the_workers_and_fold_their_metrics(session) -> None:

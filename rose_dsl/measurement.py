@@ -1,0 +1,121 @@
+"""The contract between the optimizer's search (`rose_dsl.optimizer`) and the runtime that measures for
+it (`interpreter`): what a measurement is and what the runtime is asked to run. Neither side's logic.
+
+Why a module of its own: the search is pure and imports no runtime module; the runtime implements the
+search's protocols (`optimizer.records.Measurer`, `optimizer.stage2.QuotaMeasurer`, ...) structurally
+and imports nothing of the search. What both must agree on lives here, in the language package both may
+import: the records of a measured iteration (`Call`, `IterationRun`), the exception that says the
+training iterations are spent (`OutOfBudget`), the names and IR of the two trial components that local
+trials add (`FEED` replays captured inputs, `PROBE` captures them; the runtime says which classes
+implement them), and the books of what the optimizer spent (`Books`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .ir import Component, StateObject
+
+__all__ = ["Books", "Call", "IterationRun", "OutOfBudget", "FEED", "PROBE", "feed_component", "probe_component",
+           "structural"]
+
+
+def structural(node: str) -> str:
+    """`iteration.epoch@1.step.act@0` -> `iteration.epoch.step.act`: split groups are their node."""
+    return ".".join(part.split("@")[0] for part in node.split("."))
+
+
+@dataclass(frozen=True)
+class Call:
+    """One invocation as measured: times in ns on the clock shared with the activity sampler."""
+
+    node: str  # executed path, `iteration.epoch.step.act@0`
+    component: str  # the process that ran it (`sim`, `sim@1`, `policy#1`)
+    iteration: int
+    indices: tuple[int, ...]  # every enclosing loop's iteration, outermost (the RL iteration) first
+    start_ns: int
+    end_ns: int
+    rows: int | None = None  # rows along the batch dimension, when the node is batch-separable
+    activity: float | None = None  # mean activity over [start, end) (SM activity or CPU busy fraction)
+
+    @property
+    def structural(self) -> str:
+        return structural(self.node)
+
+    @property
+    def seconds(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+@dataclass(frozen=True)
+class IterationRun:
+    """One executed iteration (complete, or one run of a local graph): wall time and its calls."""
+
+    seconds: float
+    calls: tuple[Call, ...] = ()
+    start_ns: int = 0
+    end_ns: int = 0
+    iteration: int = -1  # the RL iteration (complete runs); -1 for local runs
+    metrics: dict[str, float] = field(default_factory=dict, compare=False)
+    # device-wide SM activity samples (start ns, end ns, value) during the run, on a GPU
+    activity_samples: tuple[tuple[int, int, float], ...] = field(default=(), compare=False)
+
+
+class OutOfBudget(Exception):
+    """The time budget or the workflow's iterations are spent: stop with what is validated."""
+
+
+FEED = "__feed__"  # the component (and node) that replays captured inputs in a local graph
+PROBE = "__probe__"  # the component whose nodes capture them during a real iteration
+
+
+def feed_component(impl: str) -> Component:
+    """The `FEED` component, implemented by `impl` (the runtime's class, `module:Class`)."""
+    return Component(name=FEED, impl=impl, args={}, device="cpu", state=(StateObject(FEED, "values", "values"),))
+
+
+def probe_component(impl: str) -> Component:
+    """The `PROBE` component, implemented by `impl` (the runtime's class, `module:Class`)."""
+    return Component(name=PROBE, impl=impl, args={}, device="cpu", state=(StateObject(PROBE, "captured", "captured"),))
+
+
+@dataclass
+class Books:
+    """What the optimizer spent, row by row (counts and seconds), written by the runtime's measuring session,
+    by the search's stages and by the command, read by the report. Typed: a misspelt row is an error, not a
+    zero in the report."""
+
+    complete_iterations: int = 0  # training iterations (retained), and their seconds
+    complete_s: float = 0.0
+    first_iteration_s: float = 0.0  # the first one's (start-up costs of its own)
+    local_runs: int = 0  # runs of local trials on snapshots (not training), with their snapshots
+    local_s: float = 0.0
+    local_abandoned: int = 0  # repeats not run: the alternative was clearly slower
+    captures: int = 0  # probe iterations that captured a region's inputs
+    capture_s: float = 0.0
+    snapshot_s: float = 0.0  # state copies kept before trials (local trials' and guards')
+    guard_snapshots: int = 0  # copies kept before a plan's first iteration ever (lost if it fails)
+    guard_snapshot_s: float = 0.0
+    quota_trials: int = 0  # stage 2's measurements, and its time no other row books (`stage2._book_stage2`)
+    quota_s: float = 0.0
+    quota_moves: int = 0  # processes moved under other MPS settings, how many to a parked process
+    quota_moves_to_parked: int = 0
+    quota_checks: int = 0  # quota levels self-checked, and the time of the checks (once per machine)
+    quota_check_s: float = 0.0
+    quota_check_prefetch_s: float = 0.0  # the check started with the processes: its wall time
+    quota_check_prefetch_levels: int = 0
+    quota_check_beside_training_s: float = 0.0  # of it, beside the first (untimed) training iteration
+    layout_switches: int = 0  # layout trials' process switches
+    layout_s: float = 0.0
+    startup_s: float = 0.0  # the processes' start-up, and what ran before and around it
+    setup_s: float = 0.0
+    prepare_s: float = 0.0  # plan switches (the executor's preparation) and how many plans were loaded
+    plan_loads: int = 0
+    checkpoint_s: float | None = None  # the hand-over checkpoint (None: none was written)
+    settle_s: float | None = None  # `--train`: moving processes to the plan's settings (None: no --train)
+    settled: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The rows, without those that did not happen (None)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
