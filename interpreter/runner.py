@@ -209,14 +209,15 @@ class Runner:
                                                       if isinstance(v, int | float | str | bool)}})
 
     # -- iterations -------------------------------------------------------------------------
-    def run_iteration(self, k: int) -> IterationResult:
+    def run_iteration(self, k: int, drain: bool = False) -> IterationResult:
+        """Iteration k alone; `drain`: with the deferred calls still pending after it (an asynchronous plan)."""
         t0 = time.perf_counter_ns()
         failed = True
         try:
             if self.backend.capabilities.compiled:
                 self.backend.execute_iteration(k, self.config.call_timeout_s)
             else:
-                self._dispatch(k)
+                self._dispatch(k, drain)
             failed = False
         except Overdue as late:
             raise self._watchdog(late) from None
@@ -224,8 +225,8 @@ class Runner:
             self._collect_records(failed)
         return self._finish(k, t0, time.perf_counter_ns())
 
-    def _dispatch(self, k: int) -> None:
-        self._wait(self._submit(k), time.monotonic())
+    def _dispatch(self, k: int, drain: bool = False) -> None:
+        self._wait(self._submit(k, drain), time.monotonic())
 
     def _submit(self, k: int, drain: bool = False) -> list[tuple[Any, Any]]:
         """Submit every call of iteration k (and, with `drain`, the deferred calls still pending after it)."""
