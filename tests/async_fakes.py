@@ -92,3 +92,43 @@ class Scorer(_Napper):
     def score(self, rollouts: Any) -> dict[str, Any]:
         self.nap()
         return {"score": torch.as_tensor(rollouts).sum().reshape(1)}
+
+
+class Stamper(_Napper):
+    """A component for random workflows (`tests/strategies.py`): each method accesses the state objects its
+    node declares (`behaviors`, as `tests.mocks.Mock`), and every write stamps the object with (method, RL
+    iteration, n) -- the n-th call of that method in that RL iteration, the iteration read from the input
+    `rl` (`iteration.i`: a deferred call still gets its own). `seen[(method, k, n, state)]` is the stamp each
+    reading access saw, so two executions can be compared by which write each read saw, whatever the
+    values (which an older read makes differ from then on)."""
+
+    def __init__(self, name: str = "stamper", batch: int = 6, behaviors: dict[str, Any] | None = None,
+                 states: list[str] | None = None, sleeps: list[float] | None = None) -> None:
+        super().__init__(sleeps)
+        self.name, self.batch, self.behaviors = name, batch, dict(behaviors or {})
+        self.stamps: dict[str, tuple] = {s: ("init",) for s in states or []}
+        self.seen: dict[tuple, tuple] = {}
+        self._calls: dict[tuple[str, int], int] = defaultdict(int)
+        for s in states or []:
+            setattr(self, s, torch.zeros(1))
+
+    def __getattr__(self, method: str):
+        behaviors = self.__dict__.get("behaviors", {})
+        if method not in behaviors:
+            raise AttributeError(method)
+        spec = behaviors[method]
+
+        def call(rows: slice | None = None, rl: Any = 0, **inputs: Any) -> dict[str, torch.Tensor]:
+            k = int(rl)
+            n = self._calls[(method, k)]
+            self._calls[(method, k)] += 1
+            self.nap()
+            for state, mode in spec.get("state", {}).items():
+                if mode != "refresh":
+                    self.seen[(method, k, n, state)] = self.stamps[state]
+                if mode != "read":
+                    self.stamps[state] = (method, k, n)
+            rows_n = len(range(*(rows or slice(0, self.batch)).indices(self.batch)))
+            return {port: torch.zeros(rows_n, dtype=torch.float64) for port in spec.get("out", [])}
+
+        return call

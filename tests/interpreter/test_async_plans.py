@@ -11,12 +11,14 @@ iteration's.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import uuid
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+import yaml
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from interpreter.backends import LocalBackend
@@ -28,6 +30,7 @@ from rose_dsl.ir import ExecutionNode
 from rose_dsl.semantics import Program
 from rose_dsl.transforms import Refused, apply
 from rose_dsl.transforms.legality import read_lags
+from tests.strategies import workflows
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -180,3 +183,88 @@ def test_budget_zero_every_shipped_workflow_has_no_asynchronous_plan(path: Path)
     assert Program(wf).depth == 1
     for name, k in itertools.product(_state_writers(wf), (1, 2)):
         assert isinstance(apply(wf, f"defer {name} {k}"), Refused), (path.name, name, k)
+
+
+def _stamped(doc: dict, sleeps: list[float], count: int) -> dict:
+    """A random workflow (tests/strategies.py) on `Stamper`s: every node also gets the RL iteration (`rl`)."""
+    def visit(items: list) -> None:
+        for item in items:
+            if "node" in item:
+                item.setdefault("in", {})["rl"] = "iteration.i"
+            for key in ("body", "phases"):
+                if key in item:
+                    visit(item[key])
+
+    doc = copy.deepcopy(doc)
+    visit(doc["iteration"]["body"])
+    doc["iteration"]["count"] = count
+    for comp in doc["components"].values():
+        comp["impl"] = "tests.async_fakes:Stamper"
+        comp["args"]["sleeps"] = sleeps
+    return doc
+
+
+def _nodes(items: list) -> list[dict]:
+    return [n for i in items for n in ([i] if "node" in i else []) + _nodes(i.get("body", []) + i.get("phases", []))]
+
+
+def _stamps_of(wf, iterations: int) -> tuple[dict, dict]:
+    """Which write each read saw (`Stamper.seen`) and the final stamp of every state object, per component."""
+    sch = Schedule(wf)
+    be = LocalBackend(wf, ("tests.",), sch.program.loops_of)
+    try:
+        Runner(wf, be, RunConfig(iterations=iterations, tensorboard=False), sch).run()
+        objs = {c: be.workers[c].obj for c in wf.components}
+        return ({(c, *key): v for c, o in objs.items() for key, v in o.seen.items()},
+                {(c, s): v for c, o in objs.items() for s, v in o.stamps.items()})
+    finally:
+        be.shutdown()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(doc=workflows(max_nodes=8, max_depth=2), data=st.data())
+def test_random_workflows_deferred_within_budget_read_no_older_values_on_executions(doc, data) -> None:
+    """Random workflows, a random budget on a random state object, a random top-level node deferred by a
+    random K, random call durations: when the oracle accepts the plan, its execution on the pipelined
+    runner (several RL iterations in flight) has every read see the write the synchronous execution's
+    same read saw L RL iterations earlier, with L = 0 for updates and unbudgeted state objects and
+    L <= max_staleness otherwise; the lag it observes is at most the one the analysis proves; and the run
+    leaves every state object as the synchronous one does."""
+    assume("until" not in yaml.safe_dump(doc))  # the runtime schedules static loops only
+    states = [(c, s) for c, comp in doc["components"].items() for s in comp["state"]]
+    tops = [i["node"] for i in doc["iteration"]["body"] if "node" in i]
+    assume(states and tops)
+    budget = data.draw(st.sampled_from([0, 1, 1, 2, 2]), label="budget")
+    read = {(n["call"].split(".")[0], s) for n in _nodes(doc["iteration"]["body"]) for s, m in n.get("state", {}).items()
+            if m == "read"}  # mostly a state object something reads: the case a budget is for
+    comp, state = data.draw(st.sampled_from(sorted(read) if read and data.draw(st.integers(0, 3)) else states),
+                            label="budgeted")
+    writers = [i["node"] for i in doc["iteration"]["body"] if "node" in i and i["call"].startswith(f"{comp}.")
+               and i.get("state", {}).get(state) in ("update", "refresh")]  # mostly a writer of that state
+    name = data.draw(st.sampled_from(writers) if writers and data.draw(st.integers(0, 3)) else st.sampled_from(tops),
+                     label="deferred")
+    k = data.draw(st.integers(1, 2), label="K")
+    sleeps = data.draw(st.lists(st.sampled_from([0.0, 0.0, 0.001, 0.004]), min_size=1, max_size=3), label="sleeps")
+    iterations = 4
+    doc = _stamped(doc, sleeps, iterations)
+    doc["components"][comp]["state"] = {s: ({"max_staleness": budget} if s == state else None)
+                                        for s in doc["components"][comp]["state"]}
+    wf = load_workflow_text(yaml.safe_dump(doc), "random.yaml")
+    plan = apply(wf, f"defer {name} {k}")
+    assume(not isinstance(plan, Refused))
+    proven = read_lags(plan.workflow)
+    sync_seen, sync_left = _stamps_of(wf, iterations)
+    seen, left = _stamps_of(plan.workflow, iterations)
+    assert set(seen) == set(sync_seen)
+    event("an older read observed" if seen != sync_seen else "no read older")
+    modes = {(n.component, n.method, e.state.split(".", 1)[1]): e.access.value for n in wf.items()
+             if isinstance(n, ExecutionNode) for e in n.effects}
+    for (c, method, it, n, s), stamp in seen.items():
+        if stamp == sync_seen[(c, method, it, n, s)]:
+            continue
+        allowed = budget if (c, s) == (comp, state) and modes[(c, method, s)] == "read" else 0
+        lag = next((lag for lag in range(1, it + 2) if stamp == sync_seen.get((c, method, it - lag, n, s), ("init",))), None)
+        assert lag is not None and lag <= allowed, ((c, method, it, n, s), stamp, lag, allowed)
+        node = next(i.path for i in wf.items() if isinstance(i, ExecutionNode) and (i.component, i.method) == (c, method))
+        assert lag <= proven[(f"{c}.{s}", node)], (method, lag, proven)
+    assert left == sync_left
