@@ -497,22 +497,23 @@ class CallBackend(Protocol):
 def run_sequential(program: Program, backend: CallBackend, iterations: Sequence[int],
                    on_iteration: Callable[[int, dict[Invocation, dict[str, Any]]], None] | None = None) -> Frame:
     """Run RL iterations in program order (the reference semantics). Returns the last frame."""
-    outputs: dict[Invocation, dict[str, Any]] = {}
+    outputs: dict[Invocation, dict[str, Any]] = {}  # this RL iteration's calls
+    kept: dict[Invocation, dict[str, Any]] = {}  # earlier ones' that a deferred call may still read
 
     def lookup(inv: Invocation, port: str) -> Any:
         try:
-            return outputs[inv][port]
+            return (outputs[inv] if inv in outputs else kept[inv])[port]
         except KeyError:
             raise SemanticError(f"{inv} has not produced '{port}'") from None
 
     frame = Frame(lookup, backend.ops)
     depth, since = program.depth, (iterations[0] if len(iterations) else 0)
     for k in iterations:
-        if depth == 1:
-            outputs.clear()
-        else:  # a deferred call of RL iteration k-d reads that iteration's outputs
-            for inv in [inv for inv in outputs if inv.indices[0] <= k - depth]:
-                del outputs[inv]
+        if depth > 1:  # a deferred call of RL iteration k-d reads that iteration's outputs
+            kept.update(outputs)
+            for inv in [inv for inv in kept if inv.indices[0] <= k - depth]:
+                del kept[inv]
+        outputs = {}
         frame.memo.clear()
         for site in program.unroll(k, lambda loop, ctx: program.until(loop, ctx, frame), since):
             outputs[site.inv] = backend.call(site, program.inputs(site, frame))

@@ -268,3 +268,30 @@ def test_random_workflows_deferred_within_budget_read_no_older_values_on_executi
         node = next(i.path for i in wf.items() if isinstance(i, ExecutionNode) and (i.component, i.method) == (c, method))
         assert lag <= proven[(f"{c}.{s}", node)], (method, lag, proven)
     assert left == sync_left
+
+
+def test_an_asynchronous_plan_on_ray_reads_the_weights_one_update_older() -> None:
+    """The Ray backend (call by call: a compiled graph runs one iteration) queues control calls too, so it
+    keeps two RL iterations in flight; each iteration's metrics line is still its own rollout's."""
+    from interpreter.backends import RayBackend
+
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
+    sleeps = {"gen": [0.0], "learner": [0.0], "scorer": [0.0]}
+    wf = load_workflow_text(_text(1, [], sleeps, uuid.uuid4().hex, 4), "versions.yaml")
+    plan = apply(wf, "defer sync 1")
+    assert not isinstance(plan, Refused), plan
+    sch = Schedule(plan.workflow)
+    try:
+        be = RayBackend(plan.workflow, ("tests.",), sch.program.loops_of)
+        try:
+            assert be.capabilities.pipelined
+            results = Runner(plan.workflow, be, RunConfig(iterations=4, tensorboard=False), sch).run()
+            states = {c: be.control(c, "get_states") for c in ("gen", "learner")}
+        finally:
+            be.shutdown()
+    finally:
+        ray.shutdown()
+    assert [r.metrics["gen/rollout_it"] for r in results] == [0.0, 1.0, 2.0, 3.0]
+    assert [r.metrics["gen/lag"] for r in results] == [0.0, 1.0, 1.0, 1.0]
+    assert states["gen"]["weights"].item() == states["learner"]["weights"].item() == 3.0
