@@ -54,3 +54,18 @@ def test_embodied_ppo_with_budget_one_learns_and_its_samples_are_at_most_one_upd
     assert metrics[0]["trainer/staleness_max"] == 0.0  # nothing to be stale against yet
     assert all(m["trainer/staleness_max"] == 1.0 for m in metrics[1:])  # then always the budget, never more
     assert all(0.0 < m["trainer/ratio_min"] <= m["trainer/ratio_mean"] <= m["trainer/ratio_max"] for m in metrics)
+
+
+def test_llm_grpo_with_budget_one_learns() -> None:
+    """The CPU GRPO workflow with `max_staleness: 1` on the generator's weights and the sync deferred by one
+    RL iteration: generation of iteration k samples with the weights of update k-2, and the reward still
+    rises as the synchronous test asks (tests/examples/test_workflows_learn.py: first/last 8 means)."""
+    torch.set_num_threads(1)
+    iterations = 30
+    wf = load_workflow(ROOT / "workflows" / "llm_grpo.yaml", {"seed": 0, "iterations": iterations})
+    assert isinstance(apply(wf, "defer sync 1"), Refused)
+    plan = apply(with_budget(wf, "generator", "weights", 1), "defer sync 1")
+    assert not isinstance(plan, Refused), plan
+    rewards = [m["reward/mean_reward"] for m in _train(plan.workflow, iterations)]
+    first, last = sum(rewards[:8]) / 8, sum(rewards[-8:]) / 8
+    assert last > first + 0.05, (first, last, rewards)

@@ -295,3 +295,25 @@ def test_an_asynchronous_plan_on_ray_reads_the_weights_one_update_older() -> Non
     assert [r.metrics["gen/rollout_it"] for r in results] == [0.0, 1.0, 2.0, 3.0]
     assert [r.metrics["gen/lag"] for r in results] == [0.0, 1.0, 1.0, 1.0]
     assert states["gen"]["weights"].item() == states["learner"]["weights"].item() == 3.0
+
+
+def test_a_resumed_asynchronous_run_sees_what_an_uninterrupted_one_sees(tmp_path) -> None:
+    """A checkpoint drains what is deferred, so the state it saves is the declared workflow's and a resume
+    starts with nothing pending: 4 iterations, then a resume to 6, read exactly what 6 in one go read."""
+    sleeps = {"gen": [0.0, 0.002], "learner": [0.001], "scorer": [0.0]}
+    wf = load_workflow_text(_text(1, ["scorer.score"], sleeps, uuid.uuid4().hex, 6), "versions.yaml")
+    plan = apply(wf, "defer sync 1")
+    assert not isinstance(plan, Refused), plan
+
+    def run(out: Path, iterations: int, resume: bool) -> list[float]:
+        sch = Schedule(plan.workflow)
+        be = LocalBackend(plan.workflow, ("tests.",), sch.program.loops_of)
+        try:
+            config = RunConfig(iterations=iterations, checkpoint_every=2, out_dir=out, resume=resume, tensorboard=False)
+            return [r.metrics["gen/lag"] for r in Runner(plan.workflow, be, config, sch).run()]
+        finally:
+            be.shutdown()
+
+    whole = run(tmp_path / "whole", 6, False)
+    assert whole == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]  # each checkpoint (after 1, 3, 5) drains the deferred sync
+    assert run(tmp_path / "parts", 4, False) + run(tmp_path / "parts", 6, True) == whole
