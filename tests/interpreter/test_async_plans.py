@@ -317,3 +317,22 @@ def test_a_resumed_asynchronous_run_sees_what_an_uninterrupted_one_sees(tmp_path
     whole = run(tmp_path / "whole", 6, False)
     assert whole == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]  # each checkpoint (after 1, 3, 5) drains the deferred sync
     assert run(tmp_path / "parts", 4, False) + run(tmp_path / "parts", 6, True) == whole
+
+
+def test_rose_validate_prints_the_lag_of_each_budgeted_read(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from rose_dsl.serialize import to_yaml
+
+    sleeps = {"gen": [0.0], "learner": [0.0], "scorer": [0.0]}
+    source = tmp_path / "versions.yaml"
+    source.write_text(_text(1, [], sleeps, "x"))
+    plan = apply(load_workflow(source), "defer sync 1")
+    assert not isinstance(plan, Refused), plan
+    (tmp_path / "plan.yaml").write_text(to_yaml(plan.workflow))
+    out = subprocess.run([sys.executable, "-m", "rose_dsl.cli", "validate", str(tmp_path / "plan.yaml"), "--explain"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "gen.weights: 'generate' reads a value at most 1 RL iteration older than the synchronous workflow's " \
+           "(lag 1, max_staleness 1)" in " ".join(out.stdout.split())
