@@ -13,7 +13,7 @@ never on hasattr); an operation it lacks raises `Unsupported`. Tests implement `
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +67,9 @@ class Capabilities:
     plans: the same component processes can run another plan of the workflow from the next iteration on
         (`load`) and take components the backend was not built with (`add_component`) -- what
         `rose optimize` needs to measure candidate plans on the workers that are training.
+    pipelined: control calls can be queued behind the calls submitted so far and answered later
+        (`control_later`): what lets an asynchronous plan keep several RL iterations in flight
+        (`pipeline.py`) with each iteration's records and metrics its own.
     """
 
     compiled: bool = False
@@ -75,6 +78,7 @@ class Capabilities:
     replicas: bool = False
     compilable: bool = False
     plans: bool = False
+    pipelined: bool = False
 
 
 class Backend(ABC):
@@ -107,6 +111,12 @@ class Backend(ABC):
 
     @abstractmethod
     def control(self, component: str, method: str, *args: Any, timeout: float | None = None) -> Any: ...
+
+    def control_later(self, component: str, method: str, *args: Any) -> Callable[[float | None], Any]:
+        """A control call queued now (after every call already submitted to the component) and answered
+        later: a function that waits for the answer (with a timeout, as `control`); needs
+        `capabilities.pipelined`."""
+        raise Unsupported(f"the {self.name} backend answers control calls only at once")
 
     @abstractmethod
     def dump_stacks(self) -> dict[str, str]:

@@ -173,8 +173,11 @@ class Executor:
         self._load(plan, runner)
         self.prepare_s += time.perf_counter() - t
         before = len(runner.trace)
+        deferred = runner.schedule.depth > 1
+        if deferred:  # an asynchronous plan, measured one drained iteration at a time (see `rose optimize`'s docs)
+            runner.schedule.start_at(k)
         t0 = time.perf_counter_ns()
-        result = runner.run_iteration(k)
+        result = runner.run_iteration(k, drain=deferred)
         t1 = time.perf_counter_ns()
         return result.seconds, t0, t1, result.metrics, runner.trace.records()[before:]
 

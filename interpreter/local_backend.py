@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -72,7 +72,7 @@ class LocalBackend(Backend):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(plans=True)
+        return Capabilities(plans=True, pipelined=True)
 
     def load(self, schedule: Schedule) -> None:
         nodes = nodes_by_component(schedule.workflow)
@@ -145,6 +145,22 @@ class LocalBackend(Backend):
             raise
         except Exception as exc:  # noqa: BLE001 - the component's own code raised: reported as its failure
             raise CallFailed(f"{method} of {component}", component, f"{type(exc).__name__}: {exc}") from None
+
+    def control_later(self, component: str, method: str, *args: Any) -> Callable[[float | None], Any]:
+        """Queued on the component's thread now, after every call already submitted to it."""
+        future = self.pools[component].submit(getattr(self.workers[component], method), *args)
+
+        def answer(timeout: float | None) -> Any:
+            try:
+                return future.result(timeout)
+            except FutureTimeout:
+                raise TimeoutError(f"{method} of {component} did not answer within {timeout} s") from None
+            except (CallFailed, TimeoutError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - the component's own code raised: reported as its failure
+                raise CallFailed(f"{method} of {component}", component, f"{type(exc).__name__}: {exc}") from None
+
+        return answer
 
     def shutdown(self) -> None:
         for pool in self.pools.values():

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -384,7 +384,7 @@ class RayBackend(ActorMoves, Backend):
     @property
     def capabilities(self) -> Capabilities:
         return Capabilities(compiled=self.dag is not None, processes=True, restartable=True, replicas=True,
-                            compilable=True, plans=True)
+                            compilable=True, plans=True, pipelined=self.dag is None)
 
     def components(self) -> list[str]:
         return list(self.actors)
@@ -421,6 +421,18 @@ class RayBackend(ActorMoves, Backend):
             return self.ray.get(getattr(self.actors[component], method).remote(*args), timeout=timeout)
         except self.ray.exceptions.RayError as exc:
             raise self._failure(exc, f"{method} of {component}") from None
+
+    def control_later(self, component: str, method: str, *args: Any) -> Callable[[float | None], Any]:
+        """Queued now: an actor runs one caller's tasks in the order they were submitted (max_concurrency 1)."""
+        ref = getattr(self.actors[component], method).remote(*args)
+
+        def answer(timeout: float | None) -> Any:
+            try:
+                return self.ray.get(ref, timeout=timeout)
+            except self.ray.exceptions.RayError as exc:
+                raise self._failure(exc, f"{method} of {component}") from None
+
+        return answer
 
     # -- compiled iterations ----------------------------------------------------------------
     def compile(self, schedule: Schedule) -> None:

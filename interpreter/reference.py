@@ -55,9 +55,10 @@ class _Caller:
         return invoke(self.components[site.node.component], site.node, inputs, str(site.inv))
 
 
-def _lookup_in(outputs: dict[Invocation, dict[str, Any]]) -> Lookup:
-    """A frame's lookup over one iteration's outputs (a function, so each iteration binds its own dict)."""
-    return lambda inv, port: outputs[inv][port]
+def _lookup_in(outputs: dict[Invocation, dict[str, Any]], run: ReferenceRun) -> Lookup:
+    """A frame's lookup over one iteration's outputs (a function, so each iteration binds its own dict);
+    a deferred call (`defer:`) reads those of the RL iteration it belongs to."""
+    return lambda inv, port: (outputs[inv] if inv in outputs else run.outputs[inv.indices[0]][inv])[port]
 
 
 def schedule_dependencies(program: Program, sites: list[CallSite]) -> dict[Invocation, set[Invocation]]:
@@ -99,13 +100,17 @@ def run_reference(wf: Workflow, components: Mapping[str, Any], iterations: Itera
             run.frames[k] = frame
         return run
     rng = random.Random(seed)
-    for k in iterations:
+    ks = list(iterations)
+    for k in ks:
         outputs: dict[Invocation, dict[str, Any]] = {}
-        frame = Frame(_lookup_in(outputs), caller.ops, root_carry=_carry_from(run, k))
-        sites = list(program.unroll(k))
+        frame = Frame(_lookup_in(outputs, run), caller.ops, root_carry=_carry_from(run, k))
+        sites = list(program.unroll(k, since=ks[0] if ks else 0))
+        if program.depth > 1 and k == ks[-1]:  # what is still deferred runs at the end (`Program.drain`)
+            sites += list(program.drain(k, ks[0]))
         deps = schedule_dependencies(program, sites)
         by_inv = {s.inv: s for s in sites}
-        waiting = {s.inv: set(deps[s.inv]) for s in sites}
+        # a deferred call's producers ran in an earlier RL iteration: done
+        waiting = {s.inv: {d for d in deps[s.inv] if d in by_inv} for s in sites}
         users: dict[Invocation, list[Invocation]] = defaultdict(list)
         for inv, ds in waiting.items():
             for d in ds:

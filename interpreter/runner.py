@@ -14,7 +14,7 @@ import hashlib
 import json
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -314,14 +314,15 @@ class Runner:
         return self.exported
 
     # -- iterations -------------------------------------------------------------------------
-    def run_iteration(self, k: int) -> IterationResult:
+    def run_iteration(self, k: int, drain: bool = False) -> IterationResult:
+        """Iteration k alone; `drain`: with the deferred calls still pending after it (an asynchronous plan)."""
         t0 = time.perf_counter_ns()
         failed = True
         try:
             if self.backend.capabilities.compiled:
                 self.backend.execute_iteration(k, self.config.call_timeout_s)
             else:
-                self._dispatch(k)
+                self._dispatch(k, drain)
             failed = False
         except Overdue as late:
             raise self._watchdog(late) from None
@@ -329,26 +330,40 @@ class Runner:
             self._collect_records(failed)
         return self._finish(k, t0, time.perf_counter_ns())
 
-    def _dispatch(self, k: int) -> None:
-        """Submit every call of iteration k, then wait for them in program order.
+    def _dispatch(self, k: int, drain: bool = False) -> None:
+        started = time.monotonic()
+        self._wait(self._submit(k, drain, started), started)
+
+    def _submit(self, k: int, drain: bool = False, started: float | None = None) -> list[tuple[Any, Any]]:
+        """Submit every call of iteration k (and, with `drain`, the deferred calls still pending after it).
+        A loop that ends on a condition (`until:`) fetches its condition's producers after each trip, within
+        the iteration's watchdog (`started`: when the iteration's wait began)."""
+        deadline = (time.monotonic() if started is None else started) + self.config.call_timeout_s
+
+        def fetch(handle: Any) -> Any:
+            try:
+                return self.backend.result(handle, timeout=max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise Overdue("the condition of a loop that ends on one", self.config.call_timeout_s) from None
+
+        submit: Callable[..., Sequence[Any]]
+        if self._replicas == 1:
+            submit = self.backend.submit
+            submitted = self.schedule.steps(k, submit, fetch)
+        else:  # data parallel: every call once per replica of its component, each on its own process
+            submit = replicated(self.backend.submit, self.wf)
+            submitted = self.schedule.steps(k, submit)
+        return submitted + self.schedule.drain(k, submit) if drain else submitted
+
+    def _wait(self, submitted: list[tuple[Any, Any]], started: float) -> None:
+        """Wait for submitted calls in program order.
 
         The watchdog: no call may finish later than `call_timeout_s` after the iteration started, and a
         node's `timeout_s` bounds each of its calls, counted from when the wait for it begins. That is
         never early: every call the waited one depends on -- its data producers and its component's
         previous call -- is earlier in program order, hence finished, so the waited call is running
         (or starting) by then."""
-        deadline = time.monotonic() + self.config.call_timeout_s
-
-        def fetch(handle: Any) -> Any:  # a loop's condition's producer, after a trip (`until:`)
-            try:
-                return self.backend.result(handle, timeout=max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
-                raise Overdue("the condition of a loop that ends on one", self.config.call_timeout_s) from None
-
-        if self._replicas == 1:
-            submitted = self.schedule.steps(k, self.backend.submit, fetch)
-        else:  # data parallel: every call once per replica of its component, each on its own process
-            submitted = self.schedule.steps(k, replicated(self.backend.submit, self.wf))
+        deadline = started + self.config.call_timeout_s
         for step, handles in submitted:
             first = handles[0]
             own = step.node.timeout_s
@@ -361,10 +376,13 @@ class Runner:
                     raise (Overdue(step.label, self.config.call_timeout_s) if limit is None
                            else Overdue(step.label, limit, NODE_LIMIT)) from None
 
-    def _finish(self, k: int, t0: int, t1: int) -> IterationResult:
+    def _finish(self, k: int, t0: int, t1: int, popped: Mapping[str, Callable[..., Any]] | None = None) -> IterationResult:
+        """The iteration's metrics line; `popped`: each process's `pop_metrics` queued right after the
+        iteration's calls (a pipelined run, `pipeline.py`), else asked now."""
         seconds = (t1 - t0) / 1e9
         metrics: dict[str, float] = {"iteration_s": seconds}
-        per_process = {comp: self.backend.control(comp, "pop_metrics") for comp in self.component_processes()}
+        per_process = {comp: popped[comp](None) if popped is not None else self.backend.control(comp, "pop_metrics")
+                       for comp in self.component_processes()}
         merged = merge_metrics(per_process, self._work, self._metric_rules(per_process))
         metrics.update(merged.values)
         self.metric_notes.update(merged.notes)
@@ -404,7 +422,7 @@ class Runner:
             (self.config.out_dir / "stacks.txt").write_text(text)
         return exc
 
-    def _collect_records(self, failed: bool = False) -> None:
+    def _collect_records(self, failed: bool = False, popped: Mapping[str, Callable[..., Any]] | None = None) -> None:
         # best effort and bounded: a stuck component (the watchdog fired) or a failed iteration (whose
         # processes, or Ray's own services, may be gone: each ask then waits its whole timeout) must not
         # hold up the report
@@ -413,7 +431,8 @@ class Runner:
         timeout = 1.0 if self._stuck else 5.0 if failed else 120.0  # (idle components answer at once)
         for comp in self.component_processes():
             try:
-                records = self.backend.control(comp, "pop_records", timeout=timeout)
+                records = (popped[comp](timeout) if popped is not None
+                           else self.backend.control(comp, "pop_records", timeout=timeout))
             except (CallFailed, TimeoutError):  # a dead or stuck process has no records; its failure is reported elsewhere
                 continue
             self._fresh.extend(self.trace.add(r) for r in records)
@@ -447,6 +466,15 @@ class Runner:
         self.describe_processes()
         k = self.restore() if start is None else start
         self._open_outputs(k)
+        if self.schedule.depth > 1:  # an asynchronous plan: iterations overlap (pipeline.py)
+            from .pipeline import run_pipelined
+
+            self.schedule.start_at(k)
+            try:
+                run_pipelined(self, k, stop)
+            finally:
+                self.close()
+            return self.results
         restarts, saved = 0, (k - 1 if self.resumed is not None else -1)
         try:
             while k < self.config.iterations and not (stop is not None and stop()):

@@ -9,7 +9,7 @@ touches the data; the worker that runs the call evaluates the recipe with the re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,9 +112,20 @@ class Schedule:
         self.trips: dict[tuple[str, ...], int] = {}  # trips each such loop ran in the last iteration scheduled
         # values the iteration loop carries (as recipes; with replicas their leaves are `ReplicaSet`s)
         self._root_carry: dict[int, dict[str, Any]] = {}
+        # an asynchronous plan (`defer:`): the first RL iteration since the last drain, and the handles of
+        # the iterations whose deferred calls are still to come (they read those iterations' outputs)
+        self.depth = self.program.depth
+        self._since = 0
+        self._kept: dict[Invocation, tuple[Any, ...]] = {}
 
     def sites(self, k: int) -> list[CallSite]:
-        return list(self.program.unroll(k))
+        return list(self.program.unroll(k, since=self._since))
+
+    def start_at(self, k: int) -> None:
+        """The next RL iteration is k with nothing deferred pending (a resume from a checkpoint, which was
+        taken after a drain; a recovery; a plan loaded mid-run)."""
+        self._since = k
+        self._kept.clear()
 
     def steps(self, k: Any, submit: Callable[[Step], Sequence[Any]],
               fetch: Callable[[Any], Any] | None = None) -> list[tuple[Step, Sequence[Any]]]:
@@ -122,8 +133,34 @@ class Schedule:
         per output port (in `node.outputs` order), which later recipes then refer to (data-parallel
         replicas: see `replicated`). A workflow with loops that end on a condition needs `fetch` (a
         handle's value, waiting for it): after each trip of such a loop the condition's producers are
-        fetched to decide on the next (`until_loops.UntilLoops`)."""
-        handles: dict[Invocation, tuple[Any, ...]] = {}
+        fetched to decide on the next (`until_loops.UntilLoops`). A deferred node submits its call of
+        iteration k - defer."""
+        if self.depth > 1 and not isinstance(k, int):
+            raise ValueError("an asynchronous plan (defer:) runs without a compiled graph: its deferred calls "
+                             "read values of earlier RL iterations")
+        since = self._since
+        out = self._submit(lambda reached: self.program.unroll(k, reached, since=since), k, submit, fetch)
+        if self.depth > 1:  # keep what later iterations' deferred calls read
+            self._kept = {inv: h for inv, h in self._kept.items() if inv.indices[0] >= k + 2 - self.depth}
+        return out
+
+    def drain(self, k: int, submit: Callable[[Step], Sequence[Any]]) -> list[tuple[Step, Sequence[Any]]]:
+        """Submit the deferred calls still pending after iteration k (before a checkpoint, at the end of a
+        run): afterwards the state is the one the declared workflow leaves, and iteration k+1 starts with
+        nothing pending (`semantics.Program.drain`)."""
+        if self.depth == 1:
+            return []
+        pending = list(self.program.drain(k, self._since))
+        out = self._submit(lambda reached: pending, None, submit)
+        self.start_at(k + 1)
+        return out
+
+    def _submit(self, sites: Callable[[Any], Iterable[CallSite]], k: Any, submit: Callable[[Step], Sequence[Any]],
+                fetch: Callable[[Any], Any] | None = None) -> list[tuple[Step, Sequence[Any]]]:
+        """Submit the call sites `sites(reached)` gives (`reached`: the `until:` loops' end test, or None);
+        `k` the RL iteration they make up, None for a drain's deferred calls (direct children of the RL
+        iteration: never inside a loop)."""
+        handles: dict[Invocation, tuple[Any, ...]] = self._kept if self.depth > 1 else {}
         component: dict[Invocation, str] = {}
         ports = {p: {port: i for i, port in enumerate(item.outputs)} for p, item in self.program.items.items()
                  if isinstance(item, ExecutionNode)}
@@ -131,7 +168,7 @@ class Schedule:
                       root_carry=self._root_carry)
         order = AfterOrder(self.program.items)
         until = None
-        if self.dynamic:
+        if self.dynamic and k is not None:
             if fetch is None:
                 raise ValueError(f"loop '{self.dynamic[0].name}' ends on a condition: scheduling it needs the values "
                                  "its condition reads (fetch)")
@@ -139,7 +176,7 @@ class Schedule:
 
             until = UntilLoops(self.program, frame, handles, component, fetch, k)
         out = []
-        for site in self.program.unroll(k, until.reached if until is not None else None):
+        for site in sites(until.reached if until is not None else None):
             raw = self.program.inputs(site, frame)
             lifted = [(port, lift(value)) for port, value in raw.items()]
             recipe, leaves = number_leaves(until.narrow(site, lifted) if until is not None else lifted)
@@ -152,8 +189,9 @@ class Schedule:
             handles[site.inv] = tuple(result)
             component[site.inv] = site.node.component
             out.append((step, result))
-        self.program.end_iteration(k, frame)
-        self._root_carry = {j: v for j, v in frame.root_carry.items() if j > k}
+        if k is not None:
+            self.program.end_iteration(k, frame)
+            self._root_carry = {j: v for j, v in frame.root_carry.items() if j > k}
         if until is not None:
             self.trips = dict(until.trips)
         return out

@@ -12,6 +12,7 @@ Two views of the same facts:
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -367,7 +368,10 @@ def _invocation_graph(wf: Workflow, iterations: int, count_limit: int | None, ex
     program = Program(wf)
     if not edges:
         for k in range(iterations):
-            for site in program.unroll(k, _one_iteration):  # as the dependency run: truth() is always True
+            sites = program.unroll(k, _one_iteration)  # as the dependency run: truth() is always True
+            if k == iterations - 1 and program.depth > 1:  # and what is still deferred, at the end
+                sites = itertools.chain(sites, program.drain(k))
+            for site in sites:
                 graph.order.append(site.inv)
                 graph.node[site.inv] = site.node
                 for eff in site.node.effects:
@@ -538,7 +542,27 @@ def analyze(wf: Workflow, explain: bool = False, count_limit: int = 3) -> Analys
             for (pp, cp, kind, detail, flow, _), pairs in sorted(grouped.items()):
                 edges.append(ItemEdge(pp, cp, kind, _relation(pairs, loops, counts, dynamic), detail, flow))
         versions = _versions(g)
+    versions += _lag_lines(wf)
     return Analysis(wf, kinds, edges, versions, dict(accessors))
+
+
+def _lag_lines(wf: Workflow) -> list[str]:
+    """Per read of a state object with `max_staleness`, or of an asynchronous plan (`defer:`): the lag it
+    proves -- how many RL iterations older than the declared read's value the value it sees can be."""
+    budgets = {s.key: s.max_staleness for s in wf.state_objects().values()}
+    deferred = any(isinstance(i, ExecutionNode) and i.defer for i in wf.root.body)
+    if not deferred and not any(budgets.values()):
+        return []
+    from .transforms.legality import read_lags  # the oracle's own comparison (transforms import this module)
+
+    lines = []
+    for (state, reader), lag in sorted(read_lags(wf).items()):
+        node = next((i for i in wf.items() if i.path == reader), None)
+        reads = isinstance(node, ExecutionNode) and any(e.state == state and e.access is Access.READ for e in node.effects)
+        if reads and (lag or budgets.get(state)):
+            lines.append(f"{state}: '{reader[-1]}' reads a value at most {lag} RL iteration{'s' * (lag != 1)} older than "
+                         f"the synchronous workflow's (lag {lag}, max_staleness {budgets.get(state, 0)})")
+    return lines
 
 
 def _versions(g: InvocationGraph) -> list[str]:

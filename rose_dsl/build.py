@@ -270,7 +270,8 @@ def _component(ctx: _Ctx, name: str, raw: Mapping[str, Any]) -> Component:
     elif isinstance(decl, dict):
         for s, spec in decl.items():
             attr = str((spec or {}).get("attr", s))
-            state.append(StateObject(name, s, attr, ctx.doc.key_pos(path + ("state", s))))
+            budget = int((spec or {}).get("max_staleness", 0))
+            state.append(StateObject(name, s, attr, ctx.doc.key_pos(path + ("state", s)), max_staleness=budget))
     env = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in (raw.get("env") or {}).items()}
     fpos = {k: ctx.doc.pos(path + (k,)) for k in ("impl", "venv") if k in raw}
     fpos.update({f"env.{k}": ctx.doc.key_pos(path + ("env", k)) for k in env})
@@ -285,7 +286,7 @@ def _component(ctx: _Ctx, name: str, raw: Mapping[str, Any]) -> Component:
     )
 
 
-_NODE_FIELDS = ("call", "in", "out", "state", "batch", "phases", "after", "rows")
+_NODE_FIELDS = ("call", "in", "out", "state", "batch", "phases", "after", "rows", "defer")
 _LOOP_FIELDS = ("count", "until", "carry", "collect", "after", "iterations", "interleave")
 _MERGE_FIELDS = ("from", "ports")
 _ACCESS = {a.value: a for a in Access}  # the schema allows only these
@@ -368,7 +369,7 @@ class _ItemBuilder:
             path=me, component=comp_name, method=method, inputs=tuple(inputs), outputs=tuple(raw.get("out") or ()),
             effects=tuple(effects), batch=batch, batch_size=batch_size, separable=separable, phases=phases, expand=bool(raw.get("expand", False)),
             rows=rows, split_of=raw.get("split_of"), group=raw.get("group"), moved_from=_moved_from(raw), after=tuple(raw.get("after") or ()),
-            idempotent=bool(raw.get("idempotent", False)),
+            defer=int(raw.get("defer", 0)), idempotent=bool(raw.get("idempotent", False)),
             timeout_s=raw.get("timeout_s"), shard=raw.get("shard"), pos=ctx.doc.pos(path + ("node",)),
             field_pos=self._fpos(path, raw, _NODE_FIELDS), src=path,
         )

@@ -50,6 +50,9 @@ class StateObject:
     name: str
     attr: str
     pos: SourcePos = field(default=NOWHERE, compare=False)
+    # how many RL iterations old a read of it may be (`max_staleness:`): the budget an asynchronous plan's
+    # `defer` is checked against (transforms/legality.py); 0: every read sees what the declared one sees
+    max_staleness: int = 0
 
     @property
     def key(self) -> str:
@@ -123,6 +126,9 @@ class ExecutionNode:
     # fusion moves `update.sgd` into `epoch`); groups and their contents are traced through `split_of`
     moved_from: tuple[str, ...] | None = None
     after: tuple[str, ...] = ()  # run after these earlier siblings, in the same iterations of the loops around both
+    # plan-only: the call of RL iteration i runs at this node's place in RL iteration i+defer (inputs from
+    # iteration i); what is pending runs at the end and before a checkpoint (semantics.Program.unroll)
+    defer: int = 0
     idempotent: bool = False
     timeout_s: float | None = None
     # with replicas: this node's replicas may each take a shard of inputs from fewer producer replicas

@@ -449,6 +449,36 @@ def check_workflow(wf: Workflow) -> list[Diagnostic]:
     diags += _check_scopes(r)
     diags += _check_phases(r)
     diags += _check_idempotent(r)
+    diags += _check_deferred(r)
+    return diags
+
+
+def _check_deferred(r: Resolver) -> list[Diagnostic]:
+    """`defer:` (an asynchronous plan) on a node directly in the RL iteration body whose outputs nothing
+    reads and that does not read what the RL iteration carries: its call runs RL iterations later, so
+    nothing of its own iteration may wait for it, and a carry of its own iteration is gone by then."""
+    deferred = [i for i in r.items.values() if isinstance(i, ExecutionNode) and i.defer]
+    if not deferred:
+        return []
+    diags, root, readers = [], r.wf.root, set()
+    for item in r.items.values():
+        for key, expr in expr_fields(item):
+            try:
+                readers |= {b.node for b in binding_table(r.resolve_field(item, key, expr)).values() if isinstance(b, NodePort)}
+            except ResolveError:
+                continue  # reported by _check_expressions
+    for item in deferred:
+        where = item.field_pos.get("defer", item.pos)
+        if item.path[:-1] != root.path or (item.expand and item.phases):
+            diags.append(Diagnostic(where, format_path(item.src + ("defer",)),
+                                    f"'defer' is for a node directly in the RL iteration body ('{item.name}' is not)"))
+        elif item.path in readers:
+            diags.append(Diagnostic(where, format_path(item.src + ("defer",)),
+                                    f"'{item.name}' is deferred but its outputs are read: a deferred call runs "
+                                    "RL iterations later"))
+        elif root.carries:
+            diags.append(Diagnostic(where, format_path(item.src + ("defer",)),
+                                    "'defer' in a workflow whose RL iteration carries values is not supported"))
     return diags
 
 

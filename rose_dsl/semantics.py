@@ -135,9 +135,33 @@ class Program:
         return self.iterations(loop)
 
     # -- program order ----------------------------------------------------------------------
-    def unroll(self, k: int, until_reached: Callable[[LoopNode, dict[Path, int]], bool] | None = None) -> Iterator[CallSite]:
-        """The call sites of RL iteration k, in program order."""
-        yield from _unroll_body(self, self.wf.root.body, {self.wf.root.path: k}, until_reached)
+    def unroll(self, k: int, until_reached: Callable[[LoopNode, dict[Path, int]], bool] | None = None,
+               since: int = 0) -> Iterator[CallSite]:
+        """The call sites of RL iteration k, in program order. A deferred node (`defer: d`, an asynchronous
+        plan) runs here its call of RL iteration k-d, if that iteration ran since the last drain (`since`:
+        the first RL iteration after it; `drain` ran the earlier ones)."""
+        yield from _unroll_body(self, self.wf.root.body, {self.wf.root.path: k}, until_reached, since)
+
+    @property
+    def deferred(self) -> tuple[ExecutionNode, ...]:
+        """The deferred nodes (`defer:`), in program order: direct children of the RL iteration."""
+        return tuple(i for i in self.wf.root.body if isinstance(i, ExecutionNode) and i.defer)
+
+    @property
+    def depth(self) -> int:
+        """How many RL iterations an executor may have in flight at once: 1 + the largest `defer`."""
+        return 1 + max((n.defer for n in self.deferred), default=0)
+
+    def drain(self, k: int, since: int = 0) -> Iterator[CallSite]:
+        """The deferred calls still pending after RL iteration k (those of iterations since `since` that
+        `unroll` has not run yet), oldest iteration first, then in program order. They run at the end of
+        a run and before a checkpoint, so that what is saved, and what a run leaves, is the state the
+        declared workflow leaves; after a drain the next iterations start with nothing pending."""
+        root = self.wf.root.path
+        for origin in range(max(since, k + 2 - self.depth), k + 1):
+            for node in self.deferred:
+                if origin > k - node.defer:
+                    yield CallSite(Invocation(node.path, (origin,)), node, {root: origin})
 
     # -- evaluation -------------------------------------------------------------------------
     def inputs(self, site: CallSite, frame: Frame) -> dict[str, Any]:
@@ -197,7 +221,7 @@ class Program:
 
 # -- program order --------------------------------------------------------------------------------
 
-def _unroll_body(p: Program, body: Sequence[Item], ctx: dict[Path, int], until_reached) -> Iterator[CallSite]:
+def _unroll_body(p: Program, body: Sequence[Item], ctx: dict[Path, int], until_reached, since: int = 0) -> Iterator[CallSite]:
     n = 0
     while n < len(body):
         item, n = body[n], n + 1
@@ -207,7 +231,11 @@ def _unroll_body(p: Program, body: Sequence[Item], ctx: dict[Path, int], until_r
             yield from _round_robin([_unroll_body(p, [m], ctx, until_reached) for m in turns])
             continue
         if isinstance(item, ExecutionNode):
-            if item.expand and item.phases:
+            if item.defer:  # a direct child of the RL iteration (checked by `resolve`): its call of k - defer
+                origin = ctx[p.wf.root.path] - item.defer
+                if origin >= since:
+                    yield CallSite(Invocation(item.path, (origin,)), item, {p.wf.root.path: origin})
+            elif item.expand and item.phases:
                 yield from _unroll_body(p, item.phases, ctx, until_reached)
             else:
                 yield CallSite(Invocation(item.path, p.indices_of(item.path, ctx)), item, ctx)
@@ -469,20 +497,29 @@ class CallBackend(Protocol):
 def run_sequential(program: Program, backend: CallBackend, iterations: Sequence[int],
                    on_iteration: Callable[[int, dict[Invocation, dict[str, Any]]], None] | None = None) -> Frame:
     """Run RL iterations in program order (the reference semantics). Returns the last frame."""
-    outputs: dict[Invocation, dict[str, Any]] = {}
+    outputs: dict[Invocation, dict[str, Any]] = {}  # this RL iteration's calls
+    kept: dict[Invocation, dict[str, Any]] = {}  # earlier ones' that a deferred call may still read
 
     def lookup(inv: Invocation, port: str) -> Any:
         try:
-            return outputs[inv][port]
+            return (outputs[inv] if inv in outputs else kept[inv])[port]
         except KeyError:
             raise SemanticError(f"{inv} has not produced '{port}'") from None
 
     frame = Frame(lookup, backend.ops)
+    depth, since = program.depth, (iterations[0] if len(iterations) else 0)
     for k in iterations:
-        outputs.clear()
+        if depth > 1:  # a deferred call of RL iteration k-d reads that iteration's outputs
+            kept.update(outputs)
+            for inv in [inv for inv in kept if inv.indices[0] <= k - depth]:
+                del kept[inv]
+        outputs = {}
         frame.memo.clear()
-        for site in program.unroll(k, lambda loop, ctx: program.until(loop, ctx, frame)):
+        for site in program.unroll(k, lambda loop, ctx: program.until(loop, ctx, frame), since):
             outputs[site.inv] = backend.call(site, program.inputs(site, frame))
+        if depth > 1 and k == iterations[-1]:  # what is still deferred runs at the end of the run
+            for site in program.drain(k, since):
+                outputs[site.inv] = backend.call(site, program.inputs(site, frame))
         program.end_iteration(k, frame)
         if on_iteration is not None:
             on_iteration(k, outputs)

@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from .expr import Expr, Int, unparse
-from .ir import Component, ExecutionNode, Item, LoopNode, MergeNode, Workflow
+from .ir import Component, ExecutionNode, Item, LoopNode, MergeNode, StateObject, Workflow
 
 __all__ = ["to_document", "to_yaml"]
 
@@ -31,10 +31,10 @@ def _component(c: Component) -> dict[str, Any]:
     if c.replicas != 1:
         out["replicas"] = c.replicas
     if c.state:
-        if all(s.attr == s.name for s in c.state):
+        if all(s.attr == s.name and not s.max_staleness for s in c.state):
             out["state"] = [s.name for s in c.state]
         else:
-            out["state"] = {s.name: ({"attr": s.attr} if s.attr != s.name else None) for s in c.state}
+            out["state"] = {s.name: _state_spec(s) for s in c.state}
     if c.env:
         out["env"] = dict(c.env)
     if c.python_path:
@@ -46,9 +46,20 @@ def _component(c: Component) -> dict[str, Any]:
     return out
 
 
+def _state_spec(s: StateObject) -> dict[str, Any] | None:
+    spec: dict[str, Any] = {}
+    if s.attr != s.name:
+        spec["attr"] = s.attr
+    if s.max_staleness:
+        spec["max_staleness"] = s.max_staleness
+    return spec or None
+
+
 def _plan_fields(item: Item, out: dict[str, Any]) -> None:
     if item.after:
         out["after"] = list(item.after)
+    if isinstance(item, ExecutionNode) and item.defer:
+        out["defer"] = item.defer
 
 
 def _item(item: Item, inherited: int | None = None) -> dict[str, Any]:

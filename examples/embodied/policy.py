@@ -175,6 +175,9 @@ class FlowPolicy:
             row_block = None if self.device.type == "cuda" else 64
         self.row_block = None if row_block is None else min(int(row_block), self.replica_rows.total)
         self.graphs = DenoiseGraphs(self.model) if cuda_graphs and self.device.type == "cuda" else None
+        # weight loads so far: the policy version stamped on every sample (`head`'s `version`), against which
+        # the trainer measures a sample's staleness in an asynchronous plan (PPOTrainer.version)
+        self.version = 0
 
     # -- helpers ------------------------------------------------------------------------------
     def _rows(self, rows: slice | None, n: int) -> range:
@@ -236,7 +239,8 @@ class FlowPolicy:
         with autocast_for(self.device):
             value = blocked_apply(self.model.value, (prefix.to(self.device),), self._rows(rows, mean.shape[0]),
                                   self.row_block)
-        out = {"action": action, "logp": self.model.log_prob(action, mean), "value": value}
+        out = {"action": action, "logp": self.model.log_prob(action, mean), "value": value,
+               "version": torch.full((mean.shape[0],), self.version, dtype=torch.long)}
         if x0 is not None:
             out["x0"] = x0
         return out
@@ -244,7 +248,8 @@ class FlowPolicy:
     @torch.no_grad()
     def act(self, obs: Obs, it: int, ep: int, t: int, rows: slice | None = None) -> Record:
         """backbone -> flow_step x denoise_steps -> head, in one call. Returns action
-        `[n, chunk, act_dim]`, logp `[n]`, value `[n]` and x0 `[n, chunk, act_dim]`."""
+        `[n, chunk, act_dim]`, logp `[n]`, value `[n]`, x0 `[n, chunk, act_dim]` and version `[n]` (the
+        weight loads this policy has had: the policy version of the samples)."""
         first = self.backbone(obs, it, ep, t, rows)
         x, prefix = first["x"], first["prefix"]
         if self.graphs is not None:
@@ -262,6 +267,7 @@ class FlowPolicy:
         unexpected = self.model.load_state_dict(w, strict=False).unexpected_keys
         if unexpected:
             raise KeyError(f"FlowPolicy.load_weights: weights this policy does not have: {sorted(unexpected)[:5]}")
+        self.version += 1
 
     @property
     def rollout_weights(self) -> dict[str, torch.Tensor]:

@@ -11,6 +11,14 @@ obs `[T, N, obs_dim]` (or a record of such), action / x0 `[T, N, chunk, act_dim]
 reward / done `[T, N]`, optionally terminated `[T, N]`, next_obs `[T, N, obs_dim]` -- the observation the
 step ended in *before* any automatic reset (the simulator's `final_obs`), which non-terminal episode
 ends bootstrap from.
+
+Off-policy samples (an asynchronous plan, `defer:` with `max_staleness`): the ratio is always taken
+against the behaviour log-probs recorded at sampling time (`logp`) and clipped, so a sample drawn by
+older weights moves the policy at most as far as the clip allows -- the recipe of the RL-inference
+lecture. Optionally `version [T, N]`: the policy version that drew each sample (`FlowPolicy.version`,
+weight loads so far); the trainer counts the weights it has published (`version`), and the difference
+is the sample's staleness. The metrics give the ratio's mean, min and max and a staleness histogram
+(`staleness_hist_<lag>`: samples trained at that lag this iteration), its mean and max.
 """
 
 from __future__ import annotations
@@ -152,6 +160,9 @@ class PPOTrainer:
                           "var": torch.ones(obs_dim, dtype=torch.float64), "count": 0.0}
         self.value_batch = int(value_batch)
         self._metrics: dict[str, list[float]] = {}
+        self._extremes: dict[str, float] = {}  # max / min over the iteration (ratio, staleness)
+        self._counts: dict[str, float] = {}  # sums over the iteration (the staleness histogram)
+        self.version = 0  # weights published (`get_weights`): a sample's staleness is taken against it
 
     # -- advantages -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -221,6 +232,8 @@ class PPOTrainer:
             raise KeyError(f"{type(self).__name__}.update: trajectory lacks {sorted(missing)} "
                            "(x0 comes from policy.act's 'x0' output, next_obs from sim.step's 'final_obs')")
         traj = to_device(traj, self.device)
+        if "version" in traj:
+            self._staleness(flatten_time(traj["version"]))
         adv, returns = self._advantages(traj)
         batch = {
             "obs": flatten_time(traj["obs"]),
@@ -297,7 +310,9 @@ class PPOTrainer:
         entropy = self.model.entropy()
         ent_share = self.ent_coef * entropy / (self.replicas if global_size is not None else 1)
         sums = {"policy": torch.zeros((), device=self.device), "value": torch.zeros((), device=self.device),
-                "kl": torch.zeros((), device=self.device), "clip": torch.zeros((), device=self.device)}
+                "kl": torch.zeros((), device=self.device), "clip": torch.zeros((), device=self.device),
+                "ratio": torch.zeros((), device=self.device), "ratio_max": torch.full((), -torch.inf, device=self.device),
+                "ratio_min": torch.full((), torch.inf, device=self.device)}
         self.opt.zero_grad(set_to_none=True)
         for start in range(0, rows, size):
             part = take(mb, torch.arange(start, min(rows, start + size), device=self.device))
@@ -317,6 +332,9 @@ class PPOTrainer:
                 sums["value"] += value_sum.detach()
                 sums["kl"] += ((ratio - 1) - log_ratio).sum()
                 sums["clip"] += ((ratio - 1).abs() > self.clip).float().sum()
+                sums["ratio"] += ratio.sum()
+                sums["ratio_max"] = torch.maximum(sums["ratio_max"], ratio.max())
+                sums["ratio_min"] = torch.minimum(sums["ratio_min"], ratio.min())
         with torch.no_grad():
             policy_loss, value_loss = sums["policy"] / denom, sums["value"] / denom
             total = policy_loss + self.vf_coef * value_loss - ent_share.detach()
@@ -324,7 +342,7 @@ class PPOTrainer:
         with torch.no_grad():
             stats = {
                 "loss": total, "policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy,
-                "approx_kl": sums["kl"] / rows, "clip_frac": sums["clip"] / rows,
+                "approx_kl": sums["kl"] / rows, "clip_frac": sums["clip"] / rows, "ratio_mean": sums["ratio"] / rows,
                 "grad_norm": grad_norm, "action_std": torch.exp(self.model.log_std).mean(),
             }
             if global_size is not None:  # a share of the minibatch loss: scaled so the replicas' mean is the loss
@@ -332,6 +350,21 @@ class PPOTrainer:
                     stats[name] = stats[name] * self.replicas
         for name, v in stats.items():
             self._metrics.setdefault(name, []).append(float(v.detach()))
+        self._extreme("ratio_max", float(sums["ratio_max"]), max)
+        self._extreme("ratio_min", float(sums["ratio_min"]), min)
+
+    def _extreme(self, name: str, value: float, pick: Any) -> None:
+        """The max (or min) of a figure over the iteration's gradient steps, not their mean."""
+        self._extremes[name] = pick(self._extremes.get(name, value), value)
+
+    def _staleness(self, versions: torch.Tensor) -> None:
+        """Count the samples of an update by lag = published versions - the version that drew them."""
+        lags = (self.version - versions.long()).tolist()
+        for lag in sorted(set(lags)):
+            self._counts[f"staleness_hist_{lag}"] = self._counts.get(f"staleness_hist_{lag}", 0.0) + lags.count(lag)
+        self._counts["staleness_sum"] = self._counts.get("staleness_sum", 0.0) + sum(lags)
+        self._counts["staleness_n"] = self._counts.get("staleness_n", 0.0) + len(lags)
+        self._extreme("staleness_max", float(max(lags, default=0)), max)
 
     def _empty_step(self) -> None:
         """A replica holding no row of this minibatch still joins the gradient sum (and the entropy term)."""
@@ -374,6 +407,7 @@ class PPOTrainer:
         whole model (~720 MB for the 360M-parameter workload) through the object store every
         iteration -- on the H200 a 4-s idle gap between the last update and the policy's refresh. A
         strong user syncs only what changes. With everything trainable this is the full state dict."""
+        self.version += 1  # the policy that loads these draws samples of this version
         trainable = {name for name, p in self.model.named_parameters() if p.requires_grad}
         buffers = {name for name, _ in self.model.named_buffers()}
         return {"w": {k: v.detach().clone() for k, v in self.model.state_dict().items()
@@ -398,7 +432,14 @@ class PPOTrainer:
             raise KeyError(f"{type(self).__name__} has no state object {name!r} (it owns 'weights', 'optimizer')")
 
     def pop_metrics(self) -> dict[str, float]:
-        """Means over the gradient steps since the previous call."""
+        """Means over the gradient steps since the previous call; the ratio's extremes; the staleness
+        histogram (sample counts), its mean and max, and the policy version published so far."""
         out = {k: sum(v) / len(v) for k, v in self._metrics.items() if v}
-        self._metrics = {}
+        out.update(self._extremes)
+        counts = self._counts
+        if counts.get("staleness_n"):
+            out["staleness_mean"] = counts["staleness_sum"] / counts["staleness_n"]
+            out.update({k: v for k, v in counts.items() if k.startswith("staleness_hist_")})
+        out["policy_version"] = float(self.version)
+        self._metrics, self._extremes, self._counts = {}, {}, {}
         return out

@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from ..analysis import loop_kinds
 from ..ir import Component, ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from ..transforms import Refused, apply, temporal_groups
+from ..transforms.deferral import budgeted_writers
 from ..transforms.split import check_separable, check_splittable_loop
 from .profile import base_component, structural
 
-__all__ = ["Alternative", "Feasible", "Infeasible", "alternatives", "sweep", "check", "find_structural",
+__all__ = ["Alternative", "Feasible", "Infeasible", "alternatives", "sweep", "asynchronous", "check", "find_structural",
            "request_name", "memory_estimate", "temporal_copies", "DEFAULT_GROUPS"]
 
 Path = tuple[str, ...]
@@ -39,7 +40,7 @@ class Alternative:
     """A transformation phi(v, w): rewrite requests that let `partners` overlap the `target`."""
 
     requests: tuple[str, ...]
-    family: str  # temporal-split | split-interleave | fuse | rewire | split-consumer | split-node | split-chain | take-turns
+    family: str  # temporal-split | split-interleave | fuse | rewire | split-consumer | split-node | split-chain | take-turns | defer
     target: str  # structural node path (`iteration.epoch.step.act`) or SWEEP
     partners: tuple[str, ...] = ()  # structural nodes whose work would overlap the target's
     groups: int | None = None  # k of a split
@@ -362,7 +363,21 @@ def sweep(wf: Workflow, groups: Sequence[int] = DEFAULT_GROUPS) -> list[Alternat
                                        note=f"run iteration j of '{b.name}' right after iteration j of '{a.name}'"))
             if not isinstance(a, MergeNode):
                 out += _chain(wf, a, SWEEP, groups)
+    out += asynchronous(wf)
     return _dedupe(out)
+
+
+def asynchronous(wf: Workflow) -> list[Alternative]:
+    """Beyond the paper (issue 46): the asynchronous plans the workflow's staleness budgets allow -- each
+    writer of a state object with `max_staleness` B > 0 deferred by 1..B RL iterations (`defer`), so that
+    the next rollout overlaps this update. None when no state object declares a budget: then every plan
+    computes what the declared workflow computes, and synchronous plans stay candidates either way."""
+    out = []
+    for path, budget in budgeted_writers(wf):
+        for k in range(1, budget + 1):
+            out.append(Alternative((f"defer {request_name(wf, path)} {k}",), "defer", SWEEP,
+                                   note=f"reads of the state '{path[-1]}' writes may be {k} RL iteration(s) old"))
+    return out
 
 
 def _dedupe(alts: Iterable[Alternative]) -> list[Alternative]:

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..ir import Workflow
 from ..measurement import Books
 from .decide import Summary
 from .headline import LEGEND, clip, fix_for, headline, headline_lines
@@ -197,6 +198,7 @@ def build_report(result: Stage1Result, *, books: Books, total_s: float, workflow
         "speedup": base / plan if plan > 0 else math.nan,
         "with_quotas": with_quotas(base, base / plan if plan > 0 else math.nan, section),
         "baseline": _s(result.baseline), "plan": _s(result.final), "plan_requests": list(result.requests),
+        "staleness": staleness(result.plan),
         "rounds": [_round(r) for r in result.rounds], "stopped": result.stopped, "cut_short": result.cut_short,
         "trials": trials,
         "overhead_s": overhead(total_s, books.complete_s, int(books.complete_iterations),
@@ -211,6 +213,29 @@ def build_report(result: Stage1Result, *, books: Books, total_s: float, workflow
                          "validated": result.validated, "rule": result.rule},
         "metrics_merged": dict(metric_notes or {}),
     }
+
+
+def staleness(plan: Workflow) -> dict[str, Any]:
+    """Which staleness the plan uses: per state object read older than in the declared workflow, the
+    largest lag its reads prove (RL iterations) and its budget; {} for a synchronous plan."""
+    from ..transforms.legality import iterations_in_flight, read_lags
+
+    if iterations_in_flight(plan) == 1:
+        return {}
+    budgets = {s.key: s.max_staleness for s in plan.state_objects().values()}
+    out: dict[str, Any] = {}
+    for (state, _), lag in read_lags(plan).items():
+        if lag:
+            out[state] = {"lag": max(lag, out.get(state, {}).get("lag", 0)), "max_staleness": budgets.get(state, 0)}
+    return out
+
+
+def staleness_line(section: Mapping[str, Any] | None) -> str:
+    if not section:
+        return "Staleness: none (a synchronous plan: every read sees what the declared workflow's read sees)."
+    parts = [f"`{state}` read up to {v['lag']} RL iteration{'s' * (v['lag'] != 1)} old (max_staleness "
+             f"{v['max_staleness']})" for state, v in sorted(section.items())]
+    return "Staleness: an asynchronous plan: " + "; ".join(parts) + "."
 
 
 # -- markdown ------------------------------------------------------------------------------------
@@ -288,6 +313,7 @@ def report_markdown(doc: Mapping[str, Any], picture: str | None) -> str:
         lines += [""]
     lines += ["Plan: " + ("`" + "`, `".join(doc["plan_requests"]) + "`" if doc["plan_requests"] else "the declared graph "
                           "(no rewrite was decided faster by the rule)"), ""]
+    lines += [staleness_line(doc.get("staleness")), ""]
     if doc.get("stage2"):
         lines += stage2_markdown(doc["stage2"])
     lines += [f"Stopped: {doc['stopped']}.", ""]

@@ -19,7 +19,8 @@ the split refused.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from ..analysis import Dep, InvocationGraph, invocation_graph
 from ..errors import SourcePos
@@ -29,7 +30,7 @@ from ..semantics import Invocation, enclosing_loops
 from .rewritten import Locate, Refused
 
 __all__ = ["check_well_formed", "check_order_preserved", "state_observations", "on_component", "describe_invocation",
-           "dependency_pos", "values_of"]
+           "dependency_pos", "values_of", "iterations_in_flight", "staleness_budgets", "read_lag", "read_lags"]
 
 
 def describe_invocation(inv: Invocation, items: Mapping[tuple[str, ...], Item]) -> str:
@@ -77,8 +78,9 @@ def check_order_preserved(orig: Workflow, new: Workflow, locate: Locate, what: s
     Every edge is checked in one pass over positions; only the broken ones are sorted, to name the first
     (by consumer, then producer): an optimizer asks this thousands of times and refusals are the rare case."""
     check_well_formed(new, what)
-    g0 = invocation_graph(orig, iterations=2)
-    g1 = invocation_graph(new, iterations=2)
+    n = 1 + iterations_in_flight(new)  # a deferred call of iteration k reaches iteration k+defer: show it
+    g0 = invocation_graph(orig, iterations=n)
+    g1 = invocation_graph(new, iterations=n)
     position = {inv: i for i, inv in enumerate(g1.order)}
     items = {item.path: item for item in orig.items()}
 
@@ -110,23 +112,88 @@ def check_order_preserved(orig: Workflow, new: Workflow, locate: Locate, what: s
     def images(writers: frozenset[Invocation | None]) -> frozenset[Invocation | None]:
         return frozenset(None if w is None else moved[w] for w in writers)
 
-    differ = [(reader, state) for (reader, state), writers in seen0.items()
-              if seen1.get((moved[reader], on_component(state, g1.node[moved[reader]].component)), frozenset())
-              != images(writers)]
+    budgets = staleness_budgets(orig)
+
+    def seen_then(reader: Invocation, state: str, lag: int) -> frozenset[Invocation | None]:
+        """What the declared workflow's read saw `lag` RL iterations earlier (the initial value before the first)."""
+        k = reader.indices[0] - lag
+        return images(seen0.get((reader._replace(indices=(k,) + reader.indices[1:]), state), frozenset({None}))
+                      if k >= 0 else frozenset({None}))
+
+    differ = []
+    for (reader, state), writers in seen0.items():
+        got = seen1.get((moved[reader], on_component(state, g1.node[moved[reader]].component)), frozenset())
+        if got == images(writers):
+            continue
+        lag = read_lag(got, lambda lag, r=reader, s=state: seen_then(r, s, lag), reader.indices[0] + 1)  # type: ignore[misc]
+        if lag is not None and lag <= budgets.get(state, 0) and _access(g0.node[reader], state) == "read":
+            continue  # an older value, within the state's budget (an asynchronous plan)
+        differ.append((reader, state, got, lag))
     if differ:
-        reader, state = min(differ, key=lambda x: (at[x[0]], x[1]))
-        r1 = moved[reader]
-        got = seen1.get((r1, on_component(state, g1.node[r1].component)), frozenset())
+        reader, state, got, lag = min(differ, key=lambda x: (at[x[0]], x[1]))
         node = g0.node[reader]
         raise Refused(f"{what} would break the state dependency {_writers(seen0[reader, state], items, 'initial value')} -> "
                       f"{describe_invocation(reader, items)} ('{state}': {_access(node, state)}): "
-                      f"{describe_invocation(reader, items)} would see {values_of(got, {i.path: i for i in new.items()})} instead",
+                      f"{describe_invocation(reader, items)} would see {values_of(got, {i.path: i for i in new.items()})} instead"
+                      + (_over_budget(state, lag, budgets.get(state, 0), _access(node, state)) if n > 2 or budgets else ""),
                       at=node.field_pos.get("state") or node.pos)
     for (k, state), writers in sorted(left0.items()):
         got = left1.get((k, state), frozenset())
-        if got != images(writers):
+        if got == images(writers):
+            continue
+        lag = read_lag(got, lambda lag, k=k, s=state: images(left0.get((k - lag, s), frozenset({None}))), k + 1)  # type: ignore[misc]
+        if lag is None or lag > budgets.get(state, 0):
             raise Refused(f"{what} would change which value of '{state}' RL iteration {k} leaves for the next one and "
-                          f"checkpoints: {values_of(got, {i.path: i for i in new.items()})} instead of {values_of(writers, items)}")
+                          f"checkpoints: {values_of(got, {i.path: i for i in new.items()})} instead of {values_of(writers, items)}"
+                          + (_over_budget(state, lag, budgets.get(state, 0), "read") if n > 2 or budgets else ""))
+
+
+def read_lags(wf: Workflow) -> dict[tuple[str, tuple[str, ...]], int]:
+    """Per (state object, reading node): the largest lag, in RL iterations, this workflow's reads prove
+    against the same workflow run synchronously (its `defer:`s removed) -- 0 for a synchronous plan.
+    A read that sees another value than any older one of the declared read is not listed (the legality
+    check refuses such plans)."""
+    depth = iterations_in_flight(wf)
+    sync = replace(wf, root=replace(wf.root, body=tuple(replace(i, defer=0) if isinstance(i, ExecutionNode) else i
+                                                        for i in wf.root.body)))
+    seen0, _ = state_observations(invocation_graph(sync, iterations=1 + depth))
+    seen1, _ = state_observations(invocation_graph(wf, iterations=1 + depth))
+    out: dict[tuple[str, tuple[str, ...]], int] = {}
+    for (reader, state), got in seen1.items():
+        def then(lag: int, r: Invocation = reader, s: str = state) -> frozenset[Invocation | None]:
+            k = r.indices[0] - lag
+            return seen0.get((r._replace(indices=(k,) + r.indices[1:]), s), frozenset()) if k >= 0 else frozenset({None})
+
+        lag = 0 if got == seen0.get((reader, state)) else read_lag(got, then, reader.indices[0] + 1)
+        if lag is not None:
+            out[(state, reader.path)] = max(lag, out.get((state, reader.path), 0))
+    return out
+
+
+def iterations_in_flight(wf: Workflow) -> int:
+    """1 + the largest `defer` of a workflow: how many RL iterations an asynchronous plan overlaps."""
+    return 1 + max((i.defer for i in wf.root.body if isinstance(i, ExecutionNode)), default=0)
+
+
+def staleness_budgets(wf: Workflow) -> dict[str, int]:
+    """`max_staleness` of every state object that declares one (a temporal split's copies share their original's)."""
+    return {s.key: s.max_staleness for s in wf.state_objects().values() if s.max_staleness}
+
+
+def read_lag(got: frozenset[Invocation | None], then: Callable[[int], frozenset[Invocation | None]],
+             most: int) -> int | None:
+    """The smallest lag L in 1..most such that `got` is what the declared read saw L RL iterations earlier
+    (`then(L)`); None if none is (the value is not an older one of the same read: another write)."""
+    return next((lag for lag in range(1, most + 1) if then(lag) == got), None)
+
+
+def _over_budget(state: str, lag: int | None, budget: int, access: str) -> str:
+    if lag is None:
+        return ""
+    if access != "read":
+        return f" (an older value, {lag} RL iteration{'s' * (lag > 1)} old, for an {access}: only reads may lag)"
+    return (f" (a value {lag} RL iteration{'s' * (lag > 1)} old: '{state}' allows max_staleness {budget}"
+            f"{'; declare max_staleness on its state object to allow it' if budget == 0 else ''})")
 
 
 Rows = tuple[int, int] | None
@@ -145,15 +212,17 @@ def state_observations(g: InvocationGraph) -> tuple[dict[tuple[Invocation, str],
     """
     seen: dict[tuple[Invocation, str], frozenset[Invocation | None]] = {}
     left: dict[tuple[int, str], frozenset[Invocation | None]] = {}
+    slots = run_in(g)
     for state, seq in g.accesses.items():
         # every row: up to the end of the row groups that touch this state (their batch), if any do
         end = max((r[1] for r in (g.node[inv].rows for inv, _ in seq) if r is not None), default=_ALL)
         segments: list[tuple[int, int, Invocation | None]] = [(0, end, None)]
         k: int | None = None
         for inv, acc in seq:
-            if k is not None and inv.indices[0] != k:
+            slot = slots.get(inv, inv.indices[0])
+            if k is not None and slot != k:
                 left[(k, state)] = frozenset(w for _, _, w in segments)
-            k = inv.indices[0]
+            k = slot
             lo, hi = g.node[inv].rows or (0, end)
             if acc.reads_previous:
                 seen[(inv, state)] = frozenset(w for a, b, w in segments if a < hi and lo < b)
@@ -164,6 +233,19 @@ def state_observations(g: InvocationGraph) -> tuple[dict[tuple[Invocation, str],
         if k is not None:
             left[(k, state)] = frozenset(w for _, _, w in segments)
     return seen, left
+
+
+def run_in(g: InvocationGraph) -> dict[Invocation, int]:
+    """The RL iteration in whose place each call runs, where it is not its own: a deferred call (`defer:`)
+    of iteration k runs in a later one (in program order, after every call of an iteration comes the next)."""
+    slots: dict[Invocation, int] = {}
+    k = 0
+    for inv in g.order:
+        if inv.indices[0] > k:
+            k = inv.indices[0]
+        elif inv.indices[0] < k:
+            slots[inv] = k
+    return slots
 
 
 def on_component(state: str, component: str) -> str:

@@ -10,6 +10,7 @@ Each rewrite is a `Pass`: a pure `build` function (in `split.py`, `chain.py`, `t
 | --- | --- |
 | split, split-loop, split-chain, expand | well formed, writable as a plan, loops that end per row still do |
 | split-time, rewire, interleave, fuse | the above, every dependency kept (`legality.check_order_preserved`) |
+| defer | the above; a read of a state object with `max_staleness` may see an older value, within it |
 
 `apply(wf, request)` is the entry point for a search (the optimizer): it returns `Rewritten` or
 `Refused`, never raises; `apply_request` raises `Refused`. Requests are the small language of `rose
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 from ..ir import ExecutionNode, LoopNode, Workflow
 from .chain import build_split_chain
+from .deferral import build_defer
 from .legality import check_order_preserved, check_well_formed
 from .reorder import (
     build_expand,
@@ -40,6 +42,7 @@ from .tree import item_paths
 __all__ = [
     "Pass", "run", "apply", "apply_request", "parse_request", "resolve_name", "REQUEST_HELP", "PASSES",
     "split_node", "split_loop_body", "split_chain", "split_temporal", "rewire", "fuse_loops", "interleave", "expand",
+    "defer",
 ]
 
 Path = tuple[str, ...]
@@ -108,6 +111,7 @@ PASSES = {
     "interleave": Pass("interleave", build_interleave, (*_SHAPE, order_kept)),
     "interleave-loops": Pass("interleave", build_interleave_siblings, (*_SHAPE, order_kept)),
     "expand": Pass("expand", build_expand, _SHAPE),
+    "defer": Pass("defer", build_defer, (*_SHAPE, order_kept)),
 }
 
 
@@ -167,6 +171,11 @@ def interleave_loops(wf: Workflow, loops: Sequence[Path]) -> Rewritten:
     return run(PASSES["interleave-loops"], wf, loops)
 
 
+def defer(wf: Workflow, path: Path, k: int | None = None) -> Rewritten:
+    """A node's call of RL iteration i run in RL iteration i+k (an asynchronous plan; `deferral.py`)."""
+    return run(PASSES["defer"], wf, path, k)
+
+
 def expand(wf: Workflow, path: Path, on: bool = True) -> Rewritten:
     """A node's exposed phases run instead of its entry (or, `on=False`, back)."""
     return run(PASSES["expand"], wf, path, on)
@@ -187,7 +196,11 @@ REQUEST_HELP = """rewrite requests (names are item names, or dotted paths (below
                              on two simulators that share the policy)
   fuse LOOP_A LOOP_B         run iteration j of LOOP_B right after iteration j of LOOP_A
   rewire NAME before|after SIBLING
-  expand NODE                run the node's exposed phases instead of its entry"""
+  expand NODE                run the node's exposed phases instead of its entry
+  defer NODE [K]             run the node's call of RL iteration i in iteration i+K (an asynchronous plan: the
+                             weight sync, so that the next rollout overlaps this update); K defaults to the
+                             max_staleness of the state it writes; refused when a read would be older than
+                             its state object's max_staleness (default 0)"""
 
 
 def _loop_or_split_in_time(wf: Workflow, name: str) -> Path:
@@ -260,6 +273,8 @@ def parse_request(wf: Workflow, request: str) -> tuple[Pass, tuple, dict]:
         return PASSES[op], (resolve_name(wf, args[0]), resolve_name(wf, args[1])), {}
     if op == "rewire" and len(args) == 3 and args[1] in ("before", "after"):
         return PASSES[op], (resolve_name(wf, args[0]),), {args[1]: args[2]}
+    if op == "defer" and len(args) in (1, 2):
+        return PASSES[op], (resolve_name(wf, args[0]), _int(args[1], "K") if len(args) == 2 else None), {}
     if op == "expand" and len(args) == 1:
         path = resolve_name(wf, args[0])
         if not isinstance(wf.find(path), ExecutionNode):

@@ -39,11 +39,19 @@ from typing import Any
 from ..analysis import Dep, InvocationGraph, invocation_graph
 from ..errors import Diagnostic, SourcePos, WorkflowError
 from ..expr import BinOp, Call, Expr, Int, IterRef, Neg, Param, Ref, Slice, unparse
-from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
+from ..ir import Access, ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from ..loader import load_text
 from ..resolve import CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver, binding_table
 from ..semantics import Invocation, SemanticError
-from .legality import describe_invocation, on_component, state_observations, values_of
+from .legality import (
+    describe_invocation,
+    iterations_in_flight,
+    on_component,
+    read_lag,
+    staleness_budgets,
+    state_observations,
+    values_of,
+)
 from .refs import RefUse, batch_dim, binding_target, map_field, rename_ref
 from .tree import source_paths
 
@@ -107,9 +115,10 @@ class _Checker:
         self.items()
         if self.out:
             return self.out  # the calls do not correspond: comparing dependencies would only repeat it
-        g0 = invocation_graph(self.source, iterations=2, expand_phases=True)
+        n = 1 + iterations_in_flight(self.plan)  # a deferred call of iteration k runs in k+defer: show it
+        g0 = invocation_graph(self.source, iterations=n, expand_phases=True)
         try:
-            g1 = invocation_graph(self.plan, iterations=2, expand_phases=True)
+            g1 = invocation_graph(self.plan, iterations=n, expand_phases=True)
         except SemanticError as exc:  # e.g. loops made to take turns (`interleave: true`) that depend on each other
             producer = str(exc).split("[", 1)[0]
             item = self.plan_items.get(tuple(producer.split("."))) if producer.startswith("iteration.") else None
@@ -306,18 +315,29 @@ class _Checker:
         def source(writers: frozenset[Invocation | None]) -> frozenset[Invocation | None]:
             return frozenset(None if w is None else Invocation(self.origin[w.path], w.indices) for w in writers)
 
+        budgets = staleness_budgets(self.source)
+
+        def then(s: Invocation, original: str, lag: int) -> frozenset[Invocation | None]:
+            k = s.indices[0] - lag  # what the source's read saw `lag` RL iterations earlier
+            return seen0.get((s._replace(indices=(k,) + s.indices[1:]), original), frozenset()) if k >= 0 else frozenset({None})
+
         for (q, state), writers in seen1.items():
             s = Invocation(self.origin[q.path], q.indices)
             original = on_component(state, self.component_of(state.split(".", 1)[0]))
             want = seen0.get((s, original), frozenset())
             if source(writers) != want:
                 node = g1.node[q]
+                lag = read_lag(source(writers), lambda lag, s=s, o=original: then(s, o, lag), s.indices[0] + 1)  # type: ignore[misc]
+                if lag is not None and lag <= budgets.get(original, 0) and \
+                        all(e.access is Access.READ for e in node.effects if e.state == state):
+                    continue  # an asynchronous plan's read: an older value, within the budget
                 self.differ(node, f"{describe_invocation(q, self.plan_items)} would see {values_of(writers, self.plan_items)} "
                                   f"of '{state}', where the source's call sees {values_of(want, self.src_items)}")
                 return
         for (k, state), writers in left0.items():
             got = source(left1.get((k, state), frozenset()))
-            if got != writers:
+            lag = None if got == writers else read_lag(got, lambda lag, k=k, s=state: left0.get((k - lag, s), frozenset({None})), k + 1)  # type: ignore[misc]
+            if got != writers and (lag is None or lag > budgets.get(state, 0)):
                 self.differ(None, f"RL iteration {k} would leave {values_of(got, self.src_items)} of '{state}', where "
                                   f"the source leaves {values_of(writers, self.src_items)}")
                 return

@@ -126,10 +126,11 @@ def test_a_full_refresh_still_hides_an_unobserved_one() -> None:
 
 
 def test_the_embodied_graph_is_unchanged_in_size() -> None:
-    """A coarse anchor for the benchmark's workflow: 212 calls and 1264 dependencies over two RL
-    iterations (the golden analyses check the edges themselves)."""
+    """A coarse anchor for the benchmark's workflow: 212 calls and 1364 dependencies over two RL
+    iterations (the golden analyses check the edges themselves; 1264 before the trajectory carried each
+    sample's policy version, `act.version`: one more edge per rollout step)."""
     g = invocation_graph(load_workflow("workflows/embodied_ppo.yaml"), 2)
-    assert (len(g.order), sum(1 for _ in g.edges())) == (212, 1264)
+    assert (len(g.order), sum(1 for _ in g.edges())) == (212, 1364)
 
 
 def test_graphs_are_kept_by_workflow_identity() -> None:

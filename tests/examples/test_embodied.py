@@ -173,8 +173,9 @@ def test_policy_act_equals_phases_and_is_split_invariant(row_block: int | str) -
     obs = torch.randn(6, 10, generator=torch.Generator().manual_seed(1))
     keys = {"it": 3, "ep": 1, "t": 7}
     ref = policy.act(obs=obs, **keys)
-    assert set(ref) == {"action", "logp", "value", "x0"}
+    assert set(ref) == {"action", "logp", "value", "x0", "version"}  # version: the weight loads so far (staleness)
     assert ref["action"].shape == (6, 3, 2) and ref["logp"].shape == (6,) and ref["value"].shape == (6,)
+    assert ref["version"].tolist() == [policy.version] * 6
     assert_same(phased(policy, obs, **keys), ref)
     for groups in GROUPINGS[1:]:
         assert_same(call_grouped(policy.act, groups, {"obs": obs}, **keys), ref)

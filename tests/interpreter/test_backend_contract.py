@@ -197,7 +197,7 @@ def test_the_local_backend_declares_no_processes() -> None:
     wf = _wf()
     be = make_backend("local", wf, Schedule(wf), allowed=("tests.",))
     try:
-        assert isinstance(be, LocalBackend) and be.capabilities == Capabilities(plans=True)
+        assert isinstance(be, LocalBackend) and be.capabilities == Capabilities(plans=True, pipelined=True)
         with pytest.raises(Unsupported):
             be.submit(next(iter(Schedule(wf).steps(0, lambda s: (None,))))[0], replica=1)
         # a thread can be added, but not one that needs process fields this shared process lacks

@@ -201,3 +201,26 @@ def test_chains_take_loops_and_stop_where_groups_could_not_overlap() -> None:
     chains = [a.label for a in sweep(sampler) if a.family == "split-chain"]
     assert chains and not any(" sample " in c for c in chains)
     assert not any(a.family == "split-node" for a in alternatives(sampler, "iteration.sample"))
+
+
+def test_asynchronous_candidates_only_where_a_budget_allows_them(ppo) -> None:
+    """The sweep proposes `defer` (an asynchronous plan) when, and only when, a state object declares a
+    staleness budget > 0: one candidate per deferral 1..budget of its writer, each legal; the report says
+    which staleness the plan uses."""
+    from dataclasses import replace
+
+    from rose_dsl.optimizer.report import staleness, staleness_line
+
+    assert not [a for a in sweep(ppo) if a.family == "defer"]
+    comp = ppo.components["policy"]
+    budgeted = replace(ppo, components={**ppo.components, "policy": replace(
+        comp, state=tuple(replace(s, max_staleness=2) for s in comp.state))})
+    alts = [a for a in sweep(budgeted) if a.family == "defer"]
+    assert [a.label for a in alts] == ["defer sync 1", "defer sync 2"]
+    assert all(isinstance(check_alt(budgeted, a), Feasible) for a in alts)
+    assert sum(1 for a in sweep(budgeted) if a.family != "defer") == len(sweep(ppo))  # synchronous ones stay
+    plan = check_alt(budgeted, alts[1])
+    assert isinstance(plan, Feasible)
+    assert staleness(plan.workflow) == {"policy.rollout_weights": {"lag": 2, "max_staleness": 2}}
+    assert "`policy.rollout_weights` read up to 2 RL iterations old (max_staleness 2)" in staleness_line(staleness(plan.workflow))
+    assert staleness(budgeted) == {} and staleness_line({}).startswith("Staleness: none")

@@ -36,8 +36,9 @@ def differences(wf_a: Workflow, run_a: ReferenceRun, comps_a: dict[str, Any], wf
     """Where run_b computed something else than run_a: outputs of every original call (located in the
     rewrite: a split node's outputs are read through its merge) and the final value of every state."""
     diffs: list[str] = []
+    every_b = {inv: v for outs in run_b.outputs.values() for inv, v in outs.items()}  # a deferred call: a later iteration's
     for k, outs in run_a.outputs.items():
-        frame = Frame(lambda inv, port, o=run_b.outputs[k]: o[inv][port], TorchOps(),
+        frame = Frame(lambda inv, port: every_b[inv][port], TorchOps(),
                       root_carry=run_b.frames[k].root_carry if k in run_b.frames else {})
         for inv, values in outs.items():
             loc = locate(inv.path, inv.indices)

@@ -36,7 +36,7 @@ from .found import ACCEPTED, FORCED
 from .harness import differences, execute, orders
 
 OPS = ("rewire", "split_node", "split_loop", "interleave", "fuse", "split_time", "split_chain", "chain_loop",
-       "interleave_loops")
+       "interleave_loops", "defer")
 Step = tuple[str, int, int, int] | str
 STEPS = st.tuples(st.sampled_from(OPS), st.integers(0, 999), st.integers(0, 999), st.integers(0, 999))
 
@@ -64,6 +64,9 @@ def request_for(wf: Workflow, step: Step) -> str | None:
         body = parent.body if isinstance(parent, LoopNode) else parent.phases
         anchor = pick([i.name for i in body if i.name != item.name], b)
         return None if anchor is None else f"rewire {_name(item.path)} {('before', 'after')[c % 2]} {anchor}"
+    if op == "defer":  # a node of the RL iteration body run K iterations later (no budgets here: lag 0 only)
+        node = pick([i for i in wf.root.body if isinstance(i, ExecutionNode) and not i.defer], a)
+        return None if node is None else f"defer {_name(node.path)} {1 + b % 2}"
     if op == "split_node":
         node = pick([i for i in items if not isinstance(i, LoopNode | MergeNode)], a)
         return None if node is None else f"split {_name(node.path)} {2 + b % 3}"

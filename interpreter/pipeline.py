@@ -1,0 +1,111 @@
+"""Pipelined RL iterations: an asynchronous plan's next iteration is submitted before this one ends.
+
+An asynchronous plan (`defer:`, rose_dsl/transforms/deferral.py) cuts the dependency of iteration k+1's
+rollout on iteration k's update; with a barrier between RL iterations nothing would overlap anyway. Here
+the runner keeps up to `Schedule.depth` (1 + the largest `defer`) iterations in flight: it submits
+iteration k+1's calls while iteration k's still run. That is safe for the same reason a single
+iteration is: each component runs its calls in submission (= program) order and every data dependency is
+a future, so submitting earlier only lets calls start as soon as their data allow.
+
+What stays per iteration, in order: right after an iteration's calls, each component's `pop_records`
+and `pop_metrics` are queued too (`Backend.control_later`), so they run after that iteration's calls
+and before the next one's -- the metrics line of iteration k holds iteration k's calls only. Its
+`iteration_s` is the time from the end of iteration k-1 (or k's submission, if later) to the end of k:
+in steady state the wall time per iteration, so that throughputs add up to the run's wall time.
+
+Barriers: before a checkpoint, at the end, and when `stop()` asks, nothing later is submitted, and the
+deferred calls still pending are drained first (`Schedule.drain`), so a checkpoint holds the state the
+declared workflow leaves and a resume starts with nothing pending. On a failure the exception goes up
+at once (the calls in flight are abandoned with the backend). A backend that cannot queue control calls
+(`control_later` is None) runs one iteration at a time: the same calls, no overlap.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .backend_base import Overdue
+
+if TYPE_CHECKING:
+    from .runner import Runner
+
+__all__ = ["run_pipelined"]
+
+
+@dataclass
+class _Flight:
+    """One RL iteration in flight: its calls, its queued pops, when it was submitted, whether it ends in a drain."""
+
+    k: int
+    submitted: list[tuple[Any, Any]]
+    records: dict[str, Callable[..., Any]] | None
+    metrics: dict[str, Callable[..., Any]] | None
+    started: float  # time.monotonic(), for the watchdog
+    t_submit: int  # perf_counter_ns
+    barrier: bool
+
+
+def run_pipelined(runner: Runner, k: int, stop: Callable[[], Any] | None) -> None:
+    """Iterations k.. up to `config.iterations` with up to `schedule.depth` in flight (see the module)."""
+    queued = runner.backend.capabilities.pipelined
+    ahead = runner.schedule.depth if queued else 1
+    inflight: deque[_Flight] = deque()
+    last_done, stopping = time.perf_counter_ns(), False
+    while True:
+        while k < runner.config.iterations and len(inflight) < ahead and not (inflight and inflight[-1].barrier):
+            if stop is not None and stop():
+                stopping = True
+                break
+            inflight.append(_submit(runner, k, queued))
+            k += 1
+        if not inflight:
+            break
+        flight = inflight.popleft()
+        _wait(runner, flight)
+        done = time.perf_counter_ns()
+        runner._collect_records(popped=flight.records)
+        runner._finish(flight.k, max(flight.t_submit, last_done), done, popped=flight.metrics)
+        last_done = done
+        if _checkpoint_due(runner, flight.k):
+            runner.checkpoint(flight.k)
+        if stopping and not inflight:
+            _drain_and_save(runner, flight.k)
+            break
+
+
+def _checkpoint_due(runner: Runner, k: int) -> bool:
+    every = runner.config.checkpoint_every
+    return bool(every) and ((k + 1) % every == 0 or k + 1 == runner.config.iterations)
+
+
+def _submit(runner: Runner, k: int, queued: bool) -> _Flight:
+    barrier = _checkpoint_due(runner, k) or k + 1 == runner.config.iterations
+    started, t_submit = time.monotonic(), time.perf_counter_ns()
+    submitted = runner._submit(k, drain=barrier)
+    records = metrics = None
+    if queued:  # after this iteration's calls, before the next one's, on every component
+        records = {c: runner.backend.control_later(c, "pop_records") for c in runner.component_processes()}
+        metrics = {c: runner.backend.control_later(c, "pop_metrics") for c in runner.component_processes()}
+    return _Flight(k, submitted, records, metrics, started, t_submit, barrier)
+
+
+def _wait(runner: Runner, flight: _Flight) -> None:
+    try:
+        runner._wait(flight.submitted, flight.started)
+    except Overdue as late:
+        raise runner._watchdog(late) from None
+
+
+def _drain_and_save(runner: Runner, k: int) -> None:
+    """A stop between checkpoints: run what is still deferred, then save iteration k (as `Runner.run` does
+    for a stop), so that the checkpoint holds the declared workflow's state."""
+    if k + 1 < runner.config.iterations and not _checkpoint_due(runner, k):
+        pending = runner.schedule.drain(k, runner.backend.submit)
+        runner._wait(pending, time.monotonic())
+        runner._collect_records()
+        if runner.config.out_dir is not None:
+            runner.checkpoint(k)

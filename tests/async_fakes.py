@@ -1,0 +1,134 @@
+"""Components whose state carries its version, for executing asynchronous plans (`defer:`).
+
+Every write stamps the state with the RL iteration of the call that wrote it (an input `it:
+iteration.i`, which a deferred call still takes from its own iteration), so a read knows exactly which
+update it sees: the generator's read in RL iteration k of the declared workflow sees the sync of k-1
+(stamp k-1, or -1, the initial value, at k = 0), and its lag is (k-1) - stamp. Calls sleep for the
+durations a test draws, so that executions interleave differently; nothing is checked against time.
+
+`Learner(wait_for_next=True)`: its update of iteration k waits (bounded) until the generator has started
+iteration k+1's rollout and records whether it did -- the overlap of a pipelined run observed as an
+event, not as a duration.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+STARTED: dict[str, dict[int, threading.Event]] = defaultdict(lambda: defaultdict(threading.Event))  # run -> k -> rollout k began
+
+
+class _Napper:
+    def __init__(self, sleeps: list[float] | None = None) -> None:
+        self.sleeps = list(sleeps or [0.0])
+        self.calls = 0
+
+    def nap(self) -> None:
+        s = self.sleeps[self.calls % len(self.sleeps)]
+        self.calls += 1
+        if s > 0:
+            time.sleep(s)
+
+
+class Generator(_Napper):
+    """`weights` holds the stamp of the update it was synced from; `seen` logs (iteration, stamp) per rollout."""
+
+    def __init__(self, sleeps: list[float] | None = None, run: str = "") -> None:
+        super().__init__(sleeps)
+        self.weights = torch.tensor([-1.0])
+        self.seen: list[tuple[int, int]] = []
+        self.run = run
+        self._metrics: dict[str, float] = {}
+
+    def generate(self, it: Any) -> dict[str, Any]:
+        k = int(it)
+        STARTED[self.run][k].set()
+        stamp = int(self.weights.item())
+        self.seen.append((k, stamp))
+        self._metrics = {"rollout_it": float(k), "lag": float((k - 1) - stamp)}
+        self.nap()
+        return {"rollouts": torch.tensor([float(k), float(stamp)])}
+
+    def load(self, w: Any, it: Any = 0) -> dict[str, Any]:
+        self.nap()
+        self.weights = torch.as_tensor(w).clone()
+        return {}
+
+    def pop_metrics(self) -> dict[str, float]:
+        out, self._metrics = self._metrics, {}
+        return out
+
+
+class Learner(_Napper):
+    """`weights` holds the iteration of its last update."""
+
+    def __init__(self, sleeps: list[float] | None = None, run: str = "", wait_for_next: bool = False) -> None:
+        super().__init__(sleeps)
+        self.weights = torch.tensor([-1.0])
+        self.run, self.wait_for_next = run, wait_for_next
+        self.overlapped: list[bool] = []
+
+    def update(self, rollouts: Any, it: Any) -> dict[str, Any]:
+        k = int(it)
+        if self.wait_for_next:
+            self.overlapped.append(STARTED[self.run][k + 1].wait(timeout=30.0))
+        self.nap()
+        self.weights = torch.tensor([float(k)])
+        return {}
+
+    def get(self) -> dict[str, Any]:
+        self.nap()
+        return {"w": self.weights.clone()}
+
+
+class Scorer(_Napper):
+    """A stateless call between rollout and update."""
+
+    def score(self, rollouts: Any) -> dict[str, Any]:
+        self.nap()
+        return {"score": torch.as_tensor(rollouts).sum().reshape(1)}
+
+
+class Stamper(_Napper):
+    """A component for random workflows (`tests/strategies.py`): each method accesses the state objects its
+    node declares (`behaviors`, as `tests.mocks.Mock`), and every write stamps the object with (method, RL
+    iteration, n) -- the n-th call of that method in that RL iteration, the iteration read from the input
+    `rl` (`iteration.i`: a deferred call still gets its own). `seen[(method, k, n, state)]` is the stamp each
+    reading access saw, so two executions can be compared by which write each read saw, whatever the
+    values (which an older read makes differ from then on)."""
+
+    def __init__(self, name: str = "stamper", batch: int = 6, behaviors: dict[str, Any] | None = None,
+                 states: list[str] | None = None, sleeps: list[float] | None = None) -> None:
+        super().__init__(sleeps)
+        self.name, self.batch, self.behaviors = name, batch, dict(behaviors or {})
+        self.stamps: dict[str, tuple] = {s: ("init",) for s in states or []}
+        self.seen: dict[tuple, tuple] = {}
+        self._calls: dict[tuple[str, int], int] = defaultdict(int)
+        for s in states or []:
+            setattr(self, s, torch.zeros(1))
+
+    def __getattr__(self, method: str):
+        behaviors = self.__dict__.get("behaviors", {})
+        if method not in behaviors:
+            raise AttributeError(method)
+        spec = behaviors[method]
+
+        def call(rows: slice | None = None, rl: Any = 0, **inputs: Any) -> dict[str, torch.Tensor]:
+            k = int(rl)
+            n = self._calls[(method, k)]
+            self._calls[(method, k)] += 1
+            self.nap()
+            for state, mode in spec.get("state", {}).items():
+                if mode != "refresh":
+                    self.seen[(method, k, n, state)] = self.stamps[state]
+                if mode != "read":
+                    self.stamps[state] = (method, k, n)
+            rows_n = len(range(*(rows or slice(0, self.batch)).indices(self.batch)))
+            return {port: torch.zeros(rows_n, dtype=torch.float64) for port in spec.get("out", [])}
+
+        return call
