@@ -83,7 +83,9 @@ def until_kept(orig: Workflow, result: Rewritten) -> None:
         return
     sources, before, after = source_paths(result.workflow), Resolver(orig), Resolver(result.workflow)
     for loop in dynamic:
-        src = before.items.get(sources.get(loop.path, loop.path))
+        # the loop as the workflow before this rewrite has it (a rewrite of a plan: it may itself be a copy,
+        # `l1@0.l2`, which the source workflow names `l1.l2`)
+        src = before.items.get(loop.path) or before.items.get(sources.get(loop.path, loop.path))
         if not isinstance(src, LoopNode) or whole_reason(before, src) is not None:
             continue
         why = whole_reason(after, loop)

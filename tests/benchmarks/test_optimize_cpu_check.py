@@ -20,7 +20,7 @@ def _recorded(name: str, file: str) -> dict:
 def test_the_recorded_runs_meet_the_checks() -> None:
     for name in ("interaction", "nested", "chain"):
         assert check(name, _recorded(name, "optimize_cpu.json")) == [], name
-    assert check("decode", _recorded("decode", "optimize_cpu_decode_2026-12-05.json")) == []
+    assert check("decode", _recorded("decode", "optimize_cpu_decode.json")) == []
     assert check("sim_processes", _recorded("sim_processes", "optimize_cpu_layout.json")) == []
 
 
@@ -29,7 +29,7 @@ def test_a_slower_or_over_split_or_unchosen_plan_fails_them() -> None:
     r["speedup"], r["plan_requests"] = 1.1, ["split epoch.step 8"]
     misses = check("interaction", r)
     assert any("A/B speedup 1.10x < 1.3x" in m for m in misses) and any("over-split" in m for m in misses)
-    r = copy.deepcopy(_recorded("decode", "optimize_cpu_decode_2026-12-05.json"))
+    r = copy.deepcopy(_recorded("decode", "optimize_cpu_decode.json"))
     r["plan_requests"] = []
     assert any("split-chain sample decode grade" in m for m in check("decode", r))
     r = copy.deepcopy(_recorded("sim_processes", "optimize_cpu_layout.json"))
