@@ -462,6 +462,8 @@ def _check_deferred(r: Resolver) -> list[Diagnostic]:
         return []
     diags, root, readers = [], r.wf.root, set()
     for item in r.items.values():
+        if isinstance(item, MergeNode):  # a merge reads its groups' outputs in the same iteration
+            readers |= {item.path[:-1] + (src,) for src in item.sources}
         for key, expr in expr_fields(item):
             try:
                 readers |= {b.node for b in binding_table(r.resolve_field(item, key, expr)).values() if isinstance(b, NodePort)}
