@@ -223,7 +223,7 @@ class _Checker:
                   and self.plan.components[item.component].copy_of is not None and not item.outputs
                   and [p for p, _ in item.inputs] == [SEED_PORT]
                   and all(e.access is Access.REFRESH for e in item.effects))
-        if not ok or item.defer or item.rows is not None:
+        if not ok or item.rows is not None:
             self.differ(item, f"is not a seed of a temporal group's copy ({SEED_GET}: reads, output '{SEED_PORT}'; "
                               f"{SEED_SET}: on a copy, refreshes, input '{SEED_PORT}')")
 
@@ -522,7 +522,8 @@ def plan_differences(source: Workflow, plan: Workflow) -> list[PlanDifference]:
 
 def first_plan_construct(wf: Workflow) -> tuple[SourcePos, str, str] | None:
     """Where `wf` first uses a construct only plans have -- a component copy, a split group, a loop group
-    or interleaved loops, a group number, an item a rewrite moved, a node's phases expanded -- with its
+    or interleaved loops, a group number, an item a rewrite moved, a node's phases expanded, a seeding call
+    of a copy (`_rose_get_states`/`_rose_set_states`) -- with its
     field path and what it is; None for a workflow a person may write (row slices, `rows:`, and `merge:`
     items are that: the hand-pipelined workflows use them)."""
     for name, comp in wf.components.items():
@@ -537,11 +538,12 @@ def first_plan_construct(wf: Workflow) -> tuple[SourcePos, str, str] | None:
                   "group": item.group is not None,
                   "iterations": isinstance(item, LoopNode) and item.iterations is not None,
                   "interleave": isinstance(item, LoopNode) and item.interleaved,
-                  "expand": isinstance(item, ExecutionNode) and item.expand}
+                  "expand": isinstance(item, ExecutionNode) and item.expand,
+                  "call": is_seed(item)}  # a temporal split's seeding of a copy (`seeds.py`)
         key = next((k for k, present in fields.items() if present), None)
         if key is not None:
-            return (item.field_pos.get(key, item.pos), f"{where}.{key}",
-                    f"'{where}' has `{key}:`, which rose writes only into plans")
+            what = f"calls {item.call}" if key == "call" else f"has `{key}:`"  # type: ignore[union-attr]
+            return (item.field_pos.get(key, item.pos), f"{where}.{key}", f"'{where}' {what}, which rose writes only into plans")
     return None
 
 

@@ -102,3 +102,25 @@ def test_seeded_plan_computes_what_the_declared_workflow_computes_ray(ray_sessio
     declared = _declared()
     plan = apply_request(declared, "split-time l2 2").workflow
     assert _same(_run(declared, LocalBackend), _run(plan, RayBackend, compiled))
+
+
+def test_a_hand_edited_seed_is_checked_like_any_state_access() -> None:
+    """A plan is anyone's edit: a seed set fed by another node's output, a seed that sets a component that
+    is not a copy, and a seeding call in a file that is not a plan are each refused."""
+    from rose_dsl.expr import parse_expr
+    from rose_dsl.transforms.plan_check import first_plan_construct
+
+    declared = _declared()
+    plan = apply_request(declared, "split-time l2 3").workflow
+
+    def edited(name: str, **fields):
+        body = tuple(replace(i, **fields) if i.name == name else i for i in plan.root.body)
+        return replace(plan, root=replace(plan.root, body=body))
+
+    fed_by_n1 = edited("seed_l2_c0_0", inputs=(("states", parse_expr("n1.o0")),))
+    assert "would see no value of 'c0@0.s0'" in plan_differences(declared, fed_by_n1)[0].message
+    on_the_original = edited("seed_l2_c0_0", component="c0", effects=plan.find(("iteration", "seed_l2_c0")).effects)
+    assert "is not a seed of a temporal group's copy" in plan_differences(declared, on_the_original)[0].message
+    not_a_plan = replace(declared, root=replace(declared.root, body=(plan.find(("iteration", "seed_l2_c0")),)
+                                                + declared.root.body))
+    assert "calls c0._rose_get_states, which rose writes only into plans" in first_plan_construct(not_a_plan)[2]
