@@ -17,6 +17,7 @@ from typing import Any
 from rose_dsl.errors import Diagnostic, did_you_mean
 from rose_dsl.importcheck import DEFAULT_ALLOWED, module_allowed
 from rose_dsl.ir import Component, ExecutionNode, Workflow
+from rose_dsl.transforms.seeds import SEED_GET, SEED_PORT, SEED_SET
 
 from . import contract
 
@@ -43,7 +44,7 @@ def call_problems(obj: Any, nodes: Iterable[ExecutionNode]) -> dict[str, Any]:
     (`no_rows`: the methods, `invoke` refuses those) -- asked when a process has its component and its
     nodes, before any call. {} when there is nothing (plain values: it crosses process boundaries)."""
     nodes = list(nodes)
-    missing = missing_methods(obj, {n.method for n in nodes})
+    missing = missing_methods(obj, {n.method for n in nodes if n.method not in (SEED_GET, SEED_SET)})
     no_rows = sorted({n.method for n in nodes if n.rows is not None and n.effects and n.method not in missing
                       and not _takes_rows(type(obj), n.method)})
     return {"missing": missing, "no_rows": no_rows} if missing or no_rows else {}
@@ -187,14 +188,17 @@ def _takes_rows(cls: type, name: str) -> bool:
 
 
 def invoke(obj: Any, node: ExecutionNode, inputs: Mapping[str, Any], where: str | Callable[[], str] = "",
-           live: Any = None) -> dict[str, Any]:
+           live: Any = None, comp: Component | None = None) -> dict[str, Any]:
     """Call `node.method` on `obj` and check the result against the node's declared outputs. `where`
     names the invocation in messages (or builds that name: only a failing call needs it). `live`: the
     rows (a LongTensor, of the loop's batch) this call of a loop that ends per row computes, the others
-    being done; a method that takes `rows=` gets them as global rows (offset by a split group's start)."""
+    being done; a method that takes `rows=` gets them as global rows (offset by a split group's start).
+    `comp`: the component's definition, for the seeding calls of a temporal split (`seed_call`)."""
     def label() -> str:
         return (where() if callable(where) else where) or ".".join(node.path)
 
+    if node.method in (SEED_GET, SEED_SET):
+        return seed_call(obj, node, inputs, comp)
     method = getattr(obj, node.method, None)
     if method is None or not callable(method):
         raise ComponentError(f"{label()}: component '{node.component}' has no method '{node.method}'")
@@ -230,6 +234,26 @@ def invoke(obj: Any, node: ExecutionNode, inputs: Mapping[str, Any], where: str 
     if missing:
         raise ComponentError(f"{label()}: {node.call} did not return {', '.join(missing)} (returned {', '.join(map(str, result))})")
     return {o: result[o] for o in outs}
+
+
+def seed_call(obj: Any, node: ExecutionNode, inputs: Mapping[str, Any], comp: Component | None) -> dict[str, Any]:
+    """A temporal split's seeding call (`rose_dsl.transforms.seeds`), answered here for every backend:
+    the get returns copies of the state objects the node reads (`get_state`), the set sets those the
+    node refreshes from them (`set_state`: the copy gets its own copy of each value)."""
+    if comp is None:
+        raise ComponentError(f"{node.call}: a seeding call needs its component's definition (a bug in rose)")
+    names = [e.state.split(".", 1)[1] for e in node.effects]
+    if node.method == SEED_GET:
+        # a copy, always: the original may change its value in place while the copy's group reads it
+        take = copy.deepcopy if isinstance(obj, contract.Stateful) else (lambda v: v)  # else get_state copied
+        return {SEED_PORT: {n: take(get_state(obj, comp, n)) for n in names}}
+    states = inputs[SEED_PORT]
+    lacking = [n for n in names if n not in states]
+    if lacking:
+        raise ComponentError(f"{node.call}: the seed holds no {', '.join(lacking)}")
+    for n in names:
+        set_state(obj, comp, n, states[n])
+    return {}
 
 
 def check_batch(node: ExecutionNode, outputs: Mapping[str, Any], label: str, live: int | None = None) -> None:

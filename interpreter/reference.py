@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rose_dsl.analysis import AfterOrder
-from rose_dsl.ir import LoopNode, Workflow
+from rose_dsl.ir import Component, LoopNode, Workflow
 from rose_dsl.semantics import (
     CallSite,
     Frame,
@@ -48,11 +48,13 @@ class ReferenceRun:
 class _Caller:
     ops: ValueOps = TorchOps()
 
-    def __init__(self, components: Mapping[str, Any]) -> None:
+    def __init__(self, components: Mapping[str, Any], defs: Mapping[str, Component]) -> None:
         self.components = components
+        self.defs = defs  # the components' definitions (a temporal split's seeding calls read their state)
 
     def call(self, site: CallSite, inputs: dict[str, Any]) -> dict[str, Any]:
-        return invoke(self.components[site.node.component], site.node, inputs, str(site.inv))
+        return invoke(self.components[site.node.component], site.node, inputs, str(site.inv),
+                      comp=self.defs.get(site.node.component))
 
 
 def _lookup_in(outputs: dict[Invocation, dict[str, Any]], run: ReferenceRun) -> Lookup:
@@ -85,7 +87,7 @@ def run_reference(wf: Workflow, components: Mapping[str, Any], iterations: Itera
     """Run RL iterations. order='program' follows program order; 'random' picks any ready call."""
     program = Program(wf)
     run = ReferenceRun(program, components)
-    caller = _Caller(components)
+    caller = _Caller(components, wf.components)
     if order == "program" and any(isinstance(i, LoopNode) and i.dynamic for i in wf.items()):
         for k in iterations:
             _run_with_until(run, caller, k)
@@ -150,7 +152,8 @@ def _run_with_until(run: ReferenceRun, caller: _Caller, k: int) -> None:
         inputs = {port: evaluate(r, leaves, caller.ops, k) for port, r in recipe}
         live, held = live_inputs(recipe, inputs)
         node = site.node
-        outs = invoke(caller.components[node.component], node, inputs, str(site.inv), live)
+        outs = invoke(caller.components[node.component], node, inputs, str(site.inv), live,
+                      caller.defs.get(node.component))
         if live is not None:
             outs = keep_done_rows(node, outs, live, held)
         outputs[site.inv] = outs

@@ -305,7 +305,7 @@ class ComponentWorker:
             attempt = 0
             while True:
                 try:
-                    outs = invoke(self.obj, node, inputs, label or (lambda: info.label(indices)), live)
+                    outs = invoke(self.obj, node, inputs, label or (lambda: info.label(indices)), live, self.comp)
                     break
                 except Exception as exc:  # retried only where the workflow allows it, else re-raised
                     attempt += 1

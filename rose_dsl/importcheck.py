@@ -22,6 +22,7 @@ from typing import Any
 
 from .errors import Diagnostic, SourcePos, did_you_mean
 from .ir import ExecutionNode, Workflow
+from .transforms.seeds import is_seed
 from .trust import DEFAULT_ALLOWED, DENIED_MODULES, TrustPolicy, check_trust, module_allowed
 
 __all__ = ["DENIED_MODULES", "DEFAULT_ALLOWED", "module_allowed", "check_imports", "import_problems",
@@ -246,7 +247,7 @@ def import_problems(wf: Workflow, policy: TrustPolicy) -> list[Diagnostic]:
         return refused
     calls: dict[str, dict[str, list[ExecutionNode]]] = {}
     for item in wf.items():
-        if isinstance(item, ExecutionNode):
+        if isinstance(item, ExecutionNode) and not is_seed(item):  # a split's seeding: answered by rose itself
             calls.setdefault(item.component, {}).setdefault(item.method, []).append(item)
     out: list[Diagnostic] = []
     for c in wf.components.values():  # one child per component: each with its own environment

@@ -13,6 +13,9 @@ two RL iterations (like the legality oracle), with every exposed phase run:
   iteration leaves the same calls' values: the runtime runs each component's calls in program order,
   so this is what its state accesses observe (a temporal split's copy of a component is a state object
   of its own, whose values no call of another copy sees);
+* a temporal group's copy may be seeded from the original's state (`seeds.py`): a seed get reads state
+  of a component, a seed set refreshes the same state objects of a copy of it from that get; its
+  write counts as what the get read;
 * loops that end on a condition are kept, with the same condition; merges take their groups in row
   order.
 
@@ -53,6 +56,7 @@ from .legality import (
     values_of,
 )
 from .refs import RefUse, batch_dim, binding_target, map_field, rename_ref
+from .seeds import SEED_GET, SEED_PORT, SEED_SET, is_seed, through_seeds
 from .tree import source_paths
 
 __all__ = ["PlanDifference", "plan_differences", "check_plan_source", "recorded_source"]
@@ -176,6 +180,10 @@ class _Checker:
         for path, item in self.plan_items.items():
             if path == self.plan.root.path:
                 continue
+            if is_seed(item):
+                assert isinstance(item, ExecutionNode)
+                self.seed(item)
+                continue
             src = self.src_items.get(self.origin[path])
             where = ".".join(self.origin[path][1:])
             if isinstance(item, MergeNode):
@@ -204,6 +212,20 @@ class _Checker:
             self.differ(item, f"its outputs or batch declaration differ from the source's '{src.name}'")
         if item.rows is not None and (src.batch != 0 or not src.separable):
             self.differ(item, f"is a row group of '{src.name}', which is not declared batch-separable (dim 0)")
+
+    def seed(self, item: ExecutionNode) -> None:
+        """A seed get only reads; a seed set only refreshes state objects of a copy of a component (the
+        values it sets are checked as state: they count as what its get read)."""
+        if item.method == SEED_GET:
+            ok = item.outputs == (SEED_PORT,) and not item.inputs and all(e.access is Access.READ for e in item.effects)
+        else:
+            ok = (self.plan.components.get(item.component) is not None
+                  and self.plan.components[item.component].copy_of is not None and not item.outputs
+                  and [p for p, _ in item.inputs] == [SEED_PORT]
+                  and all(e.access is Access.REFRESH for e in item.effects))
+        if not ok or item.rows is not None:
+            self.differ(item, f"is not a seed of a temporal group's copy ({SEED_GET}: reads, output '{SEED_PORT}'; "
+                              f"{SEED_SET}: on a copy, refreshes, input '{SEED_PORT}')")
 
     def loop(self, item: LoopNode, src: LoopNode) -> None:
         if item.dynamic != src.dynamic or (item.dynamic and self.as_source(item) != _text(src.until)):
@@ -242,6 +264,8 @@ class _Checker:
     def calls(self, g0: InvocationGraph, g1: InvocationGraph) -> dict[Invocation, list[Invocation]]:
         images: dict[Invocation, list[Invocation]] = defaultdict(list)
         for q in g1.order:
+            if is_seed(g1.node[q]):
+                continue
             s = Invocation(self.origin[q.path], q.indices)
             if s not in g0.node:
                 self.differ(g1.node[q], f"runs {describe_invocation(q, self.plan_items)}, which stands for no call "
@@ -285,7 +309,7 @@ class _Checker:
         src_edges = {(p, c, _key(d)) for p, c, d in g0.edges() if d.kind == "data"}
         plan_edges: dict[tuple[Invocation, tuple[str, str]], list[Invocation]] = defaultdict(list)
         for p, c, d in g1.edges():
-            if d.kind != "data":
+            if d.kind != "data" or is_seed(g1.node[c]):
                 continue
             key = _key(d)
             sp, sc = Invocation(self.origin[p.path], p.indices), Invocation(self.origin[c.path], c.indices)
@@ -311,6 +335,7 @@ class _Checker:
         values (`legality.state_observations`)."""
         seen0, left0 = state_observations(g0)
         seen1, left1 = state_observations(g1)
+        seen1 = through_seeds(g1, seen1)
 
         def source(writers: frozenset[Invocation | None]) -> frozenset[Invocation | None]:
             return frozenset(None if w is None else Invocation(self.origin[w.path], w.indices) for w in writers)
@@ -497,7 +522,8 @@ def plan_differences(source: Workflow, plan: Workflow) -> list[PlanDifference]:
 
 def first_plan_construct(wf: Workflow) -> tuple[SourcePos, str, str] | None:
     """Where `wf` first uses a construct only plans have -- a component copy, a split group, a loop group
-    or interleaved loops, a group number, an item a rewrite moved, a node's phases expanded -- with its
+    or interleaved loops, a group number, an item a rewrite moved, a node's phases expanded, a seeding call
+    of a copy (`_rose_get_states`/`_rose_set_states`) -- with its
     field path and what it is; None for a workflow a person may write (row slices, `rows:`, and `merge:`
     items are that: the hand-pipelined workflows use them)."""
     for name, comp in wf.components.items():
@@ -512,11 +538,12 @@ def first_plan_construct(wf: Workflow) -> tuple[SourcePos, str, str] | None:
                   "group": item.group is not None,
                   "iterations": isinstance(item, LoopNode) and item.iterations is not None,
                   "interleave": isinstance(item, LoopNode) and item.interleaved,
-                  "expand": isinstance(item, ExecutionNode) and item.expand}
+                  "expand": isinstance(item, ExecutionNode) and item.expand,
+                  "call": is_seed(item)}  # a temporal split's seeding of a copy (`seeds.py`)
         key = next((k for k, present in fields.items() if present), None)
         if key is not None:
-            return (item.field_pos.get(key, item.pos), f"{where}.{key}",
-                    f"'{where}' has `{key}:`, which rose writes only into plans")
+            what = f"calls {item.call}" if key == "call" else f"has `{key}:`"  # type: ignore[union-attr]
+            return (item.field_pos.get(key, item.pos), f"{where}.{key}", f"'{where}' {what}, which rose writes only into plans")
     return None
 
 

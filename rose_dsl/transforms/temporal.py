@@ -8,6 +8,11 @@ keeps the original component, so after the loop the state is the one the last it
 the declared workflow leaves. `loop[j]` references from outside follow iteration j to the group that
 ran it. The pass runner checks the result keeps every dependency (`legality.check_order_preserved`: a
 call on a copy must see the values it saw, which a copy can give only within its own group).
+
+State of a copied component that the loop reads but does not write, and that is written elsewhere (a
+`refresh` before the loop, an update after it), is what the copy must start from: the split seeds each
+copy from the original before the groups (`seeds.py`: a get of the original's state objects and a set
+of the copy's, plan calls both runtimes run).
 """
 
 from __future__ import annotations
@@ -15,11 +20,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..analysis import loop_kinds, state_access_order
-from ..expr import Expr
-from ..ir import Component, ExecutionNode, Item, LoopNode, StateEffect, StateObject, Workflow
+from ..expr import Expr, parse_expr
+from ..ir import Access, Component, ExecutionNode, Item, LoopNode, StateEffect, StateObject, Workflow
 from ..resolve import Resolver
 from .refs import RefUse, map_subtree, rename_ref, retarget_after
 from .rewritten import Refused, Rewritten
+from .seeds import SEED_GET, SEED_PORT, SEED_SET
 from .tree import find, into_group, map_tree, repath, replace_item
 
 __all__ = ["build_split_temporal"]
@@ -42,10 +48,11 @@ def build_split_temporal(wf: Workflow, path: Path, k: int, blocks: bool = False,
     else:
         groups = [tuple(indices[g::k]) for g in range(k)]
     owner = next(g for g, its in enumerate(groups) if indices[-1] in its)
-    copied = _copied_components(wf, loop)
+    copied, seeded = _copied_components(wf, loop)
     resolver = Resolver(wf)
     components = dict(wf.components)
     members: list[Item] = []
+    seeds = _seed_gets(wf, path, loop, seeded)
     for g, its in enumerate(groups):
         member = f"{loop.name}@{g}"
         copies = {} if g == owner else {c: _copy_name(wf.components[c], components) for c in copied}
@@ -57,7 +64,8 @@ def build_split_temporal(wf: Workflow, path: Path, k: int, blocks: bool = False,
         body = [_on_copies(map_subtree(resolver, item, _renamer(path, member)), copies) for item in loop.body]
         group = replace(loop, body=tuple(body), iterations=its, split_of=loop.name)
         members.append(into_group(repath(group, path, path[:-1] + (member,)), g))
-    new = replace_item(replace(wf, components=components), path, members)
+        seeds += [_seed_set(wf, path, loop, c, seeded[c], copy) for c, copy in copies.items() if c in seeded]
+    new = replace_item(replace(wf, components=components), path, [*seeds, *members])
     new = retarget_after(new, {path: tuple(m.name for m in members)})  # `after: [loop]`: after every group
     member_of = {j: g for g, its in enumerate(groups) for j in its}
     depth = sum(isinstance(wf.find(path[:n]), LoopNode) for n in range(1, len(path)))  # this loop's index position
@@ -69,6 +77,8 @@ def build_split_temporal(wf: Workflow, path: Path, k: int, blocks: bool = False,
 
     notes = tuple(f"'{c.name}' is a copy of '{c.copy_of}' for a group of '{loop.name}'"
                   for name, c in components.items() if name not in wf.components)
+    notes += tuple(f"'{n.name}' {'reads' if n.method == SEED_GET else 'sets'} {', '.join(e.state for e in n.effects)}: "
+                   "a copy starts from the original's state" for n in seeds)
     return Rewritten(new, locate, f"splitting the iterations of loop '{loop.name}' into {k} groups {groups}", notes)
 
 
@@ -91,23 +101,46 @@ def _splittable(wf: Workflow, path: Path, force: bool) -> LoopNode:
     return loop
 
 
-def _copied_components(wf: Workflow, loop: LoopNode) -> list[str]:
-    """The components whose state the loop writes: each non-owner group gets a copy. Refused when such
-    a component's state is read in the loop but written elsewhere: a copy would not see that value."""
+def _copied_components(wf: Workflow, loop: LoopNode) -> tuple[list[str], dict[str, list[str]]]:
+    """The components whose state the loop writes (each non-owner group gets a copy), and per such
+    component the state objects the loop reads but does not write while something else writes them:
+    the copies are seeded with the original's values of those (`seeds.py`)."""
     accesses = state_access_order(loop.body)
     written = {s for s, a, _ in accesses if a.writes}
     copied = sorted({s.split(".", 1)[0] for s in written})
     everywhere = {s for s, a, _ in state_access_order(wf.root.body) if a.writes}
-    for s, _, reader in accesses:
-        comp = s.split(".", 1)[0]
-        if comp in copied and s not in written and s in everywhere:
-            node = wf.find(reader)
-            raise Refused(f"'{s}' is read by '{reader[-1]}' inside loop '{loop.name}' and written elsewhere: a copy of "
-                          f"'{comp}' for another group would not see its value (copies start from the component's "
-                          "constructor, not from the original's state; keep what the loop only reads on a component "
-                          "the loop does not write)",
-                          at=(node.field_pos.get("state") or node.pos) if node is not None else None)
-    return copied
+    seeded: dict[str, list[str]] = {}
+    for s, _, _ in accesses:
+        comp, name = s.split(".", 1)
+        if comp in copied and s not in written and s in everywhere and name not in seeded.get(comp, []):
+            seeded.setdefault(comp, []).append(name)
+    return copied, {c: sorted(names) for c, names in seeded.items()}
+
+
+def _seed_name(wf: Workflow, path: Path, loop: LoopNode, component: str) -> Path:
+    """`seed_epoch_sim_0`: a name no sibling of the loop has (refused where one has: a user's own item)."""
+    name = f"seed_{loop.name}_{component}".replace("@", "_")
+    parent = wf.find(path[:-1])
+    siblings = {c.name for c in getattr(parent, "body", ())}
+    if name in siblings:
+        raise Refused(f"loop '{loop.name}' needs a seeding call named '{name}', which another item already is",
+                      at=loop.pos)
+    return path[:-1] + (name,)
+
+
+def _seed_gets(wf: Workflow, path: Path, loop: LoopNode, seeded: dict[str, list[str]]) -> list[ExecutionNode]:
+    """One call per seeded component: read its state objects that its copies start from."""
+    return [ExecutionNode(_seed_name(wf, path, loop, c), c, SEED_GET, outputs=(SEED_PORT,),
+                          effects=tuple(StateEffect(f"{c}.{s}", Access.READ) for s in names), group=loop.group)
+            for c, names in seeded.items()]
+
+
+def _seed_set(wf: Workflow, path: Path, loop: LoopNode, original: str, names: list[str], copy: str) -> ExecutionNode:
+    """The copy's state objects set (refreshed) from the original's, which its seed get reads just before."""
+    get = _seed_name(wf, path, loop, original)[-1]
+    return ExecutionNode(_seed_name(wf, path, loop, copy), copy, SEED_SET,
+                         inputs=((SEED_PORT, parse_expr(f"{get}.{SEED_PORT}")),),
+                         effects=tuple(StateEffect(f"{copy}.{s}", Access.REFRESH) for s in names), group=loop.group)
 
 
 def _renamer(path: Path, member: str):

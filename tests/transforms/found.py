@@ -464,4 +464,23 @@ ACCEPTED += [
             - {node: n5, call: c0.n5, in: {t: l2.i}, out: [o0], batch: {dim: 0, size: 6}}
 """, count=1),
         ("split-time iteration.l1 2", "split iteration.l1@0.l2.n3 2")),
+# issue 42: a time-split copy of a component starts from the original's state (paper §4.3.1): the loop
+# reads state written before it (`n1` updates s0, the loop only reads it), which was refused ("a copy
+# would not see its value"); the split now seeds each copy from the original before the groups (seeds.py)
+ACCEPTED += [
+    Found(
+        "split-time of a loop that reads state of a component it writes, set before the loop: the copy "
+        "started from the constructor's value (refused until the split seeded copies; issue 42's last item)",
+        _wf(_mock("c0", ["s0", "s1"], {
+            "n1": "{state: {s0: update}, out: [o0], separable: true}",
+            "n3": "{state: {s1: refresh}, out: [o0], separable: true}",
+            "n4": "{state: {s0: read, s1: update}, out: [o0], separable: true}"}), """\
+    - {node: n1, call: c0.n1, state: {s0: update}, out: [o0], batch: {dim: 0, size: 6}}
+    - loop: l2
+      count: 3
+      body:
+        - {node: n3, call: c0.n3, in: {t: l2.i}, state: {s1: refresh}, out: [o0], batch: {dim: 0, size: 6}}
+        - {node: n4, call: c0.n4, in: {x: n3.o0}, state: {s0: read, s1: update}, out: [o0], batch: {dim: 0, size: 6}}
+"""),
+        ("split-time iteration.l2 3",)),
 ]
