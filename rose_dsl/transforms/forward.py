@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from ..expr import BinOp, Call, Expr, Int, IterRef, Neg, Record, Ref, Slice
+from ..expr import Call, Expr, Int, Ref, Slice, map_expr
 from ..ir import Carry, ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from ..resolve import Binding, CarryIn, NodePort, Resolver
 from .tree import map_item_exprs, map_workflow
@@ -58,19 +58,7 @@ def _map_row_slices(expr: Expr, on_slice: Callable[[Slice, Ref], Expr | None]) -
         case Slice(target=Ref() as ref):
             found = on_slice(expr, ref)
             return found if found is not None else replace(expr, target=again(expr.target))
-        case Slice(target=t, start=s, stop=p):
-            return replace(expr, target=again(t), start=None if s is None else again(s), stop=None if p is None else again(p))
-        case IterRef(inner=inner):
-            return replace(expr, inner=again(inner))
-        case BinOp(left=a, right=b):
-            return replace(expr, left=again(a), right=again(b))
-        case Neg(operand=a):
-            return replace(expr, operand=again(a))
-        case Record(fields=fields):
-            return replace(expr, fields=tuple((n, again(v)) for n, v in fields))
-        case Call(args=args):
-            return replace(expr, args=tuple(again(a) for a in args))
-    return expr
+    return map_expr(expr, again)
 
 
 def _forward(expr: Expr, bound: Mapping[int, Binding], groups: Mapping[Path, list[tuple[str, Rows]]],
