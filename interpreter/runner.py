@@ -34,7 +34,7 @@ from .metric_merge import merge_metrics
 from .rundir import MetricsLog, check_run_dir
 from .schedule import ReplicaSet, Schedule, replicated
 from .trace import ExecutionTrace, InvocationRecord
-from .worker import CallFailed
+from .worker import CallFailed, component_of
 
 __all__ = ["RunConfig", "Runner", "IterationResult", "Resumed", "ParamsChanged", "param_changes", "recorded_params",
            "workflow_sha256"]
@@ -207,7 +207,7 @@ class Runner:
         """The backend's component processes that this workflow's components run on. Usually all of them;
         a backend that also hosts other components (the optimizer's: trial components, the copies other
         plans need) must not have those report records, metrics or state into this run."""
-        return [c for c in self.backend.components() if c.partition("#")[0] in self.wf.components]
+        return [c for c in self.backend.components() if component_of(c) in self.wf.components]
 
     # -- resume -----------------------------------------------------------------------------
     def describe_processes(self) -> None:

@@ -11,7 +11,7 @@ from dataclasses import replace
 from ..expr import Call, Expr, Int, Ref, Slice, map_expr
 from ..ir import Carry, ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from ..resolve import Binding, CarryIn, NodePort, Resolver
-from .tree import map_item_exprs, map_workflow
+from .tree import map_item_exprs, map_workflow, own_group
 
 __all__ = ["forward_merge_slices"]
 
@@ -141,7 +141,8 @@ def _carry_per_group(wf: Workflow) -> Workflow:
                 continue
             taken = {x.name for x in loop.carries}
             for name, (lo, hi) in groups[b.node]:
-                group_carry = f"{c.name}@{name.rpartition('@')[2]}" if "@" in name else None
+                g = own_group(resolver.items[b.node[:-1] + (name,)])
+                group_carry = None if g is None else f"{c.name}@{g}"
                 if group_carry is None or group_carry in taken:
                     continue
                 init = Slice(c.init.offset, c.init, Int(0, lo), Int(0, hi))
