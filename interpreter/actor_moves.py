@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from rose_dsl.ir import Component, Workflow
 
+from .worker import replica_of
+
 __all__ = ["ActorMoves", "Parked"]
 
 PARK_MARGIN_BYTES = 2 << 30  # GPU memory left free beyond two copies of the parked process's
@@ -80,7 +82,7 @@ class ActorMoves:
         fetches only its size, to know the read succeeded before the old process is stopped (a 4-GB GPU
         state on the H200: 6.9 s through the driver, 5.1 s by reference; a whole replace_actor 11.4 s;
         `benchmarks/state_transfer.py`)."""
-        base, _, r = name.partition("#")
+        base, r = replica_of(name)
         size, states = self.actors[name].export_states.options(num_returns=2).remote()
         try:
             self.ray.get(size, timeout=600)
@@ -118,14 +120,14 @@ class ActorMoves:
             self.actors[name], self.pids[name] = reuse.actor, reuse.pid
             reuse.actor.register_nodes.remote(self._nodes_by_comp[base], self._loops, self._plan_key)
         else:
-            self.actors[name] = self._launch(comp, int(r or 0))
+            self.actors[name] = self._launch(comp, r)
             self._await_ready(name)
         try:
             self.control(name, "set_states", states)
         except Exception:  # a parked process that died meanwhile: a fresh one takes its place
             if reuse is None:
                 raise
-            self.actors[name] = self._launch(comp, int(r or 0))
+            self.actors[name] = self._launch(comp, r)
             self._await_ready(name)
             self.control(name, "set_states", states)
         if schedule is not None:

@@ -23,7 +23,7 @@ from .backend_base import Backend, CompileError, Unsupported
 from .runner import IterationResult, RunConfig, Runner
 from .schedule import Schedule
 from .trace import InvocationRecord
-from .worker import CallFailed
+from .worker import CallFailed, component_of
 
 __all__ = ["Executor", "BuildBackend"]
 
@@ -93,7 +93,7 @@ class Executor:
         """Start workers for the components a plan needs and the backend lacks (a temporal split's
         copies); Unsupported when the backend cannot add one (a GPU copy on Ray, whose GPU placement is
         fixed when the processes start)."""
-        have = {c.partition("#")[0] for c in self.components()}
+        have = {component_of(c) for c in self.components()}
         added = []
         for name, comp in comps.items():
             if name not in have:

@@ -87,14 +87,24 @@ def _merge_one(rule: str, vs: list[tuple[float, str]], work: Mapping[str, int], 
     return _weighted_mean(vs, work)
 
 
+def _name_base(process: str) -> str:
+    """`sim@1#2` -> `sim`, read from the name: only for a process `merge_metrics` is not told the base of."""
+    return process.partition("#")[0].partition("@")[0]
+
+
 def merge_metrics(per_process: Mapping[str, Mapping[str, float]], work: Mapping[str, int] | None = None,
-                  declared: Mapping[str, Mapping[str, str]] | None = None) -> Merged:
+                  declared: Mapping[str, Mapping[str, str]] | None = None,
+                  base: Mapping[str, str] | None = None) -> Merged:
     """`{process: {metric: value}}` -> one figure per `component/metric` by each metric's rule (`declared`:
     component -> its `metric_merge`), `copies` metrics one per process when several report them. `work`:
-    the batch rows each process ran this iteration (the weights of `mean`)."""
+    the batch rows each process ran this iteration (the weights of `mean`). `base`: each process's
+    component as the source workflow names it (the runner's, from the plan's `copy_of`)."""
+    def base_of(process: str) -> str:
+        return base[process] if base is not None and process in base else _name_base(process)
+
     values: dict[str, list[tuple[float, str]]] = {}
-    for process in sorted(per_process, key=lambda p: (p.partition("#")[0].partition("@")[0], p)):
-        comp = process.partition("#")[0].partition("@")[0]
+    for process in sorted(per_process, key=lambda p: (base_of(p), p)):
+        comp = base_of(process)
         for name, value in per_process[process].items():
             values.setdefault(f"{comp}/{name}", []).append((float(value), process))
     out = Merged()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from rose_dsl.ir import Workflow
 
-from .worker import replica_name
+from .worker import component_of, replica_name
 
 __all__ = ["GpuPlacement"]
 
@@ -42,7 +42,7 @@ class GpuPlacement:
 
     def distinct(self, component: str) -> bool:
         """Do the component's replicas run on distinct GPUs (what NCCL requires)?"""
-        mine = [s for p, s in self.slot_of.items() if p.partition("#")[0] == component]
+        mine = [s for p, s in self.slot_of.items() if component_of(p) == component]
         return len(set(mine)) == len(mine)
 
     def describe(self) -> str:

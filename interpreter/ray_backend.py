@@ -40,7 +40,7 @@ from .components import CallProblems, ImplProblem
 from .placement import GpuPlacement
 from .procs import pid_alive
 from .schedule import Schedule, Step
-from .worker import CallFailed, ComponentWorker, replica_name
+from .worker import CallFailed, ComponentWorker, component_of, replica_name, replica_of
 
 __all__ = ["RayBackend", "GpuPlacement", "GRAPH_CACHE"]
 
@@ -177,7 +177,7 @@ class RayBackend(ActorMoves, Backend):
             self.shutdown()
             raise CallFailed(f"starting component '{name}'", name, _unwrap(exc)) from None
         self.pids[name] = info["pid"]
-        base = name.partition("#")[0]
+        base = component_of(name)
         if info.get("impl_problem"):  # its impl: did not resolve (the constructor was not reached)
             self.shutdown()
             raise ImplProblem(self.wf.components[base], info["impl_problem"])
@@ -231,7 +231,7 @@ class RayBackend(ActorMoves, Backend):
         exited); otherwise just these."""
         out = set(names)
         if gpu_fatal:
-            under_mps = {p for p in self.placement.slot_of if self.mps_env.get(p.partition("#")[0])}
+            under_mps = {p for p in self.placement.slot_of if self.mps_env.get(component_of(p))}
             for name in names:
                 slot = self.placement.slot_of.get(name)
                 if name in under_mps and slot is not None:
@@ -242,8 +242,7 @@ class RayBackend(ActorMoves, Backend):
         """Start fresh processes for these components (their state is restored by the caller). All are
         stopped before any starts: an MPS server recovering from a fatal error waits for that."""
         for name in names:
-            base, _, r = name.partition("#")
-            comp = self.wf.components[base]
+            comp = self.wf.components[component_of(name)]
             if comp.replicas > 1 and _wants_process_group(comp, self.allowed):
                 raise CallFailed(f"restarting '{name}'", name, "a data-parallel replica cannot rejoin its process "
                                  "group alone; restart the run with --resume", died=True)
@@ -254,8 +253,8 @@ class RayBackend(ActorMoves, Backend):
             self._kill(name)
         self._wait_gone([self.pids[n] for n in names if n in self.pids])
         for name in names:
-            base, _, r = name.partition("#")
-            self.actors[name] = self._launch(self.wf.components[base], int(r or 0))
+            base, r = replica_of(name)
+            self.actors[name] = self._launch(self.wf.components[base], r)
         for name in names:
             self._await_ready(name)
         if schedule is not None:
@@ -292,7 +291,7 @@ class RayBackend(ActorMoves, Backend):
         if key in self._graphs:
             refs = [actor.use_plan.remote(key) for actor in self.actors.values()]
         else:
-            refs = [actor.register_nodes.remote(self._nodes_by_comp[name.partition("#")[0]], self._loops, key)
+            refs = [actor.register_nodes.remote(self._nodes_by_comp[component_of(name)], self._loops, key)
                     for name, actor in self.actors.items()]
         try:
             self.ray.get(refs, timeout=self.start_timeout_s)
@@ -334,7 +333,7 @@ class RayBackend(ActorMoves, Backend):
                                   "processes start")
         self._teardown_dag()
         self._schedule = self._plan_key = None
-        names = [n for n in self.actors if n.partition("#")[0] == comp.name]
+        names = [n for n in self.actors if component_of(n) == comp.name]
         self.stop_parked(names)
         for name in names:
             self._kill(name)
@@ -447,7 +446,7 @@ class RayBackend(ActorMoves, Backend):
             self._schedule, self._plan_key = schedule, key
             nodes = nodes_by_component(schedule.workflow)
             loops = {p: tuple(v) for p, v in schedule.program.loops_of.items()}
-            self.ray.get([a.register_nodes.remote(nodes.get(n.partition("#")[0], {}), loops, key)
+            self.ray.get([a.register_nodes.remote(nodes.get(component_of(n), {}), loops, key)
                           for n, a in self.actors.items()], timeout=self.start_timeout_s)
         graph = self._graphs.pop(key, None)
         if graph is None:

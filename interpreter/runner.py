@@ -14,7 +14,7 @@ import hashlib
 import json
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,11 +30,11 @@ from .checkpoint import (
     find_resumable,
     save_component_checkpoint,
 )
-from .metric_merge import merge_metrics
+from .metric_merge import _name_base, merge_metrics
 from .rundir import MetricsLog, check_run_dir
 from .schedule import ReplicaSet, Schedule, replicated
 from .trace import ExecutionTrace, InvocationRecord
-from .worker import CallFailed
+from .worker import CallFailed, component_of
 
 __all__ = ["RunConfig", "Runner", "IterationResult", "Resumed", "ParamsChanged", "param_changes", "recorded_params",
            "workflow_sha256"]
@@ -207,7 +207,7 @@ class Runner:
         """The backend's component processes that this workflow's components run on. Usually all of them;
         a backend that also hosts other components (the optimizer's: trial components, the copies other
         plans need) must not have those report records, metrics or state into this run."""
-        return [c for c in self.backend.components() if c.partition("#")[0] in self.wf.components]
+        return [c for c in self.backend.components() if component_of(c) in self.wf.components]
 
     # -- resume -----------------------------------------------------------------------------
     def describe_processes(self) -> None:
@@ -219,13 +219,23 @@ class Runner:
                 continue
             self.processes[info["pid"]] = info
 
+    def _bases(self, processes: Iterable[str]) -> dict[str, str]:
+        """Each process's component as the source workflow names it, from the plan: a replica's component,
+        a temporal-split copy's `copy_of` (a process of a component this plan does not know: its name)."""
+        out = {}
+        for process in processes:
+            spec = self.wf.components.get(component_of(process))
+            out[process] = (spec.copy_of or spec.name) if spec is not None else _name_base(process)
+        return out
+
     def _metric_rules(self, per_process: Mapping[str, Mapping[str, float]]) -> dict[str, Mapping[str, str]]:
         """Each component's declared `metric_merge`, asked once per component and only when several of its
         processes report metrics (the one case where a rule matters)."""
         counts: dict[str, int] = defaultdict(int)
+        bases = self._bases(per_process)
         for process, values in per_process.items():
             if values:
-                counts[process.partition("#")[0].partition("@")[0]] += 1
+                counts[bases[process]] += 1
         for comp in (c for c, n in counts.items() if n > 1 and c not in self._rules):
             try:
                 info = self.backend.control(comp, "info", timeout=60)
@@ -383,7 +393,7 @@ class Runner:
         metrics: dict[str, float] = {"iteration_s": seconds}
         per_process = {comp: popped[comp](None) if popped is not None else self.backend.control(comp, "pop_metrics")
                        for comp in self.component_processes()}
-        merged = merge_metrics(per_process, self._work, self._metric_rules(per_process))
+        merged = merge_metrics(per_process, self._work, self._metric_rules(per_process), self._bases(per_process))
         metrics.update(merged.values)
         self.metric_notes.update(merged.notes)
         steps = sum(v for n, v in metrics.items() if n.endswith("/env_steps"))

@@ -31,6 +31,7 @@ from rose_dsl.measurement import (
     Call,
     IterationRun,
     OutOfBudget,
+    call_identity,
     feed_component,
     probe_component,
 )
@@ -41,7 +42,7 @@ from .cpu_activity import CpuActivity, process_clock, thread_clock
 from .executor import Executor
 from .runner import IterationResult, RunConfig
 from .trace import InvocationRecord
-from .worker import CallFailed, state_bytes
+from .worker import CallFailed, component_of, state_bytes
 
 __all__ = ["Feed", "Probe", "TrialSession", "TrialFailed", "state_bytes", "trial_components", "unsupported"]
 
@@ -167,7 +168,7 @@ class TrialSession:
         (a temporal split's copy of a GPU component that was not started with the session) cannot run."""
         if not self.executor.processes:  # threads: any component can be added
             return None
-        have = {c.partition("#")[0] for c in self.executor.components()}
+        have = {component_of(c) for c in self.executor.components()}
         missing = sorted(n for n, c in plan.components.items() if c.device == "gpu" and n not in have)
         if missing:
             return (f"needs GPU process(es) {', '.join(missing)} that were not started with the session "
@@ -198,17 +199,19 @@ class TrialSession:
     # -- turning records into calls ---------------------------------------------------------------
     def _calls(self, plan: Workflow, records: Sequence[InvocationRecord]) -> tuple[Call, ...]:
         out = []
+        identity = call_identity(plan)
         for r in records:
             end = r.end_ns
             if end is None or r.status != "ok":
                 continue
             node = plan.find(tuple(r.node.split(".")))
+            source, base = identity.get(r.node, ("", ""))
             rows = None
             if isinstance(node, ExecutionNode) and node.batch is not None:
                 rows = r.rows if r.rows is not None else node.rows[1] - node.rows[0] if node.rows else node.batch_size
             indices = tuple(i for _, i in r.loop_indices)
             out.append(Call(r.node, r.component, indices[0] if indices else 0, indices, r.host_start_ns, end, rows,
-                            self._activity(r.component, r.host_start_ns, end)))
+                            self._activity(r.component, r.host_start_ns, end), source, base))
         return tuple(out)
 
     def _samples(self, t0: int, t1: int) -> tuple[tuple[int, int, float], ...]:

@@ -48,6 +48,18 @@ def replica_name(component: str, replica: int) -> str:
     return component if replica == 0 else f"{component}#{replica}"
 
 
+def replica_of(process: str) -> tuple[str, int]:
+    """(component, replica) of a process `replica_name` named: the one place that reads the name back
+    (a backend keys its processes by name; the IR knows components, not processes)."""
+    component, _, r = process.partition("#")
+    return component, int(r or 0)
+
+
+def component_of(process: str) -> str:
+    """The component a process is a replica of (`policy#1` -> `policy`)."""
+    return replica_of(process)[0]
+
+
 class CallFailed(Exception):
     """A component call raised: carries the invocation label and the component's traceback text."""
 

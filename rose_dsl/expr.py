@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lark import Lark, Token, Transformer, Tree, v_args
@@ -18,7 +19,8 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 __all__ = [
     "Expr", "Int", "Param", "BinOp", "Neg", "Ref", "Index", "IterRef", "Record", "Call", "Slice",
-    "ExprSyntaxError", "parse_expr", "parse_with_grammar", "unparse", "walk", "FUNCTIONS",
+    "ExprSyntaxError", "parse_expr", "parse_with_grammar", "unparse", "walk", "children", "map_expr",
+    "FUNCTIONS",
 ]
 
 FUNCTIONS = {"stack": "stack values along a new leading dimension", "cat": "concatenate along dim 0"}
@@ -308,27 +310,50 @@ def _unparse_index(ix: Index) -> str:
     return {"int": str(ix.value), "last": "-1", "all": "*", "loop": f"{ix.loop}.i"}[ix.kind]
 
 
-def walk(e: Expr):
-    """Every sub-expression, pre-order."""
-    yield e
+def children(e: Expr) -> tuple[Expr, ...]:
+    """The direct sub-expressions of `e`, in source order (an iteration reference's index, then its
+    inner part); a leaf has none. With `map_expr`, the one place that knows the shape of every node:
+    each walk over expressions handles the nodes it cares about and leaves the rest to these two."""
     match e:
         case BinOp(left=a, right=b):
-            yield from walk(a)
-            yield from walk(b)
+            return (a, b)
         case Neg(operand=a):
-            yield from walk(a)
+            return (a,)
         case IterRef(index=ix, inner=inner):
-            yield ix
-            yield from walk(inner)
+            return (ix, inner)
         case Record(fields=fields):
-            for _, v in fields:
-                yield from walk(v)
+            return tuple(v for _, v in fields)
         case Call(args=args):
-            for a in args:
-                yield from walk(a)
+            return args
         case Slice(target=t, start=s, stop=p):
-            yield from walk(t)
-            if s is not None:
-                yield from walk(s)
-            if p is not None:
-                yield from walk(p)
+            return tuple(x for x in (t, s, p) if x is not None)
+    return ()
+
+
+def map_expr(e: Expr, fn: Callable[[Expr], Expr]) -> Expr:
+    """`e` rebuilt with every direct sub-expression `x` (those `children` lists) replaced by `fn(x)`;
+    a leaf is returned as is. A recursive rewrite calls it for the nodes it does not change itself."""
+    match e:
+        case BinOp(left=a, right=b):
+            return replace(e, left=fn(a), right=fn(b))
+        case Neg(operand=a):
+            return replace(e, operand=fn(a))
+        case IterRef(index=ix, inner=inner):
+            new_ix = fn(ix)
+            if not isinstance(new_ix, Index):
+                raise TypeError(f"an iteration reference's index must stay an index, got {new_ix!r}")
+            return replace(e, index=new_ix, inner=fn(inner))
+        case Record(fields=fields):
+            return replace(e, fields=tuple((n, fn(v)) for n, v in fields))
+        case Call(args=args):
+            return replace(e, args=tuple(fn(a) for a in args))
+        case Slice(target=t, start=s, stop=p):
+            return replace(e, target=fn(t), start=None if s is None else fn(s), stop=None if p is None else fn(p))
+    return e
+
+
+def walk(e: Expr) -> Iterator[Expr]:
+    """Every sub-expression, pre-order."""
+    yield e
+    for c in children(e):
+        yield from walk(c)

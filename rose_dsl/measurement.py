@@ -15,15 +15,46 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .ir import Component, StateObject
+from .ir import Component, ExecutionNode, Item, LoopNode, StateObject, Workflow
 
 __all__ = ["Books", "Call", "IterationRun", "OutOfBudget", "FEED", "PROBE", "feed_component", "probe_component",
-           "structural"]
+           "structural", "call_identity"]
 
 
 def structural(node: str) -> str:
-    """`iteration.epoch@1.step.act@0` -> `iteration.epoch.step.act`: split groups are their node."""
+    """`iteration.epoch@1.step.act@0` -> `iteration.epoch.step.act`: split groups are their node.
+
+    Read from the name only for a record that does not carry its `Call.source` (a profile written before
+    the field, or by hand in a test); the runtime fills the field from the plan (`call_identity`)."""
     return ".".join(part.split("@")[0] for part in node.split("."))
+
+
+def _legacy_base(process: str) -> str:
+    """`sim@1` (a temporal-split copy) or `sim#2` (a data-parallel replica) -> `sim`, from the name: only
+    for a record that does not carry its `Call.base` (as `structural`)."""
+    return process.split("#")[0].split("@")[0]
+
+
+def call_identity(plan: Workflow) -> dict[str, tuple[str, str]]:
+    """Each call node of `plan` (by executed path) -> (its node in the source workflow, its component as
+    the source workflow names it), from the IR's fields: a split group is its `split_of`, at every level
+    of the path; a temporal-split copy of a component is its `copy_of`. What `Call.source` and `Call.base`
+    hold, so that no reader of a measurement parses a name."""
+    out: dict[str, tuple[str, str]] = {}
+
+    def visit(item: Item, source: tuple[str, ...]) -> None:
+        own = item.split_of if isinstance(item, ExecutionNode | LoopNode) and item.split_of else item.name
+        here = (*source, own)
+        if isinstance(item, ExecutionNode):
+            comp = plan.components.get(item.component)
+            base = comp.copy_of if comp is not None and comp.copy_of else item.component
+            out[".".join(item.path)] = (".".join(here), base)
+        kids = item.body if isinstance(item, LoopNode) else item.phases if isinstance(item, ExecutionNode) else None
+        for child in kids or ():
+            visit(child, here)
+
+    visit(plan.root, ())
+    return out
 
 
 @dataclass(frozen=True)
@@ -38,10 +69,21 @@ class Call:
     end_ns: int
     rows: int | None = None  # rows along the batch dimension, when the node is batch-separable
     activity: float | None = None  # mean activity over [start, end) (SM activity or CPU busy fraction)
+    # identity from the plan's IR (`call_identity`): the node in the source workflow (split groups are their
+    # node) and the component as the source workflow names it (a copy is its original, a replica its
+    # component); "" in a record written without them, which then reads them from the names once
+    source: str = ""
+    base: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.source:
+            object.__setattr__(self, "source", structural(self.node))
+        if not self.base:
+            object.__setattr__(self, "base", _legacy_base(self.component))
 
     @property
     def structural(self) -> str:
-        return structural(self.node)
+        return self.source
 
     @property
     def seconds(self) -> float:

@@ -22,7 +22,22 @@ from typing import Any, Union
 
 from .bulk import in_bulk
 from .errors import Diagnostic, SourcePos, did_you_mean, format_path
-from .expr import BinOp, Call, Expr, Index, Int, IterRef, Neg, Param, Record, Ref, Slice, unparse, walk
+from .expr import (
+    BinOp,
+    Call,
+    Expr,
+    Index,
+    Int,
+    IterRef,
+    Neg,
+    Param,
+    Record,
+    Ref,
+    Slice,
+    children,
+    unparse,
+    walk,
+)
 from .ir import Access, ExecutionNode, Item, LoopNode, MergeNode, Workflow, iter_items
 
 __all__ = [
@@ -298,21 +313,9 @@ def _names(e: Expr) -> Iterator[Ref | IterRef]:
     match e:
         case Ref() | IterRef():
             yield e
-        case BinOp(left=a, right=b):
-            yield from _names(a)
-            yield from _names(b)
-        case Neg(operand=a):
-            yield from _names(a)
-        case Record(fields=fields):
-            for _, v in fields:
-                yield from _names(v)
-        case Call(args=args):
-            for a in args:
-                yield from _names(a)
-        case Slice(target=t, start=start, stop=stop):
-            for x in (t, start, stop):
-                if x is not None:
-                    yield from _names(x)
+        case _:
+            for c in children(e):
+                yield from _names(c)
 
 
 def _owner_ref(e: Ref, owner: LoopNode | ExecutionNode) -> Binding:

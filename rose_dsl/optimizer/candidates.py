@@ -25,7 +25,8 @@ from ..ir import Component, ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from ..transforms import Refused, apply, temporal_groups
 from ..transforms.deferral import budgeted_writers
 from ..transforms.split import check_separable, check_splittable_loop
-from .profile import base_component, structural
+from ..transforms.tree import own_group
+from .profile import structural
 
 __all__ = ["Alternative", "Feasible", "Infeasible", "alternatives", "sweep", "asynchronous", "check", "find_structural",
            "request_name", "memory_estimate", "temporal_copies", "DEFAULT_GROUPS"]
@@ -123,8 +124,14 @@ def _divisors(size: int | None, groups: Sequence[int]) -> list[int]:
     return [k for k in groups if size is not None and 1 < k <= size]
 
 
-def _partners(item: Item, component: str) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(_spath(n.path) for n in _calls(item) if base_component(n.component) != component))
+def _base(wf: Workflow, component: str) -> str:
+    """The component as the source workflow names it: a temporal split's copy is its `copy_of`."""
+    comp = wf.components.get(component)
+    return comp.copy_of if comp is not None and comp.copy_of else component
+
+
+def _partners(wf: Workflow, item: Item, component: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(_spath(n.path) for n in _calls(item) if _base(wf, n.component) != component))
 
 
 def _spatial(wf: Workflow, loop: LoopNode, target: str, groups: Sequence[int], component: str) -> list[Alternative]:
@@ -135,7 +142,7 @@ def _spatial(wf: Workflow, loop: LoopNode, target: str, groups: Sequence[int], c
     name = request_name(wf, loop.path)
     nodes = tuple(dict.fromkeys(_spath(n.path) for n in _calls(loop)))
     everywhere = [request_name(wf, p) for p in _in_every_temporal_group(wf, loop.path)]
-    partners = _partners(loop, component)
+    partners = _partners(wf, loop, component)
     out = []
     for k in _divisors(_batch(loop), groups):
         if len(everywhere) > 1:
@@ -167,7 +174,7 @@ def _temporal(wf: Workflow, loop: LoopNode, target: str, groups: Sequence[int], 
     epochs long (unseen sweep, 2026-12-05: `split-time epoch 3; interleave epoch` 1.76x where 2 gave 1.42x)."""
     name = request_name(wf, loop.path)
     n = len(loop.indices())
-    partners = _partners(loop, component)
+    partners = _partners(wf, loop, component)
     out = []
     for k in sorted({k for k in groups if 1 < k <= n} | ({n} if 1 < n <= max(groups, default=0) else set())):
         if 1 < k <= n:
@@ -185,7 +192,7 @@ def alternatives(wf: Workflow, target: str, groups: Sequence[int] = DEFAULT_GROU
     item = find_structural(wf, target)
     if item is None or not isinstance(item, ExecutionNode):
         return []
-    comp = base_component(item.component)
+    comp = _base(wf, item.component)
     kinds = loop_kinds(wf)
     parent = _parent(wf, item.path)
     out: list[Alternative] = []
@@ -245,17 +252,17 @@ def _take_turns(wf: Workflow, body: Sequence[Item], i: int, j: int, target: str)
     a, b = body[i], body[j]
     if not (isinstance(a, LoopNode) and isinstance(b, LoopNode)) or a.dynamic or b.dynamic \
             or a.temporal_group or b.temporal_group or a.interleaved or b.interleaved \
-            or not (_components(a) & _components(b)):
+            or not (_components(wf, a) & _components(wf, b)):
         return []
     a_name = request_name(wf, a.path)
     moves = tuple(f"rewire {request_name(wf, x.path)} before {a.name}" for x in body[i + 1:j])
     return [Alternative((*moves, f"interleave {a_name} {request_name(wf, b.path)}"), "take-turns", target,
                         tuple(_spath(n.path) for n in _calls(b)),
-                        note=f"loops '{a.name}' and '{b.name}' take turns on {', '.join(sorted(_components(a) & _components(b)))}")]
+                        note=f"loops '{a.name}' and '{b.name}' take turns on {', '.join(sorted(_components(wf, a) & _components(wf, b)))}")]
 
 
-def _components(item: Item) -> set[str]:
-    return {base_component(n.component) for n in _calls(item)}
+def _components(wf: Workflow, item: Item) -> set[str]:
+    return {_base(wf, n.component) for n in _calls(item)}
 
 
 def _rows_of(wf: Workflow, item: Item) -> int | None:
@@ -285,7 +292,7 @@ def _chain(wf: Workflow, first: Item, target: str, groups: Sequence[int]) -> lis
     at = [i.name for i in body].index(first.name)
     chain = [first]
     for nxt in body[at + 1:]:
-        before, now = _components(chain[-1]), _components(nxt)
+        before, now = _components(wf, chain[-1]), _components(wf, nxt)
         if _rows_of(wf, nxt) != size or before <= now or now <= before:
             break
         chain.append(nxt)
@@ -334,6 +341,11 @@ def _around(wf: Workflow, anchor: Item, target: str, groups: Sequence[int], comp
     return loops + splits + rewires
 
 
+def _in_group(path: Path, groups: set[Path]) -> bool:
+    """Whether the item at `path` is a split group or inside one (`groups`: the groups' paths)."""
+    return any(path[:n] in groups for n in range(1, len(path) + 1))
+
+
 def sweep(wf: Workflow, groups: Sequence[int] = DEFAULT_GROUPS) -> list[Alternative]:
     """Beyond the paper: every configuration of the hand-written sweep that applies to `wf` -- group
     pipelining of every separable loop with each group count, temporal splits of free loops, fusion of
@@ -341,8 +353,9 @@ def sweep(wf: Workflow, groups: Sequence[int] = DEFAULT_GROUPS) -> list[Alternat
     nodes (when the rewrites support it)."""
     kinds = loop_kinds(wf)
     out: list[Alternative] = []
+    grouped = {i.path for i in wf.items() if own_group(i) is not None}
     for item in wf.items():
-        if not isinstance(item, LoopNode) or item.path == wf.root.path or item.dynamic or "@" in ".".join(item.path):
+        if not isinstance(item, LoopNode) or item.path == wf.root.path or item.dynamic or _in_group(item.path, grouped):
             continue
         if not _runs(wf, item.path):  # inside phases that are not run: a rewrite there changes nothing that runs
             continue
@@ -424,9 +437,9 @@ def memory_estimate(component_bytes: Mapping[str, int], limits: Mapping[str, int
     def fits(plan: Workflow) -> str | None:
         added: dict[str, int] = {}
         for name, comp in plan.components.items():
-            if name in have or not have and name == base_component(name):
+            if name in have or not have and comp.copy_of is None:
                 continue
-            size = component_bytes.get(base_component(name), 0)
+            size = component_bytes.get(comp.copy_of or name, 0)
             added[comp.device] = added.get(comp.device, 0) + size
         for device, total in added.items():
             limit = limits.get(device)

@@ -20,15 +20,18 @@ from math import comb
 from pathlib import Path
 from typing import Any
 
-from ..measurement import Call, IterationRun, structural
+from ..measurement import Call, IterationRun, _legacy_base, structural
 
 __all__ = ["Call", "IterationRun", "Profile", "NodeStats", "TripStats", "structural", "node_stats", "base_component",
            "trip_stats"]
 
 
 def base_component(process: str) -> str:
-    """`sim@1` (a temporal-split copy) or `sim#2` (a data-parallel replica) -> `sim`."""
-    return process.split("#")[0].split("@")[0]
+    """`sim@1` (a temporal-split copy) or `sim#2` (a data-parallel replica) -> `sim`.
+
+    For the names of processes that arrive without a record (the quota model's per-process tables); a
+    `Call` carries its own (`Call.base`, from the plan's `copy_of`)."""
+    return _legacy_base(process)
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ def node_stats(runs: Sequence[IterationRun] | Profile) -> dict[str, NodeStats]:
         weighted = [(c.activity, c.seconds) for c in calls if c.activity is not None]
         weight = sum(s for _, s in weighted)
         activity = sum(a * s for a, s in weighted) / weight if weight > 0 else None
-        comps = sorted({base_component(c.component) for c in calls})
+        comps = sorted({c.base for c in calls})
         out[node] = NodeStats(node=node, component="+".join(comps), total_s=total / n, mean_s=total / len(calls),
                               calls_per_iteration=len(calls) / n, activity=activity,
                               rows=tuple(sorted({c.rows for c in calls if c.rows is not None})))

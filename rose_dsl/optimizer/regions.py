@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from ..expr import BinOp, Call, Expr, Int, IterRef, Neg, Record, Ref, Slice, parse_expr, unparse
+from ..expr import Call, Expr, Int, IterRef, Ref, map_expr, parse_expr, unparse
+from ..expr import children as subexprs
 from ..ir import ExecutionNode, Item, LoopNode, Workflow
 from ..measurement import FEED, PROBE, feed_component, probe_component
 from ..resolve import (
@@ -132,22 +133,9 @@ def _externalize(expr: Expr, bound: Mapping[int, Binding], region: Path, port: C
         match e:
             case Ref() | IterRef():
                 yield e
-            case BinOp(left=a, right=b):
-                yield from refs(a)
-                yield from refs(b)
-            case Neg(operand=a):
-                yield from refs(a)
-            case Record(fields=fs):
-                for _, v in fs:
-                    yield from refs(v)
-            case Call(args=args):
-                for a in args:
-                    yield from refs(a)
-            case Slice(target=t, start=s, stop=p):
-                yield from refs(t)
-                for x in (s, p):
-                    if x is not None:
-                        yield from refs(x)
+            case _:
+                for c in subexprs(e):
+                    yield from refs(c)
 
     def external(e: Expr) -> bool:
         flags = [_is_external(bound[id(r)], region) for r in refs(e) if id(r) in bound]
@@ -162,19 +150,10 @@ def _externalize(expr: Expr, bound: Mapping[int, Binding], region: Path, port: C
                 if b is not None and _is_external(b, region) is None:
                     raise _Unreplayable(unparse(e))
                 return Ref(e.offset, FEED, port(unparse(e))) if b is not None and _is_external(b, region) else e
-            case Call(args=args):  # `stack(loop[*]...)` from outside is one value, not a list of them
+            case Call():  # `stack(loop[*]...)` from outside is one value, not a list of them
                 if external(e):
                     return Ref(e.offset, FEED, port(unparse(e)))
-                return replace(e, args=tuple(walk(a) for a in args))
-            case BinOp(left=a, right=b):
-                return replace(e, left=walk(a), right=walk(b))
-            case Neg(operand=a):
-                return replace(e, operand=walk(a))
-            case Record(fields=fs):
-                return replace(e, fields=tuple((n, walk(v)) for n, v in fs))
-            case Slice(target=t, start=s, stop=p):
-                return replace(e, target=walk(t), start=None if s is None else walk(s), stop=None if p is None else walk(p))
-        return e
+        return map_expr(e, walk)
 
     return walk(expr)
 

@@ -31,7 +31,7 @@ runner and the request language).
 
 from __future__ import annotations
 
-from .chain import forward_merge_slices
+from .forward import forward_merge_slices
 from .passes import (
     REQUEST_HELP,
     apply,

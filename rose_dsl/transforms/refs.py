@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from ..expr import BinOp, Call, Expr, Int, IterRef, Neg, Param, Record, Ref, Slice
+from ..expr import BinOp, Call, Expr, Int, IterRef, Neg, Param, Record, Ref, Slice, map_expr
 from ..ir import Carry, ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from ..resolve import (
     Binding,
@@ -72,18 +72,9 @@ def map_refs(expr: Expr, bound: Mapping[int, Binding], fn: RefFn, within: IterSe
             here = expr if mapped is inner else replace(expr, inner=mapped)
             new = fn(RefUse(here, expr, b, within, whole)) if b is not None else None
             return here if new is None else new
-        case BinOp(left=a, right=b):
-            return replace(expr, left=again(a), right=again(b))
-        case Neg(operand=a):
-            return replace(expr, operand=again(a))
-        case Record(fields=fields):
+        case Record(fields=fields):  # a record field is the whole value a reference gives
             return replace(expr, fields=tuple((n, again(v, keeps_whole=True)) for n, v in fields))
-        case Call(args=args):
-            return replace(expr, args=tuple(again(a) for a in args))
-        case Slice(target=t, start=s, stop=p):
-            return replace(expr, target=again(t), start=None if s is None else again(s),
-                           stop=None if p is None else again(p))
-    return expr
+    return map_expr(expr, again)
 
 
 def rename_ref(use: RefUse, names: Mapping[Path, str], carries: Mapping[tuple[Path, str], str] | None = None,

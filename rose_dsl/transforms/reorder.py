@@ -27,7 +27,17 @@ from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from ..resolve import CarryIn, IterSelect, NodePort, Resolver
 from .refs import RefUse, map_outside, map_subtree, rename_ref, retarget_after
 from .rewritten import Refused, Rewritten, identity_locate
-from .tree import base_name, children, find, into_group, repath, replace_body, source_paths, unique_name
+from .tree import (
+    base_name,
+    children,
+    find,
+    into_group,
+    own_group,
+    repath,
+    replace_body,
+    source_paths,
+    unique_name,
+)
 
 __all__ = ["build_rewire", "build_fuse_loops", "build_interleave", "build_interleave_siblings", "build_expand",
            "temporal_groups"]
@@ -168,7 +178,7 @@ def _fused_names(a: LoopNode, b: LoopNode) -> tuple[dict[str, str], dict[str, st
         if base not in bases:
             bases[base] = unique_name(base, taken)
             taken.add(bases[base])
-        group = item.group if isinstance(item, ExecutionNode | LoopNode) and item.split_of is not None else None
+        group = own_group(item)
         renames[item.name] = bases[base] if group is None else f"{bases[base]}@{group}"
     return renames, bases
 

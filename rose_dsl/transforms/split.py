@@ -27,7 +27,7 @@ from ..errors import SourcePos
 from ..expr import Call, Expr, Int, Ref, Slice, unparse
 from ..ir import Carry, ExecutionNode, Item, LoopNode, MergeNode, Workflow, iter_items
 from ..resolve import CarryIn, IterSelect, LoopIndex, NodePort, Resolver, expr_fields
-from .chain import forward_merge_slices
+from .forward import forward_merge_slices
 from .refs import (
     RefFn,
     RefUse,

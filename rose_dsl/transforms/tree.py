@@ -18,7 +18,7 @@ from .rewritten import Refused
 
 __all__ = [
     "find", "item_paths", "children", "with_children", "map_tree", "map_workflow", "replace_item", "replace_body",
-    "map_item_exprs", "repath", "into_group", "base_name", "source_paths", "unique_name",
+    "map_item_exprs", "repath", "into_group", "base_name", "own_group", "source_paths", "unique_name",
 ]
 
 Path = tuple[str, ...]
@@ -132,6 +132,14 @@ def base_name(item: Item) -> str:
     """What a group stands for (`act@1` -> `act`); any other item is itself."""
     split_of = item.split_of if isinstance(item, ExecutionNode | LoopNode) else None
     return split_of or item.name
+
+
+def own_group(item: Item) -> int | None:
+    """The group number of a group (`act@1` -> 1, from its `group` field, not its name); None for an
+    item that is not itself a group (a merge, an unsplit item, an item inside a group)."""
+    if isinstance(item, ExecutionNode | LoopNode) and item.split_of is not None:
+        return item.group
+    return None
 
 
 def source_paths(wf: Workflow) -> dict[Path, Path]:

@@ -36,6 +36,12 @@ def test_undeclared_metrics_keep_the_default_and_are_named() -> None:
     assert one.values == {"sim/x": 1.0} and not one.notes  # one process: nothing to merge, nothing to say
 
 
+def test_the_processes_are_folded_by_the_base_the_runner_gives_not_by_their_names() -> None:
+    per = {"sim@0": {"steps": 2.0}, "sim": {"steps": 3.0}, "other#1": {"steps": 5.0}}
+    got = merge_metrics(per, base={"sim@0": "sim", "sim": "sim", "other#1": "env"})
+    assert got.values == {"sim/steps": 2.5, "env/steps": 5.0}  # undeclared: the mean over the processes
+
+
 def test_a_star_sets_the_components_default() -> None:
     got = merge_metrics({"a@0": {"m": 1.0}, "a": {"m": 5.0}}, declared={"a": {"*": "max"}})
     assert got.values == {"a/m": 5.0}

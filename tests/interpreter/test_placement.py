@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from interpreter.ray_backend import GpuPlacement, RayBackend
-from interpreter.worker import CallFailed
+from interpreter.worker import CallFailed, component_of, replica_name, replica_of
 from rose_dsl import load_workflow_text
 
 WF = """
@@ -163,3 +163,11 @@ def test_a_process_moved_to_another_quota_starts_beside_the_one_it_parks(ray_fou
     finally:
         be.shutdown()
     assert not be.parked
+
+
+@pytest.mark.parametrize("component, replica", [("policy", 0), ("policy", 3), ("sim@1", 0), ("sim@1", 2)])
+def test_a_process_name_reads_back_as_its_component_and_replica(component, replica) -> None:
+    """`replica_of` is `replica_name`'s inverse, the one place the runtime reads a process name back."""
+    name = replica_name(component, replica)
+    assert replica_of(name) == (component, replica)
+    assert component_of(name) == component
