@@ -464,6 +464,8 @@ ACCEPTED += [
             - {node: n5, call: c0.n5, in: {t: l2.i}, out: [o0], batch: {dim: 0, size: 6}}
 """, count=1),
         ("split-time iteration.l1 2", "split iteration.l1@0.l2.n3 2")),
+]
+
 # issue 42: a time-split copy of a component starts from the original's state (paper §4.3.1): the loop
 # reads state written before it (`n1` updates s0, the loop only reads it), which was refused ("a copy
 # would not see its value"); the split now seeds each copy from the original before the groups (seeds.py)
