@@ -486,3 +486,28 @@ ACCEPTED += [
 """),
         ("split-time iteration.l2 3",)),
 ]
+
+# Found by the after-property (issue 42's generator) on the merged tree: a chain split of a loop inside a part of
+# a loop split in time, whose iterations a later item selects (`l1[-1].l4[-1].n7.o0`), failed to build
+# ("'l4' is a node, not a loop"). Refused since, with the fix (chain-split before the split in time).
+ACCEPTED += [
+    Found(
+        "split-chain of a loop inside a time-split part whose iterations are selected later (refused)",
+        _wf(_mock("c0", [], {"n2": "{state: {}, out: [], separable: true}", "n3": "{state: {}, out: [], separable: true}",
+                             "n5": "{state: {}, out: [], separable: true}", "n6": "{state: {}, out: [], separable: true}",
+                             "n7": SEP, "n9": "{state: {}, out: [], separable: false}"}), """\
+    - loop: l1
+      count: 2
+      body:
+        - {node: n2, call: c0.n2, batch: {dim: 0, size: 6}}
+        - {node: n3, call: c0.n3, batch: {dim: 0, size: 6}}
+        - loop: l4
+          count: 1
+          body:
+            - {node: n5, call: c0.n5, batch: {dim: 0, size: 6}}
+            - {node: n6, call: c0.n6, batch: {dim: 0, size: 6}}
+            - {node: n7, call: c0.n7, out: [o0], batch: {dim: 0, size: 6}}
+    - {node: n9, call: c0.n9, in: {x0: iteration.i, x1: "l1[-1].l4[-1].n7.o0"}}
+""", count=1),
+        ("split-time iteration.l1 2", "split-chain iteration.l1@1.n2 iteration.l1@1.n3 iteration.l1@1.l4 2")),
+]
