@@ -126,6 +126,7 @@ class CpuActivity:
         self.clock = clock
         self.samples: dict[str, tuple[list[int], list[Sample]]] = {c: ([], []) for c in self.readers}
         self._lock = threading.Lock()
+        self._polling = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rose-cpu-activity", daemon=True)
         if start:  # (tests poll by hand on a fake clock)
@@ -141,16 +142,20 @@ class CpuActivity:
             self.poll()
 
     def poll(self) -> None:
+        """One sample of every component. Whole under `_polling`: the sampler thread and a caller (a test,
+        a measurement's edge) may poll at once, and each component's samples must stay in time order
+        (`_at` reads the first and last as the covered window)."""
         with self._lock:
             readers = list(self.readers.items())
-        now = self.clock()
-        for comp, read in readers:
-            value = read()
-            if value is None:
-                continue
-            ts, vs = self.samples[comp]
-            ts.append(now)
-            vs.append(value)
+        with self._polling:
+            now = self.clock()
+            for comp, read in readers:
+                value = read()
+                if value is None:
+                    continue
+                ts, vs = self.samples[comp]
+                ts.append(now)
+                vs.append(value)
 
     def _at(self, comp: str, t: int) -> tuple[float, float] | None:
         ts, vs = self.samples.get(comp, ([], []))
