@@ -136,15 +136,7 @@ class LocalBackend(Backend):
 
     def control(self, component: str, method: str, *args: Any, timeout: float | None = None) -> Any:
         # through the component's own thread: after every call already submitted to it
-        future = self.pools[component].submit(getattr(self.workers[component], method), *args)
-        try:
-            return future.result(timeout)
-        except FutureTimeout:
-            raise TimeoutError(f"{method} of {component} did not answer within {timeout} s") from None
-        except (CallFailed, TimeoutError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - the component's own code raised: reported as its failure
-            raise CallFailed(f"{method} of {component}", component, f"{type(exc).__name__}: {exc}") from None
+        return self.control_later(component, method, *args)(timeout)
 
     def control_later(self, component: str, method: str, *args: Any) -> Callable[[float | None], Any]:
         """Queued on the component's thread now, after every call already submitted to it."""
