@@ -240,13 +240,17 @@ class Decoder(nn.Module):
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor, pos: torch.Tensor, cache: GQACache, slots: torch.Tensor | None,
-               row_invariant: bool = True) -> torch.Tensor:
+               row_invariant: bool = True, span: int | None = None) -> torch.Tensor:
         """Logits [A, V] for the next token of each row, given its newest token [A] at pos [A]; `slots`
-        names each row's cache slot, or None for the first A slots (see the module docstring)."""
-        top = int(pos.max())  # one host sync per step (the generator reads the sampled tokens anyway)
-        self._check_pos(top)
+        names each row's cache slot, or None for the first A slots (see the module docstring). `span`
+        (first-A-slots path only): attend over positions [0, span) instead of up to the longest row, the
+        caller having checked every pos < span -- no host sync, a fixed shape (`decode_graphs.py`)."""
+        if span is None:
+            top = int(pos.max())  # one host sync per step (the generator reads the sampled tokens anyway)
+            self._check_pos(top)
+            span = top + 1
         x = self.tok_emb(tokens)
-        a, t = tokens.shape[0], top + 1
+        a, t = tokens.shape[0], span
         rows = torch.arange(a, device=tokens.device) if slots is None else slots
         seen = None if slots is not None else \
             (torch.arange(t, device=tokens.device).view(1, -1) <= pos.view(-1, 1)).view(a, 1, 1, t)

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from examples.llm.decode_graphs import DecodeGraphs
+from examples.llm.decoder import Decoder
 from examples.llm.policy import PolicySpec, build_policy, clone_weights, param_hash, params_to
 from examples.llm.sampling import (
     allowed_logits,
@@ -64,6 +66,7 @@ class Generator:
         tokenizer_hash: str | None = None,
         length_mean: float = 0.0,
         length_p99: float = 0.0,
+        cuda_graphs: bool = True,
     ) -> None:
         self.spec = PolicySpec.from_args(policy)
         if int(k) < 1:
@@ -94,6 +97,8 @@ class Generator:
         self.weights_hash = param_hash(self.model.state_dict())  # of the fp32 weights, as the learner's
         # bit-exact row invariance is a CPU property; on CUDA use the fast kernels and bf16 weights
         self.row_invariant = self.device.type == "cpu"
+        # decode steps replayed from CUDA graphs (decode_graphs.py); eager on the CPU or when turned off
+        self.cuda_graphs = bool(cuda_graphs) and self.device.type == "cuda"
         if self.device.type == "cuda":
             params_to(self.model, torch.bfloat16)
         self.version = 0
@@ -251,6 +256,7 @@ class _Flight:
         self.gen = gen
         self.slots = gen.max_batch
         self.cache: Any = None
+        self.graphs: DecodeGraphs | None = None
         self.s_row, self.s_step, self.s_token, self.s_pos = (torch.zeros(self.slots, dtype=torch.long) for _ in range(4))
         self.free: list[int] = list(range(self.slots))  # a heap: the lowest slot first
         self.active: set[int] = set()
@@ -384,6 +390,9 @@ class _Flight:
         new = torch.tensor([heapq.heappop(self.free) for _ in range(len(rows))], dtype=torch.long)
         if self.cache is None:
             self.cache = gen.model.new_cache(self.slots, gen.device, entry[1].dtype)
+            # the graphs need a fixed-shape decode (`span`): the 0.5B-shaped Decoder has it, TinyLM does not
+            self.graphs = DecodeGraphs(gen.model, self.cache) if gen.cuda_graphs and isinstance(gen.model, Decoder) \
+                else None
         self.cache.load_prefix(new.to(gen.device), entry[1], entry[2])  # expand the prefix KV, no recompute
         self.s_row[new], self.s_step[new], self.s_token[new], self.s_pos[new] = rows, 1, tok, plen
         self.active.update(new.tolist())
@@ -396,6 +405,8 @@ class _Flight:
             if gen.row_invariant:  # the active slots, row by row (CPU: split invariance)
                 logits = gen.model.decode(self.s_token[act].to(dev), self.s_pos[act].to(dev), self.cache,
                                           act.to(dev), True)
+            elif self.graphs is not None:  # the same, replayed from a captured graph of its bucket
+                logits = self.graphs.decode(self.s_token, self.s_pos, int(act[-1]) + 1)[act.to(dev)]
             else:  # the prefix of slots up to the highest in use, as views of the cache (GPU)
                 hi = int(act[-1]) + 1
                 logits = gen.model.decode(self.s_token[:hi].to(dev), self.s_pos[:hi].to(dev), self.cache, None,

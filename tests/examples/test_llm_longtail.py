@@ -73,6 +73,33 @@ def test_decoder_decode_with_a_kv_cache_matches_the_full_forward(tie: bool) -> N
         for t in range(4, 10):
             step = model.decode(seq[:, t], torch.full((3,), t), cache, slots, slots is not None)
             torch.testing.assert_close(step, full[:, t], atol=1e-5, rtol=1e-5)
+            if slots is None:  # the fixed span the CUDA graphs use: the whole context, masked per row
+                again = model.decode(seq[:, t], torch.full((3,), t), cache, None, False, span=16)
+                torch.testing.assert_close(again, step, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_graph_buckets_are_powers_of_two_within_their_limits() -> None:
+    from examples.llm.decode_graphs import bucket
+
+    assert [bucket(n, 8, 512) for n in (1, 8, 9, 300, 512)] == [8, 8, 16, 512, 512]
+    assert [bucket(n, 128, 2064) for n in (1, 129, 2048, 2049, 2064)] == [128, 256, 2048, 2064, 2064]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device: "
+                    "benchmarks/llm_longtail_probe.py compares graph and eager logits at the workload's shape)")
+def test_decode_graphs_replay_the_eager_step() -> None:
+    from examples.llm.decode_graphs import DecodeGraphs
+
+    torch.manual_seed(0)
+    model = Decoder(DecoderConfig(context=300, d_model=64, heads=4, kv_heads=2, intermediate=96)).cuda().eval()
+    cache = model.new_cache(24, "cuda", torch.float32)
+    graphs = DecodeGraphs(model, cache)
+    tok, pos = torch.randint(3, 17, (24,)), torch.zeros(24, dtype=torch.long)
+    for t in range(0, 140):
+        pos[:20] = t
+        eager = model.decode(tok[:20].cuda(), pos[:20].cuda(), cache, None, False)
+        torch.testing.assert_close(graphs.decode(tok, pos, 20), eager, atol=2e-2, rtol=2e-2)
+    assert graphs.captured == 2  # spans 128 and 256, one slot bucket (32)
 
 
 def test_decoder_rotary_positions_matter_and_config_is_checked() -> None:
