@@ -8,9 +8,9 @@
 #
 #   WORKLOAD=mjx bash benchmarks/paper_table_gpu.sh [paper_table.py options, e.g. --configs declared,pipe2]
 # carries: mjx: .raybundle + .mjxbundle (benchmarks/mjx_bundle.sh) -- one call, ~45 MB.
-#          llm, llm_longtail: .raybundle. llm_longtail (issue 45; iteration time not measured yet -- see the report of its first run):
-#            LIMIT=540 WORKLOAD=llm_longtail bash benchmarks/paper_table_gpu.sh --session --rounds 3 --warmup 1 \
-#              --configs declared,chain2,chain4
+#          llm, llm_longtail: .raybundle. llm_longtail (issue 45; ~34 s an iteration on an H100, docs/results.md):
+#            LIMIT=540 WORKLOAD=llm_longtail bash benchmarks/paper_table_gpu.sh --session --session-timeout 480 \
+#              --rounds 4 --warmup 0 --iterations 1 --configs declared,chain4
 #          metaworld: .raybundle + .mwbundle (benchmarks/mw_bundle.sh packs the wheels and debs below, ~15 MB)
 #            -- one call, ~44 MB. Without .mwbundle: first a call carrying .whlmw .whlcpu .gl that runs
 #            `WORKLOAD=metaworld SETUP_ONLY=1 bash benchmarks/paper_table_gpu.sh` (installs into /tmp/mwsite,

@@ -205,6 +205,13 @@ def markdown(doc: dict[str, Any]) -> str:
     where = f"LLM GRPO ({_short(r['card'])}, {r['rounds']} rounds)"
     add(where, "declared", r["declared"]["iteration_s"], 1.0, None)
     add(where, r["label"], r["iteration_s"], r["ratio_to_declared"], r["ratio_to_best_hand"])
+    if "llm_longtail" in wls:  # declared and hand-written rows only: no optimizer run on it yet
+        lt = wls["llm_longtail"]
+        d = lt["declared"]
+        where = f"LLM GRPO long tail ({_short(_base_card(doc, 'llm_longtail'))}, {d['iteration_s']['n']} rounds)"
+        for name, c in lt["configs"].items():
+            label = name if name == "declared" else f"{name}: `{'; '.join(c['requests'])}`"
+            add(where, label, c["iteration_s"]["median"], c["ratio_to_declared"], c["ratio_to_best_hand"])
     return "\n".join(lines)
 
 
