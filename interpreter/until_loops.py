@@ -33,9 +33,21 @@ from rose_dsl.until import input_dims, whole_reason
 
 from .recipe import HELD, LIVE_ROWS, Const, Recipe, Record, Ref, Seq, Take, evaluate, lift, number_leaves
 
-__all__ = ["UntilLoops", "live_inputs", "keep_done_rows"]
+__all__ = ["UntilLoops", "ConditionError", "live_inputs", "keep_done_rows"]
 
 Path = tuple[str, ...]
+
+
+class ConditionError(ValueError):
+    """A loop's condition gave a value that is not a done flag per row: a workflow mistake (the `until:` points
+    at the wrong output) found when the value first exists. `diagnostics` say where (the CLI exits 2)."""
+
+    def __init__(self, loop: LoopNode, message: str, hint: str) -> None:
+        from rose_dsl.errors import Diagnostic, format_path
+
+        super().__init__(message)
+        where = format_path(loop.src + ("until",)) if loop.src else ".".join(loop.path) + ".until"
+        self.diagnostics = [Diagnostic(loop.field_pos.get("until", loop.pos), where, message, hint)]
 
 
 class UntilLoops:
@@ -69,6 +81,7 @@ class UntilLoops:
         key = (loop.path, self.program.indices_of(loop.path, ctx))
         j = ctx[loop.path]
         value = self.condition(loop, ctx)
+        _check_flags(loop, value)
         self.trips[loop.path] = j + 1
         if not self.per_row(loop):
             self.frame.dynamic_ran.setdefault(key, []).append(j)
@@ -76,8 +89,9 @@ class UntilLoops:
         flags = row_flags(value)
         before = self.done.get(key)
         if before is not None and before.shape != flags.shape:
-            raise ValueError(f"the condition of loop '{loop.name}' ({loop.until}) gave {flags.shape[0]} row flag(s) "
-                             f"after trip {j}, {before.shape[0]} before: it must give one per row of the loop's batch")
+            raise ConditionError(loop, f"the condition of loop '{loop.name}' gave {flags.shape[0]} row flag(s) after "
+                                 f"trip {j}, {before.shape[0]} before", "it must give one flag per row of the loop's "
+                                 "batch, every trip (a call in the body that returns a different row count?)")
         done = flags if before is None else before | flags
         self.done[key] = done
         if j + 1 < (loop.count or 0) and not bool(done.all()):
@@ -136,6 +150,26 @@ class UntilLoops:
         if loop.path not in self._per_row:
             self._per_row[loop.path] = whole_reason(self.program.resolver, loop) is None
         return self._per_row[loop.path]
+
+
+def _check_flags(loop: LoopNode, value: Any) -> None:
+    """A condition is a done flag (bool, or integers 0/1 -- a mask); a float or anything else is refused: the
+    truth of a float (nonzero) ending a loop is almost always a condition pointed at the wrong output."""
+    import torch
+
+    kind = value.dtype if isinstance(value, torch.Tensor) else type(value)
+    if kind is bool or kind == torch.bool:
+        return
+    if kind is int or (isinstance(kind, torch.dtype) and not (kind.is_floating_point or kind.is_complex)):
+        t = torch.as_tensor(value)
+        if bool(((t == 0) | (t == 1)).all()):
+            return
+        found = f"integers other than 0 and 1 ({kind})"
+    else:
+        found = f"a value of type {kind}"
+    raise ConditionError(loop, f"the condition of loop '{loop.name}' gave {found}, not a done flag",
+                         "point `until:` at an output that is a flag -- bool (or 0/1 integers), one per row of the "
+                         "loop's batch or one for all rows -- e.g. a comparison computed in the body")
 
 
 def live_inputs(recipe: Any, inputs: dict[str, Any]) -> tuple[Any, Any]:

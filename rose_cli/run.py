@@ -39,6 +39,7 @@ from interpreter.rundir import RunDirInUse, RunDirLock, check_run_dir, clear_out
 from interpreter.runner import IterationResult, ParamsChanged, Resumed, RunConfig, Runner
 from interpreter.schedule import Schedule, check_replica_edges
 from interpreter.shared_process import SharedProcessError
+from interpreter.until_loops import ConditionError
 from rose_dsl.cli import ExitCode
 from rose_dsl.ir import Workflow
 
@@ -300,6 +301,22 @@ def _report_start_problems(exc: BaseException, ctx: RunContext) -> None:
     ctx.err.print(exc.closing, markup=False)
 
 
+def _report_condition(exc: BaseException, ctx: RunContext) -> None:
+    """A loop condition that is not a done flag (`until_loops.ConditionError`): said at the `until:` (exit 2)."""
+    from rose_dsl.errors import WorkflowError
+
+    assert isinstance(exc, ConditionError)
+    texts: dict[str, str] = {}
+    for d in exc.diagnostics:
+        try:
+            texts.setdefault(d.pos.file, Path(d.pos.file).read_text())
+        except OSError:
+            pass
+    ctx.err.print(WorkflowError(list(exc.diagnostics), texts=texts).format(), markup=False)
+    ctx.err.print(f"stopped; {kept_line(ctx.opts.out_dir)}" if ctx.opts.out_dir is not None else
+                  "stopped (no --out: no checkpoint)", markup=False)
+
+
 def _report_component(exc: BaseException, ctx: RunContext) -> None:
     ctx.err.print(f"error: {exc}", markup=False)
     detail = getattr(exc, "detail", "")
@@ -422,6 +439,7 @@ FAILURES: tuple[Failure, ...] = (
     (Interrupted, ExitCode.INTERRUPTED, lambda exc, ctx: ctx.err.print(str(exc), markup=False)),
     (SharedProcessError, ExitCode.INVALID, _report_setup),
     (StartProblems, ExitCode.INVALID, _report_start_problems),
+    (ConditionError, ExitCode.INVALID, _report_condition),
     (CallFailed, ExitCode.COMPONENT, _report_component),
     (ComponentError, ExitCode.COMPONENT, _report_component),
     (WatchdogTimeout, ExitCode.WATCHDOG, _report_watchdog),

@@ -133,3 +133,18 @@ def test_a_loop_that_ends_as_a_whole_runs_until_every_row_is_done() -> None:
     assert all(t <= 15 for t in trips)
     assert [g["pi/episode_len"] for g in got] != [0.0] * 3
     assert torch.tensor(trips).min() >= 1
+
+
+@pytest.mark.parametrize("until, found", [("gen.logp", "a value of type torch.float64"),
+                                          ("decode.tok", "integers other than 0 and 1")])
+def test_a_condition_that_is_not_a_done_flag_stops_the_run_at_the_until_field(tmp_path, until, found) -> None:
+    """`until:` pointed at a float output (a log-prob) used to end the loop on its truth (nonzero): now the run
+    stops with exit 2 at the `until:` line; so does one pointed at integer tokens (a mask is 0/1)."""
+    from tests.cli.clirun import plain_failure, rose
+
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(DECODE.replace("until: gen.eos", f"until: {until}"))
+    text = plain_failure(rose("execute", str(wf), "--out", str(tmp_path / "run")))
+    line = next(n for n, row in enumerate(DECODE.splitlines(), 1) if "until: gen.eos" in row)
+    assert f"wf.yaml:{line}:" in text and ".until: the condition of loop 'decode'" in text and found in text, text
+    assert "point `until:` at an output that is a flag" in text
