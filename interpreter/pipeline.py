@@ -49,14 +49,19 @@ class _Flight:
     barrier: bool
 
 
-def run_pipelined(runner: Runner, k: int, stop: Callable[[], Any] | None) -> None:
-    """Iterations k.. up to `config.iterations` with up to `schedule.depth` in flight (see the module)."""
+def run_pipelined(runner: Runner, k: int, stop: Callable[[], Any] | None, end: int | None = None) -> None:
+    """Iterations k.. up to `config.iterations` with up to `schedule.depth` in flight (see the module).
+    `end`: stop before iteration `end` as a stop request would (the pending deferred calls drained after
+    the last iteration's metrics, not inside its time): a measurement window (`Executor.run_window`)."""
     queued = runner.backend.capabilities.pipelined
     ahead = runner.schedule.depth if queued else 1
     inflight: deque[_Flight] = deque()
     last_done, stopping = time.perf_counter_ns(), False
     while True:
         while k < runner.config.iterations and len(inflight) < ahead and not (inflight and inflight[-1].barrier):
+            if end is not None and k >= end:
+                stopping = True
+                break
             if stop is not None and stop():
                 stopping = True
                 break
