@@ -412,18 +412,19 @@ def plan_rows(entries: list[Entry], results: list[list[IterationRun]], failures:
 def _print_table(rows: list[dict[str, Any]], total: float, books: Any) -> None:
     rates = sorted({k for r in rows for k in r["throughput"]})
     table = Table(title="seconds per iteration, interleaved on one set of workers")
-    for col in ("plan", "median s", "spread", "n", "vs declared", *rates, "SM activity", "staleness"):
+    stale_col = any(r["staleness"] for r in rows)  # (a column only where an asynchronous plan is compared)
+    for col in ("plan", "median s", "spread", "n", "vs declared", *rates, "SM activity", *["staleness"] * stale_col):
         table.add_column(col, justify="left" if col in ("plan", "staleness") else "right")
     for r in rows:
-        stale = ", ".join(f"{state} {v['lag']}" for state, v in sorted(r["staleness"].items())) or "0"
+        stale = [", ".join(f"{state} {v['lag']}" for state, v in sorted(r["staleness"].items())) or "0"] * stale_col
         if r["failed"]:
-            table.add_row(r["label"], "failed", "", str(len(r["seconds"])), "", *["" for _ in rates], "", stale)
+            table.add_row(r["label"], "failed", "", str(len(r["seconds"])), "", *["" for _ in rates], "", *stale)
             continue
         table.add_row(r["label"], f"{r['median_s']:.4f}" if r["median_s"] else "-",
                       f"{r['spread']:.0%}" if r["spread"] is not None else "-", str(len(r["seconds"])),
                       f"{r['speedup']:.2f}x" if r["speedup"] else "-",
                       *[f"{r['throughput'][k]:.1f}" if k in r["throughput"] else "-" for k in rates],
-                      f"{r['sm_activity']:.0%}" if r["sm_activity"] is not None else "-", stale)
+                      f"{r['sm_activity']:.0%}" if r["sm_activity"] is not None else "-", *stale)
     out.print(table)
     for r in (r for r in rows if r["window"]["measured"] > 1):
         w = r["window"]
