@@ -47,6 +47,7 @@ class _Flight:
     started: float  # time.monotonic(), for the watchdog
     t_submit: int  # perf_counter_ns
     barrier: bool
+    trips: dict[tuple[str, ...], int]  # the trips its loops that end on a condition ran (decided at submission)
 
 
 def run_pipelined(runner: Runner, k: int, stop: Callable[[], Any] | None, end: int | None = None) -> None:
@@ -73,6 +74,7 @@ def run_pipelined(runner: Runner, k: int, stop: Callable[[], Any] | None, end: i
         _wait(runner, flight)
         done = time.perf_counter_ns()
         runner._collect_records(popped=flight.records)
+        runner.schedule.trips = flight.trips  # (the next iteration's submission has replaced them)
         runner._finish(flight.k, max(flight.t_submit, last_done), done, popped=flight.metrics)
         last_done = done
         if _checkpoint_due(runner, flight.k):
@@ -95,7 +97,7 @@ def _submit(runner: Runner, k: int, queued: bool) -> _Flight:
     if queued:  # after this iteration's calls, before the next one's, on every component
         records = {c: runner.backend.control_later(c, "pop_records") for c in runner.component_processes()}
         metrics = {c: runner.backend.control_later(c, "pop_metrics") for c in runner.component_processes()}
-    return _Flight(k, submitted, records, metrics, started, t_submit, barrier)
+    return _Flight(k, submitted, records, metrics, started, t_submit, barrier, dict(runner.schedule.trips))
 
 
 def _wait(runner: Runner, flight: _Flight) -> None:

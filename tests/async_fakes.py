@@ -54,6 +54,11 @@ class Generator(_Napper):
         self.nap()
         return {"rollouts": torch.tensor([float(k), float(stamp)])}
 
+    def step(self, it: Any, t: Any) -> dict[str, Any]:
+        """One trip of a rollout that ends on a condition: done after 1 + it % 3 trips (`trips` differ by
+        iteration, so a metrics line holding another iteration's shows)."""
+        return {"done": torch.tensor([float(int(t) + 1 >= 1 + int(it) % 3)])}
+
     def load(self, w: Any, it: Any = 0) -> dict[str, Any]:
         self.nap()
         self.weights = torch.as_tensor(w).clone()
