@@ -16,7 +16,8 @@ in steady state the wall time per iteration, so that throughputs add up to the r
 Barriers: before a checkpoint, at the end, and when `stop()` asks, nothing later is submitted, and the
 deferred calls still pending are drained first (`Schedule.drain`), so a checkpoint holds the state the
 declared workflow leaves and a resume starts with nothing pending. On a failure the exception goes up
-at once (the calls in flight are abandoned with the backend). A backend that cannot queue control calls
+at once (the calls in flight are abandoned); a dead process is recovered by `Runner._run_pipelined` from
+the last checkpoint (drained, so nothing deferred is pending there), as a synchronous run recovers. A backend that cannot queue control calls
 (`control_later` is None) runs one iteration at a time: the same calls, no overlap.
 """
 

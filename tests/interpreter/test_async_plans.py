@@ -362,3 +362,45 @@ def test_a_workflow_with_a_loop_that_ends_on_a_condition_runs_deferred_with_each
     assert [r.metrics["trips/decode"] for r in results] == [float(1 + k % 3) for k in range(7)]
     lags = [(it - 1) - stamp for it, stamp in gen.seen]
     assert max(lags) == 1 and states["gen"]["weights"].item() == 6.0
+
+
+def test_a_pipelined_run_restarts_a_killed_process_from_the_last_checkpoint(tmp_path) -> None:
+    """SIGKILL inside a call of an asynchronous plan (Ray, iterations in flight): the iterations in flight
+    are abandoned, the process restarted, every component put back at the last checkpoint (taken after a
+    drain: nothing deferred pending) and the pipeline starts again after it; the run ends with the state an
+    uninterrupted one leaves, each iteration logged once."""
+    from interpreter.backends import RayBackend
+
+    ray = pytest.importorskip("ray")
+    sleeps = {"gen": [0.0], "learner": [0.0], "scorer": [0.0]}
+    text = _text(1, [], sleeps, uuid.uuid4().hex, 6).replace("""  scorer:""", f"""  dies:
+    impl: "tests.mocks:DiesOnce"
+    args: {{marker: "{tmp_path / 'died'}", at_call: 4}}
+    state: [acc]
+  scorer:""").replace("""    - node: update""", """    - node: count
+      call: dies.work
+      in: {x: iteration.i}
+      state: {acc: update}
+      out: [y]
+    - node: update""")
+    plan = apply(load_workflow_text(text, "versions.yaml"), "defer sync 1")
+    assert not isinstance(plan, Refused), plan
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
+    try:
+        sch = Schedule(plan.workflow)
+        be = RayBackend(plan.workflow, ("tests.",), sch.program.loops_of)
+        try:
+            config = RunConfig(iterations=6, checkpoint_every=2, out_dir=tmp_path / "run", tensorboard=False)
+            runner = Runner(plan.workflow, be, config, sch)
+            results = runner.run()
+            states = {c: be.control(c, "get_states") for c in ("gen", "learner", "dies")}
+        finally:
+            be.shutdown()
+    finally:
+        ray.shutdown()
+    assert (tmp_path / "died").exists() and len(runner.recoveries) == 1
+    assert runner.recoveries[0]["restarted"] == ["dies"] and runner.recoveries[0]["from_checkpoint"] == 1
+    assert [r.iteration for r in results] == list(range(6))
+    assert float(states["dies"]["acc"]["total"]) == float(sum(range(6)))
+    assert states["gen"]["weights"].item() == states["learner"]["weights"].item() == 5.0
+    assert all(r.metrics["gen/lag"] <= 1 for r in results)
