@@ -104,7 +104,7 @@ class IterationRun:
     activity_samples: tuple[tuple[int, int, float], ...] = field(default=(), compare=False)
 
 
-WINDOW_MEASURED = 3  # measured iterations per window of an asynchronous plan (docs/optimizer.md, *Windows*)
+WINDOW_MEASURED = 3  # measured iterations per window of an asynchronous plan (its reason: docs/optimizer.md, asynchronous plans)
 
 
 @dataclass(frozen=True)
