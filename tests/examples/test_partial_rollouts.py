@@ -158,3 +158,24 @@ def test_the_grpo_workflow_with_partial_rollouts_learns_within_the_bound() -> No
     assert all(m["learner/staleness_max"] <= 1 for m in metrics)
     assert sum(m.get("learner/mixed_version_samples", 0.0) for m in metrics) > 0  # completions crossed a sync
     assert sum(m.get("learner/staleness_hist_1", 0.0) for m in metrics) > 0
+
+
+def test_partial_rollouts_under_a_deferred_sync_stay_within_the_bound_plus_the_deferral() -> None:
+    """With the sync also deferred by one RL iteration (`defer sync 1`, `max_staleness: 2` on the generator's
+    weights: the generator's bound 1 + the plan's 1), a sample is at most 2 versions old at the learner
+    (`max_staleness: 2`, which raises beyond), and some are."""
+    from dataclasses import replace
+
+    from interpreter.schedule import Schedule
+    from rose_dsl.transforms import Refused, apply
+    from tests.examples.test_async_learns import _train, with_budget
+
+    wf = _partial_workflow(8)
+    learner = wf.components["learner"]
+    wf = replace(wf, components={**wf.components, "learner": replace(learner, args={**learner.args, "max_staleness": 2})})
+    plan = apply(with_budget(wf, "generator", "weights", 2), "defer sync 1")
+    assert not isinstance(plan, Refused), plan
+    assert Schedule(plan.workflow).depth == 2
+    metrics = _train(plan.workflow, 8)
+    assert max(m["learner/staleness_max"] for m in metrics) == 2
+    assert sum(m.get("learner/mixed_version_samples", 0.0) for m in metrics) > 0

@@ -404,3 +404,15 @@ def test_a_pipelined_run_restarts_a_killed_process_from_the_last_checkpoint(tmp_
     assert float(states["dies"]["acc"]["total"]) == float(sum(range(6)))
     assert states["gen"]["weights"].item() == states["learner"]["weights"].item() == 5.0
     assert all(r.metrics["gen/lag"] <= 1 for r in results)
+
+
+def test_a_windows_metrics_are_what_its_measured_iterations_did_over_its_seconds() -> None:
+    """A throughput over a window is its work over its seconds (each line's rate times its `iteration_s` is
+    its work), not the mean of the lines' rates; other metrics are means."""
+    from interpreter.trials import window_metrics
+
+    lines = [{"iteration_s": 1.0, "tokens_per_s": 100.0, "gen/lag": 1.0},
+             {"iteration_s": 3.0, "tokens_per_s": 20.0, "gen/lag": 0.0}]
+    got = window_metrics(lines, 2.0)  # the window: 160 tokens in 2 s (its iterations overlapped)
+    assert got["tokens_per_s"] == 80.0 and got["gen/lag"] == 0.5
+    assert got["iteration_s"] == 1.0 and got["window/iterations"] == 2.0
