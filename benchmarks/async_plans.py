@@ -1,9 +1,11 @@
 """Synchronous vs asynchronous plans (issue 46): throughput on one set of workers, and reward against
 wall-clock time from separate training runs.
 
-Why not `rose compare`: it measures one iteration of a plan at a time (the optimizer's executor), and an
-asynchronous plan (`defer:`) run one iteration at a time is drained after each -- it shows none of the
-overlap that comes from keeping two RL iterations in flight. Here each plan runs *blocks* of iterations
+`rose compare` measures throughput on one set of workers too (an asynchronous plan over windows of
+pipelined iterations, docs/cli.md) and is what the done-means run uses
+(`benchmarks/async_longtail_gpu.sh`); this script adds what `rose compare` cannot give, since all its
+iterations are one training run: each plan's reward against wall-clock time from a run of its own. Here
+each plan first runs *blocks* of iterations
 through `Runner.run` (the pipelined runner, `interpreter/pipeline.py`), on the same workers, in the order
 A B C / C B A per round, so that drift on a shared machine hits every plan alike; a block drains its
 deferred calls at its end (as a checkpoint would), so the blocks are one training run. Then each plan

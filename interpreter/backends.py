@@ -70,7 +70,8 @@ def make_backend(kind: str, wf: Workflow, schedule: Schedule, *, compiled: bool 
         raise ValueError(f"unknown backend {kind!r} (local or ray)")
     be = RayBackend(wf, allowed, schedule.program.loops_of, address=address,
                     mps_env={k: dict(v) for k, v in (mps_env or {}).items()})
-    if compiled and not schedule.dynamic:  # (an iteration with a loop that ends on a condition: call by call)
+    # (a loop that ends on a condition, or an asynchronous plan's iterations in flight together: call by call)
+    if compiled and not schedule.dynamic and schedule.depth == 1:
         try:
             be.compile(schedule)
         except CompileError as exc:

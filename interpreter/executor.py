@@ -140,7 +140,9 @@ class Executor:
         self._loaded = None  # (until loaded: a failure below leaves nothing half-believed)
         backend.load(runner.schedule)
         self.loads += 1
-        if self.compiled and not runner.schedule.dynamic:  # (a loop that ends on a condition: call by call)
+        # (a loop that ends on a condition, an asynchronous plan: call by call, the compiled graph of a
+        # synchronous plan stays in the backend's cache)
+        if self.compiled and not runner.schedule.dynamic and runner.schedule.depth == 1:
             try:
                 backend.compile(runner.schedule)
             except CompileError as exc:  # per-call dispatch from now on, said plainly (as rose execute does)
@@ -180,6 +182,32 @@ class Executor:
         result = runner.run_iteration(k, drain=deferred)
         t1 = time.perf_counter_ns()
         return result.seconds, t0, t1, result.metrics, runner.trace.records()[before:]
+
+    def run_window(self, plan: Workflow, k: int, n: int) -> tuple[int, list[tuple[IterationResult, int]],
+                                                                   list[InvocationRecord]]:
+        """Iterations k..k+n-1 of an asynchronous plan (`defer:`) pipelined as `rose execute` runs them --
+        up to `Schedule.depth` in flight, nothing drained between them -- and what is still deferred
+        drained after the last one (so the next plan starts from the declared workflow's state): (start ns,
+        each iteration's result with the ns its metrics line was written, the window's invocation records,
+        the drain's included). Throughput over such a window is what an asynchronous plan gains; one
+        drained iteration at a time (`run`) shows none of it."""
+        from .pipeline import run_pipelined
+
+        t = time.perf_counter()
+        self.add_components(plan.components)
+        runner = self._runner(plan)
+        self._load(plan, runner)
+        self.prepare_s += time.perf_counter() - t
+        before, done = len(runner.trace), len(runner.results)
+        ends: dict[int, int] = {}
+        runner.on_iteration = lambda r: ends.__setitem__(r.iteration, time.perf_counter_ns())
+        runner.schedule.start_at(k)
+        t0 = time.perf_counter_ns()
+        try:
+            run_pipelined(runner, k, None, end=k + n)
+        finally:
+            runner.on_iteration = None
+        return t0, [(r, ends[r.iteration]) for r in runner.results[done:]], runner.trace.records()[before:]
 
     def metric_notes(self) -> dict[str, str]:
         """How each metric merged over several processes of a component was merged, over every plan run so

@@ -16,7 +16,8 @@ in steady state the wall time per iteration, so that throughputs add up to the r
 Barriers: before a checkpoint, at the end, and when `stop()` asks, nothing later is submitted, and the
 deferred calls still pending are drained first (`Schedule.drain`), so a checkpoint holds the state the
 declared workflow leaves and a resume starts with nothing pending. On a failure the exception goes up
-at once (the calls in flight are abandoned with the backend). A backend that cannot queue control calls
+at once (the calls in flight are abandoned); a dead process is recovered by `Runner._run_pipelined` from
+the last checkpoint (drained, so nothing deferred is pending there), as a synchronous run recovers. A backend that cannot queue control calls
 (`control_later` is None) runs one iteration at a time: the same calls, no overlap.
 """
 
@@ -47,16 +48,22 @@ class _Flight:
     started: float  # time.monotonic(), for the watchdog
     t_submit: int  # perf_counter_ns
     barrier: bool
+    trips: dict[tuple[str, ...], int]  # the trips its loops that end on a condition ran (decided at submission)
 
 
-def run_pipelined(runner: Runner, k: int, stop: Callable[[], Any] | None) -> None:
-    """Iterations k.. up to `config.iterations` with up to `schedule.depth` in flight (see the module)."""
+def run_pipelined(runner: Runner, k: int, stop: Callable[[], Any] | None, end: int | None = None) -> None:
+    """Iterations k.. up to `config.iterations` with up to `schedule.depth` in flight (see the module).
+    `end`: stop before iteration `end` as a stop request would (the pending deferred calls drained after
+    the last iteration's metrics, not inside its time): a measurement window (`Executor.run_window`)."""
     queued = runner.backend.capabilities.pipelined
     ahead = runner.schedule.depth if queued else 1
     inflight: deque[_Flight] = deque()
     last_done, stopping = time.perf_counter_ns(), False
     while True:
         while k < runner.config.iterations and len(inflight) < ahead and not (inflight and inflight[-1].barrier):
+            if end is not None and k >= end:
+                stopping = True
+                break
             if stop is not None and stop():
                 stopping = True
                 break
@@ -68,6 +75,7 @@ def run_pipelined(runner: Runner, k: int, stop: Callable[[], Any] | None) -> Non
         _wait(runner, flight)
         done = time.perf_counter_ns()
         runner._collect_records(popped=flight.records)
+        runner.schedule.trips = flight.trips  # (the next iteration's submission has replaced them)
         runner._finish(flight.k, max(flight.t_submit, last_done), done, popped=flight.metrics)
         last_done = done
         if _checkpoint_due(runner, flight.k):
@@ -90,7 +98,7 @@ def _submit(runner: Runner, k: int, queued: bool) -> _Flight:
     if queued:  # after this iteration's calls, before the next one's, on every component
         records = {c: runner.backend.control_later(c, "pop_records") for c in runner.component_processes()}
         metrics = {c: runner.backend.control_later(c, "pop_metrics") for c in runner.component_processes()}
-    return _Flight(k, submitted, records, metrics, started, t_submit, barrier)
+    return _Flight(k, submitted, records, metrics, started, t_submit, barrier, dict(runner.schedule.trips))
 
 
 def _wait(runner: Runner, flight: _Flight) -> None:

@@ -9,6 +9,7 @@ accesses are ordered by that) -- so a rewrite that is wrong shows up as a differ
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -89,8 +90,9 @@ def run_reference(wf: Workflow, components: Mapping[str, Any], iterations: Itera
     run = ReferenceRun(program, components)
     caller = _Caller(components, wf.components)
     if order == "program" and any(isinstance(i, LoopNode) and i.dynamic for i in wf.items()):
-        for k in iterations:
-            _run_with_until(run, caller, k)
+        ks = list(iterations)
+        for k in ks:
+            _run_with_until(run, caller, k, ks[0], k == ks[-1])
         return run
     if order == "program":
         def keep(k, outs):
@@ -135,18 +137,28 @@ def run_reference(wf: Workflow, components: Mapping[str, Any], iterations: Itera
     return run
 
 
-def _run_with_until(run: ReferenceRun, caller: _Caller, k: int) -> None:
+def _run_with_until(run: ReferenceRun, caller: _Caller, k: int, first: int = 0, last: bool = False) -> None:
     """RL iteration k in program order, loops that end on a condition run as the runtime's schedule runs
     them (`until_loops.UntilLoops`: per row, a call after some rows are done computes only the rows not
-    done and a done row keeps its values), on concrete values: the handles are the values themselves."""
+    done and a done row keeps its values), on concrete values: the handles are the values themselves. An
+    asynchronous plan's deferred call reads the outputs of its own (earlier) RL iteration, and what is
+    still deferred runs after the `last` iteration (`Program.drain`), as `run_reference`'s other paths do."""
     program = run.program
     outputs: dict[Invocation, dict[str, Any]] = {}
     handles: dict[Invocation, tuple[Any, ...]] = {}
     aliases: dict[Invocation, Invocation] = {}
-    frame = Frame(lambda inv, port: outputs[aliases.get(inv, inv)][port], caller.ops, root_carry=_carry_from(run, k))
+
+    def lookup(inv: Invocation, port: str) -> Any:
+        inv = aliases.get(inv, inv)
+        return (outputs[inv] if inv in outputs else run.outputs[inv.indices[0]][inv])[port]
+
+    frame = Frame(lookup, caller.ops, root_carry=_carry_from(run, k))
     until = UntilLoops(program, frame, handles, {}, lambda value: value, k)
     until.aliases = aliases
-    for site in program.unroll(k, until.reached):
+    sites = program.unroll(k, until.reached, since=first)
+    if program.depth > 1 and last:
+        sites = itertools.chain(sites, program.drain(k, first))
+    for site in sites:
         pairs = until.narrow(site, [(port, lift(v)) for port, v in program.inputs(site, frame).items()])
         recipe, leaves = number_leaves(pairs)
         inputs = {port: evaluate(r, leaves, caller.ops, k) for port, r in recipe}

@@ -477,11 +477,8 @@ class Runner:
         k = self.restore() if start is None else start
         self._open_outputs(k)
         if self.schedule.depth > 1:  # an asynchronous plan: iterations overlap (pipeline.py)
-            from .pipeline import run_pipelined
-
-            self.schedule.start_at(k)
             try:
-                run_pipelined(self, k, stop)
+                self._run_pipelined(k, stop)
             finally:
                 self.close()
             return self.results
@@ -491,13 +488,8 @@ class Runner:
                 try:
                     self.run_iteration(k)
                 except CallFailed as exc:
-                    if not (exc.died or exc.gpu_fatal) or not self.backend.capabilities.restartable:
-                        raise
                     restarts += 1
-                    if restarts > self.config.max_restarts:
-                        raise CallFailed(exc.label, exc.component, f"{exc.message}; gave up after "
-                                         f"{self.config.max_restarts} restart(s)", died=True) from None
-                    k = self._recover(exc, restarts)
+                    k = self._recover(self._restartable(exc, restarts), restarts)
                     saved = k - 1  # (the checkpoint it restarted from)
                     continue
                 every = self.config.checkpoint_every
@@ -511,6 +503,33 @@ class Runner:
         finally:
             self.close()
         return self.results
+
+    def _run_pipelined(self, k: int, stop: Callable[[], Any] | None) -> None:
+        """An asynchronous plan's iterations from k, pipelined (`pipeline.py`); a process that dies is
+        recovered as in a synchronous run: the iterations in flight are abandoned, every component goes back
+        to the last checkpoint -- taken after a drain, so nothing deferred is pending there -- and the
+        pipeline starts again from the iteration after it."""
+        from .pipeline import run_pipelined
+
+        restarts = 0
+        while True:
+            self.schedule.start_at(k)
+            try:
+                run_pipelined(self, k, stop)
+                return
+            except CallFailed as exc:
+                restarts += 1
+                k = self._recover(self._restartable(exc, restarts), restarts)
+
+    def _restartable(self, exc: CallFailed, restarts: int) -> CallFailed:
+        """`exc` when a restart may recover from it (a dead process or a lost GPU context, on a backend that
+        can restart, within `max_restarts`); else raise it (or say the run gave up)."""
+        if not (exc.died or exc.gpu_fatal) or not self.backend.capabilities.restartable:
+            raise exc
+        if restarts > self.config.max_restarts:
+            raise CallFailed(exc.label, exc.component, f"{exc.message}; gave up after "
+                             f"{self.config.max_restarts} restart(s)", died=True) from None
+        return exc
 
     def _recover(self, exc: CallFailed, attempt: int) -> int:
         """Restart dead component processes and put every component back at the last checkpoint, so that

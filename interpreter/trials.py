@@ -31,9 +31,11 @@ from rose_dsl.measurement import (
     Call,
     IterationRun,
     OutOfBudget,
+    Window,
     call_identity,
     feed_component,
     probe_component,
+    window,
 )
 
 from .backend_base import Unsupported
@@ -44,7 +46,8 @@ from .runner import IterationResult, RunConfig
 from .trace import InvocationRecord
 from .worker import CallFailed, component_of, state_bytes
 
-__all__ = ["Feed", "Probe", "TrialSession", "TrialFailed", "state_bytes", "trial_components", "unsupported"]
+__all__ = ["Feed", "Probe", "TrialSession", "TrialFailed", "state_bytes", "trial_components", "unsupported",
+           "window_metrics"]
 
 
 class TrialFailed(Exception):
@@ -278,6 +281,42 @@ class TrialSession:
         self.books.complete_s += seconds
         return run
 
+    def _measure(self, plan: Workflow, label: str) -> IterationRun:
+        """One measurement of `plan`: one iteration, or a window of pipelined ones for an asynchronous
+        plan (`measurement.window`), whose gain a drained iteration cannot show."""
+        win = window(plan)
+        return self._iteration(plan, label) if win.iterations == 1 else self._window(plan, label, win)
+
+    def _window(self, plan: Workflow, label: str, win: Window) -> IterationRun:
+        """`win.iterations` training iterations of an asynchronous plan in flight together
+        (`Executor.run_window`), timed as one run from the end of the fill iterations to the end of the
+        measured ones: seconds per iteration = that time / `win.measured` (the inverse of the throughput),
+        metrics over the measured iterations (`window_metrics`). Every iteration is training, kept."""
+        if self.limit is not None and self.k + win.iterations > self.limit:
+            raise OutOfBudget(f"the workflow's {self.limit} iterations leave {self.limit - self.k}, and a window of "
+                              f"the asynchronous plan trains {win.iterations}")
+        t0, done, records = self.executor.run_window(plan, self.k, win.iterations)
+        self._proven.add(id(plan))
+        self._last_plan = plan
+        self._watch_cpu()
+        if self.cpu is not None:
+            self.cpu.poll()
+        for result, _ in done:
+            self.retained.append({"iteration": result.iteration, "plan": label, **result.metrics})
+            if result.iteration == 0:
+                self.books.first_iteration_s = result.seconds
+            self.books.complete_iterations += 1
+            self.books.complete_s += result.seconds
+        self.k += len(done)
+        start = done[win.fill - 1][1] if win.fill else t0
+        measured = done[win.fill:win.fill + win.measured]
+        end = measured[-1][1]
+        seconds = (end - start) / 1e9 / win.measured
+        calls = self._calls(plan, [r for r in records if r.end_ns is not None and r.end_ns > start
+                                   and r.host_start_ns < end])
+        metrics = window_metrics([r.metrics for r, _ in measured], seconds * win.measured)
+        return IterationRun(seconds, calls, start, end, measured[0][0].iteration, metrics, self._samples(start, end))
+
     def join_pending(self) -> None:
         """Run (once) what `pending` holds: joins of work started beside the processes' start-up that would
         disturb a measurement -- the quota self-check's GEMMs on the GPU (`CheckPrefetch`). Called right
@@ -322,7 +361,7 @@ class TrialSession:
                         # interleaved comparison slower than the candidates and gave slower plans a benefit.
                         self._iteration(plans[i], labels[i], guard=new and (i > 0 or guard_first))
                     self.join_pending()
-                    out[i].append(self._iteration(plans[i], labels[i], guard=False))
+                    out[i].append(self._measure(plans[i], labels[i]))
                 except TrialFailed as exc:  # the plan fails: its trial is lost, training goes on with the others
                     self.last_failures[i] = str(exc)
                     self._last_plan = None  # the workers had switched to it
@@ -459,6 +498,23 @@ class TrialSession:
         if self.cpu is not None:
             self.cpu.close()
         self.executor.close()
+
+
+def window_metrics(lines: Sequence[Mapping[str, float]], seconds: float) -> dict[str, float]:
+    """The metrics of a window's measured iterations as one run of `seconds`: a throughput (`*_per_s`)
+    is what they did in all over `seconds` (each line's rate times its `iteration_s` is what that
+    iteration did), `iteration_s` the seconds per iteration, anything else the mean over the lines;
+    `window/iterations` says how many they were."""
+    out: dict[str, float] = {}
+    for key in sorted({k for line in lines for k in line}):
+        vals = [(float(line[key]), float(line.get("iteration_s", 0.0))) for line in lines if line.get(key) is not None]
+        if key.endswith("_per_s"):
+            out[key] = sum(v * s for v, s in vals) / seconds if seconds > 0 else 0.0
+        else:
+            out[key] = sum(v for v, _ in vals) / len(vals)
+    out["iteration_s"] = seconds / max(1, len(lines))
+    out["window/iterations"] = float(len(lines))
+    return out
 
 
 def _memory_limits(gpu: bool) -> dict[str, int]:

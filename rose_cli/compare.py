@@ -9,7 +9,10 @@ each per round, interleaved A B C / C B A (`interpreter.trials.TrialSession.comp
 own measurement). Every plan computes what the declared workflow computes, so all the iterations are
 one training run: none is wasted, and the run directory (`--out`) holds its checkpoint. The first
 iteration of a plan after a switch is training, not a measurement (a switch recompiles the iteration;
-a new process captures its CUDA graphs). A plan with other MPS quotas moves its GPU components to
+a new process captures its CUDA graphs). An asynchronous plan (`defer:`) gains only with iterations in
+flight together: each of its turns is a window of pipelined iterations (`rose_dsl.measurement.window`,
+`TrialSession._window`), its seconds per iteration the measured ones' seconds over their number, and its
+row says which staleness it uses. A plan with other MPS quotas moves its GPU components to
 processes under those quotas on each switch, state moved with them. A plan written with a layout
 (`plan: layout:`, e.g. `rose optimize --layout`'s, or simulator processes: other `replicas` and
 per-process `args`) gets fresh processes for the components its layout changes on each switch to it and
@@ -171,7 +174,11 @@ def compare(
     if problem:
         err.print(f"error: {file}: {problem}", markup=False)
         raise typer.Exit(ExitCode.INVALID)
-    need = warmup + 2 * rounds * len(entries)
+    from rose_dsl.measurement import window
+
+    # per round and row: an unmeasured iteration after the switch to it, then its window (one iteration, or
+    # an asynchronous plan's pipelined ones)
+    need = warmup + rounds * sum(1 + window(e.workflow).iterations for e in entries)
     if wf.root.count is not None and wf.root.count < need:
         err.print(f"error: comparing {len(entries)} rows over {rounds} rounds trains up to {need} iterations and "
                   f"{file} trains {wf.root.count}; raise its iteration count (e.g. --set iterations={need})", markup=False)
@@ -359,8 +366,12 @@ def _activity(run: IterationRun) -> tuple[float | None, float | None]:
 
 
 def plan_rows(entries: list[Entry], results: list[list[IterationRun]], failures: dict[int, str]) -> list[dict[str, Any]]:
-    """One summary per row: every measured iteration, the median and spread, the ratio to the declared
-    workflow (> 1: faster), each `*_per_s` metric's median, SM activity."""
+    """One summary per row: every measured iteration (an asynchronous plan: every measured window, its
+    seconds per iteration), the median and spread, the ratio to the declared workflow (> 1: faster), each
+    `*_per_s` metric's median, SM activity, the staleness the plan uses and how a measurement ran."""
+    from rose_dsl.measurement import window
+    from rose_dsl.optimizer.report import staleness
+
     rows: list[dict[str, Any]] = []
     base = None
     for i, (e, runs) in enumerate(zip(entries, results, strict=True)):
@@ -377,6 +388,7 @@ def plan_rows(entries: list[Entry], results: list[list[IterationRun]], failures:
         sm = [a for a, _ in act if a is not None]
         low = [b for _, b in act if b is not None]
         plan_meta = e.workflow.plan
+        win = window(e.workflow)
         rows.append({
             "label": e.label, "file": str(e.file),
             "requests": list(plan_meta.get("rewrites") or []) if plan_meta else [],
@@ -384,6 +396,8 @@ def plan_rows(entries: list[Entry], results: list[list[IterationRun]], failures:
             "mps_priority": {n: c.mps_priority for n, c in e.workflow.components.items()
                              if c.device == "gpu" and c.mps_priority is not None},
             "iterations": [{"iteration": r.iteration, "seconds": r.seconds, "metrics": r.metrics} for r in runs],
+            "staleness": staleness(e.workflow),
+            "window": {"fill": win.fill, "measured": win.measured, "tail": win.tail},
             "seconds": seconds, "median_s": med,
             "spread": (max(seconds) - min(seconds)) / med if seconds and med else None,
             "speedup": base / med if base and med else None,
@@ -398,18 +412,25 @@ def plan_rows(entries: list[Entry], results: list[list[IterationRun]], failures:
 def _print_table(rows: list[dict[str, Any]], total: float, books: Any) -> None:
     rates = sorted({k for r in rows for k in r["throughput"]})
     table = Table(title="seconds per iteration, interleaved on one set of workers")
-    for col in ("plan", "median s", "spread", "n", "vs declared", *rates, "SM activity"):
-        table.add_column(col, justify="left" if col == "plan" else "right")
+    stale_col = any(r["staleness"] for r in rows)  # (a column only where an asynchronous plan is compared)
+    for col in ("plan", "median s", "spread", "n", "vs declared", *rates, "SM activity", *["staleness"] * stale_col):
+        table.add_column(col, justify="left" if col in ("plan", "staleness") else "right")
     for r in rows:
+        stale = [", ".join(f"{state} {v['lag']}" for state, v in sorted(r["staleness"].items())) or "0"] * stale_col
         if r["failed"]:
-            table.add_row(r["label"], "failed", "", str(len(r["seconds"])), "", *["" for _ in rates], "")
+            table.add_row(r["label"], "failed", "", str(len(r["seconds"])), "", *["" for _ in rates], "", *stale)
             continue
         table.add_row(r["label"], f"{r['median_s']:.4f}" if r["median_s"] else "-",
                       f"{r['spread']:.0%}" if r["spread"] is not None else "-", str(len(r["seconds"])),
                       f"{r['speedup']:.2f}x" if r["speedup"] else "-",
                       *[f"{r['throughput'][k]:.1f}" if k in r["throughput"] else "-" for k in rates],
-                      f"{r['sm_activity']:.0%}" if r["sm_activity"] is not None else "-")
+                      f"{r['sm_activity']:.0%}" if r["sm_activity"] is not None else "-", *stale)
     out.print(table)
+    for r in (r for r in rows if r["window"]["measured"] > 1):
+        w = r["window"]
+        out.print(f"{r['label']}: an asynchronous plan, measured over windows of {w['measured']} consecutive "
+                  f"pipelined iterations (after {w['fill']} filling the pipeline; {w['tail']} more, then what is "
+                  "deferred drained, not timed): seconds per iteration = window / iterations", markup=False)
     out.print(f"{int(books.complete_iterations)} training iterations in {total:.1f} s (start-up and "
               "plan switches included)", markup=False)
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from .ir import Component, ExecutionNode, Item, LoopNode, StateObject, Workflow
 
-__all__ = ["Books", "Call", "IterationRun", "OutOfBudget", "FEED", "PROBE", "feed_component", "probe_component",
-           "structural", "call_identity"]
+__all__ = ["Books", "Call", "IterationRun", "OutOfBudget", "Window", "window", "WINDOW_MEASURED", "FEED", "PROBE",
+           "feed_component", "probe_component", "structural", "call_identity"]
 
 
 def structural(node: str) -> str:
@@ -102,6 +102,34 @@ class IterationRun:
     metrics: dict[str, float] = field(default_factory=dict, compare=False)
     # device-wide SM activity samples (start ns, end ns, value) during the run, on a GPU
     activity_samples: tuple[tuple[int, int, float], ...] = field(default=(), compare=False)
+
+
+WINDOW_MEASURED = 3  # measured iterations per window of an asynchronous plan (its reason: docs/optimizer.md, asynchronous plans)
+
+
+@dataclass(frozen=True)
+class Window:
+    """How one measurement of a plan runs: `fill` iterations first (training, not timed: an asynchronous
+    plan's pipeline filling up, nothing to overlap the first with), then `measured` consecutive ones timed
+    together as throughput (iterations / their seconds), then `tail` more (training, not timed: the last
+    iteration of a window has no next one beside it, so it runs faster than in a long run, and what is
+    still deferred is drained after it). A synchronous plan: one iteration, timed alone."""
+
+    fill: int = 0
+    measured: int = 1
+    tail: int = 0
+
+    @property
+    def iterations(self) -> int:
+        return self.fill + self.measured + self.tail
+
+
+def window(plan: Workflow) -> Window:
+    """The measurement window of `plan`: a plan that defers a call by K RL iterations (`defer: K`, an
+    asynchronous plan) runs K fill iterations, `WINDOW_MEASURED` measured ones and one tail iteration
+    pipelined, without a drain between them; any other plan one iteration."""
+    defer = max((i.defer for i in plan.root.body if isinstance(i, ExecutionNode)), default=0)
+    return Window(defer, WINDOW_MEASURED, 1) if defer else Window()
 
 
 class OutOfBudget(Exception):

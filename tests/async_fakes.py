@@ -6,9 +6,9 @@ update it sees: the generator's read in RL iteration k of the declared workflow 
 (stamp k-1, or -1, the initial value, at k = 0), and its lag is (k-1) - stamp. Calls sleep for the
 durations a test draws, so that executions interleave differently; nothing is checked against time.
 
-`Learner(wait_for_next=True)`: its update of iteration k waits (bounded) until the generator has started
-iteration k+1's rollout and records whether it did -- the overlap of a pipelined run observed as an
-event, not as a duration.
+`Learner(wait_for_next=True)`: its update of iteration k waits (bounded: 30 s, or `wait_for_next` seconds
+when a number) until the generator has started iteration k+1's rollout and records whether it did (also
+as the metric `overlapped`) -- the overlap of a pipelined run observed as an event, not as a duration.
 """
 
 from __future__ import annotations
@@ -54,6 +54,11 @@ class Generator(_Napper):
         self.nap()
         return {"rollouts": torch.tensor([float(k), float(stamp)])}
 
+    def step(self, it: Any, t: Any) -> dict[str, Any]:
+        """One trip of a rollout that ends on a condition: done after 1 + it % 3 trips (`trips` differ by
+        iteration, so a metrics line holding another iteration's shows)."""
+        return {"done": torch.tensor([float(int(t) + 1 >= 1 + int(it) % 3)])}
+
     def load(self, w: Any, it: Any = 0) -> dict[str, Any]:
         self.nap()
         self.weights = torch.as_tensor(w).clone()
@@ -67,16 +72,19 @@ class Generator(_Napper):
 class Learner(_Napper):
     """`weights` holds the iteration of its last update."""
 
-    def __init__(self, sleeps: list[float] | None = None, run: str = "", wait_for_next: bool = False) -> None:
+    def __init__(self, sleeps: list[float] | None = None, run: str = "", wait_for_next: bool | float = False) -> None:
         super().__init__(sleeps)
         self.weights = torch.tensor([-1.0])
         self.run, self.wait_for_next = run, wait_for_next
         self.overlapped: list[bool] = []
+        self._metrics: dict[str, float] = {}
 
     def update(self, rollouts: Any, it: Any) -> dict[str, Any]:
         k = int(it)
         if self.wait_for_next:
-            self.overlapped.append(STARTED[self.run][k + 1].wait(timeout=30.0))
+            timeout = 30.0 if self.wait_for_next is True else float(self.wait_for_next)
+            self.overlapped.append(STARTED[self.run][k + 1].wait(timeout=timeout))
+            self._metrics = {"overlapped": float(self.overlapped[-1])}
         self.nap()
         self.weights = torch.tensor([float(k)])
         return {}
@@ -84,6 +92,10 @@ class Learner(_Napper):
     def get(self) -> dict[str, Any]:
         self.nap()
         return {"w": self.weights.clone()}
+
+    def pop_metrics(self) -> dict[str, float]:
+        out, self._metrics = self._metrics, {}
+        return out
 
 
 class Scorer(_Napper):

@@ -12,7 +12,15 @@ The shape of the work follows the lecture's rollout engine, scaled down:
   completion until the rows it asks for are finished, so the rows of one group can be returned while
   the others keep decoding (the long-tail overlap; README);
 - optionally, each completion's length is forced (`length_mean`, `length_p99`): drawn from a lognormal
-  per (seed, it, prompt id, sample), EOS banned until then -- a systems stand-in for long-tail lengths.
+  per (seed, it, prompt id, sample), EOS banned until then -- a systems stand-in for long-tail lengths;
+- optionally, partial rollouts (`partial_rollouts: B`, issue 46): a weight sync (`load_weights`) may come
+  while completions are in flight (prompts submitted for a later iteration, decoding beside this one's);
+  they continue under the new weights -- their KV cache as computed, each later token sampled by the new
+  policy -- and each token records the policy version that sampled it (`version` [P, K, L] instead of
+  [P, K]). B bounds the oldest token's lag: at a sync, a prompt group in flight whose oldest token would be
+  more than B versions old is restarted from its prompt under the new weights (its tokens dropped, never
+  cut short: a truncated completion would be scored as a wrong answer and bias the batch toward short
+  ones). 0 (the default): a sync with completions in flight is an error, as before.
 
 Reproducibility: each (prompt, sample) draws from its own uniform stream keyed by (seed, it, prompt id,
 sample index), and on the CPU every decode-step computation is row-invariant (see `model.py`). The
@@ -67,6 +75,7 @@ class Generator:
         length_mean: float = 0.0,
         length_p99: float = 0.0,
         cuda_graphs: bool = True,
+        partial_rollouts: int = 0,
     ) -> None:
         self.spec = PolicySpec.from_args(policy)
         if int(k) < 1:
@@ -86,6 +95,9 @@ class Generator:
         self.lengths = (float(length_mean), float(length_p99)) if length_mean else None
         if self.lengths:
             lognormal_params(*self.lengths)  # a pair no lognormal has is an error here, not at the first call
+        if int(partial_rollouts) < 0:
+            raise ValueError(f"Generator: partial_rollouts (the oldest token's lag allowed) must be >= 0, got {partial_rollouts}")
+        self.partial = int(partial_rollouts)
         self.k, self.max_new_tokens, self.max_batch = int(k), int(max_new_tokens), int(max_batch)
         self.temperature, self.top_p, self.seed = float(temperature), float(top_p), int(seed)
         self.device = torch.device(device)
@@ -131,10 +143,11 @@ class Generator:
         A mismatch means the sync corrupted or mixed up weights; sampling from them would silently
         produce off-policy rollouts, so it is an error, and the old weights stay in place.
         """
-        if self._flight.rows_in_flight():
+        if self._flight.rows_in_flight() and not self.partial:
             raise RuntimeError(
                 "Generator.load_weights: completions submitted under the current weights are not collected yet; "
-                "a weight sync must come after the `collect` of every submitted prompt"
+                "a weight sync must come after the `collect` of every submitted prompt (or allow partial "
+                "rollouts: partial_rollouts > 0)"
             )
         got = param_hash(w)
         if got != hash:
@@ -145,6 +158,8 @@ class Generator:
         self.model.load_state_dict({k: v.to(self.device) for k, v in w.items()})
         self.weights_hash = got
         self.version += 1
+        if self.partial:  # what continues under the new weights, within the bound on its oldest token
+            self._flight.restart_stale(self.version - self.partial)
 
     # -- generation ----------------------------------------------------------------------------------
     def generate(self, prompts: Record, it: int, rows: slice | None = None) -> dict[str, Record]:
@@ -186,7 +201,8 @@ class Generator:
             prompt=pending["tokens"].clone(), prompt_len=pending["lengths"].long().clone(),
             temperature=torch.full((p_count,), self.temperature, dtype=torch.float32),
             index=torch.tensor(ids, dtype=torch.long),
-            version=torch.full((p_count, self.k), self.version, dtype=torch.long),
+            version=out.pop("token_version") if self.partial else torch.full((p_count, self.k), self.version,
+                                                                                 dtype=torch.long),
             no_eos=torch.full((p_count,), self.lengths is not None, dtype=torch.bool),
         )
         if "answer" in pending:
@@ -239,6 +255,7 @@ class Generator:
             "prefills": m["prefills"],
             "mean_active_slots": m["slot_occupancy"] / max(m["decode_steps"], 1.0),
             "weights_version": float(self.version),
+            **({"partial_restarts": m.get("restarts", 0.0)} if self.partial else {}),
         }
 
 
@@ -269,6 +286,7 @@ class _Flight:
         self.logp, self.u = torch.zeros(0, length), torch.zeros(0, length, dtype=torch.float64)
         self.limit, self.lengths = torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
         self.finished, self.done = torch.zeros(0, dtype=torch.bool), torch.zeros(0, dtype=torch.bool)
+        self.ver = torch.zeros(0, length, dtype=torch.long)  # the policy version that sampled each token
         self.rows: dict[tuple[int, int], int] = {}  # (it, prompt id) -> its first row (K rows each)
         self.prompt_of: list[tuple[int, int]] = []
         self.prompt_data: dict[tuple[int, int], tuple[torch.Tensor, int]] = {}
@@ -308,6 +326,7 @@ class _Flight:
         self.lengths = torch.cat([self.lengths, torch.zeros(count, dtype=torch.long)])
         self.finished = torch.cat([self.finished, torch.zeros(count, dtype=torch.bool)])
         self.done = torch.cat([self.done, torch.zeros(count, dtype=torch.bool)])
+        self.ver = torch.cat([self.ver, torch.zeros(count, gen.max_new_tokens, dtype=torch.long)])
         self.queue.extend(range(first, first + count))
         return keys
 
@@ -333,12 +352,42 @@ class _Flight:
             "logp": (self.logp[rows] * mask).view(p, k, length), "mask": mask.view(p, k, length),
             "lengths": lengths.view(p, k), "finished": self.finished[rows].view(p, k),
         }
+        if self.gen.partial:  # each token's sampling version; after the end, the last token's (never older)
+            last = self.ver[rows, (lengths - 1).clamp(min=0)].unsqueeze(-1)
+            out["token_version"] = torch.where(mask, self.ver[rows], last).view(p, k, length)
         for key in keys:
             self.rows.pop(key)
         self.taken += len(rows)
         if not self.rows_in_flight():
             self._reset()
         return out
+
+    def restart_stale(self, oldest: int) -> list[tuple[int, int]]:
+        """At a weight sync (partial rollouts): every prompt group in flight holding a token sampled before
+        version `oldest` starts again from its prompt -- its rows leave their slots, lose their tokens and
+        go back to the front of the queue (the prefill runs again, under the new weights). The groups
+        restarted."""
+        stale = []
+        for key, first in self.rows.items():
+            rows = torch.arange(first, first + self.gen.k)
+            started = self.lengths[rows] > 0
+            if bool(started.any()) and int(self.ver[rows][started][:, 0].min()) < oldest:
+                stale.append(key)
+        for key in stale:
+            first = self.rows[key]
+            rows = set(range(first, first + self.gen.k))
+            for slot in [s for s in self.active if int(self.s_row[s]) in rows]:
+                self.active.discard(slot)
+                heapq.heappush(self.free, slot)
+                self.s_token[slot], self.s_pos[slot] = 0, 0
+            self.queue = deque(r for r in self.queue if r not in rows)
+            self.queue.extendleft(reversed(range(first, first + self.gen.k)))
+            sl = slice(first, first + self.gen.k)
+            self.tok[sl], self.logp[sl], self.ver[sl] = self.gen.tokenizer.pad_id, 0.0, 0
+            self.lengths[sl], self.finished[sl], self.done[sl] = 0, False, False
+            self.prefixes.pop(key, None)
+            self.counts["restarts"] = self.counts.get("restarts", 0) + 1
+        return stale
 
     def _sample(self, logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         gen = self.gen
@@ -350,6 +399,7 @@ class _Flight:
     def _record(self, rows: torch.Tensor, steps: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor) -> torch.Tensor:
         """Store the tokens sampled at `steps` of `rows`; mark and return the rows that end with them."""
         self.tok[rows, steps], self.logp[rows, steps], self.lengths[rows] = tok, lp, steps + 1
+        self.ver[rows, steps] = self.gen.version
         at_limit = steps + 1 == self.limit[rows]
         if self.gen.lengths is None:
             eos = tok == self.gen.tokenizer.eos_id

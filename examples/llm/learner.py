@@ -19,7 +19,9 @@ lecture's PPO/GRPO recipe; clipping bounds what a stale sample can move). Each s
 version that sampled it (`rollouts["version"]`: weight syncs the generator had received); the learner
 counts the weights it has published (`version`), and their difference is the sample's staleness. The
 metrics give the ratio's statistics and a staleness histogram (`staleness_hist_<lag>`: samples trained
-at that lag); with today's synchronous plans every lag is 0 and r = 1 up to floating point (the
+at that lag). With per-token versions (`version` [P, K, L]: the generator's partial rollouts) a sample's lag
+is its oldest token's, and `mixed_version_samples` counts those sampled under several versions;
+`max_staleness` (optional) makes a sample older than that an error. With synchronous plans every lag is 0 and r = 1 up to floating point (the
 generator's KV-cache decode against the learner's full forward, bf16 on the GPU).
 
 Micro-batches (`micro_tokens`): one optimiser step accumulates the gradients of groups of samples of
@@ -82,6 +84,7 @@ class GRPOLearner:
         policy: Mapping[str, Any] | None = None,
         cache_dir: str | None = None,
         tokenizer_hash: str | None = None,
+        max_staleness: int | None = None,
     ) -> None:
         if int(minibatches) < 1:
             raise ValueError(f"GRPOLearner: minibatches must be >= 1, got {minibatches}")
@@ -97,6 +100,7 @@ class GRPOLearner:
         if loss_agg not in ("token", "sequence"):
             raise ValueError(f"GRPOLearner: loss_agg must be 'token' or 'sequence', got {loss_agg!r}")
         self.loss_agg = loss_agg
+        self.max_staleness = None if max_staleness is None else int(max_staleness)  # checked per trained sample
         self.version = 0  # weights published (`get_weights`): the policy version a sample's lag is taken against
         self.device = torch.device(device)
         self.tokenizer = CharTokenizer()
@@ -225,11 +229,19 @@ class GRPOLearner:
         return {"loss": loss_sum, "kl": kl_sum, "clip_frac": clipped, "ratios": ratios}
 
     def _staleness(self, part: Record, sel: tuple[torch.Tensor, torch.Tensor]) -> None:
-        """Count the trained samples by lag = published versions - the version that sampled them."""
+        """Count the trained samples by lag = published versions - the version that sampled them; with
+        per-token versions ([P, K, L], partial rollouts) the oldest token's. Above `max_staleness` (when
+        given) is an error: the generator's bound or the plan's deferral let an older sample through."""
         if "version" not in part:
             return
         versions = part["version"][sel]
+        if versions.dim() == 2:  # per token: a sample is as old as its oldest token
+            self._add(mixed_version_samples=float((versions.max(-1).values != versions.min(-1).values).sum()))
+            versions = versions.min(-1).values
         lags = (self.version - versions).tolist()
+        if self.max_staleness is not None and lags and max(lags) > self.max_staleness:
+            raise ValueError(f"GRPOLearner.update: a sample sampled {max(lags)} published versions ago, above "
+                             f"max_staleness {self.max_staleness}")
         for lag in set(lags):
             self._add(**{f"staleness_hist_{lag}": float(lags.count(lag))})
         self._add(staleness_sum=float(sum(lags)), staleness_n=float(len(lags)))
@@ -263,4 +275,6 @@ class GRPOLearner:
             out.update(staleness_mean=m["staleness_sum"] / m["staleness_n"], staleness_max=m["staleness_max"],
                        sample_version_min=m["sample_version_min"])
             out.update({k: v for k, v in m.items() if k.startswith("staleness_hist_")})
+        if "mixed_version_samples" in m:  # per-token versions: samples whose tokens span several versions
+            out["mixed_version_samples"] = m["mixed_version_samples"]
         return out

@@ -63,3 +63,13 @@ class PromptSource:
         )
         self.cursor = start + self.batch
         return {"prompts": record}
+
+    def peek(self, it: int | None = None) -> dict[str, Record]:
+        """`{"prompts": the batch the next `next_batch` returns}`, the cursor unchanged (a state *read*): a
+        workflow submits the next iteration's prompts early with it, so that they decode beside this
+        iteration's (the generator's partial rollouts)."""
+        cursor = self.cursor
+        try:
+            return self.next_batch(it)
+        finally:
+            self.cursor = cursor

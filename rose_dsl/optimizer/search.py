@@ -17,6 +17,7 @@ import math
 from collections.abc import Sequence
 
 from ..ir import Workflow
+from ..measurement import window
 from .before_after import declared_graph, given_plan, interleaved
 from .budget import Budget
 from .candidates import SWEEP, Alternative, Feasible, Infeasible, alternatives, check, memory_estimate, sweep
@@ -157,7 +158,8 @@ class _Search(_LocalTrials):
                     continue
                 self.model.observe(got[0], plan)
                 out[i] += got[0]
-                self._learn_turn(wall - sum(run.seconds for run in got[0]), w, new, switch)
+                # (a window of an asynchronous plan trains `iterations` at about its measured seconds each)
+                self._learn_turn(wall - sum(run.seconds for run in got[0]) * window(plan).iterations, w, new, switch)
         return out
 
     def _turn_s(self, plan: Workflow, warmup: int = 0, last: Workflow | None = None,
@@ -169,7 +171,7 @@ class _Search(_LocalTrials):
         far, an iteration each until then. Without a reference time yet: no estimate. `last` and `seen`
         (default: the workers' now) let `_block_s` estimate turns ahead."""
         it = self.iteration_s or 0.0
-        need = it * (1 + warmup)
+        need = it * (window(plan).iterations + warmup)
         if (self.last_plan if last is None else last) is not plan:
             need += self.switch_s if self.switch_s is not None else it
         if id(plan) not in (self.seen if seen is None else seen):

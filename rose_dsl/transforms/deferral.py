@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ir import ExecutionNode, LoopNode, Workflow
+from ..ir import ExecutionNode, Workflow
 from .rewritten import Refused, Rewritten, identity_locate
 from .tree import find, replace_body
 
@@ -44,11 +44,6 @@ def build_defer(wf: Workflow, path: Path, k: int | None = None) -> Rewritten:
         raise Refused(f"defer: K must be at least 1, not {k}", at=node.pos)
     if node.defer:
         raise Refused(f"defer: '{node.name}' is already deferred ({node.defer})", at=node.pos)
-    dynamic = next((i for i in wf.items() if isinstance(i, LoopNode) and i.dynamic), None)
-    if dynamic is not None:  # (the pipelined runner and loops that end on a condition are not combined yet)
-        raise Refused(f"defer: the workflow has a loop that ends on a condition ('{dynamic.name}', until:); an "
-                      "asynchronous plan of such a workflow is not supported yet -- use a synchronous plan",
-                      at=dynamic.field_pos.get("until") or dynamic.pos)
     body = [replace(node, defer=k) if i.path == path else i for i in wf.root.body]
     return Rewritten(replace_body(wf, wf.root.path, body), identity_locate, f"defer {node.name} {k}")
 

@@ -230,7 +230,6 @@ def test_random_workflows_deferred_within_budget_read_no_older_values_on_executi
     same read saw L RL iterations earlier, with L = 0 for updates and unbudgeted state objects and
     L <= max_staleness otherwise; the lag it observes is at most the one the analysis proves; and the run
     leaves every state object as the synchronous one does."""
-    assume("until" not in yaml.safe_dump(doc))  # the runtime schedules static loops only
     states = [(c, s) for c, comp in doc["components"].items() for s in comp["state"]]
     tops = [i["node"] for i in doc["iteration"]["body"] if "node" in i]
     assume(states and tops)
@@ -252,6 +251,8 @@ def test_random_workflows_deferred_within_budget_read_no_older_values_on_executi
     wf = load_workflow_text(yaml.safe_dump(doc), "random.yaml")
     plan = apply(wf, f"defer {name} {k}")
     assume(not isinstance(plan, Refused))
+    event("deferred, with a loop that ends on a condition" if wf.root.dynamic or any(
+        getattr(i, "dynamic", False) for i in wf.items()) else "deferred, static loops only")
     proven = read_lags(plan.workflow)
     sync_seen, sync_left = _stamps_of(wf, iterations)
     seen, left = _stamps_of(plan.workflow, iterations)
@@ -336,3 +337,82 @@ def test_rose_validate_prints_the_lag_of_each_budgeted_read(tmp_path) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     assert "gen.weights: 'generate' reads a value at most 1 RL iteration older than the synchronous workflow's " \
            "(lag 1, max_staleness 1)" in " ".join(out.stdout.split())
+
+
+def test_a_workflow_with_a_loop_that_ends_on_a_condition_runs_deferred_with_each_iterations_trips() -> None:
+    """`defer` is no longer refused where a loop ends on a condition: the pipelined runner schedules such a
+    loop's trips as its condition is fetched, and each iteration's metrics line holds its own trips (its
+    successor's submission, which decides the successor's, comes before it is logged)."""
+    sleeps = {"gen": [0.0, 0.002], "learner": [0.001], "scorer": [0.0]}
+    text = _text(1, [], sleeps, uuid.uuid4().hex, 7).replace("""  body:
+    - node: generate""", """  body:
+    - loop: decode
+      count: 4
+      until: tok.done
+      body:
+        - node: tok
+          call: gen.step
+          in: {it: iteration.i, t: decode.i}
+          state: {weights: read}
+          out: [done]
+    - node: generate""")
+    plan = apply(load_workflow_text(text, "versions.yaml"), "defer sync 1")
+    assert not isinstance(plan, Refused), plan
+    results, gen, _, states = _run(plan.workflow, 7)
+    assert [r.metrics["trips/decode"] for r in results] == [float(1 + k % 3) for k in range(7)]
+    lags = [(it - 1) - stamp for it, stamp in gen.seen]
+    assert max(lags) == 1 and states["gen"]["weights"].item() == 6.0
+
+
+def test_a_pipelined_run_restarts_a_killed_process_from_the_last_checkpoint(tmp_path) -> None:
+    """SIGKILL inside a call of an asynchronous plan (Ray, iterations in flight): the iterations in flight
+    are abandoned, the process restarted, every component put back at the last checkpoint (taken after a
+    drain: nothing deferred pending) and the pipeline starts again after it; the run ends with the state an
+    uninterrupted one leaves, each iteration logged once."""
+    from interpreter.backends import RayBackend
+
+    ray = pytest.importorskip("ray")
+    sleeps = {"gen": [0.0], "learner": [0.0], "scorer": [0.0]}
+    text = _text(1, [], sleeps, uuid.uuid4().hex, 6).replace("""  scorer:""", f"""  dies:
+    impl: "tests.mocks:DiesOnce"
+    args: {{marker: "{tmp_path / 'died'}", at_call: 4}}
+    state: [acc]
+  scorer:""").replace("""    - node: update""", """    - node: count
+      call: dies.work
+      in: {x: iteration.i}
+      state: {acc: update}
+      out: [y]
+    - node: update""")
+    plan = apply(load_workflow_text(text, "versions.yaml"), "defer sync 1")
+    assert not isinstance(plan, Refused), plan
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
+    try:
+        sch = Schedule(plan.workflow)
+        be = RayBackend(plan.workflow, ("tests.",), sch.program.loops_of)
+        try:
+            config = RunConfig(iterations=6, checkpoint_every=2, out_dir=tmp_path / "run", tensorboard=False)
+            runner = Runner(plan.workflow, be, config, sch)
+            results = runner.run()
+            states = {c: be.control(c, "get_states") for c in ("gen", "learner", "dies")}
+        finally:
+            be.shutdown()
+    finally:
+        ray.shutdown()
+    assert (tmp_path / "died").exists() and len(runner.recoveries) == 1
+    assert runner.recoveries[0]["restarted"] == ["dies"] and runner.recoveries[0]["from_checkpoint"] == 1
+    assert [r.iteration for r in results] == list(range(6))
+    assert float(states["dies"]["acc"]["total"]) == float(sum(range(6)))
+    assert states["gen"]["weights"].item() == states["learner"]["weights"].item() == 5.0
+    assert all(r.metrics["gen/lag"] <= 1 for r in results)
+
+
+def test_a_windows_metrics_are_what_its_measured_iterations_did_over_its_seconds() -> None:
+    """A throughput over a window is its work over its seconds (each line's rate times its `iteration_s` is
+    its work), not the mean of the lines' rates; other metrics are means."""
+    from interpreter.trials import window_metrics
+
+    lines = [{"iteration_s": 1.0, "tokens_per_s": 100.0, "gen/lag": 1.0},
+             {"iteration_s": 3.0, "tokens_per_s": 20.0, "gen/lag": 0.0}]
+    got = window_metrics(lines, 2.0)  # the window: 160 tokens in 2 s (its iterations overlapped)
+    assert got["tokens_per_s"] == 80.0 and got["gen/lag"] == 0.5
+    assert got["iteration_s"] == 1.0 and got["window/iterations"] == 2.0

@@ -431,12 +431,13 @@ ACCEPTED += [UNTIL_PER_ROW]
 
 # Found by the full suite once until loops (issue 45) and asynchronous plans (issue 46) met: `defer` of a call
 # in a workflow with a loop that ends on a condition left a deferred call unrun (a drain the until path does not
-# make) or failed to build after a split-chain of that loop. Refused since: `defer` in such a workflow.
+# make) or failed to build after a split-chain of that loop. Refused then; accepted again since the reference
+# interpreter's until path reads a deferred call's inputs from its own RL iteration and drains at the end.
 # And a `split` inside the per-row until loop of a time-split copy (`l1@0.l2`) made that loop end as a whole:
 # `until_kept` looked the loop up by its source path, which the plan it was applied to no longer had.
 ACCEPTED += [
     Found(
-        "issue 45/46: `defer` of a node after a loop that ends on a condition (refused: not supported yet)",
+        "issue 45/46: `defer` of a node after a loop that ends on a condition (its deferred call was never run)",
         _wf(_mock("c0", [], {"n2": "{state: {}, out: [], separable: false}",
                              "n3": "{state: {}, out: [o0], separable: false, flags: [o0]}", "n4": SEP}), """\
     - loop: l1

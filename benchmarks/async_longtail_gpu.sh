@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Issue 46's done-means on the long-tail LLM workload (GPU): the synchronous declared workflow, the best
+# synchronous rose plan and the best asynchronous rose plan, with `max_staleness: 1` on the generator's
+# weights (a variant of workflows/llm_grpo_longtail_gpu.yaml written here: budgets are not params).
+#
+#   MODE=compare bash benchmarks/async_longtail_gpu.sh   # one interleaved `rose compare` run: throughput ratio
+#   MODE=curves  bash benchmarks/async_longtail_gpu.sh   # reward against wall-clock time, one run per plan
+#
+# carries: .raybundle (as benchmarks/paper_table_gpu.sh). Each mode fits one device call (LIMIT s, default 540).
+# `rose compare` measures an asynchronous plan over windows of pipelined iterations (docs/cli.md) and writes
+# its JSON after every round, so a call cut short keeps the rounds it finished. SYNC: the rewrites of the
+# best synchronous plan (default: issue 45's chain of 4 row groups; replace it by `rose optimize`'s if that
+# found a better one); the asynchronous plan is SYNC + `defer sync 1`. Target: async >= 1.5x the declared
+# throughput, reward per wall-clock second not worse (the curves' picture, cut at the shortest run).
+set -u
+MODE=${MODE:-compare}
+WF=${WF:-workflows/llm_grpo_longtail_gpu.yaml}   # (workflows/llm_grpo_longtail.yaml with DEVICE=cpu: a CPU smoke run)
+DEVICE=${DEVICE:-cuda}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+LIMIT=${LIMIT:-540}
+ROUNDS=${ROUNDS:-2}
+SYNC=${SYNC:-"split-chain generate ref score 4"}
+CURVE_ITERATIONS=${CURVE_ITERATIONS:-8}
+SETS=(${SETS:-})   # extra --set NAME=VALUE pairs for the workflow, e.g. SETS="--set prompts=64"
+export PYTHONUNBUFFERED=1 RAY_DEDUP_LOGS=0
+if [ -d .raybundle ]; then
+  mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site || exit 1
+  export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
+else
+  export PYTHONPATH=$PWD:${PYTHONPATH:-}
+fi
+[ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+set -o pipefail
+W=$OUT/llm_grpo_longtail_gpu_stale1.yaml
+sed '/^  generator:/,/^  reference:/ s/state: \[weights\]/state: {weights: {max_staleness: 1}}/' \
+  "$WF" > "$W"
+grep -q "max_staleness: 1" "$W" || { echo "could not write the budgeted variant" >&2; exit 1; }
+sync_do=(); IFS=';' read -ra parts <<< "$SYNC"; for p in "${parts[@]}"; do sync_do+=(--do "$p"); done
+python3 -m rose_cli rewrite "$W" "${SETS[@]}" "${sync_do[@]}" -o "$OUT/best_sync.yaml" --overwrite || exit 1
+python3 -m rose_cli rewrite "$W" "${SETS[@]}" "${sync_do[@]}" --do "defer sync 1" -o "$OUT/best_async.yaml" --overwrite || exit 1
+case "$MODE" in
+  compare)
+    # per round: declared 2 iterations, best_sync 2, best_async 1 + a window of 5; plus 1 warm-up
+    need=$((1 + ROUNDS * 10))
+    timeout "$LIMIT" python3 -m rose_cli compare "$W" "${SETS[@]}" --set iterations=$need --backend ray \
+      --plan best_sync="$OUT/best_sync.yaml" --plan best_async="$OUT/best_async.yaml" --rounds "$ROUNDS" \
+      --json "$OUT/async_compare.json" --runs "$OUT/async_runs" --overwrite 2>&1 | tee "$OUT/log_async_compare.txt" ;;
+  curves)
+    # each plan trains from scratch for CURVE_ITERATIONS (same seed), reward against cumulative wall time
+    timeout "$LIMIT" python3 benchmarks/async_plans.py "$W" "${SETS[@]}" --backend ray --device "$DEVICE" \
+      --plan best_sync="$OUT/best_sync.yaml" --plan best_async="$OUT/best_async.yaml" --rounds 1 --block 2 \
+      --iterations "$CURVE_ITERATIONS" --reward reward/mean_reward --out "$OUT/async_curves" \
+      2>&1 | tee "$OUT/log_async_curves.txt" ;;
+  *) echo "MODE is compare or curves" >&2; exit 2 ;;
+esac

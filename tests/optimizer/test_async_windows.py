@@ -1,0 +1,78 @@
+"""An asynchronous plan's turn in a block of complete trials is a window of pipelined iterations
+(`rose_dsl.measurement.window`): the search's budget estimate counts every iteration of it, and what the
+turn cost beyond them is learned as a switch or set-up -- not the window's unmeasured iterations, which
+made every later turn look several iterations dearer. On a fake measurer (simulated time)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from rose_dsl import load_workflow_text
+from rose_dsl.ir import Workflow
+from rose_dsl.measurement import IterationRun, Window, window
+from rose_dsl.optimizer.search import Settings, _Search
+from rose_dsl.transforms import Refused, apply
+
+from .fakes import FakeMeasurer, GroundTruth
+
+WF = """
+rose: 1
+name: versions
+components:
+  gen: {impl: "tests.async_fakes:Generator", state: {weights: {max_staleness: 1}}}
+  learner: {impl: "tests.async_fakes:Learner", state: [weights]}
+iteration:
+  count: 1000
+  body:
+    - {node: generate, call: gen.generate, in: {it: iteration.i}, state: {weights: read}, out: [rollouts]}
+    - {node: update, call: learner.update, in: {rollouts: generate.rollouts, it: iteration.i}, state: {weights: update}}
+    - {node: publish, call: learner.get, state: {weights: read}, out: [w]}
+    - {node: sync, call: gen.load, in: {w: publish.w, it: iteration.i}, state: {weights: refresh}}
+"""
+TRUTH = GroundTruth(fixed={"gen": 0.02, "learner": 0.03}, per_row={}, activity={})
+
+
+class Windowed(FakeMeasurer):
+    """Runs a plan's whole window per turn (as `TrialSession` does) and returns its measured iteration."""
+
+    def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0, labels: Sequence[str] = (),
+                 guard_first: bool = False) -> list[list[IterationRun]]:
+        out: list[list[IterationRun]] = [[] for _ in plans]
+        for _ in range(warmup):
+            self._step(plans[0])
+        for _ in range(rounds):
+            for i, plan in enumerate(plans):
+                win = window(plan)
+                runs = [self._step(plan) for _ in range(win.iterations)]
+                out[i].append(runs[win.fill])
+        return out
+
+
+@pytest.fixture(scope="module")
+def plans() -> tuple[Workflow, Workflow]:
+    wf = load_workflow_text(WF, "versions.yaml")
+    plan = apply(wf, "defer sync 1")
+    assert not isinstance(plan, Refused), plan
+    return wf, plan.workflow
+
+
+def test_the_window_of_an_asynchronous_plan(plans) -> None:
+    wf, plan = plans
+    assert window(wf) == Window(0, 1, 0) and window(wf).iterations == 1
+    assert window(plan) == Window(1, 3, 1) and window(plan).iterations == 5
+
+
+def test_a_turn_is_estimated_and_learned_over_its_whole_window(plans) -> None:
+    wf, plan = plans
+    m = Windowed(TRUTH, noise=0.0)
+    search = _Search(wf, m, Settings(), log=lambda msg: None)
+    search.complete([wf], 2)  # the reference: seen, an iteration's time known
+    search.iteration_s = it = m.clock / 2
+    assert search._turn_s(wf) == pytest.approx(it)
+    new_turn = search._turn_s(plan)  # a new plan after a switch: its window, a switch, a set-up
+    assert new_turn == pytest.approx(5 * it + it + it)
+    search.complete([plan], 1)
+    # its window was all its turn cost (the fake has no switch or set-up): nothing more is learned
+    assert search.setup_s is not None and search.setup_s <= it / 2, (search.setup_s, it)
