@@ -10,6 +10,16 @@ component's time splits three ways: *running* (CPU time), *runnable* (waiting in
 kernel's `schedstat` wait time) and *idle* (neither: asleep, in I/O, waiting for another process or a
 lock). Its activity is running + runnable over wall time; what overlapping could win is the idle part.
 
+Why waiting for the GIL counts as busy too: a thread of a Python process that wants the interpreter lock
+while another thread of that process holds it sleeps on a futex -- neither running nor runnable -- and read
+as idle, so a GIL-bound component looked like slack to overlap (`workflows/latency_gil_trap.yaml`: every
+rewrite there is slower). Overlapping it gains nothing: the lock is taken. So a third part, *blocked*: the
+component's thread sleeps in a futex wait while another thread of its process is runnable (running or in
+the run queue) -- sampled each poll from `/proc/<pid>/task/*/stat` (the state) and the thread's `syscall`
+file (or `wchan`), the sampling thread itself left out (it is running when it reads). A thread asleep in
+a futex with no other thread runnable is waiting for work or for another process: idle; one asleep in
+anything else (sleep, I/O, poll) is idle whoever runs. `busy` is running + runnable + blocked.
+
 Sources: a component running as a thread of this process (local backend) is read from the thread's own
 `/proc/self/task/<tid>/schedstat` (CPU ns, run-queue ns); a component running as a process (Ray) from
 `/proc/<pid>/stat` (user + system time of all its threads, clock ticks) and its main thread's
@@ -23,17 +33,24 @@ from __future__ import annotations
 
 import bisect
 import os
+import platform
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["CpuActivity", "Split", "thread_clock", "process_clock", "schedstat_reader"]
+__all__ = ["CpuActivity", "Split", "thread_clock", "process_clock", "schedstat_reader", "lock_wait_probe",
+           "thread_lock_probe", "FUTEX_SYSCALL"]
 
 Sample = tuple[int, int]  # cumulative (running ns, runnable ns) of one component
 Reader = Callable[[], Sample | None]  # None when it cannot be read
+# is the component's thread blocked on its process's lock (the GIL) now? None when it cannot be read
+Probe = Callable[[], bool | None]
 ReadText = Callable[[str], str]  # a /proc file's text (a fake in tests); raises OSError when absent
 _TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+# the futex system call's number (the first field of /proc/<pid>/task/<tid>/syscall while a thread waits in
+# it), by architecture; elsewhere the probe reads `wchan` only
+FUTEX_SYSCALL = {"x86_64": 202, "aarch64": 98, "riscv64": 98, "ppc64le": 221, "s390x": 238}.get(platform.machine())
 
 
 def _read_text(path: str) -> str:
@@ -83,6 +100,12 @@ def thread_clock(ident: int, read: ReadText = _read_text) -> Reader:
     return sample
 
 
+def thread_lock_probe(ident: int) -> Probe | None:
+    """`lock_wait_probe` for a thread of this process (by `threading.get_ident()`); None when not found."""
+    native = _native_id(ident)
+    return None if native is None else lock_wait_probe(os.getpid(), native)
+
+
 def process_clock(pid: int, read: ReadText = _read_text) -> Reader:
     """Process `pid`: user + system CPU time of all its threads (clock ticks) and its main thread's
     run-queue wait (0 when schedstat cannot be read)."""
@@ -100,16 +123,69 @@ def process_clock(pid: int, read: ReadText = _read_text) -> Reader:
     return sample
 
 
+def _state(text: str) -> str:
+    """A /proc stat line's state letter (the field after the parenthesised command, which may hold spaces)."""
+    return text.rsplit(")", 1)[1].split()[0]
+
+
+def _in_futex(task: str, read: ReadText) -> bool | None:
+    """Is the thread (its /proc task directory) asleep in a futex wait? From its `syscall` file, else `wchan`."""
+    try:
+        first = read(f"{task}/syscall").split()[0]
+        if first.lstrip("-").isdigit():
+            return FUTEX_SYSCALL is not None and int(first) == FUTEX_SYSCALL
+    except (OSError, IndexError):
+        pass
+    try:
+        return "futex" in read(f"{task}/wchan")
+    except OSError:
+        return None
+
+
+def lock_wait_probe(pid: int, tid: int, root: str = "/proc", read: ReadText = _read_text,
+                    tasks: Callable[[str], list[str]] = os.listdir) -> Probe:
+    """Is thread `tid` of process `pid` blocked on its process's lock -- asleep in a futex wait while another
+    of the process's threads is runnable (`R`)? The thread that asks is left out when it belongs to `pid`
+    (reading, it runs). None when the thread's files cannot be read (it ended, or /proc is not there)."""
+    base = f"{root}/{pid}/task"
+
+    def probe() -> bool | None:
+        try:
+            if _state(read(f"{base}/{tid}/stat")) != "S":
+                return False  # running or runnable (counted already), or in I/O (D): not a lock wait
+        except (OSError, IndexError):
+            return None
+        futex = _in_futex(f"{base}/{tid}", read)
+        if not futex:
+            return futex
+        me = threading.get_native_id() if pid == os.getpid() else None
+        try:
+            others = [t for t in tasks(base) if t.isdigit() and int(t) not in (tid, me)]
+        except OSError:
+            return None
+        for t in others:
+            try:
+                if _state(read(f"{base}/{t}/stat")) == "R":
+                    return True
+            except (OSError, IndexError):
+                continue  # (a thread that ended between the listing and the read)
+        return False
+
+    return probe
+
+
 @dataclass(frozen=True)
 class Split:
-    """A component's window, as fractions of its wall time: running, runnable (descheduled by load), idle."""
+    """A component's window, as fractions of its wall time: running, runnable (descheduled by load), blocked
+    on its process's lock while another of its threads ran (the GIL; sampled), idle."""
 
     running: float
     runnable: float
+    blocked: float = 0.0
 
     @property
     def busy(self) -> float:
-        return min(1.0, self.running + self.runnable)
+        return min(1.0, self.running + self.runnable + self.blocked)
 
     @property
     def idle(self) -> float:
@@ -124,7 +200,8 @@ class CpuActivity:
         self.readers = dict(readers)
         self.period_s = period_s
         self.clock = clock
-        self.samples: dict[str, tuple[list[int], list[Sample]]] = {c: ([], []) for c in self.readers}
+        self.samples: dict[str, tuple[list[int], list[tuple[int, int, int]]]] = {c: ([], []) for c in self.readers}
+        self.probes: dict[str, Probe] = {}
         self._lock = threading.Lock()
         self._polling = threading.Lock()
         self._stop = threading.Event()
@@ -132,10 +209,14 @@ class CpuActivity:
         if start:  # (tests poll by hand on a fake clock)
             self._thread.start()
 
-    def add(self, component: str, reader: Reader) -> None:
+    def add(self, component: str, reader: Reader, probe: Probe | None = None) -> None:
+        """Sample `component` by `reader`; `probe` (`lock_wait_probe`): whether its thread is blocked on its
+        process's lock at each poll (None: never counted blocked)."""
         with self._lock:
             self.readers[component] = reader
             self.samples.setdefault(component, ([], []))
+            if probe is not None:
+                self.probes[component] = probe
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
@@ -147,6 +228,7 @@ class CpuActivity:
         (`_at` reads the first and last as the covered window)."""
         with self._lock:
             readers = list(self.readers.items())
+            probes = dict(self.probes)
         with self._polling:
             now = self.clock()
             for comp, read in readers:
@@ -154,22 +236,28 @@ class CpuActivity:
                 if value is None:
                     continue
                 ts, vs = self.samples[comp]
+                # blocked ns, cumulative: the interval since the last sample counts when the probe finds
+                # the thread blocked now (a sampled estimate, as the GPU's activity is)
+                blocked = vs[-1][2] if vs else 0
+                probe = probes.get(comp)
+                if ts and probe is not None and probe():
+                    blocked += now - ts[-1]
                 ts.append(now)
-                vs.append(value)
+                vs.append((value[0], value[1], blocked))
 
-    def _at(self, comp: str, t: int) -> tuple[float, float] | None:
+    def _at(self, comp: str, t: int) -> tuple[float, ...] | None:
         ts, vs = self.samples.get(comp, ([], []))
         if len(ts) < 2 or t < ts[0] or t > ts[-1]:
             return None
         i = bisect.bisect_left(ts, t)
         if ts[i] == t:
-            return float(vs[i][0]), float(vs[i][1])
+            return tuple(float(x) for x in vs[i])
         t0, t1, v0, v1 = ts[i - 1], ts[i], vs[i - 1], vs[i]
         w = (t - t0) / (t1 - t0)
-        return v0[0] + (v1[0] - v0[0]) * w, v0[1] + (v1[1] - v0[1]) * w
+        return tuple(a + (b - a) * w for a, b in zip(v0, v1, strict=True))
 
     def split(self, component: str, start_ns: int, end_ns: int) -> Split | None:
-        """The component's running and runnable time during [start, end) over the window's wall time."""
+        """The component's running, runnable and blocked time during [start, end) over its wall time."""
         if end_ns <= start_ns:
             return None
         a, b = self._at(component, start_ns), self._at(component, end_ns)
@@ -177,10 +265,12 @@ class CpuActivity:
             return None
         wall = end_ns - start_ns
         running = min(1.0, max(0.0, (b[0] - a[0]) / wall))
-        return Split(running, min(1.0 - running, max(0.0, (b[1] - a[1]) / wall)))
+        runnable = min(1.0 - running, max(0.0, (b[1] - a[1]) / wall))
+        return Split(running, runnable, min(1.0 - running - runnable, max(0.0, (b[2] - a[2]) / wall)))
 
     def busy(self, component: str, start_ns: int, end_ns: int) -> float | None:
-        """The component's activity during [start, end): running + runnable over wall time, in [0, 1]."""
+        """The component's activity during [start, end): running + runnable + blocked on its process's lock,
+        over wall time, in [0, 1]."""
         split = self.split(component, start_ns, end_ns)
         return None if split is None else split.busy
 

@@ -6,7 +6,15 @@ from __future__ import annotations
 import threading
 import time
 
-from interpreter.cpu_activity import CpuActivity, process_clock, schedstat_reader, thread_clock
+from interpreter.cpu_activity import (
+    FUTEX_SYSCALL,
+    CpuActivity,
+    Split,
+    lock_wait_probe,
+    process_clock,
+    schedstat_reader,
+    thread_clock,
+)
 from rose_dsl.optimizer.profile import NodeStats
 from rose_dsl.optimizer.rank import rank_nodes
 
@@ -127,3 +135,79 @@ def test_real_threads_sleeping_reads_idle_spinning_reads_busy() -> None:
     # the GIL: the spinner waits for it while this thread and the sampler run Python, which reads as idle
     # (a lock wait is not run-queue time), so "busy" here means most of the window, not all of it
     assert spin > 0.5, (sleep, spin)
+
+
+# -- the GIL: blocked on the process's lock while another thread runs (a fake /proc in tmp_path) ------------
+
+class FakeTasks:
+    """`<root>/<pid>/task/<tid>/{stat,syscall}` files in a directory, as /proc lays them out."""
+
+    def __init__(self, root, pid: int) -> None:
+        self.root, self.pid = root, pid
+
+    def thread(self, tid: int, state: str, syscall: str | None = None) -> None:
+        """One thread's state letter and, asleep, the system call it waits in (`futex`, `nanosleep`)."""
+        task = self.root / str(self.pid) / "task" / str(tid)
+        task.mkdir(parents=True, exist_ok=True)
+        (task / "stat").write_text(f"{tid} (python3 worker) {state} 1 1 1 0 -1 0 0 0 0 0 30 10\n")
+        numbers = {"futex": FUTEX_SYSCALL if FUTEX_SYSCALL is not None else 202, "nanosleep": 230, "read": 0}
+        text = "running" if syscall is None else f"{numbers[syscall]} 0x7f 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x7f12"
+        (task / "syscall").write_text(text + "\n")
+        (task / "wchan").write_text("futex_wait_queue" if syscall == "futex" else "0")
+
+
+def _gil_activity(tmp_path, states: list[dict[int, tuple[str, str | None]]]) -> tuple[CpuActivity, FakeTasks]:
+    """A component on thread 11 of process 10 (no CPU time of its own: all of its busy time is blocked), polled
+    once per step at 0, 10, 20, ... ms with the threads' states of that step."""
+    tasks, clock = FakeTasks(tmp_path, 10), FakeClock()
+    cpu = CpuActivity({}, clock=clock, start=False)
+    cpu.add("comp", lambda: (0, 0), lock_wait_probe(10, 11, root=str(tmp_path)))
+    for step, threads in enumerate(states):
+        clock.now = step * 10 * MS
+        for tid, (state, call) in threads.items():
+            tasks.thread(tid, state, call)
+        cpu.poll()
+    return cpu, tasks
+
+
+def test_a_thread_waiting_for_the_gil_while_another_runs_reads_busy(tmp_path) -> None:
+    """latency_gil_trap.yaml's case: the component's thread sleeps on the GIL's futex while another thread of
+    its process runs Python. Neither running nor runnable, it read idle; blocked on the lock, it is busy."""
+    waiting = {11: ("S", "futex"), 12: ("R", None)}
+    cpu, _ = _gil_activity(tmp_path, [waiting] * 5)
+    split = cpu.split("comp", 0, 40 * MS)
+    assert split is not None and split.running == 0.0 and split.blocked == 1.0 and split.busy == 1.0
+    stats = {"gil": NodeStats("gil", "gil", 0.5, 0.5, 1.0, split.busy)}
+    assert not rank_nodes(stats, 1.0).targets  # nothing to overlap with a lock that is taken
+
+
+def test_a_futex_wait_with_nothing_else_runnable_and_a_sleep_read_idle(tmp_path) -> None:
+    """Waiting for work (a queue's futex, no other thread runnable) or sleeping (whoever runs) is idle; half
+    the window blocked on the lock reads half busy."""
+    cpu, _ = _gil_activity(tmp_path, [{11: ("S", "futex"), 12: ("S", "futex")}] * 3
+                           + [{11: ("S", "nanosleep"), 12: ("R", None)}] * 2)
+    assert cpu.busy("comp", 0, 40 * MS) == 0.0
+    cpu, _ = _gil_activity(tmp_path / "half", [{11: ("S", "futex"), 12: ("R", None)}] * 3
+                           + [{11: ("S", "futex"), 12: ("S", "read")}] * 2)
+    assert cpu.split("comp", 0, 40 * MS) == Split(0.0, 0.0, 0.5)
+
+
+def test_the_lock_probe_leaves_out_the_thread_that_reads_and_says_when_it_cannot_read(tmp_path) -> None:
+    """The sampler is a thread of the process it samples (local backend): reading /proc, it runs, and must not
+    count as the thread holding the lock. A thread that ended (no files) is unknown, not idle or busy."""
+    import os
+
+    me = threading.get_native_id()
+    tasks = FakeTasks(tmp_path, os.getpid())
+    tasks.thread(11, "S", "futex")
+    tasks.thread(me, "R")
+    probe = lock_wait_probe(os.getpid(), 11, root=str(tmp_path))
+    assert probe() is False
+    tasks.thread(12, "R")
+    assert probe() is True
+    tasks.thread(11, "R")
+    assert probe() is False  # running or runnable: counted by schedstat already, not twice
+    assert lock_wait_probe(os.getpid(), 99, root=str(tmp_path))() is None
+    tasks.thread(11, "S", "futex")
+    (tmp_path / str(os.getpid()) / "task" / "11" / "syscall").unlink()  # no syscall file: `wchan` says futex
+    assert probe() is True
