@@ -166,3 +166,31 @@ def test_a_design_that_cannot_decide_is_grown_until_it_can() -> None:
     assert reference_block(2, 5, 3, 1, 0.05) == 2  # B/A/B with stage 1's runs reused: decisive already
     v = validation_verdict([1.0, 1.01], [0.5, 0.51, 0.52, 0.5], S.rule)
     assert v.outcome == "undecided" and "too few runs" in v.reason
+
+
+def test_the_search_accepts_no_null_local_alternative_beyond_alpha() -> None:
+    """End to end through the search's local trials (`optimize_graph` on the fake measurer of test_search.py):
+    every alternative's local runs are the unchanged graph's (a null difference), with ±40% noise per run.
+    Of 150 local decisions over ten seeds the rank-sum test called 2 faster (1.3%) [<= alpha]; the low-noise
+    1.3x-and-more gain of the same workflow is accepted (test_search.py, test_picks_two_groups_...)."""
+    from rose_dsl import load_workflow
+    from rose_dsl.optimizer.search import optimize_graph
+
+    from .fakes import FakeMeasurer
+    from .test_search import LATENCY, LOCAL, ROOT
+
+    class NullLocal(FakeMeasurer):
+        def local(self, graphs, repeats, captured, probe_id, give_up=None):
+            return super().local([graphs[0]] * len(graphs), repeats, captured, probe_id, give_up)
+
+    wf = load_workflow(ROOT / "workflows" / "latency_interaction.yaml", {"iterations": 1000})
+    decided = accepted = 0
+    for seed in range(10):
+        result = optimize_graph(wf, NullLocal(LATENCY, noise=0.4, seed=seed), Settings(rounds=1, **LOCAL),
+                                log=lambda m: None)
+        for m in (m for r in result.rounds for t in r.targets for m in t.alternatives):
+            if m.status == "measured" and m.verdict is not None:
+                decided += 1
+                accepted += m.significant
+                assert m.verdict.unpaired is not None  # the rank-sum variant decided it
+    assert decided >= 100 and accepted / decided <= DEFAULT_RULE.alpha, (accepted, decided)
