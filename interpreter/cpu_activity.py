@@ -14,11 +14,12 @@ Why waiting for the GIL counts as busy too: a thread of a Python process that wa
 while another thread of that process holds it sleeps on a futex -- neither running nor runnable -- and read
 as idle, so a GIL-bound component looked like slack to overlap (`workflows/latency_gil_trap.yaml`: every
 rewrite there is slower). Overlapping it gains nothing: the lock is taken. So a third part, *blocked*: the
-component's thread sleeps in a futex wait while another thread of its process is runnable (running or in
-the run queue) -- sampled each poll from `/proc/<pid>/task/*/stat` (the state) and the thread's `syscall`
-file (or `wchan`), the sampling thread itself left out (it is running when it reads). A thread asleep in
-a futex with no other thread runnable is waiting for work or for another process: idle; one asleep in
-anything else (sleep, I/O, poll) is idle whoever runs. `busy` is running + runnable + blocked.
+component's thread sleeps in a futex wait of the GIL's kind (a mutex, or a condition with a timeout: not a
+Python lock, queue or event waited on without one) while another thread of its process is runnable
+(running or in the run queue) -- sampled each poll from `/proc/<pid>/task/*/stat` (the state) and the
+thread's `syscall` file (or `wchan`), the sampling thread itself left out (it is running when it reads). A
+thread asleep in a futex with no other thread runnable is waiting for work or for another process: idle;
+one asleep in anything else (sleep, I/O, poll) is idle whoever runs. `busy` is running + runnable + blocked.
 
 Sources: a component running as a thread of this process (local backend) is read from the thread's own
 `/proc/self/task/<tid>/schedstat` (CPU ns, run-queue ns); a component running as a process (Ray) from
@@ -51,6 +52,8 @@ _TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 # the futex system call's number (the first field of /proc/<pid>/task/<tid>/syscall while a thread waits in
 # it), by architecture; elsewhere the probe reads `wchan` only
 FUTEX_SYSCALL = {"x86_64": 202, "aarch64": 98, "riscv64": 98, "ppc64le": 221, "s390x": 238}.get(platform.machine())
+# futex(2) operations (linux/futex.h): the command bits, FUTEX_WAIT, FUTEX_WAIT_BITSET, the realtime-clock flag
+_FUTEX_CMD_MASK, _FUTEX_WAIT, _FUTEX_WAIT_BITSET, _FUTEX_CLOCK_REALTIME = 0x7F, 0, 9, 0x100
 
 
 def _read_text(path: str) -> str:
@@ -128,13 +131,23 @@ def _state(text: str) -> str:
     return text.rsplit(")", 1)[1].split()[0]
 
 
-def _in_futex(task: str, read: ReadText) -> bool | None:
-    """Is the thread (its /proc task directory) asleep in a futex wait? From its `syscall` file, else `wchan`."""
+def _lock_wait(task: str, read: ReadText) -> bool | None:
+    """Is the thread (its /proc task directory) asleep in a futex wait of the kind the GIL's is? Its `syscall`
+    file: `<nr> <uaddr> <op> <val> <timeout> ...`. CPython 3.11 on glibc waits for the GIL on a mutex
+    (FUTEX_WAIT) or on a condition with a 5-ms timeout (FUTEX_WAIT_BITSET on the monotonic clock, a timeout
+    given); a Python lock, queue, event or future waited on without a timeout is FUTEX_WAIT_BITSET on the
+    realtime clock (flag 0x100) without one -- waiting for work, not for the lock -- and is not counted.
+    Without a readable `syscall` file, `wchan` says futex or not (any futex then counts)."""
     try:
-        first = read(f"{task}/syscall").split()[0]
-        if first.lstrip("-").isdigit():
-            return FUTEX_SYSCALL is not None and int(first) == FUTEX_SYSCALL
-    except (OSError, IndexError):
+        fields = read(f"{task}/syscall").split()
+        if fields and fields[0].lstrip("-").isdigit():
+            if FUTEX_SYSCALL is None or int(fields[0]) != FUTEX_SYSCALL or len(fields) < 5:
+                return False
+            op, timeout = int(fields[2], 16), int(fields[4], 16)
+            command = op & _FUTEX_CMD_MASK
+            return command == _FUTEX_WAIT or (command == _FUTEX_WAIT_BITSET and timeout != 0
+                                              and not op & _FUTEX_CLOCK_REALTIME)
+    except (OSError, ValueError):
         pass
     try:
         return "futex" in read(f"{task}/wchan")
@@ -155,9 +168,9 @@ def lock_wait_probe(pid: int, tid: int, root: str = "/proc", read: ReadText = _r
                 return False  # running or runnable (counted already), or in I/O (D): not a lock wait
         except (OSError, IndexError):
             return None
-        futex = _in_futex(f"{base}/{tid}", read)
-        if not futex:
-            return futex
+        waiting = _lock_wait(f"{base}/{tid}", read)
+        if not waiting:
+            return waiting
         me = threading.get_native_id() if pid == os.getpid() else None
         try:
             others = [t for t in tasks(base) if t.isdigit() and int(t) not in (tid, me)]

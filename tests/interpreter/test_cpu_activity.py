@@ -145,15 +145,24 @@ class FakeTasks:
     def __init__(self, root, pid: int) -> None:
         self.root, self.pid = root, pid
 
+    # what each wait looks like in /proc/<pid>/task/<tid>/syscall (number, uaddr, op, val, timeout, ...), as
+    # recorded on this machine (x86_64, glibc, CPython 3.11): the GIL's mutex and its condition's timed wait;
+    # queue.get() / Event.wait() without a timeout; Event.wait(100); time.sleep; a read
+    WAITS = {"futex": ("F", "0x80", "0x0"), "gil_cond": ("F", "0x89", "0x7f12a0"), "queue": ("F", "0x189", "0x0"),
+             "timed_event": ("F", "0x89", "0x7f12a0"), "nanosleep": ("230", "0x0", "0x0"), "read": ("0", "0x0", "0x0")}
+
     def thread(self, tid: int, state: str, syscall: str | None = None) -> None:
-        """One thread's state letter and, asleep, the system call it waits in (`futex`, `nanosleep`)."""
+        """One thread's state letter and, asleep, the wait it is in (`WAITS`)."""
         task = self.root / str(self.pid) / "task" / str(tid)
         task.mkdir(parents=True, exist_ok=True)
         (task / "stat").write_text(f"{tid} (python3 worker) {state} 1 1 1 0 -1 0 0 0 0 0 30 10\n")
-        numbers = {"futex": FUTEX_SYSCALL if FUTEX_SYSCALL is not None else 202, "nanosleep": 230, "read": 0}
-        text = "running" if syscall is None else f"{numbers[syscall]} 0x7f 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x7f12"
+        text = "running"
+        if syscall is not None:
+            nr, op, timeout = self.WAITS[syscall]
+            nr = str(FUTEX_SYSCALL if FUTEX_SYSCALL is not None else 202) if nr == "F" else nr
+            text = f"{nr} 0x55d0c0 {op} 0x2 {timeout} 0x0 0x0 0x7ffd 0x7f12"
         (task / "syscall").write_text(text + "\n")
-        (task / "wchan").write_text("futex_wait_queue" if syscall == "futex" else "0")
+        (task / "wchan").write_text("futex_wait_queue" if syscall in ("futex", "gil_cond", "queue", "timed_event") else "0")
 
 
 def _gil_activity(tmp_path, states: list[dict[int, tuple[str, str | None]]]) -> tuple[CpuActivity, FakeTasks]:
@@ -182,11 +191,14 @@ def test_a_thread_waiting_for_the_gil_while_another_runs_reads_busy(tmp_path) ->
 
 
 def test_a_futex_wait_with_nothing_else_runnable_and_a_sleep_read_idle(tmp_path) -> None:
-    """Waiting for work (a queue's futex, no other thread runnable) or sleeping (whoever runs) is idle; half
-    the window blocked on the lock reads half busy."""
-    cpu, _ = _gil_activity(tmp_path, [{11: ("S", "futex"), 12: ("S", "futex")}] * 3
-                           + [{11: ("S", "nanosleep"), 12: ("R", None)}] * 2)
+    """Waiting for the lock with no other thread runnable, sleeping, or waiting for work on a queue or event
+    (a Python lock without a timeout: not the GIL's kind of wait) is idle whoever runs; half the window
+    blocked on the lock reads half busy."""
+    cpu, _ = _gil_activity(tmp_path, [{11: ("S", "futex"), 12: ("S", "futex")}] * 2
+                           + [{11: ("S", "nanosleep"), 12: ("R", None)}] * 2 + [{11: ("S", "queue"), 12: ("R", None)}])
     assert cpu.busy("comp", 0, 40 * MS) == 0.0
+    cpu, _ = _gil_activity(tmp_path / "cond", [{11: ("S", "gil_cond"), 12: ("R", None)}] * 3)
+    assert cpu.busy("comp", 0, 20 * MS) == 1.0  # the GIL's condition: a timed wait on the monotonic clock
     cpu, _ = _gil_activity(tmp_path / "half", [{11: ("S", "futex"), 12: ("R", None)}] * 3
                            + [{11: ("S", "futex"), 12: ("S", "read")}] * 2)
     assert cpu.split("comp", 0, 40 * MS) == Split(0.0, 0.0, 0.5)
@@ -208,6 +220,10 @@ def test_the_lock_probe_leaves_out_the_thread_that_reads_and_says_when_it_cannot
     tasks.thread(11, "R")
     assert probe() is False  # running or runnable: counted by schedstat already, not twice
     assert lock_wait_probe(os.getpid(), 99, root=str(tmp_path))() is None
+    tasks.thread(11, "S", "queue")
+    assert probe() is False  # waiting for work: a Python lock without a timeout
+    tasks.thread(11, "S", "timed_event")
+    assert probe() is True  # the limit (docs/optimizer.md): a timed Python wait reads as the GIL's condition does
     tasks.thread(11, "S", "futex")
     (tmp_path / str(os.getpid()) / "task" / "11" / "syscall").unlink()  # no syscall file: `wchan` says futex
     assert probe() is True
