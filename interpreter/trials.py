@@ -38,7 +38,7 @@ from rose_dsl.measurement import (
 
 from .backend_base import Unsupported
 from .components import ComponentError
-from .cpu_activity import CpuActivity, lock_wait_probe, process_clock, thread_clock, thread_lock_probe
+from .cpu_activity import CpuActivity, lock_wait_probe, process_clock
 from .executor import Executor
 from .runner import IterationResult, RunConfig
 from .trace import InvocationRecord
@@ -194,7 +194,7 @@ class TrialSession:
         else:
             threads = self.executor.thread_ids()
             for comp in new:  # threads of this process: a GIL-bound call reads busy, not idle
-                self.cpu.add(comp, thread_clock(threads[comp]), thread_lock_probe(threads[comp]))
+                self.cpu.add_thread(comp, threads[comp])
 
     # -- turning records into calls ---------------------------------------------------------------
     def _calls(self, plan: Workflow, records: Sequence[InvocationRecord]) -> tuple[Call, ...]:

@@ -9,6 +9,8 @@ import time
 from interpreter.cpu_activity import (
     FUTEX_SYSCALL,
     CpuActivity,
+    LockWaitCounter,
+    LockWaitHelper,
     Split,
     lock_wait_probe,
     process_clock,
@@ -117,7 +119,9 @@ def test_real_threads_sleeping_reads_idle_spinning_reads_busy() -> None:
         t.start()
     idents = [t.ident for t in threads]
     assert idents[0] is not None and idents[1] is not None
-    cpu = CpuActivity({"sleep": thread_clock(idents[0]), "spin": thread_clock(idents[1])}, period_s=0.01)
+    cpu = CpuActivity({}, period_s=0.01)
+    cpu.add_thread("sleep", idents[0])  # (with the helper process that samples its lock waits)
+    cpu.add("spin", thread_clock(idents[1]))
     try:
         cpu.poll()  # samples on both sides of the window, however loaded the machine (the sampler may lag)
         t0 = time.perf_counter_ns()
@@ -227,3 +231,33 @@ def test_the_lock_probe_leaves_out_the_thread_that_reads_and_says_when_it_cannot
     tasks.thread(11, "S", "futex")
     (tmp_path / str(os.getpid()) / "task" / "11" / "syscall").unlink()  # no syscall file: `wchan` says futex
     assert probe() is True
+
+
+def test_a_lock_wait_counter_adds_the_intervals_its_probe_finds_blocked() -> None:
+    clock, answers = FakeClock(), iter([False, True, True, None, False, True])
+    counter = LockWaitCounter(lambda: next(answers), clock)
+    got = []
+    for t in (0, 10, 20, 30, 40, 50):
+        clock.now = t * MS
+        got.append(counter())
+    assert got == [0, 10 * MS, 20 * MS, None, 20 * MS, 30 * MS]
+
+
+def test_the_helper_process_counts_a_gil_wait_and_not_a_wait_for_work(tmp_path) -> None:
+    """`LockWaitHelper` (threads of rose's own process are sampled from another process, which takes no part
+    in their GIL) on a fake /proc: thread 11 waits on the GIL's mutex while 12 runs, thread 13 waits on a
+    queue. The helper's counter for 11 grows; 13's stays 0. (Waits for the helper, asserts no speed.)"""
+    tasks = FakeTasks(tmp_path, 10)
+    tasks.thread(11, "S", "futex")
+    tasks.thread(12, "R")
+    tasks.thread(13, "S", "queue")
+    helper = LockWaitHelper(0.005, root=str(tmp_path), pid=10)
+    try:
+        gil, work = helper.watch(11), helper.watch(13)
+        deadline = time.monotonic() + 60.0  # (a loaded machine starts the helper late; no figure depends on it)
+        while not gil() and time.monotonic() < deadline and helper.proc.poll() is None:
+            time.sleep(0.05)
+        assert gil() > 0 and work() == 0
+    finally:
+        helper.close()
+    assert helper.proc.returncode == 0  # it ended when its stdin closed
