@@ -289,9 +289,10 @@ def _helper_main() -> None:
         done.set()
 
     threading.Thread(target=commands, daemon=True).start()
+    parent = os.getppid()
     with open(path, "r+b") as f:
         shared = mmap.mmap(f.fileno(), 8 * _SLOTS)
-        while not done.wait(period) and os.getppid() != 1:
+        while not done.wait(period) and os.getppid() == parent:
             with lock:
                 items = list(counters.items())
             for slot, counter in items:
