@@ -26,11 +26,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rose_dsl.metric_rules import ADDITIVE_METRICS, RULES
+
 __all__ = ["ADDITIVE_METRICS", "RULES", "Merged", "merge_metrics", "merge_rule_problem"]
 
-# metrics that add up over data-parallel replicas when undeclared (the rest are averaged)
-ADDITIVE_METRICS = ("env_steps", "tokens", "episodes", "env_faults", "errors", "retries")
-RULES = ("sum", "mean", "last", "max", "min", "copies")
 
 
 @dataclass

@@ -40,7 +40,7 @@ from rose_dsl.measurement import (
 
 from .backend_base import Unsupported
 from .components import ComponentError
-from .cpu_activity import CpuActivity, process_clock, thread_clock
+from .cpu_activity import CpuActivity, lock_wait_probe, process_clock
 from .executor import Executor
 from .runner import IterationResult, RunConfig
 from .trace import InvocationRecord
@@ -192,12 +192,12 @@ class TrialSession:
             return
         if self.executor.processes:
             pids = self.executor.pids()
-            for comp in new:
-                self.cpu.add(comp, process_clock(pids[comp]))
+            for comp in new:  # (Ray runs an actor's calls on its main thread: tid = pid)
+                self.cpu.add(comp, process_clock(pids[comp]), lock_wait_probe(pids[comp], pids[comp]))
         else:
             threads = self.executor.thread_ids()
-            for comp in new:
-                self.cpu.add(comp, thread_clock(threads[comp]))
+            for comp in new:  # threads of this process: a GIL-bound call reads busy, not idle
+                self.cpu.add_thread(comp, threads[comp])
 
     # -- turning records into calls ---------------------------------------------------------------
     def _calls(self, plan: Workflow, records: Sequence[InvocationRecord]) -> tuple[Call, ...]:

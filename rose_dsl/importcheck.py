@@ -2,7 +2,10 @@
 
 Errors a run would meet only when it starts a component are found here, before any run, and reported
 where the user fixes them: at the `impl:` string (a module or class that does not exist) or at each
-`call:` (a method the class lacks), with a did-you-mean from what the module or class does have.
+`call:` (a method the class lacks), with a did-you-mean from what the module or class does have; a
+class's `metric_merge` (how its metrics merge over a plan's copies and replicas) with a rule that is not one,
+or naming a metric its `pop_metrics()` never reports (read from the method's source where every name it
+reports is a literal), at the `impl:` too.
 
 User code is imported only here, only on request, only from allowed module prefixes (`trust.py`), and in
 a child process per component with that component's own environment, import path and interpreter
@@ -22,6 +25,7 @@ from typing import Any
 
 from .errors import Diagnostic, SourcePos, did_you_mean
 from .ir import ExecutionNode, Workflow
+from .metric_rules import RULES
 from .transforms.seeds import is_seed
 from .trust import DEFAULT_ALLOWED, DENIED_MODULES, TrustPolicy, check_trust, module_allowed
 
@@ -30,7 +34,7 @@ __all__ = ["DENIED_MODULES", "DEFAULT_ALLOWED", "module_allowed", "check_imports
 
 # Runs in the child: {component: {"impl": [message, hint] | None, "methods": {method: [message, hint]}}}
 _CHILD = r'''
-import difflib, importlib, importlib.util, inspect, json, pkgutil, sys
+import ast, difflib, importlib, importlib.util, inspect, json, pkgutil, sys, textwrap
 
 def hint(name, candidates):
     m = difflib.get_close_matches(name, sorted(set(candidates)), n=3, cutoff=0.6)
@@ -171,7 +175,110 @@ def probe(cls, impl, spec):
             pass
     return out
 
-def check(impl, methods, args=(), own_dirs=(), state=None):
+def _is_super_pop(node):
+    """`super().pop_metrics()`: the metrics of a base class (read from its own pop_metrics)."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "pop_metrics"
+            and isinstance(node.func.value, ast.Call) and isinstance(node.func.value.func, ast.Name)
+            and node.func.value.func.id == "super")
+
+def _method(call):
+    return call.func.attr if isinstance(call.func, ast.Attribute) else None
+
+def _literal_keys(fn):
+    """The metric names one pop_metrics function reports, read from its source: the string keys of its dict
+    literals, `out["name"] = ...`, `update(name=...)`, `dict(name=...)`. None when any name is computed (a
+    comprehension, a non-literal key, a dict from elsewhere): then the names are not known here."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    names, built = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.DictComp, ast.JoinedStr)):
+            return None
+        if isinstance(node, ast.Dict):
+            for k, v in zip(node.keys, node.values):
+                if k is None and not _is_super_pop(v):
+                    return None
+                if k is not None and not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
+                    return None
+                if k is not None:
+                    names.add(k.value)
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
+            if not (isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str)):
+                return None
+            names.add(node.slice.value)
+        elif isinstance(node, ast.Call) and _method(node) == "setdefault":
+            key = node.args[0] if node.args else None
+            if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
+                return None
+            names.add(key.value)
+        elif isinstance(node, ast.Call) and (_method(node) == "update" or isinstance(node.func, ast.Name)
+                                             and node.func.id == "dict"):
+            if any(not isinstance(a, ast.Dict) for a in node.args) or any(k.arg is None for k in node.keywords):
+                return None
+            names.update(k.arg for k in node.keywords)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            v = node.value
+            if isinstance(v, ast.Dict) or _is_super_pop(v) or (isinstance(v, ast.Call) and isinstance(v.func, ast.Name)
+                                                                and v.func.id == "dict"):
+                built.add(node.targets[0].id)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Return) and node.value is not None and not _returns_built(node.value, built):
+            return None
+    return names
+
+def _returns_built(value, built):
+    if isinstance(value, ast.IfExp):
+        return _returns_built(value.body, built) and _returns_built(value.orelse, built)
+    return isinstance(value, ast.Dict) or _is_super_pop(value) or isinstance(value, ast.Name) and value.id in built
+
+def reported_metrics(cls):
+    """Every metric name `cls.pop_metrics` can report (its own and its bases'), or None when not known."""
+    names = set()
+    for klass in cls.__mro__:
+        fn = vars(klass).get("pop_metrics")
+        if fn is None:
+            continue
+        own = _literal_keys(fn)
+        if own is None:
+            return None
+        names |= own
+    return names
+
+def merge_problems(cls, impl, rules):
+    """What is wrong with the class's `metric_merge` declaration: {metric ('' for the whole): [message, hint]}."""
+    declared = inspect.getattr_static(cls, "metric_merge", None)
+    if declared is None or rules is None:
+        return {}
+    try:
+        where = " (%s:%d)" % (inspect.getsourcefile(cls), inspect.getsourcelines(cls)[1])
+    except (OSError, TypeError):
+        where = ""
+    known = ", ".join(rules)
+    if not isinstance(declared, dict):
+        return {"": ["%s.metric_merge%s is a %s, not a dict of metric name -> rule" % (impl, where, type(declared).__name__),
+                     "declare e.g. metric_merge = {'env_steps': 'sum', 'return_ema': 'copies'} (rules: %s)" % known]}
+    if not callable(getattr(cls, "pop_metrics", None)):
+        return {"": ["%s declares metric_merge%s but has no pop_metrics(): it reports no metrics to merge" % (impl, where),
+                     "report the metrics from pop_metrics() (docs/components.md), or remove metric_merge"]}
+    reported = reported_metrics(cls)
+    out = {}
+    for key, rule in declared.items():
+        name = key if isinstance(key, str) else repr(key)
+        if not isinstance(key, str) or not key:
+            out[name] = ["%s.metric_merge%s has the key %r, not a metric name" % (impl, where, key),
+                         "key each rule by the name pop_metrics() reports, or '*' for every other metric"]
+        elif not isinstance(rule, str) or rule not in rules:
+            out[name] = ["%s.metric_merge%s gives %r the rule %r, which is not a rule" % (impl, where, key, rule),
+                         hint(str(rule), rules) or "the rules: %s; a snapshot (a running mean, a best-so-far) is 'copies'" % known]
+        elif key != "*" and reported is not None and key not in reported:
+            said = ", ".join("'%s'" % n for n in sorted(reported)) or "nothing"
+            out[name] = ["%s.metric_merge%s names the metric %r, which its pop_metrics() never reports (it reports %s)"
+                         % (impl, where, key, said), hint(key, reported) or "name a metric pop_metrics() returns, or remove the rule"]
+    return out
+
+def check(impl, methods, args=(), own_dirs=(), state=None, rules=None):
     module_name, _, qual = impl.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -202,10 +309,10 @@ def check(impl, methods, args=(), own_dirs=(), state=None):
             signatures[m] = signature_of(obj, m)
     problems = arg_problems(obj, impl, args)
     states = probe(obj, impl, state) if state is not None and not bad and not problems else {}
-    return None, bad, problems, signatures, states
+    return None, bad, problems, signatures, states, merge_problems(obj, impl, rules)
 
 specs = json.load(sys.stdin)
-keys = ("impl", "methods", "args", "signatures", "state")
+keys = ("impl", "methods", "args", "signatures", "state", "merge")
 print(json.dumps({c: dict(zip(keys, check(*spec))) for c, spec in specs.items()}))
 '''
 
@@ -223,9 +330,11 @@ def check_imports(specs: Mapping[str, tuple[Any, ...]], timeout_s: float = 120.0
                   env: Mapping[str, str] | None = None, python: str | None = None) -> dict[str, dict]:
     """Import each component class in a child process (`python`, default this interpreter) with `env`
     added to this environment (a spec: impl, called methods and, optionally, the `args:` keys, the directories
-    whose modules a missing top-level name is compared with, and what to construct to read its state):
+    whose modules a missing top-level name is compared with, what to construct to read its state, and the
+    metric merge rules its `metric_merge` may use):
     {component: {"impl": [message, hint] | None, "methods": {name: [message, hint]}, "args": {key: [message,
-    hint]}, "signatures": {method: {"names", "required", "any"}}, "state": {name: [message, hint]}}}."""
+    hint]}, "signatures": {method: {"names", "required", "any"}}, "state": {name: [message, hint]}, "merge":
+    {metric: [message, hint]}}}."""
     try:
         proc = subprocess.run([python or sys.executable, "-c", _CHILD], input=json.dumps(specs), capture_output=True,
                               text=True, timeout=timeout_s, env={**os.environ, **(env or {})})
@@ -256,7 +365,7 @@ def import_problems(wf: Workflow, policy: TrustPolicy) -> list[Diagnostic]:
         own_dirs = [str(Path(policy.cwd, d)) for d in ("", *c.python_path)]
         state = ({"args": c.args, "seed": wf.seed, "states": {s.name: s.attr for s in c.state}}
                  if c.state and _plain(c.args) else None)
-        result = check_imports({c.name: (c.impl, sorted(methods), sorted(c.args), own_dirs, state)},
+        result = check_imports({c.name: (c.impl, sorted(methods), sorted(c.args), own_dirs, state, list(RULES))},
                                env=component_env(c.env, c.python_path), python=python)[c.name]
         if result["impl"]:
             message, hint = result["impl"]
@@ -270,6 +379,9 @@ def import_problems(wf: Workflow, policy: TrustPolicy) -> list[Diagnostic]:
             so = c.state_object(name)
             pos = so.pos if so is not None and so.pos.line else c.field_pos.get("state", c.pos)
             out.append(Diagnostic(pos, f"components.{c.name}.state.{name}", message, hint))
+        for metric, (message, hint) in (result.get("merge") or {}).items():  # its metric_merge declaration
+            out.append(Diagnostic(c.field_pos.get("impl", c.pos), f"components.{c.name}.impl"
+                                  + (f".metric_merge.{metric}" if metric else ".metric_merge"), message, hint))
         for arg, (message, hint) in result.get("args", {}).items():  # what constructing it would refuse
             out.append(Diagnostic(c.field_pos.get(f"args.{arg}", c.field_pos.get("args", c.pos)),
                                   f"components.{c.name}.args.{arg}", message, hint))

@@ -1,9 +1,9 @@
-"""Accept or reject from repeated measurements: medians, spread, and a margin from the measured noise.
+"""Summaries of repeated measurements (median, spread, a robust standard error) for the report and the
+estimates, and the local trials' shortcut for an alternative that can no longer win.
 
-Why not a fixed epsilon: run-to-run noise differs by machine and workload (±15% on the H200 for a
-launch-bound simulator, a few percent for sleeping CPU components). A candidate is accepted when its
-median beats the reference's by more than eps = max(eps_min, z * sqrt(se_ref^2 + se_cand^2)), where se
-is the robust relative standard error of a median (1.2533 * 1.4826 * MAD / median / sqrt(n)).
+No decision to keep a change is made here: every one is the decision rule's (`stats.py`; docs/optimizer.md,
+"Every decision and its rule"). A fixed margin beside the measured spread accepted gains smaller than their
+spread (issue 44); it is gone.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Summary", "summarize", "margin", "faster", "undecided", "stop_repeating"]
+__all__ = ["Summary", "summarize", "stop_repeating"]
 
 
 @dataclass(frozen=True)
@@ -45,29 +45,6 @@ def summarize(values: Sequence[float]) -> Summary:
                    (max(vals) - min(vals)) / med if med > 0 else 0.0, rel_se, vals)
 
 
-def margin(reference: Summary, candidate: Summary, eps_min: float = 0.03, z: float = 2.0) -> float:
-    """The relative improvement a candidate must show to be called faster than the reference."""
-    return max(eps_min, z * math.sqrt(reference.rel_se ** 2 + candidate.rel_se ** 2))
-
-
-def faster(reference: Summary, candidate: Summary, eps_min: float = 0.03, z: float = 2.0) -> tuple[bool, float]:
-    """(is the candidate faster by more than the margin, the margin)."""
-    eps = margin(reference, candidate, eps_min, z)
-    return candidate.median < (1.0 - eps) * reference.median, eps
-
-
-def undecided(reference: Summary, candidate: Summary, eps_min: float = 0.03, z: float = 2.0) -> bool:
-    """Could more runs decide for the candidate? Its median beats the reference's by more than `eps_min`
-    (the smallest win ever accepted) but not by the noise margin, which shrinks as 1/sqrt(n) with more
-    runs of both. A candidate within eps_min of the reference never can: more runs are wasted on it.
-
-    Why: with three runs each, the margin on the H200 was 6-10%, above the 4-5% that the best hand-written
-    configuration of the MJX workload (two rollout epochs at once) gained there; the search rejected it and
-    lost to it. A few more interleaved rounds shrink the margin towards eps_min."""
-    ok, _ = faster(reference, candidate, eps_min, z)
-    return not ok and candidate.median < (1.0 - eps_min) * reference.median
-
-
 def stop_repeating(reference: Sequence[float], runs: Sequence[float], abandon_above: float | None,
                    settle_above: float | None) -> str | None:
     """Why a local trial should give an alternative no further runs (None: go on), from its timed runs so
@@ -75,10 +52,11 @@ def stop_repeating(reference: Sequence[float], runs: Sequence[float], abandon_ab
 
     * after its first run, slower than `abandon_above` x the unchanged graph's first run: clearly slower
       (run-to-run noise cannot make that a win);
-    * after two runs, both slower than `settle_above` x the unchanged graph's median: the median of three
-      is at least the faster of the two, so it can come out faster than the unchanged graph by the
-      smallest accepted margin eps_min only if that median rises by more than settle_above / (1 - eps_min)
-      - 1 (6% for 1.03 and 3%): the third run would not change the verdict.
+    * after two runs, both slower than `settle_above` x the unchanged graph's median: both rank above at least
+      half of the unchanged graph's runs, so the rank-sum test of the local trials (`local_trials.local_verdict`)
+      can no longer call it faster, whatever its other runs (four runs against four, two of the unchanged graph's
+      seen: each is above at least one, U >= 2, p >= 4/70 > 5%).
+    Either only ends measuring an alternative that would not be accepted; neither accepts anything.
     """
     if not reference or not runs:
         return None
@@ -88,5 +66,5 @@ def stop_repeating(reference: Sequence[float], runs: Sequence[float], abandon_ab
     med = statistics.median(reference)
     if len(runs) == 2 and settle_above is not None and med > 0 and min(runs) > settle_above * med:
         return (f"both runs {min(runs) / med:.2f}x or more the unchanged graph's median (above "
-                f"{settle_above:.2f}x: a third could not make it faster by the margin)")
+                f"{settle_above:.2f}x: the rank test could no longer call it faster)")
     return None

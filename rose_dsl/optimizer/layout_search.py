@@ -9,8 +9,9 @@ cost 2n + 1 blocks and 2n process switches (blocks A, B, A per value cost 3n and
 the components the block's layout changes get fresh processes (`LayoutMeasurer.use_layout`); a block's first
 iteration is training, not timed (the new processes' start-up). Every iteration is a real training
 iteration (kept): the layouts compute the same thing, so switching between them keeps training on course.
-A value is kept only if its iterations are faster than its references' by more than the noise margin
-(`decide.faster`); of several, the fastest. A value is started only if its block and the next reference
+A value is kept only if the decision rule calls its iterations faster than its references' (`layout_verdict`:
+the rule's unpaired variant, a rank-sum test at the rule's alpha -- blocks are not rounds of a pair); of
+several kept, the fastest. A value is started only if its block and the next reference
 block fit in what is left of the layouts' budget, by an estimate from the blocks measured so far; the ones
 that do not fit are reported with the time they would have needed. This runs before stage 1, whose
 rewrites then apply to the chosen layout.
@@ -25,11 +26,23 @@ from typing import Any, Protocol
 from ..ir import Workflow
 from ..measurement import IterationRun
 from .budget import Budget
-from .decide import faster, summarize
+from .decide import summarize
 from .layouts import Layout
 from .records import Settings
+from .stats import Rule, Verdict, decide_unpaired
 
-__all__ = ["choose_layout", "LayoutMeasurer"]
+__all__ = ["choose_layout", "LayoutMeasurer", "layout_verdict"]
+
+
+def layout_verdict(before: Sequence[float], value: Sequence[float], after: Sequence[float], rule: Rule) -> Verdict:
+    """Is a layout value faster than the declared layout, from its block and the two reference blocks around
+    it (R V R)? The decision rule's unpaired variant (`stats.decide_unpaired`): the iterations of a block are
+    not paired with any of a reference block, so the test is a rank-sum test of the value's iterations against
+    both reference blocks pooled -- a drift in time that is linear over the three blocks moves the pooled
+    reference's middle as much as the value's, which is why the value is bracketed. Two iterations per
+    reference block and four of the value can decide at 5% with one iteration out of place (p = 2/70)."""
+    return decide_unpaired([*before, *after], list(value), rule)
+
 
 
 class LayoutMeasurer(Protocol):
@@ -165,9 +178,10 @@ def _try_value(lay: Layout, row: dict[str, Any], blocks: _Blocks, per_ref: int, 
         return "stopped"
     reference_block()  # R after the value: the value's second reference, the next value's first
     ref, cand = summarize(before + reference_runs[-1]), summarize(cand_runs)
-    ok, eps = faster(ref, cand, settings.eps_min, settings.z)
-    row.update(reference=ref.to_json(), candidate=cand.to_json(), margin=eps, accepted=ok,
+    verdict = layout_verdict(before, cand_runs, reference_runs[-1], settings.rule)
+    ok = verdict.outcome == "faster"
+    row.update(reference=ref.to_json(), candidate=cand.to_json(), verdict=verdict.to_json(), accepted=ok,
                speedup=ref.median / cand.median if cand.median > 0 else None)
-    log(f"layout {lay.label}: {cand.median:.4f} s against {ref.median:.4f} s declared "
-        f"({ref.median / cand.median:.2f}x, margin {eps:.1%}): {'kept' if ok else 'not faster'}")
+    log(f"layout {lay.label}: {cand.median:.4f} s against {ref.median:.4f} s declared: "
+        f"{'kept' if ok else 'not kept'} ({verdict.describe()})")
     return cand.median if ok else None

@@ -17,13 +17,25 @@ from typing import Any
 from ..ir import LoopNode, Workflow
 from .bound import local_saving_bound
 from .candidates import Alternative, Feasible, check
-from .decide import Summary, faster, stop_repeating, summarize
+from .decide import Summary, stop_repeating, summarize
 from .model import CostModel
 from .profile import IterationRun, structural
 from .records import Log, Measured, Measurer, RoundRecord, Settings, TargetRecord
 from .regions import LocalGraph, Probe, external_texts, probe_workflow
+from .stats import Rule, Verdict, decide_unpaired
 
-__all__: list[str] = []
+__all__ = ["local_verdict"]
+
+
+def local_verdict(unchanged: Sequence[float], runs: Sequence[float], rule: Rule) -> Verdict:
+    """Is an alternative faster than the unchanged comparison graph, from a local trial's runs? The decision
+    rule's unpaired variant (`stats.decide_unpaired`, a rank-sum test at the rule's alpha), not the paired
+    one: a local trial's runs are not rounds of a pair -- with costly switches the runtime runs each graph's
+    repeats back to back, an alternative abandoned as clearly slower has fewer runs than the unchanged graph,
+    and the unchanged graph's runs are pooled over the target's batches -- while on the captured inputs, with
+    the state restored before each run, every run of one graph is a draw of the same thing (no training moves
+    between them), so under "no difference" all runs are exchangeable, which is what the test needs."""
+    return decide_unpaired(list(unchanged), list(runs), rule)
 
 
 class _LocalTrials:
@@ -202,7 +214,10 @@ class _LocalTrials:
         for m in chosen:
             if m.summary is None:
                 continue
-            m.significant, _ = faster(unchanged, m.summary, self.s.eps_min, self.s.z)
+            m.verdict = local_verdict(unchanged.values, m.summary.values, self.s.rule)
+            m.significant = m.verdict.outcome == "faster"
+            if not m.significant and m.status == "measured":
+                m.reason = m.reason or f"not decided faster: {m.verdict.describe()}"
             m.benefit_s = (unchanged.median - m.summary.median) * scale
         best = [m for m in chosen if m.significant]
         top = max(best, key=lambda m: m.benefit_s) if best else None

@@ -82,19 +82,19 @@ class Settings:
     rounds: int = 2  # R
     tau_a: float = 1.0  # absolute eligibility threshold (s)
     tau_r: float = 0.05  # relative eligibility threshold (of T_iter)
-    eps_min: float = 0.03  # the smallest accepted improvement
-    z: float = 2.0  # the noise margin in standard errors
     warmup: int = 1  # iterations run before the first profile (not timed)
     reference_iterations: int = 3
     validation_rounds: int = 3
     # complete-iteration candidates the decision rule (`rule`) leaves undecided whose median is faster get more
     # interleaved rounds, up to the rule's next look, until it decides or its last look; 0: decide on the first rounds
     extra_rounds: int = 3
-    # acceptance of a plan in stage 1 and the final before/after (`stats.py`): a sequential signed-rank test on
-    # interleaved pairs, false-accept rate <= rule.alpha
+    # every decision to keep a change (`stats.py`; docs/optimizer.md, "Every decision and its rule"): a sequential
+    # signed-rank test on interleaved pairs (stage 1's complete iterations, the before/after), its unpaired
+    # rank-sum variant where runs are not rounds of a pair (local trials, layouts, stage 2's validation);
+    # false-accept rate <= rule.alpha
     rule: Rule = field(default_factory=lambda: DEFAULT_RULE)
     final_rounds: int = 5  # the before/after comparison at the end (training, kept)
-    local_repeats: int = 3
+    local_repeats: int = 4  # the fewest runs at which the rank-sum test decides with one run out of place
     window_fraction: float = 0.25  # a loop region runs about this fraction of an iteration locally
     # a comparison graph estimated at this share of an iteration or more is measured by complete iterations
     # instead of a local trial. None: always local.
@@ -140,7 +140,8 @@ class Measured:
     reason: str = ""
     benefit_s: float = 0.0  # estimated iteration time saved
     significant: bool = False
-    verdict: Verdict | None = None  # the decision rule's, on complete iterations (local trials: None)
+    # the decision rule's: paired on complete iterations, its unpaired variant on a local trial's runs
+    verdict: Verdict | None = None
     workflow: Workflow | None = field(default=None, repr=False)
     runs: list[IterationRun] = field(default_factory=list, repr=False)  # complete-iteration trials
 
@@ -270,8 +271,9 @@ Stop = Callable[[], str | None]  # why the search must end now (a signal, say), 
 
 # How this search departs from the paper's Algorithm 1 (listed in every report).
 DEVIATIONS = (
-    "on the CPU, a node's activity a_v is the fraction of its calls' time its component ran or waited for a CPU "
-    "(CPU time + run-queue delay; no SM activity)",
+    "on the CPU, a node's activity a_v is the fraction of its calls' time its component ran, waited for a CPU or "
+    "was blocked on its process's lock (the GIL) while another of its threads ran (CPU time + run-queue delay + "
+    "sampled lock wait; no SM activity)",
     "candidates are ordered by the duration mismatch of target and partner both after the split",
     "alternatives the calibrated model predicts to be slower are not measured; the first split of each "
     "family (k = 2) is measured as calibration -- the first one always, the others unless the model, calibrated "
@@ -298,7 +300,9 @@ DEVIATIONS = (
     "a local trial stops repeating an alternative whose first run took more than abandon_factor (1.3) x the "
     "unchanged comparison graph's first run",
     "a local trial stops repeating an alternative whose first two runs both took more than settle_factor "
-    "(1.03) x the unchanged comparison graph's median: its median of three could not win by eps_min",
+    "(1.03) x the unchanged comparison graph's median: the rank test could no longer call it faster",
+    "local trials, layout values and stage 2's validation are decided by the decision rule's unpaired variant (a "
+    "rank-sum test at the rule's alpha; their runs are not rounds of a pair) instead of a fixed noise margin",
     "after a complete-iteration alternative won, a local alternative is not measured when it cannot be applied "
     "on top of the winner and its region's span beyond its busiest process (the most a local change saves) is "
     "less than the winner's measured saving per iteration",

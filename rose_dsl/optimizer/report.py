@@ -402,9 +402,17 @@ def layout_markdown(section: Mapping[str, Any] | None) -> list[str]:
             lines.append(f"| {label} | {changed} | - | - | | {row.get('failed') or row.get('not_measured')} |")
         else:
             lines.append(f"| {label} | {changed} | {_med(row['candidate'])} | {_med(row['reference'])} | "
-                         f"{row['speedup']:.2f}x | {'kept' if row['accepted'] else 'not faster'} "
-                         f"(margin {_pct(row['margin'])}) |")
+                         f"{row['speedup']:.2f}x | {'kept' if row['accepted'] else 'not kept'} "
+                         f"({_decided(row)}) |")
     return [*lines, ""]
+
+
+def _decided(row: Mapping[str, Any]) -> str:
+    """How a measured choice was decided: the decision rule's verdict (an older report: its noise margin)."""
+    v = row.get("verdict")
+    if v:
+        return f"{v['outcome']}, confidence {percent(v['confidence'])}, {v.get('test', 'wilcoxon-signed-rank')}"
+    return f"margin {_pct(row['margin'])}" if row.get("margin") is not None else "-"
 
 
 def stage2_markdown(s2: Mapping[str, Any]) -> list[str]:

@@ -11,7 +11,8 @@ With the graph fixed by stage 1, the candidate processes come from the stage-1 p
 2. **search** (`_Round._search`): Algorithm 2 (`quota.quota_search`) over the levels the machine
    distinguishes, for a quota winner; the screening's measurements are read free;
 3. **validate** (`_Round._validate`): the best setting against the plan's on complete iterations, in
-   blocks that bracket one another (B/A/B or A/B/A), kept only if faster by the noise margin.
+   blocks that bracket one another (B/A/B or A/B/A), kept only if the decision rule calls it faster
+   (`validation_verdict`: its unpaired variant -- blocks are not rounds of a pair).
 
 Every level is self-checked before any process runs under it (`QuotaMeasurer.check_levels`; a level whose
 GEMMs are wrong is never used). Every step asks the `Budget` first: a probe, a trial or a validation block
@@ -31,7 +32,7 @@ from ..ir import Workflow
 from ..measurement import Books, IterationRun, OutOfBudget
 from .bound import call_floats
 from .budget import BlockCost, Budget
-from .decide import faster, summarize
+from .decide import summarize
 from .quota import (
     BUDGET_SPENT,
     BranchPair,
@@ -44,10 +45,31 @@ from .quota import (
 )
 from .records import Log, Settings, Stage1Result, Stage2Record, Stop
 from .regions import Probe, common_ancestor, local_graphs, probe_workflow
+from .stats import Rule, decide_unpaired, decisive
 
 __all__ = ["QuotaMeasurer", "Verdict", "tune_quota", "tune_mps", "first_probe_levels", "describe"]
 
 Mps = tuple[int, int]  # one process's MPS settings: (quota percent, client priority: 0 normal, 1 below normal)
+
+
+def validation_verdict(reference: Sequence[float], candidate: Sequence[float], rule: Rule):
+    """Is the candidate setting faster than the reference on complete iterations, from the validation's
+    blocks? The decision rule's unpaired variant (`stats.decide_unpaired`, a rank-sum test at the rule's
+    alpha): a block's iterations are not paired with another block's, so the candidate's iterations (its
+    blocks pooled) are ranked against the reference's (pooled); the blocks bracket one another (A/B/A or
+    B/A/B), so a drift that is linear over the validation moves both pools' middles alike."""
+    return decide_unpaired(list(reference), list(candidate), rule)
+
+
+def reference_block(per_block: int, n_reference: int, n_candidate: int, blocks: int, alpha: float) -> int:
+    """Iterations per reference block: `per_block`, or more when the validation would otherwise be unable
+    to decide at all (`stats.decisive`: A/B/A with two-iteration blocks is 4 runs against 2, whose complete
+    separation has p = 1/15, above 5%; with 3 it is 1/35); `n_reference` the reference's runs outside these
+    blocks."""
+    k = per_block
+    while blocks and not decisive(n_reference + k * blocks, n_candidate, alpha) and k < 4 * per_block:
+        k += 1
+    return k
 
 
 class Verdict(Protocol):
@@ -588,7 +610,11 @@ class _Round:
             blocks = blocks[1:]
         if reuse:
             out.validation_reused_block = len(reuse)
-        need_s = len(blocks) * self.cost.block(self.per_block)
+        n_cand = len(best_s) + self.per_block * sum(1 for _, b in blocks if b is best_s)
+        per_ref = reference_block(self.per_block, len(ref_s), n_cand, sum(1 for _, b in blocks if b is ref_s),
+                                  self.s.rule.alpha)
+        sizes = [per_ref if b is ref_s else self.per_block for _, b in blocks]
+        need_s = sum(self.cost.block(k) for k in sizes)
         if not self.budget.fits(need_s):
             self.procs.move(target, ref)
             out.trial_seconds = self.budget.now() - self.started
@@ -596,7 +622,7 @@ class _Round:
                               f"{BUDGET_SPENT} (the validation needs ~{need_s:.0f} s): kept {describe(ref)}")
             return out
         self.log(f"stage 2: validating {target} at {describe(cand)} against {describe(ref)} on complete iterations")
-        for setting, bucket in blocks:
+        for (setting, bucket), size in zip(blocks, sizes, strict=True):
             # a stop request between the blocks (each a restart and a few iterations): end here rather than
             # after the whole validation, which can outlast a caller's grace period
             reason = self._stopped()
@@ -607,22 +633,23 @@ class _Round:
                                f"{describe(ref)} ({out.trials} trials)")
                 return out
             self.procs.move(target, setting)
-            bucket += [r.seconds for r in self.qm.complete([self.plan], self.per_block, 0,
+            bucket += [r.seconds for r in self.qm.complete([self.plan], size, 0,
                                                            [f"mps {target} {describe(setting)}"])[0]]
         return self._verdict(out, target, cand, ref, summarize(ref_s), summarize(best_s))
 
     def _verdict(self, out: Stage2Record, target: str, cand: Mps, ref: Mps, reference: Any,
                  candidate: Any) -> Stage2Record:
         plan = self.plan
-        ok, eps = faster(reference, candidate, self.s.eps_min, self.s.z)
-        out.validation = {"reference": reference.to_json(), "candidate": candidate.to_json(), "margin": eps,
-                          "accepted": ok}
+        verdict = validation_verdict(reference.values, candidate.values, self.s.rule)
+        ok = verdict.outcome == "faster"
+        out.validation = {"reference": reference.to_json(), "candidate": candidate.to_json(),
+                          "verdict": verdict.to_json(), "accepted": ok}
         out.trial_seconds = self.budget.now() - self.started
         if not ok:
             self.procs.move(target, ref)
             out.summary = (f"{target} at {describe(cand)} was fastest locally but complete iterations were not "
-                              f"faster by more than {eps:.1%} ({candidate.median:.3f} vs {reference.median:.3f} s): "
-                              f"kept {describe(ref)}")
+                           f"faster by the decision rule ({candidate.median:.3f} vs {reference.median:.3f} s; "
+                           f"{verdict.describe()}): kept {describe(ref)}")
             return out
         own = plan.components[target]
         comp = replace(own, mps_quota=cand[0] if cand[0] != ref[0] else own.mps_quota,

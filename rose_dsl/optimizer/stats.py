@@ -27,6 +27,17 @@ then the outcome is "undecided".
 
 The estimate reported beside the outcome is the Hodges-Lehmann ratio (the median of the Walsh averages of
 the d's) with its distribution-free confidence interval at the look's level.
+
+The unpaired variant (`decide_unpaired`): where the measurements are not rounds of a pair -- a local trial
+(the runtime runs each graph's repeats back to back when switching is costly, abandons clearly slower
+alternatives mid-way, and pools the unchanged graph's runs over batches), the layout trials (blocks R V R)
+and stage 2's validation (blocks A/B/A or B/A/B) -- the same rule is applied as a one-sided **Wilcoxon
+rank-sum (Mann-Whitney) test** on the two samples: exact (ties by mid-ranks), distribution-free when the
+runs of both are exchangeable under "no difference", at the rule's alpha in one look (these designs measure
+a fixed number of runs; nothing is added after a look). Its estimate is the Hodges-Lehmann ratio of the two
+samples (the median of all log-ratios candidate / reference) with its distribution-free interval. A design
+must be able to decide at all: `decisive(n_ref, n_cand, alpha)` says whether a complete separation of
+samples of these sizes reaches alpha (at three runs against two it gives p = 0.1: nothing could be accepted).
 """
 
 from __future__ import annotations
@@ -37,7 +48,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
-__all__ = ["Rule", "Verdict", "decide", "sequential", "signed_rank_null", "DEFAULT_RULE", "percent"]
+__all__ = ["Rule", "Verdict", "decide", "decide_unpaired", "decisive", "sequential", "signed_rank_null",
+           "rank_sum_null", "DEFAULT_RULE", "percent"]
 
 Outcome = Literal["faster", "slower", "undecided"]
 
@@ -114,6 +126,8 @@ class Verdict:
     final: bool
     reason: str
     pairs: tuple[tuple[float, float], ...] = field(default=(), compare=False)
+    # the unpaired variant (`decide_unpaired`): how many runs of the reference and of the candidate
+    unpaired: tuple[int, int] | None = None
 
     @property
     def speedup(self) -> float:
@@ -129,11 +143,15 @@ class Verdict:
 
     def describe(self) -> str:
         lo, hi = 1.0 / self.high if self.high > 0 else math.inf, 1.0 / self.low if self.low > 0 else math.inf
-        return (f"{self.outcome}: {self.speedup:.2f}x (interval {lo:.2f}-{hi:.2f}x) on {self.n} interleaved "
-                f"pair(s), confidence {percent(self.confidence)} -- {self.reason}")
+        on = (f"{self.n} interleaved pair(s)" if self.unpaired is None else
+              f"{self.unpaired[1]} run(s) against {self.unpaired[0]} (rank-sum)")
+        return (f"{self.outcome}: {self.speedup:.2f}x (interval {lo:.2f}-{hi:.2f}x) on {on}, confidence "
+                f"{percent(self.confidence)} -- {self.reason}")
 
     def to_json(self) -> dict[str, Any]:
-        return {"outcome": self.outcome, "n": self.n, "ratio": self.ratio, "speedup": self.speedup,
+        design = {"test": "wilcoxon-signed-rank"} if self.unpaired is None else {
+            "test": "wilcoxon-rank-sum", "n_reference": self.unpaired[0], "n_candidate": self.unpaired[1]}
+        return {**design, "outcome": self.outcome, "n": self.n, "ratio": self.ratio, "speedup": self.speedup,
                 "low": self.low, "high": self.high, "p_faster": self.p_faster, "p_slower": self.p_slower,
                 "level": self.level, "confidence": self.confidence, "final": self.final, "reason": self.reason}
 
@@ -262,3 +280,87 @@ def sequential(measure_pair: Callable[[], tuple[float, float] | None], rule: Rul
     if not pairs:
         return Verdict("undecided", 0, 1.0, 0.0, math.inf, 1.0, 1.0, rule.level_at(1), True, "nothing measured")
     return decide([r for r, _ in pairs], [c for _, c in pairs], rule, more=False)
+
+
+@lru_cache(maxsize=256)
+def _subset_sums(doubled_ranks: tuple[int, ...], k: int) -> tuple[int, ...]:
+    """counts[w]: how many k-subsets of the ranks have the doubled rank sum w (exact, ties as mid-ranks)."""
+    table = [[0] * (sum(doubled_ranks) + 1) for _ in range(k + 1)]
+    table[0][0] = 1
+    top = 0
+    for r in doubled_ranks:
+        top += r
+        for j in range(min(k, len(doubled_ranks)), 0, -1):
+            row, below = table[j], table[j - 1]
+            for w in range(top, r - 1, -1):
+                if below[w - r]:
+                    row[w] += below[w - r]
+    return tuple(table[k])
+
+
+def rank_sum_null(n_ref: int, n_cand: int) -> tuple[int, ...]:
+    """The exact null counts of the candidate's doubled rank sum for untied samples -- exposed for the tests."""
+    return _subset_sums(tuple(2 * (i + 1) for i in range(n_ref + n_cand)), n_cand)
+
+
+def decisive(n_ref: int, n_cand: int, alpha: float = DEFAULT_RULE.alpha) -> bool:
+    """Can the rank-sum test at `alpha` say "faster" at all: is a complete separation (every candidate run
+    faster than every reference run, p = 1 / C(n_ref + n_cand, n_cand)) at most alpha? At 2 runs against 4
+    it is 1/15: such a design could never accept anything."""
+    return n_ref >= 1 and n_cand >= 1 and math.comb(n_ref + n_cand, n_cand) * alpha >= 1.0
+
+
+def _rank_sum_p(reference: Sequence[float], candidate: Sequence[float]) -> tuple[float, float]:
+    """One-sided p-values (P[W <= observed], P[W >= observed]) of the candidate's rank sum."""
+    both = list(reference) + list(candidate)
+    ranks = _doubled_ranks(both)
+    w = sum(ranks[len(reference):])
+    counts = _subset_sums(tuple(sorted(ranks)), len(candidate))
+    total = float(sum(counts))
+    return sum(counts[: w + 1]) / total, sum(counts[w:]) / total
+
+
+def _shift_interval(reference: Sequence[float], candidate: Sequence[float], level: float) -> tuple[float, float, float]:
+    """Hodges-Lehmann shift of the log-times (the median of every log(c / r)) and its interval at 1 - 2 *
+    level: the c-th smallest and c-th largest difference, c the largest count with P[U < c] <= level."""
+    diffs = sorted(math.log(c) - math.log(r) for r in reference for c in candidate)
+    m = len(diffs)
+    est = diffs[m // 2] if m % 2 else (diffs[m // 2 - 1] + diffs[m // 2]) / 2
+    n_c = len(candidate)
+    counts = rank_sum_null(len(reference), n_c)
+    total, acc, c = float(sum(counts)), 0.0, 0
+    for u, w in enumerate(range(n_c * (n_c + 1), len(counts), 2)):
+        acc += counts[w]
+        if acc / total > level:
+            break
+        c = u + 1
+    c = min(c, (m - 1) // 2)
+    return est, diffs[c], diffs[m - 1 - c]
+
+
+def decide_unpaired(reference: Sequence[float], candidate: Sequence[float], rule: Rule = DEFAULT_RULE) -> Verdict:
+    """The rule's verdict on two samples that are not paired rounds (the module docstring says where and
+    why): a one-sided rank-sum test at `rule.alpha`, once; `rule.min_gain` shifts what "faster" means as in
+    `decide`. Always final: these designs measure a fixed number of runs."""
+    if not reference or not candidate:
+        raise ValueError(f"need runs of both, got {len(reference)} and {len(candidate)}")
+    if min(reference) <= 0 or min(candidate) <= 0:
+        raise ValueError("times must be positive")
+    level = rule.alpha
+    scaled = [c / (1.0 - rule.min_gain) for c in candidate] if rule.min_gain else list(candidate)
+    p_faster, _ = _rank_sum_p(reference, scaled)
+    _, p_slower = _rank_sum_p(reference, candidate)
+    est, lo, hi = _shift_interval(reference, candidate, level)
+    ratio, low, high = math.exp(est), math.exp(lo), math.exp(hi)
+    sizes = (len(reference), len(candidate))
+    n = min(sizes)
+    if p_faster <= level:
+        outcome: Outcome = "faster"
+        reason = f"p = {p_faster:.3g} <= {level:.3g}"
+    elif p_slower <= level:
+        outcome, reason = "slower", f"p = {p_slower:.3g} <= {level:.3g}"
+    else:
+        outcome = "undecided"
+        reason = f"p = {min(p_faster, p_slower):.3g} > {level:.3g}" + (
+            "" if decisive(*sizes, alpha=level) else " (too few runs for the test to decide)")
+    return Verdict(outcome, n, ratio, low, high, p_faster, p_slower, level, True, reason, unpaired=sizes)

@@ -198,3 +198,39 @@ def test_a_missing_top_level_module_is_hinted_only_from_the_users_own_directorie
                            env={"PYTHONPATH": str(tmp_path)})["a"]
     assert result["impl"][0] == "cannot import 'examples.nowhere': no module named 'examples'"
     assert "rose init DIR --workflow NAME" in result["impl"][1]
+
+
+def _merge(tmp_path, cls):
+    return _write(tmp_path, impl_a=f"tests.cli.merge_mocks:{cls}")
+
+
+def test_declared_metric_merge_rules_that_exist_pass(tmp_path) -> None:
+    for cls in ("Counted", "WithSnapshot", "ComputedNames"):
+        proc = rose("validate", str(_merge(tmp_path, cls)), "--import", "--allow-module", "tests")
+        assert proc.returncode == 0, (cls, proc.stderr)
+
+
+def test_a_metric_merge_naming_a_metric_never_reported_is_positioned_with_a_hint(tmp_path) -> None:
+    """`metric_merge` is a class attribute, so the error is at the component's `impl:`, with the field path
+    down to the rule, the class's own file and line, what pop_metrics() does report, and a did-you-mean."""
+    wf = _merge(tmp_path, "Misnamed")
+    text = _check(wf)
+    assert f"{wf}:4:14: components.a.impl.metric_merge.rewrd: tests.cli.merge_mocks:Misnamed.metric_merge (" in text
+    assert "merge_mocks.py:" in text
+    assert "names the metric 'rewrd', which its pop_metrics() never reports (it reports 'env_steps', 'reward')" in text
+    assert "hint: did you mean 'reward'?" in text
+
+
+def test_an_unknown_rule_a_declaration_that_is_no_dict_and_no_pop_metrics_each_exit_2(tmp_path) -> None:
+    cases = {"UnknownRule": ("components.a.impl.metric_merge.reward", "gives 'reward' the rule 'average', which is not a rule",
+                             "a snapshot (a running mean, a best-so-far) is 'copies'"),
+             "NotADict": ("components.a.impl.metric_merge", "is a list, not a dict of metric name -> rule",
+                          "declare e.g. metric_merge = {"),
+             "NoMetrics": ("components.a.impl.metric_merge", "declares metric_merge", "report the metrics from pop_metrics()")}
+    for cls, (path, what, fix) in cases.items():
+        wf = _merge(tmp_path, cls)
+        proc = rose("validate", str(wf), "--import", "--allow-module", "tests")
+        assert proc.returncode == 2, (cls, proc.stderr)
+        text = plain_failure(proc)
+        assert f"{wf}:4:14: {path}: " in text and what in text and fix in text, (cls, text)
+        assert "Traceback" not in text

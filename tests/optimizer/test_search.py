@@ -125,7 +125,7 @@ def test_a_clearly_slower_alternative_is_abandoned_after_its_first_local_run(wf)
     assert abandoned and all(m.summary is not None and m.summary.n <= 2 and not m.significant for m in abandoned)
     assert any(m.summary.n == 1 for m in abandoned)
     for m in abandoned:  # after one run by the first-run rule, after two by the median rule
-        assert ("x the unchanged graph's first run" if m.summary.n == 1 else "a third could not") in m.reason
+        assert ("x the unchanged graph's first run" if m.summary.n == 1 else "could no longer call it faster") in m.reason
 
 
 def test_a_split_predictable_only_as_a_lower_bound_is_skipped_when_even_that_is_slower(wf) -> None:
@@ -158,12 +158,13 @@ def test_the_lower_bound_of_a_row_model_seen_at_one_row_count() -> None:
 
 def test_stop_repeating_stops_only_where_more_runs_could_not_change_the_verdict() -> None:
     """`decide.stop_repeating`: after one run, only past abandon_above x the unchanged graph's first run;
-    after two, only when both runs are past settle_above x its median -- and then the median of three
-    (at least the faster of the two) is never faster than the unchanged graph by eps_min, whatever the
-    third run is."""
+    after two, only when both runs are past settle_above x its median -- and then the local trial's verdict
+    (`local_trials.local_verdict`, the rule's rank-sum test) is never "faster", whatever the runs left of
+    both graphs are."""
     import random
 
-    from rose_dsl.optimizer.decide import faster, stop_repeating, summarize
+    from rose_dsl.optimizer.decide import stop_repeating
+    from rose_dsl.optimizer.local_trials import local_verdict
 
     ref = [1.0, 1.02, 0.99]
     assert stop_repeating(ref, [1.35], 1.3, 1.03) and not stop_repeating(ref, [1.25], 1.3, 1.03)
@@ -172,12 +173,16 @@ def test_stop_repeating_stops_only_where_more_runs_could_not_change_the_verdict(
     assert stop_repeating(ref, [1.05, 1.06], 1.3, None) is None and stop_repeating([], [2.0], 1.3, 1.03) is None
     assert stop_repeating(ref, [1.05, 1.06, 1.07], 1.3, 1.03) is None  # three runs: nothing left to save
     rng = random.Random(0)
+    repeats = Settings().local_repeats
     for _ in range(2000):
-        ref = [rng.uniform(0.8, 1.2) for _ in range(3)]
+        seen = rng.choice((2, repeats))  # the unchanged graph's runs the rule saw: as many as the alternative's, or all
+        ref = [rng.uniform(0.8, 1.2) for _ in range(seen)]
         two = [rng.uniform(0.7, 1.5) for _ in range(2)]
         if stop_repeating(ref, two, None, 1.03):
-            third = rng.uniform(0.01, 3.0)
-            assert not faster(summarize(ref), summarize([*two, third]), 0.03)[0], (ref, two, third)
+            rest = [rng.uniform(0.01, 3.0) for _ in range(repeats - 2)]
+            later = [rng.uniform(0.5, 3.0) for _ in range(repeats - seen)]
+            verdict = local_verdict([*ref, *later], [*two, *rest], Settings().rule)
+            assert verdict.outcome != "faster", (ref, later, two, rest)
 
 
 def test_a_slower_combination_is_rejected_on_complete_iterations(wf) -> None:
