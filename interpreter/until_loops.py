@@ -153,22 +153,20 @@ class UntilLoops:
 
 
 def _check_flags(loop: LoopNode, value: Any) -> None:
-    """A condition is a done flag (bool, or integers 0/1 -- a mask); a float or anything else is refused: the
-    truth of a float (nonzero) ending a loop is almost always a condition pointed at the wrong output."""
+    """A condition is a done flag: bool, or 0/1 values of any real dtype (a mask; many environments return
+    `done` as a float). Anything else is refused: the truth of a log-prob or a token id (nonzero) ending a
+    loop is almost always a condition pointed at the wrong output."""
     import torch
 
-    kind = value.dtype if isinstance(value, torch.Tensor) else type(value)
-    if kind is bool or kind == torch.bool:
-        return
-    if kind is int or (isinstance(kind, torch.dtype) and not (kind.is_floating_point or kind.is_complex)):
+    try:
         t = torch.as_tensor(value)
-        if bool(((t == 0) | (t == 1)).all()):
-            return
-        found = f"integers other than 0 and 1 ({kind})"
-    else:
-        found = f"a value of type {kind}"
+    except (TypeError, ValueError, RuntimeError):
+        t = None
+    if t is not None and (t.dtype == torch.bool or (not t.dtype.is_complex and bool(((t == 0) | (t == 1)).all()))):
+        return
+    found = f"a value of type {type(value).__name__}" if t is None else f"values other than 0 and 1 ({t.dtype})"
     raise ConditionError(loop, f"the condition of loop '{loop.name}' gave {found}, not a done flag",
-                         "point `until:` at an output that is a flag -- bool (or 0/1 integers), one per row of the "
+                         "point `until:` at an output that is a flag -- bool or 0/1 values, one per row of the "
                          "loop's batch or one for all rows -- e.g. a comparison computed in the body")
 
 

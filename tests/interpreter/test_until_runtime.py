@@ -135,11 +135,11 @@ def test_a_loop_that_ends_as_a_whole_runs_until_every_row_is_done() -> None:
     assert torch.tensor(trips).min() >= 1
 
 
-@pytest.mark.parametrize("until, found", [("gen.logp", "a value of type torch.float64"),
-                                          ("decode.tok", "integers other than 0 and 1")])
+@pytest.mark.parametrize("until, found", [("gen.logp", "values other than 0 and 1 (torch.float64)"),
+                                          ("decode.tok", "values other than 0 and 1 (torch.int64)")])
 def test_a_condition_that_is_not_a_done_flag_stops_the_run_at_the_until_field(tmp_path, until, found) -> None:
-    """`until:` pointed at a float output (a log-prob) used to end the loop on its truth (nonzero): now the run
-    stops with exit 2 at the `until:` line; so does one pointed at integer tokens (a mask is 0/1)."""
+    """`until:` pointed at a log-prob used to end the loop on its truth (nonzero): now the run stops with exit 2
+    at the `until:` line; so does one pointed at token ids. A flag is bool or 0/1 values of any dtype."""
     from tests.cli.clirun import plain_failure, rose
 
     wf = tmp_path / "wf.yaml"
