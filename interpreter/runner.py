@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rose_dsl.ir import Workflow
+from rose_dsl.measurement import call_identity
 
 from .backend_base import NODE_LIMIT, Backend, Overdue, WatchdogTimeout
 from .checkpoint import (
@@ -571,6 +572,6 @@ class Runner:
             self.trace.dump_jsonl(self.config.out_dir / "trace.jsonl")
             activity = self.sampler.samples_by_gpu() if self.sampler is not None else None
             write_chrome_trace(self.config.out_dir / "trace.json", self.trace, activity,
-                               metadata={"processes": self.processes})
+                               metadata={"processes": self.processes}, identity=call_identity(self.wf))
             (self.config.out_dir / "nodes.json").write_text(json.dumps(self.node_summary(), indent=1) + "\n")
 
