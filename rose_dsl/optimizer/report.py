@@ -218,7 +218,7 @@ def build_report(result: Stage1Result, *, books: Books, total_s: float, workflow
 def staleness(plan: Workflow) -> dict[str, Any]:
     """Which staleness the plan uses: per state object read older than in the declared workflow, the
     largest lag its reads prove (RL iterations) and its budget; {} for a synchronous plan."""
-    from ..transforms.legality import iterations_in_flight, read_lags
+    from ..analysis import iterations_in_flight, read_lags
 
     if iterations_in_flight(plan) == 1:
         return {}

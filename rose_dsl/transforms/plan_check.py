@@ -39,22 +39,21 @@ from dataclasses import dataclass
 from pathlib import Path as FilePath
 from typing import Any
 
-from ..analysis import Dep, InvocationGraph, invocation_graph
+from ..analysis import (
+    Dep,
+    InvocationGraph,
+    invocation_graph,
+    iterations_in_flight,
+    read_lag,
+    state_observations,
+)
 from ..errors import Diagnostic, SourcePos, WorkflowError
 from ..expr import BinOp, Call, Expr, Int, IterRef, Neg, Param, Ref, Slice, unparse
 from ..ir import Access, ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from ..loader import load_text
 from ..resolve import CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver, binding_table
 from ..semantics import Invocation, SemanticError
-from .legality import (
-    describe_invocation,
-    iterations_in_flight,
-    on_component,
-    read_lag,
-    staleness_budgets,
-    state_observations,
-    values_of,
-)
+from .legality import describe_invocation, on_component, staleness_budgets, values_of
 from .refs import RefUse, batch_dim, binding_target, map_field, rename_ref
 from .seeds import SEED_GET, SEED_PORT, SEED_SET, is_seed, through_seeds
 from .tree import source_paths
@@ -332,7 +331,7 @@ class _Checker:
     def state(self, g0: InvocationGraph, g1: InvocationGraph, images: dict[Invocation, list[Invocation]]) -> None:
         """Each state access of the plan sees the values of the calls the source's access sees (per row
         group: a group's access, the writes of its rows), and each RL iteration leaves the same calls'
-        values (`legality.state_observations`)."""
+        values (`analysis.state_observations`)."""
         seen0, left0 = state_observations(g0)
         seen1, left1 = state_observations(g1)
         seen1 = through_seeds(g1, seen1)
