@@ -142,7 +142,7 @@ def _rows_per_call(wf: Workflow) -> dict[str, int]:
     """Each node's batch rows per call (a row group's own rows; 1 for a node without a batch)."""
     from rose_dsl.ir import ExecutionNode
 
-    return {".".join(n.path): (n.rows[1] - n.rows[0]) if n.rows else (n.batch_size or 1)
+    return {".".join(n.path): (n.plan.rows[1] - n.plan.rows[0]) if n.plan.rows else (n.batch_size or 1)
             for n in wf.items() if isinstance(n, ExecutionNode)}
 
 

@@ -223,13 +223,13 @@ class _DepTracker:
             # anything reads them (a reader observes it; at the end of the RL iteration a checkpoint does;
             # a row group's refresh hides only its own rows). Walked by index, stopping at the first
             # reader: the walk is as long as the run of unread refreshes, never a copy of the rest.
-            rows = self.g.node[inv].rows
+            rows = self.g.node[inv].plan.rows
             observed = True
             for at in range(position + 1, len(seq)):
                 later_inv, later = seq[at]
                 if later_inv.indices[0] != inv.indices[0] or later is not Access.REFRESH:
                     break  # the end of the RL iteration (a checkpoint) or a reader observes it
-                if _covers(self.g.node[later_inv].rows, rows):
+                if _covers(self.g.node[later_inv].plan.rows, rows):
                     observed = False  # overwritten unobserved
                     break
             if observed:
@@ -288,7 +288,7 @@ def _clamped(wf: Workflow, limit: int | None) -> Workflow:
     def clamp(item: Item) -> Item:
         if isinstance(item, LoopNode):
             body = tuple(clamp(c) for c in item.body)
-            if item.path == wf.root.path or item.count is None or item.iterations is not None:
+            if item.path == wf.root.path or item.count is None or item.plan.iterations is not None:
                 return replace(item, body=body)
             return replace(item, body=body, count=min(item.count, max(limit, needed[item.name])))
         if isinstance(item, ExecutionNode) and item.phases:
@@ -392,7 +392,7 @@ def _expand_all(item: Item) -> Any:
     if isinstance(item, LoopNode):
         return replace(item, body=tuple(_expand_all(c) for c in item.body))
     if isinstance(item, ExecutionNode) and item.phases:
-        return replace(item, expand=True, phases=tuple(_expand_all(c) for c in item.phases))
+        return replace(item, plan=replace(item.plan, expand=True), phases=tuple(_expand_all(c) for c in item.phases))
     return item
 
 
@@ -410,7 +410,7 @@ def state_access_order(items: Sequence[Item]) -> list[tuple[str, Access, Path]]:
     out: list[tuple[str, Access, Path]] = []
     for item in items:
         if isinstance(item, ExecutionNode):
-            if item.expand and item.phases:
+            if item.plan.expand and item.phases:
                 out += state_access_order(item.phases)
             else:
                 out += [(e.state, e.access, item.path) for e in item.effects]
@@ -569,7 +569,7 @@ def state_observations(g: InvocationGraph) -> tuple[dict[tuple[Invocation, str],
     slots = run_in(g)
     for state, seq in g.accesses.items():
         # every row: up to the end of the row groups that touch this state (their batch), if any do
-        end = max((r[1] for r in (g.node[inv].rows for inv, _ in seq) if r is not None), default=_ALL)
+        end = max((r[1] for r in (g.node[inv].plan.rows for inv, _ in seq) if r is not None), default=_ALL)
         segments: list[tuple[int, int, Invocation | None]] = [(0, end, None)]
         k: int | None = None
         for inv, acc in seq:
@@ -577,7 +577,7 @@ def state_observations(g: InvocationGraph) -> tuple[dict[tuple[Invocation, str],
             if k is not None and slot != k:
                 left[(k, state)] = frozenset(w for _, _, w in segments)
             k = slot
-            lo, hi = g.node[inv].rows or (0, end)
+            lo, hi = g.node[inv].plan.rows or (0, end)
             if acc.reads_previous:
                 seen[(inv, state)] = frozenset(w for a, b, w in segments if a < hi and lo < b)
             if acc.writes:
@@ -608,8 +608,8 @@ def read_lags(wf: Workflow) -> dict[tuple[str, tuple[str, ...]], int]:
     A read that sees another value than any older one of the declared read is not listed (the legality
     check refuses such plans)."""
     depth = iterations_in_flight(wf)
-    sync = replace(wf, root=replace(wf.root, body=tuple(replace(i, defer=0) if isinstance(i, ExecutionNode) else i
-                                                        for i in wf.root.body)))
+    sync = replace(wf, root=replace(wf.root, body=tuple(
+        replace(i, plan=replace(i.plan, defer=0)) if isinstance(i, ExecutionNode) else i for i in wf.root.body)))
     seen0, _ = state_observations(invocation_graph(sync, iterations=1 + depth))
     seen1, _ = state_observations(invocation_graph(wf, iterations=1 + depth))
     out: dict[tuple[str, tuple[str, ...]], int] = {}
@@ -626,7 +626,7 @@ def read_lags(wf: Workflow) -> dict[tuple[str, tuple[str, ...]], int]:
 
 def iterations_in_flight(wf: Workflow) -> int:
     """1 + the largest `defer` of a workflow: how many RL iterations an asynchronous plan overlaps."""
-    return 1 + max((i.defer for i in wf.root.body if isinstance(i, ExecutionNode)), default=0)
+    return 1 + max((i.plan.defer for i in wf.root.body if isinstance(i, ExecutionNode)), default=0)
 
 
 def read_lag(got: frozenset[Invocation | None], then: Callable[[int], frozenset[Invocation | None]],
@@ -640,7 +640,7 @@ def _lag_lines(wf: Workflow) -> list[str]:
     """Per read of a state object with `max_staleness`, or of an asynchronous plan (`defer:`): the lag it
     proves -- how many RL iterations older than the declared read's value the value it sees can be."""
     budgets = {s.key: s.max_staleness for s in wf.state_objects().values()}
-    deferred = any(isinstance(i, ExecutionNode) and i.defer for i in wf.root.body)
+    deferred = any(isinstance(i, ExecutionNode) and i.plan.defer for i in wf.root.body)
     if not deferred and not any(budgets.values()):
         return []
     lines = []

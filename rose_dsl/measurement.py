@@ -37,7 +37,7 @@ def item_sources(plan: Workflow) -> dict[tuple[str, ...], str]:
     out: dict[tuple[str, ...], str] = {}
 
     def visit(item: Item, source: tuple[str, ...]) -> None:
-        own = item.split_of if isinstance(item, ExecutionNode | LoopNode) and item.split_of else item.name
+        own = item.plan.split_of if isinstance(item, ExecutionNode | LoopNode) and item.plan.split_of else item.name
         here = (*source, own)
         out[item.path] = ".".join(here)
         kids = item.body if isinstance(item, LoopNode) else item.phases if isinstance(item, ExecutionNode) else None

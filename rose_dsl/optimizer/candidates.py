@@ -93,7 +93,7 @@ def _parent(wf: Workflow, path: Path) -> Item | None:
 def _body(item: Item | None) -> tuple[Item, ...]:
     if isinstance(item, LoopNode):
         return item.body
-    if isinstance(item, ExecutionNode) and item.phases and item.expand:
+    if isinstance(item, ExecutionNode) and item.phases and item.plan.expand:
         return item.phases
     return ()
 
@@ -101,7 +101,7 @@ def _body(item: Item | None) -> tuple[Item, ...]:
 def _calls(item: Item) -> list[ExecutionNode]:
     """The ExecutionNodes that run inside `item` (a node's phases only when it runs them expanded)."""
     if isinstance(item, ExecutionNode):
-        return [c for p in item.phases for c in _calls(p)] if item.phases and item.expand else [item]
+        return [c for p in item.phases for c in _calls(p)] if item.phases and item.plan.expand else [item]
     if isinstance(item, LoopNode):
         return [c for child in item.body for c in _calls(child)]
     return []
@@ -111,7 +111,7 @@ def _runs(wf: Workflow, path: Path) -> bool:
     """Does the item at `path` run (it is not inside the phases of a node that runs its entry)?"""
     for n in range(1, len(path)):
         owner = wf.find(path[:n])
-        if isinstance(owner, ExecutionNode) and not owner.expand:
+        if isinstance(owner, ExecutionNode) and not owner.plan.expand:
             return False
     return True
 
@@ -162,8 +162,8 @@ def _in_every_temporal_group(wf: Workflow, path: Path) -> list[Path]:
     (`epoch@0.step` -> `epoch@0.step`, `epoch@1.step`), or just `path`."""
     for n in range(len(path) - 1, 1, -1):
         group = wf.find(path[:n])
-        if isinstance(group, LoopNode) and group.split_of is not None and group.iterations is not None:
-            paths = [g.path + path[n:] for g in temporal_groups(wf, path[:n - 1] + (group.split_of,))]
+        if isinstance(group, LoopNode) and group.plan.split_of is not None and group.plan.iterations is not None:
+            paths = [g.path + path[n:] for g in temporal_groups(wf, path[:n - 1] + (group.plan.split_of,))]
             return paths if len(paths) > 1 and all(wf.find(p) is not None for p in paths) else [path]
     return [path]
 
@@ -253,7 +253,7 @@ def _take_turns(wf: Workflow, body: Sequence[Item], i: int, j: int, target: str)
     it where the loops depend on each other or the moves break a dependency."""
     a, b = body[i], body[j]
     if not (isinstance(a, LoopNode) and isinstance(b, LoopNode)) or a.dynamic or b.dynamic \
-            or a.temporal_group or b.temporal_group or a.interleaved or b.interleaved \
+            or a.temporal_group or b.temporal_group or a.plan.interleaved or b.plan.interleaved \
             or not (_components(wf, a) & _components(wf, b)):
         return []
     a_name = request_name(wf, a.path)

@@ -239,8 +239,8 @@ def rows_of(node: ExecutionNode) -> int | None:
 
 
 def _rows(node: ExecutionNode) -> int | None:
-    if node.rows is not None:
-        return node.rows[1] - node.rows[0]
+    if node.plan.rows is not None:
+        return node.plan.rows[1] - node.plan.rows[0]
     return node.batch_size if node.batch is not None else None
 
 

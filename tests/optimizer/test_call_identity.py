@@ -42,7 +42,7 @@ def test_the_identity_from_fields_is_what_the_names_said(requests) -> None:
 
 def test_the_identity_follows_split_of_and_copy_of_not_the_names() -> None:
     plan = _plan("split-time epoch 2")
-    assert any(isinstance(i, LoopNode) and i.split_of == "epoch" for i in plan.items())
+    assert any(isinstance(i, LoopNode) and i.plan.split_of == "epoch" for i in plan.items())
     copy = next(c for c in plan.components.values() if c.copy_of is not None)
     renamed = replace(plan, components={**plan.components, copy.name: replace(copy, copy_of="elsewhere")})
     node = next(i for i in plan.items() if isinstance(i, ExecutionNode) and i.component == copy.name)
