@@ -36,11 +36,13 @@ class Call:
     start: float
     end: float
     loops: tuple[tuple[str, int], ...]
+    source: str = ""  # the structural node as the runtime wrote it from the plan's fields (`args.source`)
 
     @property
     def structural(self) -> str:
-        """The node without split-group suffixes: `iteration.epoch.step.act`."""
-        return ".".join(part.split("@")[0] for part in self.node.split("."))
+        """The node with split groups standing for their node: `iteration.epoch.step.act`. A trace recorded
+        before the runtime wrote `args.source` gives it from the name (`@` suffixes dropped)."""
+        return self.source or ".".join(part.split("@")[0] for part in self.node.split("."))
 
     @property
     def iteration(self) -> int:
@@ -65,8 +67,10 @@ def load_run(run_dir: Path) -> RunData:
         doc = json.loads(trace_path.read_text())
         for e in doc["traceEvents"] if isinstance(doc, dict) else doc:
             if e.get("ph") == "X":
-                loops = tuple((k, int(v)) for k, v in (e.get("args", {}).get("loops") or {}).items())
-                calls.append(Call(e["name"], e.get("cat", ""), e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6, loops))
+                args = e.get("args", {})
+                loops = tuple((k, int(v)) for k, v in (args.get("loops") or {}).items())
+                calls.append(Call(e["name"], e.get("cat", ""), e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6, loops,
+                                  args.get("source", "")))
             elif e.get("ph") == "C":
                 tracks[e["pid"]].append((e["ts"] / 1e6, float(next(iter(e["args"].values()))) / 100.0))
     return RunData(metrics, calls, [sorted(v) for _, v in sorted(tracks.items())])

@@ -10,7 +10,9 @@ Mapping:
   nesting (split groups running concurrently): the trace-event format needs events on one thread to
   nest properly, so overlapping ones go to the next lane where they do;
 * ``"X"`` complete events named by node path, lasting host start -> max(host end, device end), with
-  loop indices, split group, state accesses, input/output refs in ``args``;
+  loop indices, split group, state accesses, input/output refs in ``args``, and -- given the plan's
+  ``identity`` (``rose_dsl.measurement.call_identity``) -- the call's structural node and base component
+  (``source``, ``base``), so that a reader of the trace never parses them out of names;
 * a counter track (``"C"`` events) per GPU for SM activity in percent, on a synthetic pid;
 * ``"M"`` metadata events naming processes and threads.
 
@@ -58,8 +60,10 @@ def _assign_lanes(records: Sequence[InvocationRecord]) -> dict[int, int]:
     return out
 
 
-def _args(r: InvocationRecord) -> dict[str, Any]:
+def _args(r: InvocationRecord, identity: Mapping[str, tuple[str, str]]) -> dict[str, Any]:
     a: dict[str, Any] = {"call_id": r.call_id, "component": r.component}
+    if r.node in identity:
+        a["source"], a["base"] = identity[r.node]
     if r.parent is not None:
         a["parent"] = r.parent
     if r.loop_indices:
@@ -87,10 +91,12 @@ def _args(r: InvocationRecord) -> dict[str, Any]:
 
 def to_chrome_trace(trace: ExecutionTrace | Iterable[InvocationRecord],
                     activity: Mapping[int, Sequence[ActivitySample]] | None = None,
-                    *, origin_ns: int | None = None, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+                    *, origin_ns: int | None = None, metadata: dict[str, Any] | None = None,
+                    identity: Mapping[str, tuple[str, str]] | None = None) -> dict[str, Any]:
     """Build the trace-event document (a dict; ``json.dump`` it or use :func:`write_chrome_trace`).
 
-    ``activity`` maps GPU index -> its samples.  Invocations still running are left out and counted in
+    ``activity`` maps GPU index -> its samples; ``identity`` each call node -> (structural node, base
+    component), from the plan's fields.  Invocations still running are left out and counted in
     ``otherData.incomplete``.
     """
     records = trace.records() if isinstance(trace, ExecutionTrace) else list(trace)
@@ -126,7 +132,7 @@ def to_chrome_trace(trace: ExecutionTrace | Iterable[InvocationRecord],
                 events.append({
                     "ph": "X", "name": r.node, "cat": comp, "pid": pid, "tid": tid_base + lanes[r.call_id],
                     "ts": _us(r.host_start_ns, origin_ns), "dur": r.duration_ns / 1000.0,  # type: ignore[operator]
-                    "args": _args(r),
+                    "args": _args(r, identity or {}),
                 })
             tid_base += max(lanes.values()) + 1
 

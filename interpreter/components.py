@@ -45,7 +45,7 @@ def call_problems(obj: Any, nodes: Iterable[ExecutionNode]) -> dict[str, Any]:
     nodes, before any call. {} when there is nothing (plain values: it crosses process boundaries)."""
     nodes = list(nodes)
     missing = missing_methods(obj, {n.method for n in nodes if n.method not in (SEED_GET, SEED_SET)})
-    no_rows = sorted({n.method for n in nodes if n.rows is not None and n.effects and n.method not in missing
+    no_rows = sorted({n.method for n in nodes if n.plan.rows is not None and n.effects and n.method not in missing
                       and not _takes_rows(type(obj), n.method)})
     return {"missing": missing, "no_rows": no_rows} if missing or no_rows else {}
 
@@ -95,10 +95,10 @@ class CallProblems(StartProblems):
                 pos = node.field_pos.get("call", node.pos)
                 diag = Diagnostic(pos, ".".join(node.path) + ".call",
                                   f"class '{component.impl}' has no method '{node.method}'", missing[node.method])
-            elif node.method in no_rows and node.rows is not None and node.effects:
+            elif node.method in no_rows and node.plan.rows is not None and node.effects:
                 pos = node.field_pos.get("rows", node.field_pos.get("call", node.pos))
                 diag = Diagnostic(pos, ".".join(node.path) + ".rows",
-                                  f"{node.call} runs on rows {node.rows[0]}:{node.rows[1]} and declares state "
+                                  f"{node.call} runs on rows {node.plan.rows[0]}:{node.plan.rows[1]} and declares state "
                                   f"({', '.join(e.state for e in node.effects)}), but '{component.impl}.{node.method}' "
                                   "takes no `rows=` argument",
                                   "a method that touches per-row state and runs on a row group must take "
@@ -205,18 +205,18 @@ def invoke(obj: Any, node: ExecutionNode, inputs: Mapping[str, Any], where: str 
     kwargs = dict(inputs)
     if live is not None:
         if _takes_rows(type(obj), node.method):
-            kwargs["rows"] = live + node.rows[0] if node.rows else live
+            kwargs["rows"] = live + node.plan.rows[0] if node.plan.rows else live
         elif node.effects:
             raise ComponentError(
                 f"{label()}: {node.call} runs in a loop that ends per row, on the rows not yet done, and declares "
                 f"state ({', '.join(e.state for e in node.effects)}), but takes no `rows=` argument: such a method "
                 "must take `rows` (the indices of the rows it computes; docs/components.md)")
-    elif node.rows is not None:
+    elif node.plan.rows is not None:
         if _takes_rows(type(obj), node.method):
-            kwargs["rows"] = slice(*node.rows)
+            kwargs["rows"] = slice(*node.plan.rows)
         elif node.effects:
             raise ComponentError(
-                f"{label()}: {node.call} runs on rows {node.rows[0]}:{node.rows[1]} of a split group and declares "
+                f"{label()}: {node.call} runs on rows {node.plan.rows[0]}:{node.plan.rows[1]} of a split group and declares "
                 f"state ({', '.join(e.state for e in node.effects)}), but takes no `rows=` argument: a split "
                 "method that touches per-row state must take `rows: slice | None = None` (docs/components.md)")
         # else: no state, inputs already sliced -- the call needs nothing more (docs/components.md: only
@@ -261,7 +261,7 @@ def check_batch(node: ExecutionNode, outputs: Mapping[str, Any], label: str, liv
     the `live` rows a call of a loop that ends per row computed)."""
     if node.batch is None or (node.batch_size is None and live is None):
         return
-    rows = live if live is not None else node.rows[1] - node.rows[0] if node.rows else node.batch_size
+    rows = live if live is not None else node.plan.rows[1] - node.plan.rows[0] if node.plan.rows else node.batch_size
     for port, value in outputs.items():
         for leaf_name, leaf in _leaves(port, value):
             shape = getattr(leaf, "shape", None)

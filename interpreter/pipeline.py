@@ -25,16 +25,44 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
-from .backend_base import Overdue
+from .backend_base import Backend, Overdue
+from .schedule import Schedule
 
-if TYPE_CHECKING:
-    from .runner import Runner
+__all__ = ["run_pipelined", "Runner"]
 
-__all__ = ["run_pipelined"]
+
+class _Limits(Protocol):
+    """The part of the run's `RunConfig` a pipelined run reads."""
+
+    @property
+    def iterations(self) -> int: ...
+    @property
+    def checkpoint_every(self) -> int: ...
+    @property
+    def out_dir(self) -> Path | None: ...
+
+
+class Runner(Protocol):
+    """What `run_pipelined` drives: `runner.Runner`, described here so that the import goes one way (the
+    runner imports this module, never the reverse: issue 43's import cycles)."""
+
+    backend: Backend
+    schedule: Schedule
+
+    @property
+    def config(self) -> _Limits: ...
+    def component_processes(self) -> list[str]: ...
+    def checkpoint(self, k: int) -> Path | None: ...
+    def _submit(self, k: int, drain: bool = False, started: float | None = None) -> list[tuple[Any, Any]]: ...
+    def _wait(self, submitted: list[tuple[Any, Any]], started: float) -> None: ...
+    def _finish(self, k: int, t0: int, t1: int, popped: Mapping[str, Callable[..., Any]] | None = None) -> Any: ...
+    def _watchdog(self, late: Overdue) -> Exception: ...
+    def _collect_records(self, failed: bool = False, popped: Mapping[str, Callable[..., Any]] | None = None) -> None: ...
 
 
 @dataclass

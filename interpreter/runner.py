@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rose_dsl.ir import Workflow
+from rose_dsl.measurement import call_identity
 
 from .backend_base import NODE_LIMIT, Backend, Overdue, WatchdogTimeout
 from .checkpoint import (
@@ -141,7 +142,7 @@ def _rows_per_call(wf: Workflow) -> dict[str, int]:
     """Each node's batch rows per call (a row group's own rows; 1 for a node without a batch)."""
     from rose_dsl.ir import ExecutionNode
 
-    return {".".join(n.path): (n.rows[1] - n.rows[0]) if n.rows else (n.batch_size or 1)
+    return {".".join(n.path): (n.plan.rows[1] - n.plan.rows[0]) if n.plan.rows else (n.batch_size or 1)
             for n in wf.items() if isinstance(n, ExecutionNode)}
 
 
@@ -590,6 +591,6 @@ class Runner:
             self.trace.dump_jsonl(self.config.out_dir / "trace.jsonl")
             activity = self.sampler.samples_by_gpu() if self.sampler is not None else None
             write_chrome_trace(self.config.out_dir / "trace.json", self.trace, activity,
-                               metadata={"processes": self.processes})
+                               metadata={"processes": self.processes}, identity=call_identity(self.wf))
             (self.config.out_dir / "nodes.json").write_text(json.dumps(self.node_summary(), indent=1) + "\n")
 

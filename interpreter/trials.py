@@ -211,7 +211,7 @@ class TrialSession:
             source, base = identity.get(r.node, ("", ""))
             rows = None
             if isinstance(node, ExecutionNode) and node.batch is not None:
-                rows = r.rows if r.rows is not None else node.rows[1] - node.rows[0] if node.rows else node.batch_size
+                rows = r.rows if r.rows is not None else node.plan.rows[1] - node.plan.rows[0] if node.plan.rows else node.batch_size
             indices = tuple(i for _, i in r.loop_indices)
             out.append(Call(r.node, r.component, indices[0] if indices else 0, indices, r.host_start_ns, end, rows,
                             self._activity(r.component, r.host_start_ns, end), source, base))

@@ -40,7 +40,7 @@ __all__ = ["ComponentWorker", "CallFailed", "replica_name", "group_of"]
 def group_of(node: ExecutionNode) -> int | None:
     """The split group a node runs in (its own or the enclosing group's: the plan's `group` field), None
     outside groups."""
-    return node.group
+    return node.plan.group
 
 
 def replica_name(component: str, replica: int) -> str:

@@ -443,7 +443,7 @@ def _loop_names(plan: Workflow, node: str, depth: int) -> list[str]:
     for n in range(1, len(parts)):
         item = plan.find(tuple(parts[:n]))
         if isinstance(item, LoopNode):
-            names.append(item.split_of or item.name)  # a group of a split loop is that loop
+            names.append(item.plan.split_of or item.name)  # a group of a split loop is that loop
     if len(names) != depth:
         names = ["iteration"] + [f"l{i}" for i in range(1, depth)]
     return names

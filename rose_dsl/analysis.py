@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import OrderedDict, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -28,6 +28,7 @@ from .semantics import CallSite, Invocation, Program, ValueOps, enclosing_loops,
 __all__ = [
     "Dep", "Deps", "DepOps", "InvocationGraph", "invocation_graph", "clear_graph_cache", "representative",
     "REPRESENTATIVE", "LoopKind", "ItemEdge", "Analysis", "analyze", "loop_kinds", "state_access_order", "AfterOrder",
+    "state_observations", "run_in", "read_lag", "read_lags", "iterations_in_flight",
 ]
 
 Path = tuple[str, ...]
@@ -222,13 +223,13 @@ class _DepTracker:
             # anything reads them (a reader observes it; at the end of the RL iteration a checkpoint does;
             # a row group's refresh hides only its own rows). Walked by index, stopping at the first
             # reader: the walk is as long as the run of unread refreshes, never a copy of the rest.
-            rows = self.g.node[inv].rows
+            rows = self.g.node[inv].plan.rows
             observed = True
             for at in range(position + 1, len(seq)):
                 later_inv, later = seq[at]
                 if later_inv.indices[0] != inv.indices[0] or later is not Access.REFRESH:
                     break  # the end of the RL iteration (a checkpoint) or a reader observes it
-                if _covers(self.g.node[later_inv].rows, rows):
+                if _covers(self.g.node[later_inv].plan.rows, rows):
                     observed = False  # overwritten unobserved
                     break
             if observed:
@@ -287,7 +288,7 @@ def _clamped(wf: Workflow, limit: int | None) -> Workflow:
     def clamp(item: Item) -> Item:
         if isinstance(item, LoopNode):
             body = tuple(clamp(c) for c in item.body)
-            if item.path == wf.root.path or item.count is None or item.iterations is not None:
+            if item.path == wf.root.path or item.count is None or item.plan.iterations is not None:
                 return replace(item, body=body)
             return replace(item, body=body, count=min(item.count, max(limit, needed[item.name])))
         if isinstance(item, ExecutionNode) and item.phases:
@@ -391,7 +392,7 @@ def _expand_all(item: Item) -> Any:
     if isinstance(item, LoopNode):
         return replace(item, body=tuple(_expand_all(c) for c in item.body))
     if isinstance(item, ExecutionNode) and item.phases:
-        return replace(item, expand=True, phases=tuple(_expand_all(c) for c in item.phases))
+        return replace(item, plan=replace(item.plan, expand=True), phases=tuple(_expand_all(c) for c in item.phases))
     return item
 
 
@@ -409,7 +410,7 @@ def state_access_order(items: Sequence[Item]) -> list[tuple[str, Access, Path]]:
     out: list[tuple[str, Access, Path]] = []
     for item in items:
         if isinstance(item, ExecutionNode):
-            if item.expand and item.phases:
+            if item.plan.expand and item.phases:
                 out += state_access_order(item.phases)
             else:
                 out += [(e.state, e.access, item.path) for e in item.effects]
@@ -546,15 +547,102 @@ def analyze(wf: Workflow, explain: bool = False, count_limit: int = 3) -> Analys
     return Analysis(wf, kinds, edges, versions, dict(accessors))
 
 
+# -- state flow: which write each state access observes (the legality check's oracle and the lags that
+# asynchronous plans and `max_staleness` prove); here, below the rewrites, because `analyze` reports the lags
+
+
+_ALL = 1 << 62  # "every row": the end of a state object no row group bounds
+
+
+def state_observations(g: InvocationGraph) -> tuple[dict[tuple[Invocation, str], frozenset[Invocation | None]],
+                                                     dict[tuple[int, str], frozenset[Invocation | None]]]:
+    """Which calls' values each state access sees, and which are left at the end of each RL iteration.
+
+    Per state object, in program order (the order its component runs its calls): a `read` or `update`
+    sees the last write of each of its rows (None: the value before the first iteration); a write
+    replaces its rows (a row group's write only its own rows). Two workflows whose accesses see the same
+    writes, and leave the same, compute the same state from the same inputs -- the exact condition a
+    reordering must keep, where an order between every two conflicting accesses is a conservative one.
+    """
+    seen: dict[tuple[Invocation, str], frozenset[Invocation | None]] = {}
+    left: dict[tuple[int, str], frozenset[Invocation | None]] = {}
+    slots = run_in(g)
+    for state, seq in g.accesses.items():
+        # every row: up to the end of the row groups that touch this state (their batch), if any do
+        end = max((r[1] for r in (g.node[inv].plan.rows for inv, _ in seq) if r is not None), default=_ALL)
+        segments: list[tuple[int, int, Invocation | None]] = [(0, end, None)]
+        k: int | None = None
+        for inv, acc in seq:
+            slot = slots.get(inv, inv.indices[0])
+            if k is not None and slot != k:
+                left[(k, state)] = frozenset(w for _, _, w in segments)
+            k = slot
+            lo, hi = g.node[inv].plan.rows or (0, end)
+            if acc.reads_previous:
+                seen[(inv, state)] = frozenset(w for a, b, w in segments if a < hi and lo < b)
+            if acc.writes:
+                kept = [(a, min(b, lo), w) for a, b, w in segments if a < lo]
+                kept += [(max(a, hi), b, w) for a, b, w in segments if b > hi]
+                segments = sorted(kept + [(lo, hi, inv)], key=lambda x: x[0])
+        if k is not None:
+            left[(k, state)] = frozenset(w for _, _, w in segments)
+    return seen, left
+
+
+def run_in(g: InvocationGraph) -> dict[Invocation, int]:
+    """The RL iteration in whose place each call runs, where it is not its own: a deferred call (`defer:`)
+    of iteration k runs in a later one (in program order, after every call of an iteration comes the next)."""
+    slots: dict[Invocation, int] = {}
+    k = 0
+    for inv in g.order:
+        if inv.indices[0] > k:
+            k = inv.indices[0]
+        elif inv.indices[0] < k:
+            slots[inv] = k
+    return slots
+
+
+def read_lags(wf: Workflow) -> dict[tuple[str, tuple[str, ...]], int]:
+    """Per (state object, reading node): the largest lag, in RL iterations, this workflow's reads prove
+    against the same workflow run synchronously (its `defer:`s removed) -- 0 for a synchronous plan.
+    A read that sees another value than any older one of the declared read is not listed (the legality
+    check refuses such plans)."""
+    depth = iterations_in_flight(wf)
+    sync = replace(wf, root=replace(wf.root, body=tuple(
+        replace(i, plan=replace(i.plan, defer=0)) if isinstance(i, ExecutionNode) else i for i in wf.root.body)))
+    seen0, _ = state_observations(invocation_graph(sync, iterations=1 + depth))
+    seen1, _ = state_observations(invocation_graph(wf, iterations=1 + depth))
+    out: dict[tuple[str, tuple[str, ...]], int] = {}
+    for (reader, state), got in seen1.items():
+        def then(lag: int, r: Invocation = reader, s: str = state) -> frozenset[Invocation | None]:
+            k = r.indices[0] - lag
+            return seen0.get((r._replace(indices=(k,) + r.indices[1:]), s), frozenset()) if k >= 0 else frozenset({None})
+
+        lag = 0 if got == seen0.get((reader, state)) else read_lag(got, then, reader.indices[0] + 1)
+        if lag is not None:
+            out[(state, reader.path)] = max(lag, out.get((state, reader.path), 0))
+    return out
+
+
+def iterations_in_flight(wf: Workflow) -> int:
+    """1 + the largest `defer` of a workflow: how many RL iterations an asynchronous plan overlaps."""
+    return 1 + max((i.plan.defer for i in wf.root.body if isinstance(i, ExecutionNode)), default=0)
+
+
+def read_lag(got: frozenset[Invocation | None], then: Callable[[int], frozenset[Invocation | None]],
+             most: int) -> int | None:
+    """The smallest lag L in 1..most such that `got` is what the declared read saw L RL iterations earlier
+    (`then(L)`); None if none is (the value is not an older one of the same read: another write)."""
+    return next((lag for lag in range(1, most + 1) if then(lag) == got), None)
+
+
 def _lag_lines(wf: Workflow) -> list[str]:
     """Per read of a state object with `max_staleness`, or of an asynchronous plan (`defer:`): the lag it
     proves -- how many RL iterations older than the declared read's value the value it sees can be."""
     budgets = {s.key: s.max_staleness for s in wf.state_objects().values()}
-    deferred = any(isinstance(i, ExecutionNode) and i.defer for i in wf.root.body)
+    deferred = any(isinstance(i, ExecutionNode) and i.plan.defer for i in wf.root.body)
     if not deferred and not any(budgets.values()):
         return []
-    from .transforms.legality import read_lags  # the oracle's own comparison (transforms import this module)
-
     lines = []
     for (state, reader), lag in sorted(read_lags(wf).items()):
         node = next((i for i in wf.items() if i.path == reader), None)

@@ -22,7 +22,9 @@ from .ir import (
     ExecutionNode,
     Item,
     LoopNode,
+    LoopPlan,
     MergeNode,
+    NodePlan,
     StateEffect,
     StateObject,
     Workflow,
@@ -367,10 +369,12 @@ class _ItemBuilder:
             ctx.error(path + ("rows",), f"an empty row range [{rows[0]}, {rows[1]})")
         return ExecutionNode(
             path=me, component=comp_name, method=method, inputs=tuple(inputs), outputs=tuple(raw.get("out") or ()),
-            effects=tuple(effects), batch=batch, batch_size=batch_size, separable=separable, phases=phases, expand=bool(raw.get("expand", False)),
-            rows=rows, split_of=raw.get("split_of"), group=raw.get("group"), moved_from=_moved_from(raw), after=tuple(raw.get("after") or ()),
-            defer=int(raw.get("defer", 0)), idempotent=bool(raw.get("idempotent", False)),
-            timeout_s=raw.get("timeout_s"), shard=raw.get("shard"), pos=ctx.doc.pos(path + ("node",)),
+            effects=tuple(effects), batch=batch, batch_size=batch_size, separable=separable, phases=phases,
+            after=tuple(raw.get("after") or ()), idempotent=bool(raw.get("idempotent", False)),
+            timeout_s=raw.get("timeout_s"), shard=raw.get("shard"),
+            plan=NodePlan(split_of=raw.get("split_of"), group=raw.get("group"), moved_from=_moved_from(raw),
+                          expand=bool(raw.get("expand", False)), rows=rows, defer=int(raw.get("defer", 0))),
+            pos=ctx.doc.pos(path + ("node",)),
             field_pos=self._fpos(path, raw, _NODE_FIELDS), src=path,
         )
 
@@ -427,9 +431,9 @@ class _ItemBuilder:
                     fpos[f"carry.{var}.{sub}"] = ctx.doc.pos(path + ("carry", var, sub))
         return LoopNode(
             path=me, body=self.body(raw["body"], path + ("body",), me), count=count, until=until,
-            carries=tuple(carries), collects=tuple(collects), iterations=iterations, split_of=raw.get("split_of"),
-            group=raw.get("group"), moved_from=_moved_from(raw), interleaved=bool(raw.get("interleave", False)),
-            after=tuple(raw.get("after") or ()),
+            carries=tuple(carries), collects=tuple(collects), after=tuple(raw.get("after") or ()),
+            plan=LoopPlan(split_of=raw.get("split_of"), group=raw.get("group"), moved_from=_moved_from(raw),
+                          iterations=iterations, interleaved=bool(raw.get("interleave", False))),
             pos=ctx.doc.pos(path + ("loop",)) if "loop" in raw else ctx.doc.pos(path), field_pos=fpos, src=path,
         )
 
@@ -471,16 +475,17 @@ def build_workflow(doc: Document, overrides: Mapping[str, Any] | None = None) ->
 
 def _inherit_groups(root: LoopNode) -> LoopNode:
     """A plan writes `group:` on group items only; the items inside a group run in it too."""
-    if not any(getattr(i, "group", None) is not None for i in iter_items(root)):
+    if not any(not isinstance(i, MergeNode) and i.plan.group is not None for i in iter_items(root)):
         return root
 
     def walk(item: Item, group: int | None) -> Item:
         if isinstance(item, MergeNode):
             return item
-        own = item.group if item.group is not None else group
+        own = item.plan.group if item.plan.group is not None else group
         if isinstance(item, LoopNode):
-            return replace(item, group=own, body=tuple(walk(c, own) for c in item.body))
-        return replace(item, group=own, phases=tuple(walk(c, own) for c in item.phases) if item.phases else item.phases)
+            return replace(item, plan=replace(item.plan, group=own), body=tuple(walk(c, own) for c in item.body))
+        return replace(item, plan=replace(item.plan, group=own),
+                       phases=tuple(walk(c, own) for c in item.phases) if item.phases else item.phases)
 
     out = walk(root, None)
     assert isinstance(out, LoopNode)

@@ -7,22 +7,25 @@ MergeNodes (reassemble split groups). State accesses are *effects* on ExecutionN
 state effects; every ordering rose derives comes from effects and expression references.
 
 IR objects are frozen; transformations build new ones with `dataclasses.replace`. A node's `path`
-(`("iteration", "epoch", "step", "act")`) is its identity within the workflow.
+(`("iteration", "epoch", "step", "act")`) is its identity within the workflow. What only plans hold --
+a split group's origin and rows, a temporal group's iterations, a deferred call -- sits in one record per
+item, `plan` (`NodePlan`, `LoopPlan`), apart from the language's fields; a workflow as written has its
+defaults.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 from .errors import SourcePos
 from .expr import Expr
 
 __all__ = [
     "Access", "StateObject", "StateEffect", "Component", "ExecutionNode", "LoopNode", "Carry",
-    "MergeNode", "Item", "Workflow", "NOWHERE", "iter_items",
+    "MergeNode", "Item", "Workflow", "NOWHERE", "iter_items", "PlanFields", "NodePlan", "LoopPlan", "with_plan",
 ]
 
 NOWHERE = SourcePos("<generated>", 0, 0)
@@ -101,6 +104,43 @@ class Component:
 
 
 @dataclass(frozen=True)
+class PlanFields:
+    """What the rewrites record on an item, apart from the language's own fields: a workflow as written
+    has the defaults, a plan file writes the others (`split_of:`, `group:`, ...). The identity of a split
+    group lives here, never in its name (`act@1` is a name; `split_of="act"`, `group=1` say what it is)."""
+
+    split_of: str | None = None  # the name of the item this group was split from
+    # the group (row group or iteration group) this item runs in: its own number when it is a group
+    # (`split_of` set), else the innermost enclosing group's; None outside groups
+    group: int | None = None
+    # the path this item had in the source workflow when a rewrite moved it elsewhere (a loop fusion moves
+    # `update.sgd` into `epoch`); groups and their contents are traced through `split_of`
+    moved_from: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class NodePlan(PlanFields):
+    """A call's plan-only fields."""
+
+    expand: bool = False  # run `phases` instead of the entry
+    rows: tuple[int, int] | None = None  # this split group's global batch rows
+    # the call of RL iteration i runs at this node's place in RL iteration i+defer (inputs from iteration
+    # i); what is pending runs at the end and before a checkpoint (semantics.Program.unroll)
+    defer: int = 0
+
+
+@dataclass(frozen=True)
+class LoopPlan(PlanFields):
+    """A loop's plan-only fields."""
+
+    iterations: tuple[int, ...] | None = None  # the iterations this temporal group runs
+    # consecutive sibling loops with the flag -- the temporal groups of one split, or loops that are not
+    # temporal groups -- run their calls in turn (one call of each, round robin) instead of one after the
+    # other (`interleave LOOP` of a split-time loop, `interleave LOOP_A LOOP_B` of siblings)
+    interleaved: bool = False
+
+
+@dataclass(frozen=True)
 class ExecutionNode:
     """A call of one component method: inputs are expressions, outputs are named ports."""
 
@@ -116,25 +156,14 @@ class ExecutionNode:
     # cannot be split (`batch: {dim, size, separable: false}`: a prompt sampler advancing a cursor)
     separable: bool = True
     phases: tuple[Item, ...] | None = None  # an exposed internal graph with the same effect
-    expand: bool = False  # plan-only: run `phases` instead of the entry
-    rows: tuple[int, int] | None = None  # plan-only: this split group's global batch rows
-    split_of: str | None = None  # plan-only: the name of the node this group was split from
-    # plan-only: the group (row group or iteration group) this item runs in: its own number when it is a
-    # group (`split_of` set), else the innermost enclosing group's; None outside groups
-    group: int | None = None
-    # plan-only: the path this item had in the source workflow when a rewrite moved it elsewhere (a loop
-    # fusion moves `update.sgd` into `epoch`); groups and their contents are traced through `split_of`
-    moved_from: tuple[str, ...] | None = None
     after: tuple[str, ...] = ()  # run after these earlier siblings, in the same iterations of the loops around both
-    # plan-only: the call of RL iteration i runs at this node's place in RL iteration i+defer (inputs from
-    # iteration i); what is pending runs at the end and before a checkpoint (semantics.Program.unroll)
-    defer: int = 0
     idempotent: bool = False
     timeout_s: float | None = None
     # with replicas: this node's replicas may each take a shard of inputs from fewer producer replicas
     # along this dimension (not a separable split: the component's replicas must act as one, e.g. a
     # trainer that all-reduces its gradients)
     shard: int | None = None
+    plan: NodePlan = field(default_factory=NodePlan)  # what rewrites set (`NodePlan`); the defaults as written
     pos: SourcePos = field(default=NOWHERE, compare=False)
     # Where each field came from ("in.obs" -> position) and the item's path in the YAML document
     # (("iteration", "body", 0)); empty for items a transformation generated.
@@ -172,15 +201,8 @@ class LoopNode:
     until: Expr | None = None
     carries: tuple[Carry, ...] = ()
     collects: tuple[tuple[str, Expr], ...] = ()  # evaluated after the last iteration
-    iterations: tuple[int, ...] | None = None  # plan-only: the iterations this temporal group runs
-    split_of: str | None = None
-    group: int | None = None  # plan-only: as ExecutionNode.group
-    # plan-only: consecutive sibling loops with the flag -- the temporal groups of one split, or loops that
-    # are not temporal groups -- run their calls in turn (one call of each, round robin) instead of one
-    # after the other (`interleave LOOP` of a split-time loop, `interleave LOOP_A LOOP_B` of siblings)
-    interleaved: bool = False
-    moved_from: tuple[str, ...] | None = None  # plan-only: as ExecutionNode.moved_from
     after: tuple[str, ...] = ()  # run after these earlier siblings, in the same iterations of the loops around both
+    plan: LoopPlan = field(default_factory=LoopPlan)  # what rewrites set (`LoopPlan`); the defaults as written
     pos: SourcePos = field(default=NOWHERE, compare=False)
     # Where each field came from ("in.obs" -> position) and the item's path in the YAML document
     # (("iteration", "body", 0)); empty for items a transformation generated.
@@ -203,15 +225,15 @@ class LoopNode:
     @property
     def temporal_group(self) -> bool:
         """A group of a loop split in time (`split-time`): it runs a subset of the loop's iterations."""
-        return self.split_of is not None and self.iterations is not None
+        return self.plan.split_of is not None and self.plan.iterations is not None
 
     def carry(self, name: str) -> Carry | None:
         return next((c for c in self.carries if c.name == name), None)
 
     def indices(self) -> tuple[int, ...]:
         """The iteration numbers this loop runs (a temporal split group runs a subset)."""
-        if self.iterations is not None:
-            return self.iterations
+        if self.plan.iterations is not None:
+            return self.plan.iterations
         return tuple(range(self.count or 0))
 
 
@@ -267,6 +289,17 @@ class Workflow:
             if item.path == tuple(path):
                 return item
         return None
+
+
+_Planned = TypeVar("_Planned", bound=Union[ExecutionNode, LoopNode])  # noqa: UP007 - a runtime value
+
+
+def with_plan(item: _Planned, **changes: Any) -> _Planned:
+    """`item` with some of its plan-only fields (`PlanFields`) changed -- for an item that may be either
+    kind, where `replace(item, plan=replace(item.plan, ...))` does not type-check over the union."""
+    if isinstance(item, ExecutionNode):
+        return replace(item, plan=replace(item.plan, **changes))
+    return replace(item, plan=replace(item.plan, **changes))
 
 
 def iter_items(item: Item) -> Iterator[Item]:

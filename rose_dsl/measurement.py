@@ -18,43 +18,50 @@ from typing import Any
 from .ir import Component, ExecutionNode, Item, LoopNode, StateObject, Workflow
 
 __all__ = ["Books", "Call", "IterationRun", "OutOfBudget", "Window", "window", "WINDOW_MEASURED", "FEED", "PROBE",
-           "feed_component", "probe_component", "structural", "call_identity"]
+           "feed_component", "probe_component", "call_identity", "item_sources", "component_bases", "legacy_identity"]
 
 
-def structural(node: str) -> str:
-    """`iteration.epoch@1.step.act@0` -> `iteration.epoch.step.act`: split groups are their node.
-
-    Read from the name only for a record that does not carry its `Call.source` (a profile written before
-    the field, or by hand in a test); the runtime fills the field from the plan (`call_identity`)."""
-    return ".".join(part.split("@")[0] for part in node.split("."))
-
-
-def _legacy_base(process: str) -> str:
-    """`sim@1` (a temporal-split copy) or `sim#2` (a data-parallel replica) -> `sim`, from the name: only
-    for a record that does not carry its `Call.base` (as `structural`)."""
-    return process.split("#")[0].split("@")[0]
+def legacy_identity(node: str, component: str) -> tuple[str, str]:
+    """(structural node, base component) read from the names, for a record written without `Call.source`
+    and `Call.base`: a profile JSON or a Chrome trace recorded before those fields existed. The names'
+    `@`/`#` are the rewrites' naming convention, not identity -- a workflow may name its own node `act@1`
+    -- so nothing else reads them (`item_sources`, `component_bases`)."""
+    source = ".".join(part.split("@")[0] for part in node.split("."))
+    return source, component.split("#")[0].split("@")[0]
 
 
-def call_identity(plan: Workflow) -> dict[str, tuple[str, str]]:
-    """Each call node of `plan` (by executed path) -> (its node in the source workflow, its component as
-    the source workflow names it), from the IR's fields: a split group is its `split_of`, at every level
-    of the path; a temporal-split copy of a component is its `copy_of`. What `Call.source` and `Call.base`
-    hold, so that no reader of a measurement parses a name."""
-    out: dict[str, tuple[str, str]] = {}
+def item_sources(plan: Workflow) -> dict[tuple[str, ...], str]:
+    """Each item of `plan` (by executed path) -> its structural node: its path in the source workflow with
+    every split group standing for the item it was split from (`split_of`), at every level of the path. What
+    the search keys a node's measurements by, so that a split group's calls count as its node's."""
+    out: dict[tuple[str, ...], str] = {}
 
     def visit(item: Item, source: tuple[str, ...]) -> None:
-        own = item.split_of if isinstance(item, ExecutionNode | LoopNode) and item.split_of else item.name
+        own = item.plan.split_of if isinstance(item, ExecutionNode | LoopNode) and item.plan.split_of else item.name
         here = (*source, own)
-        if isinstance(item, ExecutionNode):
-            comp = plan.components.get(item.component)
-            base = comp.copy_of if comp is not None and comp.copy_of else item.component
-            out[".".join(item.path)] = (".".join(here), base)
+        out[item.path] = ".".join(here)
         kids = item.body if isinstance(item, LoopNode) else item.phases if isinstance(item, ExecutionNode) else None
         for child in kids or ():
             visit(child, here)
 
     visit(plan.root, ())
     return out
+
+
+def component_bases(plan: Workflow) -> dict[str, str]:
+    """Each component of `plan` -> the component of the source workflow it stands for: a temporal-split
+    copy is its `copy_of`, any other component itself (a data-parallel replica's processes run its
+    component, so a process's base is its component's)."""
+    return {name: comp.copy_of or name for name, comp in plan.components.items()}
+
+
+def call_identity(plan: Workflow) -> dict[str, tuple[str, str]]:
+    """Each call node of `plan` (by executed path) -> (its structural node, its component as the source
+    workflow names it), from the IR's fields (`item_sources`, `component_bases`): what `Call.source` and
+    `Call.base` hold, so that no reader of a measurement parses a name."""
+    sources, bases = item_sources(plan), component_bases(plan)
+    return {".".join(item.path): (sources[item.path], bases.get(item.component, item.component))
+            for item in plan.items() if isinstance(item, ExecutionNode)}
 
 
 @dataclass(frozen=True)
@@ -71,19 +78,21 @@ class Call:
     activity: float | None = None  # mean activity over [start, end) (SM activity or CPU busy fraction)
     # identity from the plan's IR (`call_identity`): the node in the source workflow (split groups are their
     # node) and the component as the source workflow names it (a copy is its original, a replica its
-    # component); "" in a record written without them, which then reads them from the names once
+    # component). Left out (a call of an unrewritten workflow, made by hand in a test): the call's own node
+    # and process, never a parse of them (a reader of an old file uses `legacy_identity`)
     source: str = ""
     base: str = ""
 
     def __post_init__(self) -> None:
         if not self.source:
-            object.__setattr__(self, "source", structural(self.node))
+            object.__setattr__(self, "source", self.node)
         if not self.base:
-            object.__setattr__(self, "base", _legacy_base(self.component))
+            object.__setattr__(self, "base", self.component)
 
     @property
-    def structural(self) -> str:
-        return self.source
+    def path(self) -> tuple[str, ...]:
+        """The executed path as the IR spells it (`Item.path`): names hold no '.' (the schema's pattern)."""
+        return tuple(self.node.split("."))
 
     @property
     def seconds(self) -> float:
@@ -128,7 +137,7 @@ def window(plan: Workflow) -> Window:
     """The measurement window of `plan`: a plan that defers a call by K RL iterations (`defer: K`, an
     asynchronous plan) runs K fill iterations, `WINDOW_MEASURED` measured ones and one tail iteration
     pipelined, without a drain between them; any other plan one iteration."""
-    defer = max((i.defer for i in plan.root.body if isinstance(i, ExecutionNode)), default=0)
+    defer = max((i.plan.defer for i in plan.root.body if isinstance(i, ExecutionNode)), default=0)
     return Window(defer, WINDOW_MEASURED, 1) if defer else Window()
 
 

@@ -123,8 +123,8 @@ class Scope:
         """Loop name -> the temporal split groups of that loop in this body, with their positions."""
         out: dict[str, list[tuple[int, LoopNode]]] = {}
         for i, it in enumerate(self.items):
-            if isinstance(it, LoopNode) and it.split_of is not None and it.iterations is not None:
-                out.setdefault(it.split_of, []).append((i, it))
+            if isinstance(it, LoopNode) and it.plan.split_of is not None and it.plan.iterations is not None:
+                out.setdefault(it.plan.split_of, []).append((i, it))
         return out
 
 
@@ -460,7 +460,7 @@ def _check_deferred(r: Resolver) -> list[Diagnostic]:
     """`defer:` (an asynchronous plan) on a node directly in the RL iteration body whose outputs nothing
     reads and that does not read what the RL iteration carries: its call runs RL iterations later, so
     nothing of its own iteration may wait for it, and a carry of its own iteration is gone by then."""
-    deferred = [i for i in r.items.values() if isinstance(i, ExecutionNode) and i.defer]
+    deferred = [i for i in r.items.values() if isinstance(i, ExecutionNode) and i.plan.defer]
     if not deferred:
         return []
     diags, root, readers = [], r.wf.root, set()
@@ -474,7 +474,7 @@ def _check_deferred(r: Resolver) -> list[Diagnostic]:
                 continue  # reported by _check_expressions
     for item in deferred:
         where = item.field_pos.get("defer", item.pos)
-        if item.path[:-1] != root.path or (item.expand and item.phases):
+        if item.path[:-1] != root.path or (item.plan.expand and item.phases):
             diags.append(Diagnostic(where, format_path(item.src + ("defer",)),
                                     f"'defer' is for a node directly in the RL iteration body ('{item.name}' is not)"))
         elif item.path in readers:

@@ -122,10 +122,10 @@ class Program:
 
     def iterations(self, loop: LoopNode) -> Sequence[int]:
         """The iterations a static loop runs: a `range` (constant-time membership) unless it is a
-        temporal split group, which runs the increasing subset `loop.iterations`."""
+        temporal split group, which runs the increasing subset `loop.plan.iterations`."""
         its = self._indices.get(loop.path)
         if its is None:
-            its = self._indices[loop.path] = loop.iterations if loop.iterations is not None else range(loop.count or 0)
+            its = self._indices[loop.path] = loop.plan.iterations if loop.plan.iterations is not None else range(loop.count or 0)
         return its
 
     def ran(self, loop: LoopNode, ctx: Ctx, frame: Frame) -> Sequence[int]:
@@ -145,12 +145,12 @@ class Program:
     @property
     def deferred(self) -> tuple[ExecutionNode, ...]:
         """The deferred nodes (`defer:`), in program order: direct children of the RL iteration."""
-        return tuple(i for i in self.wf.root.body if isinstance(i, ExecutionNode) and i.defer)
+        return tuple(i for i in self.wf.root.body if isinstance(i, ExecutionNode) and i.plan.defer)
 
     @property
     def depth(self) -> int:
         """How many RL iterations an executor may have in flight at once: 1 + the largest `defer`."""
-        return 1 + max((n.defer for n in self.deferred), default=0)
+        return 1 + max((n.plan.defer for n in self.deferred), default=0)
 
     def drain(self, k: int, since: int = 0) -> Iterator[CallSite]:
         """The deferred calls still pending after RL iteration k (those of iterations since `since` that
@@ -160,7 +160,7 @@ class Program:
         root = self.wf.root.path
         for origin in range(max(since, k + 2 - self.depth), k + 1):
             for node in self.deferred:
-                if origin > k - node.defer:
+                if origin > k - node.plan.defer:
                     yield CallSite(Invocation(node.path, (origin,)), node, {root: origin})
 
     # -- evaluation -------------------------------------------------------------------------
@@ -231,11 +231,11 @@ def _unroll_body(p: Program, body: Sequence[Item], ctx: dict[Path, int], until_r
             yield from _round_robin([_unroll_body(p, [m], ctx, until_reached) for m in turns])
             continue
         if isinstance(item, ExecutionNode):
-            if item.defer:  # a direct child of the RL iteration (checked by `resolve`): its call of k - defer
-                origin = ctx[p.wf.root.path] - item.defer
+            if item.plan.defer:  # a direct child of the RL iteration (checked by `resolve`): its call of k - defer
+                origin = ctx[p.wf.root.path] - item.plan.defer
                 if origin >= since:
                     yield CallSite(Invocation(item.path, (origin,)), item, {p.wf.root.path: origin})
-            elif item.expand and item.phases:
+            elif item.plan.expand and item.phases:
                 yield from _unroll_body(p, item.phases, ctx, until_reached)
             else:
                 yield CallSite(Invocation(item.path, p.indices_of(item.path, ctx)), item, ctx)
@@ -256,12 +256,12 @@ def _interleaved_run(body: Sequence[Item], n: int) -> list[LoopNode]:
     a hand-written plan by `rose validate`'s check against its source. A loop holding a loop that ends on a
     condition is left out."""
     first = body[n]
-    if not (isinstance(first, LoopNode) and first.interleaved):
+    if not (isinstance(first, LoopNode) and first.plan.interleaved):
         return []
     run: list[LoopNode] = []
     for item in body[n:]:
-        if not (isinstance(item, LoopNode) and item.interleaved and item.temporal_group == first.temporal_group
-                and item.split_of == first.split_of):
+        if not (isinstance(item, LoopNode) and item.plan.interleaved and item.temporal_group == first.temporal_group
+                and item.plan.split_of == first.plan.split_of):
             break
         if any(isinstance(i, LoopNode) and i.dynamic for i in iter_items(item)):
             break
@@ -405,7 +405,7 @@ _BINDING_RULES: dict[type, Callable[..., Any]] = {
 
 def _call_output(p: Program, item: ExecutionNode, port: str, ctx: Ctx, frame: Frame) -> Any:
     """A call's output; a node running its phases gives the last phase item's output of that name."""
-    if item.expand and item.phases:
+    if item.plan.expand and item.phases:
         producer = [sub for sub in item.phases if port in sub.outputs][-1]
         return p.output(producer.path, port, ctx, frame)
     return frame.lookup(Invocation(item.path, p.indices_of(item.path, ctx)), port)
@@ -458,9 +458,9 @@ def _carry(p: Program, loop: LoopNode, var: str, ctx: Ctx, frame: Frame) -> Any:
 
 def _previous_iteration(loop: LoopNode, j: int) -> int | None:
     """The iteration of `loop` that runs before j (a temporal group runs only some), or None."""
-    if loop.dynamic or loop.iterations is None:
+    if loop.dynamic or loop.plan.iterations is None:
         return j - 1 if j > 0 else None
-    order = loop.iterations  # increasing (checked when the plan is built)
+    order = loop.plan.iterations  # increasing (checked when the plan is built)
     pos = bisect_left(order, j)
     if pos == len(order) or order[pos] != j:
         raise SemanticError(f"loop '{loop.name}' does not run iteration {j}")

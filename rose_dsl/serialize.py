@@ -58,8 +58,8 @@ def _state_spec(s: StateObject) -> dict[str, Any] | None:
 def _plan_fields(item: Item, out: dict[str, Any]) -> None:
     if item.after:
         out["after"] = list(item.after)
-    if isinstance(item, ExecutionNode) and item.defer:
-        out["defer"] = item.defer
+    if isinstance(item, ExecutionNode) and item.plan.defer:
+        out["defer"] = item.plan.defer
 
 
 def _item(item: Item, inherited: int | None = None) -> dict[str, Any]:
@@ -81,17 +81,17 @@ def _item(item: Item, inherited: int | None = None) -> dict[str, Any]:
                 batch["separable"] = False
             out["batch"] = batch if len(batch) > 1 else item.batch
         if item.phases:
-            out["phases"] = [_item(p, item.group) for p in item.phases]
-        if item.expand:
+            out["phases"] = [_item(p, item.plan.group) for p in item.phases]
+        if item.plan.expand:
             out["expand"] = True
-        if item.rows is not None:
-            out["rows"] = list(item.rows)
-        if item.split_of:
-            out["split_of"] = item.split_of
-        if item.group is not None and item.group != inherited:
-            out["group"] = item.group
-        if item.moved_from:
-            out["moved_from"] = ".".join(item.moved_from[1:])
+        if item.plan.rows is not None:
+            out["rows"] = list(item.plan.rows)
+        if item.plan.split_of:
+            out["split_of"] = item.plan.split_of
+        if item.plan.group is not None and item.plan.group != inherited:
+            out["group"] = item.plan.group
+        if item.plan.moved_from:
+            out["moved_from"] = ".".join(item.plan.moved_from[1:])
         if item.idempotent:
             out["idempotent"] = True
         if item.timeout_s is not None:
@@ -108,18 +108,18 @@ def _item(item: Item, inherited: int | None = None) -> dict[str, Any]:
             out["until"] = _expr(item.until)
         if item.carries:
             out["carry"] = {c.name: {"init": _expr(c.init), "next": _expr(c.next)} for c in item.carries}
-        if item.iterations is not None:
-            out["iterations"] = list(item.iterations)
-        if item.split_of:
-            out["split_of"] = item.split_of
-        if item.group is not None and item.group != inherited:
-            out["group"] = item.group
-        if item.interleaved:
+        if item.plan.iterations is not None:
+            out["iterations"] = list(item.plan.iterations)
+        if item.plan.split_of:
+            out["split_of"] = item.plan.split_of
+        if item.plan.group is not None and item.plan.group != inherited:
+            out["group"] = item.plan.group
+        if item.plan.interleaved:
             out["interleave"] = True
-        if item.moved_from:
-            out["moved_from"] = ".".join(item.moved_from[1:])
+        if item.plan.moved_from:
+            out["moved_from"] = ".".join(item.plan.moved_from[1:])
         _plan_fields(item, out)
-        out["body"] = [_item(c, item.group) for c in item.body]
+        out["body"] = [_item(c, item.plan.group) for c in item.body]
         if item.collects:
             out["collect"] = {name: _expr(e) for name, e in item.collects}
         return out

@@ -29,7 +29,7 @@ def whole_reason(resolver: Resolver, loop: LoopNode) -> str | None:
             return f"'{item.name}' declares no batch:"
         if not item.separable:
             return f"'{item.name}' is not separable"
-        if item.expand and item.phases:
+        if item.plan.expand and item.phases:
             return f"'{item.name}' runs its phases"
         for port, expr in item.inputs:
             if any(d == "unknown" for d in input_dims(resolver, item, port, expr).values()):

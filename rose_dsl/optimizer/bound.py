@@ -21,7 +21,7 @@ from typing import Any
 
 from ..analysis import invocation_graph
 from ..ir import LoopNode, Workflow
-from .profile import IterationRun, structural
+from .profile import IterationRun, item_sources
 from .quota import merge_intervals
 
 __all__ = ["critical_path", "reorder_bound", "call_floats", "local_saving_bound"]
@@ -142,14 +142,16 @@ def local_saving_bound(wf: Workflow, region: tuple[str, ...], runs: Sequence[Ite
     (pure overhead: state snapshots, not training) is not run. H200, MJX (2026-12-04): the spatial split
     of the rollout could save at most ~1.9 s/iteration (the simulator is busy 2.7 s of each 3.7-s epoch)
     against the temporal split's measured 1.97 s, and its trial and capture took 64 s."""
-    prefix = structural(".".join(region))
+    prefix = item_sources(wf).get(tuple(region))
+    if prefix is None:  # no such region: nothing under it was measured
+        return None
     loops = sum(isinstance(wf.find(region[:n]), LoopNode) for n in range(1, len(region) + 1))
     per_iteration: list[float] = []
     bounding: dict[str, float] = defaultdict(float)  # busy seconds of each run's busiest process
     for run in runs:
         instances: dict[tuple[int, ...], dict[str, list[tuple[int, int]]]] = defaultdict(lambda: defaultdict(list))
         for c in run.calls:
-            if structural(c.node) == prefix or structural(c.node).startswith(prefix + "."):
+            if c.source == prefix or c.source.startswith(prefix + "."):
                 instances[tuple(c.indices[:loops])][c.component].append((c.start_ns, c.end_ns))
         if not instances:
             continue

@@ -26,7 +26,7 @@ from ..transforms import Refused, apply, temporal_groups
 from ..transforms.deferral import budgeted_writers
 from ..transforms.split import check_separable, check_splittable_loop
 from ..transforms.tree import own_group
-from .profile import structural
+from .profile import item_sources
 
 __all__ = ["Alternative", "Feasible", "Infeasible", "alternatives", "sweep", "asynchronous", "check", "find_structural",
            "request_name", "memory_estimate", "temporal_copies", "DEFAULT_GROUPS"]
@@ -66,14 +66,16 @@ class Infeasible:
     reason: str
 
 
-def _spath(path: Path) -> str:
-    return structural(".".join(path))
+def _spath(wf: Workflow, path: Path) -> str:
+    """The structural node of the item at `path` (`item_sources`: split groups stand for their node)."""
+    return item_sources(wf)[tuple(path)]
 
 
 def find_structural(wf: Workflow, node: str) -> Item | None:
     """The item of `wf` whose structural path is `node` (the first group of a split node)."""
+    sources = item_sources(wf)
     for item in wf.items():
-        if _spath(item.path) == node and not isinstance(item, MergeNode):
+        if sources[item.path] == node and not isinstance(item, MergeNode):
             return item
     return None
 
@@ -91,7 +93,7 @@ def _parent(wf: Workflow, path: Path) -> Item | None:
 def _body(item: Item | None) -> tuple[Item, ...]:
     if isinstance(item, LoopNode):
         return item.body
-    if isinstance(item, ExecutionNode) and item.phases and item.expand:
+    if isinstance(item, ExecutionNode) and item.phases and item.plan.expand:
         return item.phases
     return ()
 
@@ -99,7 +101,7 @@ def _body(item: Item | None) -> tuple[Item, ...]:
 def _calls(item: Item) -> list[ExecutionNode]:
     """The ExecutionNodes that run inside `item` (a node's phases only when it runs them expanded)."""
     if isinstance(item, ExecutionNode):
-        return [c for p in item.phases for c in _calls(p)] if item.phases and item.expand else [item]
+        return [c for p in item.phases for c in _calls(p)] if item.phases and item.plan.expand else [item]
     if isinstance(item, LoopNode):
         return [c for child in item.body for c in _calls(child)]
     return []
@@ -109,7 +111,7 @@ def _runs(wf: Workflow, path: Path) -> bool:
     """Does the item at `path` run (it is not inside the phases of a node that runs its entry)?"""
     for n in range(1, len(path)):
         owner = wf.find(path[:n])
-        if isinstance(owner, ExecutionNode) and not owner.expand:
+        if isinstance(owner, ExecutionNode) and not owner.plan.expand:
             return False
     return True
 
@@ -131,7 +133,7 @@ def _base(wf: Workflow, component: str) -> str:
 
 
 def _partners(wf: Workflow, item: Item, component: str) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(_spath(n.path) for n in _calls(item) if _base(wf, n.component) != component))
+    return tuple(dict.fromkeys(_spath(wf, n.path) for n in _calls(item) if _base(wf, n.component) != component))
 
 
 def _spatial(wf: Workflow, loop: LoopNode, target: str, groups: Sequence[int], component: str) -> list[Alternative]:
@@ -140,7 +142,7 @@ def _spatial(wf: Workflow, loop: LoopNode, target: str, groups: Sequence[int], c
     split that pays in one pays in each, and one group alone gains nothing while the other is its bottleneck),
     then in its own group alone."""
     name = request_name(wf, loop.path)
-    nodes = tuple(dict.fromkeys(_spath(n.path) for n in _calls(loop)))
+    nodes = tuple(dict.fromkeys(_spath(wf, n.path) for n in _calls(loop)))
     everywhere = [request_name(wf, p) for p in _in_every_temporal_group(wf, loop.path)]
     partners = _partners(wf, loop, component)
     out = []
@@ -160,8 +162,8 @@ def _in_every_temporal_group(wf: Workflow, path: Path) -> list[Path]:
     (`epoch@0.step` -> `epoch@0.step`, `epoch@1.step`), or just `path`."""
     for n in range(len(path) - 1, 1, -1):
         group = wf.find(path[:n])
-        if isinstance(group, LoopNode) and group.split_of is not None and group.iterations is not None:
-            paths = [g.path + path[n:] for g in temporal_groups(wf, path[:n - 1] + (group.split_of,))]
+        if isinstance(group, LoopNode) and group.plan.split_of is not None and group.plan.iterations is not None:
+            paths = [g.path + path[n:] for g in temporal_groups(wf, path[:n - 1] + (group.plan.split_of,))]
             return paths if len(paths) > 1 and all(wf.find(p) is not None for p in paths) else [path]
     return [path]
 
@@ -230,7 +232,7 @@ def _reposition(wf: Workflow, item: Item, target: str) -> list[Alternative]:
             if 0 <= j < len(names):
                 where = "before" if j < at else "after"
                 out.append(Alternative((f"rewire {request_name(wf, item.path)} {where} {names[j]}",), "rewire", target,
-                                       tuple(_spath(n.path) for n in _calls(body[j])), note=f"move '{item.name}' {where} '{names[j]}'"))
+                                       tuple(_spath(wf, n.path) for n in _calls(body[j])), note=f"move '{item.name}' {where} '{names[j]}'"))
     return out
 
 
@@ -238,7 +240,7 @@ def _split_node(wf: Workflow, node: ExecutionNode, target: str, groups: Sequence
     out = []
     name = request_name(wf, node.path)
     for k in _divisors(node.batch_size, groups):
-        out.append(Alternative((f"split {name} {k}",), "split-node", target, (), k, (_spath(node.path),),
+        out.append(Alternative((f"split {name} {k}",), "split-node", target, (), k, (_spath(wf, node.path),),
                                f"split '{node.name}' into {k} row groups"))
     return out + _chain(wf, node, target, groups)
 
@@ -251,13 +253,13 @@ def _take_turns(wf: Workflow, body: Sequence[Item], i: int, j: int, target: str)
     it where the loops depend on each other or the moves break a dependency."""
     a, b = body[i], body[j]
     if not (isinstance(a, LoopNode) and isinstance(b, LoopNode)) or a.dynamic or b.dynamic \
-            or a.temporal_group or b.temporal_group or a.interleaved or b.interleaved \
+            or a.temporal_group or b.temporal_group or a.plan.interleaved or b.plan.interleaved \
             or not (_components(wf, a) & _components(wf, b)):
         return []
     a_name = request_name(wf, a.path)
     moves = tuple(f"rewire {request_name(wf, x.path)} before {a.name}" for x in body[i + 1:j])
     return [Alternative((*moves, f"interleave {a_name} {request_name(wf, b.path)}"), "take-turns", target,
-                        tuple(_spath(n.path) for n in _calls(b)),
+                        tuple(_spath(wf, n.path) for n in _calls(b)),
                         note=f"loops '{a.name}' and '{b.name}' take turns on {', '.join(sorted(_components(wf, a) & _components(wf, b)))}")]
 
 
@@ -300,8 +302,8 @@ def _chain(wf: Workflow, first: Item, target: str, groups: Sequence[int]) -> lis
         return []
     parts = [request_name(wf, i.path) for i in chain]
     names = [i.name for i in chain]
-    split = tuple(dict.fromkeys(_spath(n.path) for i in chain for n in _calls(i)))
-    later = tuple(dict.fromkeys(_spath(n.path) for i in chain[1:] for n in _calls(i)))
+    split = tuple(dict.fromkeys(_spath(wf, n.path) for i in chain for n in _calls(i)))
+    later = tuple(dict.fromkeys(_spath(wf, n.path) for i in chain[1:] for n in _calls(i)))
     return [Alternative((f"split-chain {' '.join(parts)} {k}",), "split-chain", target, later, k, split,
                         f"pipeline the chain {' -> '.join(names)} in {k} row groups")
             for k in _divisors(size, groups)]
@@ -319,7 +321,7 @@ def _around(wf: Workflow, anchor: Item, target: str, groups: Sequence[int], comp
         if j == at or isinstance(other, MergeNode):
             continue
         o_name = request_name(wf, other.path)
-        partners = tuple(_spath(n.path) for n in _calls(other))
+        partners = tuple(_spath(wf, n.path) for n in _calls(other))
         if isinstance(other, LoopNode):
             if isinstance(anchor, LoopNode):
                 loops += _take_turns(wf, body, min(at, j), max(at, j), target)
@@ -334,7 +336,7 @@ def _around(wf: Workflow, anchor: Item, target: str, groups: Sequence[int], comp
             if consumers and j > at and other.batch is not None and other.separable:
                 for k in _divisors(other.batch_size, groups):
                     splits.append(Alternative((f"split {o_name} {k}",), "split-consumer", target, partners, k,
-                                              (_spath(other.path),), f"split consumer '{other.name}' into {k} row groups"))
+                                              (_spath(wf, other.path),), f"split consumer '{other.name}' into {k} row groups"))
             where = "before" if j > at else "after"
             rewires.append(Alternative((f"rewire {o_name} {where} {anchor.name}",), "rewire", target, partners,
                                        note=f"move '{other.name}' {where} '{anchor.name}'"))
@@ -372,7 +374,7 @@ def sweep(wf: Workflow, groups: Sequence[int] = DEFAULT_GROUPS) -> list[Alternat
         for a, b in zip(body, body[1:], strict=False):
             if isinstance(a, LoopNode) and isinstance(b, LoopNode) and a.indices() == b.indices():
                 out.append(Alternative((f"fuse {request_name(wf, a.path)} {request_name(wf, b.path)}",), "fuse", SWEEP,
-                                       tuple(_spath(n.path) for n in _calls(b)),
+                                       tuple(_spath(wf, n.path) for n in _calls(b)),
                                        note=f"run iteration j of '{b.name}' right after iteration j of '{a.name}'"))
             if not isinstance(a, MergeNode):
                 out += _chain(wf, a, SWEEP, groups)

@@ -19,7 +19,7 @@ from .bound import local_saving_bound
 from .candidates import Alternative, Feasible, check
 from .decide import Summary, stop_repeating, summarize
 from .model import CostModel
-from .profile import IterationRun, structural
+from .profile import IterationRun, item_sources
 from .records import Log, Measured, Measurer, RoundRecord, Settings, TargetRecord
 from .regions import LocalGraph, Probe, external_texts, probe_workflow
 from .stats import Rule, Verdict, decide_unpaired
@@ -89,8 +89,8 @@ class _LocalTrials:
     @staticmethod
     def _region_s(g: Workflow, region: tuple[str, ...], runs: list[IterationRun]) -> float:
         """Seconds of calls under `region` per run of it (summed: concurrent calls count each)."""
-        prefix = ".".join(region) + "."
-        per_iteration = sum(c.seconds for r in runs for c in r.calls if structural(c.node).startswith(structural(prefix)))
+        prefix = item_sources(g)[region] + "."
+        per_iteration = sum(c.seconds for r in runs for c in r.calls if c.source.startswith(prefix))
         per_iteration /= max(1, len(runs))
         outer = 1
         for n in range(2, len(region)):

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from ..analysis import invocation_graph
 from ..ir import ExecutionNode, Item, LoopNode, Workflow
 from ..semantics import Invocation
-from .profile import Call, IterationRun, TripStats, base_component, structural, trip_stats
+from .profile import Call, IterationRun, TripStats, component_bases, item_sources, trip_stats
 
 __all__ = ["RowModel", "CostModel", "Prediction", "overlaps", "simulate", "rows_of", "trips_at"]
 
@@ -92,6 +92,7 @@ class CostModel:
         self.rows: dict[str, RowModel] = {}
         self.contention: dict[tuple[str, str], float] = {}
         self.latency_s = 0.0
+        self.base: dict[str, str] = {}  # each process measured -> its base component (`Call.base`)
         # loops that end on a condition: their measured trips (`profile.TripStats`), from the runs observed
         self.trips: dict[str, TripStats] = {}
         self._trip_runs: list[IterationRun] = []
@@ -106,7 +107,8 @@ class CostModel:
             for c, frac in zip(run.calls, fractions, strict=True):
                 if c.component.startswith("__"):
                     continue
-                self.points[c.structural].append((c.rows, c.seconds, sum(frac.values()), c.component, frac))
+                self.base[c.component] = c.base
+                self.points[c.source].append((c.rows, c.seconds, sum(frac.values()), c.component, frac))
             if wf is not None:
                 self.gaps += _gaps(run.calls, wf)
         self._observe_trips(runs, wf)
@@ -114,10 +116,11 @@ class CostModel:
 
     def _observe_trips(self, runs: Sequence[IterationRun], wf: Workflow | None) -> None:
         """Keep the runs of plans holding loops that end on a condition, and their trip statistics."""
-        loops = {structural(".".join(i.path)): structural(".".join(i.body[0].path))
-                 for i in (wf.items() if wf is not None else ()) if isinstance(i, LoopNode) and i.dynamic and i.body}
-        if not loops:
+        if wf is None or not any(isinstance(i, LoopNode) and i.dynamic and i.body for i in wf.items()):
             return
+        sources = item_sources(wf)
+        loops = {sources[i.path]: sources[i.body[0].path]
+                 for i in wf.items() if isinstance(i, LoopNode) and i.dynamic and i.body}
         self._trip_loops.update(loops)
         self._trip_runs += runs
         self.trips = trip_stats(self._trip_runs, sorted(self._trip_loops.items()))
@@ -140,14 +143,14 @@ class CostModel:
                 other, share = max(frac.items(), key=lambda kv: kv[1])
                 alone = model.at(r)
                 if alone and alone > 0 and share >= 0.5:
-                    pairs[(base_component(comp), base_component(other))].append(max(0.0, (s / alone - 1.0) / min(1.0, ov)))
+                    pairs[(self.base.get(comp, comp), self.base.get(other, other))].append(max(0.0, (s / alone - 1.0) / min(1.0, ov)))
         self.contention = {k: min(3.0, statistics.median(v)) for k, v in pairs.items() if len(v) >= 3}
         self.latency_s = statistics.median(self.gaps) if self.gaps else 0.0
 
     # -- predicting -------------------------------------------------------------------------------
-    def duration(self, node: ExecutionNode, lower_bound: bool = False) -> float | None:
-        name = structural(".".join(node.path))
-        model = self.rows.get(name)
+    def duration(self, node: ExecutionNode, source: str, lower_bound: bool = False) -> float | None:
+        """Seconds of a call of `node`, whose structural node is `source` (`item_sources` of its plan)."""
+        model = self.rows.get(source)
         if model is None:
             return None
         return model.at(_rows(node), lower_bound)
@@ -159,10 +162,12 @@ class CostModel:
         if not self.trips or not any(isinstance(i, LoopNode) and i.dynamic for i in wf.items()):
             return wf
 
+        sources = item_sources(wf)
+
         def fix(item: Item) -> Item:
             if isinstance(item, LoopNode):
                 body = tuple(fix(c) for c in item.body)
-                n = trips_at(self.trips.get(structural(".".join(item.path))), item) if item.dynamic else None
+                n = trips_at(self.trips.get(sources[item.path]), item) if item.dynamic else None
                 return replace(item, body=body, until=None, count=n) if n is not None else replace(item, body=body)
             return item
 
@@ -176,6 +181,7 @@ class CostModel:
         an optimistic one, and `unknown` names the nodes it assumed. A plan predicted clearly slower even
         so is clearly slower (where calls overlap little; a fluid simulation is not strictly monotone)."""
         g = invocation_graph(self.with_trips(wf), iterations=1)
+        sources = item_sources(wf)
         dur: dict[Invocation, float] = {}
         unknown: list[str] = []
         broken = False  # a node with no duration, even as a lower bound
@@ -184,10 +190,10 @@ class CostModel:
             if node.component in free or node.component.startswith("__"):
                 dur[inv] = 0.0
                 continue
-            d = self.duration(node)
+            d = self.duration(node, sources[node.path])
             if d is None:
-                unknown.append(f"{structural('.'.join(node.path))} at {_rows(node)} rows")
-                d = self.duration(node, lower_bound=True) if lower_bound else None
+                unknown.append(f"{sources[node.path]} at {_rows(node)} rows")
+                d = self.duration(node, sources[node.path], lower_bound=True) if lower_bound else None
                 if d is None:
                     broken = True
                     continue
@@ -196,7 +202,7 @@ class CostModel:
             return Prediction(None, tuple(dict.fromkeys(unknown)))
         comp = {inv: g.node[inv].component for inv in g.order}
         deps = {inv: [p for p in g.producers(inv) if p in dur] for inv in g.order}
-        p = _simulate(g.order, comp, deps, dur, self.contention, self.latency_s)
+        p = _simulate(g.order, comp, deps, dur, self.contention, self.latency_s, component_bases(wf))
         return replace(p, unknown=tuple(dict.fromkeys(unknown))) if unknown and p.seconds is not None else p
 
 
@@ -224,7 +230,7 @@ def simulate(wf: Workflow, cost: Callable[[ExecutionNode], float], contention: M
     dur = {inv: cost(g.node[inv]) for inv in g.order}
     comp = {inv: g.node[inv].component for inv in g.order}
     deps = {inv: list(g.producers(inv)) for inv in g.order}
-    return _simulate(g.order, comp, deps, dur, contention or {}, latency_s)
+    return _simulate(g.order, comp, deps, dur, contention or {}, latency_s, component_bases(wf))
 
 
 def rows_of(node: ExecutionNode) -> int | None:
@@ -233,8 +239,8 @@ def rows_of(node: ExecutionNode) -> int | None:
 
 
 def _rows(node: ExecutionNode) -> int | None:
-    if node.rows is not None:
-        return node.rows[1] - node.rows[0]
+    if node.plan.rows is not None:
+        return node.plan.rows[1] - node.plan.rows[0]
     return node.batch_size if node.batch is not None else None
 
 
@@ -258,11 +264,11 @@ def _gaps(calls: Sequence[Call], wf: Workflow) -> list[float]:
         g = invocation_graph(wf, iterations=1)
     except Exception:  # noqa: BLE001 - a plan the analysis cannot unroll: no latency from it
         return []
-    by_inv = {Invocation(tuple(c.node.split(".")), (0,) + tuple(c.indices[1:])): c for c in calls}
+    by_inv = {Invocation(c.path, (0,) + tuple(c.indices[1:])): c for c in calls}
     last_end: dict[str, int] = {}
     out = []
     for c in sorted(calls, key=lambda c: c.start_ns):
-        inv = Invocation(tuple(c.node.split(".")), (0,) + tuple(c.indices[1:]))
+        inv = Invocation(c.path, (0,) + tuple(c.indices[1:]))
         ends = [by_inv[p].end_ns for p in g.producers(inv) if p in by_inv]
         ready = max([*ends, last_end.get(c.component, 0)])
         if ready and c.start_ns >= ready:
@@ -272,9 +278,11 @@ def _gaps(calls: Sequence[Call], wf: Workflow) -> list[float]:
 
 
 def _simulate(order: Sequence[Invocation], comp: Mapping[Invocation, str], deps: Mapping[Invocation, list[Invocation]],
-              dur: Mapping[Invocation, float], contention: Mapping[tuple[str, str], float], latency: float) -> Prediction:
+              dur: Mapping[Invocation, float], contention: Mapping[tuple[str, str], float], latency: float,
+              base: Mapping[str, str]) -> Prediction:
     """A fluid simulation: each process runs its calls in program order; a running call's rate is
-    1 / (1 + sum of c(X, Y) over the other processes Y with a call running)."""
+    1 / (1 + sum of c(X, Y) over the other processes Y with a call running), X and Y the processes' base
+    components (`base`: a temporal copy contends as its original)."""
     queues: dict[str, list[Invocation]] = defaultdict(list)
     for inv in order:
         queues[comp[inv]].append(inv)
@@ -303,8 +311,8 @@ def _simulate(order: Sequence[Invocation], comp: Mapping[Invocation, str], deps:
                 busy[p] += dur[inv]
         rates = {}
         for inv in running:
-            me = base_component(comp[inv])
-            slow = sum(contention.get((me, base_component(comp[o])), 0.0) for o in running
+            me = base.get(comp[inv], comp[inv])
+            slow = sum(contention.get((me, base.get(comp[o], comp[o])), 0.0) for o in running
                        if o != inv and comp[o] != comp[inv])
             rates[inv] = 1.0 / (1.0 + slow)
         next_start = min((r for r, _, inv in starts if inv not in running and r > t + 1e-12), default=None)

@@ -20,18 +20,16 @@ from math import comb
 from pathlib import Path
 from typing import Any
 
-from ..measurement import Call, IterationRun, _legacy_base, structural
+from ..measurement import Call, IterationRun, component_bases, item_sources, legacy_identity
 
-__all__ = ["Call", "IterationRun", "Profile", "NodeStats", "TripStats", "structural", "node_stats", "base_component",
-           "trip_stats"]
+__all__ = ["Call", "IterationRun", "Profile", "NodeStats", "TripStats", "node_stats", "process_bases", "trip_stats",
+           "item_sources", "component_bases"]
 
 
-def base_component(process: str) -> str:
-    """`sim@1` (a temporal-split copy) or `sim#2` (a data-parallel replica) -> `sim`.
-
-    For the names of processes that arrive without a record (the quota model's per-process tables); a
-    `Call` carries its own (`Call.base`, from the plan's `copy_of`)."""
-    return _legacy_base(process)
+def process_bases(runs: Iterable[IterationRun]) -> dict[str, str]:
+    """Each process seen in `runs` -> its base component, as its calls carry it (`Call.base`, from the plan's
+    fields): for the search's per-process tables (the quota model's GPU map names processes only)."""
+    return {c.component: c.base for run in runs for c in run.calls}
 
 
 @dataclass(frozen=True)
@@ -73,7 +71,7 @@ class Profile:
     def from_json(cls, doc: dict[str, Any]) -> Profile:
         runs = []
         for r in doc["runs"]:
-            calls = tuple(Call(**{**c, "indices": tuple(c["indices"])}) for c in r["calls"])
+            calls = tuple(_call_from_json(c) for c in r["calls"])
             runs.append(IterationRun(r["seconds"], calls, r.get("start_ns", 0), r.get("end_ns", 0),
                                      r.get("iteration", -1), dict(r.get("metrics") or {}),
                                      tuple(tuple(s) for s in r.get("activity_samples", ()))))
@@ -87,13 +85,21 @@ class Profile:
         return cls.from_json(json.loads(Path(path).read_text()))
 
 
+def _call_from_json(c: dict[str, Any]) -> Call:
+    """A call as `Profile.to_json` wrote it; one written before `Call.source`/`Call.base` existed reads
+    them from its names (`legacy_identity`)."""
+    if "source" not in c:
+        c = dict(zip(("source", "base"), legacy_identity(c["node"], c["component"]), strict=True)) | c
+    return Call(**{**c, "indices": tuple(c["indices"])})
+
+
 def node_stats(runs: Sequence[IterationRun] | Profile) -> dict[str, NodeStats]:
     """D_v, T(v) and a_v per structural node, over the given complete iterations."""
     runs = runs.runs if isinstance(runs, Profile) else runs
     by_node: dict[str, list[Call]] = defaultdict(list)
     for run in runs:
         for c in run.calls:
-            by_node[c.structural].append(c)
+            by_node[c.source].append(c)
     n = max(1, len(runs))
     out: dict[str, NodeStats] = {}
     for node, calls in by_node.items():
@@ -137,7 +143,11 @@ def runs_from_chrome_trace(doc: dict[str, Any] | list[dict[str, Any]]) -> tuple[
         comp = args.get("component", e.get("cat", "?"))
         k = int(loops.get("iteration", 0))
         start = int(round(e["ts"] * 1000))
-        call = Call(e["name"], comp, k, tuple(int(v) for v in loops.values()), start, start + int(round(e["dur"] * 1000)))
+        # `source`/`base`: the runtime writes them from the plan's fields; a trace recorded before it did
+        # reads them from the names (`legacy_identity`)
+        source, base = legacy_identity(e["name"], comp) if "source" not in args else (args["source"], args["base"])
+        call = Call(e["name"], comp, k, tuple(int(v) for v in loops.values()), start, start + int(round(e["dur"] * 1000)),
+                    source=source, base=base)
         by_iteration[k].append(call)
         if args.get("gpu") is not None:
             gpu_of[comp] = int(args["gpu"])
@@ -200,7 +210,7 @@ def trip_stats(runs: Sequence[IterationRun] | Profile, loops: Sequence[tuple[str
         per_run: dict[tuple, dict[int, int | None]] = defaultdict(dict)
         for run in runs:
             for c in run.calls:
-                if c.structural == first and c.indices:
+                if c.source == first and c.indices:
                     per_run[(run.iteration, c.node, c.indices[:-1])][c.indices[-1]] = c.rows
         if not per_run:
             continue

@@ -23,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .profile import Call, IterationRun, base_component
+from .profile import Call, IterationRun, process_bases
 
 __all__ = ["BUDGET_SPENT", "Branch", "BranchPair", "find_branches", "rank_targets", "busy_s", "sm_demand", "distinct_levels", "QuotaSearch", "quota_search", "branch_key",
            "screening_probes",
@@ -99,7 +99,7 @@ class BranchPair:
 def branch_key(call: Call) -> tuple[str, str]:
     """(top-level item under the iteration, a key naming the branch): `iteration.epoch@1.step.act` at
     indices (k, 3, 7) is the branch `epoch@1[3]` of item `epoch@1`."""
-    parts = call.node.split(".")
+    parts = call.path
     if len(parts) < 2:
         return parts[0], parts[0]
     top = parts[1]
@@ -392,7 +392,9 @@ def sm_demand(runs: Sequence[IterationRun], gpu_of: Mapping[str, int | None],
     the optimizer screened the simulator first (its step down: 1.01x; the policy's: 1.06x)."""
     gpu_procs = [p for p, g in gpu_of.items() if g is not None]
     on_gpu = set(gpu_procs)
-    components = sorted({base_component(p) for p in gpu_procs})
+    bases = process_bases(runs)
+    base = {p: bases.get(p, p) for p in gpu_procs}  # a process with no call is a component of its own
+    components = sorted(set(base.values()))
     if not components:
         return {}
     index = {c: i for i, c in enumerate(components)}
@@ -414,9 +416,9 @@ def sm_demand(runs: Sequence[IterationRun], gpu_of: Mapping[str, int | None],
             for p, busy in merged.items():
                 lagged = concurrent_ns(busy, ((start - half, end - half),))
                 if lagged:
-                    cover[index[base_component(p)]] += lagged / width
+                    cover[index[base[p]]] += lagged / width
                 if concurrent_ns(busy, ((start - step_ns, end),)):
-                    seen.add(base_component(p))
+                    seen.add(base[p])
             rows.append((cover, value))
             if len(seen) == 1:
                 (comp,) = seen
@@ -430,7 +432,7 @@ def sm_demand(runs: Sequence[IterationRun], gpu_of: Mapping[str, int | None],
         fitted = _nonnegative_fit(rows, len(components))
         seen_at_all = {c for c in components if any(cover[index[c]] > 0 for cover, _ in rows)}
         demand.update({c: min(1.0, fitted[index[c]]) for c in seen_at_all if c not in demand})
-    return {p: demand[base_component(p)] for p in gpu_procs if base_component(p) in demand}
+    return {p: demand[base[p]] for p in gpu_procs if base[p] in demand}
 
 
 def _nonnegative_fit(rows: Sequence[tuple[Sequence[float], float]], n: int, sweeps: int = 500) -> list[float]:

@@ -169,8 +169,8 @@ def _rewrite_item(item: Item, resolver: Resolver, region: Path, port: Callable[[
 def _windowed(item: Item, window: int | None) -> Item:
     if not isinstance(item, LoopNode) or window is None or item.dynamic:
         return item
-    if item.iterations is not None:
-        return replace(item, iterations=item.iterations[:window])
+    if item.plan.iterations is not None:
+        return replace(item, plan=replace(item.plan, iterations=item.plan.iterations[:window]))
     return replace(item, count=min(item.count or 0, window))
 
 

@@ -19,7 +19,7 @@ from ..ir import Workflow
 from ..measurement import Books
 from .decide import Summary
 from .headline import LEGEND, clip, fix_for, headline, headline_lines
-from .profile import IterationRun, structural
+from .profile import IterationRun
 from .search import DEVIATIONS, Measured, RoundRecord, Stage1Result, Stage2Record
 from .stats import percent
 
@@ -218,7 +218,7 @@ def build_report(result: Stage1Result, *, books: Books, total_s: float, workflow
 def staleness(plan: Workflow) -> dict[str, Any]:
     """Which staleness the plan uses: per state object read older than in the declared workflow, the
     largest lag its reads prove (RL iterations) and its budget; {} for a synchronous plan."""
-    from ..transforms.legality import iterations_in_flight, read_lags
+    from ..analysis import iterations_in_flight, read_lags
 
     if iterations_in_flight(plan) == 1:
         return {}
@@ -495,7 +495,7 @@ def _time_axis(x0: float, width: float, y: int, span_ns: float) -> list[str]:
 def timeline_svg(panels: Sequence[tuple[str, IterationRun]], activity: str = "cpu", width: int = 900) -> str:
     """One iteration per panel, on a common time scale: a row per component process, a bar per call
     (colour: its node), bar opacity = the call's activity (SM activity or CPU busy fraction)."""
-    nodes = sorted({structural(c.node) for _, run in panels for c in run.calls})
+    nodes = sorted({c.source for _, run in panels for c in run.calls})
     color = {n: _COLORS[i % len(_COLORS)] for i, n in enumerate(nodes)}
     span = max((max(c.end_ns for c in run.calls) - min(c.start_ns for c in run.calls)) for _, run in panels if run.calls) \
         if any(run.calls for _, run in panels) else 1
@@ -517,7 +517,7 @@ def timeline_svg(panels: Sequence[tuple[str, IterationRun]], activity: str = "cp
                 x = left + (c.start_ns - t0) / span * (width - left - 10)
                 w = max(0.5, (c.end_ns - c.start_ns) / span * (width - left - 10))
                 op = 0.35 + 0.65 * (c.activity if c.activity is not None else 1.0)
-                parts.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row_h - 2}" fill="{color[structural(c.node)]}" '
+                parts.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row_h - 2}" fill="{color[c.source]}" '
                              f'fill-opacity="{op:.2f}"><title>{html.escape(c.node)} {c.seconds * 1e3:.2f} ms'
                              f'{"" if c.activity is None else f" activity {c.activity:.0%}"}</title></rect>')
             y += row_h

@@ -44,7 +44,7 @@ def build_split_chain(wf: Workflow, paths: Sequence[Path], k: int) -> Rewritten:
         raise Refused(f"the chain must name its nodes in program order ({', '.join(n for n in body if n in {p[-1] for p in paths})})")
     sizes: dict[str, int | None] = {}
     ancestors = [find(wf, parent[:n]) for n in range(len(parent), 1, -1)]
-    part = next((a for a in ancestors if isinstance(a, LoopNode) and a.iterations is not None), None)
+    part = next((a for a in ancestors if isinstance(a, LoopNode) and a.plan.iterations is not None), None)
     for p in paths:
         item = find(wf, p)
         if isinstance(item, LoopNode) and part is not None:

@@ -42,9 +42,9 @@ def build_defer(wf: Workflow, path: Path, k: int | None = None) -> Rewritten:
         k = max((budget for state, budget in _written_budgets(wf, node)), default=0) or 1
     if k < 1:
         raise Refused(f"defer: K must be at least 1, not {k}", at=node.pos)
-    if node.defer:
-        raise Refused(f"defer: '{node.name}' is already deferred ({node.defer})", at=node.pos)
-    body = [replace(node, defer=k) if i.path == path else i for i in wf.root.body]
+    if node.plan.defer:
+        raise Refused(f"defer: '{node.name}' is already deferred ({node.plan.defer})", at=node.pos)
+    body = [replace(node, plan=replace(node.plan, defer=k)) if i.path == path else i for i in wf.root.body]
     return Rewritten(replace_body(wf, wf.root.path, body), identity_locate, f"defer {node.name} {k}")
 
 
@@ -60,7 +60,7 @@ def budgeted_writers(wf: Workflow) -> list[tuple[Path, int]]:
     object declares `max_staleness`: then no plan may read an older value, and none is tried."""
     out = []
     for item in wf.root.body:
-        if isinstance(item, ExecutionNode) and not item.defer:
+        if isinstance(item, ExecutionNode) and not item.plan.defer:
             budget = max((b for _, b in _written_budgets(wf, item)), default=0)
             if budget > 0:
                 out.append((item.path, budget))

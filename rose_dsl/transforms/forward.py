@@ -37,7 +37,7 @@ def _rows(item: Item) -> Rows | None:
     """The rows of a group: a split node's `rows`, or the one row range every call in a split loop body
     group works on."""
     if isinstance(item, ExecutionNode):
-        return item.rows
+        return item.plan.rows
     if isinstance(item, LoopNode):
         found = {r for x in item.body for r in [_rows(x)]}
         return found.pop() if len(found) == 1 else None

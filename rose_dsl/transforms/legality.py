@@ -5,7 +5,7 @@ A reordering keeps every invocation and every reference; it only changes program
 each component's execution order (and so the order of its state accesses). The runtime gives every
 data dependency a future, so data edges need only their producer earlier; state is the component's
 own object, changed in place in program order, so what matters is which write each access observes
-(`state_observations`, row aware: a row group's write replaces its rows only) and which writes are left
+(`analysis.state_observations`, row aware: a row group's write replaces its rows only) and which writes are left
 at the end of an RL iteration (for the next one and checkpoints) -- exact, where keeping the order of
 every two conflicting accesses would refuse legal moves (a write that is overwritten before anyone sees
 it may move past the reads of other values). The check works on the invocation graphs of two
@@ -20,10 +20,15 @@ the seed read of the original.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+from collections.abc import Mapping
 
-from ..analysis import Dep, InvocationGraph, invocation_graph
+from ..analysis import (
+    Dep,
+    invocation_graph,
+    iterations_in_flight,
+    read_lag,
+    state_observations,
+)
 from ..errors import SourcePos
 from ..ir import ExecutionNode, Item, Workflow
 from ..resolve import check_workflow
@@ -31,8 +36,8 @@ from ..semantics import Invocation, enclosing_loops
 from .rewritten import Locate, Refused
 from .seeds import seed_invocations, through_seeds
 
-__all__ = ["check_well_formed", "check_order_preserved", "state_observations", "on_component", "describe_invocation",
-           "dependency_pos", "values_of", "iterations_in_flight", "staleness_budgets", "read_lag", "read_lags"]
+__all__ = ["check_well_formed", "check_order_preserved", "on_component", "describe_invocation", "dependency_pos",
+           "values_of", "staleness_budgets"]
 
 
 def describe_invocation(inv: Invocation, items: Mapping[tuple[str, ...], Item]) -> str:
@@ -153,43 +158,9 @@ def check_order_preserved(orig: Workflow, new: Workflow, locate: Locate, what: s
                           + (_over_budget(state, lag, budgets.get(state, 0), "read") if n > 2 or budgets else ""))
 
 
-def read_lags(wf: Workflow) -> dict[tuple[str, tuple[str, ...]], int]:
-    """Per (state object, reading node): the largest lag, in RL iterations, this workflow's reads prove
-    against the same workflow run synchronously (its `defer:`s removed) -- 0 for a synchronous plan.
-    A read that sees another value than any older one of the declared read is not listed (the legality
-    check refuses such plans)."""
-    depth = iterations_in_flight(wf)
-    sync = replace(wf, root=replace(wf.root, body=tuple(replace(i, defer=0) if isinstance(i, ExecutionNode) else i
-                                                        for i in wf.root.body)))
-    seen0, _ = state_observations(invocation_graph(sync, iterations=1 + depth))
-    seen1, _ = state_observations(invocation_graph(wf, iterations=1 + depth))
-    out: dict[tuple[str, tuple[str, ...]], int] = {}
-    for (reader, state), got in seen1.items():
-        def then(lag: int, r: Invocation = reader, s: str = state) -> frozenset[Invocation | None]:
-            k = r.indices[0] - lag
-            return seen0.get((r._replace(indices=(k,) + r.indices[1:]), s), frozenset()) if k >= 0 else frozenset({None})
-
-        lag = 0 if got == seen0.get((reader, state)) else read_lag(got, then, reader.indices[0] + 1)
-        if lag is not None:
-            out[(state, reader.path)] = max(lag, out.get((state, reader.path), 0))
-    return out
-
-
-def iterations_in_flight(wf: Workflow) -> int:
-    """1 + the largest `defer` of a workflow: how many RL iterations an asynchronous plan overlaps."""
-    return 1 + max((i.defer for i in wf.root.body if isinstance(i, ExecutionNode)), default=0)
-
-
 def staleness_budgets(wf: Workflow) -> dict[str, int]:
     """`max_staleness` of every state object that declares one (a temporal split's copies share their original's)."""
     return {s.key: s.max_staleness for s in wf.state_objects().values() if s.max_staleness}
-
-
-def read_lag(got: frozenset[Invocation | None], then: Callable[[int], frozenset[Invocation | None]],
-             most: int) -> int | None:
-    """The smallest lag L in 1..most such that `got` is what the declared read saw L RL iterations earlier
-    (`then(L)`); None if none is (the value is not an older one of the same read: another write)."""
-    return next((lag for lag in range(1, most + 1) if then(lag) == got), None)
 
 
 def _over_budget(state: str, lag: int | None, budget: int, access: str) -> str:
@@ -199,58 +170,6 @@ def _over_budget(state: str, lag: int | None, budget: int, access: str) -> str:
         return f" (an older value, {lag} RL iteration{'s' * (lag > 1)} old, for an {access}: only reads may lag)"
     return (f" (a value {lag} RL iteration{'s' * (lag > 1)} old: '{state}' allows max_staleness {budget}"
             f"{'; declare max_staleness on its state object to allow it' if budget == 0 else ''})")
-
-
-Rows = tuple[int, int] | None
-_ALL = 1 << 62
-
-
-def state_observations(g: InvocationGraph) -> tuple[dict[tuple[Invocation, str], frozenset[Invocation | None]],
-                                                     dict[tuple[int, str], frozenset[Invocation | None]]]:
-    """Which calls' values each state access sees, and which are left at the end of each RL iteration.
-
-    Per state object, in program order (the order its component runs its calls): a `read` or `update`
-    sees the last write of each of its rows (None: the value before the first iteration); a write
-    replaces its rows (a row group's write only its own rows). Two workflows whose accesses see the same
-    writes, and leave the same, compute the same state from the same inputs -- the exact condition a
-    reordering must keep, where an order between every two conflicting accesses is a conservative one.
-    """
-    seen: dict[tuple[Invocation, str], frozenset[Invocation | None]] = {}
-    left: dict[tuple[int, str], frozenset[Invocation | None]] = {}
-    slots = run_in(g)
-    for state, seq in g.accesses.items():
-        # every row: up to the end of the row groups that touch this state (their batch), if any do
-        end = max((r[1] for r in (g.node[inv].rows for inv, _ in seq) if r is not None), default=_ALL)
-        segments: list[tuple[int, int, Invocation | None]] = [(0, end, None)]
-        k: int | None = None
-        for inv, acc in seq:
-            slot = slots.get(inv, inv.indices[0])
-            if k is not None and slot != k:
-                left[(k, state)] = frozenset(w for _, _, w in segments)
-            k = slot
-            lo, hi = g.node[inv].rows or (0, end)
-            if acc.reads_previous:
-                seen[(inv, state)] = frozenset(w for a, b, w in segments if a < hi and lo < b)
-            if acc.writes:
-                kept = [(a, min(b, lo), w) for a, b, w in segments if a < lo]
-                kept += [(max(a, hi), b, w) for a, b, w in segments if b > hi]
-                segments = sorted(kept + [(lo, hi, inv)], key=lambda x: x[0])
-        if k is not None:
-            left[(k, state)] = frozenset(w for _, _, w in segments)
-    return seen, left
-
-
-def run_in(g: InvocationGraph) -> dict[Invocation, int]:
-    """The RL iteration in whose place each call runs, where it is not its own: a deferred call (`defer:`)
-    of iteration k runs in a later one (in program order, after every call of an iteration comes the next)."""
-    slots: dict[Invocation, int] = {}
-    k = 0
-    for inv in g.order:
-        if inv.indices[0] > k:
-            k = inv.indices[0]
-        elif inv.indices[0] < k:
-            slots[inv] = k
-    return slots
 
 
 def on_component(state: str, component: str) -> str:

@@ -216,7 +216,7 @@ def _loop_or_split_in_time(wf: Workflow, name: str) -> Path:
                 return path
             raise
         found = {i.path[:-1] + (name,) for i in wf.items()
-                 if isinstance(i, LoopNode) and i.temporal_group and i.split_of == name}
+                 if isinstance(i, LoopNode) and i.temporal_group and i.plan.split_of == name}
         if len(found) == 1:
             return found.pop()
         if len(found) > 1:

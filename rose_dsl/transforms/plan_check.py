@@ -39,22 +39,21 @@ from dataclasses import dataclass
 from pathlib import Path as FilePath
 from typing import Any
 
-from ..analysis import Dep, InvocationGraph, invocation_graph
+from ..analysis import (
+    Dep,
+    InvocationGraph,
+    invocation_graph,
+    iterations_in_flight,
+    read_lag,
+    state_observations,
+)
 from ..errors import Diagnostic, SourcePos, WorkflowError
 from ..expr import BinOp, Call, Expr, Int, IterRef, Neg, Param, Ref, Slice, unparse
 from ..ir import Access, ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from ..loader import load_text
 from ..resolve import CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver, binding_table
 from ..semantics import Invocation, SemanticError
-from .legality import (
-    describe_invocation,
-    iterations_in_flight,
-    on_component,
-    read_lag,
-    staleness_budgets,
-    state_observations,
-    values_of,
-)
+from .legality import describe_invocation, on_component, staleness_budgets, values_of
 from .refs import RefUse, batch_dim, binding_target, map_field, rename_ref
 from .seeds import SEED_GET, SEED_PORT, SEED_SET, is_seed, through_seeds
 from .tree import source_paths
@@ -74,7 +73,7 @@ class PlanDifference:
 
 
 def _rows(node: ExecutionNode) -> Rows:
-    return node.rows
+    return node.plan.rows
 
 
 def _overlap(a: Rows, b: Rows) -> bool:
@@ -145,11 +144,11 @@ class _Checker:
         trained the second group on the first group's rows (issue 42)."""
         rows_of = _RowsOf(self.resolver())
         for item in self.plan_items.values():
-            if isinstance(item, ExecutionNode) and item.rows is not None:
+            if isinstance(item, ExecutionNode) and item.plan.rows is not None:
                 for port, e in item.inputs:
                     got = rows_of.field(item, f"in.{port}", e)
-                    if isinstance(got, tuple) and got != (item.rows,):
-                        self.differ(item, f"row group {list(item.rows)} of '{item.split_of or item.name}' reads "
+                    if isinstance(got, tuple) and got != (item.plan.rows,):
+                        self.differ(item, f"row group {list(item.plan.rows)} of '{item.plan.split_of or item.name}' reads "
                                           f"rows {_shown_rows(got)} through its input '{port}' ({unparse(e)})",
                                     f"in.{port}")
                         return  # (one cause: what reads this group's value reads the same rows)
@@ -210,7 +209,7 @@ class _Checker:
         if set(item.outputs) != set(src.outputs) or (item.batch, item.batch_size, item.separable) != (
                 src.batch, src.batch_size, src.separable):
             self.differ(item, f"its outputs or batch declaration differ from the source's '{src.name}'")
-        if item.rows is not None and (src.batch != 0 or not src.separable):
+        if item.plan.rows is not None and (src.batch != 0 or not src.separable):
             self.differ(item, f"is a row group of '{src.name}', which is not declared batch-separable (dim 0)")
 
     def seed(self, item: ExecutionNode) -> None:
@@ -223,7 +222,7 @@ class _Checker:
                   and self.plan.components[item.component].copy_of is not None and not item.outputs
                   and [p for p, _ in item.inputs] == [SEED_PORT]
                   and all(e.access is Access.REFRESH for e in item.effects))
-        if not ok or item.rows is not None:
+        if not ok or item.plan.rows is not None:
             self.differ(item, f"is not a seed of a temporal group's copy ({SEED_GET}: reads, output '{SEED_PORT}'; "
                               f"{SEED_SET}: on a copy, refreshes, input '{SEED_PORT}')")
 
@@ -281,7 +280,7 @@ class _Checker:
             node = g0.node[s]
             if not qs:
                 missing[node.path].append(s)
-            elif not _partition([g1.node[q].rows for q in qs], node.batch_size):
+            elif not _partition([g1.node[q].plan.rows for q in qs], node.batch_size):
                 unpartitioned[node.path].append((s, qs))
         # one message per source node whose groups do not partition its rows, at the `rows:` of the group
         # that breaks the partition (a hand edit of one group's rows gave one message per invocation, at the
@@ -290,12 +289,12 @@ class _Checker:
             if len(self.out) >= MAX_SHOWN:
                 break
             (s, qs), more = calls[0], len(calls) - 1
-            shown = ", ".join(f"{describe_invocation(q, self.plan_items)} rows {g1.node[q].rows}" for q in qs)
+            shown = ", ".join(f"{describe_invocation(q, self.plan_items)} rows {g1.node[q].plan.rows}" for q in qs)
             culprit = _breaking_group([g1.node[q] for q in qs], g0.node[s].batch_size)
             self.differ(culprit, f"the source's {describe_invocation(s, self.src_items)} runs as {shown}: not once, nor as "
                                  f"row groups that partition its batch of {g0.node[s].batch_size}"
                         + (f" (and so {more} more call{'s' if more > 1 else ''} of it)" if more else ""),
-                        "rows" if culprit.rows is not None else None)
+                        "rows" if culprit.plan.rows is not None else None)
         for invocations in missing.values():
             if len(self.out) >= MAX_SHOWN:
                 break
@@ -322,8 +321,8 @@ class _Checker:
         for sp, sc, key in sorted(src_edges, key=str):
             for qc in images[sc]:
                 got = [p for p in plan_edges.get((qc, key), []) if Invocation(self.origin[p.path], p.indices) == sp]
-                want = g1.node[qc].rows
-                if not got or not _covers([g1.node[p].rows for p in got], want, g0.node[sp].batch_size):
+                want = g1.node[qc].plan.rows
+                if not got or not _covers([g1.node[p].plan.rows for p in got], want, g0.node[sp].batch_size):
                     self.differ(g1.node[qc], f"{describe_invocation(qc, self.plan_items)} does not read "
                                              f"{key[1]} of the source's {describe_invocation(sp, self.src_items)} "
                                              f"({key[0]}){'' if not got else ' for all of its rows'}")
@@ -332,7 +331,7 @@ class _Checker:
     def state(self, g0: InvocationGraph, g1: InvocationGraph, images: dict[Invocation, list[Invocation]]) -> None:
         """Each state access of the plan sees the values of the calls the source's access sees (per row
         group: a group's access, the writes of its rows), and each RL iteration leaves the same calls'
-        values (`legality.state_observations`)."""
+        values (`analysis.state_observations`)."""
         seen0, left0 = state_observations(g0)
         seen1, left1 = state_observations(g1)
         seen1 = through_seeds(g1, seen1)
@@ -448,7 +447,7 @@ class _RowsOf:
             case NodePort(node=node, port=port):
                 item = items[node]
                 if isinstance(item, ExecutionNode):
-                    return None if item.rows is None else (item.rows,)
+                    return None if item.plan.rows is None else (item.plan.rows,)
                 if isinstance(item, MergeNode):
                     return None
                 assert isinstance(item, LoopNode)
@@ -483,18 +482,18 @@ def _text(e: Expr | None) -> str:
 
 def _first_rows(item: Item) -> tuple[int, int] | None:
     for x in (item, *(getattr(item, "body", None) or ())):
-        if isinstance(x, ExecutionNode) and x.rows is not None:
-            return x.rows
+        if isinstance(x, ExecutionNode) and x.plan.rows is not None:
+            return x.plan.rows
     return None
 
 
-def _breaking_group(groups: list[Any], size: int | None) -> Any:
+def _breaking_group(groups: list[ExecutionNode], size: int | None) -> ExecutionNode:
     """The first row group, in row order, that leaves a gap, overlaps the one before it or runs past the
     batch (the first group when none of that applies: then a group without rows is the fault)."""
-    ordered = sorted((g for g in groups if g.rows is not None), key=lambda g: g.rows)
+    ordered = sorted((g for g in groups if g.plan.rows is not None), key=lambda g: g.plan.rows or (0, 0))
     lo = 0
     for g in ordered:
-        a, b = g.rows
+        a, b = g.plan.rows or (0, 0)
         if a != lo or (size is not None and b > size):
             return g
         lo = b
@@ -534,11 +533,11 @@ def first_plan_construct(wf: Workflow) -> tuple[SourcePos, str, str] | None:
         if isinstance(item, MergeNode):
             continue
         where = ".".join(item.path)
-        fields = {"split_of": item.split_of is not None, "moved_from": item.moved_from is not None,
-                  "group": item.group is not None,
-                  "iterations": isinstance(item, LoopNode) and item.iterations is not None,
-                  "interleave": isinstance(item, LoopNode) and item.interleaved,
-                  "expand": isinstance(item, ExecutionNode) and item.expand,
+        fields = {"split_of": item.plan.split_of is not None, "moved_from": item.plan.moved_from is not None,
+                  "group": item.plan.group is not None,
+                  "iterations": isinstance(item, LoopNode) and item.plan.iterations is not None,
+                  "interleave": isinstance(item, LoopNode) and item.plan.interleaved,
+                  "expand": isinstance(item, ExecutionNode) and item.plan.expand,
                   "call": is_seed(item)}  # a temporal split's seeding of a copy (`seeds.py`)
         key = next((k for k, present in fields.items() if present), None)
         if key is not None:

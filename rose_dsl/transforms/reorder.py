@@ -6,7 +6,7 @@
   epoch j's trajectories exist, overlapping rollout epoch j+1, instead of after all epochs.
 * `build_interleave` staggers the groups of a split loop body so that stage s of group g is next to
   stage s-1 of group g+1 (policy(B) next to sim(A)), each group keeping its own order; for a loop split
-  in time it makes the temporal groups take turns, one call each (`LoopNode.interleaved`): without it a
+  in time it makes the temporal groups take turns, one call each (`LoopPlan.interleaved`): without it a
   component the groups share (the policy) runs all of group 0's calls before group 1's, so the groups'
   simulators (copies, in processes of their own) never step at the same time.
 * `build_interleave_siblings` makes consecutive sibling loops take turns the same way, one call each
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from ..expr import Expr, Index, IterRef, unparse
-from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
+from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow, with_plan
 from ..resolve import CarryIn, IterSelect, NodePort, Resolver
 from .refs import RefUse, map_outside, map_subtree, rename_ref, retarget_after
 from .rewritten import Refused, Rewritten, identity_locate
@@ -75,7 +75,8 @@ def build_expand(wf: Workflow, path: Path, on: bool = True) -> Rewritten:
     if not isinstance(node, ExecutionNode) or not node.phases:
         raise Refused(f"'{node.name}' exposes no phases", at=node.pos)
     parent, body = _siblings(wf, path)
-    new = replace_body(wf, parent.path, [replace(node, expand=on) if i.path == path else i for i in body])
+    new = replace_body(wf, parent.path, [replace(node, plan=replace(node.plan, expand=on)) if i.path == path else i
+                                         for i in body])
 
     def locate(p: Path, idx: tuple[int, ...]):
         return (p, idx) if on or p[: len(path)] != path or p == path else None
@@ -120,10 +121,10 @@ def build_fuse_loops(wf: Workflow, first: Path, second: Path) -> Rewritten:
             m = replace(m, sources=tuple(renames[x] for x in m.sources))
         else:
             # where a plan check finds it in the source; a moved group stands for its renamed base
-            m = replace(m, moved_from=origin[item.path],
-                        split_of=bases[m.split_of] if m.split_of is not None else None)
-            if m.group is None and a.group is not None:
-                m = into_group(m, a.group)  # moved into a group: it runs in that group
+            m = with_plan(m, moved_from=origin[item.path],
+                          split_of=bases[m.plan.split_of] if m.plan.split_of is not None else None)
+            if m.plan.group is None and a.plan.group is not None:
+                m = into_group(m, a.plan.group)  # moved into a group: it runs in that group
         moved.append(m)
     parent, body = _siblings(wf, first)
     fused = replace(a, body=a.body + tuple(moved))
@@ -200,15 +201,15 @@ def build_interleave(wf: Workflow, loop_path: Path, stagger: int = 1) -> Rewritt
         raise Refused(f"'{loop.name}' is not a loop")
     groups = [i for i in loop.body if not isinstance(i, MergeNode)]
     merges = [i for i in loop.body if isinstance(i, MergeNode)]
-    if not groups or any(i.split_of is None or i.group is None for i in groups):
+    if not groups or any(i.plan.split_of is None or i.plan.group is None for i in groups):
         raise Refused(f"the body of '{loop.name}' is not split into groups: split it first", at=loop.pos)
     if stagger < 1:
         raise Refused("stagger must be at least 1")
     stages = list(dict.fromkeys(base_name(i) for i in groups))
 
     def key(i: Item) -> tuple[int, int]:
-        assert isinstance(i, ExecutionNode | LoopNode) and i.group is not None
-        return (stages.index(base_name(i)) + i.group * stagger, i.group)
+        assert isinstance(i, ExecutionNode | LoopNode) and i.plan.group is not None
+        return (stages.index(base_name(i)) + i.plan.group * stagger, i.plan.group)
 
     new = replace_body(wf, loop_path, [*sorted(groups, key=key), *merges])
     return Rewritten(new, identity_locate, f"interleaving the groups of '{loop.name}' with stagger {stagger}")
@@ -216,7 +217,7 @@ def build_interleave(wf: Workflow, loop_path: Path, stagger: int = 1) -> Rewritt
 
 def build_interleave_siblings(wf: Workflow, paths: Sequence[Path]) -> Rewritten:
     """Consecutive sibling loops that take turns, one call each (round robin, each keeping its own order),
-    instead of one loop after the other: `LoopNode.interleaved` on loops that are not temporal groups.
+    instead of one loop after the other: `LoopPlan.interleaved` on loops that are not temporal groups.
     Only the order changes; the pass runner's order check refuses it where one loop reads a value of the
     other or their state accesses would observe other writes."""
     if len(paths) < 2:
@@ -231,12 +232,12 @@ def build_interleave_siblings(wf: Workflow, paths: Sequence[Path]) -> Rewritten:
         if not isinstance(item, LoopNode):
             raise Refused(f"'{item.name}' is not a loop: only loops take turns", at=item.pos)
         if item.temporal_group:
-            raise Refused(f"'{item.name}' is a temporal group: interleave its split loop ('interleave {item.split_of}')",
+            raise Refused(f"'{item.name}' is a temporal group: interleave its split loop ('interleave {item.plan.split_of}')",
                           at=item.pos)
         if item.dynamic:
             raise Refused(f"loop '{item.name}' ends on a condition (until): its calls cannot be dealt in turns",
                           at=item.field_pos.get("until") or item.pos)
-        if item.interleaved:
+        if item.plan.interleaved:
             raise Refused(f"loop '{item.name}' already takes turns with its neighbours", at=item.pos)
     at = sorted(names.index(p[-1]) for p in paths)
     if at != list(range(at[0], at[0] + len(at))):
@@ -245,10 +246,11 @@ def build_interleave_siblings(wf: Workflow, paths: Sequence[Path]) -> Rewritten:
                       f"{'is' if len(between) == 1 else 'are'} between them (rewire it before or after them first)")
     _check_independent(wf, [tuple(p) for p in paths])
     neighbours = [body[j] for j in (at[0] - 1, at[-1] + 1) if 0 <= j < len(body)]
-    if any(isinstance(n, LoopNode) and n.interleaved and not n.temporal_group for n in neighbours):
+    if any(isinstance(n, LoopNode) and n.plan.interleaved and not n.temporal_group for n in neighbours):
         raise Refused("a loop next to these already takes turns with its own neighbours: interleave them all in one request")
     chosen = {p[-1] for p in paths}
-    new = replace_body(wf, parent, [replace(i, interleaved=True) if isinstance(i, LoopNode) and i.name in chosen else i for i in body])
+    new = replace_body(wf, parent, [replace(i, plan=replace(i.plan, interleaved=True))
+                                    if isinstance(i, LoopNode) and i.name in chosen else i for i in body])
     order = [names[j] for j in at]
     return Rewritten(new, identity_locate, f"interleaving loops {', '.join(order)}: one call of each in turn")
 
@@ -278,7 +280,7 @@ def temporal_groups(wf: Workflow, loop_path: Path) -> list[LoopNode]:
     parent = wf.find(loop_path[:-1]) if len(loop_path) > 1 else None
     if parent is None:
         return []
-    return [i for i in children(parent) if isinstance(i, LoopNode) and i.temporal_group and i.split_of == loop_path[-1]]
+    return [i for i in children(parent) if isinstance(i, LoopNode) and i.temporal_group and i.plan.split_of == loop_path[-1]]
 
 
 def _interleave_temporal(wf: Workflow, loop_path: Path, stagger: int) -> Rewritten:
@@ -287,10 +289,11 @@ def _interleave_temporal(wf: Workflow, loop_path: Path, stagger: int) -> Rewritt
     if stagger != 1:
         raise Refused(f"the temporal groups of '{name}' take turns one call each: a stagger ({stagger}) does not "
                       "apply to them", at=groups[0].pos)
-    if all(g.interleaved for g in groups):
+    if all(g.plan.interleaved for g in groups):
         raise Refused(f"the temporal groups of '{name}' already take turns", at=groups[0].pos)
     parent = loop_path[:-1]
-    body = [replace(i, interleaved=True) if i in groups else i for i in children(find(wf, parent))]
+    body = [replace(i, plan=replace(i.plan, interleaved=True)) if isinstance(i, LoopNode) and i in groups else i
+            for i in children(find(wf, parent))]
     new = replace_body(wf, parent, body)
     return Rewritten(new, identity_locate,
                      f"interleaving the temporal groups of '{name}' ({', '.join(g.name for g in groups)}): one call each in turn")

@@ -41,7 +41,7 @@ def seed_invocations(g: InvocationGraph) -> set[Invocation]:
 
 
 def through_seeds(g: InvocationGraph, seen: Mapping[tuple[Invocation, str], frozenset[Invocation | None]]) -> Seen:
-    """`seen` (`legality.state_observations`) without the seeds' own accesses, each write of a seed set
+    """`seen` (`analysis.state_observations`) without the seeds' own accesses, each write of a seed set
     replaced by what the seed get it reads from saw of the same state object (a copy of a copy: followed
     on). A seed set that reads no seed get, or a state object its get did not read, stands for no value:
     what reads it differs from any declared read."""

@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from ..errors import SourcePos
 from ..expr import Call, Expr, Int, Ref, Slice, unparse
-from ..ir import Carry, ExecutionNode, Item, LoopNode, MergeNode, Workflow, iter_items
+from ..ir import Carry, ExecutionNode, Item, LoopNode, MergeNode, Workflow, iter_items, with_plan
 from ..resolve import CarryIn, IterSelect, LoopIndex, NodePort, Resolver, expr_fields
 from .forward import forward_merge_slices
 from .refs import (
@@ -74,8 +74,8 @@ def check_separable(node: ExecutionNode) -> None:
                       "(separable: false): its calls cannot be split, only its consumers", at=_batch_pos(node))
     if node.batch != 0:
         raise Refused(f"'{node.name}' is separable along dim {node.batch}; rose splits dim 0 only", at=_batch_pos(node))
-    if node.split_of is not None or node.rows is not None:
-        raise Refused(f"'{node.name}' is already a split group (or inside one: it works on rows {node.rows})", at=node.pos)
+    if node.plan.split_of is not None or node.plan.rows is not None:
+        raise Refused(f"'{node.name}' is already a split group (or inside one: it works on rows {node.plan.rows})", at=node.pos)
 
 
 def _batch_pos(node: ExecutionNode) -> SourcePos:
@@ -138,7 +138,7 @@ def build_split_node(wf: Workflow, path: Path, k: int, batch_size: int | None = 
         group = map_subtree(resolver, node, _renaming({path: name}))
         assert isinstance(group, ExecutionNode)
         inputs = tuple((p, _slice_input(resolver, node, f"in.{p}", e, rows, f"'{node.name}'")) for p, e in node.inputs)
-        group = replace(group, inputs=inputs, split_of=node.name)
+        group = replace(group, inputs=inputs, plan=replace(group.plan, split_of=node.name))
         items.append(into_group(repath(group, path, path[:-1] + (name,)), g, rows))
     items.append(MergeNode(path=path, sources=tuple(f"{node.name}@{g}" for g in range(k)),
                            ports=tuple((p, 0) for p in node.outputs)))
@@ -210,13 +210,13 @@ def _splittable_loop(wf: Workflow, path: Path, batch_size: int | None) -> tuple[
         raise Refused(f"'{loop.name}' is not a loop inside the iteration")
     if loop.dynamic:
         _check_until_rows(wf, loop)
-    if loop.split_of is not None:
+    if loop.plan.split_of is not None:
         raise Refused(f"loop '{loop.name}' is already a split group", at=loop.pos)
     sizes = set()
     for item in iter_items(loop):
         if item is loop:
             continue
-        if isinstance(item, MergeNode) or item.split_of is not None:
+        if isinstance(item, MergeNode) or item.plan.split_of is not None:
             raise Refused(f"loop '{loop.name}' already contains split groups ('{item.name}')", at=item.pos)
         if isinstance(item, ExecutionNode):
             check_separable(item)
@@ -277,7 +277,7 @@ def _group_item(resolver: Resolver, loop: LoopNode, item: Item, g: int, rows: Ro
     """Group g's copy of one item of the body: its own name, references and rows."""
     copy = map_subtree(resolver, item, refs)
     assert isinstance(copy, ExecutionNode | LoopNode)  # a body holding merges is refused
-    copy = replace(copy, split_of=item.name, after=tuple(f"{a}@{g}" for a in item.after))
+    copy = replace(with_plan(copy, split_of=item.name), after=tuple(f"{a}@{g}" for a in item.after))
     return into_group(repath(copy, item.path, loop.path + (f"{item.name}@{g}",)), g, rows)
 
 
@@ -370,7 +370,8 @@ def build_split_loop_rows(wf: Workflow, path: Path, k: int, batch_size: int | No
         name = f"{loop.name}@{g}"
         copy = map_subtree(resolver, loop, _group_refs(resolver, loop, g, rows, ({path: name}, {})))
         assert isinstance(copy, LoopNode)
-        items.append(into_group(repath(replace(copy, split_of=loop.name), path, path[:-1] + (name,)), g, rows))
+        copy = replace(copy, plan=replace(copy.plan, split_of=loop.name))
+        items.append(into_group(repath(copy, path, path[:-1] + (name,)), g, rows))
     items.append(MergeNode(path=path, sources=tuple(f"{loop.name}@{g}" for g in range(k)),
                            ports=tuple((p, _output_dim(resolver, loop, p)) for p in loop.outputs)))
     new = forward_merge_slices(replace_item(wf, path, items))

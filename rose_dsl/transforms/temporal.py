@@ -21,7 +21,17 @@ from dataclasses import replace
 
 from ..analysis import loop_kinds, state_access_order
 from ..expr import Expr, parse_expr
-from ..ir import Access, Component, ExecutionNode, Item, LoopNode, StateEffect, StateObject, Workflow
+from ..ir import (
+    Access,
+    Component,
+    ExecutionNode,
+    Item,
+    LoopNode,
+    NodePlan,
+    StateEffect,
+    StateObject,
+    Workflow,
+)
 from ..resolve import Resolver
 from .refs import RefUse, map_subtree, rename_ref, retarget_after
 from .rewritten import Refused, Rewritten
@@ -62,7 +72,7 @@ def build_split_temporal(wf: Workflow, path: Path, k: int, blocks: bool = False,
                                        state=tuple(StateObject(copy, s.name, s.attr, s.pos) for s in orig.state))
         # the loop's own index is the member's (`epoch.i` -> `epoch@0.i`, the same iteration number)
         body = [_on_copies(map_subtree(resolver, item, _renamer(path, member)), copies) for item in loop.body]
-        group = replace(loop, body=tuple(body), iterations=its, split_of=loop.name)
+        group = replace(loop, body=tuple(body), plan=replace(loop.plan, iterations=its, split_of=loop.name))
         members.append(into_group(repath(group, path, path[:-1] + (member,)), g))
         seeds += [_seed_set(wf, path, loop, c, seeded[c], copy) for c, copy in copies.items() if c in seeded]
     new = replace_item(replace(wf, components=components), path, [*seeds, *members])
@@ -89,7 +99,7 @@ def _splittable(wf: Workflow, path: Path, force: bool) -> LoopNode:
     if loop.dynamic:
         raise Refused(f"loop '{loop.name}' ends on a condition (until): how many iterations it runs is known only "
                       "as it runs, so its iterations are kept whole", at=loop.field_pos.get("until"))
-    if loop.iterations is not None or loop.split_of is not None:
+    if loop.plan.iterations is not None or loop.plan.split_of is not None:
         raise Refused(f"loop '{loop.name}' is already a split group", at=loop.pos)
     kind = loop_kinds(wf)[path]
     if kind.kind != "free" and not force:
@@ -131,7 +141,8 @@ def _seed_name(wf: Workflow, path: Path, loop: LoopNode, component: str) -> Path
 def _seed_gets(wf: Workflow, path: Path, loop: LoopNode, seeded: dict[str, list[str]]) -> list[ExecutionNode]:
     """One call per seeded component: read its state objects that its copies start from."""
     return [ExecutionNode(_seed_name(wf, path, loop, c), c, SEED_GET, outputs=(SEED_PORT,),
-                          effects=tuple(StateEffect(f"{c}.{s}", Access.READ) for s in names), group=loop.group)
+                          effects=tuple(StateEffect(f"{c}.{s}", Access.READ) for s in names),
+                          plan=NodePlan(group=loop.plan.group))
             for c, names in seeded.items()]
 
 
@@ -140,7 +151,8 @@ def _seed_set(wf: Workflow, path: Path, loop: LoopNode, original: str, names: li
     get = _seed_name(wf, path, loop, original)[-1]
     return ExecutionNode(_seed_name(wf, path, loop, copy), copy, SEED_SET,
                          inputs=((SEED_PORT, parse_expr(f"{get}.{SEED_PORT}")),),
-                         effects=tuple(StateEffect(f"{copy}.{s}", Access.REFRESH) for s in names), group=loop.group)
+                         effects=tuple(StateEffect(f"{copy}.{s}", Access.REFRESH) for s in names),
+                         plan=NodePlan(group=loop.plan.group))
 
 
 def _renamer(path: Path, member: str):

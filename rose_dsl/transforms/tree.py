@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from ..expr import Expr
-from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
+from ..ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow, with_plan
 from .rewritten import Refused
 
 __all__ = [
@@ -117,11 +117,11 @@ def into_group(item: Item, group: int, rows: tuple[int, int] | None = None) -> I
     def walk(it: Item, g: int | None) -> Item:
         if isinstance(it, MergeNode):
             return it
-        if it is not item and it.split_of is not None:
-            g = it.group  # an inner group: the innermost group is the one an item runs in
+        if it is not item and it.plan.split_of is not None:
+            g = it.plan.group  # an inner group: the innermost group is the one an item runs in
         if rows is not None and isinstance(it, ExecutionNode):
-            it = replace(it, rows=rows)
-        it = replace(it, group=g)
+            it = replace(it, plan=replace(it.plan, rows=rows))
+        it = with_plan(it, group=g)
         kids = children(it)
         return with_children(it, [walk(c, g) for c in kids]) if kids else it
 
@@ -130,15 +130,15 @@ def into_group(item: Item, group: int, rows: tuple[int, int] | None = None) -> I
 
 def base_name(item: Item) -> str:
     """What a group stands for (`act@1` -> `act`); any other item is itself."""
-    split_of = item.split_of if isinstance(item, ExecutionNode | LoopNode) else None
+    split_of = item.plan.split_of if isinstance(item, ExecutionNode | LoopNode) else None
     return split_of or item.name
 
 
 def own_group(item: Item) -> int | None:
     """The group number of a group (`act@1` -> 1, from its `group` field, not its name); None for an
     item that is not itself a group (a merge, an unsplit item, an item inside a group)."""
-    if isinstance(item, ExecutionNode | LoopNode) and item.split_of is not None:
-        return item.group
+    if isinstance(item, ExecutionNode | LoopNode) and item.plan.split_of is not None:
+        return item.plan.group
     return None
 
 
@@ -149,7 +149,7 @@ def source_paths(wf: Workflow) -> dict[Path, Path]:
 
     def walk(item: Item, src: Path) -> None:
         for child in children(item):
-            moved = child.moved_from if isinstance(child, ExecutionNode | LoopNode) else None
+            moved = child.plan.moved_from if isinstance(child, ExecutionNode | LoopNode) else None
             mine = moved if moved else src + (base_name(child),)
             out[child.path] = mine
             walk(child, mine)

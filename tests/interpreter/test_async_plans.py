@@ -25,11 +25,10 @@ from interpreter.backends import LocalBackend
 from interpreter.runner import RunConfig, Runner
 from interpreter.schedule import Schedule
 from rose_dsl import load_workflow, load_workflow_text
-from rose_dsl.analysis import analyze
+from rose_dsl.analysis import analyze, read_lags
 from rose_dsl.ir import ExecutionNode
 from rose_dsl.semantics import Program
 from rose_dsl.transforms import Refused, apply
-from rose_dsl.transforms.legality import read_lags
 from tests.strategies import workflows
 
 ROOT = Path(__file__).resolve().parents[2]

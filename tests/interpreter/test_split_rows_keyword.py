@@ -56,7 +56,7 @@ class RowsSim:
 def _node(name: str) -> ExecutionNode:
     wf = load_workflow_text(WORKFLOW, "rows.yaml")
     node = next(n for n in wf.items() if isinstance(n, ExecutionNode) and n.name == name)
-    return replace(node, rows=(2, 4))
+    return replace(node, plan=replace(node.plan, rows=(2, 4)))
 
 
 def test_a_stateless_method_without_rows_runs_on_its_sliced_inputs() -> None:

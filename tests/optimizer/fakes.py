@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rose_dsl.ir import ExecutionNode, Workflow
+from rose_dsl.measurement import call_identity
 from rose_dsl.optimizer.model import rows_of, simulate
 from rose_dsl.optimizer.profile import Call, IterationRun
 from rose_dsl.optimizer.regions import LocalGraph
@@ -57,6 +58,7 @@ class FakeMeasurer:
         factor = 1.0 + self.rng.uniform(-self.noise, self.noise)
         calls = []
         base = int(self.clock * 1e9)
+        identity = call_identity(wf)  # what the runtime fills a call's identity from
         for inv, (s, e) in pred.timeline.items():
             node = wf.find(inv.path)
             assert isinstance(node, ExecutionNode)
@@ -64,7 +66,8 @@ class FakeMeasurer:
                 continue
             calls.append(Call(".".join(inv.path), node.component, iteration, (iteration,) + inv.indices[1:],
                               base + int(s * factor * 1e9), base + int(e * factor * 1e9), rows_of(node),
-                              self.truth.activity.get(node.component.split("@")[0], 0.1)))
+                              self.truth.activity.get(node.component.split("@")[0], 0.1),
+                              *identity[".".join(inv.path)]))
         seconds = pred.seconds * factor
         self.clock += seconds + self.seconds_per_step
         return IterationRun(seconds, tuple(calls), base, base + int(seconds * 1e9), iteration)

@@ -11,7 +11,7 @@ import pytest
 
 from rose_dsl import load_workflow
 from rose_dsl.ir import ExecutionNode, LoopNode
-from rose_dsl.measurement import Call, call_identity, structural
+from rose_dsl.measurement import Call, call_identity, legacy_identity
 from rose_dsl.transforms import apply_request, compose
 
 PPO = Path(__file__).resolve().parents[2] / "workflows" / "embodied_ppo.yaml"
@@ -37,12 +37,12 @@ def test_the_identity_from_fields_is_what_the_names_said(requests) -> None:
     assert set(identity) == {".".join(n.path) for n in nodes}
     for n in nodes:
         path = ".".join(n.path)
-        assert identity[path] == (structural(path), n.component.split("@")[0])
+        assert identity[path] == legacy_identity(path, n.component)
 
 
 def test_the_identity_follows_split_of_and_copy_of_not_the_names() -> None:
     plan = _plan("split-time epoch 2")
-    assert any(isinstance(i, LoopNode) and i.split_of == "epoch" for i in plan.items())
+    assert any(isinstance(i, LoopNode) and i.plan.split_of == "epoch" for i in plan.items())
     copy = next(c for c in plan.components.values() if c.copy_of is not None)
     renamed = replace(plan, components={**plan.components, copy.name: replace(copy, copy_of="elsewhere")})
     node = next(i for i in plan.items() if isinstance(i, ExecutionNode) and i.component == copy.name)
@@ -51,8 +51,9 @@ def test_the_identity_follows_split_of_and_copy_of_not_the_names() -> None:
     assert source.split(".")[:2] == ["iteration", "epoch"] and "@" not in source
 
 
-def test_a_call_reads_its_fields_and_falls_back_to_names_only_without_them() -> None:
+def test_a_call_reads_its_fields_and_never_parses_its_names() -> None:
     recorded = Call("iteration.step@1.act", "sim@1", 0, (0,), 0, 10, source="iteration.loop.act", base="policy")
-    assert (recorded.structural, recorded.base) == ("iteration.loop.act", "policy")
-    legacy = Call("iteration.step@1.act@0", "policy#2", 0, (0,), 0, 10)
-    assert (legacy.structural, legacy.base) == ("iteration.step.act", "policy")
+    assert (recorded.source, recorded.base) == ("iteration.loop.act", "policy")
+    bare = Call("iteration.step@1.act@0", "policy#2", 0, (0,), 0, 10)  # no fields: the names are the identity
+    assert (bare.source, bare.base) == ("iteration.step@1.act@0", "policy#2")
+    assert legacy_identity(bare.node, bare.component) == ("iteration.step.act", "policy")  # old files only

@@ -9,7 +9,7 @@ import pytest
 
 from rose_dsl import load_workflow
 from rose_dsl.optimizer.model import CostModel
-from rose_dsl.optimizer.profile import Call, IterationRun, NodeStats, Profile, node_stats, structural
+from rose_dsl.optimizer.profile import Call, IterationRun, NodeStats, Profile, node_stats
 from rose_dsl.optimizer.rank import rank_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,16 +17,14 @@ RECORDED = Path(__file__).parent / "data" / "latency_interaction.profile.json"
 
 
 def _call(node: str, start_ms: float, dur_ms: float, activity: float | None = None, comp: str = "c",
-          iteration: int = 0, rows: int | None = None) -> Call:
-    return Call(node, comp, iteration, (iteration,), int(start_ms * 1e6), int((start_ms + dur_ms) * 1e6), rows, activity)
-
-
-def test_structural_merges_split_groups() -> None:
-    assert structural("iteration.epoch@1.step.act@0") == "iteration.epoch.step.act"
+          iteration: int = 0, rows: int | None = None, source: str = "") -> Call:
+    return Call(node, comp, iteration, (iteration,), int(start_ms * 1e6), int((start_ms + dur_ms) * 1e6), rows, activity,
+                source)
 
 
 def test_node_stats_are_per_iteration_and_time_weighted() -> None:
-    runs = [IterationRun(1.0, (_call("iteration.a@0", 0, 100, 0.2), _call("iteration.a@1", 100, 300, 0.6),
+    runs = [IterationRun(1.0, (_call("iteration.a@0", 0, 100, 0.2, source="iteration.a"),
+                               _call("iteration.a@1", 100, 300, 0.6, source="iteration.a"),
                                _call("iteration.b", 400, 50, None))),
             IterationRun(1.0, (_call("iteration.a", 0, 200, 0.4, iteration=1),))]
     stats = node_stats(runs)

@@ -60,7 +60,7 @@ def test_complete_iterations_are_training(session) -> None:
     runs = s.complete([wf], 2, warmup=1)[0]
     assert s.k == 3 and len(runs) == 2 and [r.iteration for r in runs] == [1, 2]
     assert [line["iteration"] for line in s.retained] == [0, 1, 2]
-    act = [c for c in runs[0].calls if c.structural == "iteration.epoch.step.act"]
+    act = [c for c in runs[0].calls if c.source == "iteration.epoch.step.act"]
     assert len(act) == 2 * 3 and all(c.rows == 64 for c in act)
     assert all(c.activity is not None and 0.0 <= c.activity <= 1.0 for c in runs[0].calls)
 
@@ -318,7 +318,7 @@ def test_switching_back_to_a_plan_reloads_its_nodes(session) -> None:
     runs = s.complete([two, four], 2)  # A B, then B A: A runs after B
     for plan_runs, rows in zip(runs, (32, 16), strict=True):
         for run in plan_runs:
-            assert {c.rows for c in run.calls if c.structural == "iteration.epoch.step.act"} == {rows}
+            assert {c.rows for c in run.calls if c.source == "iteration.epoch.step.act"} == {rows}
             assert run.metrics["sim/env_steps"] == 2 * 3 * 64
     assert s.executor.loads == 3
 

@@ -118,7 +118,7 @@ def test_a_loop_in_a_chain_is_copied_whole_per_group_and_its_consumer_waits_for_
     body = [i.name for i in result.workflow.root.body]
     assert body == ["prompt", "decode@0", "decode@1", "decode", "score@0", "score@1", "score", "learn"]
     copy = result.workflow.find(("iteration", "decode@1"))
-    assert unparse(copy.carries[0].init) == "prompt.x[4:8]" and copy.body[0].rows == (4, 8)
+    assert unparse(copy.carries[0].init) == "prompt.x[4:8]" and copy.body[0].plan.rows == (4, 8)
     g = invocation_graph(result.workflow, iterations=1)
     score0 = next(i for i in g.order if i.path[-1] == "score@0")
     assert {(p.path[-2], p.indices[-1]) for p in g.producers(score0)} == {("decode@0", 2)}  # copy 0's last token

@@ -72,7 +72,7 @@ def test_two_rollouts_take_turns_on_the_policy_and_compute_the_same() -> None:
     assert _policy_order(wf) == ["act_a"] * 3 + ["act_b"] * 2
     result = _apply(wf, "rewire reset_b before la", "interleave la lb")
     assert _policy_order(result.workflow) == ["act_a", "act_b", "act_a", "act_b", "act_a"]  # 3 and 2: the rest after
-    assert [i.interleaved for i in result.workflow.root.body if i.name in ("la", "lb")] == [True, True]
+    assert [i.plan.interleaved for i in result.workflow.root.body if i.name in ("la", "lb")] == [True, True]
     assert_preserved(wf, result)
     assert "interleave LOOP_A LOOP_B" in REQUEST_HELP
 

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, Phase, event, example, find, given, note, se
 from hypothesis import strategies as st
 
 from rose_dsl import load_workflow_text
-from rose_dsl.ir import ExecutionNode, LoopNode, MergeNode, Workflow
+from rose_dsl.ir import ExecutionNode, LoopNode, MergeNode, Workflow, with_plan
 from rose_dsl.resolve import check_workflow
 from rose_dsl.serialize import to_yaml
 from rose_dsl.transforms import Refused, Rewritten, apply, apply_request, compose, split_node, split_temporal
@@ -65,7 +65,7 @@ def request_for(wf: Workflow, step: Step) -> str | None:
         anchor = pick([i.name for i in body if i.name != item.name], b)
         return None if anchor is None else f"rewire {_name(item.path)} {('before', 'after')[c % 2]} {anchor}"
     if op == "defer":  # a node of the RL iteration body run K iterations later (no budgets here: lag 0 only)
-        node = pick([i for i in wf.root.body if isinstance(i, ExecutionNode) and not i.defer], a)
+        node = pick([i for i in wf.root.body if isinstance(i, ExecutionNode) and not i.plan.defer], a)
         return None if node is None else f"defer {_name(node.path)} {1 + b % 2}"
     if op == "split_node":
         node = pick([i for i in items if not isinstance(i, LoopNode | MergeNode)], a)
@@ -76,11 +76,11 @@ def request_for(wf: Workflow, step: Step) -> str | None:
         chain = pick(chains, a)
         return None if chain is None else f"split-chain {' '.join(_name(n.path) for n in chain)} {2 + b % 3}"
     if op == "interleave":  # among loops whose body holds groups (else there is nothing to interleave)
-        split_in_time = sorted({".".join(i.path[1:-1] + (i.split_of,)) for i in loops
+        split_in_time = sorted({".".join(i.path[1:-1] + (i.plan.split_of,)) for i in loops
                                 if i.temporal_group})
         if split_in_time and b % 2 == 0:  # a loop split in time: its groups take turns, one call each
             return f"interleave {pick(split_in_time, a)}"
-        loops = [lp for lp in loops if any(getattr(i, "split_of", None) for i in lp.body)]
+        loops = [lp for lp in loops if any(not isinstance(i, MergeNode) and i.plan.split_of for i in lp.body)]
     if op == "interleave_loops":  # a loop and the sibling loops right after it (take turns, one call each)
         runs = [r for r in (_next_loops(wf, lp, 2 + c % 2) for lp in loops) if r]
         run = pick(runs, a)
@@ -363,15 +363,13 @@ def test_forced_splits_of_what_the_checker_refuses_change_the_result() -> None:
 
 def _forced_interleave(wf: Workflow, request: str) -> Workflow:
     """`interleave A B ...` built without its checks: the loops marked to take turns."""
-    from dataclasses import replace
-
     from rose_dsl.transforms.tree import replace_body
 
     paths = [tuple(n.split(".")) for n in request.split()[1:]]
     parent = wf.find(paths[0][:-1])
     assert isinstance(parent, LoopNode)
     names = {p[-1] for p in paths}
-    return replace_body(wf, parent.path, [replace(i, interleaved=True) if i.name in names else i for i in parent.body])
+    return replace_body(wf, parent.path, [with_plan(i, interleaved=True) if i.name in names else i for i in parent.body])
 
 
 @settings()
