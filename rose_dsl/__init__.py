@@ -14,7 +14,7 @@ from .build import build_workflow
 from .errors import Diagnostic, SourcePos, WorkflowError
 from .ir import Workflow
 from .loader import Document, load_file, load_text
-from .resolve import check_workflow
+from .resolve import check_reserved_names, check_workflow
 
 __version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 
@@ -35,6 +35,9 @@ def check(wf: Workflow, text: str | None = None) -> Workflow:
 
 def _from_doc(doc: Document, overrides: Mapping[str, Any] | None) -> Workflow:
     wf = build_workflow(doc, overrides)
+    reserved = check_reserved_names(wf)  # (a file's names: the rewrites' own IR may hold `@N` without `plan:`)
+    if reserved:
+        raise WorkflowError(reserved, doc.text)
     return check(wf, doc.text)
 
 

@@ -42,7 +42,7 @@ from .ir import Access, ExecutionNode, Item, LoopNode, MergeNode, Workflow, iter
 
 __all__ = [
     "NodePort", "LoopIndex", "CarryIn", "ParentInput", "IterSelect", "Binding", "Use", "Scope", "Scopes", "Resolver",
-    "ResolveError", "check_workflow", "expr_fields", "BindingTables", "binding_table",
+    "ResolveError", "check_workflow", "check_reserved_names", "expr_fields", "BindingTables", "binding_table",
 ]
 
 Path = tuple[str, ...]
@@ -646,6 +646,31 @@ def _cycle(start: Path, target: Path, edges: dict[Path, set[Path]]) -> list[Path
                 seen.add(nxt)
                 stack.append((nxt, trail + [nxt]))
     return None
+
+
+def check_reserved_names(wf: Workflow) -> list[Diagnostic]:
+    """A name ending in `@N` is the rewrites' spelling of a split group or a component copy, so only a plan
+    (a file with `plan:`; the loader asks this of every file it loads, the rewrites of nothing) may hold one: in a workflow, `act@0` would collide with the first group of a split
+    of `act`, and a split of `act@1` would need the name `act@1@0`. (Identity never comes from the names:
+    `rose_dsl.measurement`; this keeps the names free for the rewrites.)"""
+    if wf.plan is not None or any(c.copy_of for c in wf.components.values()) or any(
+            isinstance(i, ExecutionNode | LoopNode) and i.plan != type(i.plan)() for i in wf.items()):
+        return []  # a plan: `plan:`, or fields only the rewrites write (a plan file edited by hand)
+    diags = []
+    for c in wf.components.values():
+        if "@" in c.name:
+            diags.append(Diagnostic(c.pos, f"components.{c.name}", _RESERVED.format(c.name),
+                                    f"rename it, e.g. '{c.name.replace('@', '_')}'"))
+    for item in wf.items():
+        if "@" in item.name and item.path != wf.root.path:
+            key = ("node",) if isinstance(item, ExecutionNode) else ("loop",) if isinstance(item, LoopNode) else ()
+            diags.append(Diagnostic(item.pos, format_path(item.src + key) if item.src else ".".join(item.path),
+                                    _RESERVED.format(item.name), f"rename it, e.g. '{item.name.replace('@', '_')}'"))
+    return diags
+
+
+_RESERVED = ("'{}': a name ending in '@N' is kept for the copies the rewrites make (a plan's split groups and "
+             "component copies); a workflow may not use one")
 
 
 def _check_scopes(r: Resolver) -> list[Diagnostic]:

@@ -39,6 +39,12 @@ CASES: list[tuple[str, str, str]] = [
     # a bad key of a mapping of names: at the key, saying what a name is (it was at the mapping's first key)
     ("component_name_space", MINI.replace("  a: {impl", '  "a b": {impl'),
      "wf.yaml:5:3: components.a b: 'a b' is not a valid name (letters, digits and '_', not starting with a digit)"),
+    # the rewrites' spelling of split groups and copies is kept for plans: `p@1` would collide with a split's
+    # groups (and a split of it would need `p@1@0`)
+    ("reserved_node_name", mini("    - {node: p@1, call: a.f, out: [y]}\n"),
+     "wf.yaml:9:14: iteration.body[0].node: 'p@1': a name ending in '@N' is kept for the copies the rewrites make"),
+    ("reserved_component_name", MINI.replace("  a: {impl", "  a@2: {impl").replace("call: a.f", "call: a@2.f"),
+     "wf.yaml:5:3: components.a@2: 'a@2': a name ending in '@N' is kept"),
     # a YAML tag: at the tag (it was 1:1, with the position only inside the message)
     ("yaml_tag", MINI.replace("params: {n: 2}", "params: {n: !!python/object:os.system 2}"),
      "wf.yaml:3:13: <document>: not valid YAML: YAML tags are not supported"),

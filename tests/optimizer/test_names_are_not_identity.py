@@ -1,6 +1,6 @@
-"""A name is not an identity (issue 43): the language lets a workflow name its own loop `step@7`, its
-component `policy@2` and two distinct nodes `publish` and `publish@1` -- the very spelling the rewrites
-give split groups and temporal copies. Everything the search knows of a measured call (its structural
+"""A name is not an identity (issue 43): a plan may hold a loop `step@7`, a component `policy@2` and two
+distinct nodes `publish` and `publish@1` -- the spelling the rewrites give split groups and temporal
+copies (a workflow file may not: `resolve.check_reserved_names`; a plan file may be written by hand). Everything the search knows of a measured call (its structural
 node, its base component) comes from the plan's fields, filled by the runtime where the call is recorded;
 read from the names, `step@7` would lose its `@7`, `publish@1` would merge with `publish` and the
 processes `policy` and `policy@2` would be one component. Each test here fails if anything parses them."""
@@ -24,8 +24,8 @@ from rose_dsl.transforms import apply_request, compose
 
 from .test_trials import FAST, ROOT, _executor
 
-# latency_interaction.yaml with names that look like the rewrites' own
-RENAMES = (("loop: step", "loop: step@7"), ("step.obs", "step@7.obs"), ("step.i", "step@7.i"),
+# latency_interaction.yaml as a plan with names that look like the rewrites' own
+RENAMES = (("\nparams:", "\nplan: {source: latency_interaction.yaml, rewrites: []}\nparams:"), ("loop: step", "loop: step@7"), ("step.obs", "step@7.obs"), ("step.i", "step@7.i"),
            ("step[*]", "step@7[*]"), ("].step.traj", "].step@7.traj"), ("  policy:", "  policy@2:"),
            ("call: policy.", "call: policy@2."), ("node: sync", "node: publish@1"))
 
