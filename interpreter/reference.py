@@ -159,7 +159,10 @@ def _run_with_until(run: ReferenceRun, caller: _Caller, k: int, first: int = 0, 
     if program.depth > 1 and last:
         sites = itertools.chain(sites, program.drain(k, first))
     for site in sites:
-        pairs = until.narrow(site, [(port, lift(v)) for port, v in program.inputs(site, frame).items()])
+        # a deferred call's inputs are those of its own RL iteration: evaluated in that iteration's frame,
+        # which knows how many trips its loops that end on a condition ran
+        own = run.frames.get(site.inv.indices[0], frame) if site.inv.indices[0] != k else frame
+        pairs = until.narrow(site, [(port, lift(v)) for port, v in program.inputs(site, own).items()])
         recipe, leaves = number_leaves(pairs)
         inputs = {port: evaluate(r, leaves, caller.ops, k) for port, r in recipe}
         live, held = live_inputs(recipe, inputs)

@@ -117,6 +117,9 @@ class Schedule:
         self.depth = self.program.depth
         self._since = 0
         self._kept: dict[Invocation, tuple[Any, ...]] = {}
+        # the trips each loop that ends on a condition ran, kept for later iterations' deferred calls (keyed
+        # by loop instance, whose indices start with the RL iteration's)
+        self._ran: dict[tuple[tuple[str, ...], tuple[int, ...]], list[int]] = {}
 
     def sites(self, k: int) -> list[CallSite]:
         return list(self.program.unroll(k, since=self._since))
@@ -126,6 +129,7 @@ class Schedule:
         taken after a drain; a recovery; a plan loaded mid-run)."""
         self._since = k
         self._kept.clear()
+        self._ran.clear()
 
     def steps(self, k: Any, submit: Callable[[Step], Sequence[Any]],
               fetch: Callable[[Any], Any] | None = None) -> list[tuple[Step, Sequence[Any]]]:
@@ -166,6 +170,7 @@ class Schedule:
                  if isinstance(item, ExecutionNode)}
         frame = Frame(lambda inv, port: Ref(handles[inv][ports[inv.path][port]]), RecipeOps(),
                       root_carry=self._root_carry)
+        frame.dynamic_ran.update(self._ran)  # a deferred call reads its own iteration's loops as they ran
         order = AfterOrder(self.program.items)
         until = None
         if self.dynamic and k is not None:
@@ -192,6 +197,9 @@ class Schedule:
         if k is not None:
             self.program.end_iteration(k, frame)
             self._root_carry = {j: v for j, v in frame.root_carry.items() if j > k}
+            if self.depth > 1:
+                self._ran = {key: ran for key, ran in frame.dynamic_ran.items()
+                             if key[1] and key[1][0] >= k + 2 - self.depth}
         if until is not None:
             self.trips = dict(until.trips)
         return out

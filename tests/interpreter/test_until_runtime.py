@@ -148,3 +148,34 @@ def test_a_condition_that_is_not_a_done_flag_stops_the_run_at_the_until_field(tm
     line = next(n for n, row in enumerate(DECODE.splitlines(), 1) if "until: gen.eos" in row)
     assert f"wf.yaml:{line}:" in text and ".until: the condition of loop 'decode'" in text and found in text, text
     assert "point `until:` at an output that is a flag" in text
+
+
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_a_deferred_call_reads_the_trips_its_own_iteration_ran(backend, request) -> None:
+    """`defer` of a call that selects a trip of a loop ending on a condition (`decode[-1]`): the call runs
+    one RL iteration later, where that loop has not run yet -- its inputs must still be those of its own
+    iteration (this failed with "loop 'decode' ran no iteration" until the schedule kept each iteration's
+    trips for its deferred calls). The deferred scorer's reward lags by one iteration; training is unchanged."""
+    from rose_dsl.transforms import apply_request
+
+    if backend == "ray":
+        request.getfixturevalue("ray_session")
+    text = DECODE.replace(
+        "    - {node: score,",
+        "    - {node: peek, call: judge.score, in: {tokens: decode.tokens, eos: \"decode[-1].gen.eos\"}, "
+        "out: [reward]}\n    - {node: score,")
+    text = text.replace("judge: {impl: \"examples.bench.until_loops:LengthReward\"}",
+                        "judge: {impl: \"examples.bench.until_loops:LengthReward\"}\n"
+                        "  judge2: {impl: \"examples.bench.until_loops:LengthReward\"}").replace(
+        "call: judge.score, in: {tokens: decode.tokens, eos: \"decode[-1]", "call: judge2.score, in: {tokens: "
+        "decode.tokens, eos: \"decode[-1]")
+    declared, _ = _run(text, backend)
+    wf = load_workflow_text(text, "until.yaml")
+    plan = apply_request(wf, "defer iteration.peek 1").workflow
+    from rose_dsl.serialize import to_yaml
+
+    deferred, _ = _run(to_yaml(plan), backend)
+    for key in ("lm/loss", "judge/reward", "trips/decode"):
+        assert [m[key] for m in deferred] == [m[key] for m in declared], key
+    lagged, own = [m.get("judge2/reward") for m in deferred], [m["judge2/reward"] for m in declared]
+    assert lagged[0] is None and lagged[1:] == own[:-1], (lagged, own)

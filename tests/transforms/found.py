@@ -512,3 +512,32 @@ ACCEPTED += [
 """, count=1),
         ("split-time iteration.l1 2", "split-chain iteration.l1@1.n2 iteration.l1@1.n3 iteration.l1@1.l4 2")),
 ]
+
+# Found by the long profile on the merged tree (issues 45/46): `defer` of a call that reads a loop ending as a
+# whole on a condition (`l1[-1].l2.c`, `l1.c`) evaluated its inputs in the next RL iteration's frame, where that
+# loop had run no trip yet ("loop 'l1' ran no iteration", or an empty collect). Fixed: the reference interpreter
+# evaluates a deferred call's inputs in the frame of its own RL iteration.
+ACCEPTED += [
+    Found(
+        "issue 45/46: `defer` of a call reading a loop that ends as a whole on a condition",
+        _wf(_mock("c0", [], {"n3": "{state: {}, out: [], separable: false}",
+                             "n4": "{state: {}, out: [], separable: false}", "n5": SEP,
+                             "n6": "{state: {}, out: [o0], separable: true, flags: [o0]}",
+                             "n7": "{state: {}, out: [], separable: false}"}), """\
+    - loop: l1
+      count: 2
+      until: n6.o0
+      body:
+        - loop: l2
+          count: 1
+          body:
+            - {node: n3, call: c0.n3}
+            - {node: n4, call: c0.n4}
+            - {node: n5, call: c0.n5, out: [o0], batch: {dim: 0, size: 6}}
+          collect: {c: "stack(l2[*].n5.o0)"}
+        - {node: n6, call: c0.n6, in: {t: l1.i}, out: [o0], batch: {dim: 0, size: 6}}
+      collect: {c: "stack(l1[*].l2.c)"}
+    - {node: n7, call: c0.n7, in: {x0: "{a: l1[-1].l2.c, b: l1.c}"}}
+""", count=1),
+        ("defer iteration.n7 1",)),
+]
