@@ -114,8 +114,10 @@ def run_pipelined(runner: Runner, k: int, stop: Callable[[], Any] | None, end: i
 
 
 def _checkpoint_due(runner: Runner, k: int) -> bool:
+    """Every `checkpoint_every` iterations, and always after the last one: a run keeps its work (and its
+    `export/`) whether or not it checkpoints on the way, as a synchronous run does (`Runner.run`)."""
     every = runner.config.checkpoint_every
-    return bool(every) and ((k + 1) % every == 0 or k + 1 == runner.config.iterations)
+    return (bool(every) and (k + 1) % every == 0) or k + 1 == runner.config.iterations
 
 
 def _submit(runner: Runner, k: int, queued: bool) -> _Flight:

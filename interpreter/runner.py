@@ -479,7 +479,8 @@ class Runner:
         self._open_outputs(k)
         if self.schedule.depth > 1:  # an asynchronous plan: iterations overlap (pipeline.py)
             try:
-                self._run_pipelined(k, stop)
+                self._run_pipelined(k, stop)  # (it checkpoints the last complete iteration, drained)
+                self.export()
             finally:
                 self.close()
             return self.results

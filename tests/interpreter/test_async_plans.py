@@ -319,6 +319,21 @@ def test_a_resumed_asynchronous_run_sees_what_an_uninterrupted_one_sees(tmp_path
     assert run(tmp_path / "parts", 4, False) + run(tmp_path / "parts", 6, True) == whole
 
 
+def test_an_asynchronous_run_keeps_its_work_without_checkpoint_every(tmp_path) -> None:
+    """As a synchronous run does, a pipelined one ends with a checkpoint of its last iteration (drained: the
+    declared workflow's state) and `export/`, though it was given no `--checkpoint-every`."""
+    sleeps = {"gen": [0.0, 0.002], "learner": [0.001], "scorer": [0.0]}
+    wf = load_workflow_text(_text(1, ["scorer.score"], sleeps, uuid.uuid4().hex, 5), "versions.yaml")
+    plan = apply(wf, "defer sync 1")
+    assert not isinstance(plan, Refused), plan
+    _, _, _, deferred = _run(plan.workflow, 5, out=tmp_path / "async")
+    _, _, _, declared = _run(wf, 5, out=tmp_path / "sync")
+    assert sorted(p.name for p in (tmp_path / "async" / "checkpoints").iterdir()) == ["ckpt-000004"]
+    assert (tmp_path / "async" / "export" / "manifest.json").is_file()
+    assert yaml.safe_load((tmp_path / "async" / "export" / "manifest.json").read_text())["iteration"] == 4
+    assert repr(deferred) == repr(declared)  # the final states: what the declared workflow leaves
+
+
 def test_rose_validate_prints_the_lag_of_each_budgeted_read(tmp_path) -> None:
     import subprocess
     import sys
