@@ -282,37 +282,31 @@ def _report_setup(exc: BaseException, ctx: RunContext) -> None:
     ctx.err.print(f"error: {exc}", markup=False)
 
 
-def _report_start_problems(exc: BaseException, ctx: RunContext) -> None:
-    """What a started component found that the user fixes in the workflow (an impl that does not import, a
-    missing method...): said where, before any call (exit 2)."""
+def _positioned(diagnostics: list[Any]) -> str:
+    """Workflow diagnostics as `rose validate` prints them, each with its source line where the file reads."""
     from rose_dsl.errors import WorkflowError
 
-    assert isinstance(exc, StartProblems)
     texts: dict[str, str] = {}
-    for d in exc.diagnostics:
+    for d in diagnostics:
         try:
             texts.setdefault(d.pos.file, Path(d.pos.file).read_text())
         except OSError:
             pass
-    if exc.diagnostics:
-        ctx.err.print(WorkflowError(list(exc.diagnostics), texts=texts).format(), markup=False)
-    else:
-        ctx.err.print(f"error: {exc}", markup=False)
+    return WorkflowError(list(diagnostics), texts=texts).format()
+
+
+def _report_start_problems(exc: BaseException, ctx: RunContext) -> None:
+    """What a started component found that the user fixes in the workflow (an impl that does not import, a
+    missing method...): said where, before any call (exit 2)."""
+    assert isinstance(exc, StartProblems)
+    ctx.err.print(_positioned(exc.diagnostics) if exc.diagnostics else f"error: {exc}", markup=False)
     ctx.err.print(exc.closing, markup=False)
 
 
 def _report_condition(exc: BaseException, ctx: RunContext) -> None:
     """A loop condition that is not a done flag (`until_loops.ConditionError`): said at the `until:` (exit 2)."""
-    from rose_dsl.errors import WorkflowError
-
     assert isinstance(exc, ConditionError)
-    texts: dict[str, str] = {}
-    for d in exc.diagnostics:
-        try:
-            texts.setdefault(d.pos.file, Path(d.pos.file).read_text())
-        except OSError:
-            pass
-    ctx.err.print(WorkflowError(list(exc.diagnostics), texts=texts).format(), markup=False)
+    ctx.err.print(_positioned(exc.diagnostics), markup=False)
     ctx.err.print(f"stopped; {kept_line(ctx.opts.out_dir)}" if ctx.opts.out_dir is not None else
                   "stopped (no --out: no checkpoint)", markup=False)
 
