@@ -59,6 +59,7 @@ from rose_dsl.ir import LoopNode, Workflow
 from rose_dsl.trust import TrustPolicy, check_trust
 
 from .execute import BackendName, positive_seconds
+from .machine import machine_info
 
 if TYPE_CHECKING:
     from rose_dsl.optimizer.profile import IterationRun
@@ -346,7 +347,7 @@ def _write_json(opts: _Options, entries: list[Entry], results: list[list[Iterati
         return
     doc = {"workflow": str(entries[0].file), "rounds": opts.rounds, "rounds_done": rounds_done, "warmup": opts.warmup,
            "backend": backend, "seconds_total": seconds, "books": books.to_json(),
-           "rows": plan_rows(entries, results, failures)}
+           "machine": machine_info(backend), "rows": plan_rows(entries, results, failures)}
     opts.json_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = opts.json_path.with_name(opts.json_path.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")

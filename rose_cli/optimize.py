@@ -17,8 +17,6 @@ output that would be overwritten, a budget too small for the reference profile),
 
 from __future__ import annotations
 
-import os
-import platform
 import signal
 import sys
 import threading
@@ -48,6 +46,7 @@ from rose_dsl.ir import Workflow
 from rose_dsl.trust import TrustPolicy, check_trust
 
 from .execute import BackendName
+from .machine import machine_info
 
 if TYPE_CHECKING:
     from rose_dsl.optimizer.records import Stage2Record
@@ -603,28 +602,6 @@ def _write_plan(plan: Workflow, output: Path, file: Path, result: Any, stage2: S
     tmp.replace(output)
 
 
-def _machine(backend: str) -> dict[str, Any]:
-    info: dict[str, Any] = {"host": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
-                            "cpus": os.cpu_count(), "backend": backend}
-    try:
-        import torch
-
-        info["torch"] = torch.__version__
-        if torch.cuda.is_available():
-            info["gpu"] = torch.cuda.get_device_name(0)
-            info["gpu_count"] = torch.cuda.device_count()
-    except Exception:  # noqa: BLE001 - descriptive only
-        pass
-    if backend == "ray":
-        try:
-            import ray
-
-            info["ray"] = ray.__version__
-        except ImportError:
-            pass
-    return info
-
-
 def _report_doc(wf: Workflow, result: Any, session: Any, total: float, opts: OptimizeOptions, run_dir: Path | None,
                 settings: Any, backend: str, stage2: Stage2Record, trains_on: bool = False) -> dict[str, Any]:
     from rose_dsl.optimizer.bound import reorder_bound
@@ -635,7 +612,7 @@ def _report_doc(wf: Workflow, result: Any, session: Any, total: float, opts: Opt
     except Exception as exc:  # noqa: BLE001 - an estimate for the report must not cost the plan and the report
         bound = {"error": f"{type(exc).__name__}: {exc}"}
     return build_report(result, books=session.sync_books(), total_s=total, workflow=wf.name, file=str(opts.file),
-                        settings=asdict(settings), machine=_machine(backend), stage2=stage2, plan_file=str(opts.output),
+                        settings=asdict(settings), machine=machine_info(backend), stage2=stage2, plan_file=str(opts.output),
                         run_dir=str(run_dir) if run_dir else None, activity_kind=session.activity_kind, bound=bound,
                         trains_on=trains_on, metric_notes=_metric_notes(session))
 

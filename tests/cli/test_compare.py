@@ -51,6 +51,8 @@ def test_compare_measures_every_plan_and_trains_like_the_declared_workflow(tmp_p
     assert "was written with" not in r.stderr, r.stderr
     doc = json.loads(js.read_text())
     rows = {row["label"]: row for row in doc["rows"]}
+    # the machine beside the figures (a result file is compared with others by its host, card and versions)
+    assert doc["machine"]["backend"] == "local" and doc["machine"]["python"] and doc["machine"]["cpus"] >= 1
     assert list(rows) == ["declared", "split2", "time2"]
     assert rows["declared"]["speedup"] == 1.0
     assert rows["split2"]["requests"] == ["split epoch.step 2", "interleave epoch.step"]

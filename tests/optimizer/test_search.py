@@ -379,6 +379,46 @@ def test_an_undecided_candidate_gets_more_rounds_and_then_wins(wf) -> None:
     assert m2.turns == []
 
 
+def test_extra_rounds_that_do_not_fit_the_budget_go_to_the_largest_gain(wf) -> None:
+    """H100, MJX, budget 290 s: two candidates (1.21x and 1.02x) both stayed undecided one round short of
+    the rule's first look, because each extra round measured both. When the block of every open candidate
+    does not fit what is left, the one with the largest estimated gain gets the rounds and is decided; the
+    other stays undecided (and gets rounds only if some are left). With time for both, both are measured."""
+    from dataclasses import replace
+
+    from rose_dsl.optimizer.search import _Search, paired
+
+    class Scripted(FakeMeasurer):
+        def __init__(self) -> None:
+            super().__init__(LATENCY)
+            self.turns: list[str] = []
+
+        def complete(self, plans, rounds, warmup=0, labels=(), guard_first=False):
+            seconds = {"big": 0.8, "small": 0.97}.get(labels[0], 1.0)
+            self.turns.append(labels[0])
+            self.clock += 2 * seconds  # a switch (one unmeasured iteration) and the timed one
+            self.last_failures = {}
+            return [_runs([seconds])]
+
+    first = [_runs([1.0, 1.02, 0.98]), _runs([0.97, 0.99, 0.95]), _runs([0.8, 0.82, 0.79])]
+    labels, plans = ["ref", "small", "big"], [wf, replace(wf, name="small"), replace(wf, name="big")]
+
+    def settle(budget_s: float) -> tuple[Scripted, list]:
+        m = Scripted()
+        search = _Search(wf, m, Settings(extra_rounds=3, budget_s=budget_s), lambda msg: None)
+        search.iteration_s, search.switch_s, search.setup_s = 1.0, 1.0, 0.0
+        search.seen = {id(p) for p in plans}
+        return m, search._settle(plans, first, {}, labels)
+
+    m, out = settle(9.0)  # two rounds of ref + big: 4 turns of ~2 s; with small too: 6 turns, ~12 s
+    assert "small" not in m.turns and m.turns.count("big") == 2, m.turns
+    rule = Settings().rule
+    assert paired(rule, out[0], out[2], more=False).outcome == "faster"
+    assert paired(rule, out[0], out[1], more=False).outcome == "undecided" and len(out[1]) == 3
+    m, out = settle(100.0)
+    assert m.turns.count("big") == 2 and m.turns.count("small") >= 2, m.turns
+
+
 @pytest.mark.parametrize("budget", [3.0, 5.0, 8.0, 11.0])
 def test_a_block_of_complete_trials_that_would_overrun_the_budget_is_not_started(wf, budget) -> None:
     """H200, 2026-12-03 (paper_mjx_vla, --budget-s 400): stage 1 began complete trials just before its share

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue 44's GPU check in ONE device call: `rose optimize` (stage 1, within BUDGET s) on a workflow at one
+# shape, then `rose compare` of its plan against the declared workflow, interleaved over ROUNDS rounds on one
+# set of workers. The optimizer's reported speedup should lie within the compare's spread.
+#
+#   WORKFLOW=workflows/paper_mjx_vla.yaml SETS="--set tokens=128 --set frame_skip=10" \
+#     BUDGET=270 LIMIT=320 ROUNDS=5 bash benchmarks/optimize_compare_gpu.sh
+#   SMOKE=1 bash benchmarks/optimize_compare_gpu.sh    # CPU check: local backend, latency workflow
+#
+# Writes into $OUT: optimize.tgz (benchmarks/optimize_gpu.sh's archive: plan, report, log), compare.json
+# (every measurement; written after each round, so a call cut short keeps the rounds it finished),
+# log_compare.txt, optimize_compare.json (benchmarks/optimize_compare_summary.py: is the reported figure within
+# the compare's paired ratios?). EXTRA goes to `rose optimize` (default --no-quota: stage 2 needs its own call's budget).
+# COMPARE_LIMIT bounds the compare (s, default 220).
+set -uo pipefail
+OUT=${OUT:-/tmp/rose-optcmp-out}; mkdir -p "$OUT"
+WORK_ROOT=${WORK_ROOT:-/tmp/rose-optcmp-work}
+if [ "${SMOKE:-0}" = "1" ]; then
+  WORKFLOW=${WORKFLOW:-workflows/latency_interaction.yaml}; BACKEND=local
+  export PYTHONPATH=$PWD:${PYTHONPATH:-}
+else
+  WORKFLOW=${WORKFLOW:-workflows/paper_mjx_vla.yaml}; BACKEND=ray
+fi
+SETS=${SETS:-}
+export WORKFLOW WORK_ROOT OUT
+export SETS="--set iterations=${ITERATIONS:-100} $SETS"
+export EXTRA=${EXTRA:---no-quota}
+bash benchmarks/optimize_gpu.sh
+echo "optimize exit $?"
+PLAN=$WORK_ROOT/optimize/plan.yaml
+[ -f "$PLAN" ] || { echo "no plan written" >&2; exit 1; }
+if [ "${SMOKE:-0}" != "1" ] && [ -d /tmp/site ]; then export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}; fi
+TRUST=()
+if grep -q "mjx" "$WORKFLOW"; then
+  TRUST=(--allow-env JAX_COMPILATION_CACHE_DIR --allow-path /tmp/mjxenv --allow-path .mjxenv)
+fi
+# shellcheck disable=SC2086 # SETS holds several --set options
+timeout --foreground -k 20 "${COMPARE_LIMIT:-220}" python3 -m rose_cli compare "$WORKFLOW" $SETS \
+  --backend "$BACKEND" --plan rose="$PLAN" --rounds "${ROUNDS:-5}" --warmup 1 "${TRUST[@]}" \
+  --json "$OUT/compare.json" --overwrite 2>&1 | tee "$OUT/log_compare.txt"
+if [ -f "$OUT/compare.json" ] && [ -f "$WORK_ROOT/optimize/report/report.json" ]; then
+  python3 benchmarks/optimize_compare_summary.py "$WORK_ROOT/optimize/report/report.json" "$OUT/compare.json" \
+    -o "$OUT/optimize_compare.json"
+fi
