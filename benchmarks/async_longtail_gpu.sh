@@ -17,8 +17,8 @@
 # MODE=curves: benchmarks/async_plans.py --rounds 0 (no throughput blocks: `compare` gives those) --wall-s
 # WALL_S: each plan in CURVE_PLANS (default declared,best_async; add best_sync if the call has the time)
 # trains from scratch and stops after the first iteration that ends past WALL_S s of its own wall clock
-# (CURVE_ITERATIONS is only a cap). async_plans.json is rewritten after every iteration and the SVG after
-# every finished curve, so a call cut short keeps what it did. Time of one call, with s_p a plan's seconds
+# (CURVE_ITERATIONS is only a cap). async_plans.json and the SVG are rewritten after every iteration,
+# so a call cut short keeps what it did. Time of one call, with s_p a plan's seconds
 # per iteration (H100, issue 46's compare run: declared 26.5, best_async 18.8), ~40 s of start-up per run
 # (Ray workers, model load: not on the curve's clock) and ~30 s for the bundle, the two rewrites and imports:
 #   30 + sum over plans of (40 + WALL_S + s_p), + s_p once more for an asynchronous plan (the iteration it

@@ -23,7 +23,7 @@
 # MODE=curves: benchmarks/async_plans.py --rounds 0 --wall-s WALL_S (see benchmarks/async_longtail_gpu.sh):
 # each plan in CURVE_PLANS (default declared,best_async) trains from scratch and stops after the first
 # iteration that ends past WALL_S s of its own wall clock; async_plans.json is rewritten after every
-# iteration, the SVG after every finished curve. The simulator's step program takes ~26 s to compile on
+# iteration, the SVG too. The simulator's step program takes ~26 s to compile on
 # the first call (benchmarks/results/mjx_bench.json) and JAX keeps it in JAX_COMPILATION_CACHE_DIR
 # (/tmp/jax-cache): the first run would pay it inside its clock and the others not, so the script compiles
 # it once first, at the workflow's shapes (WARM=0 skips that). Time of one call, with s_p a plan's seconds

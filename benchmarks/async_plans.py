@@ -22,7 +22,8 @@ its mean (area / B), the curve held at the first iteration's reward before it en
 reads the initial weights) -- "reward per wall-clock second not worse" as numbers, beside the picture.
 
 A call cut short (a `timeout`) keeps what it did: `--out`/async_plans.json is rewritten (temp file and
-rename) after every block and every curve point, and reward_vs_wall.svg after every finished curve.
+rename) after every block and every curve point, with the summary and reward_vs_wall.svg over the curves
+so far (`curves_finished` names the runs that ended by themselves).
 
   python3 benchmarks/async_plans.py workflows/llm_grpo.yaml --plan sync=plans/best_sync.yaml \
       --plan async=plans/async.yaml --rounds 0 --wall-s 100 --reward reward/mean_reward --out results/async
@@ -61,7 +62,7 @@ Points = list[tuple[float, float]]
 
 class Report:
     """async_plans.json as measured so far, rewritten whole after every block and every curve point (a temp
-    file renamed over it, so a kill never leaves half a file), and the SVG after every finished curve."""
+    file renamed over it, so a kill never leaves half a file), with the summary and the SVG."""
 
     def __init__(self, out: Path, doc: dict[str, Any]) -> None:
         self.out, self.doc = out, doc
@@ -81,17 +82,22 @@ class Report:
         self.doc["throughput_vs_declared"] = {k: base / m for k, m in self.doc["median"].items()} if base else {}
         self.save()
 
-    def point(self, label: str, points: Points) -> None:
+    def point(self, label: str, points: Points, title: str) -> None:
+        """A curve's points so far; the summary and the picture over every curve with points, so a call
+        killed mid-run keeps them too (a run cut short covers the common budget as far as it got)."""
         self.doc["reward_vs_wall"][label] = points
-        self.save()
-
-    def curve_done(self, label: str, title: str) -> None:
         curves = {k: v for k, v in self.doc["reward_vs_wall"].items() if v}
-        self.doc["curves_finished"].append(label)
         if curves:
             self.doc["common_budget_s"] = budget = min(pts[-1][0] for pts in curves.values())
             self.doc["reward_summary"] = {k: reward_summary(v, budget) for k, v in curves.items()}
-            (self.out / "reward_vs_wall.svg").write_text(svg(curves, title))
+            svg_path = self.out / "reward_vs_wall.svg"
+            tmp = svg_path.with_name(svg_path.name + ".tmp")
+            tmp.write_text(svg(curves, title))
+            os.replace(tmp, svg_path)
+        self.save()
+
+    def curve_done(self, label: str) -> None:
+        self.doc["curves_finished"].append(label)
         self.save()
 
 
@@ -132,6 +138,9 @@ def curve(wf: Workflow, args: argparse.Namespace, on_point: Callable[[Points], N
             if args.reward in result.metrics:
                 points.append((ended[0], float(result.metrics[args.reward])))
                 on_point(points)
+            elif not points:  # (a misspelt metric would otherwise give an empty curve, silently)
+                print(f"warning: iteration {result.iteration} has no metric {args.reward} (it has "
+                      f"{', '.join(sorted(result.metrics))})", file=sys.stderr, flush=True)
 
         def over_budget() -> bool:
             return args.wall_s is not None and ended[0] >= args.wall_s
@@ -250,10 +259,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         def point(points: Points, label: str = label) -> None:
             print(f"curve {label}: iteration {len(points) - 1} ends at {points[-1][0]:.1f} s, "
                   f"{args.reward} {points[-1][1]:.4g}", flush=True)
-            report.point(label, points)
+            report.point(label, points, title)
 
-        report.point(label, curve(plans[label], args, point))
-        report.curve_done(label, title)
+        report.point(label, curve(plans[label], args, point), title)
+        report.curve_done(label)
     for label, ratio in report.doc["throughput_vs_declared"].items():
         print(f"{label}: {report.doc['median'][label]:.4f} s/iteration, {ratio:.2f}x the declared throughput")
     for label, s in report.doc["reward_summary"].items():

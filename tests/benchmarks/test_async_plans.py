@@ -118,7 +118,7 @@ def test_every_run_stops_at_the_same_wall_budget_without_blocks(plans: tuple[Pat
 def test_a_call_cut_short_keeps_its_blocks_and_every_point(plans: tuple[Path, Path], tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """One round of blocks, then curves; the call is killed while the asynchronous run's third iteration
-    ends. On disk: the blocks, the declared curve with its picture, and the two points measured before."""
+    ends. On disk: the blocks, the declared curve, the two points measured before, and the picture of both."""
     out = tmp_path / "out"
     # readings: 2 per block (4), then per curve one at its start and one per iteration: declared 1 + 3,
     # async 1 + the kill at its third iteration's end
@@ -131,7 +131,11 @@ def test_a_call_cut_short_keeps_its_blocks_and_every_point(plans: tuple[Path, Pa
     assert doc["throughput_vs_declared"] == {"declared": 1.0, "async": 1.0}
     assert doc["reward_vs_wall"] == {"declared": [[10.0, 0.0], [20.0, 1.0], [30.0, 2.0]],
                                      "async": [[10.0, 0.0], [20.0, 1.0]]}
-    assert doc["curves_finished"] == ["declared"] and (out / "reward_vs_wall.svg").exists()
+    assert doc["curves_finished"] == ["declared"]
+    # the picture and the summary cover both runs up to where the one cut short got (20 s)
+    assert doc["common_budget_s"] == 20.0 and doc["reward_summary"]["async"]["reward_at_budget"] == 1.0
+    picture = (out / "reward_vs_wall.svg").read_text()
+    assert "declared (mean" in picture and "async (mean" in picture
     # each point was on disk before the next reading of the clock (the end of the next iteration)
     points = [("declared", 1), ("declared", 2), ("declared", 3), ("async", 1), ("async", 2)]
     # the readings that came right after each of those points (1-based): declared 5 (start), 6, 7, 8 (its
