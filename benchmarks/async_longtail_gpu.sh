@@ -4,23 +4,38 @@
 # weights (a variant of workflows/llm_grpo_longtail_gpu.yaml written here: budgets are not params).
 #
 #   MODE=compare bash benchmarks/async_longtail_gpu.sh   # one interleaved `rose compare` run: throughput ratio
-#   MODE=curves  bash benchmarks/async_longtail_gpu.sh   # reward against wall-clock time, one run per plan
+#   MODE=curves  bash benchmarks/async_longtail_gpu.sh   # reward against wall-clock time over one wall budget
 #
-# carries: .raybundle (as benchmarks/paper_table_gpu.sh). Each mode fits one device call (LIMIT s, default 540).
+# carries: .raybundle (as benchmarks/paper_table_gpu.sh). Each mode fits one device call (LIMIT s).
 # `rose compare` measures an asynchronous plan over windows of pipelined iterations (docs/cli.md) and writes
 # its JSON after every round, so a call cut short keeps the rounds it finished. SYNC: the rewrites of the
 # best synchronous plan (default: issue 45's chain of 4 row groups; replace it by `rose optimize`'s if that
 # found a better one); the asynchronous plan is SYNC + `defer sync 1`. Target: async >= 1.5x the declared
-# throughput, reward per wall-clock second not worse (the curves' picture, cut at the shortest run).
+# throughput, reward per wall-clock second not worse (the curves' picture, cut at the shortest run, and
+# async_plans.json's reward_summary: the reward at that common budget and the mean reward up to it).
+#
+# MODE=curves: benchmarks/async_plans.py --rounds 0 (no throughput blocks: `compare` gives those) --wall-s
+# WALL_S: each plan in CURVE_PLANS (default declared,best_async; add best_sync if the call has the time)
+# trains from scratch and stops after the first iteration that ends past WALL_S s of its own wall clock
+# (CURVE_ITERATIONS is only a cap). async_plans.json and the SVG are rewritten after every iteration,
+# so a call cut short keeps what it did. Time of one call, with s_p a plan's seconds
+# per iteration (H100, issue 46's compare run: declared 26.5, best_async 18.8), ~40 s of start-up per run
+# (Ray workers, model load: not on the curve's clock) and ~30 s for the bundle, the two rewrites and imports:
+#   30 + sum over plans of (40 + WALL_S + s_p), + s_p once more for an asynchronous plan (the iteration it
+#   already has in flight when it stops) and its drain
+# WALL_S=100: 30 + (40 + 100 + 26.5) + (40 + 100 + 2 * 18.8) ~ 375 s (LIMIT 420); WALL_S=75 ~ 325 s;
+# with best_sync too, add ~40 + WALL_S + 27 s.
 set -u
 MODE=${MODE:-compare}
 WF=${WF:-workflows/llm_grpo_longtail_gpu.yaml}   # (workflows/llm_grpo_longtail.yaml with DEVICE=cpu: a CPU smoke run)
 DEVICE=${DEVICE:-cuda}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-LIMIT=${LIMIT:-540}
+LIMIT=${LIMIT:-$([ "$MODE" = curves ] && echo 420 || echo 540)}
 ROUNDS=${ROUNDS:-2}
 SYNC=${SYNC:-"split-chain generate ref score 4"}
-CURVE_ITERATIONS=${CURVE_ITERATIONS:-8}
+CURVE_ITERATIONS=${CURVE_ITERATIONS:-40}   # a cap: WALL_S ends the curve runs
+WALL_S=${WALL_S:-100}
+CURVE_PLANS=${CURVE_PLANS:-declared,best_async}
 SETS=(${SETS:-})   # extra --set NAME=VALUE pairs for the workflow, e.g. SETS="--set prompts=64"
 export PYTHONUNBUFFERED=1 RAY_DEDUP_LOGS=0
 if [ -d .raybundle ]; then
@@ -46,10 +61,10 @@ case "$MODE" in
       --plan best_sync="$OUT/best_sync.yaml" --plan best_async="$OUT/best_async.yaml" --rounds "$ROUNDS" \
       --json "$OUT/async_compare.json" --runs "$OUT/async_runs" --overwrite 2>&1 | tee "$OUT/log_async_compare.txt" ;;
   curves)
-    # each plan trains from scratch for CURVE_ITERATIONS (same seed), reward against cumulative wall time
+    # each plan in CURVE_PLANS trains from scratch (same seed) for WALL_S s of its wall clock
     timeout "$LIMIT" python3 benchmarks/async_plans.py "$W" "${SETS[@]}" --backend ray --device "$DEVICE" \
-      --plan best_sync="$OUT/best_sync.yaml" --plan best_async="$OUT/best_async.yaml" --rounds 1 --block 2 \
-      --iterations "$CURVE_ITERATIONS" --reward reward/mean_reward --out "$OUT/async_curves" \
-      2>&1 | tee "$OUT/log_async_curves.txt" ;;
+      --plan best_sync="$OUT/best_sync.yaml" --plan best_async="$OUT/best_async.yaml" --rounds 0 \
+      --wall-s "$WALL_S" --iterations "$CURVE_ITERATIONS" --curve-plans "$CURVE_PLANS" \
+      --reward reward/mean_reward --out "$OUT/async_curves" 2>&1 | tee "$OUT/log_async_curves.txt" ;;
   *) echo "MODE is compare or curves" >&2; exit 2 ;;
 esac
