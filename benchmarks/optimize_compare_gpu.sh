@@ -6,6 +6,9 @@
 #   WORKFLOW=workflows/paper_mjx_vla.yaml SETS="--set tokens=128 --set frame_skip=10" \
 #     BUDGET=270 LIMIT=320 ROUNDS=5 bash benchmarks/optimize_compare_gpu.sh
 #   SMOKE=1 bash benchmarks/optimize_compare_gpu.sh    # CPU check: local backend, latency workflow
+# When both do not fit one call (MJX at a budget that decides: optimize ~500 s, compare ~170 s): COMPARE=0 in
+# the first call; unpack its optimize.tgz into an ignored folder of the checkout (e.g. .optplan/), carry it,
+# and PLAN=.optplan/optimize/plan.yaml in the second (the report beside it is read for the summary).
 #
 # Writes into $OUT: optimize.tgz (benchmarks/optimize_gpu.sh's archive: plan, report, log), compare.json
 # (every measurement; written after each round, so a call cut short keeps the rounds it finished),
@@ -25,9 +28,18 @@ SETS=${SETS:-}
 export WORKFLOW WORK_ROOT OUT
 export SETS="--set iterations=${ITERATIONS:-100} $SETS"
 export EXTRA=${EXTRA:---no-quota}
-bash benchmarks/optimize_gpu.sh
-echo "optimize exit $?"
-PLAN=$WORK_ROOT/optimize/plan.yaml
+if [ -n "${PLAN:-}" ]; then  # the optimize ran in an earlier call: its archive's plan and report, carried
+  REPORT=${REPORT:-$(dirname "$PLAN")/report/report.json}
+  if [ -d .raybundle ] && [ "${SMOKE:-0}" != "1" ]; then
+    mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site
+    if grep -q "mjx" "$WORKFLOW"; then bash benchmarks/mjx_env.sh > /dev/null 2>&1 || exit 1; fi
+  fi
+else
+  bash benchmarks/optimize_gpu.sh
+  echo "optimize exit $?"
+  PLAN=$WORK_ROOT/optimize/plan.yaml; REPORT=$WORK_ROOT/optimize/report/report.json
+fi
+[ "${COMPARE:-1}" = "1" ] || exit 0
 [ -f "$PLAN" ] || { echo "no plan written" >&2; exit 1; }
 if [ "${SMOKE:-0}" != "1" ] && [ -d /tmp/site ]; then export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}; fi
 TRUST=()
@@ -38,7 +50,7 @@ fi
 timeout --foreground -k 20 "${COMPARE_LIMIT:-220}" python3 -m rose_cli compare "$WORKFLOW" $SETS \
   --backend "$BACKEND" --plan rose="$PLAN" --rounds "${ROUNDS:-5}" --warmup 1 "${TRUST[@]}" \
   --json "$OUT/compare.json" --overwrite 2>&1 | tee "$OUT/log_compare.txt"
-if [ -f "$OUT/compare.json" ] && [ -f "$WORK_ROOT/optimize/report/report.json" ]; then
-  python3 benchmarks/optimize_compare_summary.py "$WORK_ROOT/optimize/report/report.json" "$OUT/compare.json" \
+if [ -f "$OUT/compare.json" ] && [ -f "$REPORT" ]; then
+  python3 benchmarks/optimize_compare_summary.py "$REPORT" "$OUT/compare.json" \
     -o "$OUT/optimize_compare.json"
 fi

@@ -4,8 +4,10 @@ compare` then measures for its plan against the declared workflow on the same ma
   python3 benchmarks/optimize_compare_summary.py REPORT.json COMPARE.json -o optimize_compare.json
 
 The compare interleaves declared and plan round by round, so each round gives one paired ratio (declared
-seconds / plan seconds); "within" means the report's figure lies between the smallest and the largest of
-them. With one round there is no range and the answer is null (not measured), never true.
+seconds / plan seconds). The compare's range is the compare's speedup widened by the larger of the two rows'
+spreads ((max - min) / median of each row's seconds), and further to the smallest and largest paired ratio;
+"within" means the report's figure lies in that range. With one round there is no spread and the answer is
+null (not measured), never true.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ def summarize(report: dict[str, Any], compare: dict[str, Any], plan_label: str =
     rows = {row["label"]: row for row in compare["rows"]}
     declared, plan = rows["declared"], rows[plan_label]
     ratios = [d / p for d, p in zip(declared["seconds"], plan["seconds"], strict=False) if p > 0]
-    reported = report["speedup"]
-    within = (min(ratios) <= reported <= max(ratios)) if len(ratios) >= 2 else None
+    reported, speedup = report["speedup"], plan["speedup"]
+    spread = max(declared["spread"], plan["spread"])
+    low, high = min([speedup * (1 - spread), *ratios]), max([speedup * (1 + spread), *ratios])
+    within = (low <= reported <= high) if len(ratios) >= 2 else None
     return {
         "workflow": report["workflow"],
         "optimize": {"speedup": reported, "plan_requests": report["plan_requests"], "headline": report["headline"],
@@ -31,7 +35,7 @@ def summarize(report: dict[str, Any], compare: dict[str, Any], plan_label: str =
         "compare": {"rounds": compare["rounds_done"], "declared_s": declared["seconds"], "plan_s": plan["seconds"],
                     "declared_median_s": declared["median_s"], "plan_median_s": plan["median_s"],
                     "declared_spread": declared["spread"], "plan_spread": plan["spread"],
-                    "speedup": plan["speedup"], "paired_ratios": ratios,
+                    "speedup": speedup, "paired_ratios": ratios, "range": [low, high],
                     "paired_ratio_median": statistics.median(ratios) if ratios else None,
                     "throughput": {"declared": declared["throughput"], "plan": plan["throughput"]},
                     "sm_activity": {"declared": declared["sm_activity"], "plan": plan["sm_activity"]}},
@@ -51,8 +55,7 @@ def main() -> None:
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     c = doc["compare"]
     print(f"optimize reported {doc['optimize']['speedup']:.3f}x; compare {c['speedup']:.3f}x over {c['rounds']} "
-          f"round(s), paired ratios {min(c['paired_ratios']):.3f}-{max(c['paired_ratios']):.3f}: within = "
-          f"{doc['reported_within_compare_range']}")
+          f"round(s), range {c['range'][0]:.3f}-{c['range'][1]:.3f}x: within = {doc['reported_within_compare_range']}")
 
 
 if __name__ == "__main__":

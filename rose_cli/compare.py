@@ -276,6 +276,7 @@ def _run(entries: list[Entry], run: Any, opts: _Options, teardown: ExitStack, ct
     copies = {n: c for e in entries[1:] for n, c in e.workflow.components.items()}
     with progress_log(out, run.quiet) as log:
         session = start_trial_session(wf, run, gpu, ctx, teardown, copies, log)
+        log(f"workers started ({time.perf_counter() - started:.0f} s)")
         # each GPU process's (quota, priority) now: the declared components' and the copies', as started
         started_as = [*wf.components.values(), *(c for n, c in copies.items() if n not in wf.components)]
         current = {c.name: c.mps_settings for c in started_as if c.device == "gpu"}
@@ -323,6 +324,7 @@ def _run(entries: list[Entry], run: Any, opts: _Options, teardown: ExitStack, ct
                                   entries[i].workflow, got[j])
             _write_json(opts, entries, results, failures, run.backend, time.perf_counter() - started,
                         session.books, r + 1)
+            log(_round_line(r, opts.rounds, [(entries[i].label, got[j]) for j, i in enumerate(order)], failures))
         session.finish("rose compare")
     total = time.perf_counter() - started
     _print_table(plan_rows(entries, results, failures), total, session.books)
@@ -334,6 +336,13 @@ def _run(entries: list[Entry], run: Any, opts: _Options, teardown: ExitStack, ct
         for i, why in sorted(failures.items()):
             ctx.err.print(f"error: {entries[i].label} failed: {why}", markup=False)
         code["exit"] = ExitCode.COMPONENT
+
+
+def _round_line(r: int, rounds: int, measured: list[tuple[str, list[IterationRun]]], failures: dict[int, str]) -> str:
+    """One progress line per round (a long call shows where it is; the JSON beside it has the figures)."""
+    parts = [f"{label} {statistics.median(x.seconds for x in runs):.2f} s" if runs else f"{label} -"
+             for label, runs in measured]
+    return f"round {r + 1}/{rounds}: " + ", ".join(parts) + (f" ({len(failures)} failed)" if failures else "")
 
 
 def _in(order: list[int], before: Callable[[int], None]) -> Callable[[int], None]:

@@ -46,6 +46,8 @@ def test_compare_measures_every_plan_and_trains_like_the_declared_workflow(tmp_p
              "--rounds", "3", "--out", str(run), "--json", str(js), "--runs", str(runs))
     assert r.returncode == 0, r.stderr
     assert "vs declared" in r.stdout and "split2" in r.stdout and "time2" in r.stdout
+    # a progress line per round, in the order the round ran (A B C, then C B A): a long call shows where it is
+    assert "round 1/3: declared" in r.stdout and "round 2/3: time2" in r.stdout, r.stdout
     # the plans were written with SETS and the declared workflow runs with them: nothing differs to note
     # (it used to say "the plan ... was written with iterations=40 (its source says ...)")
     assert "was written with" not in r.stderr, r.stderr
