@@ -30,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = {"interaction": "workflows/latency_interaction.yaml", "nested": "workflows/latency_nested.yaml",
              "chain": "workflows/latency_chain.yaml", "sim_processes": "workflows/latency_sim_processes.yaml",
-             "decode": "workflows/latency_decode.yaml"}
+             "decode": "workflows/latency_decode.yaml", "until_episodes": "workflows/latency_until_episodes.yaml"}
 # what a workflow's runs need besides the defaults: the simulator-processes one is the `--layout` check, on
 # Ray (replicas are processes) for the optimizer and for both sides of the A/B rounds alike
 OPTIMIZE_ARGS = {"sim_processes": ["--layout", "sim_replicas=1,2,4", "--backend", "ray"]}
@@ -47,6 +47,7 @@ CHECKS: dict[str, dict[str, Any]] = {
     "chain": {"min_speedup": 0.95},
     "decode": {"min_speedup": 1.15, "any_request": ("split-chain sample decode grade",)},
     "sim_processes": {"min_speedup": 1.2, "layout_more_than": ("sim_replicas", 1)},
+    "until_episodes": {"min_speedup": 1.3, "any_request": ("split-time epoch",)},
 }
 
 

@@ -394,11 +394,6 @@ class _ItemBuilder:
             ctx.error(path + ("until",), f"loop '{name}' ends on a condition (until) but has no bound: a loop that "
                       "ends on a condition needs `count:` beside `until:`, the most iterations it may run",
                       f"add `count: N` to loop '{name}' (e.g. the episode length, or the most tokens to generate)")
-        if raw.get("interleave") and raw.get("until") is not None:
-            ctx.error(path + ("interleave",), f"loop '{name}' ends on a condition (until): its calls cannot be dealt "
-                      "in turns with other loops' calls",
-                      "a plan gets 'interleave' from `rose rewrite --do \"interleave LOOP_A LOOP_B\"` (or \"split-time "
-                      "LOOP K\" then \"interleave LOOP\")")
         carries = []
         for var, spec in (raw.get("carry") or {}).items():
             cpath = path + ("carry", var)

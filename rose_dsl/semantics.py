@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from .expr import BinOp, Call, Expr, Int, IterRef, Neg, Param, Record, Ref, Slice
-from .ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow, iter_items
+from .ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from .resolve import Binding, CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver
 
 __all__ = ["Invocation", "CallSite", "ValueOps", "Frame", "Program", "SemanticError", "enclosing_loops",
@@ -253,8 +253,10 @@ def _interleaved_run(body: Sequence[Item], n: int) -> list[LoopNode]:
     of one split are independent (the split is legal only for a free loop, and a component whose state the
     loop writes has a copy per group), so any interleaving of their calls keeps each group's own order and
     every dependency; sibling loops were checked to be independent by the rewrite (the order check), and
-    a hand-written plan by `rose validate`'s check against its source. A loop holding a loop that ends on a
-    condition is left out."""
+    a hand-written plan by `rose validate`'s check against its source. Loops that end on a condition inside
+    the groups take turns too: each group's stream asks `until_reached` after its own trips, so the driver
+    waits for one group's condition while the calls of the others, already submitted, run (a group whose
+    loop ended drops out of the turns)."""
     first = body[n]
     if not (isinstance(first, LoopNode) and first.plan.interleaved):
         return []
@@ -262,8 +264,6 @@ def _interleaved_run(body: Sequence[Item], n: int) -> list[LoopNode]:
     for item in body[n:]:
         if not (isinstance(item, LoopNode) and item.plan.interleaved and item.temporal_group == first.temporal_group
                 and item.plan.split_of == first.plan.split_of):
-            break
-        if any(isinstance(i, LoopNode) and i.dynamic for i in iter_items(item)):
             break
         run.append(item)
     return run

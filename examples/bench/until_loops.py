@@ -11,6 +11,7 @@ loops written out by hand.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -108,12 +109,22 @@ class LengthReward:
         return out
 
 
+def _wait(fixed_ms: float, per_row_ms: float, rows: int) -> None:
+    """A call's latency, `fixed_ms + per_row_ms * rows` of wall time (sleep: no CPU, as a GPU kernel's wait
+    or a simulator process's step), for the latency-bound workflows the optimizer is checked on."""
+    if fixed_ms or per_row_ms:
+        time.sleep((fixed_ms + per_row_ms * rows) / 1000.0)
+
+
 class ToyEnv:
     """A vectorised environment whose episodes terminate per row: a row is done when its position leaves
-    [-limit, limit]. State `episode` holds every row's position (written only at the rows it is given)."""
+    [-limit, limit]. State `episode` holds every row's position (written only at the rows it is given).
+    `fixed_ms`/`per_row_ms`: the latency of a step (default none)."""
 
-    def __init__(self, num_envs: int = 6, limit: float = 1.0, seed: int = 0) -> None:
+    def __init__(self, num_envs: int = 6, limit: float = 1.0, seed: int = 0, fixed_ms: float = 0.0,
+                 per_row_ms: float = 0.0) -> None:
         self.num_envs, self.limit, self.seed = num_envs, limit, seed
+        self.fixed_ms, self.per_row_ms = float(fixed_ms), float(per_row_ms)
         self.episode = torch.zeros(num_envs, dtype=torch.float64)
         self._metrics: dict[str, float] = {}
 
@@ -123,6 +134,7 @@ class ToyEnv:
 
     def step(self, action: torch.Tensor, rows: Any = None) -> dict[str, torch.Tensor]:
         g = _all(rows, action.shape[0])
+        _wait(self.fixed_ms, self.per_row_ms, len(g))
         pos = self.episode[g] + action[:, 0]
         self.episode[g] = pos
         done = pos.abs() > self.limit
@@ -135,19 +147,22 @@ class ToyEnv:
 
 class ToyPolicy:
     """A linear policy with per-row noise; `update` takes a step on the returns of the steps before each
-    row's termination."""
+    row's termination. `fixed_ms`/`per_row_ms`: the latency of an act, `update_ms` of an update (default none)."""
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, fixed_ms: float = 0.0, per_row_ms: float = 0.0, update_ms: float = 0.0) -> None:
         self.seed = seed
+        self.fixed_ms, self.per_row_ms, self.update_ms = float(fixed_ms), float(per_row_ms), float(update_ms)
         self.weights = torch.tensor([0.3, 0.2], dtype=torch.float64)
         self._metrics: dict[str, float] = {}
 
     def act(self, obs: torch.Tensor, t: int, it: int, rows: Any = None) -> dict[str, torch.Tensor]:
         g = _all(rows, obs.shape[0])
+        _wait(self.fixed_ms, self.per_row_ms, len(g))
         noise = _noise(self.seed, it, t, g, 1) - 0.5
         return {"action": self.weights[0] * obs + self.weights[1] + noise * 0.4}
 
     def update(self, rewards: torch.Tensor, done: torch.Tensor) -> None:
+        _wait(self.update_ms, 0.0, 0)
         live = _live_mask(done)
         ret = (rewards * live).sum(dim=0)
         self.weights = self.weights + 0.01 * torch.stack([ret.mean(), (live.sum(dim=0) / live.shape[0]).mean()])

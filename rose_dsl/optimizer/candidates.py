@@ -252,7 +252,7 @@ def _take_turns(wf: Workflow, body: Sequence[Item], i: int, j: int, target: str)
     before the second's (a CPU sweep of unseen workflows, 2026-12-05: 1.49x). The rewrites' checks refuse
     it where the loops depend on each other or the moves break a dependency."""
     a, b = body[i], body[j]
-    if not (isinstance(a, LoopNode) and isinstance(b, LoopNode)) or a.dynamic or b.dynamic \
+    if not (isinstance(a, LoopNode) and isinstance(b, LoopNode)) \
             or a.temporal_group or b.temporal_group or a.plan.interleaved or b.plan.interleaved \
             or not (_components(wf, a) & _components(wf, b)):
         return []

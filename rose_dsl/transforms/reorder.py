@@ -234,9 +234,6 @@ def build_interleave_siblings(wf: Workflow, paths: Sequence[Path]) -> Rewritten:
         if item.temporal_group:
             raise Refused(f"'{item.name}' is a temporal group: interleave its split loop ('interleave {item.plan.split_of}')",
                           at=item.pos)
-        if item.dynamic:
-            raise Refused(f"loop '{item.name}' ends on a condition (until): its calls cannot be dealt in turns",
-                          at=item.field_pos.get("until") or item.pos)
         if item.plan.interleaved:
             raise Refused(f"loop '{item.name}' already takes turns with its neighbours", at=item.pos)
     at = sorted(names.index(p[-1]) for p in paths)

@@ -90,9 +90,9 @@ CASES: list[tuple[str, str, str]] = [
      "wf.yaml:86:42: iteration.body[0].body[1].body[1].in.action: in expression 'act.action[0:': expression ends early"),
     ("unknown_function", sub("in: {action: act.action}", 'in: {action: "mean(act.action)"}'),
      "wf.yaml:86:29: iteration.body[0].body[1].body[1].in.action: in expression 'mean(act.action)': unknown function 'mean'"),
-    ("interleave_until", mini("    - loop: l\n      until: p.y\n      interleave: true\n      body:\n        - {node: p, call: a.f, out: [y]}\n"),
-     "wf.yaml:11:19: iteration.body[0].interleave: loop 'l' ends on a condition (until): its calls cannot be dealt in "
-     "turns with other loops' calls"),
+    ("until_without_bound", mini("    - loop: l\n      until: p.y\n      body:\n        - {node: p, call: a.f, out: [y]}\n"),
+     "wf.yaml:10:14: iteration.body[0].until: loop 'l' ends on a condition (until) but has no bound: a loop that ends "
+     "on a condition needs `count:` beside `until:`, the most iterations it may run"),
     ("all_iterations_unwrapped", sub('in: {traj: "epoch[update.i].step.traj"}', 'in: {traj: "epoch[*].step.traj"}'),
      "wf.yaml:97:23: iteration.body[1].body[0].in.traj: in 'epoch[*].step.traj': '[*]' gives every iteration: wrap it in stack(...) or cat(...)"),
     ("iteration_out_of_range", sub('in: {traj: "epoch[update.i].step.traj"}', 'in: {traj: "epoch[7].step.traj"}'),

@@ -19,9 +19,11 @@ from rose_dsl.transforms import Refused, apply_request
 FIXTURES = Path(__file__).resolve().parents[1] / "dsl" / "fixtures"
 SPLIT = (FIXTURES / "until_decode_split.yaml").read_text()
 EPISODES = (FIXTURES / "until_episodes.yaml").read_text()
+EPOCHS = (FIXTURES / "until_epochs.yaml").read_text()
 
 
-def _metrics(wf: Workflow, backend: str = "local", order: list[str] | None = None) -> list[dict[str, float]]:
+def _metrics(wf: Workflow, backend: str = "local", order: list[str] | None = None,
+             prefixes: tuple[str, ...] = ("lm/", "judge/")) -> list[dict[str, float]]:
     sch = Schedule(wf)
     if backend == "local":
         be = LocalBackend(wf, ("examples.",), sch.program.loops_of)
@@ -42,12 +44,14 @@ def _metrics(wf: Workflow, backend: str = "local", order: list[str] | None = Non
         runner.run()
     finally:
         be.shutdown()
-    return [{k: v for k, v in r.metrics.items() if k.startswith(("lm/", "judge/"))} for r in runner.results]
+    return [{k: v for k, v in r.metrics.items() if k.startswith(prefixes)} for r in runner.results]
 
 
-def _plan(text: str, request: str) -> Workflow:
+def _plan(text: str, *requests: str) -> Workflow:
     wf = load_workflow_text(text, "until.yaml")
-    return apply_request(wf, request).workflow
+    for request in requests:
+        wf = apply_request(wf, request).workflow
+    return wf
 
 
 @pytest.mark.parametrize("k", [2, 3])
@@ -74,6 +78,48 @@ def test_the_split_plan_on_ray_equals_the_declared_workflow() -> None:
         assert _metrics(_plan(SPLIT, "split-chain decode score 2"), "ray") == want
     finally:
         ray.shutdown()
+
+
+def _first_iteration(order: list[str]) -> list[str]:
+    calls = [label for label in order if label.startswith("iteration.")]
+    return calls[:calls.index(next(c for c in calls if ".learn" in c))]
+
+
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_temporal_groups_holding_an_until_loop_take_turns_and_compute_the_declared_values(backend) -> None:
+    """`split-time epoch 2; interleave epoch` where each epoch's episode loop ends per row: the groups take
+    turns, one call each (group 1's episode runs while group 0's is still stepping; a group whose episodes
+    all ended drops out), and the metrics are the declared workflow's bit for bit. The groups used to run
+    one after the other: the interleave was accepted and silently dropped."""
+    if backend == "ray":
+        ray = pytest.importorskip("ray")
+        ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
+    try:
+        want = _metrics(load_workflow_text(EPOCHS, "until.yaml"), prefixes=("pi/",))
+        order: list[str] = []
+        plan = _plan(EPOCHS, "split-time epoch 2", "interleave epoch")
+        got = _metrics(plan, backend, order=order, prefixes=("pi/",))
+    finally:
+        if backend == "ray":
+            ray.shutdown()
+    assert want and got == want
+    calls = _first_iteration(order)
+    last0 = max(i for i, c in enumerate(calls) if c.startswith("iteration.epoch@0.ep."))
+    first1 = min(i for i, c in enumerate(calls) if c.startswith("iteration.epoch@1.ep."))
+    assert first1 < last0, calls[:16]
+    steps = [c.split(".")[1] for c in calls if ".ep." in c]
+    assert steps[:4] == ["epoch@0", "epoch@1", "epoch@0", "epoch@1"], steps[:8]
+
+
+def test_sibling_until_loops_take_turns_and_compute_the_declared_values() -> None:
+    """Two row groups of a decode loop (`split-chain`), made neighbours and interleaved: their steps alternate
+    until each group's rows are done, and every value is the declared workflow's."""
+    want = _metrics(load_workflow_text(SPLIT, "until.yaml"))
+    order: list[str] = []
+    plan = _plan(SPLIT, "split-chain decode score 2", "rewire score@0 after decode@1", "interleave decode@0 decode@1")
+    assert _metrics(plan, order=order) == want
+    gens = [c.split(".")[1] for c in _first_iteration(order) if ".gen" in c]
+    assert gens[:4] == ["decode@0", "decode@1", "decode@0", "decode@1"], gens[:8]
 
 
 def test_a_loop_that_writes_state_is_not_split_into_groups_that_end_on_their_own() -> None:
