@@ -44,7 +44,7 @@ __all__ = ["OUTPUTS", "LOCK", "RunDirInUse", "RunDirLock", "check_run_dir", "cle
 
 # what rose writes at the top of a run directory (files), and in its own subdirectories (name patterns)
 OUTPUTS = ("metrics.jsonl", "metrics.jsonl.tmp", "trace.json", "trace.jsonl", "nodes.json", "stacks.txt",
-           "recoveries.jsonl")
+           "recoveries.jsonl", "staleness.json", "staleness.json.tmp")
 OWN_DIRS = {
     "tb": re.compile(r"^events\.out\.tfevents\..+$"),  # SummaryWriter's file names
     "checkpoints": re.compile(r"^(ckpt-\d{6,}|\.tmp-ckpt-\d+-\d+-.*|\.old-ckpt-\d{6,}-\d+)$"),  # checkpoint.py's

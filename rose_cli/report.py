@@ -3,6 +3,9 @@ messages of resumes, restarts and the watchdog."""
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +15,11 @@ from rich.table import Table
 from interpreter.backends import Backend
 from interpreter.runner import IterationResult, Resumed
 
-__all__ = ["metrics_line", "processes", "resumed", "recovery", "stacks", "nodes", "curve"]
+__all__ = ["metrics_line", "processes", "resumed", "recovery", "stacks", "nodes", "curve", "staleness",
+           "staleness_histogram"]
 
 CURVE_METRICS = ("episode_return", "reward", "mean_reward")
+STALENESS_KEY = re.compile(r"^(?P<source>.+)/staleness_hist_(?P<lag>\d+)$")  # a learner's per-iteration counts
 
 
 def metrics_line(metrics: dict[str, float]) -> str:
@@ -106,3 +111,39 @@ def curve(out: Console, results: list[IterationResult]) -> None:
     lo, hi = min(m for *_, m in means), max(m for *_, m in means)
     spark = "".join(blocks[int((m - lo) / (hi - lo + 1e-12) * (len(blocks) - 1))] for *_, m in means)
     out.print(f"{name}: {spark}  " + "  ".join(f"[{a}-{b}] {m:.3g}" for a, b, m in means), markup=False)
+
+
+def staleness_histogram(lines: Iterable[Mapping[str, Any]]) -> dict[str, dict[int, float]]:
+    """Per learner (the metric's prefix), how many samples it trained at each lag over `lines` (metrics
+    lines, each with its own iteration's `PREFIX/staleness_hist_LAG` counts): the run's histogram."""
+    out: dict[str, dict[int, float]] = {}
+    for line in lines:
+        for key, value in line.items():
+            m = STALENESS_KEY.match(key)
+            if m and isinstance(value, int | float):
+                hist = out.setdefault(m["source"], {})
+                hist[int(m["lag"])] = hist.get(int(m["lag"]), 0.0) + float(value)
+    return out
+
+
+def staleness(out: Console, out_dir: Path | None, results: list[IterationResult]) -> None:
+    """The run's staleness histogram (issue 46): written to `staleness.json` in the run directory and printed
+    in a line per learner. From `metrics.jsonl` when there is one (every iteration of the run, those before
+    a resume too), else from this process's iterations. Nothing for a run whose learners report none."""
+    lines: list[Mapping[str, Any]] = [r.metrics for r in results]
+    log = out_dir / "metrics.jsonl" if out_dir is not None else None
+    if log is not None and log.is_file():
+        lines = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
+    hist = staleness_histogram(lines)
+    if not hist:
+        return
+    if out_dir is not None:
+        doc = {src: {"samples_by_lag": {str(k): v for k, v in sorted(h.items())}, "max_lag": max(h),
+                     "samples": sum(h.values())} for src, h in sorted(hist.items())}
+        tmp = out_dir / "staleness.json.tmp"
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        tmp.replace(out_dir / "staleness.json")
+    for src, h in sorted(hist.items()):
+        total = sum(h.values()) or 1.0
+        parts = ", ".join(f"lag {k}: {v:.0f} ({v / total:.0%})" for k, v in sorted(h.items()))
+        out.print(f"staleness ({src}): {parts}", markup=False)

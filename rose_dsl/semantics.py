@@ -34,7 +34,7 @@ from .ir import ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from .resolve import Binding, CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver
 
 __all__ = ["Invocation", "CallSite", "ValueOps", "Frame", "Program", "SemanticError", "enclosing_loops",
-           "run_sequential"]
+           "interleaved_run", "run_sequential"]
 
 Path = tuple[str, ...]
 Ctx = Mapping[Path, int]  # the iteration of every enclosing loop, by loop path
@@ -225,7 +225,7 @@ def _unroll_body(p: Program, body: Sequence[Item], ctx: dict[Path, int], until_r
     n = 0
     while n < len(body):
         item, n = body[n], n + 1
-        turns = _interleaved_run(body, n - 1)
+        turns = interleaved_run(body, n - 1)
         if len(turns) > 1:
             n += len(turns) - 1
             yield from _round_robin([_unroll_body(p, [m], ctx, until_reached) for m in turns])
@@ -247,7 +247,7 @@ def _unroll_body(p: Program, body: Sequence[Item], ctx: dict[Path, int], until_r
                 yield from _unroll_dynamic(p, item, ctx, until_reached)
 
 
-def _interleaved_run(body: Sequence[Item], n: int) -> list[LoopNode]:
+def interleaved_run(body: Sequence[Item], n: int) -> list[LoopNode]:
     """The loops that start at body[n] and run in turn (`interleaved`), or []: the temporal groups of one
     split, or consecutive sibling loops that are not temporal groups (`interleave LOOP_A LOOP_B`). Groups
     of one split are independent (the split is legal only for a free loop, and a component whose state the

@@ -49,10 +49,10 @@ from ..analysis import (
 )
 from ..errors import Diagnostic, SourcePos, WorkflowError
 from ..expr import BinOp, Call, Expr, Int, IterRef, Neg, Param, Ref, Slice, unparse
-from ..ir import Access, ExecutionNode, Item, LoopNode, MergeNode, Workflow
+from ..ir import Access, ExecutionNode, Item, LoopNode, MergeNode, Workflow, iter_items
 from ..loader import load_text
 from ..resolve import CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver, binding_table
-from ..semantics import Invocation, SemanticError
+from ..semantics import Invocation, SemanticError, interleaved_run
 from .legality import describe_invocation, on_component, staleness_budgets, values_of
 from .refs import RefUse, batch_dim, binding_target, map_field, rename_ref
 from .seeds import SEED_GET, SEED_PORT, SEED_SET, is_seed, through_seeds
@@ -128,6 +128,9 @@ class _Checker:
             self.differ(item, f"in the plan's program order a call reads a value before its producer runs ({exc}): "
                               "the runtime could not run it")
             return self.out
+        self.turns_of_dynamic_loops()
+        if self.out:
+            return self.out
         images = self.calls(g0, g1)
         if not self.out:
             self.data(g0, g1, images)
@@ -135,6 +138,30 @@ class _Checker:
         if not self.out:
             self.rows()
         return self.out
+
+    # -- loops that end on a condition, taking turns --------------------------------------------------
+    def turns_of_dynamic_loops(self) -> None:
+        """Loops that take turns (`interleave: true`) where one of them is or holds a loop that ends on a
+        condition must not depend on each other at all: the dependency check compares the plan with its
+        source at representative trip counts (`analysis.representative`), but which loop's call comes last --
+        the last write of a state both use -- depends on the trips each runs (a hand edit of two such loops
+        that both refresh one state passed the check and left the other loop's value in it)."""
+        from .reorder import check_independent
+        from .rewritten import Refused
+
+        bodies = [self.plan.root, *(i for i in self.plan.items() if isinstance(i, LoopNode))]
+        for parent in bodies:
+            body, n = list(parent.body), 0
+            while n < len(body):
+                run = interleaved_run(body, n)
+                n += max(1, len(run))
+                if len(run) < 2 or not any(isinstance(i, LoopNode) and i.dynamic for lp in run for i in iter_items(lp)):
+                    continue
+                try:
+                    check_independent(self.plan, [lp.path for lp in run])
+                except Refused as exc:
+                    self.differ(run[0], f"{exc.reason} -- and a loop among them ends on a condition, so which call "
+                                        "runs last depends on the trips each runs", "interleave")
 
     # -- rows -------------------------------------------------------------------------------------
     def rows(self) -> None:

@@ -40,7 +40,7 @@ from .tree import (
 )
 
 __all__ = ["build_rewire", "build_fuse_loops", "build_interleave", "build_interleave_siblings", "build_expand",
-           "temporal_groups"]
+           "temporal_groups", "check_independent"]
 
 Path = tuple[str, ...]
 
@@ -241,7 +241,7 @@ def build_interleave_siblings(wf: Workflow, paths: Sequence[Path]) -> Rewritten:
         between = [n for n in names[at[0]:at[-1] + 1] if n not in {p[-1] for p in paths}]
         raise Refused(f"the loops to interleave must be next to each other; {', '.join(repr(n) for n in between)} "
                       f"{'is' if len(between) == 1 else 'are'} between them (rewire it before or after them first)")
-    _check_independent(wf, [tuple(p) for p in paths])
+    check_independent(wf, [tuple(p) for p in paths])
     neighbours = [body[j] for j in (at[0] - 1, at[-1] + 1) if 0 <= j < len(body)]
     if any(isinstance(n, LoopNode) and n.plan.interleaved and not n.temporal_group for n in neighbours):
         raise Refused("a loop next to these already takes turns with its own neighbours: interleave them all in one request")
@@ -252,7 +252,7 @@ def build_interleave_siblings(wf: Workflow, paths: Sequence[Path]) -> Rewritten:
     return Rewritten(new, identity_locate, f"interleaving loops {', '.join(order)}: one call of each in turn")
 
 
-def _check_independent(wf: Workflow, loops: Sequence[Path]) -> None:
+def check_independent(wf: Workflow, loops: Sequence[Path]) -> None:
     """No call inside one of `loops` depends on a call inside another, in one RL iteration (a value, a state
     access, an `after:`): then any interleaving of their calls that keeps each loop's own order keeps every
     dependency. Checked before the order check, which would meet the value of a call not yet run."""

@@ -375,6 +375,73 @@ def _forced_interleave(wf: Workflow, request: str) -> Workflow:
 @settings()
 @given(workflows(max_nodes=10), st.lists(STEPS, max_size=1),
        st.tuples(st.just("interleave_loops"), st.integers(0, 999), st.integers(0, 999), st.integers(0, 999)))
+# found by the long profile once loops that end on a condition could take turns: two such sibling loops that
+# both refresh c0.s0, interleaved by hand, passed the plan check at representative trip counts and left the
+# other loop's value in the state (the plan check now refuses dependent turns where a loop ends on a condition)
+@example(
+    doc={'rose': 1,
+     'name': 'random',
+     'params': {'seed': 0},
+     'components': {'c0': {'impl': 'tests.mocks:MockC0',
+       'state': ['s0'],
+       'args': {'name': 'c0',
+        'batch': 6,
+        'behaviors': {'n2': {'state': {'s0': 'refresh'},
+          'out': ['o0'],
+          'separable': True},
+         'n7': {'state': {'s0': 'refresh'},
+          'out': ['o0'],
+          'separable': True,
+          'flags': ['o0']}},
+        'states': ['s0']}},
+      'c1': {'impl': 'tests.mocks:MockC1',
+       'state': [],
+       'args': {'name': 'c1',
+        'batch': 6,
+        'behaviors': {'n3': {'state': {}, 'out': [], 'separable': True},
+         'n4': {'state': {},
+          'out': ['o0'],
+          'separable': True,
+          'flags': ['o0']},
+         'n6': {'state': {}, 'out': [], 'separable': True},
+         'n8': {'state': {}, 'out': [], 'separable': True}},
+        'states': []}}},
+     'iteration': {'count': 1,
+      'body': [{'loop': 'l1',
+        'count': 2,
+        'until': 'n4.o0',
+        'body': [{'node': 'n2',
+          'call': 'c0.n2',
+          'out': ['o0'],
+          'state': {'s0': 'refresh'},
+          'batch': {'dim': 0, 'size': 6}},
+         {'node': 'n3', 'call': 'c1.n3', 'batch': {'dim': 0, 'size': 6}},
+         {'node': 'n4',
+          'call': 'c1.n4',
+          'out': ['o0'],
+          'batch': {'dim': 0, 'size': 6},
+          'in': {'t': 'l1.i'}}]},
+       {'loop': 'l5',
+        'count': 2,
+        'until': 'n7.o0',
+        'body': [{'node': 'n6',
+          'call': 'c1.n6',
+          'batch': {'dim': 0, 'size': 6}},
+         {'node': 'n7',
+          'call': 'c0.n7',
+          'out': ['o0'],
+          'state': {'s0': 'refresh'},
+          'batch': {'dim': 0, 'size': 6},
+          'in': {'t': 'l5.i'}}]},
+       {'node': 'n8', 'call': 'c1.n8', 'batch': {'dim': 0, 'size': 6}}]}},
+    before=[],  # or any other generated value
+    step=(
+        'interleave_loops',
+        0,  # or any other generated value
+        0,  # or any other generated value
+        0,
+    ),
+).via('discovered failure')
 def test_sibling_interleavings_a_plan_check_accepts_compute_the_same(doc, before, step) -> None:
     """Where `interleave LOOP_A LOOP_B` is refused because one loop depends on the other (the rewrite is
     conservative: any dependency between the loops refuses it), loops made to take turns anyway -- a plan

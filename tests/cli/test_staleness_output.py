@@ -1,0 +1,41 @@
+"""A run's staleness histogram (issue 46): `rose execute` sums the learner's per-iteration counts
+(`PREFIX/staleness_hist_LAG`) over the whole run into `staleness.json` and prints a line per learner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rose_cli.report import staleness_histogram
+
+from .clirun import ROOT, rose
+
+
+def test_the_histogram_sums_each_learner_s_counts_over_the_iterations() -> None:
+    lines = [{"learner/staleness_hist_0": 8.0, "learner/reward": 0.5},
+             {"learner/staleness_hist_1": 6.0, "learner/staleness_hist_0": 2.0, "ppo/staleness_hist_2": 3},
+             {"learner/staleness_mean": 1.0, "iteration": 2}]
+    assert staleness_histogram(lines) == {"learner": {0: 10.0, 1: 6.0}, "ppo": {2: 3.0}}
+    assert staleness_histogram([{"learner/reward": 1.0}]) == {}
+
+
+def test_an_asynchronous_run_writes_its_histogram(tmp_path: Path) -> None:
+    """The CPU long-tail GRPO workflow with `max_staleness: 1` on the generator's weights and `defer sync 1`:
+    the first update trains on the initial weights' rollout (lag 0), every later one on a rollout one update
+    old (lag 1); a synchronous run of the same workflow has lag 0 only."""
+    text = (ROOT / "workflows" / "llm_grpo_longtail.yaml").read_text()
+    budgeted = text.replace("    state: [weights]\n", "    state: {weights: {max_staleness: 1}}\n", 1)
+    assert budgeted != text
+    wf, plan = tmp_path / "lt.yaml", tmp_path / "async.yaml"
+    wf.write_text(budgeted)
+    r = rose("rewrite", str(wf), "--set", "iterations=4", "--do", "defer sync 1", "-o", str(plan))
+    assert r.returncode == 0, r.stderr
+    r = rose("execute", str(wf), "--plan", str(plan), "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads((tmp_path / "run" / "staleness.json").read_text())
+    lags = doc["learner"]["samples_by_lag"]
+    assert set(lags) == {"0", "1"} and lags["1"] == 3 * lags["0"] and doc["learner"]["max_lag"] == 1
+    assert "staleness (learner): lag 0:" in r.stdout and "lag 1:" in r.stdout
+    r = rose("execute", str(wf), "--set", "iterations=2", "--out", str(tmp_path / "sync"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert set(json.loads((tmp_path / "sync" / "staleness.json").read_text())["learner"]["samples_by_lag"]) == {"0"}
