@@ -10,15 +10,16 @@
 #    (+ `defer sync 1`), ROUNDS_P interleaved rounds;
 # 2. `rose compare` of the synchronous declared workflow alone (ROUNDS_S rounds): the baseline, in the same
 #    call (separate processes, minutes apart: not interleaved with 1 -- say so beside any ratio).
-# Time (H100, declared ~26.5 s/iteration, model loads ~40 s each): 1. ~40 + (1 + ROUNDS_P) x ~20 + ROUNDS_P x 5 x
-# ~15 s; 2. ~40 + (1 + ROUNDS_S) x 26.5 s: ~290 s at ROUNDS_P=1 ROUNDS_S=1. Each step writes its JSON after
-# every round (a call cut short keeps what finished).
+# Time (H100, declared ~26.5 s/iteration, model loads ~40 s each): 1. ~40 + (1 + ROUNDS_P) x ~25 + ROUNDS_P x 5 x
+# ~20 s (unmeasured: the variant's iteration; an H200 call did not finish one round in 190 s); 2. ~40 +
+# (1 + ROUNDS_S) x 26.5 s. Defaults (ROUNDS_P=1 ROUNDS_S=1): limits 400 + 110 s, one 540-s call. Each step
+# writes its JSON after every round and prints a line per round (a call cut short keeps what finished).
 set -u
 WF=${WF:-workflows/llm_grpo_longtail_gpu.yaml}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PARTIAL=${PARTIAL:-1}; STALENESS=${STALENESS:-2}
 ROUNDS_P=${ROUNDS_P:-1}; ROUNDS_S=${ROUNDS_S:-1}
-LIMIT_P=${LIMIT_P:-200}; LIMIT_S=${LIMIT_S:-110}
+LIMIT_P=${LIMIT_P:-400}; LIMIT_S=${LIMIT_S:-110}
 SETS=(${SETS:-})
 export PYTHONUNBUFFERED=1 RAY_DEDUP_LOGS=0
 if [ -d .raybundle ] && [ "${DEVICE:-cuda}" = cuda ]; then
