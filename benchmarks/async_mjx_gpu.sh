@@ -6,6 +6,8 @@
 #   MODE=compare bash benchmarks/async_mjx_gpu.sh   # one interleaved `rose compare` run: throughput ratio
 #   MODE=curves  bash benchmarks/async_mjx_gpu.sh   # reward (sim/episode_return) against wall-clock time
 #   MODE=check   bash benchmarks/async_mjx_gpu.sh   # the rewrites and validations only (no MJX: a CPU check)
+#   DEVICE=cpu MODE=compare ROUNDS=1 SETS="--set num_envs=8 --set hidden=64 ..." bash benchmarks/async_mjx_gpu.sh
+#       # the whole script on a CPU at small shapes, with MJX in .mjxenv (workflows/paper_mjx_vla.yaml's header)
 #
 # carries: .raybundle and .mjxbundle (benchmarks/mjx_bundle.sh), as benchmarks/paper_table_gpu.sh for mjx.
 # SYNC: the best synchronous plan's rewrites, `split-time epoch 2; interleave epoch` (what `rose optimize`
@@ -50,13 +52,13 @@ SETS=(${SETS:-})   # extra --set NAME=VALUE pairs for the workflow
 # what the MJX simulator's process needs allowed (its import path, JAX's cache): paper_workloads.py's trust
 TRUST=(--allow-env JAX_COMPILATION_CACHE_DIR --allow-path /tmp/mjxenv --allow-path .mjxenv)
 export PYTHONUNBUFFERED=1 RAY_DEDUP_LOGS=0
-if [ -d .raybundle ]; then
+if [ -d .raybundle ] && [ "$DEVICE" != cpu ]; then  # (the bundle is the GPU machine's Python 3.12)
   mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site || exit 1
   export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
 else
   export PYTHONPATH=$PWD:${PYTHONPATH:-}
 fi
-if [ "$MODE" != check ]; then
+if [ "$MODE" != check ] && [ "$DEVICE" != cpu ]; then  # (DEVICE=cpu: MJX from .mjxenv, the workflow's header says how)
   bash benchmarks/mjx_env.sh > "$OUT/mjx_env.log" 2>&1 || { cat "$OUT/mjx_env.log"; exit 1; }
   [ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 fi
@@ -65,6 +67,9 @@ W=$OUT/paper_mjx_vla_stale1.yaml
 sed '/^  policy:/,/^  trainer:/ s/state: \[rollout_weights\]/state: {rollout_weights: {max_staleness: 1}}/' \
   "$WF" > "$W"
 grep -q "rollout_weights: {max_staleness: 1}" "$W" || { echo "could not write the budgeted variant of $WF" >&2; exit 1; }
+if [ "$DEVICE" = cpu ]; then  # a CPU check of the whole script at small SETS (no CUDA graphs, no MPS)
+  sed -i 's/^    device: gpu/    device: cpu/; s/cuda_graphs: true/cuda_graphs: false/' "$W"
+fi
 sync_do=(); IFS=';' read -ra parts <<< "$SYNC"; for p in "${parts[@]}"; do sync_do+=(--do "$p"); done
 python3 -m rose_cli rewrite "$W" "${SETS[@]}" "${sync_do[@]}" -o "$OUT/best_sync.yaml" --overwrite || exit 1
 if ! python3 -m rose_cli rewrite "$W" "${SETS[@]}" "${sync_do[@]}" --do "$DEFER" -o "$OUT/best_async.yaml" \
@@ -80,7 +85,7 @@ grep "max_staleness" "$OUT/best_async_explain.txt" || { echo "best_async.yaml ha
 warm_sim() {  # compile the simulator's step program once, into JAX's cache, at the workflow's shapes
   [ "${WARM:-1}" = 1 ] || return 0
   PYTHONPATH="/tmp/mjxenv:.mjxenv:$PYTHONPATH" XLA_PYTHON_CLIENT_PREALLOCATE=false MUJOCO_GL=disable \
-  JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache python3 - "$W" "${SETS[@]}" <<'PY'
+  JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache python3 - "$W" "$DEVICE" "${SETS[@]}" <<'PY'
 import sys, time
 
 import torch
@@ -89,10 +94,10 @@ from examples.embodied.sim_mjx import ReacherMjxSim
 from rose_dsl import load_workflow
 from rose_dsl.cli import set_overrides
 
-wf = load_workflow(sys.argv[1], set_overrides([s for s in sys.argv[2:] if s != "--set"]))
+wf = load_workflow(sys.argv[1], set_overrides([s for s in sys.argv[3:] if s != "--set"]))
 args = dict(wf.components["sim"].args)
 t0 = time.perf_counter()
-sim = ReacherMjxSim(**args, device="cuda")
+sim = ReacherMjxSim(**args, device=sys.argv[2])
 sim.reset(it=0, ep=0)
 sim.step(torch.zeros(sim.num_envs, sim.chunk, sim.act_dim))
 print(f"simulator compiled in {time.perf_counter() - t0:.1f} s (num_envs {sim.num_envs}, chunk {sim.chunk}, "
