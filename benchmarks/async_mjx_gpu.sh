@@ -52,7 +52,7 @@ SETS=(${SETS:-})   # extra --set NAME=VALUE pairs for the workflow
 # what the MJX simulator's process needs allowed (its import path, JAX's cache): paper_workloads.py's trust
 TRUST=(--allow-env JAX_COMPILATION_CACHE_DIR --allow-path /tmp/mjxenv --allow-path .mjxenv)
 export PYTHONUNBUFFERED=1 RAY_DEDUP_LOGS=0
-if [ -d .raybundle ] && [ "$DEVICE" != cpu ]; then  # (the bundle is the GPU machine's Python 3.12)
+if [ -d .raybundle ] && [ "$DEVICE" != cpu ] && [ "$MODE" != check ]; then  # (the bundle: Python 3.12, Ray)
   mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site || exit 1
   export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
 else
