@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["Source", "Policy", "Sim", "Scorer", "Trainer", "Stage"]
+__all__ = ["Source", "Policy", "Sim", "Scorer", "Trainer", "Stage", "wait_ms"]
 
 DTYPE = torch.float64
 
 
-def _wait(fixed_ms: float, per_row_ms: float, rows: int, spin: bool | str) -> None:
+def wait_ms(fixed_ms: float, per_row_ms: float, rows: int, spin: bool | str = False) -> None:
     """Sleep (`spin` false), spin until a wall-clock deadline (`True`: busy, but done on time however the
     machine is loaded), or spin until the thread has used that much CPU time (`"cpu"`: a fixed amount of
     pure-Python work holding the GIL, as a real compute-bound call: two of them never overlap in one process)."""
@@ -62,7 +62,7 @@ class _Timed:
         self.spin: bool | str = "cpu" if spin == "cpu" else bool(spin)
 
     def wait(self, rows: int) -> None:
-        _wait(self.fixed_ms, self.per_row_ms, rows, self.spin)
+        wait_ms(self.fixed_ms, self.per_row_ms, rows, self.spin)
 
 
 class Source(_Timed):
@@ -198,7 +198,7 @@ class Trainer(_Timed):
         self._losses.append(float((grad ** 2).mean()))
 
     def get_weights(self) -> torch.Tensor:
-        _wait(self.publish_ms, 0.0, 0, self.spin)
+        wait_ms(self.publish_ms, 0.0, 0, self.spin)
         return self.weights.clone()
 
     def pop_metrics(self) -> dict[str, float]:

@@ -11,10 +11,11 @@ loops written out by hand.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
+
+from examples.bench.latency import wait_ms
 
 __all__ = ["ToyLM", "LengthReward", "ToyEnv", "ToyPolicy", "Tick", "SleepyLM", "SleepyJudge", "reference_decode",
            "reference_episodes"]
@@ -109,13 +110,6 @@ class LengthReward:
         return out
 
 
-def _wait(fixed_ms: float, per_row_ms: float, rows: int) -> None:
-    """A call's latency, `fixed_ms + per_row_ms * rows` of wall time (sleep: no CPU, as a GPU kernel's wait
-    or a simulator process's step), for the latency-bound workflows the optimizer is checked on."""
-    if fixed_ms or per_row_ms:
-        time.sleep((fixed_ms + per_row_ms * rows) / 1000.0)
-
-
 class ToyEnv:
     """A vectorised environment whose episodes terminate per row: a row is done when its position leaves
     [-limit, limit]. State `episode` holds every row's position (written only at the rows it is given).
@@ -134,7 +128,7 @@ class ToyEnv:
 
     def step(self, action: torch.Tensor, rows: Any = None) -> dict[str, torch.Tensor]:
         g = _all(rows, action.shape[0])
-        _wait(self.fixed_ms, self.per_row_ms, len(g))
+        wait_ms(self.fixed_ms, self.per_row_ms, len(g))
         pos = self.episode[g] + action[:, 0]
         self.episode[g] = pos
         done = pos.abs() > self.limit
@@ -157,12 +151,12 @@ class ToyPolicy:
 
     def act(self, obs: torch.Tensor, t: int, it: int, rows: Any = None) -> dict[str, torch.Tensor]:
         g = _all(rows, obs.shape[0])
-        _wait(self.fixed_ms, self.per_row_ms, len(g))
+        wait_ms(self.fixed_ms, self.per_row_ms, len(g))
         noise = _noise(self.seed, it, t, g, 1) - 0.5
         return {"action": self.weights[0] * obs + self.weights[1] + noise * 0.4}
 
     def update(self, rewards: torch.Tensor, done: torch.Tensor) -> None:
-        _wait(self.update_ms, 0.0, 0)
+        wait_ms(self.update_ms, 0.0, 0)
         live = _live_mask(done)
         ret = (rewards * live).sum(dim=0)
         self.weights = self.weights + 0.01 * torch.stack([ret.mean(), (live.sum(dim=0) / live.shape[0]).mean()])
