@@ -36,9 +36,12 @@ SYNC=${SYNC:-"split-chain generate ref score 4"}
 CURVE_ITERATIONS=${CURVE_ITERATIONS:-40}   # a cap: WALL_S ends the curve runs
 WALL_S=${WALL_S:-100}
 CURVE_PLANS=${CURVE_PLANS:-declared,best_async}
+# MODE=compare: the plans beside declared (a round of all three took ~360 s on an H100: COMPARE_PLANS=best_async
+# fits two rounds in one call)
+COMPARE_PLANS=${COMPARE_PLANS:-best_sync,best_async}
 SETS=(${SETS:-})   # extra --set NAME=VALUE pairs for the workflow, e.g. SETS="--set prompts=64"
 export PYTHONUNBUFFERED=1 RAY_DEDUP_LOGS=0
-if [ -d .raybundle ]; then
+if [ -d .raybundle ] && [ "$DEVICE" = cuda ]; then  # the bundle is Python 3.12 (the GPU machine)
   mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site || exit 1
   export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
 else
@@ -57,8 +60,13 @@ case "$MODE" in
   compare)
     # per round: declared 2 iterations, best_sync 2, best_async 1 + a window of 5; plus 1 warm-up
     need=$((1 + ROUNDS * 10))
+    plan_args=(); IFS=',' read -ra cps <<< "$COMPARE_PLANS"
+    for p in "${cps[@]}"; do
+      case "$p" in best_sync|best_async) plan_args+=(--plan "$p=$OUT/$p.yaml") ;;
+        *) echo "COMPARE_PLANS takes best_sync and/or best_async, not $p" >&2; exit 2 ;; esac
+    done
     timeout "$LIMIT" python3 -m rose_cli compare "$W" "${SETS[@]}" --set iterations=$need --backend ray \
-      --plan best_sync="$OUT/best_sync.yaml" --plan best_async="$OUT/best_async.yaml" --rounds "$ROUNDS" \
+      "${plan_args[@]}" --rounds "$ROUNDS" \
       --json "$OUT/async_compare.json" --runs "$OUT/async_runs" --overwrite 2>&1 | tee "$OUT/log_async_compare.txt" ;;
   curves)
     # each plan in CURVE_PLANS trains from scratch (same seed) for WALL_S s of its wall clock

@@ -98,22 +98,30 @@ BACKPRESSURE = ("queue_high_water", "blocked_submits")
 
 
 def compare(declared: Path, planned: Path) -> dict[str, Any]:
-    """Metrics per iteration (keys both runs report, timing keys left out) and final states."""
+    """Metrics per iteration (keys both runs report, timing keys left out) and final states. Per metric: the
+    largest differences, the first iteration that differs (`first_differs`: on a GPU, whether the plan's first
+    iteration already computes differently or a difference only carries over from an update) and both runs'
+    values of every iteration (`declared`, `plan`)."""
     ma, mb = _metrics(declared), _metrics(planned)
     def timing(key: str) -> bool:  # how fast (or how the calls were chunked), not what was computed
         return key.startswith(("time/", "sm_activity")) or key.endswith(("_s", "seconds", "throughput")) \
             or key.endswith(BACKPRESSURE)
 
     metrics: dict[str, dict[str, Any]] = {}
-    for ra, rb in zip(ma, mb, strict=False):
+    for it, (ra, rb) in enumerate(zip(ma, mb, strict=False)):
         for k in sorted(set(ra) & set(rb)):
             if k == "iteration" or timing(k):
                 continue
             if not isinstance(ra[k], (int, float)) or not isinstance(rb[k], (int, float)):
                 continue
             d = _diff(ra[k], rb[k])
-            row = metrics.setdefault(k, {"identical": True, "max_abs": 0.0, "max_rel": 0.0, "n": 0})
+            row = metrics.setdefault(k, {"identical": True, "max_abs": 0.0, "max_rel": 0.0, "n": 0,
+                                         "first_differs": None, "declared": [], "plan": []})
+            if not d["identical"] and row["first_differs"] is None:
+                row["first_differs"] = ra.get("iteration", it)
             row["identical"] = row["identical"] and d["identical"]
+            row["declared"].append(ra[k])
+            row["plan"].append(rb[k])
             row["max_abs"] = max(row["max_abs"], d.get("max_abs", 0.0))
             row["max_rel"] = max(row["max_rel"], d.get("rel", 0.0))
             row["n"] += 1
@@ -179,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
           f"(largest difference {result['max_state_rel_to_max']:.3g} of the tensor's largest value)")
     for k, row in result["metrics"].items():
         if not row["identical"]:
-            print(f"  metric {k}: max abs {row['max_abs']:.3g}, max rel {row['max_rel']:.3g} over {row['n']} iterations")
+            print(f"  metric {k}: max abs {row['max_abs']:.3g}, max rel {row['max_rel']:.3g} over {row['n']} iterations"
+                  f" (first differs at iteration {row['first_differs']})")
     return 0
 
 

@@ -5,6 +5,7 @@ trains -- states bit-identical, metrics equal up to the summation order of a mea
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -27,6 +28,18 @@ def test_a_temporal_split_trains_the_same_state_on_the_cpu(tmp_path: Path) -> No
     assert any(k.startswith("trainer.weights") for k in doc["states"])
     assert doc["metrics"] and doc["max_metric_rel"] < 1e-12  # summation order at most
     assert doc["metrics"]["trainer/loss"]["identical"]
+    assert doc["metrics"]["trainer/loss"]["first_differs"] is None
+    assert doc["metrics"]["trainer/loss"]["declared"] == doc["metrics"]["trainer/loss"]["plan"]
+
+    # the first iteration that differs is named: the declared run against itself with iteration 1's loss moved
+    moved = tmp_path / "moved"
+    shutil.copytree(out / "declared", moved)
+    rows = [json.loads(line) for line in (moved / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows[1]["trainer/loss"] += 1e-3
+    (moved / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    loss = compare(out / "declared", moved)["metrics"]["trainer/loss"]
+    assert not loss["identical"] and loss["first_differs"] == rows[1]["iteration"]
+    assert loss["plan"][1] - loss["declared"][1] == pytest.approx(1e-3)
 
     # a run that trained differently is found: one more iteration's state against the 3-iteration one
     other = tmp_path / "other"
