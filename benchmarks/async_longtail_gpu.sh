@@ -49,7 +49,7 @@ else
 fi
 [ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 set -o pipefail
-W=$OUT/llm_grpo_longtail_gpu_stale1.yaml
+W=$OUT/$(basename "$WF" .yaml)_stale1.yaml   # the budgeted variant, named after its source
 sed '/^  generator:/,/^  reference:/ s/state: \[weights\]/state: {weights: {max_staleness: 1}}/' \
   "$WF" > "$W"
 grep -q "max_staleness: 1" "$W" || { echo "could not write the budgeted variant" >&2; exit 1; }

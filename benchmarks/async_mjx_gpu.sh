@@ -63,7 +63,7 @@ if [ "$MODE" != check ] && [ "$DEVICE" != cpu ]; then  # (DEVICE=cpu: MJX from .
   [ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 fi
 set -o pipefail
-W=$OUT/paper_mjx_vla_stale1.yaml
+W=$OUT/$(basename "$WF" .yaml)_stale1.yaml   # the budgeted variant, named after its source
 sed '/^  policy:/,/^  trainer:/ s/state: \[rollout_weights\]/state: {rollout_weights: {max_staleness: 1}}/' \
   "$WF" > "$W"
 grep -q "rollout_weights: {max_staleness: 1}" "$W" || { echo "could not write the budgeted variant of $WF" >&2; exit 1; }
