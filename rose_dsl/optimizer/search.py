@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ..ir import Workflow
 from ..measurement import window
@@ -563,88 +564,109 @@ def optimize_graph(wf: Workflow, measurer: Measurer, settings: Settings | None =
                    stop: Stop | None = None, budget: Budget | None = None) -> Stage1Result:
     """Algorithm 1 on `wf`: returns the selected plan and everything measured on the way. `stop()`, asked
     wherever the time budget is, ends the search early as a spent budget does (and skips the final
-    before/after): what was decided so far is the result."""
+    before/after): what was decided so far is the result. Three steps: the reference profile, the rounds
+    (`_walk`), the before/after that decides the headline (`_conclude`)."""
     s = settings or Settings()
     search = _Search(wf, measurer, s, log, stop, budget)
-    g: Workflow = wf
-    requests: tuple[str, ...] = ()
-    rounds: list[RoundRecord] = []
-    stopped, cut_short = "", False
+    runs = _reference_profile(search, wf, s, stop)
+    return _conclude(search, wf, _walk(search, wf, runs, s, log), runs, measurer, s, log, stop)
+
+
+@dataclass
+class _Walked:
+    """Where the rounds of Algorithm 1 left the search: the plan, its requests and its last runs."""
+    graph: Workflow
+    requests: tuple[str, ...]
+    runs: list[IterationRun]
+    rounds: list[RoundRecord]
+    stopped: str = ""
+    cut_short: bool = False
+
+
+def _reference_profile(search: _Search, wf: Workflow, s: Settings, stop: Stop | None) -> list[IterationRun]:
+    """The declared graph's reference iterations, or OutOfBudget when the budget does not hold them all
+    (one iteration compared with itself is no before/after: a tiny budget must not print "1.00x" and exit 0)."""
     try:
         runs = search.complete([wf], s.reference_iterations, warmup=s.warmup, labels=[""])[0]
     except OutOfBudget as exc:
         raise OutOfBudget(f"{exc}: not even the reference profile fits") from None
     stopped_by_request = stop is not None and bool(stop())
     if len(runs) < s.reference_iterations and search.cut and not stopped_by_request:
-        # a budget the reference profile does not fit (the block ends with what it measured): one iteration
-        # compared with itself is no before/after (`--budget-s 0.5` printed "1.00x" and exited 0)
         raise OutOfBudget(f"{search.cut}: not even the reference profile fits ({len(runs)} of its "
                           f"{s.reference_iterations} iterations)")
-    baseline, baseline_runs = summarize([r.seconds for r in runs]), list(runs)
-    runs_profile = baseline_runs
-    final = baseline
+    return list(runs)
+
+
+def _walk(search: _Search, wf: Workflow, runs: list[IterationRun], s: Settings, log: Log) -> _Walked:
+    """Round after round, each on the plan the last one kept, until a round keeps nothing, the rounds are
+    done or the budget is spent. A round cut short stays in the record with what it measured."""
+    w = _Walked(wf, (), runs, [])
     try:
         for r in range(1, s.rounds + 1):
-            search.label = "; ".join(requests) + ("; " if requests else "")
-            rec, plan, applied, new_runs = search.round(r, g, runs)
-            rounds.append(rec)
+            search.label = "; ".join(w.requests) + ("; " if w.requests else "")
+            rec, plan, applied, new_runs = search.round(r, w.graph, w.runs)
+            w.rounds.append(rec)
             if plan is not None:
-                g, requests, runs = plan, requests + applied, new_runs
-                final = summarize([x.seconds for x in runs])
+                w.graph, w.requests, w.runs = plan, w.requests + applied, new_runs
             if search.out_of_budget:
-                stopped, cut_short = search.out_of_budget, True
-                log(f"stopping after round {r}: {stopped}")
-                break
+                w.stopped, w.cut_short = search.out_of_budget, True
+                log(f"stopping after round {r}: {w.stopped}")
+                return w
             if plan is None:
-                stopped = f"round {r} accepted nothing"
-                break
-        else:
-            stopped = f"{s.rounds} round(s) done"
+                w.stopped = f"round {r} accepted nothing"
+                return w
+        w.stopped = f"{s.rounds} round(s) done"
     except OutOfBudget as exc:
-        stopped, cut_short = str(exc), True
-        log(f"stopping: {stopped}")
-        if search.rec is not None and (not rounds or rounds[-1] is not search.rec):
+        w.stopped, w.cut_short = str(exc), True
+        log(f"stopping: {w.stopped}")
+        if search.rec is not None and (not w.rounds or w.rounds[-1] is not search.rec):
             search.rec.note = search.rec.note or f"cut short: {exc}"
-            rounds.append(search.rec)  # what the unfinished round measured stays in the report
-    final_runs = list(runs)
+            w.rounds.append(search.rec)
+    return w
+
+
+def _conclude(search: _Search, wf: Workflow, w: _Walked, profile: list[IterationRun], measurer: Measurer,
+              s: Settings, log: Log, stop: Stop | None) -> Stage1Result:
+    """The headline: the final before/after decides it by the rule when it can be measured; a plan measured
+    slower than the declared graph there is dropped (it was accepted on a reference that drifted); without a
+    before/after, round 1's interleaved reference, if the plan is round 1's, is the "before"."""
+    g, requests, stopped = w.graph, w.requests, w.stopped
+    baseline_runs, final_runs = profile, list(w.runs)
     verdict: Verdict | None = None
-    validated = False
+    validated, measured = False, False
     stop_reason = stop() if stop is not None else None
     if stop_reason and requests:
         log(f"no before/after comparison: {stop_reason}")
     elif requests and s.final_rounds:
         try:
             before, after, cut = _before_after(search, wf, g, requests, measurer, s, log)
-            if cut and len(rounds) == 1 and rounds[0].accepted and search.accepted_reference:
-                # round 1's validation interleaved the same two graphs: its runs join the few rounds the
-                # budget left (H200, 2026-12-04: one round each, 1.29x, against 1.28x over three in the block)
-                before, after = list(search.accepted_reference) + before, list(runs) + after
-            if before and after:
-                verdict = paired(s.rule, before, after, more=False)
-                validated = verdict.outcome == "faster"  # (a cut-short n < 5 never is)
-                baseline, final = summarize([r.seconds for r in before]), summarize([r.seconds for r in after])
-                baseline_runs, final_runs = before, after
-                log(f"before/after: {verdict.describe()}" + (f" (cut short: {cut})" if cut else ""))
-                if verdict.outcome == "slower" or final.median > baseline.median:
-                    # never slower than declared: the plan was accepted on a reference that drifted (H200,
-                    # 2026-12-03: accepted at 1.09x, then 0.99x over 5 interleaved rounds) -- the declared
-                    # graph is kept, and the report says why
-                    log(f"before/after: the plan ({final.median:.4f} s) is slower than the declared graph "
-                        f"({baseline.median:.4f} s): keeping the declared graph")
-                    stopped = (f"{stopped}; " if stopped else "") + (
-                        f"the plan ({'; '.join(requests)}) was accepted, then measured slower than the declared graph "
-                        f"in the before/after ({final.median:.4f} s against {baseline.median:.4f} s): declared graph kept")
-                    g, requests, final, final_runs, validated = wf, (), baseline, list(before), False
         except OutOfBudget as exc:
             log(f"no before/after comparison: {exc}")
-    if requests and baseline_runs is runs_profile and len(rounds) == 1 and search.accepted_reference:
-        # no before/after measured, but round 1's validation interleaved the plan with the declared graph
-        # itself: its reference runs are the "before" (the profile ran earlier, beside no plan). H200,
-        # 2026-12-04 (MJX): profile 9.25 s, the interleaved reference 9.51 s, the plan 7.55 s
+            before, after, cut = [], [], None
+        if cut and len(w.rounds) == 1 and w.rounds[0].accepted and search.accepted_reference:
+            # round 1's validation interleaved the same two graphs: its runs join the few rounds the budget left
+            before, after = list(search.accepted_reference) + before, list(w.runs) + after
+        if before and after:
+            measured = True
+            verdict = paired(s.rule, before, after, more=False)
+            validated = verdict.outcome == "faster"  # (a cut-short n < 5 never is)
+            baseline_runs, final_runs = before, after
+            log(f"before/after: {verdict.describe()}" + (f" (cut short: {cut})" if cut else ""))
+            b, f = summarize([r.seconds for r in before]), summarize([r.seconds for r in after])
+            if verdict.outcome == "slower" or f.median > b.median:
+                log(f"before/after: the plan ({f.median:.4f} s) is slower than the declared graph "
+                    f"({b.median:.4f} s): keeping the declared graph")
+                stopped = (f"{stopped}; " if stopped else "") + (
+                    f"the plan ({'; '.join(requests)}) was accepted, then measured slower than the declared graph "
+                    f"in the before/after ({f.median:.4f} s against {b.median:.4f} s): declared graph kept")
+                g, requests, final_runs, validated = wf, (), list(before), False
+    if requests and not measured and len(w.rounds) == 1 and search.accepted_reference:
+        # round 1's validation interleaved the plan with the declared graph itself: a fairer "before" than
+        # the profile, which ran earlier beside no plan
         baseline_runs = list(search.accepted_reference)
-        baseline = summarize([r.seconds for r in baseline_runs])
-    return Stage1Result(g, requests, baseline, final, rounds, search.errors, stopped, cut_short, baseline_runs, final_runs,
-                        verdict, validated, s.rule.describe())
+    return Stage1Result(g, requests, summarize([r.seconds for r in baseline_runs]), summarize([r.seconds for r in final_runs]),
+                        w.rounds, search.errors, stopped, w.cut_short, baseline_runs, final_runs, verdict, validated,
+                        s.rule.describe())
 
 
 def _before_after(search: _Search, wf: Workflow, g: Workflow, requests: tuple[str, ...], measurer: Measurer,
