@@ -5,6 +5,12 @@
 #
 #   MODE=compare bash benchmarks/async_longtail_gpu.sh   # one interleaved `rose compare` run: throughput ratio
 #   MODE=curves  bash benchmarks/async_longtail_gpu.sh   # reward against wall-clock time over one wall budget
+#   MODE=optimize bash benchmarks/async_longtail_gpu.sh  # `rose optimize` (both stages) on the budgeted variant
+#
+# MODE=optimize: benchmarks/optimize_gpu.sh on the variant (OPT_BUDGET s, OPT_ITERATIONS training iterations,
+# LIMIT): stage 1 may choose `defer` (the budget allows it) and stage 2 the MPS quota or priority of the process
+# with slack -- in an asynchronous plan the learner, which finishes beside the generation it should not slow.
+# Its optimize.tgz lands in $OUT. With DEVICE=cpu it runs as optimize_gpu.sh's SMOKE (local backend).
 #
 # carries: .raybundle (as benchmarks/paper_table_gpu.sh). Each mode fits one device call (LIMIT s).
 # `rose compare` measures an asynchronous plan over windows of pipelined iterations (docs/cli.md) and writes
@@ -74,5 +80,9 @@ case "$MODE" in
       --plan best_sync="$OUT/best_sync.yaml" --plan best_async="$OUT/best_async.yaml" --rounds 0 \
       --wall-s "$WALL_S" --iterations "$CURVE_ITERATIONS" --curve-plans "$CURVE_PLANS" \
       --reward reward/mean_reward --out "$OUT/async_curves" 2>&1 | tee "$OUT/log_async_curves.txt" ;;
-  *) echo "MODE is compare or curves" >&2; exit 2 ;;
+  optimize)
+    [ "$DEVICE" = cpu ] && smoke=1 || smoke=0
+    WORKFLOW="$W" SETS="${SETS[*]} --set iterations=${OPT_ITERATIONS:-30}" BUDGET=${OPT_BUDGET:-420} \
+      LIMIT=$LIMIT SMOKE=$smoke OUT=$OUT bash benchmarks/optimize_gpu.sh 2>&1 | tee "$OUT/log_async_optimize.txt" ;;
+  *) echo "MODE is compare, curves or optimize" >&2; exit 2 ;;
 esac
