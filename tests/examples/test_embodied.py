@@ -312,3 +312,21 @@ def test_short_ppo_run_learns() -> None:
     first, last = mean_return(history, 0, 3), mean_return(history, 9, 12)
     print(f"PPO: return {first:.1f} -> {last:.1f} in {elapsed:.1f}s")
     assert last > first + 8.0, (first, last)
+
+
+def test_ppo_trainer_refuses_a_sample_older_than_max_staleness() -> None:
+    """Issue 46: `max_staleness` on the PPO learner, as on the GRPO one (docs/language.md): a sample drawn
+    more published versions ago than that is an error, and one within it trains (lag in the histogram)."""
+    cfg = small_run_config()
+    sim, policy, _ = build(cfg)
+    traj = rollout(sim, policy, it=0, ep=0, steps=cfg.steps)
+    traj["version"] = torch.zeros_like(traj["logp"])  # drawn by version 0 (the workflow collects act.version)
+    args = dict(obs_dim=10, act_dim=2, chunk=cfg.chunk, hidden=cfg.hidden, denoise_steps=cfg.denoise_steps, lr=1e-3,
+                ppo_epochs=1, minibatches=1)
+    within, strict = PPOTrainer(**args, max_staleness=1), PPOTrainer(**args, max_staleness=0)
+    for trainer in (within, strict):
+        trainer.get_weights()  # one version published since the rollout: every sample is 1 version old
+    within.update(traj)
+    assert within.pop_metrics()["staleness_hist_1"] == cfg.steps * cfg.num_envs
+    with pytest.raises(ValueError, match="1 published versions ago, above max_staleness 0"):
+        strict.update(traj)
