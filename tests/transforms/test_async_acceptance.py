@@ -1,0 +1,67 @@
+"""Issue 46 acceptance on workflows the rewrite was not written against (tests/dsl/fixtures/async_*.yaml):
+which `defer` rewrites a declared budget allows, which it stops (with the read and its lag named), and
+which K `defer NODE` picks and the optimizer tries when none is given."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from rose_dsl import load_workflow
+from rose_dsl.analysis import read_lags
+from rose_dsl.optimizer.candidates import asynchronous
+from rose_dsl.transforms import Refused, apply, plan_differences
+
+FIXTURES = Path(__file__).resolve().parents[1] / "dsl" / "fixtures"
+
+
+def test_a_budget_on_one_generator_allows_its_sync_and_every_read_of_it_lags_one() -> None:
+    wf = load_workflow(FIXTURES / "async_readers.yaml")
+    plan = apply(wf, "defer sync 1")
+    assert not isinstance(plan, Refused), plan
+    lags = read_lags(plan.workflow)
+    assert {n: lags[("gen.weights", ("iteration", n))] for n in ("rollout", "probe", "evaluate")} == \
+        {"rollout": 1, "probe": 1, "evaluate": 1}
+    assert lags[("gen2.weights", ("iteration", "rollout2"))] == 0
+    assert plan_differences(wf, plan.workflow) == []
+
+
+@pytest.mark.parametrize(("request_", "reason"), [
+    ("defer sync2 1", "'gen2.weights' allows max_staleness 0"),  # the other generator has no budget
+    ("defer sync 2", "a value 2 RL iterations old: 'gen.weights' allows max_staleness 1"),
+    ("defer probe 1", "probe would see the value of sync instead"),  # a reader deferred sees a newer value
+    ("defer evaluate 1", "evaluate would see the value of sync (next RL iteration) instead"),
+    ("defer publish 1", "'publish' is deferred but its outputs are read"),
+])
+def test_a_budget_stops_the_rewrites_it_does_not_allow(request_: str, reason: str) -> None:
+    refused = apply(load_workflow(FIXTURES / "async_readers.yaml"), request_)
+    assert isinstance(refused, Refused)
+    assert reason in refused.reason and refused.at is not None
+
+
+def test_defer_without_k_takes_the_smallest_budget_it_writes() -> None:
+    """Its sync writes gen.weights (budget 3) and gen.norm (budget 1): K = 3 would make the rollout's read
+    of gen.norm 3 RL iterations old, so the default is 1 (before the fix: 3, and refused)."""
+    wf = load_workflow(FIXTURES / "async_two_budgets.yaml")
+    plan = apply(wf, "defer sync")
+    assert not isinstance(plan, Refused), plan
+    assert plan.description == "defer sync 1"
+    refused = apply(wf, "defer sync 2")
+    assert isinstance(refused, Refused) and "'gen.norm' allows max_staleness 1" in refused.reason
+    assert [a.label for a in asynchronous(wf)] == ["defer sync 1", "defer sync 2", "defer sync 3"]
+
+
+def test_a_budget_meant_as_unbounded_stops_at_the_run() -> None:
+    """`max_staleness: 1000000` ("any staleness"): `defer sync` defers by at most the RL iteration count - 1
+    and the optimizer tries no more (before the fix: K = 1000000, a check unrolling a million iterations,
+    and a million candidates)."""
+    wf = load_workflow(FIXTURES / "async_two_budgets.yaml")
+    gen = wf.components["gen"]
+    wf = replace(wf, components={**wf.components, "gen": replace(
+        gen, state=tuple(replace(s, max_staleness=1_000_000) for s in gen.state))})
+    plan = apply(wf, "defer sync")
+    assert not isinstance(plan, Refused), plan
+    assert plan.description == f"defer sync {wf.root.count - 1}"
+    assert [a.label for a in asynchronous(wf)] == [f"defer sync {k}" for k in range(1, wf.root.count)]
