@@ -576,6 +576,10 @@ def state_observations(g: InvocationGraph) -> tuple[dict[tuple[Invocation, str],
             slot = slots.get(inv, inv.indices[0])
             if k is not None and slot != k:
                 left[(k, state)] = frozenset(w for _, _, w in segments)
+            # an RL iteration that touches the state not at all (a plan whose only access is deferred out of
+            # it) leaves what the one before it left: the initial value before the first access
+            for idle in range(0 if k is None else k + 1, slot):
+                left[(idle, state)] = frozenset(w for _, _, w in segments)
             k = slot
             lo, hi = g.node[inv].plan.rows or (0, end)
             if acc.reads_previous:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rose_dsl import load_workflow
+from rose_dsl import load_workflow, load_workflow_text
 from rose_dsl.analysis import read_lags
 from rose_dsl.optimizer.candidates import asynchronous
 from rose_dsl.transforms import Refused, apply, plan_differences
@@ -65,3 +65,30 @@ def test_a_budget_meant_as_unbounded_stops_at_the_run() -> None:
     assert not isinstance(plan, Refused), plan
     assert plan.description == f"defer sync {wf.root.count - 1}"
     assert [a.label for a in asynchronous(wf)] == [f"defer sync {k}" for k in range(1, wf.root.count)]
+
+
+INPLACE = """
+rose: 1
+name: async-inplace
+components:
+  learner: {impl: "tests.async_fakes:Learner", state: {weights: {max_staleness: 1}, opt: {max_staleness: BUDGET}}}
+iteration:
+  count: 4
+  body:
+    - {node: rollout, call: learner.get, state: {weights: read}, out: [w]}
+    - {node: learn, call: learner.update, in: {rollouts: rollout.w, it: iteration.i}, state: {weights: update, opt: update}}
+"""
+
+
+def test_a_deferred_update_is_checked_on_the_state_it_alone_touches() -> None:
+    """No separate generator: the rollout reads the learner's own weights and `learn` updates them and an
+    optimizer state nothing reads. Deferring `learn` leaves RL iteration 0 without any access to `opt`:
+    what it leaves is then the initial value, 1 RL iteration old -- within opt's budget 1 (before the fix:
+    'no value', refused whatever the budget), and refused at learn's line with budget 0."""
+    plan = apply(load_workflow_text(INPLACE.replace("BUDGET", "1"), "inplace.yaml"), "defer learn 1")
+    assert not isinstance(plan, Refused), plan
+    assert read_lags(plan.workflow)[("learner.weights", ("iteration", "rollout"))] == 1
+    refused = apply(load_workflow_text(INPLACE.replace("BUDGET", "0"), "inplace.yaml"), "defer learn 1")
+    assert isinstance(refused, Refused)
+    assert "'learner.opt' RL iteration 0 leaves" in refused.reason and "the initial value instead" in refused.reason
+    assert refused.at is not None and refused.at.line == 10
