@@ -92,3 +92,22 @@ def test_a_deferred_update_is_checked_on_the_state_it_alone_touches() -> None:
     assert isinstance(refused, Refused)
     assert "'learner.opt' RL iteration 0 leaves" in refused.reason and "the initial value instead" in refused.reason
     assert refused.at is not None and refused.at.line == 10
+
+
+def test_explain_names_each_split_group_s_read_of_a_budgeted_state() -> None:
+    """`split-time epoch 2` after `defer sync 1` on the PPO shape: both groups' `act` read the policy's
+    weights 1 RL iteration late, and `rose validate --explain` names each by its path (before: two
+    identical lines "'act' reads ...")."""
+    from rose_dsl.analysis import analyze
+
+    wf = load_workflow(FIXTURES / "ppo.yaml")
+    policy = wf.components["policy"]
+    wf = replace(wf, components={**wf.components, "policy": replace(
+        policy, state=tuple(replace(s, max_staleness=1) for s in policy.state))})
+    plan = apply(wf, "defer sync 1")
+    assert not isinstance(plan, Refused), plan
+    plan = apply(plan.workflow, "split-time epoch 2")
+    assert not isinstance(plan, Refused), plan
+    lines = [line for line in analyze(plan.workflow).versions if "older than" in line]
+    assert [line.split("'")[1] for line in lines] == ["epoch@0.step.act", "epoch@1.step.act"]
+    assert all("(lag 1, max_staleness 1)" in line for line in lines)
