@@ -111,3 +111,20 @@ def test_explain_names_each_split_group_s_read_of_a_budgeted_state() -> None:
     lines = [line for line in analyze(plan.workflow).versions if "older than" in line]
     assert [line.split("'")[1] for line in lines] == ["epoch@0.step.act", "epoch@1.step.act"]
     assert all("(lag 1, max_staleness 1)" in line for line in lines)
+
+
+def test_a_plan_that_declares_another_budget_than_its_source_is_refused_at_the_component() -> None:
+    """A hand-edited plan lowering `max_staleness` to 0 under `defer sync 1` was accepted (the check holds
+    reads to the source's budget) and `--explain` then printed "lag 1, max_staleness 0"; raising it was
+    refused only by its consequences. Either is now named as the difference, at the component's line."""
+    wf = load_workflow(FIXTURES / "async_readers.yaml")
+    plan = apply(wf, "defer sync 1")
+    assert not isinstance(plan, Refused), plan
+    gen = plan.workflow.components["gen"]
+    edited = replace(plan.workflow, components={**plan.workflow.components, "gen": replace(
+        gen, state=tuple(replace(s, max_staleness=0) for s in gen.state))})
+    diffs = plan_differences(wf, edited)
+    assert [d.message for d in diffs] == [
+        "state 'gen.weights' declares max_staleness 0, the source's 1: a budget is the source's (change it there, "
+        "then rewrite)"]
+    assert diffs[0].pos.line == gen.pos.line > 0
