@@ -97,3 +97,11 @@ def test_a_bad_declaration_is_said_and_the_defaults_apply() -> None:
     split, notes = _metrics("tests.interpreter.snapshot_sim:BadDeclarationSim", split=True)
     assert "sim/reward_so_far" in split[0]
     assert "unknown rule" in notes["sim"]
+
+
+def test_a_learners_staleness_histogram_adds_up_over_data_parallel_replicas() -> None:
+    """Issue 46's histogram: each trainer replica (`trainer#1`) counts the samples of its own shard, so the
+    run's staleness.json must hold their sum (it held their mean: half the samples with two replicas)."""
+    got = merge_metrics({"trainer": {"staleness_hist_1": 24.0, "staleness_mean": 1.0},
+                         "trainer#1": {"staleness_hist_1": 24.0, "staleness_mean": 1.0}})
+    assert got.values == {"trainer/staleness_hist_1": 48.0, "trainer/staleness_mean": 1.0}
