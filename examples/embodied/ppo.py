@@ -107,6 +107,9 @@ class PPOTrainer:
     """
 
     data_parallel_group = True  # rose sets up torch.distributed over the replicas
+    # each replica's extremes are over its own shard: the run's are the extreme of theirs (the rest: the
+    # defaults -- means, and the staleness histogram's counts summed)
+    metric_merge = {"ratio_max": "max", "ratio_min": "min", "staleness_max": "max"}
 
     def __init__(
         self,
