@@ -65,8 +65,9 @@ FORMAT = 1
 MARKER = "COMPLETE"
 _DIR_RE = re.compile(r"^ckpt-(\d{6,})$")
 _TMP_RE = re.compile(r"^\.tmp-ckpt-\d+-(\d+)-")
-_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]*$")  # `@`: a temporal split's copy (`sim@1`)
-_MEMBER_RE = re.compile(r"^(meta\.json|state/[A-Za-z0-9_][A-Za-z0-9_.@-]*\.pt)$")  # what a marker may list
+# `@`: a temporal split's copy (`sim@1`); `#`: a data-parallel replica's process (`sim#1`, `replicas:`)
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@#-]*$")
+_MEMBER_RE = re.compile(r"^(meta\.json|state/[A-Za-z0-9_][A-Za-z0-9_.@#-]*\.pt)$")  # what a marker may list
 MAX_MARKER_BYTES = 1 << 20  # a marker holds ~150 bytes per component: a bound far above any workflow's
 _LEAVES = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device, torch.Size)
 

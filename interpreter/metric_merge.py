@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rose_dsl.metric_rules import ADDITIVE_METRICS, RULES
+from rose_dsl.metric_rules import ADDITIVE_METRICS, ADDITIVE_PREFIXES, RULES
 
 __all__ = ["ADDITIVE_METRICS", "RULES", "Merged", "merge_metrics", "merge_rule_problem"]
 
@@ -58,7 +58,7 @@ def _rule(name: str, declared: Mapping[str, str]) -> tuple[str, bool]:
         return declared[name], True
     if "*" in declared:
         return declared["*"], True
-    return ("sum" if name.endswith(ADDITIVE_METRICS) else "mean"), False
+    return ("sum" if name.endswith(ADDITIVE_METRICS) or name.startswith(ADDITIVE_PREFIXES) else "mean"), False
 
 
 def _copy_suffix(process: str, component: str) -> str:

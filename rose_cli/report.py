@@ -19,7 +19,7 @@ __all__ = ["metrics_line", "processes", "resumed", "recovery", "stacks", "nodes"
            "staleness_histogram"]
 
 CURVE_METRICS = ("episode_return", "reward", "mean_reward")
-STALENESS_KEY = re.compile(r"^(?P<source>.+)/staleness_hist_(?P<lag>\d+)$")  # a learner's per-iteration counts
+STALENESS_KEY = re.compile(r"^(?P<source>.+)/staleness_hist_(?P<lag>-?\d+)$")  # a negative lag: a bug, shown  # a learner's per-iteration counts
 
 
 def metrics_line(metrics: dict[str, float]) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections import OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
@@ -576,6 +576,10 @@ def state_observations(g: InvocationGraph) -> tuple[dict[tuple[Invocation, str],
             slot = slots.get(inv, inv.indices[0])
             if k is not None and slot != k:
                 left[(k, state)] = frozenset(w for _, _, w in segments)
+            # an RL iteration that touches the state not at all (a plan whose only access is deferred out of
+            # it) leaves what the one before it left: the initial value before the first access
+            for idle in range(0 if k is None else k + 1, slot):
+                left[(idle, state)] = frozenset(w for _, _, w in segments)
             k = slot
             lo, hi = g.node[inv].plan.rows or (0, end)
             if acc.reads_previous:
@@ -644,11 +648,14 @@ def _lag_lines(wf: Workflow) -> list[str]:
     if not deferred and not any(budgets.values()):
         return []
     lines = []
-    for (state, reader), lag in sorted(read_lags(wf).items()):
+    lags = read_lags(wf)
+    short = Counter(r[-1] for r in {reader for _, reader in lags})  # a name two readers share (a split's groups): its path
+    for (state, reader), lag in sorted(lags.items()):
         node = next((i for i in wf.items() if i.path == reader), None)
         reads = isinstance(node, ExecutionNode) and any(e.state == state and e.access is Access.READ for e in node.effects)
+        name = reader[-1] if short[reader[-1]] == 1 else ".".join(reader[1:])
         if reads and (lag or budgets.get(state)):
-            lines.append(f"{state}: '{reader[-1]}' reads a value at most {lag} RL iteration{'s' * (lag != 1)} older than "
+            lines.append(f"{state}: '{name}' reads a value at most {lag} RL iteration{'s' * (lag != 1)} older than "
                          f"the synchronous workflow's (lag {lag}, max_staleness {budgets.get(state, 0)})")
     return lines
 

@@ -5,9 +5,13 @@ must not import."""
 
 from __future__ import annotations
 
-__all__ = ["RULES", "ADDITIVE_METRICS"]
+__all__ = ["RULES", "ADDITIVE_METRICS", "ADDITIVE_PREFIXES"]
 
 # sum | rows-weighted mean | the original process's | max | min | not mergeable: one figure per process
 RULES = ("sum", "mean", "last", "max", "min", "copies")
 # metrics that add up over data-parallel replicas when undeclared (the rest are averaged)
 ADDITIVE_METRICS = ("env_steps", "tokens", "episodes", "env_faults", "errors", "retries")
+# ... and those starting with one of these: a histogram's bucket counts, one metric per bucket whose names no
+# declaration can list (the learners' `staleness_hist_<lag>`, issue 46: data-parallel trainer replicas each
+# count their own shard's samples)
+ADDITIVE_PREFIXES = ("staleness_hist_",)

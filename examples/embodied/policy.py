@@ -264,10 +264,13 @@ class FlowPolicy:
         """Refresh `rollout_weights` from a state dict or a part of one (`PPOTrainer.get_weights()["w"]`
         holds only what an update can change; the frozen rest is the same seeded build here). A name
         this policy does not have is an error, never ignored."""
+        self._load(w)
+        self.version += 1
+
+    def _load(self, w: dict[str, torch.Tensor]) -> None:
         unexpected = self.model.load_state_dict(w, strict=False).unexpected_keys
         if unexpected:
             raise KeyError(f"FlowPolicy.load_weights: weights this policy does not have: {sorted(unexpected)[:5]}")
-        self.version += 1
 
     @property
     def rollout_weights(self) -> dict[str, torch.Tensor]:
@@ -275,7 +278,10 @@ class FlowPolicy:
 
     @rollout_weights.setter
     def rollout_weights(self, value: dict[str, torch.Tensor]) -> None:
-        self.load_weights(value)
+        """A restore (a checkpoint, a resume): not a weight sync, so not a new policy version -- the trainer,
+        whose published count a resume also starts afresh, would otherwise see samples from its future
+        (a negative staleness after every `--resume`)."""
+        self._load(value)
 
     def get_state(self, name: str) -> dict[str, torch.Tensor]:
         if name != "rollout_weights":
@@ -285,7 +291,7 @@ class FlowPolicy:
     def set_state(self, name: str, value: dict[str, torch.Tensor]) -> None:
         if name != "rollout_weights":
             raise KeyError(f"FlowPolicy has no state object {name!r} (it owns 'rollout_weights')")
-        self.load_weights(value)
+        self.rollout_weights = value
 
     def pop_metrics(self) -> dict[str, float]:
         return {"action_std": float(torch.exp(self.model.log_std).mean())}

@@ -18,7 +18,9 @@ older weights moves the policy at most as far as the clip allows -- the recipe o
 lecture. Optionally `version [T, N]`: the policy version that drew each sample (`FlowPolicy.version`,
 weight loads so far); the trainer counts the weights it has published (`version`), and the difference
 is the sample's staleness. The metrics give the ratio's mean, min and max and a staleness histogram
-(`staleness_hist_<lag>`: samples trained at that lag this iteration), its mean and max.
+(`staleness_hist_<lag>`: samples trained at that lag this iteration), its mean and max. `max_staleness`
+(optional, as the GRPO learner's) makes a sample older than that an error: the plan's deferral (or a
+component's own carried work) let an older sample through than the workflow allows.
 """
 
 from __future__ import annotations
@@ -105,6 +107,9 @@ class PPOTrainer:
     """
 
     data_parallel_group = True  # rose sets up torch.distributed over the replicas
+    # each replica's extremes are over its own shard: the run's are the extreme of theirs (the rest: the
+    # defaults -- means, and the staleness histogram's counts summed)
+    metric_merge = {"ratio_max": "max", "ratio_min": "min", "staleness_max": "max"}
 
     def __init__(
         self,
@@ -133,6 +138,7 @@ class PPOTrainer:
         trainable_blocks: int | None = None,
         values: str = "recompute",
         value_batch: int = 4096,
+        max_staleness: int | None = None,
         **model_kwargs: Any,
     ) -> None:
         if values not in ("recompute", "rollout"):
@@ -163,6 +169,7 @@ class PPOTrainer:
         self._extremes: dict[str, float] = {}  # max / min over the iteration (ratio, staleness)
         self._counts: dict[str, float] = {}  # sums over the iteration (the staleness histogram)
         self.version = 0  # weights published (`get_weights`): a sample's staleness is taken against it
+        self.max_staleness = None if max_staleness is None else int(max_staleness)  # checked per trained sample
 
     # -- advantages -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -360,6 +367,9 @@ class PPOTrainer:
     def _staleness(self, versions: torch.Tensor) -> None:
         """Count the samples of an update by lag = published versions - the version that drew them."""
         lags = (self.version - versions.long()).tolist()
+        if self.max_staleness is not None and lags and max(lags) > self.max_staleness:
+            raise ValueError(f"{type(self).__name__}.update: a sample drawn {max(lags)} published versions ago, "
+                             f"above max_staleness {self.max_staleness}")
         for lag in sorted(set(lags)):
             self._counts[f"staleness_hist_{lag}"] = self._counts.get(f"staleness_hist_{lag}", 0.0) + lags.count(lag)
         self._counts["staleness_sum"] = self._counts.get("staleness_sum", 0.0) + sum(lags)

@@ -386,10 +386,12 @@ def asynchronous(wf: Workflow) -> list[Alternative]:
     """Beyond the paper (issue 46): the asynchronous plans the workflow's staleness budgets allow -- each
     writer of a state object with `max_staleness` B > 0 deferred by 1..B RL iterations (`defer`), so that
     the next rollout overlaps this update. None when no state object declares a budget: then every plan
-    computes what the declared workflow computes, and synchronous plans stay candidates either way."""
+    computes what the declared workflow computes, and synchronous plans stay candidates either way. K stays
+    below the RL iteration count, as `defer`'s default does: a call deferred longer only runs after the run,
+    and a budget meant as "any staleness" (`max_staleness: 1000000`) would make a million candidates."""
     out = []
     for path, budget in budgeted_writers(wf):
-        for k in range(1, budget + 1):
+        for k in range(1, min(budget, (wf.root.count or budget + 1) - 1) + 1):
             out.append(Alternative((f"defer {request_name(wf, path)} {k}",), "defer", SWEEP,
                                    note=f"reads of the state '{path[-1]}' writes may be {k} RL iteration(s) old"))
     return out

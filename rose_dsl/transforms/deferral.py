@@ -33,13 +33,18 @@ Path = tuple[str, ...]
 
 
 def build_defer(wf: Workflow, path: Path, k: int | None = None) -> Rewritten:
-    """The node at `path` (directly in the RL iteration body) deferred by `k` RL iterations (default: the
-    largest `max_staleness` of the state objects it writes)."""
+    """The node at `path` (directly in the RL iteration body) deferred by `k` RL iterations. Default: the
+    smallest `max_staleness` > 0 of the state objects it writes (a larger one would make the reads of the
+    other object older than its budget allows), at most the RL iteration count - 1: a call deferred longer
+    would run only after the last iteration, and the check unrolls 1 + K iterations, so a budget meant as
+    "any staleness" (`max_staleness: 1000000`) taken as K would hang it."""
     node = find(wf, path)
     if not isinstance(node, ExecutionNode) or path[:-1] != wf.root.path:
         raise Refused(f"defer: '{path[-1]}' is not a node directly in the RL iteration body", at=node.pos)
+    count = wf.root.count
     if k is None:
-        k = max((budget for state, budget in _written_budgets(wf, node)), default=0) or 1
+        k = min((budget for _, budget in _written_budgets(wf, node) if budget > 0), default=1)
+        k = max(1, min(k, count - 1)) if count is not None else k
     if k < 1:
         raise Refused(f"defer: K must be at least 1, not {k}", at=node.pos)
     if node.plan.defer:

@@ -153,9 +153,11 @@ def check_order_preserved(orig: Workflow, new: Workflow, locate: Locate, what: s
             continue
         lag = read_lag(got, lambda lag, k=k, s=state: images(left0.get((k - lag, s), frozenset({None}))), k + 1)  # type: ignore[misc]
         if lag is None or lag > budgets.get(state, 0):
+            writer = next((items[w.path] for w in sorted((w for w in writers if w is not None), key=str)), None)  # where to point
             raise Refused(f"{what} would change which value of '{state}' RL iteration {k} leaves for the next one and "
                           f"checkpoints: {values_of(got, {i.path: i for i in new.items()})} instead of {values_of(writers, items)}"
-                          + (_over_budget(state, lag, budgets.get(state, 0), "read") if n > 2 or budgets else ""))
+                          + (_over_budget(state, lag, budgets.get(state, 0), "read") if n > 2 or budgets else ""),
+                          at=None if writer is None else writer.field_pos.get("state") or writer.pos)
 
 
 def staleness_budgets(wf: Workflow) -> dict[str, int]:

@@ -201,8 +201,9 @@ REQUEST_HELP = """rewrite requests (names are item names, or dotted paths (below
   expand NODE                run the node's exposed phases instead of its entry
   defer NODE [K]             run the node's call of RL iteration i in iteration i+K (an asynchronous plan: the
                              weight sync, so that the next rollout overlaps this update); K defaults to the
-                             max_staleness of the state it writes; refused when a read would be older than
-                             its state object's max_staleness (default 0)"""
+                             smallest max_staleness > 0 of the states it writes (at most the RL iteration
+                             count - 1); refused when a read would be older than its state object's
+                             max_staleness (default 0)"""
 
 
 def _loop_or_split_in_time(wf: Workflow, name: str) -> Path:

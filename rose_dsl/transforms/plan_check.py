@@ -49,7 +49,7 @@ from ..analysis import (
 )
 from ..errors import Diagnostic, SourcePos, WorkflowError
 from ..expr import BinOp, Call, Expr, Int, IterRef, Neg, Param, Ref, Slice, unparse
-from ..ir import Access, ExecutionNode, Item, LoopNode, MergeNode, Workflow, iter_items
+from ..ir import Access, Component, ExecutionNode, Item, LoopNode, MergeNode, Workflow, iter_items
 from ..loader import load_text
 from ..resolve import CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver, binding_table
 from ..semantics import Invocation, SemanticError, interleaved_run
@@ -106,9 +106,9 @@ class _Checker:
         self.out: list[PlanDifference] = []
         self._resolver: Resolver | None = None
 
-    def differ(self, item: Item | None, message: str, field: str | None = None) -> None:
-        """A difference at `item` (at its `field`'s position when it has one: the value to fix)."""
-        pos = item.pos if item is not None else SourcePos(self.plan.file, 0, 0)
+    def differ(self, item: Item | None, message: str, field: str | None = None, at: SourcePos | None = None) -> None:
+        """A difference at `item` (at its `field`'s position when it has one: the value to fix), or `at`."""
+        pos = item.pos if item is not None else at or SourcePos(self.plan.file, 0, 0)
         if item is not None and field is not None:
             pos = item.field_pos.get(field, pos)
         path = ".".join(item.path[1:]) if item is not None else "<plan>"
@@ -194,6 +194,16 @@ class _Checker:
         comp = self.plan.components.get(name)
         return comp.copy_of if comp is not None and comp.copy_of else name
 
+    def budgets(self, name: str, comp: Component, original: Component) -> None:
+        """The staleness budgets are the source's: the check holds a plan's reads to them, so a plan that
+        declares another (a hand edit) would show one budget and be checked against another."""
+        for obj in comp.state:
+            theirs = original.state_object(obj.name)
+            if theirs is not None and obj.max_staleness != theirs.max_staleness:
+                self.differ(None, f"state '{name}.{obj.name}' declares max_staleness {obj.max_staleness}, the "
+                                  f"source's {theirs.max_staleness}: a budget is the source's (change it there, "
+                                  "then rewrite)", at=comp.field_pos.get("state", comp.pos))
+
     def items(self) -> None:
         for name, comp in self.plan.components.items():
             original = self.source.components.get(self.component_of(name))
@@ -202,7 +212,11 @@ class _Checker:
             elif (comp.impl, comp.args, [s.name for s in comp.state]) != (original.impl, original.args,
                                                                           [s.name for s in original.state]):
                 self.differ(None, f"component '{name}' is not built as the source's '{original.name}' "
-                                  "(impl, args or state differ)")
+                                  "(impl, args or state differ; a plan keeps the args its source had when it "
+                                  "was written: a --set that changes them needs the plan written again with it)",
+                            at=comp.pos)
+            else:
+                self.budgets(name, comp, original)
         for path, item in self.plan_items.items():
             if path == self.plan.root.path:
                 continue

@@ -39,3 +39,9 @@ def test_an_asynchronous_run_writes_its_histogram(tmp_path: Path) -> None:
     r = rose("execute", str(wf), "--set", "iterations=2", "--out", str(tmp_path / "sync"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert set(json.loads((tmp_path / "sync" / "staleness.json").read_text())["learner"]["samples_by_lag"]) == {"0"}
+
+
+def test_a_negative_lag_is_shown_not_dropped() -> None:
+    """A sample newer than the learner's published weights is a bug (the PPO policy once counted a resume's
+    restore as a weight sync): staleness.json shows it instead of silently leaving it out."""
+    assert staleness_histogram([{"ppo/staleness_hist_-1": 2.0, "ppo/staleness_hist_0": 1.0}]) == {"ppo": {-1: 2.0, 0: 1.0}}

@@ -188,7 +188,10 @@ def test_policy_state_roundtrip() -> None:
     policy, fresh = make_policy(), FlowPolicy(10, 2, 3, 6, 32, 3, seed=4)
     fresh.set_state("rollout_weights", roundtrip(policy.get_state("rollout_weights")))
     obs = torch.randn(6, 10)
-    assert_same(fresh.act(obs=obs, it=0, ep=0, t=0), policy.act(obs=obs, it=0, ep=0, t=0))
+    got, want = fresh.act(obs=obs, it=0, ep=0, t=0), policy.act(obs=obs, it=0, ep=0, t=0)
+    # `version` counts the weight syncs this process received (a restore is none: see the test below)
+    assert torch.equal(got.pop("version"), torch.zeros(6, dtype=torch.long)) and bool((want.pop("version") == 1).all())
+    assert_same(got, want)
 
 
 # -- trainers -------------------------------------------------------------------------------------
@@ -312,3 +315,35 @@ def test_short_ppo_run_learns() -> None:
     first, last = mean_return(history, 0, 3), mean_return(history, 9, 12)
     print(f"PPO: return {first:.1f} -> {last:.1f} in {elapsed:.1f}s")
     assert last > first + 8.0, (first, last)
+
+
+def test_ppo_trainer_refuses_a_sample_older_than_max_staleness() -> None:
+    """Issue 46: `max_staleness` on the PPO learner, as on the GRPO one (docs/language.md): a sample drawn
+    more published versions ago than that is an error, and one within it trains (lag in the histogram)."""
+    cfg = small_run_config()
+    sim, policy, _ = build(cfg)
+    traj = rollout(sim, policy, it=0, ep=0, steps=cfg.steps)
+    traj["version"] = torch.zeros_like(traj["logp"])  # drawn by version 0 (the workflow collects act.version)
+    args = dict(obs_dim=10, act_dim=2, chunk=cfg.chunk, hidden=cfg.hidden, denoise_steps=cfg.denoise_steps, lr=1e-3,
+                ppo_epochs=1, minibatches=1)
+    within, strict = PPOTrainer(**args, max_staleness=1), PPOTrainer(**args, max_staleness=0)
+    for trainer in (within, strict):
+        trainer.get_weights()  # one version published since the rollout: every sample is 1 version old
+    within.update(traj)
+    assert within.pop_metrics()["staleness_hist_1"] == cfg.steps * cfg.num_envs
+    with pytest.raises(ValueError, match="1 published versions ago, above max_staleness 0"):
+        strict.update(traj)
+
+
+def test_restoring_the_policy_is_not_a_new_version() -> None:
+    """A resume restores `rollout_weights` (set_state) in a fresh process whose trainer has published
+    nothing yet: counting the restore as a weight load made every sample after `--resume` one version
+    ahead of the trainer (`staleness_hist_-1` in metrics, dropped from staleness.json)."""
+    _, policy, trainer = build(small_run_config())
+    policy.load_weights(trainer.get_weights()["w"])
+    assert policy.version == trainer.version == 1
+    fresh_policy, fresh_trainer = build(small_run_config())[1:]
+    fresh_policy.set_state("rollout_weights", policy.get_state("rollout_weights"))
+    fresh_trainer.set_state("weights", trainer.get_state("weights"))
+    assert fresh_policy.version == fresh_trainer.version == 0
+    assert_same(fresh_policy.get_state("rollout_weights"), policy.get_state("rollout_weights"))

@@ -97,3 +97,21 @@ def test_a_bad_declaration_is_said_and_the_defaults_apply() -> None:
     split, notes = _metrics("tests.interpreter.snapshot_sim:BadDeclarationSim", split=True)
     assert "sim/reward_so_far" in split[0]
     assert "unknown rule" in notes["sim"]
+
+
+def test_a_learners_staleness_histogram_adds_up_over_data_parallel_replicas() -> None:
+    """Issue 46's histogram: each trainer replica (`trainer#1`) counts the samples of its own shard, so the
+    run's staleness.json must hold their sum (it held their mean: half the samples with two replicas)."""
+    got = merge_metrics({"trainer": {"staleness_hist_1": 24.0, "staleness_mean": 1.0},
+                         "trainer#1": {"staleness_hist_1": 24.0, "staleness_mean": 1.0}})
+    assert got.values == {"trainer/staleness_hist_1": 48.0, "trainer/staleness_mean": 1.0}
+
+
+def test_the_ppo_trainers_extremes_merge_as_extremes_over_its_replicas() -> None:
+    from examples.embodied.ppo import PPOTrainer
+
+    got = merge_metrics({"trainer": {"ratio_max": 1.2, "ratio_min": 0.9, "staleness_max": 0.0, "staleness_hist_0": 3.0},
+                         "trainer#1": {"ratio_max": 1.5, "ratio_min": 0.7, "staleness_max": 1.0, "staleness_hist_0": 2.0}},
+                        declared={"trainer": PPOTrainer.metric_merge})
+    assert got.values == {"trainer/ratio_max": 1.5, "trainer/ratio_min": 0.7, "trainer/staleness_max": 1.0,
+                          "trainer/staleness_hist_0": 5.0}

@@ -416,3 +416,14 @@ def test_pruning_goes_by_the_iteration_a_checkpoint_holds_not_its_name(tmp_path)
     for i in (2, 3, 4):
         save_checkpoint(run, i, _states(i), keep_last=2)
     assert sorted(p.name for p in run.iterdir()) == ["ckpt-000003", "ckpt-000004"]
+
+
+def test_the_processes_of_a_replicated_component_each_write_their_state(tmp_path):
+    """`replicas: 2` runs `sim` and `sim#1` (docs/language.md): the end-of-run checkpoint of such a run on
+    Ray was refused ("component name 'sim#1' cannot be a file name"), so every `rose execute --out` of a
+    replicated workflow ended with exit 5; the replica's state now round-trips under its process name."""
+    states = {**_states(2), "sim#1": _states(3)["sim"]}
+    path = save_component_checkpoint(tmp_path, 2, sorted(states), _Processes(states))
+    ck = load_checkpoint(path)
+    _assert_states_equal(ck.states, states)
+    assert latest_complete(tmp_path) == path
