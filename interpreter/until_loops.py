@@ -86,6 +86,7 @@ class UntilLoops:
         if not self.per_row(loop):
             self.frame.dynamic_ran.setdefault(key, []).append(j)
             return TorchOps().truth(value)
+        _check_rows(loop, value)
         flags = row_flags(value)
         before = self.done.get(key)
         if before is not None and before.shape != flags.shape:
@@ -168,6 +169,22 @@ def _check_flags(loop: LoopNode, value: Any) -> None:
     raise ConditionError(loop, f"the condition of loop '{loop.name}' gave {found}, not a done flag",
                          "point `until:` at an output that is a flag -- bool or 0/1 values, one per row of the "
                          "loop's batch or one for all rows -- e.g. a comparison computed in the body")
+
+
+def _check_rows(loop: LoopNode, value: Any) -> None:
+    """A loop that ends per row needs a flag per row: a value without a row dimension (one flag for all rows)
+    would end it as a whole, and a split of it into row groups (`split-chain`, which trusts an output of a
+    call that declares `batch:` to hold its rows) would end each group on its own rows' flag instead --
+    another result, silently. So it stops the run at the `until:` (exit 2), like a condition that is not a flag."""
+    import torch
+
+    if torch.as_tensor(value).dim() > 0:
+        return
+    raise ConditionError(loop, f"the condition of loop '{loop.name}' gave one flag for all rows (a value without a "
+                         "row dimension), but the loop ends per row (every call in its body declares batch:)",
+                         "give one flag per row of the loop's batch (the loop then ends when every row is done, and "
+                         "a done row is no longer computed); one flag for all rows is for a loop that ends as a "
+                         "whole (some call in its body declares no batch:)")
 
 
 def live_inputs(recipe: Any, inputs: dict[str, Any]) -> tuple[Any, Any]:

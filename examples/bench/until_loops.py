@@ -17,7 +17,7 @@ import torch
 
 from examples.bench.latency import wait_ms
 
-__all__ = ["ToyLM", "LengthReward", "ToyEnv", "ToyPolicy", "Tick", "SleepyLM", "SleepyJudge", "reference_decode",
+__all__ = ["ToyLM", "LengthReward", "ToyEnv", "ToyPolicy", "Tick", "RowFlags", "SleepyLM", "SleepyJudge", "reference_decode",
            "reference_episodes"]
 
 
@@ -238,6 +238,14 @@ def reference_episodes(iterations: int, num_envs: int, max_steps: int, seed: int
         pi.update(torch.stack([s["reward"] for s in steps]), torch.stack([s["done"] for s in steps]))
         out.append({f"pi/{k}": v for k, v in pi.pop_metrics().items()})
     return out
+
+
+class RowFlags:
+    """Per-row done flags and one flag for all rows (`all`), for tests of what a condition may be: a loop that
+    ends per row must be given the per-row `done`."""
+
+    def flags(self, eos: torch.Tensor, rows: Any = None) -> dict[str, torch.Tensor]:
+        return {"done": eos.clone(), "all": eos.bool().all()}
 
 
 class Tick:

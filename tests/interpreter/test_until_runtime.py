@@ -179,3 +179,32 @@ def test_a_deferred_call_reads_the_trips_its_own_iteration_ran(backend, request)
         assert [m[key] for m in deferred] == [m[key] for m in declared], key
     lagged, own = [m.get("judge2/reward") for m in deferred], [m["judge2/reward"] for m in declared]
     assert lagged[0] is None and lagged[1:] == own[:-1], (lagged, own)
+
+
+SCALAR = (FIXTURES / "until_decode_split.yaml").read_text().replace("until: gen.eos", "until: flg.all").replace(
+    '  judge: {impl: "examples.bench.until_loops:LengthReward"}',
+    '  judge: {impl: "examples.bench.until_loops:LengthReward"}\n  rowflags: {impl: "examples.bench.until_loops:RowFlags"}'
+).replace(
+    "    - {node: score,",
+    '        - {node: flg, call: rowflags.flags, in: {eos: gen.eos}, out: [done, all], batch: {dim: 0, size: "${rows}"}}\n'
+    "    - {node: score,", 1)
+
+
+@pytest.mark.parametrize("split", [None, "split-chain decode score 2"])
+def test_a_loop_that_ends_per_row_refuses_one_flag_for_all_rows(split) -> None:
+    """A per-row loop (every body call declares batch:) whose condition is a scalar output -- 'all rows done'
+    -- of a call in its body: `split-chain` trusts such an output to hold the call's rows, so each group ended
+    on its own rows' scalar and the plan computed another reward than the declared workflow (-3.5 against
+    -5 in acceptance), silently. Now the run stops at the `until:`, for the workflow and for the plan."""
+    from interpreter.until_loops import ConditionError
+    from rose_dsl.serialize import to_yaml
+    from rose_dsl.transforms import apply_request
+
+    text = SCALAR
+    if split is not None:
+        text = to_yaml(apply_request(load_workflow_text(SCALAR, "until.yaml"), split).workflow)
+    with pytest.raises(ConditionError, match=r"the condition of loop 'decode(@0)?' gave one flag for all rows .* but "
+                                             r"the loop ends per row") as err:
+        _run(text, "local")
+    assert err.value.diagnostics[0].path.endswith(".until")
+    _run(SCALAR.replace("until: flg.all", "until: flg.done"), "local")  # the per-row flag runs
