@@ -88,6 +88,7 @@ class UntilLoops:
             return TorchOps().truth(value)
         _check_rows(loop, value)
         flags = row_flags(value)
+        _check_row_count(loop, flags.shape[0])
         before = self.done.get(key)
         if before is not None and before.shape != flags.shape:
             raise ConditionError(loop, f"the condition of loop '{loop.name}' gave {flags.shape[0]} row flag(s) after "
@@ -185,6 +186,22 @@ def _check_rows(loop: LoopNode, value: Any) -> None:
                          "give one flag per row of the loop's batch (the loop then ends when every row is done, and "
                          "a done row is no longer computed); one flag for all rows is for a loop that ends as a "
                          "whole (some call in its body declares no batch:)")
+
+
+def _check_row_count(loop: LoopNode, flags: int) -> None:
+    """A loop that ends per row needs one flag for each row of its batch (the rows its calls declare): fewer
+    flags (`gen.eos[0:2]`) froze the rows without one while they were not done, more handed the calls rows
+    they do not have -- a wrong result, or a component's IndexError blamed on the component."""
+    for item in loop.body:
+        if not isinstance(item, ExecutionNode) or item.batch is None:
+            continue
+        rows = item.plan.rows[1] - item.plan.rows[0] if item.plan.rows else item.batch_size
+        if rows is None or rows == flags:
+            continue
+        raise ConditionError(loop, f"the condition of loop '{loop.name}' gave {flags} row flag(s), but the loop ends "
+                             f"per row and its call '{item.name}' has {rows} rows (batch: size)",
+                             "give one flag per row of the loop's batch: an output of a call in the body, e.g. "
+                             "`until: STEP.done`, not a slice or concatenation of one")
 
 
 def live_inputs(recipe: Any, inputs: dict[str, Any]) -> tuple[Any, Any]:

@@ -208,3 +208,20 @@ def test_a_loop_that_ends_per_row_refuses_one_flag_for_all_rows(split) -> None:
         _run(text, "local")
     assert err.value.diagnostics[0].path.endswith(".until")
     _run(SCALAR.replace("until: flg.all", "until: flg.done"), "local")  # the per-row flag runs
+
+
+@pytest.mark.parametrize("until, found", [("'gen.eos[0:2]'", "gave 2 row flag(s)"),
+                                          ("'cat(gen.eos, gen.eos)'", "gave 16 row flag(s)")])
+def test_a_loop_that_ends_per_row_needs_a_flag_for_each_of_its_rows(tmp_path, until, found) -> None:
+    """A per-row loop whose condition has other rows than the loop's batch: a slice of the flags froze the rows
+    without a flag while they were not done (a wrong result, silently); a concatenation handed the calls
+    rows they do not have (exit 3, an IndexError blamed on the component). Now exit 2 at the `until:`."""
+    from tests.cli.clirun import plain_failure, rose
+
+    text = (FIXTURES / "until_decode_split.yaml").read_text()
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(text.replace("until: gen.eos", f"until: {until}"))
+    out = plain_failure(rose("execute", str(wf), "--out", str(tmp_path / "run")))
+    line = next(n for n, row in enumerate(text.splitlines(), 1) if "until: gen.eos" in row)
+    assert f"wf.yaml:{line}:" in out and ".until: the condition of loop 'decode'" in out and found in out, out
+    assert "'gen' has 8 rows" in out and "give one flag per row" in out, out
