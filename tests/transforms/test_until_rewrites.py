@@ -164,3 +164,21 @@ def test_a_split_inside_a_per_row_loop_is_refused_and_forced_through_changes_the
     a, comps_a = execute(wf, "program")
     b, comps_b = execute(forced.workflow, "program")
     assert differences(wf, a, comps_a, forced.workflow, b, comps_b, forced.locate)
+
+
+SIBLINGS = (FIXTURES / "until_siblings.yaml").read_text()
+
+
+@pytest.mark.parametrize("requests", [("interleave decode ep",),
+                                      ("split-chain decode score 2", "rewire ep before decode@0",
+                                       "rewire score@0 after decode@1", "interleave ep decode@0 decode@1")])
+def test_sibling_until_loops_on_different_components_take_turns_and_compute_the_declared_values(requests) -> None:
+    """Independent sibling loops that end per row (a decode, an episode rollout; no shared component), taking
+    turns -- also with the decode split into row groups that end on their own: every value is the declared
+    workflow's, and the episodes start before the decode ended."""
+    prefixes = ("lm/", "pi/")
+    want = _metrics(load_workflow_text(SIBLINGS, "until.yaml"), prefixes=prefixes)
+    order: list[str] = []
+    assert want and _metrics(_plan(SIBLINGS, *requests), order=order, prefixes=prefixes) == want
+    calls = _first_iteration(order)
+    assert min(i for i, c in enumerate(calls) if ".ep." in c) < max(i for i, c in enumerate(calls) if ".gen" in c)
