@@ -182,3 +182,15 @@ def test_sibling_until_loops_on_different_components_take_turns_and_compute_the_
     assert want and _metrics(_plan(SIBLINGS, *requests), order=order, prefixes=prefixes) == want
     calls = _first_iteration(order)
     assert min(i for i, c in enumerate(calls) if ".ep." in c) < max(i for i, c in enumerate(calls) if ".gen" in c)
+
+
+@pytest.mark.parametrize("request_, what", [("split-chain ep upd 2", "the nodes of a chain"),
+                                            ("interleave ep upd", "the loops to interleave")])
+def test_a_chain_or_interleave_across_bodies_is_refused_at_the_item_naming_both_bodies(request_, what) -> None:
+    """An episode loop inside rollout epochs and a learner outside them: the refusal had no position and named
+    neither item (acceptance sweep of issue 45)."""
+    with pytest.raises(Refused) as err:
+        _plan(EPOCHS, request_)
+    line = next(n for n, row in enumerate(EPOCHS.splitlines(), 1) if "- loop: upd" in row)
+    assert f"until.yaml:{line}:" in str(err.value), err.value
+    assert f"{what} must be siblings (in one body): 'upd' is in 'iteration', 'ep' in 'iteration.epoch'" in str(err.value)
