@@ -194,3 +194,25 @@ def test_a_chain_or_interleave_across_bodies_is_refused_at_the_item_naming_both_
     line = next(n for n, row in enumerate(EPOCHS.splitlines(), 1) if "- loop: upd" in row)
     assert f"until.yaml:{line}:" in str(err.value), err.value
     assert f"{what} must be siblings (in one body): 'upd' is in 'iteration', 'ep' in 'iteration.epoch'" in str(err.value)
+
+
+NESTED = (FIXTURES / "until_nested.yaml").read_text()
+
+
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_a_per_row_loop_inside_a_loop_that_ends_as_a_whole_splits_into_groups(backend) -> None:
+    """`split-chain decode score 2` on a decode inside a count loop inside rounds that end on a scalar gate:
+    each run of the decode is copied per row group, the rounds still end on the declared gate, and every
+    value is the declared workflow's, on both backends."""
+    prefixes = ("lm/", "gate/")
+    want = _metrics(load_workflow_text(NESTED, "until.yaml"), prefixes=prefixes)
+    assert len({m["gate/rounds"] for m in want}) > 1  # the gate ends the rounds before their bound in some iteration
+    if backend == "ray":
+        ray = pytest.importorskip("ray")
+        ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
+    try:
+        got = _metrics(_plan(NESTED, "split-chain decode score 2"), backend, prefixes=prefixes)
+    finally:
+        if backend == "ray":
+            ray.shutdown()
+    assert got == want
