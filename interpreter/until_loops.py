@@ -69,8 +69,7 @@ class UntilLoops:
 
     def condition(self, loop: LoopNode, ctx: dict[Path, int]) -> Any:
         """The value of the loop's condition after trip ctx[loop]: its producers' values fetched."""
-        assert loop.until is not None
-        raw = self.program.evaluate(loop.until, self.program.bound(loop, "until", loop.until), ctx, self.frame)
+        raw = self.program.condition(loop, ctx, self.frame)
         ((_, recipe),), handles = number_leaves([("until", lift(raw))])
         return evaluate(recipe, [self.fetch(h) for h in handles], None, self.k)
 

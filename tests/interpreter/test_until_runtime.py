@@ -225,3 +225,21 @@ def test_a_loop_that_ends_per_row_needs_a_flag_for_each_of_its_rows(tmp_path, un
     line = next(n for n, row in enumerate(text.splitlines(), 1) if "until: gen.eos" in row)
     assert f"wf.yaml:{line}:" in out and ".until: the condition of loop 'decode'" in out and found in out, out
     assert "'gen' has 8 rows" in out and "give one flag per row" in out, out
+
+
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_a_condition_on_a_carried_value_reads_it_after_the_iterations_next(backend, request) -> None:
+    """`until: decode.fin` with `fin: {next: gen.eos}` is evaluated after the iteration, so it reads the value
+    `next` gave: the loop ends where `until: gen.eos` does. It read the value the iteration started with, so
+    every row ran one trip past its EOS (acceptance sweep of issue 45: 97 tokens against 86)."""
+    if backend == "ray":
+        request.getfixturevalue("ray_session")
+    text = (FIXTURES / "until_decode_split.yaml").read_text()
+    carried = text.replace("until: gen.eos", "until: decode.fin").replace(
+        "len: {init: prompt.len0, next: gen.len}", "len: {init: prompt.len0, next: gen.len}\n"
+        "        fin: {init: prompt.len0, next: gen.eos}")
+    assert "decode.fin" in carried and "fin: {init" in carried
+    want, declared = _run(text, "local")
+    got, runner = _run(carried, backend)
+    assert got == want
+    assert [r.metrics["trips/decode"] for r in runner.results] == [r.metrics["trips/decode"] for r in declared.results]
