@@ -69,8 +69,7 @@ class UntilLoops:
 
     def condition(self, loop: LoopNode, ctx: dict[Path, int]) -> Any:
         """The value of the loop's condition after trip ctx[loop]: its producers' values fetched."""
-        assert loop.until is not None
-        raw = self.program.evaluate(loop.until, self.program.bound(loop, "until", loop.until), ctx, self.frame)
+        raw = self.program.condition(loop, ctx, self.frame)
         ((_, recipe),), handles = number_leaves([("until", lift(raw))])
         return evaluate(recipe, [self.fetch(h) for h in handles], None, self.k)
 
@@ -86,7 +85,9 @@ class UntilLoops:
         if not self.per_row(loop):
             self.frame.dynamic_ran.setdefault(key, []).append(j)
             return TorchOps().truth(value)
+        _check_rows(loop, value)
         flags = row_flags(value)
+        _check_row_count(loop, flags.shape[0])
         before = self.done.get(key)
         if before is not None and before.shape != flags.shape:
             raise ConditionError(loop, f"the condition of loop '{loop.name}' gave {flags.shape[0]} row flag(s) after "
@@ -168,6 +169,38 @@ def _check_flags(loop: LoopNode, value: Any) -> None:
     raise ConditionError(loop, f"the condition of loop '{loop.name}' gave {found}, not a done flag",
                          "point `until:` at an output that is a flag -- bool or 0/1 values, one per row of the "
                          "loop's batch or one for all rows -- e.g. a comparison computed in the body")
+
+
+def _check_rows(loop: LoopNode, value: Any) -> None:
+    """A loop that ends per row needs a flag per row: a value without a row dimension (one flag for all rows)
+    would end it as a whole, and a split of it into row groups (`split-chain`, which trusts an output of a
+    call that declares `batch:` to hold its rows) would end each group on its own rows' flag instead --
+    another result, silently. So it stops the run at the `until:` (exit 2), like a condition that is not a flag."""
+    import torch
+
+    if torch.as_tensor(value).dim() > 0:
+        return
+    raise ConditionError(loop, f"the condition of loop '{loop.name}' gave one flag for all rows (a value without a "
+                         "row dimension), but the loop ends per row (every call in its body declares batch:)",
+                         "give one flag per row of the loop's batch (the loop then ends when every row is done, and "
+                         "a done row is no longer computed); one flag for all rows is for a loop that ends as a "
+                         "whole (some call in its body declares no batch:)")
+
+
+def _check_row_count(loop: LoopNode, flags: int) -> None:
+    """A loop that ends per row needs one flag for each row of its batch (the rows its calls declare): fewer
+    flags (`gen.eos[0:2]`) froze the rows without one while they were not done, more handed the calls rows
+    they do not have -- a wrong result, or a component's IndexError blamed on the component."""
+    for item in loop.body:
+        if not isinstance(item, ExecutionNode) or item.batch is None:
+            continue
+        rows = item.plan.rows[1] - item.plan.rows[0] if item.plan.rows else item.batch_size
+        if rows is None or rows == flags:
+            continue
+        raise ConditionError(loop, f"the condition of loop '{loop.name}' gave {flags} row flag(s), but the loop ends "
+                             f"per row and its call '{item.name}' has {rows} rows (batch: size)",
+                             "give one flag per row of the loop's batch: an output of a call in the body, e.g. "
+                             "`until: STEP.done`, not a slice or concatenation of one")
 
 
 def live_inputs(recipe: Any, inputs: dict[str, Any]) -> tuple[Any, Any]:

@@ -112,6 +112,7 @@ class Program:
         self.tables = self.resolver.tables  # the workflow's one cache of binding tables
         self._inputs: dict[Path, tuple[tuple[str, Expr, Table], ...]] = {}
         self._indices: dict[Path, Sequence[int]] = {}
+        self._until: dict[Path, Mapping[int, Any]] = {}  # `until:` tables: its own carried values after `next`
 
     def bound(self, item: Item, key: str, expr: Expr) -> Table:
         """The binding table of field `key` ("in.obs", "carry.x.next", ...) of `item`."""
@@ -177,8 +178,20 @@ class Program:
         """Evaluate a dynamic loop's end condition after iteration ctx[loop]; record that it ran."""
         key = (loop.path, self.indices_of(loop.path, ctx))
         frame.dynamic_ran.setdefault(key, []).append(ctx[loop.path])
+        return frame.ops.truth(self.condition(loop, ctx, frame))
+
+    def condition(self, loop: LoopNode, ctx: Ctx, frame: Frame) -> Any:
+        """The value of a dynamic loop's `until:` after iteration ctx[loop]: it reads that iteration's outputs
+        and index and, being evaluated after the iteration's `next`, the loop's own carried values as they
+        leave it (`until: decode.fin` with `fin: {next: gen.eos}` ends where `until: gen.eos` does; it
+        read the value the iteration started with, one trip late)."""
         assert loop.until is not None
-        return frame.ops.truth(self.evaluate(loop.until, self.bound(loop, "until", loop.until), ctx, frame))
+        table = self._until.get(loop.path)
+        if table is None:
+            table = self._until[loop.path] = {
+                k: _CarryAfter(b.loop, b.var) if isinstance(b, CarryIn) and b.loop == loop.path else b
+                for k, b in self.bound(loop, "until", loop.until).items()}
+        return self.evaluate(loop.until, table, ctx, frame)
 
     def evaluate(self, expr: Expr, table: Table, ctx: Ctx, frame: Frame) -> Any:
         """The value of `expr` in context `ctx`; `table` resolves its names (see `bound`): a name reads
@@ -392,10 +405,19 @@ def _select_family(p: Program, b: IterSelect, expr: IterRef, ctx: Ctx, frame: Fr
     return results if b.index.kind == "all" else results[0]
 
 
+@dataclass(frozen=True)
+class _CarryAfter:
+    """A loop's carried value as iteration ctx[loop] leaves it (its `next`): what the loop's `until:` reads."""
+
+    loop: Path
+    var: str
+
+
 _BINDING_RULES: dict[type, Callable[..., Any]] = {
     NodePort: lambda p, b, expr, table, ctx, frame: p.output(b.node, b.port, ctx, frame),
     LoopIndex: lambda p, b, expr, table, ctx, frame: ctx[b.loop],
     CarryIn: lambda p, b, expr, table, ctx, frame: p.carry(b.loop, b.var, ctx, frame),
+    _CarryAfter: lambda p, b, expr, table, ctx, frame: p.carry(b.loop, b.var, {**ctx, b.loop: ctx[b.loop] + 1}, frame),
     ParentInput: _parent_input,
     IterSelect: _select,
 }

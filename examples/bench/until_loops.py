@@ -17,7 +17,7 @@ import torch
 
 from examples.bench.latency import wait_ms
 
-__all__ = ["ToyLM", "LengthReward", "ToyEnv", "ToyPolicy", "Tick", "SleepyLM", "SleepyJudge", "reference_decode",
+__all__ = ["ToyLM", "LengthReward", "ToyEnv", "ToyPolicy", "Tick", "RowFlags", "Gate", "SleepyLM", "SleepyJudge", "reference_decode",
            "reference_episodes"]
 
 
@@ -238,6 +238,32 @@ def reference_episodes(iterations: int, num_envs: int, max_steps: int, seed: int
         pi.update(torch.stack([s["reward"] for s in steps]), torch.stack([s["done"] for s in steps]))
         out.append({f"pi/{k}": v for k, v in pi.pop_metrics().items()})
     return out
+
+
+class RowFlags:
+    """Per-row done flags and one flag for all rows (`all`), for tests of what a condition may be: a loop that
+    ends per row must be given the per-row `done`."""
+
+    def flags(self, eos: torch.Tensor, rows: Any = None) -> dict[str, torch.Tensor]:
+        return {"done": eos.clone(), "all": eos.bool().all()}
+
+
+class Gate:
+    """One flag for all rows, for a loop that ends as a whole (rounds of rollouts and updates): done after `k`
+    checks, or once the sum of `x` (the last round's rewards) passes `threshold`."""
+
+    def __init__(self, k: int = 2, threshold: float = float("inf")) -> None:
+        self.k, self.threshold = int(k), float(threshold)
+        self._metrics: dict[str, float] = {}
+
+    def check(self, x: torch.Tensor, t: int) -> dict[str, torch.Tensor]:
+        total = float(x.double().sum())
+        self._metrics = {"sum": total, "rounds": float(int(t) + 1)}
+        return {"done": torch.tensor(int(t) + 1 >= self.k or total > self.threshold)}
+
+    def pop_metrics(self) -> dict[str, float]:
+        out, self._metrics = self._metrics, {}
+        return out
 
 
 class Tick:

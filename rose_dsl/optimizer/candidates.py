@@ -249,18 +249,29 @@ def _take_turns(wf: Workflow, body: Sequence[Item], i: int, j: int, target: str)
     """Sibling loops body[i] < body[j] that share a component take turns, one call each (`interleave A B`),
     the items between them moved before the first (each `rewire X before A`, their order kept): two
     rollouts on two simulators that share the policy, which otherwise runs all of the first loop's calls
-    before the second's (a CPU sweep of unseen workflows, 2026-12-05: 1.49x). The rewrites' checks refuse
-    it where the loops depend on each other or the moves break a dependency."""
+    before the second's (a CPU sweep of unseen workflows, 2026-12-05: 1.49x). So do loops on different
+    components where one ends on a condition (`_waits`): the driver waits for its condition after each
+    trip, so the other loop's calls are sent only once it ended. The rewrites' checks refuse it where the
+    loops depend on each other or the moves break a dependency."""
     a, b = body[i], body[j]
     if not (isinstance(a, LoopNode) and isinstance(b, LoopNode)) \
-            or a.temporal_group or b.temporal_group or a.plan.interleaved or b.plan.interleaved \
-            or not (_components(wf, a) & _components(wf, b)):
+            or a.temporal_group or b.temporal_group or a.plan.interleaved or b.plan.interleaved:
+        return []
+    shared = _components(wf, a) & _components(wf, b)
+    if not shared and not (_waits(a) or _waits(b)):
         return []
     a_name = request_name(wf, a.path)
     moves = tuple(f"rewire {request_name(wf, x.path)} before {a.name}" for x in body[i + 1:j])
+    why = f"on {', '.join(sorted(shared))}" if shared else "instead of one waiting for the other's condition"
     return [Alternative((*moves, f"interleave {a_name} {request_name(wf, b.path)}"), "take-turns", target,
                         tuple(_spath(wf, n.path) for n in _calls(b)),
-                        note=f"loops '{a.name}' and '{b.name}' take turns on {', '.join(sorted(_components(wf, a) & _components(wf, b)))}")]
+                        note=f"loops '{a.name}' and '{b.name}' take turns {why}")]
+
+
+def _waits(item: Item) -> bool:
+    """A loop that ends on a condition, or holds one: the driver fetches the condition after each of its
+    trips before it sends anything after the loop."""
+    return isinstance(item, LoopNode) and (item.until is not None or any(_waits(x) for x in item.body))
 
 
 def _components(wf: Workflow, item: Item) -> set[str]:

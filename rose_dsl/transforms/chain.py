@@ -21,7 +21,7 @@ from ..ir import ExecutionNode, LoopNode, Workflow
 from .forward import forward_merge_slices
 from .rewritten import Refused, Rewritten, compose
 from .split import build_split_loop_rows, build_split_node, check_separable, check_splittable_loop
-from .tree import children, find, replace_body
+from .tree import children, find, one_body, replace_body
 
 __all__ = ["forward_merge_slices", "build_split_chain"]
 
@@ -35,9 +35,7 @@ def build_split_chain(wf: Workflow, paths: Sequence[Path], k: int) -> Rewritten:
     (`build_split_loop_rows`): group 0 runs all its iterations, then group 1 while group 0's consumer runs."""
     if len(paths) < 2:
         raise Refused("a chain needs at least two nodes")
-    parent = paths[0][:-1]
-    if any(p[:-1] != parent for p in paths):
-        raise Refused("the nodes of a chain must be siblings (in one body)")
+    parent = one_body(wf, paths, "the nodes of a chain")
     body = [i.name for i in children(find(wf, parent))]
     order = [body.index(p[-1]) if p[-1] in body else -1 for p in paths]
     if order != sorted(order) or len(set(order)) != len(order):

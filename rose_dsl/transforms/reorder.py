@@ -32,6 +32,7 @@ from .tree import (
     children,
     find,
     into_group,
+    one_body,
     own_group,
     repath,
     replace_body,
@@ -222,9 +223,7 @@ def build_interleave_siblings(wf: Workflow, paths: Sequence[Path]) -> Rewritten:
     other or their state accesses would observe other writes."""
     if len(paths) < 2:
         raise Refused("interleaving loops needs at least two sibling loops (or one loop split in time)")
-    parent = paths[0][:-1]
-    if any(p[:-1] != parent for p in paths):
-        raise Refused("the loops to interleave must be siblings (in one body)")
+    parent = one_body(wf, paths, "the loops to interleave")
     body = list(children(find(wf, parent)))
     names = [i.name for i in body]
     for p in paths:

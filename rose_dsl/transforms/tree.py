@@ -18,7 +18,7 @@ from .rewritten import Refused
 
 __all__ = [
     "find", "item_paths", "children", "with_children", "map_tree", "map_workflow", "replace_item", "replace_body",
-    "map_item_exprs", "repath", "into_group", "base_name", "own_group", "source_paths", "unique_name",
+    "map_item_exprs", "repath", "into_group", "base_name", "own_group", "source_paths", "unique_name", "one_body",
 ]
 
 Path = tuple[str, ...]
@@ -29,6 +29,17 @@ def find(wf: Workflow, path: Path) -> Item:
     if item is None:
         raise Refused(f"no item '{'.'.join(path)}' in the workflow")
     return item
+
+
+def one_body(wf: Workflow, paths: Sequence[Path], what: str) -> Path:
+    """The body `paths` share, else refused at the first item that is elsewhere, naming both bodies (a
+    chain of a loop's consumer and a node inside the loop was refused with no position or names)."""
+    parent = tuple(paths[0][:-1])
+    stray = next((tuple(p) for p in paths if tuple(p[:-1]) != parent), None)
+    if stray is not None:
+        raise Refused(f"{what} must be siblings (in one body): '{stray[-1]}' is in '{'.'.join(stray[:-1])}', "
+                      f"'{paths[0][-1]}' in '{'.'.join(parent)}'", at=find(wf, stray).pos)
+    return parent
 
 
 def item_paths(wf: Workflow) -> dict[str, list[Path]]:

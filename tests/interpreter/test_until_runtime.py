@@ -179,3 +179,67 @@ def test_a_deferred_call_reads_the_trips_its_own_iteration_ran(backend, request)
         assert [m[key] for m in deferred] == [m[key] for m in declared], key
     lagged, own = [m.get("judge2/reward") for m in deferred], [m["judge2/reward"] for m in declared]
     assert lagged[0] is None and lagged[1:] == own[:-1], (lagged, own)
+
+
+SCALAR = (FIXTURES / "until_decode_split.yaml").read_text().replace("until: gen.eos", "until: flg.all").replace(
+    '  judge: {impl: "examples.bench.until_loops:LengthReward"}',
+    '  judge: {impl: "examples.bench.until_loops:LengthReward"}\n  rowflags: {impl: "examples.bench.until_loops:RowFlags"}'
+).replace(
+    "    - {node: score,",
+    '        - {node: flg, call: rowflags.flags, in: {eos: gen.eos}, out: [done, all], batch: {dim: 0, size: "${rows}"}}\n'
+    "    - {node: score,", 1)
+
+
+@pytest.mark.parametrize("split", [None, "split-chain decode score 2"])
+def test_a_loop_that_ends_per_row_refuses_one_flag_for_all_rows(split) -> None:
+    """A per-row loop (every body call declares batch:) whose condition is a scalar output -- 'all rows done'
+    -- of a call in its body: `split-chain` trusts such an output to hold the call's rows, so each group ended
+    on its own rows' scalar and the plan computed another reward than the declared workflow (-3.5 against
+    -5 in acceptance), silently. Now the run stops at the `until:`, for the workflow and for the plan."""
+    from interpreter.until_loops import ConditionError
+    from rose_dsl.serialize import to_yaml
+    from rose_dsl.transforms import apply_request
+
+    text = SCALAR
+    if split is not None:
+        text = to_yaml(apply_request(load_workflow_text(SCALAR, "until.yaml"), split).workflow)
+    with pytest.raises(ConditionError, match=r"the condition of loop 'decode(@0)?' gave one flag for all rows .* but "
+                                             r"the loop ends per row") as err:
+        _run(text, "local")
+    assert err.value.diagnostics[0].path.endswith(".until")
+    _run(SCALAR.replace("until: flg.all", "until: flg.done"), "local")  # the per-row flag runs
+
+
+@pytest.mark.parametrize("until, found", [("'gen.eos[0:2]'", "gave 2 row flag(s)"),
+                                          ("'cat(gen.eos, gen.eos)'", "gave 16 row flag(s)")])
+def test_a_loop_that_ends_per_row_needs_a_flag_for_each_of_its_rows(tmp_path, until, found) -> None:
+    """A per-row loop whose condition has other rows than the loop's batch: a slice of the flags froze the rows
+    without a flag while they were not done (a wrong result, silently); a concatenation handed the calls
+    rows they do not have (exit 3, an IndexError blamed on the component). Now exit 2 at the `until:`."""
+    from tests.cli.clirun import plain_failure, rose
+
+    text = (FIXTURES / "until_decode_split.yaml").read_text()
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(text.replace("until: gen.eos", f"until: {until}"))
+    out = plain_failure(rose("execute", str(wf), "--out", str(tmp_path / "run")))
+    line = next(n for n, row in enumerate(text.splitlines(), 1) if "until: gen.eos" in row)
+    assert f"wf.yaml:{line}:" in out and ".until: the condition of loop 'decode'" in out and found in out, out
+    assert "'gen' has 8 rows" in out and "give one flag per row" in out, out
+
+
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_a_condition_on_a_carried_value_reads_it_after_the_iterations_next(backend, request) -> None:
+    """`until: decode.fin` with `fin: {next: gen.eos}` is evaluated after the iteration, so it reads the value
+    `next` gave: the loop ends where `until: gen.eos` does. It read the value the iteration started with, so
+    every row ran one trip past its EOS (acceptance sweep of issue 45: 97 tokens against 86)."""
+    if backend == "ray":
+        request.getfixturevalue("ray_session")
+    text = (FIXTURES / "until_decode_split.yaml").read_text()
+    carried = text.replace("until: gen.eos", "until: decode.fin").replace(
+        "len: {init: prompt.len0, next: gen.len}", "len: {init: prompt.len0, next: gen.len}\n"
+        "        fin: {init: prompt.len0, next: gen.eos}")
+    assert "decode.fin" in carried and "fin: {init" in carried
+    want, declared = _run(text, "local")
+    got, runner = _run(carried, backend)
+    assert got == want
+    assert [r.metrics["trips/decode"] for r in runner.results] == [r.metrics["trips/decode"] for r in declared.results]

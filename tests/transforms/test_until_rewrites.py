@@ -164,3 +164,55 @@ def test_a_split_inside_a_per_row_loop_is_refused_and_forced_through_changes_the
     a, comps_a = execute(wf, "program")
     b, comps_b = execute(forced.workflow, "program")
     assert differences(wf, a, comps_a, forced.workflow, b, comps_b, forced.locate)
+
+
+SIBLINGS = (FIXTURES / "until_siblings.yaml").read_text()
+
+
+@pytest.mark.parametrize("requests", [("interleave decode ep",),
+                                      ("split-chain decode score 2", "rewire ep before decode@0",
+                                       "rewire score@0 after decode@1", "interleave ep decode@0 decode@1")])
+def test_sibling_until_loops_on_different_components_take_turns_and_compute_the_declared_values(requests) -> None:
+    """Independent sibling loops that end per row (a decode, an episode rollout; no shared component), taking
+    turns -- also with the decode split into row groups that end on their own: every value is the declared
+    workflow's, and the episodes start before the decode ended."""
+    prefixes = ("lm/", "pi/")
+    want = _metrics(load_workflow_text(SIBLINGS, "until.yaml"), prefixes=prefixes)
+    order: list[str] = []
+    assert want and _metrics(_plan(SIBLINGS, *requests), order=order, prefixes=prefixes) == want
+    calls = _first_iteration(order)
+    assert min(i for i, c in enumerate(calls) if ".ep." in c) < max(i for i, c in enumerate(calls) if ".gen" in c)
+
+
+@pytest.mark.parametrize("request_, what", [("split-chain ep upd 2", "the nodes of a chain"),
+                                            ("interleave ep upd", "the loops to interleave")])
+def test_a_chain_or_interleave_across_bodies_is_refused_at_the_item_naming_both_bodies(request_, what) -> None:
+    """An episode loop inside rollout epochs and a learner outside them: the refusal had no position and named
+    neither item (acceptance sweep of issue 45)."""
+    with pytest.raises(Refused) as err:
+        _plan(EPOCHS, request_)
+    line = next(n for n, row in enumerate(EPOCHS.splitlines(), 1) if "- loop: upd" in row)
+    assert f"until.yaml:{line}:" in str(err.value), err.value
+    assert f"{what} must be siblings (in one body): 'upd' is in 'iteration', 'ep' in 'iteration.epoch'" in str(err.value)
+
+
+NESTED = (FIXTURES / "until_nested.yaml").read_text()
+
+
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_a_per_row_loop_inside_a_loop_that_ends_as_a_whole_splits_into_groups(backend) -> None:
+    """`split-chain decode score 2` on a decode inside a count loop inside rounds that end on a scalar gate:
+    each run of the decode is copied per row group, the rounds still end on the declared gate, and every
+    value is the declared workflow's, on both backends."""
+    prefixes = ("lm/", "gate/")
+    want = _metrics(load_workflow_text(NESTED, "until.yaml"), prefixes=prefixes)
+    assert len({m["gate/rounds"] for m in want}) > 1  # the gate ends the rounds before their bound in some iteration
+    if backend == "ray":
+        ray = pytest.importorskip("ray")
+        ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
+    try:
+        got = _metrics(_plan(NESTED, "split-chain decode score 2"), backend, prefixes=prefixes)
+    finally:
+        if backend == "ray":
+            ray.shutdown()
+    assert got == want
