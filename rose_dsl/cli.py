@@ -139,6 +139,7 @@ def load_or_exit(path: Path, sets: list[str] | None, source: Path | None = None,
         overrides = set_overrides(sets)
         as_run = set_overrides(source_sets)
         wf = load_workflow(path, overrides)
+        _refuse_sets_on_a_plan(path, wf, overrides)
         # every file, plan or not: one with plan-only constructs and no `plan:` block (a plan cut short) is
         # refused there
         from .transforms.plan_check import check_plan_source
@@ -156,6 +157,30 @@ def load_or_exit(path: Path, sets: list[str] | None, source: Path | None = None,
         err.print(exc.format(), markup=False)
         err.print(f"[red]{path}: invalid workflow ({n} problem{'s' if n != 1 else ''})[/red]")
         raise typer.Exit(ExitCode.INVALID) from None
+
+
+def _refuse_sets_on_a_plan(path: Path, wf: Workflow, overrides: dict[str, Any]) -> None:
+    """`--set` on a plan file changes nothing it runs (`rose optimize PLAN --set iterations=100` trained the
+    plan's 4 iterations and then advised raising the iteration count): a plan holds its params resolved,
+    its counts, args and quotas fixed when it was written. Each NAME is refused at the plan's `params:`
+    entry for it, with the fix."""
+    if wf.plan is None or not overrides:
+        return
+    import yaml
+
+    text = path.read_text()
+    marks: dict[str, SourcePos] = {}
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    for key, value in root.value if isinstance(root, yaml.MappingNode) else []:
+        if key.value == "params" and isinstance(value, yaml.MappingNode):
+            marks = {k.value: SourcePos(str(path), k.start_mark.line + 1, k.start_mark.column + 1) for k, _ in value.value}
+    problems = [Diagnostic(marks.get(name, SourcePos(str(path), 1, 1)), f"params.{name}",
+                           f"--set {name}=... does not apply to a plan: a plan holds its params resolved (counts, "
+                           "args and quotas were fixed when it was written)",
+                           hint="write the plan again with the value (`rose rewrite SOURCE --set NAME=VALUE --do ...`), "
+                                "or run the source workflow with --set and this plan with --plan")
+                for name in overrides]
+    raise WorkflowError(problems, text)
 
 
 def report_problems(wf: Workflow, problems: list[Diagnostic], what: str) -> None:

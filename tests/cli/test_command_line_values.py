@@ -118,3 +118,20 @@ def test_what_rose_prints_shows_terminal_controls_escaped(tmp_path: Path) -> Non
     assert "ppo\\x1b[2J\\u202e" in text and "\x1b" not in text and "\u202e" not in text
     code, text = validate(str(PPO), "--set", "nu\u202em_envs=1")
     assert code == 2 and "nu\\u202em_envs" in text and "\u202e" not in text, text
+
+
+def test_a_set_on_a_plan_file_is_refused_at_its_param_not_ignored(tmp_path: Path) -> None:
+    """A plan holds its params resolved: `rose optimize PLAN --set iterations=100` trained the plan's 4
+    iterations, then advised raising the iteration count. Every command that loads the plan refuses the
+    `--set` at the plan's `params:` entry, with the fix; without `--set` the plan still loads."""
+    plan = tmp_path / "plan.yaml"
+    wf = ROOT / "workflows" / "latency_interaction.yaml"
+    result = CliRunner().invoke(app, ["rewrite", str(wf), "--set", "iterations=4", "--do", "split-time epoch 2",
+                                      "-o", str(plan)])
+    assert result.exit_code == 0, result.output
+    line = next(i for i, text in enumerate(plan.read_text().splitlines(), 1) if text.strip() == "iterations: 4")
+    code, out = validate(str(plan), "--set", "iterations=100")
+    assert code == 2, out
+    assert f"plan.yaml:{line}:3: params.iterations: --set iterations=... does not apply to a plan" in out
+    assert "rose rewrite SOURCE --set NAME=VALUE" in out
+    assert validate(str(plan))[0] == 0
