@@ -4,7 +4,7 @@ process's lifetime.
 
 Why parking: stage 2's trials move one process back and forth -- its quota q0, a trial's q*, q0 again
 for the validation's reference -- and each fresh process costs 10.9-13.5 s on an H100 (the MJX policy:
-Python, its CUDA context, the model built; 2026-12-05). So with `keep`, the process a move leaves is
+Python, its CUDA context, the model built). So with `keep`, the process a move leaves is
 parked -- alive, idle, its allocator's cache emptied -- and a later move back to its settings hands the
 state to it instead of starting another (the state hand-over, both ways by reference through Ray's
 object store, a few seconds for a 4-GB state). The reference is then the very process stage 1 measured.

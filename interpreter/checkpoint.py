@@ -217,7 +217,7 @@ def write_state_file(path: Path, states: dict[str, Any], component: str) -> dict
     """One component's state file of a checkpoint (``state/<component>.pt`` in the checkpoint being
     written), fsynced: checked loadable first (nothing is written otherwise), then its marker entry, the
     sha256 and size. Called where the state is, so that a 4-GB trainer state does not cross to the driver
-    first (H100, MJX: the end-of-run checkpoint through the driver took 16.4 s, 2026-12-05)."""
+    first (H100, MJX: the end-of-run checkpoint through the driver took 16.4 s)."""
     for name, value in states.items():
         _check_loadable(value, f"states[{component!r}][{name!r}]")
     buf = io.BytesIO()

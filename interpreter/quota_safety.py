@@ -11,7 +11,7 @@ GPU component runs under a quota below 100%, a fresh MPS client at that quota co
 of the models' transformer layers, and whole blocks forward and backward (SDPA, LayerNorm, GELU), in bf16
 and compares every output element with a float32 CPU reference, with the allocator poisoned (NaN) so an
 unwritten output element is caught too. At 20% (26 SMs) every GEMM and block case passed (H200,
-2026-12-02, results-archive:benchmarks/results/quota_safety_levels_blocks.json) where the real first PPO update was NaN;
+results-archive:benchmarks/results/quota_safety_levels_blocks.json) where the real first PPO update was NaN;
 the replay recorded why (quota_nan/before_fix.json): the first non-finite value there came out of a Linear
 applied to ONE vector (the time-embedding MLP), a matrix-vector product, so the check now runs those too
 (VECTOR_SHAPES) -- whether that makes it refuse 20% is not yet measured on the H200. A quota that fails is
@@ -47,7 +47,7 @@ CHECK_SHAPES: tuple[tuple[int, int, int], ...] = tuple(
 # (rows, tokens, hidden, heads): whole transformer blocks, forward and backward, for what the GEMM list
 # cannot show -- SDPA, LayerNorm and GELU kernels and their backward reductions, at the sequence shapes of
 # the models: the PPO update's prefix (1600 rows x 4 tokens, embodied_ppo_gpu), a 64-token block, and the
-# paper-shaped VLA's 256-token prefix at hidden 1024. Both lists pass at 20% (26 SMs; H200, 2026-12-02),
+# paper-shaped VLA's 256-token prefix at hidden 1024. Both lists pass at 20% (26 SMs; H200),
 # where the real first PPO update was NaN: the product that failed there is a vector one (VECTOR_SHAPES).
 BLOCK_CASES: tuple[tuple[int, int, int, int], ...] = ((1600, 4, 512, 8), (64, 64, 512, 8), (16, 256, 1024, 16))
 # (in, out): Linear layers applied to ONE vector, no batch dimension -- the flow-matching time-embedding
@@ -143,7 +143,7 @@ def _gemm_reference(product: str, x: Any, w: Any, b: Any, gy: Any) -> Any:
     """A GEMM product's float32 CPU reference. These (and the blocks') are the check's CPU cost, ~0.5 TFLOP
     and most of a check's 20 s on the H200, and they do not depend on the quota: `check_quotas` computes
     them once (`references`) and lends them to each level's check, so checks side by side do not repeat
-    them (six at once on 16 cores took > 150 s for 19 levels on 2026-12-02, where one alone takes 20 s)."""
+    them (six at once on 16 cores took > 150 s for 19 levels, where one alone takes 20 s)."""
     return {"fwd": lambda: x @ w.T + b, "dgrad": lambda: gy @ w, "wgrad": lambda: gy.T @ x}[product]()
 
 

@@ -9,7 +9,7 @@ scheduling by the driver or by Ray's scheduler (`compiled_graph.py` builds it; G
 
 The graphs of the last few plans stay compiled (`GRAPH_CACHE`): `rose optimize` alternates plans every
 iteration to compare them, and compiling a graph cost it seconds per switch on the H200 (104 s for 16
-switches on Meta-World, 2026-12-03). Each graph runs its own execution loop in every actor it uses, on a
+switches on Meta-World). Each graph runs its own execution loop in every actor it uses, on a
 thread of Ray's `_ray_system` concurrency group, which the actors get one more thread of than there are
 cached graphs (with Ray's default of one thread, a second graph's compilation waits forever for the
 first graph's loop). Only one graph executes at a time: the driver waits for each iteration.
@@ -205,7 +205,7 @@ class RayBackend(ActorMoves, Backend):
     def dead_components(self, timeout: float = 10.0) -> list[str]:
         """Components whose process does not answer within `timeout` -- asked all at once, so that the
         answer takes at most `timeout` however many are dead (one by one, six dead processes took a
-        minute: Ray's own services killed under a run, 2026-12-02)."""
+        minute: Ray's own services killed under a run)."""
         refs: dict[str, Any] = {}
         dead = []
         for name, actor in self.actors.items():

@@ -495,7 +495,7 @@ def _moved_from(raw: Mapping[str, Any]) -> tuple[str, ...] | None:
 
 def _first_collect(raw: Any) -> tuple[str, str] | None:
     """(loop, output) of the first `collect` of this raw loop or of a loop anywhere in its body: a loop that
-    runs 0 times leaves every one of them empty (x4 of the unseen sweep, 2026-12-05: `episodes=0` around
+    runs 0 times leaves every one of them empty (x4 of the unseen sweep: `episodes=0` around
     a step loop that collects trained on nothing, loss NaN, exit 0)."""
     if not isinstance(raw, dict):
         return None

@@ -239,7 +239,7 @@ def parse_with_grammar(text: str) -> Expr:
     if not text.strip():
         raise ExprSyntaxError(0, "empty expression")
     # every later pass (the parser's tree, the AST, evaluation, the printer) recurses once per operator:
-    # a 1000-term sum was a RecursionError, an internal error with exit 1 (user-error sweep, 2026-12-05)
+    # a 1000-term sum was a RecursionError, an internal error with exit 1 (user-error sweep)
     operators = sum(text.count(c) for c in "+-*/%[(")
     if operators > MAX_OPERATORS:
         raise ExprSyntaxError(0, f"expression too long: {operators} operators, brackets and slices (at most "

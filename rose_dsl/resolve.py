@@ -524,7 +524,7 @@ def _slice_diagnostics(item: Item, key: str, expr: Expr, params: dict[str, Any],
     a stop before its start (no rows; a negative bound counts from the end), and -- for a slice of a
     node's output whose batch is dim 0 with a declared size -- a start or stop past that size (Python's
     slicing would silently take fewer rows). They passed validation and failed inside a component, or ran
-    on other rows than written (user-error sweep, 2026-12-05)."""
+    on other rows than written (user-error sweep)."""
     from .build import ParamError, eval_int
 
     out = []

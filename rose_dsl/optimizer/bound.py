@@ -139,7 +139,7 @@ def local_saving_bound(wf: Workflow, region: tuple[str, ...], runs: Sequence[Ite
 
     What it is for: after complete trials found a winner, a local alternative that cannot combine with it
     matters only if it could save more than the winner does; when this bound says it cannot, its trial
-    (pure overhead: state snapshots, not training) is not run. H200, MJX (2026-12-04): the spatial split
+    (pure overhead: state snapshots, not training) is not run. H200, MJX: the spatial split
     of the rollout could save at most ~1.9 s/iteration (the simulator is busy 2.7 s of each 3.7-s epoch)
     against the temporal split's measured 1.97 s, and its trial and capture took 64 s."""
     prefix = item_sources(wf).get(tuple(region))

@@ -173,7 +173,7 @@ def _temporal(wf: Workflow, loop: LoopNode, target: str, groups: Sequence[int], 
     paper's order; without the turns a shared policy serves one group's calls all before the other's),
     then the groups one after the other (a user's hand-written temporal split). A loop of at most
     max(groups) iterations also gets one group per iteration: 3 epochs in 2 groups leave one group two
-    epochs long (unseen sweep, 2026-12-05: `split-time epoch 3; interleave epoch` 1.76x where 2 gave 1.42x)."""
+    epochs long (unseen sweep: `split-time epoch 3; interleave epoch` 1.76x where 2 gave 1.42x)."""
     name = request_name(wf, loop.path)
     n = len(loop.indices())
     partners = _partners(wf, loop, component)
@@ -249,7 +249,7 @@ def _take_turns(wf: Workflow, body: Sequence[Item], i: int, j: int, target: str)
     """Sibling loops body[i] < body[j] that share a component take turns, one call each (`interleave A B`),
     the items between them moved before the first (each `rewire X before A`, their order kept): two
     rollouts on two simulators that share the policy, which otherwise runs all of the first loop's calls
-    before the second's (a CPU sweep of unseen workflows, 2026-12-05: 1.49x). So do loops on different
+    before the second's (a CPU sweep of unseen workflows: 1.49x). So do loops on different
     components where one ends on a condition (`_waits`): the driver waits for its condition after each
     trip, so the other loop's calls are sent only once it ended. The rewrites' checks refuse it where the
     loops depend on each other or the moves break a dependency."""

@@ -234,7 +234,7 @@ class _LocalTrials:
         unchanged graph. A plan with nodes at row counts not measured yet (say the epoch's reset, split for
         the first time, after a split of the step loop calibrated the simulator's and the policy's calls) is
         judged by its lower bound (`CostModel.predict(lower_bound=True)`): if even that is clearly slower,
-        so is the plan. H100, MJX (2026-12-05): `split epoch 2; interleave epoch` was measured after the
+        so is the plan. H100, MJX: `split epoch 2; interleave epoch` was measured after the
         step loop's split had shown a split call costs what a whole one does -- unpredictable only for the
         reset at 128 rows, 1.74x slower, ~40 s of a local trial."""
         p, p0 = self.model.predict(lg.workflow), self.model.predict(c0.workflow)

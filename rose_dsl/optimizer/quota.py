@@ -242,7 +242,7 @@ def quota_search(q: int, k0: int, measure: Callable[[int], float], rho: int = 4,
 
     `known` holds levels already measured on the same comparison graph (stage 1's last measurement at
     k0, stage 2's screening of the first step down): the search reads them when it reaches them, free --
-    no trial, no budget check. H200, MJX (2026-12-04): the screening measured the policy 1.052x faster one
+    no trial, no budget check. H200, MJX: the screening measured the policy 1.052x faster one
     step down, the budget had no room for a further trial, and the search -- asking the budget before
     reading the screened level -- kept 100%."""
     if not 1 <= k0 <= q:
@@ -383,12 +383,12 @@ def sm_demand(runs: Sequence[IterationRun], gpu_of: Mapping[str, int | None],
       fit of every sample's value on every component's coverage (activity adds up where calls overlap).
 
     Why stage 2 needs it: MPS's quota caps the SMs a process may use, so it frees SMs for the others
-    only when the process occupies them. paper_mjx_vla on the H200 (2026-12-03 traces): alone, the MJX
+    only when the process occupies them. paper_mjx_vla on the H200: alone, the MJX
     simulator keeps ~3% of the SMs busy (launch-bound), the policy ~80%, the trainer ~91%; the simulator
-    had the most float beside the critical path, and its step down gained 1.4% (2026-12-04), while the
-    policy's gained 4% (2026-12-03). Why the lag and the fit: read as "samples whose own window sees one
+    had the most float beside the critical path, and its step down gained 1.4%, while the
+    policy's gained 4%. Why the lag and the fit: read as "samples whose own window sees one
     process", with no lag, the same declared graph gave the policy 0.14 to 0.88 and the simulator 0.04 to
-    0.25 in four rounds on one H100 (2026-12-05, `paper_table/mjx_stage1_h100_2026-12-05e/traces`), and
+    0.25 in four rounds on one H100 (`paper_table/mjx_stage1_h100_2026-12-05e/traces`), and
     the optimizer screened the simulator first (its step down: 1.01x; the policy's: 1.06x)."""
     gpu_procs = [p for p, g in gpu_of.items() if g is not None]
     on_gpu = set(gpu_procs)
@@ -475,7 +475,7 @@ def rank_targets(runs: Sequence[IterationRun], gpu_of: Mapping[str, int | None],
     below `critical` x the iteration) of another process on the same GPU run beside them. Those are the
     calls whose SMs, given away, can only speed the critical path up. Where the runs carry the device's
     SM activity, that time beside critical calls counts by how busy the SMs were (`busy_s`): SMs given
-    away help a critical call only where it lacks them. H200, MJX interleaved rollout (2026-12-04 traces):
+    away help a critical call only where it lacks them. H200, MJX interleaved rollout:
     beside the critical simulator copy, the other copy ran 1.7 s per iteration with the SMs 12% busy (two
     launch-bound programs: nothing to free), the policy 0.47 s with them 85% busy; the policy's step down
     gained 1.052x, the simulator's 0.988-1.016x. Ranked by `score_s`; `slack_s` is

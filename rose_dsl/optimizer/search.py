@@ -128,7 +128,7 @@ class _Search(_LocalTrials):
         handed to the measurer one turn at a time so that the budget and a stop request are checked before
         every turn, not once per block: a turn that would not fit -- its iteration, the unmeasured one a
         switch between plans costs, and a new plan's set-up, by `_turn_s` -- is not started, and the block
-        ends with what it measured (`self.cut` says why). H200, 2026-12-04 (MJX): a block of eight plans
+        ends with what it measured (`self.cut` says why). H200, MJX: a block of eight plans
         estimated at one iteration per plan and round took twice that and more, ran 40 s past SIGTERM and
         was killed with nothing written. Failed plans are in `self.block_failures` (by index)."""
         labels = list(labels) or ["" for _ in plans]
@@ -311,7 +311,7 @@ class _Search(_LocalTrials):
                     pairs.append((m, lg))
             local_plans.append((t, region, c0, pairs))
         # complete-iteration trials first: they are training (kept), so they cost the search little but
-        # the plan switches, while a local trial is pure overhead. On the H200 (2026-12-03, MJX) local
+        # the plan switches, while a local trial is pure overhead. On the H200 (MJX) local
         # trials of spatial splits took 134 s of stage 1's 292 s and the complete trials of the temporal
         # split -- the 1.23x the round was after -- never ran.
         if whole:
@@ -337,7 +337,7 @@ class _Search(_LocalTrials):
         The split group count is a searched parameter of one alternative, not L alternatives of its own:
         the members of a family (the same split but for k) take one of the L places, in ascending k, so k = 2
         -- the calibration that tells the model what more groups cost -- is never cut while a larger k is
-        kept. H100, MJX (2026-12-05): ordered by duration mismatch, `split epoch.step 8` and `4` took two of
+        kept. H100, MJX: ordered by duration mismatch, `split epoch.step 8` and `4` took two of
         the four places and `2` was cut; the 8-group split was then measured as the calibration: one local
         run of 18.7 s (5.99x the unchanged graph) and its start-up, ~84 s of overhead."""
         limit = self.s.alternatives if t.node != SWEEP else len(feasible)
@@ -411,7 +411,7 @@ class _Search(_LocalTrials):
     def _fit_block(self, g: Workflow, unique: list[Measured]) -> tuple[list[Measured], list[Measured]]:
         """As many alternatives as one interleaved block (with the reference `g`) fits in what is left of
         the budget by `_block_s`, the most promising first (predicted iteration time; unpredicted ones
-        after, in the candidates' order). H200, 2026-12-03 (MJX): twelve alternatives made a 378-s block
+        after, in the candidates' order). H200, MJX: twelve alternatives made a 378-s block
         against 229 s left, so none was measured -- the first of them was 1.23x."""
         if not self.time.limited or not self.iteration_s:
             return unique, []

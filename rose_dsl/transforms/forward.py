@@ -121,7 +121,7 @@ def _carry_per_group(wf: Workflow) -> Workflow:
     those rows of the merge), but group 0 of step k+1 now waits for group 0 of step k only, not for the
     merge of every group. Without it a chain split inside a loop whose body cannot be split whole (a node
     that is not separable reads the merge) overlapped its groups within a step and never across steps: a
-    CPU sweep's online-learner loop ran 1.09x where the per-group carry runs 1.42x (2026-12-05). The
+    CPU sweep's online-learner loop ran 1.09x where the per-group carry runs 1.42x. The
     original carry stays for any other reader (the non-separable node, the value after the loop)."""
     resolver = Resolver(wf)
     groups, dims = _merge_groups(resolver)

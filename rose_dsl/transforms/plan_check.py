@@ -594,7 +594,7 @@ def check_plan_source(plan: Workflow, source_file: str | FilePath | None = None)
     unless the plan is of that workflow (its name, and no param the source does not define) and keeps
     every dependency of it. Returns the params whose value in the plan differs from the source file's
     ({name: (plan's, source's)}): a plan written with `--set episodes=1` runs one episode however the
-    source reads, which `rose execute SOURCE --plan PLAN` says (unseen sweep, 2026-12-05)."""
+    source reads, which `rose execute SOURCE --plan PLAN` says (unseen sweep)."""
     from .. import load_workflow
 
     meta = plan.plan or {}

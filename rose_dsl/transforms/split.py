@@ -54,7 +54,7 @@ def row_groups(size: int, k: int, what: str, at: SourcePos | None = None) -> lis
     """k consecutive row groups covering [0, size): as equal as they can be, the first `size % k` one row
     larger (101 rows in 2: 51 and 50). A batch k does not divide is split too: each group's calls take
     their own rows, and the merge concatenates the groups in row order whatever their sizes -- a prime
-    batch was otherwise never split (a CPU sweep of unseen workflows, 2026-12-05: 101 envs 1.00x, 102 envs
+    batch was otherwise never split (a CPU sweep of unseen workflows: 101 envs 1.00x, 102 envs
     1.32x)."""
     if k < 2:
         raise Refused(f"splitting {what} into {k} group(s) does nothing: k must be at least 2")
