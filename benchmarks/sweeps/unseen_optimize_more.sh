@@ -1,5 +1,5 @@
 #!/bin/bash
-# More of issue 44's CPU acceptance: `rose optimize` on six workflows of shapes unlike the shipped latency_*
+# More of issue 44's CPU acceptance: `rose optimize` on seven workflows of shapes unlike the shipped latency_*
 # ones (benchmarks/sweeps/unseen_optimize_more/; their cases are kept in the tree, not archived), then `rose compare` of its plan against hand-written plans, interleaved.
 # The hand plans are written here with `rose rewrite` (the rewrites a user would try). RUNS runs per workflow
 # (default 1); outputs in $OUTDIR/<workflow><k>/ (optimize.log, report/, compare.txt, compare.json).
@@ -28,6 +28,10 @@ hand judge jd_chain4 "split-chain generate score 4"
 hand actor_critic ac_fuse "fuse rollout update"
 hand actor_critic ac_split2 "split rollout.step 2" "interleave rollout.step"
 hand actor_critic ac_fuse_split2 "fuse rollout update" "split rollout.step 2" "interleave rollout.step"
+hand actor_critic_rows acr_split2 "split rollout.step 2" "interleave rollout.step"
+hand actor_critic_rows acr_time3 "split-time rollout 3"
+hand actor_critic_rows acr_fuse_split2 "fuse rollout update" "split rollout.step 2" "interleave rollout.step"
+hand actor_critic_rows acr_time3_split2 "split-time rollout 3" "split rollout@0.step 2" "interleave rollout@0.step" "split rollout@1.step 2" "interleave rollout@1.step" "split rollout@2.step 2" "interleave rollout@2.step"
 hand chain3 c3_chain2 "split-chain generate score value 2"
 hand chain3 c3_chain4 "split-chain generate score value 4"
 hand chain3 c3_chain8 "split-chain generate score value 8"
@@ -38,6 +42,7 @@ hand chain3_gil cg_chain4 "split-chain generate score value 4"
 run two_sims ts_split2 ts_split4
 run judge jd_chain2 jd_chain4
 run actor_critic ac_fuse ac_split2 ac_fuse_split2
+run actor_critic_rows acr_split2 acr_time3 acr_fuse_split2 acr_time3_split2
 run chain3 c3_chain2 c3_chain4 c3_chain8
 run step_loop sl_split2 sl_split4
 run chain3_gil cg_chain2 cg_chain4
