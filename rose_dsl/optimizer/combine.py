@@ -7,8 +7,9 @@ single saving; fusion and a step split, both measured in that round, combine (~0
 ~0.27 s), but after the temporal split fusion was refused (`rollout@0` and `update` run different
 iterations). So:
 
-* every subset of the round's winners (up to `max_size` alternatives, at most one per split family) is a
-  candidate combination;
+* every subset of the round's six largest winners (up to `max_size` alternatives, at most one per split
+  family) is a candidate combination, and so is a subset with one of the next six where its savings added
+  up could beat the best prediction so far (`combinations_of`);
 * its requests are applied in an order that keeps them expressible: rewrites that keep item names (fuse,
   rewire, interleaving sibling loops) first, then temporal splits, then row splits (`ORDER`); a request
   names items of the round's graph, which a temporal split renames (`rollout.step` becomes
@@ -98,26 +99,55 @@ def _plan(g: Workflow, options: Sequence[Option], apply: Apply) -> Combination:
 
 
 def combinations_of(g: Workflow, options: Sequence[Option], reference_s: float, apply: Apply, predict: Predict,
-                    max_size: int = 3, max_options: int = 6) -> list[Combination]:
-    """Feasible combinations of the round's winners (`faster` options with a positive saving; the
-    `max_options` largest savings), best predicted first. A single alternative is predicted by what it
-    measured; a combination by the model relative to its best member -- measured(best) x model(combination)
-    / model(best), so the model's bias cancels -- or, where the model cannot predict, by the members'
-    savings added up. Singles are included, so the best single alternative is always among them."""
-    winners = sorted((o for o in options if o.faster and o.saving_s > 0), key=lambda o: -o.saving_s)[:max_options]
+                    max_size: int = 3, max_options: int = 6, more_options: int = 6,
+                    more_plans: int = 24) -> list[Combination]:
+    """Feasible combinations of the round's winners (`faster` options with a positive saving), best
+    predicted first. A single alternative is predicted by what it measured; a combination by the model
+    relative to its best member -- measured(best) x model(combination) / model(best), so the model's bias
+    cancels -- or, where the model cannot predict, by the members' savings added up. Singles are included,
+    so the best single alternative is always among them.
+
+    Which subsets are planned (each is applied and predicted, so the pool is bounded): every subset of the
+    `max_options` largest savings; and, with one of the next `more_options` in it, the subsets whose
+    savings added up could still reach the best prediction so far -- pairs before triples, each by its sum,
+    at most `more_plans` of them, none holding a pair that applied in no order.
+    Why the second pool: a round's largest savings are often one family's group counts (`split-time
+    rollout 2`/`3`, each with turn-taking), and the member that combines best -- plain `split-time rollout
+    3` beside a step pipeline, 1.60x where the six gave 1.44x (docs/optimizer.md, Combine) -- came 7th."""
+    winners = sorted((o for o in options if o.faster and o.saving_s > 0), key=lambda o: -o.saving_s)
+    core, more = winners[:max_options], winners[max_options:max_options + more_options]
     out: list[Combination] = []
+    refused: set[frozenset[Option]] = set()  # subsets that apply in no order
     singles: dict[Option, Combination] = {}
-    for size in range(1, min(max_size, len(winners)) + 1):
-        for subset in combinations(winners, size):
-            if not _compatible(subset):
-                continue
-            combo = _plan(g, subset, apply)
-            if combo.workflow is None:
-                continue
-            if size == 1:
-                singles[subset[0]] = combo
-            combo.predicted_s = _predicted(combo, subset, singles, reference_s, predict)
-            out.append(combo)
+
+    def add(subset: tuple[Option, ...]) -> None:
+        combo = _plan(g, subset, apply)
+        if combo.workflow is None:
+            refused.add(frozenset(subset))
+            return
+        if len(subset) == 1:
+            singles[subset[0]] = combo
+        combo.predicted_s = _predicted(combo, subset, singles, reference_s, predict)
+        out.append(combo)
+
+    for size in range(1, min(max_size, len(core)) + 1):
+        for subset in combinations(core, size):
+            if _compatible(subset):
+                add(subset)
+    for o in more:
+        add((o,))
+    pool = core + more
+    extra = sorted((s for size in range(2, min(max_size, len(pool)) + 1) for s in combinations(pool, size)
+                    if any(o in more for o in s) and _compatible(s)), key=lambda s: (len(s), -sum(o.saving_s for o in s)))
+    planned = 0
+    for subset in extra:
+        best = min((c.predicted_s for c in out if c.predicted_s is not None), default=reference_s)
+        if planned >= more_plans:
+            break
+        if reference_s - sum(o.saving_s for o in subset) > best or any(frozenset(p) in refused for p in combinations(subset, 2)):
+            continue  # its savings cannot add up to the best prediction, or a pair of it applies in no order
+        planned += 1
+        add(subset)
     out.sort(key=lambda c: (c.predicted_s if c.predicted_s is not None else reference_s, len(c.options), c.label))
     return out
 

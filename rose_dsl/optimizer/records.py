@@ -288,9 +288,9 @@ DEVIATIONS = (
     "acceptance on complete iterations is a sequential one-sided Wilcoxon signed-rank test on interleaved pairs "
     "(false-accept rate <= alpha over all looks; `stats.py`) instead of a fixed margin; a candidate whose median is "
     "faster but which the test leaves undecided gets more interleaved rounds, up to the rule's next look",
-    "Combine takes the best predicted compatible set of the round's winners (its six largest single savings: every "
-    "subset of up to three, one per split family, applied fuse/rewire first, then temporal, then row splits), not "
-    "the single largest saving",
+    "Combine takes the best predicted compatible set of the round's winners (every subset of up to three of its six "
+    "largest single savings, and those with one of the next six whose savings could reach the best prediction; one "
+    "per split family, applied fuse/rewire first, then temporal, then row splits), not the single largest saving",
     "a block of complete iterations is not started when its estimate (iterations x the reference's median) "
     "would overrun stage 1's share of the budget: stage 2 keeps its share",
     "a round measures its complete-iteration alternatives (training, kept) before its local trials (overhead); "

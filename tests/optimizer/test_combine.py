@@ -4,6 +4,7 @@ the single largest saving (a temporal split) made fusion impossible in the next 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from rose_dsl import load_workflow
@@ -67,3 +68,39 @@ def test_only_winners_take_part() -> None:
     combos = combinations_of(WF, [loser, STEP2], 1.0, _apply, lambda plan: None)
     assert [tuple(o.label for o in c.options) for c in combos] == [("step2",)]
     assert combos[0].predicted_s == 0.8  # a single: what it measured
+
+
+def _family(name: str, k: int, saving: float) -> Option:
+    return Option((f"split {name} {k}",), "split-node", saving, True, ("split-node", name), label=f"{name}{k}")
+
+
+def test_a_winner_outside_the_six_largest_savings_enters_a_combination_that_could_win() -> None:
+    """Six winners that are three families' group counts (they combine with nothing: their plans' model says
+    so), and a 7th, smaller saving that combines with the best of them: the pool of the six largest missed
+    it (an actor-critic of the issue-44 sweep, 1.44x where 1.60x was there); the second pool takes it."""
+    six = [_family("a", 2, 0.30), _family("a", 4, 0.28), _family("b", 2, 0.26), _family("b", 4, 0.25),
+           _family("c", 2, 0.24), _family("c", 4, 0.23)]
+    seventh = Option(("split-time x 3",), "temporal-split", 0.10, True, ("temporal-split", "x"), label="x3")
+    by_request = {o.requests[0]: o for o in [*six, seventh]}
+    applied: list[tuple[str, ...]] = []
+
+    def apply(g: Workflow, requests: tuple[str, ...]) -> Workflow | str:
+        applied.append(requests)
+        return replace(g, name="+".join(requests))
+
+    def predict(plan: Workflow) -> float:
+        members = [by_request[r] for r in plan.name.split("+")]
+        others = 1.0 - max((o.saving_s for o in members if o is not seventh), default=0.0)
+        return others - (seventh.saving_s if seventh in members else 0.0)  # only x3 adds to what it joins
+
+    best = combinations_of(WF, [*six, seventh], 1.0, apply, predict)[0]
+    assert {o.label for o in best.options} == {"a2", "x3"} and abs((best.predicted_s or 0) - 0.60) < 1e-9
+    old = combinations_of(WF, [*six, seventh], 1.0, apply, predict, more_options=0)[0]
+    assert "x3" not in {o.label for o in old.options}  # what the six largest alone chose
+    # the second pool is bounded: its subsets stop where their savings cannot beat the best prediction
+    applied.clear()
+    combinations_of(WF, [*six, seventh], 1.0, apply, predict, more_plans=100)
+    extra = [r for r in applied if "split-time x 3" in r and len(r) > 1]
+    # x3 pairs with each of the six (6) and triples with two other families (12): the triples' sums and
+    # a2 + x3's (0.40) can reach the best prediction (0.60); a4 + x3 (0.38) and the rest cannot
+    assert len(extra) == 13
