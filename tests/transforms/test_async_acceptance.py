@@ -11,6 +11,7 @@ import pytest
 
 from rose_dsl import load_workflow, load_workflow_text
 from rose_dsl.analysis import read_lags
+from rose_dsl.ir import Workflow
 from rose_dsl.optimizer.candidates import asynchronous
 from rose_dsl.transforms import Refused, apply, plan_differences
 
@@ -53,14 +54,18 @@ def test_defer_without_k_takes_the_smallest_budget_it_writes() -> None:
     assert [a.label for a in asynchronous(wf)] == ["defer sync 1", "defer sync 2", "defer sync 3"]
 
 
+def _budgeted(wf: Workflow, component: str, budget: int) -> Workflow:
+    """`wf` with every state object of `component` at `max_staleness: budget`."""
+    comp = wf.components[component]
+    return replace(wf, components={**wf.components, component: replace(
+        comp, state=tuple(replace(s, max_staleness=budget) for s in comp.state))})
+
+
 def test_a_budget_meant_as_unbounded_stops_at_the_run() -> None:
     """`max_staleness: 1000000` ("any staleness"): `defer sync` defers by at most the RL iteration count - 1
     and the optimizer tries no more (before the fix: K = 1000000, a check unrolling a million iterations,
     and a million candidates)."""
-    wf = load_workflow(FIXTURES / "async_two_budgets.yaml")
-    gen = wf.components["gen"]
-    wf = replace(wf, components={**wf.components, "gen": replace(
-        gen, state=tuple(replace(s, max_staleness=1_000_000) for s in gen.state))})
+    wf = _budgeted(load_workflow(FIXTURES / "async_two_budgets.yaml"), "gen", 1_000_000)
     plan = apply(wf, "defer sync")
     assert not isinstance(plan, Refused), plan
     assert plan.description == f"defer sync {wf.root.count - 1}"
@@ -100,10 +105,7 @@ def test_explain_names_each_split_group_s_read_of_a_budgeted_state() -> None:
     identical lines "'act' reads ...")."""
     from rose_dsl.analysis import analyze
 
-    wf = load_workflow(FIXTURES / "ppo.yaml")
-    policy = wf.components["policy"]
-    wf = replace(wf, components={**wf.components, "policy": replace(
-        policy, state=tuple(replace(s, max_staleness=1) for s in policy.state))})
+    wf = _budgeted(load_workflow(FIXTURES / "ppo.yaml"), "policy", 1)
     plan = apply(wf, "defer sync 1")
     assert not isinstance(plan, Refused), plan
     plan = apply(plan.workflow, "split-time epoch 2")
