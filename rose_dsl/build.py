@@ -251,8 +251,8 @@ def _count(ctx: _Ctx, path: Path_, raw: Any) -> int | None:
 
 
 def _placement_int(ctx: _Ctx, path: Path_, raw: Any, minimum: int, maximum: int | None = None) -> int | None:
-    """`replicas:` / `gpu:` / `mps_quota:` / `mps_priority:`: an integer or static integer arithmetic over ${params}
-    (`"${replicas}"`); literal integers were range-checked by the schema."""
+    """`replicas:` / `gpu:` / `mps_quota:` / `mps_priority:` / a state object's `max_staleness:`: an integer or static
+    integer arithmetic over ${params} (`"${replicas}"`); literal integers were range-checked by the schema."""
     if raw is None or isinstance(raw, int):
         return raw
     value = _count(ctx, path, raw)
@@ -272,8 +272,8 @@ def _component(ctx: _Ctx, name: str, raw: Mapping[str, Any]) -> Component:
     elif isinstance(decl, dict):
         for s, spec in decl.items():
             attr = str((spec or {}).get("attr", s))
-            budget = int((spec or {}).get("max_staleness", 0))
-            state.append(StateObject(name, s, attr, ctx.doc.key_pos(path + ("state", s)), max_staleness=budget))
+            budget = _placement_int(ctx, path + ("state", s, "max_staleness"), (spec or {}).get("max_staleness"), 0)
+            state.append(StateObject(name, s, attr, ctx.doc.key_pos(path + ("state", s)), max_staleness=budget or 0))
     env = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in (raw.get("env") or {}).items()}
     fpos = {k: ctx.doc.pos(path + (k,)) for k in ("impl", "venv") if k in raw}
     fpos.update({f"env.{k}": ctx.doc.key_pos(path + ("env", k)) for k in env})

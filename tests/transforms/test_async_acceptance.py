@@ -130,3 +130,36 @@ def test_a_plan_that_declares_another_budget_than_its_source_is_refused_at_the_c
         "state 'gen.weights' declares max_staleness 0, the source's 1: a budget is the source's (change it there, "
         "then rewrite)"]
     assert diffs[0].pos.line == gen.pos.line > 0
+
+
+PARAM_BUDGET = """
+rose: 1
+name: async-param-budget
+params: {stale: 0}
+components:
+  gen: {impl: "tests.async_fakes:Generator", state: {weights: {max_staleness: "${stale}"}}}
+  learner: {impl: "tests.async_fakes:Learner", state: [weights]}
+iteration:
+  count: 4
+  body:
+    - {node: rollout, call: gen.generate, in: {it: iteration.i}, state: {weights: read}, out: [rollouts]}
+    - {node: update, call: learner.update, in: {rollouts: rollout.rollouts, it: iteration.i}, state: {weights: update}}
+    - {node: publish, call: learner.get, state: {weights: read}, out: [w]}
+    - {node: sync, call: gen.load, in: {w: publish.w, it: iteration.i}, state: {weights: refresh}}
+"""
+
+
+def test_a_budget_is_a_param_a_run_sets() -> None:
+    """`max_staleness: "${stale}"`: the declared default (0) refuses the deferral, `--set stale=1` allows
+    it, and a value below 0 is an error at the budget's own line, like any other count over ${params}."""
+    from rose_dsl.errors import WorkflowError
+
+    assert isinstance(apply(load_workflow_text(PARAM_BUDGET, "p.yaml"), "defer sync 1"), Refused)
+    wf = load_workflow_text(PARAM_BUDGET, "p.yaml", {"stale": 1})
+    assert wf.components["gen"].state[0].max_staleness == 1
+    assert not isinstance(apply(wf, "defer sync 1"), Refused)
+    with pytest.raises(WorkflowError) as err:
+        load_workflow_text(PARAM_BUDGET, "p.yaml", {"stale": -1})
+    (diag,) = err.value.diagnostics
+    assert diag.path == "components.gen.state.weights.max_staleness" and "negative" in diag.message
+    assert diag.pos.line == 6
