@@ -47,6 +47,9 @@ def build_defer(wf: Workflow, path: Path, k: int | None = None) -> Rewritten:
         k = max(1, min(k, count - 1)) if count is not None else k
     if k < 1:
         raise Refused(f"defer: K must be at least 1, not {k}", at=node.pos)
+    if count is not None and k >= count:
+        raise Refused(f"defer: K {k} is not below the RL iteration count {count}: the call of RL iteration 0 "
+                      f"would run only after the last one; give K at most {count - 1}", at=node.pos)
     if node.plan.defer:
         raise Refused(f"defer: '{node.name}' is already deferred ({node.plan.defer})", at=node.pos)
     body = [replace(node, plan=replace(node.plan, defer=k)) if i.path == path else i for i in wf.root.body]

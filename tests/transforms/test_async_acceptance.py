@@ -163,3 +163,12 @@ def test_a_budget_is_a_param_a_run_sets() -> None:
     (diag,) = err.value.diagnostics
     assert diag.path == "components.gen.state.weights.max_staleness" and "negative" in diag.message
     assert diag.pos.line == 6
+
+
+def test_an_explicit_k_past_the_run_is_refused_at_once() -> None:
+    """`defer sync 100000` on a 4-iteration run with an unbounded budget: refused with the largest K that
+    means something (before the fix: the check unrolled 100001 RL iterations and the command hung)."""
+    wf = load_workflow_text(PARAM_BUDGET, "p.yaml", {"stale": 1_000_000})
+    refused = apply(wf, "defer sync 100000")
+    assert isinstance(refused, Refused) and "at most 3" in refused.reason and refused.at is not None
+    assert not isinstance(apply(wf, "defer sync 3"), Refused)
