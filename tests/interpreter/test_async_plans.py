@@ -110,6 +110,9 @@ def test_an_accepted_deferral_never_reads_older_than_the_budget_on_executions(bu
                                                                               every, tmp_path_factory) -> None:
     wf = load_workflow_text(_text(budget, middle, sleeps, uuid.uuid4().hex, iterations), "versions.yaml")
     plan = apply(wf, f"defer sync {k}")
+    if k >= iterations:  # every call of the node would run after the last iteration
+        assert isinstance(plan, Refused) and f"at most {iterations - 1}" in plan.reason
+        return
     if k > budget:
         assert isinstance(plan, Refused)
         assert f"allows max_staleness {budget}" in plan.reason and "'gen.weights'" in plan.reason
