@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 46's done-means on the long-tail LLM workload (GPU): the synchronous declared workflow, the best
 # synchronous rose plan and the best asynchronous rose plan, with `max_staleness: 1` on the generator's
-# weights (a variant of workflows/llm_grpo_longtail_gpu.yaml written here: budgets are not params).
+# weights (a variant of workflows/llm_grpo_longtail_gpu.yaml written here: the shipped workflow declares
+# no budget).
 #
 #   MODE=compare bash benchmarks/async_longtail_gpu.sh   # one interleaved `rose compare` run: throughput ratio
 #   MODE=curves  bash benchmarks/async_longtail_gpu.sh   # reward against wall-clock time over one wall budget
@@ -62,6 +63,10 @@ grep -q "max_staleness: 1" "$W" || { echo "could not write the budgeted variant"
 sync_do=(); IFS=';' read -ra parts <<< "$SYNC"; for p in "${parts[@]}"; do sync_do+=(--do "$p"); done
 python3 -m rose_cli rewrite "$W" "${SETS[@]}" "${sync_do[@]}" -o "$OUT/best_sync.yaml" --overwrite || exit 1
 python3 -m rose_cli rewrite "$W" "${SETS[@]}" "${sync_do[@]}" --do "defer sync 1" -o "$OUT/best_async.yaml" --overwrite || exit 1
+# the run directories travel back as one archive: the device returns a limited number of files from $OUT,
+# and a compare's run directories held enough to crowd out the curves' JSON and picture
+pack_runs() { [ -d "$1" ] && tar -czf "$OUT/$(basename "$1").tgz" -C "$(dirname "$1")" "$(basename "$1")"; }
+
 case "$MODE" in
   compare)
     # per round: declared 2 iterations, best_sync 2, best_async 1 + a window of 5; plus 1 warm-up
@@ -73,7 +78,8 @@ case "$MODE" in
     done
     timeout "$LIMIT" python3 -m rose_cli compare "$W" "${SETS[@]}" --set iterations=$need --backend ray \
       "${plan_args[@]}" --rounds "$ROUNDS" \
-      --json "$OUT/async_compare.json" --runs "$OUT/async_runs" --overwrite 2>&1 | tee "$OUT/log_async_compare.txt" ;;
+      --json "$OUT/async_compare.json" --runs /tmp/async_runs --overwrite 2>&1 | tee "$OUT/log_async_compare.txt"
+    rc=$?; pack_runs /tmp/async_runs; exit $rc ;;
   curves)
     # each plan in CURVE_PLANS trains from scratch (same seed) for WALL_S s of its wall clock
     timeout "$LIMIT" python3 benchmarks/async_plans.py "$W" "${SETS[@]}" --backend ray --device "$DEVICE" \

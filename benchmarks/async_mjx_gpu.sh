@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 46's done-means on the MJX workload (GPU): the synchronous declared workflow, the best synchronous
 # rose plan and the best asynchronous rose plan, with `max_staleness: 1` on the policy's rollout_weights
-# (the weights `act` reads; a variant of workflows/paper_mjx_vla.yaml written here: budgets are not params).
+# (the weights `act` reads; a variant of workflows/paper_mjx_vla.yaml written here: the shipped workflow
+# declares no budget).
 #
 #   MODE=compare bash benchmarks/async_mjx_gpu.sh   # one interleaved `rose compare` run: throughput ratio
 #   MODE=curves  bash benchmarks/async_mjx_gpu.sh   # reward (sim/episode_return) against wall-clock time
@@ -105,13 +106,18 @@ print(f"simulator compiled in {time.perf_counter() - t0:.1f} s (num_envs {sim.nu
 PY
 }
 
+# the run directories travel back as one archive: the device returns a limited number of files from $OUT,
+# and a compare's run directories held enough to crowd out the curves' JSON and picture
+pack_runs() { [ -d "$1" ] && tar -czf "$OUT/$(basename "$1").tgz" -C "$(dirname "$1")" "$(basename "$1")"; }
+
 case "$MODE" in
   check) echo "rewrites and validation ok: $OUT/best_sync.yaml $OUT/best_async.yaml" ;;
   compare)
     need=$((1 + ROUNDS * 10))
     timeout "$LIMIT" python3 -m rose_cli compare "$W" "${SETS[@]}" --set iterations=$need --backend ray "${TRUST[@]}" \
       --plan best_sync="$OUT/best_sync.yaml" --plan best_async="$OUT/best_async.yaml" --rounds "$ROUNDS" \
-      --json "$OUT/async_compare.json" --runs "$OUT/async_runs" --overwrite 2>&1 | tee "$OUT/log_async_compare.txt" ;;
+      --json "$OUT/async_compare.json" --runs /tmp/async_runs --overwrite 2>&1 | tee "$OUT/log_async_compare.txt"
+    rc=$?; pack_runs /tmp/async_runs; exit $rc ;;
   curves)
     warm_sim || exit 1
     timeout "$LIMIT" python3 benchmarks/async_plans.py "$W" "${SETS[@]}" --backend ray --device "$DEVICE" \
