@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Issue 46's done-means on the long-tail LLM workload (GPU): the synchronous declared workflow, the best
 # synchronous rose plan and the best asynchronous rose plan, with `max_staleness: 1` on the generator's
-# weights (a variant of workflows/llm_grpo_longtail_gpu.yaml written here: the shipped workflow declares
-# no budget).
+# weights (workflows/llm_grpo_longtail_gpu.yaml with `--set stale=1`; STALE=K for another budget).
 #
 #   MODE=compare bash benchmarks/async_longtail_gpu.sh   # one interleaved `rose compare` run: throughput ratio
 #   MODE=curves  bash benchmarks/async_longtail_gpu.sh   # reward against wall-clock time over one wall budget
@@ -56,10 +55,10 @@ else
 fi
 [ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 set -o pipefail
-W=$OUT/$(basename "$WF" .yaml)_stale1.yaml   # the budgeted variant, named after its source
-sed '/^  generator:/,/^  reference:/ s/state: \[weights\]/state: {weights: {max_staleness: 1}}/' \
-  "$WF" > "$W"
-grep -q "max_staleness: 1" "$W" || { echo "could not write the budgeted variant" >&2; exit 1; }
+# the workflow's `stale` param is its generator's budget (max_staleness, default 0): every run here sets it
+W=$OUT/$(basename "$WF" .yaml)_stale${STALE:-1}.yaml   # a copy named after its source (the plans' written-from file)
+cp "$WF" "$W" && grep -q 'max_staleness: "${stale}"' "$W" || { echo "$WF declares no \`stale\` budget" >&2; exit 1; }
+SETS+=(--set "stale=${STALE:-1}")
 sync_do=(); IFS=';' read -ra parts <<< "$SYNC"; for p in "${parts[@]}"; do sync_do+=(--do "$p"); done
 python3 -m rose_cli rewrite "$W" "${SETS[@]}" "${sync_do[@]}" -o "$OUT/best_sync.yaml" --overwrite || exit 1
 python3 -m rose_cli rewrite "$W" "${SETS[@]}" "${sync_do[@]}" --do "defer sync 1" -o "$OUT/best_async.yaml" --overwrite || exit 1

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Issue 46's done-means on the MJX workload (GPU): the synchronous declared workflow, the best synchronous
 # rose plan and the best asynchronous rose plan, with `max_staleness: 1` on the policy's rollout_weights
-# (the weights `act` reads; a variant of workflows/paper_mjx_vla.yaml written here: the shipped workflow
-# declares no budget).
+# (the weights `act` reads: workflows/paper_mjx_vla.yaml with `--set stale=1`; STALE=K for another budget).
 #
 #   MODE=compare bash benchmarks/async_mjx_gpu.sh   # one interleaved `rose compare` run: throughput ratio
 #   MODE=curves  bash benchmarks/async_mjx_gpu.sh   # reward (sim/episode_return) against wall-clock time
@@ -64,10 +63,11 @@ if [ "$MODE" != check ] && [ "$DEVICE" != cpu ]; then  # (DEVICE=cpu: MJX from .
   [ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 fi
 set -o pipefail
-W=$OUT/$(basename "$WF" .yaml)_stale1.yaml   # the budgeted variant, named after its source
-sed '/^  policy:/,/^  trainer:/ s/state: \[rollout_weights\]/state: {rollout_weights: {max_staleness: 1}}/' \
-  "$WF" > "$W"
-grep -q "rollout_weights: {max_staleness: 1}" "$W" || { echo "could not write the budgeted variant of $WF" >&2; exit 1; }
+# the workflow's `stale` param is the budget of the weights `act` reads (max_staleness, default 0): every run
+# here sets it
+W=$OUT/$(basename "$WF" .yaml)_stale${STALE:-1}.yaml   # a copy named after its source (the plans' written-from file)
+cp "$WF" "$W" && grep -q 'max_staleness: "${stale}"' "$W" || { echo "$WF declares no \`stale\` budget" >&2; exit 1; }
+SETS+=(--set "stale=${STALE:-1}")
 if [ "$DEVICE" = cpu ]; then  # a CPU check of the whole script at small SETS (no CUDA graphs, no MPS)
   sed -i 's/^    device: gpu/    device: cpu/; s/cuda_graphs: true/cuda_graphs: false/' "$W"
 fi

@@ -20,15 +20,14 @@ def test_the_histogram_sums_each_learner_s_counts_over_the_iterations() -> None:
 
 
 def test_an_asynchronous_run_writes_its_histogram(tmp_path: Path) -> None:
-    """The CPU long-tail GRPO workflow with `max_staleness: 1` on the generator's weights and `defer sync 1`:
-    the first update trains on the initial weights' rollout (lag 0), every later one on a rollout one update
-    old (lag 1); a synchronous run of the same workflow has lag 0 only."""
-    text = (ROOT / "workflows" / "llm_grpo_longtail.yaml").read_text()
-    budgeted = text.replace("    state: [weights]\n", "    state: {weights: {max_staleness: 1}}\n", 1)
-    assert budgeted != text
-    wf, plan = tmp_path / "lt.yaml", tmp_path / "async.yaml"
-    wf.write_text(budgeted)
-    r = rose("rewrite", str(wf), "--set", "iterations=4", "--do", "defer sync 1", "-o", str(plan))
+    """The shipped CPU long-tail GRPO workflow with its generator's budget set to 1 (`--set stale=1`) and
+    `defer sync 1`: the first update trains on the initial weights' rollout (lag 0), every later one on a
+    rollout one update old (lag 1); a synchronous run of the same workflow has lag 0 only. At the
+    workflow's own budget (0) the deferral is refused."""
+    wf, plan = ROOT / "workflows" / "llm_grpo_longtail.yaml", tmp_path / "async.yaml"
+    r = rose("rewrite", str(wf), "--do", "defer sync 1", "-o", str(plan))
+    assert r.returncode == 2 and "allows max_staleness 0" in r.stderr, r.stderr
+    r = rose("rewrite", str(wf), "--set", "iterations=4", "--set", "stale=1", "--do", "defer sync 1", "-o", str(plan))
     assert r.returncode == 0, r.stderr
     r = rose("execute", str(wf), "--plan", str(plan), "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stdout + r.stderr
