@@ -250,7 +250,7 @@ def _count(ctx: _Ctx, path: Path_, raw: Any) -> int | None:
     return value
 
 
-def _placement_int(ctx: _Ctx, path: Path_, raw: Any, minimum: int, maximum: int | None = None) -> int | None:
+def _static_int(ctx: _Ctx, path: Path_, raw: Any, minimum: int, maximum: int | None = None) -> int | None:
     """`replicas:` / `gpu:` / `mps_quota:` / `mps_priority:` / a state object's `max_staleness:`: an integer or static
     integer arithmetic over ${params} (`"${replicas}"`); literal integers were range-checked by the schema."""
     if raw is None or isinstance(raw, int):
@@ -272,7 +272,7 @@ def _component(ctx: _Ctx, name: str, raw: Mapping[str, Any]) -> Component:
     elif isinstance(decl, dict):
         for s, spec in decl.items():
             attr = str((spec or {}).get("attr", s))
-            budget = _placement_int(ctx, path + ("state", s, "max_staleness"), (spec or {}).get("max_staleness"), 0)
+            budget = _static_int(ctx, path + ("state", s, "max_staleness"), (spec or {}).get("max_staleness"), 0)
             state.append(StateObject(name, s, attr, ctx.doc.key_pos(path + ("state", s)), max_staleness=budget or 0))
     env = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in (raw.get("env") or {}).items()}
     fpos = {k: ctx.doc.pos(path + (k,)) for k in ("impl", "venv") if k in raw}
@@ -280,9 +280,9 @@ def _component(ctx: _Ctx, name: str, raw: Mapping[str, Any]) -> Component:
     fpos.update({f"python_path[{i}]": ctx.doc.pos(path + ("python_path", i)) for i in range(len(raw.get("python_path", ())))})
     return Component(
         name=name, impl=raw["impl"], args=substitute(raw.get("args") or {}, path + ("args",), ctx),
-        device=raw.get("device", "cpu"), state=tuple(state), gpu=_placement_int(ctx, path + ("gpu",), raw.get("gpu"), 0),
-        mps_quota=_placement_int(ctx, path + ("mps_quota",), raw.get("mps_quota"), 1, 100),
-        mps_priority=_placement_int(ctx, path + ("mps_priority",), raw.get("mps_priority"), 0, 1), replicas=_placement_int(ctx, path + ("replicas",), raw.get("replicas", 1), 1) or 1,
+        device=raw.get("device", "cpu"), state=tuple(state), gpu=_static_int(ctx, path + ("gpu",), raw.get("gpu"), 0),
+        mps_quota=_static_int(ctx, path + ("mps_quota",), raw.get("mps_quota"), 1, 100),
+        mps_priority=_static_int(ctx, path + ("mps_priority",), raw.get("mps_priority"), 0, 1), replicas=_static_int(ctx, path + ("replicas",), raw.get("replicas", 1), 1) or 1,
         env=env, python_path=tuple(raw.get("python_path", ())),
         venv=raw.get("venv"), copy_of=raw.get("copy_of"), pos=ctx.doc.key_pos(path), field_pos=fpos,
     )
