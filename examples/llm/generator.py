@@ -360,7 +360,29 @@ class _Flight:
         self.taken += len(rows)
         if not self.rows_in_flight():
             self._reset()
+        elif 2 * self.taken >= len(self.prompt_of):
+            self._compact()
         return out
+
+    def _compact(self) -> None:
+        """Drop the rows already taken, renumbering the rest (the slots', the queue's and the prompts' row
+        indices with them). Without it, a flight never empty between calls -- partial rollouts, where the next
+        iteration's prompts are always queued -- would keep every row it ever held (~60 MB of per-token arrays
+        per iteration of the long-tail workload) and copy all of them at each `add`. Taking half of the rows
+        before each compaction keeps the copying linear in the rows added. Pure renumbering: the tokens,
+        log-probs and sampling streams of the rows in flight are unchanged."""
+        k = self.gen.k
+        live = torch.cat([torch.arange(first, first + k) for first in self.rows.values()]).sort().values
+        renumber = torch.full((len(self.prompt_of),), -1, dtype=torch.long)
+        renumber[live] = torch.arange(len(live))
+        for name in ("tok", "logp", "u", "limit", "lengths", "finished", "done", "ver"):
+            setattr(self, name, getattr(self, name)[live])
+        self.prompt_of = [self.prompt_of[r] for r in live.tolist()]
+        self.rows = {key: int(renumber[first]) for key, first in self.rows.items()}
+        self.queue = deque(int(renumber[r]) for r in self.queue)
+        for slot in self.active:
+            self.s_row[slot] = renumber[self.s_row[slot]]
+        self.taken = 0
 
     def restart_stale(self, oldest: int) -> list[tuple[int, int]]:
         """At a weight sync (partial rollouts): every prompt group in flight holding a token sampled before

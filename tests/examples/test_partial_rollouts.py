@@ -179,3 +179,34 @@ def test_partial_rollouts_under_a_deferred_sync_stay_within_the_bound_plus_the_d
     metrics = _train(plan.workflow, 8)
     assert max(m["learner/staleness_max"] for m in metrics) == 2
     assert sum(m.get("learner/mixed_version_samples", 0.0) for m in metrics) > 0
+
+
+def _ahead_iterations(gen: Generator, source: PromptSource, iterations: int) -> list[dict[str, torch.Tensor]]:
+    """The partial-rollout pattern at the generator: iteration i collects its prompts with iteration i+1's
+    queued behind them, then syncs (new weights) while those decode; the largest number of rows held."""
+    batches = [source.next_batch(it=i)["prompts"] for i in range(iterations + 1)]
+    gen.submit(prompts=batches[0], it=0)
+    out, held = [], 0
+    for i in range(iterations):
+        gen.submit(prompts=batches[i + 1], it=i + 1)
+        out.append(gen.collect(pending=batches[i], it=i)["rollouts"])
+        held = max(held, len(gen._flight.prompt_of))
+        w = _new_weights(gen)
+        gen.load_weights(w=w, hash=param_hash(w))
+    out.append({"held": torch.tensor(held)})
+    return out
+
+
+def test_a_flight_never_empty_drops_the_rows_it_returned_and_computes_the_same(monkeypatch) -> None:
+    """With the next iteration's prompts always queued, the flight is never empty between calls; it still
+    keeps only the rows in flight (compaction), and renumbering them changes no token, log-prob or version."""
+    compacted = _ahead_iterations(_gen(partial_rollouts=1), PromptSource(batch=6, seed=2), 6)
+    monkeypatch.setattr("examples.llm.generator._Flight._compact", lambda self: None)
+    kept = _ahead_iterations(_gen(partial_rollouts=1), PromptSource(batch=6, seed=2), 6)
+    rows_per_iteration = 6 * 4
+    assert int(compacted[-1]["held"]) <= 3 * rows_per_iteration < int(kept[-1]["held"])
+    for a, b in zip(compacted[:-1], kept[:-1], strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key]), key
+    assert any(bool((r["version"].max(-1).values > r["version"].min(-1).values).any()) for r in compacted[:-1])
