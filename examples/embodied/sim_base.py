@@ -15,6 +15,13 @@ End-of-episode flags (per row, 0/1 floats, one chunk = one call):
   a truncation it is not a terminal state, so a trainer bootstraps from the last good observation;
 * ``done`` -- any of the three (the rest of the chunk is dropped; ``obs`` is the reset's observation).
 
+Episodes across rollouts: `reset(it, ep)` refreshes a rollout's episodes (`state: {episode: refresh}`);
+`resume()` instead returns the observation of each row's episode in progress (`state: {episode: read}`),
+so that a workflow's rollouts continue the episodes the previous one left -- across the weight sync between
+them. Such an episode is *partial* at the sync: its later steps are drawn by the new weights, and each
+step's sample records the policy version that drew it (`FlowPolicy.act`'s `version`), which the trainer
+checks against its budget (issue 46). `resume` has no side effect: resume then step is step.
+
 `SimBase` holds the contract's plumbing for any simulator; `EnvRowSim` adds the per-row stepping loop of
 the simulators that hold one environment object per row (gymnasium Reacher, Meta-World). The MJX
 simulator steps all rows in one JAX program and uses `SimBase` only.
@@ -64,6 +71,7 @@ class SimBase:
         self._finished: list[tuple[float, float]] = []  # (return, statistic) of finished episodes
         self._faults = 0
         self._env_steps = 0
+        self._resumed = 0  # episodes in progress that a `resume` continued (partial episodes)
 
     # -- the state object's name ------------------------------------------------------------------
     def _check_name(self, name: str) -> None:
@@ -94,7 +102,9 @@ class SimBase:
         if self._finished:
             metrics["episode_return"] = math.fsum(f[0] for f in self._finished) / len(self._finished)
             metrics[self.stat_metric] = math.fsum(f[1] for f in self._finished) / len(self._finished)
-        self._finished, self._faults, self._env_steps = [], 0, 0
+        if self._resumed:
+            metrics["episodes_resumed"] = float(self._resumed)
+        self._finished, self._faults, self._env_steps, self._resumed = [], 0, 0, 0
         return metrics
 
 
@@ -166,6 +176,24 @@ class EnvRowSim(SimBase):
             out[i] = self._reset_row(r)
             self._render_into(images, i, r)
         return {"obs": self._obs(out, images)}
+
+    def resume(self, rows: slice | None = None) -> dict[str, Any]:
+        """The observation of the episode in progress in each of `rows` (global row slice; None = all), which
+        the next `step` continues (see the module docstring). The constructor's reset started each row's first
+        episode, and a step that ends an episode starts the next. Rows mid-episode count in the
+        `episodes_resumed` metric."""
+        selected = resolve_rows(rows, self.num_envs)
+        out = np.empty((len(selected), self.obs_dim), dtype=np.float64)
+        images = self._image_buffer(len(selected))
+        for i, r in enumerate(selected):
+            out[i] = self._resume_obs(r)
+            self._render_into(images, i, r)
+            self._resumed += int(self.steps[r] > 0)
+        return {"obs": self._obs(out, images)}
+
+    def _resume_obs(self, r: int) -> np.ndarray:
+        """Row r's observation as the last reset or step returned it (no physics call: see `resume`)."""
+        return self._current_obs(r)
 
     def _end_episode(self, r: int, record: bool) -> np.ndarray:
         if record:

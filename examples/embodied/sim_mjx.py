@@ -118,7 +118,7 @@ def _reset_row(m: mjx.Model, d0: mjx.Data, row: Row, key: jax.Array) -> tuple[Ro
     physics, target, obs = _fresh(m, d0, key, jnp.int32(0))
     zero = jnp.zeros((), jnp.float32)
     return dict(physics=physics, target=target, steps=jnp.int32(0), ep_return=zero, ep_dist=zero,
-                count=jnp.int32(0), key=key), obs
+                count=jnp.int32(0), key=key, obs=obs), obs
 
 
 def _chunk_row(m: mjx.Model, d0: mjx.Data, row: Row, actions: jax.Array, max_steps: jax.Array,
@@ -165,8 +165,8 @@ def _chunk_row(m: mjx.Model, d0: mjx.Data, row: Row, actions: jax.Array, max_ste
     pick = lambda new, old: jnp.where(ended, new, old)  # noqa: E731
     new_row = dict(physics=pick(physics, c["physics"]), target=pick(target, row["target"]),
                    steps=pick(jnp.int32(0), c["steps"]), ep_return=pick(f32, c["ep_return"]),
-                   ep_dist=pick(f32, c["ep_dist"]), count=count, key=row["key"])
-    out = dict(obs=pick(obs, c["last_obs"]), final_obs=pick(c["final_obs"], c["last_obs"]), reward=c["reward"],
+                   ep_dist=pick(f32, c["ep_dist"]), count=count, key=row["key"], obs=pick(obs, c["last_obs"]))
+    out = dict(obs=new_row["obs"], final_obs=pick(c["final_obs"], c["last_obs"]), reward=c["reward"],
                done=ended.astype(jnp.float32), recorded=c["recorded"], ep_return=c["ep_return"],
                ep_dist=c["ep_dist"], fault=c["fault"], fault_step=c["steps"], executed=c["executed"])
     return new_row, out
@@ -250,6 +250,7 @@ class ReacherMjxSim(SimBase):
             "steps": put(np.zeros(padded, np.int32)), "ep_return": put(np.zeros(padded, np.float32)),
             "ep_dist": put(np.zeros(padded, np.float32)), "count": put(np.zeros(padded, np.int32)),
             "key": put(np.zeros((padded, 2), np.uint32)),
+            "obs": put(np.zeros((padded, OBS_DIM), np.float32)),  # what the last reset or step returned (`resume`)
         }
         self._max_steps = put(np.int32(self.max_episode_steps))
         self._reset_rows(range(padded), -1, -1)  # a valid state (padding rows too) even if a step comes first
@@ -293,6 +294,14 @@ class ReacherMjxSim(SimBase):
     def reset(self, it: int, ep: int, rows: slice | None = None) -> dict[str, torch.Tensor]:
         """Refresh the episodes of `rows` (global row slice; None = all): obs `[n, 10]` float32."""
         return {"obs": _torch(self._reset_rows(resolve_rows(rows, self.num_envs), int(it), int(ep)))}
+
+    def resume(self, rows: slice | None = None) -> dict[str, torch.Tensor]:
+        """The observation of the episode in progress in each of `rows`, which the next `step` continues
+        (`sim_base`: episodes across rollouts); rows mid-episode count in `episodes_resumed`."""
+        selected = resolve_rows(rows, self.num_envs)
+        lo, hi = selected.start, selected.stop
+        self._resumed += int((np.asarray(self._state["steps"][lo:hi]) > 0).sum())
+        return {"obs": _torch(self._state["obs"][lo:hi])}
 
     # -- stepping -------------------------------------------------------------------------------
     def step(self, action: torch.Tensor, rows: slice | None = None) -> dict[str, torch.Tensor]:

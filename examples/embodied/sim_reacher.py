@@ -82,6 +82,7 @@ class ReacherVecSim(EnvRowSim):
         self.act_dim = int(space.shape[0])
         self.obs_dim = int(self.envs[0].observation_space.shape[0])
         self._state_size = mujoco.mj_stateSize(self.envs[0].model, _STATE_SPEC)
+        self.last_obs = np.zeros((self.num_envs, self.obs_dim), dtype=np.float64)  # what `resume` returns
         self._init_rows()
         self.reset(it=-1, ep=-1)  # a valid initial state even if a step comes first
 
@@ -93,6 +94,7 @@ class ReacherVecSim(EnvRowSim):
     # -- the EnvRowSim hooks ----------------------------------------------------------------------
     def _reset_env(self, r: int, key: int) -> np.ndarray:
         obs, _ = self.envs[r].reset(seed=key % (2**63))
+        self.last_obs[r] = obs
         return obs
 
     def _env_step(self, r: int, action: np.ndarray) -> tuple[np.ndarray, float, float, bool]:
@@ -108,6 +110,15 @@ class ReacherVecSim(EnvRowSim):
     def _render_into(self, images: np.ndarray | None, i: int, r: int) -> None:
         if images is not None:
             images[i] = self.envs[r].render().transpose(2, 0, 1)
+
+    def _accepted(self, r: int, obs: np.ndarray) -> None:
+        self.last_obs[r] = obs
+
+    def _resume_obs(self, r: int) -> np.ndarray:
+        """The observation the last reset or step returned: Reacher-v5's fingertip position is the one of
+        the step's start (MuJoCo's kinematics run before the integration), so recomputing it would give
+        another value -- and an `mj_forward` here would change the solver's warm start, and the physics."""
+        return self.last_obs[r].copy()
 
     def _current_obs(self, r: int) -> np.ndarray:
         """Observation of row r's current state (only used to bootstrap a faulted first sub-step)."""
@@ -128,7 +139,7 @@ class ReacherVecSim(EnvRowSim):
         physics = np.empty((self.num_envs, self._state_size), dtype=np.float64)
         for r, env in enumerate(self.envs):
             mujoco.mj_getState(env.model, env.data, physics[r], _STATE_SPEC)
-        arrays = {"physics": physics, **self._counters("ep_dist")}
+        arrays = {"physics": physics, "last_obs": self.last_obs, **self._counters("ep_dist")}
         return {k: torch.from_numpy(v.copy()) for k, v in arrays.items()}
 
     def set_state(self, name: str, value: dict[str, torch.Tensor]) -> None:
@@ -140,4 +151,8 @@ class ReacherVecSim(EnvRowSim):
         for r, env in enumerate(self.envs):
             mujoco.mj_setState(env.model, env.data, np.ascontiguousarray(physics[r]), _STATE_SPEC)
             mujoco.mj_forward(env.model, env.data)
+        if "last_obs" in value:  # (a state saved before `resume` existed has none: recompute it)
+            self.last_obs = value["last_obs"].numpy().astype(np.float64).copy()
+        else:
+            self.last_obs = np.stack([self._current_obs(r) for r in range(self.num_envs)])
         self._set_counters(value, "ep_dist")

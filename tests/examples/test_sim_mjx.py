@@ -83,6 +83,19 @@ def _scenarios() -> dict[str, Any]:
         a.step(_actions(t))
     b.set_state("episode", a.get_state("episode"))
     res["roundtrip"] = [torch.stack([s.step(_actions(t))["obs"] for t in range(2, 6)]) for s in (a, b)]
+    # resume (episodes across rollouts): the observation each step returned, and no side effect
+    r, q = make(), make()
+    r.reset(it=0, ep=0)
+    q.reset(it=0, ep=0)
+    returned, resumed, halves = [], [], []
+    for t in range(T):
+        returned.append(r.step(_actions(t))["obs"])
+        resumed.append(r.resume()["obs"])
+        halves.append(torch.cat([r.resume(rows=g)["obs"] for g in GROUPINGS[1]]))
+        q.step(_actions(t))
+    res["resume"] = {"returned": torch.stack(returned), "resumed": torch.stack(resumed), "halves": torch.stack(halves),
+                     "state": r.get_state("episode"), "plain_state": q.get_state("episode"),
+                     "resumed_count": r.pop_metrics().get("episodes_resumed", 0.0)}
     # faults: a NaN action, a NaN physics state, and on_nan="stop"
     res["nan_action"] = _play(make(), GROUPINGS[1], 3, nan_at=(1, 2))
     c = make()
@@ -198,6 +211,16 @@ def test_group_size_shares_resets(res: dict[str, Any]) -> None:
     obs = res["grouped"]["reset_obs"]
     assert torch.equal(obs[0], obs[1]) and torch.equal(obs[4], obs[5])
     assert not torch.equal(obs[0], obs[2])
+
+
+def test_resume_returns_what_the_step_returned_and_changes_nothing(res: dict[str, Any]) -> None:
+    """`resume` (episodes continued across rollouts): each row's observation as the last step returned it,
+    in any row grouping, with no effect on the episode state; rows mid-episode count as resumed (all but
+    the chunks whose step ended the episodes, 3 and 7)."""
+    r = res["resume"]
+    assert torch.equal(r["resumed"], r["returned"]) and torch.equal(r["halves"], r["returned"])
+    assert_same(r["state"], r["plain_state"])
+    assert r["resumed_count"] == 2 * N * (T - 2)
 
 
 def test_state_round_trip(res: dict[str, Any]) -> None:
