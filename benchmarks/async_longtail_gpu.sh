@@ -42,9 +42,11 @@ SYNC=${SYNC:-"split-chain generate ref score 4"}
 CURVE_ITERATIONS=${CURVE_ITERATIONS:-40}   # a cap: WALL_S ends the curve runs
 WALL_S=${WALL_S:-100}
 CURVE_PLANS=${CURVE_PLANS:-declared,best_async}
-# MODE=compare: the plans beside declared (a round of all three took ~360 s on an H100: COMPARE_PLANS=best_async
-# fits two rounds in one call)
+# MODE=compare: the plans beside declared (a round of all three took ~300-360 s on an H100: COMPARE_PLANS=best_async
+# fits two rounds in one call). best_async_low: best_async with LOW's components at a below-normal MPS client
+# priority (benchmarks/plan_mps.py; default LOW=learner): what stage 2 would screen, as one row
 COMPARE_PLANS=${COMPARE_PLANS:-best_sync,best_async}
+LOW=${LOW:-learner}
 SETS=(${SETS:-})   # extra --set NAME=VALUE pairs for the workflow, e.g. SETS="--set prompts=64"
 export PYTHONUNBUFFERED=1 RAY_DEDUP_LOGS=0
 if [ -d .raybundle ] && [ "$DEVICE" = cuda ]; then  # the bundle is Python 3.12 (the GPU machine)
@@ -62,19 +64,25 @@ SETS+=(--set "stale=${STALE:-1}")
 sync_do=(); IFS=';' read -ra parts <<< "$SYNC"; for p in "${parts[@]}"; do sync_do+=(--do "$p"); done
 python3 -m rose_cli rewrite "$W" "${SETS[@]}" "${sync_do[@]}" -o "$OUT/best_sync.yaml" --overwrite || exit 1
 python3 -m rose_cli rewrite "$W" "${SETS[@]}" "${sync_do[@]}" --do "defer sync 1" -o "$OUT/best_async.yaml" --overwrite || exit 1
+if [ "$DEVICE" = cuda ]; then  # (MPS priorities bind GPU processes only)
+  low=(); IFS=',' read -ra lows <<< "$LOW"; for c in "${lows[@]}"; do low+=(--priority "$c=1"); done
+  python3 benchmarks/plan_mps.py "$OUT/best_async.yaml" -o "$OUT/best_async_low.yaml" "${low[@]}" || exit 1
+fi
 # the run directories travel back as one archive: the device returns a limited number of files from $OUT,
 # and a compare's run directories held enough to crowd out the curves' JSON and picture
 pack_runs() { [ -d "$1" ] && tar -czf "$OUT/$(basename "$1").tgz" -C "$(dirname "$1")" "$(basename "$1")"; }
 
 case "$MODE" in
   compare)
-    # per round: declared 2 iterations, best_sync 2, best_async 1 + a window of 5; plus 1 warm-up
-    need=$((1 + ROUNDS * 10))
-    plan_args=(); IFS=',' read -ra cps <<< "$COMPARE_PLANS"
+    # per round: declared 2 iterations, a synchronous plan 2, an asynchronous one 1 + a window of 5; plus 1 warm-up
+    per_round=2; plan_args=(); IFS=',' read -ra cps <<< "$COMPARE_PLANS"
     for p in "${cps[@]}"; do
-      case "$p" in best_sync|best_async) plan_args+=(--plan "$p=$OUT/$p.yaml") ;;
-        *) echo "COMPARE_PLANS takes best_sync and/or best_async, not $p" >&2; exit 2 ;; esac
+      case "$p" in best_sync) per_round=$((per_round + 2)) ;; best_async|best_async_low) per_round=$((per_round + 6)) ;;
+        *) echo "COMPARE_PLANS takes best_sync, best_async and/or best_async_low, not $p" >&2; exit 2 ;; esac
+      [ -f "$OUT/$p.yaml" ] || { echo "$p.yaml was not written (best_async_low: on the GPU only)" >&2; exit 2; }
+      plan_args+=(--plan "$p=$OUT/$p.yaml")
     done
+    need=$((1 + ROUNDS * per_round))
     timeout "$LIMIT" python3 -m rose_cli compare "$W" "${SETS[@]}" --set iterations=$need --backend ray \
       "${plan_args[@]}" --rounds "$ROUNDS" \
       --json "$OUT/async_compare.json" --runs /tmp/async_runs --overwrite 2>&1 | tee "$OUT/log_async_compare.txt"
