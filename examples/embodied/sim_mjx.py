@@ -193,6 +193,13 @@ def _step_block(m: mjx.Model, d0: mjx.Data, state: Row, lo: jax.Array, mask: jax
     return _block_apply(lambda row, a: _chunk_row(m, d0, row, a, max_steps, frame_skip), state, lo, mask, actions)
 
 
+@jax.jit
+def _observe_rows(m: mjx.Model, d0: mjx.Data, physics: jax.Array, target: jax.Array) -> jax.Array:
+    """Each row's observation recomputed from its saved physics (for a state saved before the episode state
+    held the observation); it can differ from what the step returned in the last bit."""
+    return jax.vmap(lambda p, t: _observe(mjx.kinematics(m, mjx.set_state(m, d0, p, _SPEC)), t))(physics, target)
+
+
 def _jax_device(device: str) -> jax.Device:
     """The JAX device for rose's torch device string ("cpu", "cuda", "cuda:1"; "gpu" accepted)."""
     kind, _, index = device.partition(":")
@@ -349,6 +356,9 @@ class ReacherMjxSim(SimBase):
     def set_state(self, name: str, value: dict[str, torch.Tensor]) -> None:
         self._check_name(name)
         new = {}
+        if "obs" not in value and "physics" in value and "target" in value:  # saved before `resume` existed
+            value = {**value, "obs": _torch(_observe_rows(self._m, self._d0, self._put(value["physics"].numpy()),
+                                                          self._put(value["target"].numpy())))}
         for k, old in self._state.items():
             if k not in value:
                 raise KeyError(f"ReacherMjxSim episode state lacks {k!r}")

@@ -96,6 +96,10 @@ def _scenarios() -> dict[str, Any]:
     res["resume"] = {"returned": torch.stack(returned), "resumed": torch.stack(resumed), "halves": torch.stack(halves),
                      "state": r.get_state("episode"), "plain_state": q.get_state("episode"),
                      "resumed_count": r.pop_metrics().get("episodes_resumed", 0.0)}
+    older = {k: v for k, v in r.get_state("episode").items() if k != "obs"}  # a state saved before `resume`
+    fresh = make(seed=99)
+    fresh.set_state("episode", older)
+    res["resume_older_state"] = (fresh.resume()["obs"], r.resume()["obs"])
     # faults: a NaN action, a NaN physics state, and on_nan="stop"
     res["nan_action"] = _play(make(), GROUPINGS[1], 3, nan_at=(1, 2))
     c = make()
@@ -221,6 +225,8 @@ def test_resume_returns_what_the_step_returned_and_changes_nothing(res: dict[str
     assert torch.equal(r["resumed"], r["returned"]) and torch.equal(r["halves"], r["returned"])
     assert_same(r["state"], r["plain_state"])
     assert r["resumed_count"] == 2 * N * (T - 2)
+    recomputed, saved = res["resume_older_state"]  # an older state's observation: recomputed from its physics
+    assert torch.allclose(recomputed, saved, atol=1e-6)
 
 
 def test_state_round_trip(res: dict[str, Any]) -> None:
