@@ -42,6 +42,8 @@ SYNC=${SYNC:-"split-chain generate ref score 4"}
 CURVE_ITERATIONS=${CURVE_ITERATIONS:-40}   # a cap: WALL_S ends the curve runs
 WALL_S=${WALL_S:-100}
 CURVE_PLANS=${CURVE_PLANS:-declared,best_async}
+# best_partial: SYNC + `ahead submit` (partial rollouts as a plan of this workflow, lag 1), best_partial_async:
+# that + `defer sync 1` (lag 2, STALE=2); the generator's partial_rollouts bound is the workflow's `stale`.
 # MODE=compare: the plans beside declared (a round of all three took ~300-360 s on an H100: COMPARE_PLANS=best_async
 # fits two rounds in one call). best_async_low: best_async with LOW's components at a below-normal MPS client
 # priority (benchmarks/plan_mps.py; default LOW=learner): what stage 2 would screen, as one row
@@ -64,6 +66,11 @@ SETS+=(--set "stale=${STALE:-1}")
 sync_do=(); IFS=';' read -ra parts <<< "$SYNC"; for p in "${parts[@]}"; do sync_do+=(--do "$p"); done
 python3 -m rose_cli rewrite "$W" "${SETS[@]}" "${sync_do[@]}" -o "$OUT/best_sync.yaml" --overwrite || exit 1
 python3 -m rose_cli rewrite "$W" "${SETS[@]}" "${sync_do[@]}" --do "defer sync 1" -o "$OUT/best_async.yaml" --overwrite || exit 1
+# partial rollouts as plans (`ahead submit`: the next iteration's prompts queued while this one decodes; lag 1),
+# and with the sync deferred too (lag 2: written only when STALE >= 2)
+python3 -m rose_cli rewrite "$W" "${SETS[@]}" "${sync_do[@]}" --do "ahead submit" -o "$OUT/best_partial.yaml" --overwrite || exit 1
+python3 -m rose_cli rewrite "$W" "${SETS[@]}" "${sync_do[@]}" --do "ahead submit" --do "defer sync 1" \
+  -o "$OUT/best_partial_async.yaml" --overwrite 2>/dev/null || echo "best_partial_async needs STALE >= 2 (not written)"
 if [ "$DEVICE" = cuda ]; then  # (MPS priorities bind GPU processes only)
   low=(); IFS=',' read -ra lows <<< "$LOW"; for c in "${lows[@]}"; do low+=(--priority "$c=1"); done
   python3 benchmarks/plan_mps.py "$OUT/best_async.yaml" -o "$OUT/best_async_low.yaml" "${low[@]}" || exit 1
@@ -77,9 +84,13 @@ case "$MODE" in
     # per round: declared 2 iterations, a synchronous plan 2, an asynchronous one 1 + a window of 5; plus 1 warm-up
     per_round=2; plan_args=(); IFS=',' read -ra cps <<< "$COMPARE_PLANS"
     for p in "${cps[@]}"; do
-      case "$p" in best_sync) per_round=$((per_round + 2)) ;; best_async|best_async_low) per_round=$((per_round + 6)) ;;
-        *) echo "COMPARE_PLANS takes best_sync, best_async and/or best_async_low, not $p" >&2; exit 2 ;; esac
-      [ -f "$OUT/$p.yaml" ] || { echo "$p.yaml was not written (best_async_low: on the GPU only)" >&2; exit 2; }
+      case "$p" in best_sync) per_round=$((per_round + 2)) ;;
+        best_async|best_async_low|best_partial) per_round=$((per_round + 6)) ;;
+        best_partial_async) per_round=$((per_round + 7)) ;;
+        *) echo "COMPARE_PLANS takes best_sync, best_async, best_async_low, best_partial, best_partial_async; not $p" >&2
+           exit 2 ;; esac
+      [ -f "$OUT/$p.yaml" ] || { echo "$p.yaml was not written (best_async_low: on the GPU only;" \
+                                      "best_partial_async: STALE >= 2)" >&2; exit 2; }
       plan_args+=(--plan "$p=$OUT/$p.yaml")
     done
     need=$((1 + ROUNDS * per_round))

@@ -15,7 +15,9 @@ in steady state the wall time per iteration, so that throughputs add up to the r
 
 Barriers: before a checkpoint, at the end, and when `stop()` asks, nothing later is submitted, and the
 deferred calls still pending are drained first (`Schedule.drain`), so a checkpoint holds the state the
-declared workflow leaves and a resume starts with nothing pending. On a failure the exception goes up
+declared workflow leaves and a resume starts with nothing pending. A plan that runs calls ahead (`ahead:`)
+runs none in the iteration before a barrier; when a stop comes after an iteration that ran the next one's
+calls ahead, that next iteration still runs, as the last (`Schedule.ran_ahead`). On a failure the exception goes up
 at once (the calls in flight are abandoned); a dead process is recovered by `Runner._run_pipelined` from
 the last checkpoint (drained, so nothing deferred is pending there), as a synchronous run recovers. A backend that cannot queue control calls
 (`control_later` is None) runs one iteration at a time: the same calls, no overlap.
@@ -84,18 +86,19 @@ def run_pipelined(runner: Runner, k: int, stop: Callable[[], Any] | None, end: i
     `end`: stop before iteration `end` as a stop request would (the pending deferred calls drained after
     the last iteration's metrics, not inside its time): a measurement window (`Executor.run_window`)."""
     queued = runner.backend.capabilities.pipelined
-    ahead = runner.schedule.depth if queued else 1
+    depth = runner.schedule.depth if queued else 1
     inflight: deque[_Flight] = deque()
-    last_done, stopping = time.perf_counter_ns(), False
+    last_done, stopping, asked = time.perf_counter_ns(), False, False
     while True:
-        while k < runner.config.iterations and len(inflight) < ahead and not (inflight and inflight[-1].barrier):
+        while k < runner.config.iterations and len(inflight) < depth and not (inflight and inflight[-1].barrier):
             if end is not None and k >= end:
                 stopping = True
                 break
-            if stop is not None and stop():
+            asked = asked or (stop is not None and stop())
+            if asked and runner.schedule.ran_ahead != k - 1:  # (else k's calls run ahead began: it runs, last)
                 stopping = True
                 break
-            inflight.append(_submit(runner, k, queued))
+            inflight.append(_submit(runner, k, queued, last=asked or (end is not None and k + 1 >= end)))
             k += 1
         if not inflight:
             break
@@ -120,8 +123,12 @@ def _checkpoint_due(runner: Runner, k: int) -> bool:
     return (bool(every) and (k + 1) % every == 0) or k + 1 == runner.config.iterations
 
 
-def _submit(runner: Runner, k: int, queued: bool) -> _Flight:
-    barrier = _checkpoint_due(runner, k) or k + 1 == runner.config.iterations
+def _submit(runner: Runner, k: int, queued: bool, last: bool = False) -> _Flight:
+    """Iteration k in flight. A barrier (a checkpoint, the end) drains what is deferred and runs nothing
+    ahead; so does the `last` iteration of a stop or a window when the plan runs calls ahead, since no call
+    may run ahead into an iteration that will not run."""
+    barrier = _checkpoint_due(runner, k) or k + 1 == runner.config.iterations or \
+        (last and bool(runner.schedule.program.hoisted))
     started, t_submit = time.monotonic(), time.perf_counter_ns()
     submitted = runner._submit(k, drain=barrier)
     records = metrics = None

@@ -61,7 +61,17 @@ class _Caller:
 def _lookup_in(outputs: dict[Invocation, dict[str, Any]], run: ReferenceRun) -> Lookup:
     """A frame's lookup over one iteration's outputs (a function, so each iteration binds its own dict);
     a deferred call (`defer:`) reads those of the RL iteration it belongs to."""
-    return lambda inv, port: (outputs[inv] if inv in outputs else run.outputs[inv.indices[0]][inv])[port]
+    return lambda inv, port: (outputs[inv] if inv in outputs else _ran_before(run, inv))[port]
+
+
+def _ran_before(run: ReferenceRun, inv: Invocation) -> dict[str, Any]:
+    """The outputs of a call that ran in an earlier RL iteration's place: its own, or, for a call run ahead
+    (`ahead:`), the one before its own."""
+    for place in (inv.indices[0], inv.indices[0] - 1):
+        outs = run.outputs.get(place)
+        if outs is not None and inv in outs:
+            return outs[inv]
+    raise KeyError(inv)
 
 
 def schedule_dependencies(program: Program, sites: list[CallSite]) -> dict[Invocation, set[Invocation]]:
@@ -108,7 +118,7 @@ def run_reference(wf: Workflow, components: Mapping[str, Any], iterations: Itera
     for k in ks:
         outputs: dict[Invocation, dict[str, Any]] = {}
         frame = Frame(_lookup_in(outputs, run), caller.ops, root_carry=_carry_from(run, k))
-        sites = list(program.unroll(k, since=ks[0] if ks else 0))
+        sites = list(program.unroll(k, since=ks[0] if ks else 0, ahead=k != ks[-1]))
         if program.depth > 1 and k == ks[-1]:  # what is still deferred runs at the end (`Program.drain`)
             sites += list(program.drain(k, ks[0]))
         deps = schedule_dependencies(program, sites)
@@ -150,12 +160,12 @@ def _run_with_until(run: ReferenceRun, caller: _Caller, k: int, first: int = 0, 
 
     def lookup(inv: Invocation, port: str) -> Any:
         inv = aliases.get(inv, inv)
-        return (outputs[inv] if inv in outputs else run.outputs[inv.indices[0]][inv])[port]
+        return (outputs[inv] if inv in outputs else _ran_before(run, inv))[port]
 
     frame = Frame(lookup, caller.ops, root_carry=_carry_from(run, k))
     until = UntilLoops(program, frame, handles, {}, lambda value: value, k)
     until.aliases = aliases
-    sites = program.unroll(k, until.reached, since=first)
+    sites = program.unroll(k, until.reached, since=first, ahead=not last)
     if program.depth > 1 and last:
         sites = itertools.chain(sites, program.drain(k, first))
     for site in sites:

@@ -358,12 +358,12 @@ class Runner:
                 raise Overdue("the condition of a loop that ends on one", self.config.call_timeout_s) from None
 
         submit: Callable[..., Sequence[Any]]
-        if self._replicas == 1:
+        if self._replicas == 1:  # (before a drain -- a barrier -- nothing runs ahead: `Program.unroll`)
             submit = self.backend.submit
-            submitted = self.schedule.steps(k, submit, fetch)
+            submitted = self.schedule.steps(k, submit, fetch, ahead=not drain)
         else:  # data parallel: every call once per replica of its component, each on its own process
             submit = replicated(self.backend.submit, self.wf)
-            submitted = self.schedule.steps(k, submit)
+            submitted = self.schedule.steps(k, submit, ahead=not drain)
         return submitted + self.schedule.drain(k, submit) if drain else submitted
 
     def _wait(self, submitted: list[tuple[Any, Any]], started: float) -> None:

@@ -117,12 +117,15 @@ class Schedule:
         self.depth = self.program.depth
         self._since = 0
         self._kept: dict[Invocation, tuple[Any, ...]] = {}
+        # the last RL iteration k whose steps ran calls of k + 1 ahead (None: the last one ran none): k + 1
+        # must then run before any barrier, or its calls run ahead would be lost (`pipeline.run_pipelined`)
+        self.ran_ahead: int | None = None
         # the trips each loop that ends on a condition ran, kept for later iterations' deferred calls (keyed
         # by loop instance, whose indices start with the RL iteration's)
         self._ran: dict[tuple[tuple[str, ...], tuple[int, ...]], list[int]] = {}
 
-    def sites(self, k: int) -> list[CallSite]:
-        return list(self.program.unroll(k, since=self._since))
+    def sites(self, k: int, ahead: bool = True) -> list[CallSite]:
+        return list(self.program.unroll(k, since=self._since, ahead=ahead))
 
     def start_at(self, k: int) -> None:
         """The next RL iteration is k with nothing deferred pending (a resume from a checkpoint, which was
@@ -130,20 +133,23 @@ class Schedule:
         self._since = k
         self._kept.clear()
         self._ran.clear()
+        self.ran_ahead = None
 
     def steps(self, k: Any, submit: Callable[[Step], Sequence[Any]],
-              fetch: Callable[[Any], Any] | None = None) -> list[tuple[Step, Sequence[Any]]]:
+              fetch: Callable[[Any], Any] | None = None, ahead: bool = True) -> list[tuple[Step, Sequence[Any]]]:
         """Build every step of iteration k in program order and `submit` it; `submit` returns one handle
         per output port (in `node.outputs` order), which later recipes then refer to (data-parallel
         replicas: see `replicated`). A workflow with loops that end on a condition needs `fetch` (a
         handle's value, waiting for it): after each trip of such a loop the condition's producers are
         fetched to decide on the next (`until_loops.UntilLoops`). A deferred node submits its call of
-        iteration k - defer."""
+        iteration k - defer; a node run ahead its call of k + 1, unless `ahead` is False (k ends before a
+        barrier: `Program.unroll`)."""
         if self.depth > 1 and not isinstance(k, int):
-            raise ValueError("an asynchronous plan (defer:) runs without a compiled graph: its deferred calls "
-                             "read values of earlier RL iterations")
+            raise ValueError("an asynchronous plan (defer:, ahead:) runs without a compiled graph: its calls read "
+                             "values of other RL iterations")
         since = self._since
-        out = self._submit(lambda reached: self.program.unroll(k, reached, since=since), k, submit, fetch)
+        out = self._submit(lambda reached: self.program.unroll(k, reached, since=since, ahead=ahead), k, submit, fetch)
+        self.ran_ahead = k if ahead and self.program.hoisted else None
         if self.depth > 1:  # keep what later iterations' deferred calls read
             self._kept = {inv: h for inv, h in self._kept.items() if inv.indices[0] >= k + 2 - self.depth}
         return out

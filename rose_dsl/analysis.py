@@ -369,7 +369,8 @@ def _invocation_graph(wf: Workflow, iterations: int, count_limit: int | None, ex
     program = Program(wf)
     if not edges:
         for k in range(iterations):
-            sites = program.unroll(k, _one_iteration)  # as the dependency run: truth() is always True
+            sites = program.unroll(k, _one_iteration, 0, k < iterations - 1)  # as the dependency run: truth() is
+            # always True; and the last iteration runs nothing ahead, as before the end of a run
             if k == iterations - 1 and program.depth > 1:  # and what is still deferred, at the end
                 sites = itertools.chain(sites, program.drain(k))
             for site in sites:
@@ -567,6 +568,7 @@ def state_observations(g: InvocationGraph) -> tuple[dict[tuple[Invocation, str],
     seen: dict[tuple[Invocation, str], frozenset[Invocation | None]] = {}
     left: dict[tuple[int, str], frozenset[Invocation | None]] = {}
     slots = run_in(g)
+    last = max((slots.get(inv, inv.indices[0]) for inv in g.order), default=-1)
     for state, seq in g.accesses.items():
         # every row: up to the end of the row groups that touch this state (their batch), if any do
         end = max((r[1] for r in (g.node[inv].plan.rows for inv, _ in seq) if r is not None), default=_ALL)
@@ -588,18 +590,26 @@ def state_observations(g: InvocationGraph) -> tuple[dict[tuple[Invocation, str],
                 kept = [(a, min(b, lo), w) for a, b, w in segments if a < lo]
                 kept += [(max(a, hi), b, w) for a, b, w in segments if b > hi]
                 segments = sorted(kept + [(lo, hi, inv)], key=lambda x: x[0])
-        if k is not None:
-            left[(k, state)] = frozenset(w for _, _, w in segments)
+        # and the RL iterations after its last access leave what that one left (a plan whose last iteration's
+        # access ran in the one before: a call run ahead)
+        for idle in range(0 if k is None else k, last + 1):
+            left[(idle, state)] = frozenset(w for _, _, w in segments)
     return seen, left
 
 
 def run_in(g: InvocationGraph) -> dict[Invocation, int]:
     """The RL iteration in whose place each call runs, where it is not its own: a deferred call (`defer:`)
-    of iteration k runs in a later one (in program order, after every call of an iteration comes the next)."""
+    of iteration k runs in a later one (in program order, after every call of an iteration comes the next);
+    a call run ahead (`ahead: a`) of iteration k in iteration k-a, except the first iteration's own."""
     slots: dict[Invocation, int] = {}
     k = 0
     for inv in g.order:
-        if inv.indices[0] > k:
+        ahead = g.node[inv].plan.ahead
+        if ahead:
+            place = max(k, inv.indices[0] - ahead)
+            if place != inv.indices[0]:
+                slots[inv] = place
+        elif inv.indices[0] > k:
             k = inv.indices[0]
         elif inv.indices[0] < k:
             slots[inv] = k
@@ -613,7 +623,7 @@ def read_lags(wf: Workflow) -> dict[tuple[str, tuple[str, ...]], int]:
     check refuses such plans)."""
     depth = iterations_in_flight(wf)
     sync = replace(wf, root=replace(wf.root, body=tuple(
-        replace(i, plan=replace(i.plan, defer=0)) if isinstance(i, ExecutionNode) else i for i in wf.root.body)))
+        replace(i, plan=replace(i.plan, defer=0, ahead=0)) if isinstance(i, ExecutionNode) else i for i in wf.root.body)))
     seen0, _ = state_observations(invocation_graph(sync, iterations=1 + depth))
     seen1, _ = state_observations(invocation_graph(wf, iterations=1 + depth))
     out: dict[tuple[str, tuple[str, ...]], int] = {}
@@ -629,8 +639,10 @@ def read_lags(wf: Workflow) -> dict[tuple[str, tuple[str, ...]], int]:
 
 
 def iterations_in_flight(wf: Workflow) -> int:
-    """1 + the largest `defer` of a workflow: how many RL iterations an asynchronous plan overlaps."""
-    return 1 + max((i.plan.defer for i in wf.root.body if isinstance(i, ExecutionNode)), default=0)
+    """1 + the largest `defer` + the largest `ahead` of a workflow: how many RL iterations an asynchronous
+    plan overlaps (`semantics.Program.depth`)."""
+    nodes = [i for i in wf.root.body if isinstance(i, ExecutionNode)]
+    return 1 + max((i.plan.defer for i in nodes), default=0) + max((i.plan.ahead for i in nodes), default=0)
 
 
 def read_lag(got: frozenset[Invocation | None], then: Callable[[int], frozenset[Invocation | None]],
@@ -644,7 +656,7 @@ def _lag_lines(wf: Workflow) -> list[str]:
     """Per read of a state object with `max_staleness`, or of an asynchronous plan (`defer:`): the lag it
     proves -- how many RL iterations older than the declared read's value the value it sees can be."""
     budgets = {s.key: s.max_staleness for s in wf.state_objects().values()}
-    deferred = any(isinstance(i, ExecutionNode) and i.plan.defer for i in wf.root.body)
+    deferred = any(isinstance(i, ExecutionNode) and (i.plan.defer or i.plan.ahead) for i in wf.root.body)
     if not deferred and not any(budgets.values()):
         return []
     lines = []

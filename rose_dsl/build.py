@@ -288,7 +288,7 @@ def _component(ctx: _Ctx, name: str, raw: Mapping[str, Any]) -> Component:
     )
 
 
-_NODE_FIELDS = ("call", "in", "out", "state", "batch", "phases", "after", "rows", "defer")
+_NODE_FIELDS = ("call", "in", "out", "state", "batch", "phases", "after", "rows", "defer", "ahead")
 _LOOP_FIELDS = ("count", "until", "carry", "collect", "after", "iterations", "interleave")
 _MERGE_FIELDS = ("from", "ports")
 _ACCESS = {a.value: a for a in Access}  # the schema allows only these
@@ -373,7 +373,8 @@ class _ItemBuilder:
             after=tuple(raw.get("after") or ()), idempotent=bool(raw.get("idempotent", False)),
             timeout_s=raw.get("timeout_s"), shard=raw.get("shard"),
             plan=NodePlan(split_of=raw.get("split_of"), group=raw.get("group"), moved_from=_moved_from(raw),
-                          expand=bool(raw.get("expand", False)), rows=rows, defer=int(raw.get("defer", 0))),
+                          expand=bool(raw.get("expand", False)), rows=rows, defer=int(raw.get("defer", 0)),
+                          ahead=int(raw.get("ahead", 0))),
             pos=ctx.doc.pos(path + ("node",)),
             field_pos=self._fpos(path, raw, _NODE_FIELDS), src=path,
         )

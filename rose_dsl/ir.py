@@ -127,6 +127,10 @@ class NodePlan(PlanFields):
     # the call of RL iteration i runs at this node's place in RL iteration i+defer (inputs from iteration
     # i); what is pending runs at the end and before a checkpoint (semantics.Program.unroll)
     defer: int = 0
+    # the call of RL iteration i+ahead runs at this node's place in RL iteration i (its inputs those of
+    # iteration i+ahead, produced by calls run ahead too); none is run ahead across a barrier (a checkpoint,
+    # a stop, the end): the iteration after one runs its own calls first (semantics.Program.unroll)
+    ahead: int = 0
 
 
 @dataclass(frozen=True)

@@ -135,10 +135,11 @@ class Window:
 
 def window(plan: Workflow) -> Window:
     """The measurement window of `plan`: a plan that defers a call by K RL iterations (`defer: K`, an
-    asynchronous plan) runs K fill iterations, `WINDOW_MEASURED` measured ones and one tail iteration
+    asynchronous plan; and one more for calls run ahead, `ahead: 1`) runs K fill iterations, `WINDOW_MEASURED` measured ones and one tail iteration
     pipelined, without a drain between them; any other plan one iteration."""
-    defer = max((i.plan.defer for i in plan.root.body if isinstance(i, ExecutionNode)), default=0)
-    return Window(defer, WINDOW_MEASURED, 1) if defer else Window()
+    nodes = [i for i in plan.root.body if isinstance(i, ExecutionNode)]
+    fill = max((i.plan.defer for i in nodes), default=0) + max((i.plan.ahead for i in nodes), default=0)
+    return Window(fill, WINDOW_MEASURED, 1) if fill else Window()
 
 
 class OutOfBudget(Exception):

@@ -453,6 +453,26 @@ def check_workflow(wf: Workflow) -> list[Diagnostic]:
     diags += _check_phases(r)
     diags += _check_idempotent(r)
     diags += _check_deferred(r)
+    diags += _check_ahead(r)
+    return diags
+
+
+def _check_ahead(r: Resolver) -> list[Diagnostic]:
+    """`ahead:` (a call of the next RL iteration run in this one) on a node directly in the RL iteration body,
+    not also deferred, in a workflow whose RL iteration carries nothing (the next iteration's carry is not
+    known yet when its call runs ahead)."""
+    diags, root = [], r.wf.root
+    for item in r.items.values():
+        if not isinstance(item, ExecutionNode) or not item.plan.ahead:
+            continue
+        where, path = item.field_pos.get("ahead", item.pos), format_path(item.src + ("ahead",))
+        if item.path[:-1] != root.path or (item.plan.expand and item.phases):
+            diags.append(Diagnostic(where, path, f"'ahead' is for a node directly in the RL iteration body "
+                                                 f"('{item.name}' is not)"))
+        elif item.plan.defer:
+            diags.append(Diagnostic(where, path, f"'{item.name}' is both deferred and run ahead"))
+        elif root.carries:
+            diags.append(Diagnostic(where, path, "'ahead' in a workflow whose RL iteration carries values is not supported"))
     return diags
 
 

@@ -137,11 +137,19 @@ class Program:
 
     # -- program order ----------------------------------------------------------------------
     def unroll(self, k: int, until_reached: Callable[[LoopNode, dict[Path, int]], bool] | None = None,
-               since: int = 0) -> Iterator[CallSite]:
+               since: int = 0, ahead: bool = True) -> Iterator[CallSite]:
         """The call sites of RL iteration k, in program order. A deferred node (`defer: d`, an asynchronous
         plan) runs here its call of RL iteration k-d, if that iteration ran since the last drain (`since`:
-        the first RL iteration after it; `drain` ran the earlier ones)."""
-        yield from _unroll_body(self, self.wf.root.body, {self.wf.root.path: k}, until_reached, since)
+        the first RL iteration after it; `drain` ran the earlier ones). A node run ahead (`ahead: 1`) runs
+        here its call of RL iteration k+1 -- unless `ahead` is False: k ends before a barrier (a checkpoint,
+        a stop, the end), which no call crosses -- and, in the first iteration after a barrier (k ==
+        `since`), its own call of k first."""
+        yield from _unroll_body(self, self.wf.root.body, {self.wf.root.path: k}, until_reached, since, ahead)
+
+    @property
+    def hoisted(self) -> tuple[ExecutionNode, ...]:
+        """The nodes run ahead (`ahead:`), in program order: direct children of the RL iteration."""
+        return tuple(i for i in self.wf.root.body if isinstance(i, ExecutionNode) and i.plan.ahead)
 
     @property
     def deferred(self) -> tuple[ExecutionNode, ...]:
@@ -150,8 +158,10 @@ class Program:
 
     @property
     def depth(self) -> int:
-        """How many RL iterations an executor may have in flight at once: 1 + the largest `defer`."""
-        return 1 + max((n.plan.defer for n in self.deferred), default=0)
+        """How many RL iterations an executor may have in flight at once, and keeps the outputs of: 1 + the
+        largest `defer` + the largest `ahead` (a call run ahead produces the next iteration's outputs)."""
+        return 1 + max((n.plan.defer for n in self.deferred), default=0) + max((n.plan.ahead for n in self.hoisted),
+                                                                            default=0)
 
     def drain(self, k: int, since: int = 0) -> Iterator[CallSite]:
         """The deferred calls still pending after RL iteration k (those of iterations since `since` that
@@ -234,7 +244,8 @@ class Program:
 
 # -- program order --------------------------------------------------------------------------------
 
-def _unroll_body(p: Program, body: Sequence[Item], ctx: dict[Path, int], until_reached, since: int = 0) -> Iterator[CallSite]:
+def _unroll_body(p: Program, body: Sequence[Item], ctx: dict[Path, int], until_reached, since: int = 0,
+                 ahead: bool = True) -> Iterator[CallSite]:
     n = 0
     while n < len(body):
         item, n = body[n], n + 1
@@ -247,6 +258,10 @@ def _unroll_body(p: Program, body: Sequence[Item], ctx: dict[Path, int], until_r
             if item.plan.defer:  # a direct child of the RL iteration (checked by `resolve`): its call of k - defer
                 origin = ctx[p.wf.root.path] - item.plan.defer
                 if origin >= since:
+                    yield CallSite(Invocation(item.path, (origin,)), item, {p.wf.root.path: origin})
+            elif item.plan.ahead:  # likewise: its call of k + 1 (and, after a barrier, its own first)
+                k = ctx[p.wf.root.path]
+                for origin in ([k] if k == since else []) + ([k + 1] if ahead else []):
                     yield CallSite(Invocation(item.path, (origin,)), item, {p.wf.root.path: origin})
             elif item.plan.expand and item.phases:
                 yield from _unroll_body(p, item.phases, ctx, until_reached)
@@ -537,7 +552,7 @@ def run_sequential(program: Program, backend: CallBackend, iterations: Sequence[
                 del kept[inv]
         outputs = {}
         frame.memo.clear()
-        for site in program.unroll(k, lambda loop, ctx: program.until(loop, ctx, frame), since):
+        for site in program.unroll(k, lambda loop, ctx: program.until(loop, ctx, frame), since, k != iterations[-1]):
             outputs[site.inv] = backend.call(site, program.inputs(site, frame))
         if depth > 1 and k == iterations[-1]:  # what is still deferred runs at the end of the run
             for site in program.drain(k, since):

@@ -60,6 +60,8 @@ def _plan_fields(item: Item, out: dict[str, Any]) -> None:
         out["after"] = list(item.after)
     if isinstance(item, ExecutionNode) and item.plan.defer:
         out["defer"] = item.plan.defer
+    if isinstance(item, ExecutionNode) and item.plan.ahead:
+        out["ahead"] = item.plan.ahead
 
 
 def _item(item: Item, inherited: int | None = None) -> dict[str, Any]:

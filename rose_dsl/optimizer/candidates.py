@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from ..analysis import loop_kinds
 from ..ir import Component, ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from ..transforms import Refused, apply, temporal_groups
+from ..transforms.ahead import budgeted_readers
 from ..transforms.deferral import budgeted_writers
 from ..transforms.split import check_separable, check_splittable_loop
 from ..transforms.tree import own_group
@@ -41,7 +42,7 @@ class Alternative:
     """A transformation phi(v, w): rewrite requests that let `partners` overlap the `target`."""
 
     requests: tuple[str, ...]
-    family: str  # temporal-split | split-interleave | fuse | rewire | split-consumer | split-node | split-chain | take-turns | defer
+    family: str  # temporal-split | split-interleave | fuse | rewire | split-consumer | split-node | split-chain | take-turns | defer | ahead
     target: str  # structural node path (`iteration.epoch.step.act`) or SWEEP
     partners: tuple[str, ...] = ()  # structural nodes whose work would overlap the target's
     groups: int | None = None  # k of a split
@@ -401,10 +402,18 @@ def asynchronous(wf: Workflow) -> list[Alternative]:
     below the RL iteration count, as `defer`'s default does: a call deferred longer only runs after the run,
     and a budget meant as "any staleness" (`max_staleness: 1000000`) would make a million candidates."""
     out = []
-    for path, budget in budgeted_writers(wf):
+    writers = budgeted_writers(wf)
+    for path, budget in writers:
         for k in range(1, min(budget, (wf.root.count or budget + 1) - 1) + 1):
             out.append(Alternative((f"defer {request_name(wf, path)} {k}",), "defer", SWEEP,
                                    note=f"reads of the state '{path[-1]}' writes may be {k} RL iteration(s) old"))
+    # and each reader of such a state run one RL iteration ahead (partial rollouts: the next iteration's
+    # prompts queued while this one decodes), alone and, where the budget leaves room, with a deferral
+    for path in budgeted_readers(wf):
+        ahead = f"ahead {request_name(wf, path)}"
+        out.append(Alternative((ahead,), "ahead", SWEEP, note=f"'{path[-1]}' of the next RL iteration runs in this one"))
+        out += [Alternative((ahead, f"defer {request_name(wf, w)} 1"), "ahead", SWEEP,
+                            note=f"'{path[-1]}' run ahead and '{w[-1]}' deferred") for w, budget in writers if budget >= 2]
     return out
 
 

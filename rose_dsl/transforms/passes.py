@@ -11,6 +11,7 @@ Each rewrite is a `Pass`: a pure `build` function (in `split.py`, `chain.py`, `t
 | split, split-loop, split-chain, expand | well formed, writable as a plan, loops that end per row still do |
 | split-time, rewire, interleave, fuse | the above, every dependency kept (`legality.check_order_preserved`) |
 | defer | the above; a read of a state object with `max_staleness` may see an older value, within it |
+| ahead | the same |
 
 `apply(wf, request)` is the entry point for a search (the optimizer): it returns `Rewritten` or
 `Refused`, never raises; `apply_request` raises `Refused`. Requests are the small language of `rose
@@ -23,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..ir import ExecutionNode, LoopNode, Workflow
+from .ahead import build_ahead
 from .chain import build_split_chain
 from .deferral import build_defer
 from .legality import check_order_preserved, check_well_formed
@@ -42,7 +44,7 @@ from .tree import item_paths
 __all__ = [
     "Pass", "run", "apply", "apply_request", "parse_request", "resolve_name", "REQUEST_HELP", "PASSES",
     "split_node", "split_loop_body", "split_chain", "split_temporal", "rewire", "fuse_loops", "interleave", "expand",
-    "defer",
+    "defer", "ahead",
 ]
 
 Path = tuple[str, ...]
@@ -114,6 +116,7 @@ PASSES = {
     "interleave-loops": Pass("interleave", build_interleave_siblings, (*_SHAPE, order_kept)),
     "expand": Pass("expand", build_expand, _SHAPE),
     "defer": Pass("defer", build_defer, (*_SHAPE, order_kept)),
+    "ahead": Pass("ahead", build_ahead, (*_SHAPE, order_kept)),
 }
 
 
@@ -178,6 +181,12 @@ def defer(wf: Workflow, path: Path, k: int | None = None) -> Rewritten:
     return run(PASSES["defer"], wf, path, k)
 
 
+def ahead(wf: Workflow, path: Path, k: int = 1) -> Rewritten:
+    """A node's call of RL iteration i+1, and those of the nodes it reads from, run in RL iteration i
+    (partial rollouts; `ahead.py`)."""
+    return run(PASSES["ahead"], wf, path, k)
+
+
 def expand(wf: Workflow, path: Path, on: bool = True) -> Rewritten:
     """A node's exposed phases run instead of its entry (or, `on=False`, back)."""
     return run(PASSES["expand"], wf, path, on)
@@ -203,7 +212,10 @@ REQUEST_HELP = """rewrite requests (names are item names, or dotted paths (below
                              weight sync, so that the next rollout overlaps this update); K defaults to the
                              smallest max_staleness > 0 of the states it writes (at most the RL iteration
                              count - 1); refused when a read would be older than its state object's
-                             max_staleness (default 0)"""
+                             max_staleness (default 0)
+  ahead NODE [1]             run the node's call of RL iteration i+1, and those of the nodes it reads from, in
+                             iteration i (the next iteration's prompts submitted while this one decodes:
+                             partial rollouts); refused like defer when a read would be too old"""
 
 
 def _loop_or_split_in_time(wf: Workflow, name: str) -> Path:
@@ -278,6 +290,8 @@ def parse_request(wf: Workflow, request: str) -> tuple[Pass, tuple, dict]:
         return PASSES[op], (resolve_name(wf, args[0]),), {args[1]: args[2]}
     if op == "defer" and len(args) in (1, 2):
         return PASSES[op], (resolve_name(wf, args[0]), _int(args[1], "K") if len(args) == 2 else None), {}
+    if op == "ahead" and len(args) in (1, 2):
+        return PASSES[op], (resolve_name(wf, args[0]), _int(args[1], "K") if len(args) == 2 else 1), {}
     if op == "expand" and len(args) == 1:
         path = resolve_name(wf, args[0])
         if not isinstance(wf.find(path), ExecutionNode):
