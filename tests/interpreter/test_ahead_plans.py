@@ -21,7 +21,7 @@ from rose_dsl.ir import ExecutionNode
 from rose_dsl.semantics import Program
 from rose_dsl.transforms import Refused, apply
 from tests.examples.test_async_learns import _train
-from tests.interpreter.test_async_plans import _nodes, _stamped, _stamps_of
+from tests.interpreter.test_async_plans import _nodes, _stamped, assert_reads_within_budget
 from tests.strategies import workflows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,22 +118,7 @@ def test_random_workflows_run_ahead_within_budget_read_no_older_values_on_execut
         if not isinstance(both, Refused):
             plan = both
             event("run ahead and deferred")
-    proven = read_lags(plan.workflow)
-    sync_seen, sync_left = _stamps_of(wf, iterations)
-    seen, left = _stamps_of(plan.workflow, iterations)
-    assert set(seen) == set(sync_seen)
-    event("an older read observed" if seen != sync_seen else "no read older")
-    modes = {(n.component, n.method, e.state.split(".", 1)[1]): e.access.value for n in wf.items()
-             if isinstance(n, ExecutionNode) for e in n.effects}
-    for (c, method, it, n, s), stamp in seen.items():
-        if stamp == sync_seen[(c, method, it, n, s)]:
-            continue
-        allowed = budget if (c, s) == (comp, state) and modes[(c, method, s)] == "read" else 0
-        lag = next((lag for lag in range(1, it + 2) if stamp == sync_seen.get((c, method, it - lag, n, s), ("init",))), None)
-        assert lag is not None and lag <= allowed, ((c, method, it, n, s), stamp, lag, allowed)
-        node = next(i.path for i in wf.items() if isinstance(i, ExecutionNode) and (i.component, i.method) == (c, method))
-        assert lag <= proven[(f"{c}.{s}", node)], (method, lag, proven)
-    assert left == sync_left
+    assert_reads_within_budget(wf, plan.workflow, (comp, state), budget, iterations)
 
 
 def _run_fakes(wf, iterations: int, stop=None, checkpoint_every: int = 0):

@@ -223,6 +223,29 @@ def _stamps_of(wf, iterations: int) -> tuple[dict, dict]:
         be.shutdown()
 
 
+def assert_reads_within_budget(wf, plan, budgeted: tuple[str, str], budget: int, iterations: int) -> None:
+    """Run `wf` and its asynchronous `plan` on the fakes: every read of the plan sees what the synchronous
+    run's same read saw L RL iterations earlier, L = 0 for updates and unbudgeted state objects and
+    L <= `budget` (and <= the lag the analysis proves) for reads of `budgeted` (component, state); and the
+    plan's run leaves every state object as the synchronous run does."""
+    proven = read_lags(plan)
+    sync_seen, sync_left = _stamps_of(wf, iterations)
+    seen, left = _stamps_of(plan, iterations)
+    assert set(seen) == set(sync_seen)
+    event("an older read observed" if seen != sync_seen else "no read older")
+    modes = {(n.component, n.method, e.state.split(".", 1)[1]): e.access.value for n in wf.items()
+             if isinstance(n, ExecutionNode) for e in n.effects}
+    for (c, method, it, n, s), stamp in seen.items():
+        if stamp == sync_seen[(c, method, it, n, s)]:
+            continue
+        allowed = budget if (c, s) == budgeted and modes[(c, method, s)] == "read" else 0
+        lag = next((lag for lag in range(1, it + 2) if stamp == sync_seen.get((c, method, it - lag, n, s), ("init",))), None)
+        assert lag is not None and lag <= allowed, ((c, method, it, n, s), stamp, lag, allowed)
+        node = next(i.path for i in wf.items() if isinstance(i, ExecutionNode) and (i.component, i.method) == (c, method))
+        assert lag <= proven[(f"{c}.{s}", node)], (method, lag, proven)
+    assert left == sync_left
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(doc=workflows(max_nodes=8, max_depth=2), data=st.data())
 def test_random_workflows_deferred_within_budget_read_no_older_values_on_executions(doc, data) -> None:
@@ -255,22 +278,7 @@ def test_random_workflows_deferred_within_budget_read_no_older_values_on_executi
     assume(not isinstance(plan, Refused))
     event("deferred, with a loop that ends on a condition" if wf.root.dynamic or any(
         getattr(i, "dynamic", False) for i in wf.items()) else "deferred, static loops only")
-    proven = read_lags(plan.workflow)
-    sync_seen, sync_left = _stamps_of(wf, iterations)
-    seen, left = _stamps_of(plan.workflow, iterations)
-    assert set(seen) == set(sync_seen)
-    event("an older read observed" if seen != sync_seen else "no read older")
-    modes = {(n.component, n.method, e.state.split(".", 1)[1]): e.access.value for n in wf.items()
-             if isinstance(n, ExecutionNode) for e in n.effects}
-    for (c, method, it, n, s), stamp in seen.items():
-        if stamp == sync_seen[(c, method, it, n, s)]:
-            continue
-        allowed = budget if (c, s) == (comp, state) and modes[(c, method, s)] == "read" else 0
-        lag = next((lag for lag in range(1, it + 2) if stamp == sync_seen.get((c, method, it - lag, n, s), ("init",))), None)
-        assert lag is not None and lag <= allowed, ((c, method, it, n, s), stamp, lag, allowed)
-        node = next(i.path for i in wf.items() if isinstance(i, ExecutionNode) and (i.component, i.method) == (c, method))
-        assert lag <= proven[(f"{c}.{s}", node)], (method, lag, proven)
-    assert left == sync_left
+    assert_reads_within_budget(wf, plan.workflow, (comp, state), budget, iterations)
 
 
 def test_an_asynchronous_plan_on_ray_reads_the_weights_one_update_older() -> None:
