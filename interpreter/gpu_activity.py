@@ -334,15 +334,25 @@ class ActivitySampler:
                         f"{old.last_return}): switched to NVML utilization rates")
 
     def _run(self) -> None:
-        next_t = time.monotonic()
-        interval = max(self.interval_s, getattr(self._reader, "min_window_s", 0.0))
-        while not self._stop.is_set():
+        self._loop(self._stop.wait)
+
+    def _loop(self, wait: Callable[[float], bool]) -> None:
+        """Poll until ``wait(seconds)`` returns True (stop was asked).
+
+        Each poll starts at least ``interval`` after the previous sample's time, on the sampler's own
+        clock, so no window is shorter than GPM's step even after a late poll. (A fixed-rate schedule
+        catches up after a late poll with a short window, which GPM reads as 0 under full load.) A poll
+        that failed is retried ``interval`` later, never in a tight loop.
+        """
+        interval_ns = int(max(self.interval_s, getattr(self._reader, "min_window_s", 0.0)) * 1e9)
+        while True:
             self.poll_once()
-            next_t += interval
-            delay = next_t - time.monotonic()
-            if delay < 0:  # fell behind (a slow NVML call): resynchronise instead of bursting
-                next_t, delay = time.monotonic(), 0.0
-            self._stop.wait(delay)
+            due = (self._t_prev if self._t_prev is not None else self.clock()) + interval_ns
+            while True:  # (a wait may return early: wait again until due)
+                if wait(max(0, due - self.clock()) / 1e9):
+                    return
+                if self.clock() >= due:
+                    break
 
     # --- queries ---------------------------------------------------------------------------------
     def samples(self, since_ns: int | None = None) -> list[ActivitySample]:
