@@ -278,20 +278,26 @@ class FlowPolicy:
 
     @rollout_weights.setter
     def rollout_weights(self, value: dict[str, torch.Tensor]) -> None:
-        """A restore (a checkpoint, a resume): not a weight sync, so not a new policy version -- the trainer,
-        whose published count a resume also starts afresh, would otherwise see samples from its future
-        (a negative staleness after every `--resume`)."""
+        """The parameters alone, not a weight sync: the version is unchanged."""
         self._load(value)
 
-    def get_state(self, name: str) -> dict[str, torch.Tensor]:
+    def get_state(self, name: str) -> dict[str, Any]:
+        """`rollout_weights`: the parameters and their policy version (the weight loads so far), which the
+        trainer's staleness is measured against -- so a restore puts both back together."""
         if name != "rollout_weights":
             raise KeyError(f"FlowPolicy has no state object {name!r} (it owns 'rollout_weights')")
-        return self.rollout_weights
+        return {"params": self.rollout_weights, "version": self.version}
 
-    def set_state(self, name: str, value: dict[str, torch.Tensor]) -> None:
+    def set_state(self, name: str, value: dict[str, Any]) -> None:
+        """A restore (a checkpoint, a recovery, a trial's snapshot), not a weight sync: the version is the one
+        saved with the weights (a plain parameter dict, an older checkpoint's: 0, as the trainer's published
+        count from one). Without it, a policy restarted alone would stamp version 0 on samples the trainer
+        measures against its own count, and one that survived a restarted trainer the reverse."""
         if name != "rollout_weights":
             raise KeyError(f"FlowPolicy has no state object {name!r} (it owns 'rollout_weights')")
-        self.rollout_weights = value
+        params, version = (value["params"], value["version"]) if set(value) == {"params", "version"} else (value, 0)
+        self.rollout_weights = params
+        self.version = int(version)
 
     def pop_metrics(self) -> dict[str, float]:
         return {"action_std": float(torch.exp(self.model.log_std).mean())}

@@ -428,7 +428,7 @@ class PPOTrainer:
             return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         if name == "optimizer":
             return {"adam": copy.deepcopy(self.opt.state_dict()), "updates": self.updates,
-                    "obs_stats": copy.deepcopy(self.obs_stats)}
+                    "obs_stats": copy.deepcopy(self.obs_stats), "published": self.version}
         raise KeyError(f"{type(self).__name__} has no state object {name!r} (it owns 'weights', 'optimizer')")
 
     def set_state(self, name: str, value: Any) -> None:
@@ -438,6 +438,7 @@ class PPOTrainer:
             self.opt.load_state_dict(copy.deepcopy(value["adam"]))
             self.updates = int(value["updates"])
             self.obs_stats = copy.deepcopy(value["obs_stats"])
+            self.version = int(value.get("published", 0))  # the policy version lags are taken against (0: older)
         else:
             raise KeyError(f"{type(self).__name__} has no state object {name!r} (it owns 'weights', 'optimizer')")
 

@@ -128,14 +128,24 @@ class Generator:
         self.weights_hash = param_hash(w)
 
     def get_state(self, name: str) -> Any:
+        """`weights`: the parameters and their policy version (the weight syncs received), which the
+        learner's staleness is measured against -- so a restore puts both back together."""
         if name != "weights":
             raise KeyError(f"Generator has no state {name!r} (it has: weights)")
-        return clone_weights(self.model)
+        return {"params": clone_weights(self.model), "version": self.version}
 
     def set_state(self, name: str, value: Any) -> None:
+        """A restore (a checkpoint, a recovery, an optimizer trial's snapshot), not a weight sync: the
+        version is the one saved with the weights (a plain parameter dict, an older checkpoint's: 0, as the
+        learner's published count from one). Completions in flight are dropped: they are not part of the value
+        (a checkpoint is taken after a drain, with none in flight), and those of a process that survived a
+        recovery were queued in the timeline the recovery abandoned."""
         if name != "weights":
             raise KeyError(f"Generator has no state {name!r} (it has: weights)")
-        self.weights = value
+        params, version = (value["params"], value["version"]) if set(value) == {"params", "version"} else (value, 0)
+        self.weights = params
+        self.version = int(version)
+        self._flight.discard()
 
     def load_weights(self, w: Mapping[str, torch.Tensor], hash: str) -> None:
         """Refresh the rollout weights from the learner, after checking their sha256 parameter hash.
@@ -293,6 +303,13 @@ class _Flight:
         self.queue: deque[int] = deque()
         self.prefixes: dict[tuple[int, int], list[Any]] = {}  # prompt -> [logits, k, v, samples not admitted]
         self.taken = 0
+
+    def discard(self) -> None:
+        """Forget every completion in flight (a restore); the KV cache and the decode graphs are kept."""
+        self.free, self.active = list(range(self.slots)), set()
+        self.s_token.zero_()
+        self.s_pos.zero_()
+        self._reset()
 
     def rows_in_flight(self) -> bool:
         return self.taken < len(self.prompt_of)

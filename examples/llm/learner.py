@@ -128,14 +128,15 @@ class GRPOLearner:
             sd = self.opt.state_dict()
             return {"state": {i: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
                               for i, s in sd["state"].items()},
-                    "param_groups": [dict(g) for g in sd["param_groups"]]}
+                    "param_groups": [dict(g) for g in sd["param_groups"]], "published": self.version}
         raise KeyError(f"GRPOLearner has no state {name!r} (it has: weights, optimizer)")
 
     def set_state(self, name: str, value: Any) -> None:
         if name == "weights":
             self.model.load_state_dict({k: v.to(self.device) for k, v in value.items()})
-        elif name == "optimizer":
-            self.opt.load_state_dict(value)
+        elif name == "optimizer":  # (and the weights published so far: the policy version lags are taken against)
+            self.opt.load_state_dict({k: v for k, v in value.items() if k != "published"})
+            self.version = int(value.get("published", 0))  # (0: an older checkpoint's, as the generator's then)
         else:
             raise KeyError(f"GRPOLearner has no state {name!r} (it has: weights, optimizer)")
 

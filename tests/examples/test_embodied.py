@@ -189,8 +189,8 @@ def test_policy_state_roundtrip() -> None:
     fresh.set_state("rollout_weights", roundtrip(policy.get_state("rollout_weights")))
     obs = torch.randn(6, 10)
     got, want = fresh.act(obs=obs, it=0, ep=0, t=0), policy.act(obs=obs, it=0, ep=0, t=0)
-    # `version` counts the weight syncs this process received (a restore is none: see the test below)
-    assert torch.equal(got.pop("version"), torch.zeros(6, dtype=torch.long)) and bool((want.pop("version") == 1).all())
+    # `version`, the weight syncs received, comes back with the weights (a restore is none: see below)
+    assert bool((want["version"] == 1).all())
     assert_same(got, want)
 
 
@@ -202,7 +202,7 @@ def small_run_config(**overrides) -> RunConfig:
 
 def test_trainer_starts_from_policy_weights_and_ratio_is_exact() -> None:
     sim, policy, trainer = build(small_run_config())
-    assert_same(trainer.get_state("weights"), policy.get_state("rollout_weights"))
+    assert_same(trainer.get_state("weights"), policy.rollout_weights)
     traj = rollout(sim, policy, it=0, ep=0, steps=6)
     with torch.no_grad():
         logp, value = trainer.model.evaluate(flatten_time(traj["obs"]), flatten_time(traj["x0"]),
@@ -213,7 +213,7 @@ def test_trainer_starts_from_policy_weights_and_ratio_is_exact() -> None:
     metrics = trainer.pop_metrics()
     assert {"loss", "policy_loss", "value_loss", "approx_kl", "clip_frac"} <= set(metrics)
     policy.load_weights(trainer.get_weights()["w"])
-    assert_same(policy.get_state("rollout_weights"), trainer.get_state("weights"))
+    assert_same(policy.rollout_weights, trainer.get_state("weights"))
 
 
 def test_obs_normalizer_changes_only_at_sync_boundaries() -> None:
@@ -335,15 +335,22 @@ def test_ppo_trainer_refuses_a_sample_older_than_max_staleness() -> None:
         strict.update(traj)
 
 
-def test_restoring_the_policy_is_not_a_new_version() -> None:
-    """A resume restores `rollout_weights` (set_state) in a fresh process whose trainer has published
-    nothing yet: counting the restore as a weight load made every sample after `--resume` one version
-    ahead of the trainer (`staleness_hist_-1` in metrics, dropped from staleness.json)."""
+def test_a_restore_brings_back_the_versions_it_saved_and_is_no_new_one() -> None:
+    """A restore (set_state) is not a weight load: counting it as one made every sample after `--resume`
+    one version ahead of the trainer (`staleness_hist_-1`). The policy's and the trainer's counts are saved
+    with their state and come back together, so a process restarted alone (a recovery) counts on from where
+    the other one is, and an older checkpoint (plain parameters, no count) gives 0 on both sides."""
     _, policy, trainer = build(small_run_config())
-    policy.load_weights(trainer.get_weights()["w"])
-    assert policy.version == trainer.version == 1
+    for _ in range(2):
+        policy.load_weights(trainer.get_weights()["w"])
+    assert policy.version == trainer.version == 2
     fresh_policy, fresh_trainer = build(small_run_config())[1:]
     fresh_policy.set_state("rollout_weights", policy.get_state("rollout_weights"))
-    fresh_trainer.set_state("weights", trainer.get_state("weights"))
-    assert fresh_policy.version == fresh_trainer.version == 0
+    for name in ("weights", "optimizer"):
+        fresh_trainer.set_state(name, trainer.get_state(name))
+    assert fresh_policy.version == fresh_trainer.version == 2
     assert_same(fresh_policy.get_state("rollout_weights"), policy.get_state("rollout_weights"))
+    older = {k: v for k, v in trainer.get_state("optimizer").items() if k != "published"}
+    fresh_policy.set_state("rollout_weights", policy.rollout_weights)
+    fresh_trainer.set_state("optimizer", older)
+    assert fresh_policy.version == fresh_trainer.version == 0

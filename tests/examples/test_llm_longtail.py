@@ -164,13 +164,13 @@ def test_submit_then_collect_in_groups_gives_generate_and_guards_the_sync(prompt
     late = gen.collect(pending=_sub(pending, 4, 6), it=3)["rollouts"]
     assert gen._flight.rows_in_flight()
     with pytest.raises(RuntimeError, match="not collected yet"):
-        gen.load_weights(w=gen.get_state("weights"), hash=gen.weights_hash)
+        gen.load_weights(w=gen.weights, hash=gen.weights_hash)
     early = gen.collect(pending=_sub(pending, 0, 4), it=3)["rollouts"]
     _assert_equal(whole, {k: torch.cat([early[k], late[k]]) for k in whole})
     assert not gen._flight.rows_in_flight()
     m = gen.pop_metrics()
     assert m["generated_tokens"] == float(whole["mask"].sum()) and m["mean_active_slots"] <= 6
-    gen.load_weights(w=gen.get_state("weights"), hash=gen.weights_hash)
+    gen.load_weights(w=gen.weights, hash=gen.weights_hash)
     assert gen.version == 1
 
 

@@ -42,7 +42,7 @@ def _sub(record: dict[str, torch.Tensor], lo: int, hi: int) -> dict[str, torch.T
 
 
 def _new_weights(gen: Generator) -> dict[str, torch.Tensor]:
-    w = {k: v.clone() for k, v in gen.get_state("weights").items()}
+    w = {k: v.clone() for k, v in gen.weights.items()}
     for v in w.values():
         if v.is_floating_point():
             v.add_(0.05 * torch.randn(v.shape, generator=torch.Generator().manual_seed(v.numel())))
@@ -210,3 +210,27 @@ def test_a_flight_never_empty_drops_the_rows_it_returned_and_computes_the_same(m
         for key in a:
             assert torch.equal(a[key], b[key]), key
     assert any(bool((r["version"].max(-1).values > r["version"].min(-1).values).any()) for r in compacted[:-1])
+
+
+def test_a_restore_drops_the_completions_in_flight_and_brings_back_their_version(prompts) -> None:
+    """set_state is a restore, not a sync: the version saved with the weights comes back, and completions
+    in flight (queued in a timeline a recovery abandoned, some of their tokens sampled by newer weights) are
+    dropped; collecting the same prompts then gives what a fresh generator with that state gives."""
+    gen = _gen(partial_rollouts=1)
+    saved = gen.get_state("weights")
+    assert saved["version"] == 0
+    pending = gen.submit(prompts=prompts, it=1)["pending"]
+    gen.collect(pending=_sub(pending, 0, 2), it=1)
+    assert bool(((gen._flight.lengths > 0) & ~gen._flight.done).any()), "no completion was unfinished at the sync"
+    w = _new_weights(gen)
+    gen.load_weights(w=w, hash=param_hash(w))
+    assert gen.version == 1 and gen._flight.rows_in_flight()
+    gen.set_state("weights", saved)
+    assert gen.version == 0 and not gen._flight.rows_in_flight()
+    again = gen.collect(pending=prompts, it=1)["rollouts"]
+    fresh = _gen(partial_rollouts=1).collect(pending=prompts, it=1)["rollouts"]
+    assert again.keys() == fresh.keys()
+    for key in again:
+        assert torch.equal(again[key], fresh[key]), key
+    gen.set_state("weights", gen.weights)  # a plain parameter dict (an older checkpoint): version 0
+    assert gen.version == 0

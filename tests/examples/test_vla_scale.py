@@ -77,7 +77,7 @@ def test_published_weights_are_what_an_update_changes_and_refresh_the_whole_poli
     policy = FlowPolicy(SIZES["obs_dim"], SIZES["act_dim"], SIZES["chunk"], N, SIZES["hidden"],
                         SIZES["denoise_steps"], layers=SIZES["layers"], heads=SIZES["heads"])
     policy.load_weights(published)
-    mine = policy.get_state("rollout_weights")
+    mine = policy.rollout_weights
     assert mine.keys() == full.keys() and all(torch.equal(mine[k], full[k]) for k in full)
     with pytest.raises(KeyError, match="does not have"):
         policy.load_weights({**published, "not.a.weight": torch.zeros(1)})
