@@ -314,7 +314,9 @@ def _run(entries: list[Entry], run: Any, opts: _Options, teardown: ExitStack, ct
             order = [i for i in (range(len(entries)) if r % 2 == 0 else reversed(range(len(entries))))
                      if i not in failures]
             got = session.complete([entries[i].workflow for i in order], 1, opts.warmup if r == 0 else 0,
-                                   [entries[i].label for i in order], _in(order, before))
+                                   [entries[i].label for i in order],
+                                   _in(order, before, log, f"  round {r + 1}/{opts.rounds}",
+                                       [entries[i].label for i in order], started))
             for j, why in session.last_failures.items():
                 failures[order[j]] = why
             for j, i in enumerate(order):
@@ -345,9 +347,16 @@ def _round_line(r: int, rounds: int, measured: list[tuple[str, list[IterationRun
     return f"round {r + 1}/{rounds}: " + ", ".join(parts) + (f" ({len(failures)} failed)" if failures else "")
 
 
-def _in(order: list[int], before: Callable[[int], None]) -> Callable[[int], None]:
-    """`before` for one round's call of `complete`, whose plan j is row order[j]."""
-    return lambda j: before(order[j])
+def _in(order: list[int], before: Callable[[int], None], log: Callable[[str], None], head: str, labels: list[str],
+        started: float) -> Callable[[int], None]:
+    """`before` for one round's call of `complete`, whose plan j is row order[j], after a line saying that
+    plan j starts (a row of a long call takes minutes: without it nothing shows between round ends)."""
+
+    def call(j: int) -> None:
+        log(f"{head}: {labels[j]} ({j + 1} of {len(labels)}, {time.perf_counter() - started:.0f} s in)")
+        before(order[j])
+
+    return call
 
 
 def _write_json(opts: _Options, entries: list[Entry], results: list[list[IterationRun]], failures: dict[int, str],

@@ -48,6 +48,10 @@ def test_compare_measures_every_plan_and_trains_like_the_declared_workflow(tmp_p
     assert "vs declared" in r.stdout and "split2" in r.stdout and "time2" in r.stdout
     # a progress line per round, in the order the round ran (A B C, then C B A): a long call shows where it is
     assert "round 1/3: declared" in r.stdout and "round 2/3: time2" in r.stdout, r.stdout
+    # and a line as each row starts (a row of a GPU call takes minutes), in the round's order
+    starts = [line.split(":", 1)[1].split("(")[0].strip() for line in r.stdout.splitlines()
+              if line.startswith("  round 2/3:")]
+    assert starts == ["time2", "split2", "declared"], r.stdout
     # the plans were written with SETS and the declared workflow runs with them: nothing differs to note
     # (it used to say "the plan ... was written with iterations=40 (its source says ...)")
     assert "was written with" not in r.stderr, r.stderr
