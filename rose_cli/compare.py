@@ -31,6 +31,7 @@ exit code 3 after everything else was measured and written.
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import time
@@ -316,7 +317,7 @@ def _run(entries: list[Entry], run: Any, opts: _Options, teardown: ExitStack, ct
             got = session.complete([entries[i].workflow for i in order], 1, opts.warmup if r == 0 else 0,
                                    [entries[i].label for i in order],
                                    _in(order, before, log, f"  round {r + 1}/{opts.rounds}",
-                                       [entries[i].label for i in order], started))
+                                       [entries[i].label for i in order], started, opts.warmup if r == 0 else 0))
             for j, why in session.last_failures.items():
                 failures[order[j]] = why
             for j, i in enumerate(order):
@@ -348,12 +349,15 @@ def _round_line(r: int, rounds: int, measured: list[tuple[str, list[IterationRun
 
 
 def _in(order: list[int], before: Callable[[int], None], log: Callable[[str], None], head: str, labels: list[str],
-        started: float) -> Callable[[int], None]:
+        started: float, warmup: int) -> Callable[[int], None]:
     """`before` for one round's call of `complete`, whose plan j is row order[j], after a line saying that
-    plan j starts (a row of a long call takes minutes: without it nothing shows between round ends)."""
+    plan j starts (a row of a long call takes minutes: without it nothing shows between round ends). With a
+    warm-up, `complete` calls it for the first plan's warm-up iterations first."""
+    calls = itertools.count()
 
     def call(j: int) -> None:
-        log(f"{head}: {labels[j]} ({j + 1} of {len(labels)}, {time.perf_counter() - started:.0f} s in)")
+        what = "warm-up" if warmup and next(calls) == 0 else f"{j + 1} of {len(labels)}"
+        log(f"{head}: {labels[j]} ({what}, {time.perf_counter() - started:.0f} s in)")
         before(order[j])
 
     return call

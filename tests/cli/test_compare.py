@@ -52,6 +52,7 @@ def test_compare_measures_every_plan_and_trains_like_the_declared_workflow(tmp_p
     starts = [line.split(":", 1)[1].split("(")[0].strip() for line in r.stdout.splitlines()
               if line.startswith("  round 2/3:")]
     assert starts == ["time2", "split2", "declared"], r.stdout
+    assert "round 1/3: declared (warm-up" in r.stdout and "round 1/3: declared (1 of 3" in r.stdout, r.stdout
     # the plans were written with SETS and the declared workflow runs with them: nothing differs to note
     # (it used to say "the plan ... was written with iterations=40 (its source says ...)")
     assert "was written with" not in r.stderr, r.stderr
