@@ -21,7 +21,10 @@
 # on the CPU). Should it ever be refused, the script says why and falls back to DEFER alone.
 #
 # MODE=compare: per round declared 2 iterations, best_sync 2, best_async 1 + a window of 5, plus 1 warm-up;
-# ~9.7 + 7.85 s an iteration: ROUNDS=2 ~ 160 s of iterations + ~60 s start-up (LIMIT 540).
+# ~9.7 + 7.85 s an iteration: ROUNDS=2 ~ 160 s of iterations + ~60 s start-up (LIMIT 540). COMPARE_PLANS
+# (default best_sync,best_async) picks the rows beside declared; best_async_low is best_async with LOW's
+# components (default: trainer) at a below-normal MPS client priority (benchmarks/plan_mps.py; GPU only):
+# stage 2's case as one row -- the update has slack beside the rollout it shares the SMs with.
 # MODE=curves: benchmarks/async_plans.py --rounds 0 --wall-s WALL_S (see benchmarks/async_longtail_gpu.sh):
 # each plan in CURVE_PLANS (default declared,best_async) trains from scratch and stops after the first
 # iteration that ends past WALL_S s of its own wall clock; async_plans.json is rewritten after every
@@ -47,6 +50,8 @@ DEFER=${DEFER:-"defer sync 1"}
 CURVE_ITERATIONS=${CURVE_ITERATIONS:-60}   # a cap: WALL_S ends the curve runs
 WALL_S=${WALL_S:-100}
 CURVE_PLANS=${CURVE_PLANS:-declared,best_async}
+COMPARE_PLANS=${COMPARE_PLANS:-best_sync,best_async}
+LOW=${LOW:-trainer}
 REWARD=${REWARD:-sim/episode_return}
 SETS=(${SETS:-})   # extra --set NAME=VALUE pairs for the workflow
 # what the MJX simulator's process needs allowed (its import path, JAX's cache): paper_workloads.py's trust
@@ -82,6 +87,10 @@ fi
 # the lag each read has in the asynchronous plan, as the analysis proves it (and the trust the runs need)
 python3 -m rose_cli validate "$OUT/best_async.yaml" --explain "${TRUST[@]}" > "$OUT/best_async_explain.txt" || exit 1
 grep "max_staleness" "$OUT/best_async_explain.txt" || { echo "best_async.yaml has no read within a budget" >&2; exit 1; }
+if [ "$DEVICE" = cuda ]; then  # (MPS priorities bind GPU processes only)
+  low=(); IFS=',' read -ra lows <<< "$LOW"; for c in "${lows[@]}"; do low+=(--priority "$c=1"); done
+  python3 benchmarks/plan_mps.py "$OUT/best_async.yaml" -o "$OUT/best_async_low.yaml" "${low[@]}" || exit 1
+fi
 
 warm_sim() {  # compile the simulator's step program once, into JAX's cache, at the workflow's shapes
   [ "${WARM:-1}" = 1 ] || return 0
@@ -113,9 +122,17 @@ pack_runs() { [ -d "$1" ] && tar -czf "$OUT/$(basename "$1").tgz" -C "$(dirname 
 case "$MODE" in
   check) echo "rewrites and validation ok: $OUT/best_sync.yaml $OUT/best_async.yaml" ;;
   compare)
-    need=$((1 + ROUNDS * 10))
+    per_round=2; plan_args=(); IFS=',' read -ra cps <<< "$COMPARE_PLANS"
+    for p in "${cps[@]}"; do
+      case "$p" in best_sync) per_round=$((per_round + 2)) ;;
+        best_async|best_async_low) per_round=$((per_round + 6)) ;;
+        *) echo "COMPARE_PLANS takes best_sync, best_async, best_async_low; not $p" >&2; exit 2 ;; esac
+      [ -f "$OUT/$p.yaml" ] || { echo "$p.yaml was not written (best_async_low: on the GPU only)" >&2; exit 2; }
+      plan_args+=(--plan "$p=$OUT/$p.yaml")
+    done
+    need=$((1 + ROUNDS * per_round))
     timeout "$LIMIT" python3 -m rose_cli compare "$W" "${SETS[@]}" --set iterations=$need --backend ray "${TRUST[@]}" \
-      --plan best_sync="$OUT/best_sync.yaml" --plan best_async="$OUT/best_async.yaml" --rounds "$ROUNDS" \
+      "${plan_args[@]}" --rounds "$ROUNDS" \
       --json "$OUT/async_compare.json" --runs /tmp/async_runs --overwrite 2>&1 | tee "$OUT/log_async_compare.txt"
     rc=$?; pack_runs /tmp/async_runs; exit $rc ;;
   curves)
