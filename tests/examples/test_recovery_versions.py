@@ -122,3 +122,31 @@ def test_a_ppo_run_whose_policy_process_dies_computes_what_an_uninterrupted_one_
         keys = sorted(k for k in want if k.startswith(("trainer/", "sim/")) and not k.endswith("_s"))
         assert keys and [got.get(k) for k in keys] == [want[k] for k in keys], f"iteration {i}"
     assert all(m["trainer/staleness_max"] == 0 for m in got_metrics)
+
+
+def test_a_resumed_ppo_run_counts_policy_versions_on_from_the_checkpoint(tmp_path) -> None:
+    """`--resume` starts fresh processes from a checkpoint: the policy version (weights published, weight
+    loads received) comes back with the state, so the resumed iterations' metrics -- `policy_version`
+    included -- are the uninterrupted run's (it used to start again at 0 on both sides)."""
+    from interpreter.backends import LocalBackend
+
+    wf = load_workflow(ROOT / "workflows" / "embodied_ppo.yaml",
+                       {"iterations": 4, "num_envs": 8, "steps": 5, "epochs": 2, "hidden": 32})
+
+    def run(iterations: int, out: Path, resume: bool) -> list[dict[str, float]]:
+        sch = Schedule(wf)
+        be = LocalBackend(wf, ("examples.",), sch.program.loops_of)
+        try:
+            config = RunConfig(iterations=iterations, out_dir=out, checkpoint_every=1, resume=resume, tensorboard=False)
+            return [r.metrics for r in Runner(wf, be, config, sch).run()]
+        finally:
+            be.shutdown()
+
+    straight = run(4, tmp_path / "straight", False)
+    run(2, tmp_path / "resumed", False)
+    resumed = run(4, tmp_path / "resumed", True)
+    assert len(resumed) == 2
+    for want, got in zip(straight[2:], resumed, strict=True):
+        keys = sorted(k for k in want if k.startswith(("trainer/", "sim/")) and not k.endswith("_s"))
+        assert [got.get(k) for k in keys] == [want[k] for k in keys]
+    assert [m["trainer/policy_version"] for m in resumed] == [3.0, 4.0]
