@@ -178,23 +178,9 @@ def _explain(err: ValidationError, doc: Document, validator: Draft202012Validato
             out.extend(_explain(sub_err, doc, validator, path))
         return out
     if kind == "oneOf" and isinstance(err.schema, dict):
-        branches = err.schema.get("oneOf", [])
-        same_type = [b for b in branches if isinstance(b, dict) and "type" in b
-                     and any(validator.is_type(inst, t) for t in (b["type"] if isinstance(b["type"], list) else [b["type"]]))]
-        if same_type:  # the value has a type a branch takes, and breaks that branch's bounds: say which
-            out = _bounds(same_type[0], inst, doc, path, where)
-            if out:
-                return out
-            if isinstance(inst, dict | list):  # a mapping or list that breaks its own branch: say where inside
-                # (`batch: {dim: 0, size: 0}` was "expected a mapping; found a mapping" at `batch`)
-                sub_errors = list(validator.evolve(schema=same_type[0]).iter_errors(inst))
-                out = [d for sub_err in sub_errors for d in _explain(sub_err, doc, validator, path)]
-                if out:
-                    return out
-        wanted = [b.get("type") for b in branches if isinstance(b, dict) and "type" in b]
-        if wanted:
-            words = " or ".join(_TYPE_WORDS.get(w, str(w)) for w in wanted if isinstance(w, str))
-            return [Diagnostic(doc.pos(path), where, f"expected {words}; found {describe_value(inst)}")]
+        out = _branches(err.schema.get("oneOf", []), inst, doc, validator, path, where)
+        if out:
+            return out
     if kind == "additionalProperties" and isinstance(inst, dict):
         present = [k for k in _ITEM_KINDS if k in inst]
         if len(present) > 1 and any(k in inst for k in ("call", "body", "from")):  # an item of two kinds: the cause
@@ -239,10 +225,37 @@ def _explain(err: ValidationError, doc: Document, validator: Draft202012Validato
         if any(did_you_mean(str(k), ["count", "until"]) for k in inst if k not in ("count", "until")):
             return []  # a misspelled `count:`: the unknown-key message (with its did-you-mean) is the cause
         return [Diagnostic(doc.pos(path), where, "a loop needs 'count:' (a static count) or 'until:' (a dynamic end)")]
+    if kind == "anyOf" and isinstance(err.schema, dict):  # (`max_staleness: -1` was "not valid under any of ...")
+        out = _branches(err.schema.get("anyOf", []), inst, doc, validator, path, where)
+        if out:
+            return out
     if kind in ("minimum", "exclusiveMinimum", "maximum", "minItems", "maxItems", "minProperties",
                 "uniqueItems", "minLength"):
         return [Diagnostic(doc.pos(path), where, err.message.replace("is less than", "is below"))]
     return [Diagnostic(doc.pos(path), where, err.message)]
+
+
+def _branches(branches: list[Any], inst: Any, doc: Document, validator: Draft202012Validator, path: tuple,
+              where: str) -> list[Diagnostic]:
+    """Why `inst` matches none of a `oneOf`/`anyOf`'s branches: the bounds or the inner fault of the branch
+    whose type it has, else the types the branches take; [] when nothing more precise can be said."""
+    same_type = [b for b in branches if isinstance(b, dict) and "type" in b
+                 and any(validator.is_type(inst, t) for t in (b["type"] if isinstance(b["type"], list) else [b["type"]]))]
+    if same_type:  # the value has a type a branch takes, and breaks that branch's bounds: say which
+        out = _bounds(same_type[0], inst, doc, path, where)
+        if out:
+            return out
+        # a value that breaks its own branch otherwise: say how (a mapping or list: where inside; `batch: {dim:
+        # 0, size: 0}` was "expected a mapping; found a mapping" at `batch`)
+        sub_errors = list(validator.evolve(schema=same_type[0]).iter_errors(inst))
+        out = [d for sub_err in sub_errors for d in _explain(sub_err, doc, validator, path)]
+        if out:
+            return out
+    wanted = [b.get("type") for b in branches if isinstance(b, dict) and "type" in b]
+    if wanted:
+        words = " or ".join(_TYPE_WORDS.get(w, str(w)) for w in wanted if isinstance(w, str))
+        return [Diagnostic(doc.pos(path), where, f"expected {words}; found {describe_value(inst)}")]
+    return []
 
 
 def _bounds(branch: dict[str, Any], inst: Any, doc: Document, path: tuple, where: str) -> list[Diagnostic]:

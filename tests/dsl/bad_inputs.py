@@ -36,6 +36,12 @@ CASES: list[tuple[str, str, str]] = [
     # "expected a mapping; found a mapping" at the parent)
     ("batch_size_zero", mini("    - {node: p, call: a.f, out: [y], batch: {dim: 0, size: 0}}\n"),
      "wf.yaml:9:60: iteration.body[0].batch.size: must be at least 1; found 0"),
+    # an `anyOf` (an integer or a ${params} expression): the branch the value's type takes says what is wrong
+    # (it was jsonschema's "-1 is not valid under any of the given schemas")
+    ("budget_negative", MINI.replace("state: [s]", "state: {s: {max_staleness: -1}}"),
+     "wf.yaml:5:56: components.a.state.s.max_staleness: must be at least 0; found -1"),
+    ("budget_empty", MINI.replace("state: [s]", 'state: {s: {max_staleness: ""}}'),
+     "wf.yaml:5:57: components.a.state.s.max_staleness: '' should be non-empty"),
     # a bad key of a mapping of names: at the key, saying what a name is (it was at the mapping's first key)
     ("component_name_space", MINI.replace("  a: {impl", '  "a b": {impl'),
      "wf.yaml:5:3: components.a b: 'a b' is not a valid name (letters, digits and '_', not starting with a digit)"),
