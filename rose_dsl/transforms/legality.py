@@ -38,6 +38,7 @@ from .rewritten import Locate, Refused
 from .seeds import seed_invocations, through_seeds
 
 __all__ = ["check_well_formed", "check_order_preserved", "on_component", "describe_invocation", "dependency_pos",
+           "over_budget",
            "values_of", "staleness_budgets"]
 
 
@@ -152,7 +153,7 @@ def check_order_preserved(orig: Workflow, new: Workflow, locate: Locate, what: s
         raise Refused(f"{what} would break the state dependency {_writers(seen0[reader, state], items, 'initial value')} -> "
                       f"{describe_invocation(reader, items)} ('{state}': {_access(node, state)}): "
                       f"{describe_invocation(reader, items)} would see {values_of(got, {i.path: i for i in new.items()})} instead"
-                      + (_over_budget(state, lag + spent.get((state, reader.path), 0) if lag is not None else None,
+                      + (over_budget(state, lag + spent.get((state, reader.path), 0) if lag is not None else None,
                                       budgets.get(state, 0), _access(node, state)) if n > 2 or budgets else ""),
                       at=node.field_pos.get("state") or node.pos)
     # what an RL iteration leaves is what a checkpoint after it saves; a plan that runs calls ahead runs none
@@ -169,7 +170,7 @@ def check_order_preserved(orig: Workflow, new: Workflow, locate: Locate, what: s
             writer = next((items[w.path] for w in sorted((w for w in writers if w is not None), key=str)), None)  # where to point
             raise Refused(f"{what} would change which value of '{state}' RL iteration {k} leaves for the next one and "
                           f"checkpoints: {values_of(got, {i.path: i for i in new.items()})} instead of {values_of(writers, items)}"
-                          + (_over_budget(state, lag, budgets.get(state, 0), "read") if n > 2 or budgets else ""),
+                          + (over_budget(state, lag, budgets.get(state, 0), "read") if n > 2 or budgets else ""),
                           at=None if writer is None else writer.field_pos.get("state") or writer.pos)
 
 
@@ -178,7 +179,8 @@ def staleness_budgets(wf: Workflow) -> dict[str, int]:
     return {s.key: s.max_staleness for s in wf.state_objects().values() if s.max_staleness}
 
 
-def _over_budget(state: str, lag: int | None, budget: int, access: str) -> str:
+def over_budget(state: str, lag: int | None, budget: int, access: str) -> str:
+    """What a refusal adds when the value seen is an older one: how old, and what the budget allows."""
     if lag is None:
         return ""
     if access != "read":

@@ -53,7 +53,7 @@ from ..ir import Access, Component, ExecutionNode, Item, LoopNode, MergeNode, Wo
 from ..loader import load_text
 from ..resolve import CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver, binding_table
 from ..semantics import Invocation, SemanticError, interleaved_run
-from .legality import describe_invocation, on_component, staleness_budgets, values_of
+from .legality import describe_invocation, on_component, over_budget, staleness_budgets, values_of
 from .refs import RefUse, batch_dim, binding_target, map_field, rename_ref
 from .seeds import SEED_GET, SEED_PORT, SEED_SET, is_seed, through_seeds
 from .tree import source_paths
@@ -393,11 +393,13 @@ class _Checker:
             if source(writers) != want:
                 node = g1.node[q]
                 lag = read_lag(source(writers), lambda lag, s=s, o=original: then(s, o, lag), s.indices[0] + 1)  # type: ignore[misc]
-                if lag is not None and lag <= budgets.get(original, 0) and \
-                        all(e.access is Access.READ for e in node.effects if e.state == state):
+                access = next((e.access.value for e in node.effects if e.state == state and e.access is not Access.READ),
+                              "read")
+                if lag is not None and lag <= budgets.get(original, 0) and access == "read":
                     continue  # an asynchronous plan's read: an older value, within the budget
                 self.differ(node, f"{describe_invocation(q, self.plan_items)} would see {values_of(writers, self.plan_items)} "
-                                  f"of '{state}', where the source's call sees {values_of(want, self.src_items)}")
+                                  f"of '{state}', where the source's call sees {values_of(want, self.src_items)}"
+                                  + over_budget(original, lag, budgets.get(original, 0), access))
                 return
         # a plan that runs calls ahead runs none ahead across a checkpoint: only the last iteration's end is one
         last = max((k for k, _ in left0), default=0) if any(n.plan.ahead for n in self.plan.root.body

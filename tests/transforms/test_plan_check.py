@@ -66,6 +66,22 @@ def test_hand_edits_that_change_the_computation_are_refused(ppo, edit, expected)
     assert any(expected in m for m in messages), messages
 
 
+def test_a_hand_deferral_past_the_budget_says_how_old_the_read_would_be(ppo) -> None:
+    """A plan written with `defer sync 1` under budget 1, its deferral raised by hand to 2: refused, saying
+    the read would be 2 RL iterations old where the state object allows 1 (as `rose rewrite` says it)."""
+    from tests.examples.test_async_learns import with_budget
+
+    wf = with_budget(ppo, "policy", "rollout_weights", 1)
+    plan = _plan(wf, "defer sync 1")
+    assert plan_differences(wf, plan) == []
+    text = to_yaml(plan, plan={"source": str(PPO)})
+    text, n = re.subn(r"defer: 1", "defer: 2", text)
+    assert n == 1
+    messages = [d.message for d in plan_differences(wf, load_workflow_text(text, "plan.yaml"))]
+    assert any("(a value 2 RL iterations old: 'policy.rollout_weights' allows max_staleness 1)" in m
+               for m in messages), messages
+
+
 def test_a_hand_reordering_that_breaks_a_state_dependency_is_refused(ppo) -> None:
     """publish moved (by hand) before the update loop: it would publish the old weights."""
     plan = _edited(_plan(ppo, "split step 2"), (r"(  - loop: update\n(?:    .*\n)+)(  - node: publish\n(?:    .*\n)+)", r"\2\1"))
