@@ -128,7 +128,7 @@ class DenoiseGraphs:
 
 
 class FlowPolicy:
-    """Rollout copy of the policy. State object: `rollout_weights` (the parameters).
+    """Rollout copy of the policy. State object: `rollout_weights` (the parameters and their policy version).
 
     Extra keyword arguments (`layers`, `heads`, `expert_layers`, `obs_tokens`, `num_instructions`,
     `image_size`, `patch`, `init_log_std`, `noise_std`, ...) go to `FlowNetConfig`; the trainer must

@@ -58,7 +58,7 @@ class WeightSyncError(RuntimeError):
 
 
 class Generator:
-    """The rollout policy. State `weights` (the parameters; refreshed by `load_weights`)."""
+    """The rollout policy. State `weights`: the parameters (refreshed by `load_weights`) and their policy version."""
 
     def __init__(
         self,
