@@ -47,3 +47,13 @@ def _machine_share(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="module")
+def ray_session() -> Iterator[object]:
+    """One Ray cluster for a test module's in-process Ray runs (the backends' actors take no CPU resource,
+    so the count only has to be positive); skips where Ray is not installed."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
+    yield ray
+    ray.shutdown()

@@ -9,70 +9,30 @@ from pathlib import Path
 from typing import Any
 
 from examples.embodied.policy import FlowPolicy
-from examples.embodied.ppo import PPOTrainer
 from examples.llm.generator import Generator
 from examples.llm.learner import GRPOLearner
 
 
-class _DiesOnce:
-    marker: str
-    at_call: int
-    calls: int
+def dies_once(name: str, base: type, method: str) -> type:
+    """`base` with two more constructor arguments, `marker` and `at_call`: its `at_call`-th call of `method`
+    kills the process, unless `marker` exists (it is written first, so the restarted process lives)."""
 
-    def _count(self) -> None:
+    def __init__(self: Any, marker: str, at_call: int, **kwargs: Any) -> None:
+        base.__init__(self, **kwargs)
+        self.marker, self.at_call, self.calls = marker, int(at_call), 0
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         self.calls += 1
         if self.calls == self.at_call and not Path(self.marker).exists():
             Path(self.marker).write_text("died")
             os.kill(os.getpid(), signal.SIGKILL)
+        return getattr(base, method)(self, *args, **kwargs)
+
+    # (named as the module attribute it is bound to: imported and pickled by that name)
+    return type(name, (base,), {"__init__": __init__, method: call, "__module__": __name__, "__qualname__": name})
 
 
-def _arm(obj: _DiesOnce, marker: str, at_call: int) -> None:
-    obj.marker, obj.at_call, obj.calls = marker, int(at_call), 0
+GeneratorDiesOnce = dies_once("GeneratorDiesOnce", Generator, "collect")
+LearnerDiesOnce = dies_once("LearnerDiesOnce", GRPOLearner, "update")
+PolicyDiesOnce = dies_once("PolicyDiesOnce", FlowPolicy, "act")
 
-
-class GeneratorDiesOnce(Generator, _DiesOnce):
-    """Dies at its `at_call`-th `collect`."""
-
-    def __init__(self, marker: str, at_call: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        _arm(self, marker, at_call)
-
-    def collect(self, *args: Any, **kwargs: Any) -> Any:
-        self._count()
-        return super().collect(*args, **kwargs)
-
-
-class LearnerDiesOnce(GRPOLearner, _DiesOnce):
-    """Dies at its `at_call`-th `update`."""
-
-    def __init__(self, marker: str, at_call: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        _arm(self, marker, at_call)
-
-    def update(self, *args: Any, **kwargs: Any) -> Any:
-        self._count()
-        return super().update(*args, **kwargs)
-
-
-class PolicyDiesOnce(FlowPolicy, _DiesOnce):
-    """Dies at its `at_call`-th `act`."""
-
-    def __init__(self, marker: str, at_call: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        _arm(self, marker, at_call)
-
-    def act(self, *args: Any, **kwargs: Any) -> Any:
-        self._count()
-        return super().act(*args, **kwargs)
-
-
-class TrainerDiesOnce(PPOTrainer, _DiesOnce):
-    """Dies at its `at_call`-th `update`."""
-
-    def __init__(self, marker: str, at_call: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        _arm(self, marker, at_call)
-
-    def update(self, *args: Any, **kwargs: Any) -> Any:
-        self._count()
-        return super().update(*args, **kwargs)

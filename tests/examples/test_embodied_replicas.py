@@ -78,14 +78,6 @@ def test_temporal_copies_report_the_declared_metrics(epochs: int, requests: tupl
         assert s == {k: pytest.approx(v, rel=1e-12) for k, v in d.items()}
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
-    yield ray
-    ray.shutdown()
-
-
 def _run(replicas: int, num_envs: int, trainer_replicas: int | None = None
          ) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, float]]]:
     wf = load_workflow(ROOT / "workflows" / "embodied_ppo.yaml",

@@ -53,14 +53,6 @@ def _same(a: object, b: object, where: str) -> None:
         assert a == b, where
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=6, include_dashboard=False, logging_level="ERROR")
-    yield ray
-    ray.shutdown()
-
-
 def _grpo_ahead() -> Workflow:
     """The long-tail GRPO workflow, small, budget 1, with the next iteration's prompts submitted ahead
     (partial rollouts: completions in flight at every sync but the checkpoints')."""

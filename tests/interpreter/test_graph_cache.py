@@ -39,13 +39,6 @@ iteration:
 """, f"{method}.yaml")
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
-    yield ray
-    ray.shutdown()
-
-
 def _run(sequence: list[int], ray_backend: bool, on_ray=None) -> torch.Tensor:
     """Run plan `sequence[k]` at iteration k on one set of workers; b's state `w` afterwards."""
     plans = [_plan(m) for m in METHODS]

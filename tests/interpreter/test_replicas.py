@@ -34,14 +34,6 @@ iteration:
 """
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
-    yield ray
-    ray.shutdown()
-
-
 def _weights(replicas: int, n: int, compiled: bool = False) -> list[torch.Tensor]:
     wf = load_workflow_text(DP.replace("__R__", str(replicas)).replace("__N__", str(n)), "dp.yaml")
     sch = Schedule(wf)

@@ -56,14 +56,6 @@ def _assert_same(a, b):
             assert torch.equal(a[comp][name], b[comp][name]), (comp, name)
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
-    yield ray
-    ray.shutdown()
-
-
 def test_local_backend_matches_reference() -> None:
     wf = _ppo()
     states, _ = _run(wf, LocalBackend)

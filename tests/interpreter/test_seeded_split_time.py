@@ -89,14 +89,6 @@ def test_seeded_plan_computes_what_the_declared_workflow_computes_local() -> Non
     assert not _same(want, _run(_unseeded(plan), LocalBackend))  # the seeds are what makes it equal
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
-    yield ray
-    ray.shutdown()
-
-
 @pytest.mark.parametrize("compiled", [False, True], ids=["per-call", "compiled-graph"])
 def test_seeded_plan_computes_what_the_declared_workflow_computes_ray(ray_session, compiled: bool) -> None:
     declared = _declared()

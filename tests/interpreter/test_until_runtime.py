@@ -48,14 +48,6 @@ def _same(got: list[dict[str, float]], want: list[dict[str, float]]) -> None:
             assert g[k] == pytest.approx(v, rel=1e-12, abs=1e-12), (k, g[k], v)
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
-    yield ray
-    ray.shutdown()
-
-
 CASES = {
     "decode": (DECODE, lambda: reference_decode(3, rows=6, max_new=12)),
     "episodes": (EPISODES, lambda: reference_episodes(3, num_envs=6, max_steps=15)),
