@@ -314,10 +314,9 @@ def _run(entries: list[Entry], run: Any, opts: _Options, teardown: ExitStack, ct
         for r in range(opts.rounds):
             order = [i for i in (range(len(entries)) if r % 2 == 0 else reversed(range(len(entries))))
                      if i not in failures]
-            got = session.complete([entries[i].workflow for i in order], 1, opts.warmup if r == 0 else 0,
-                                   [entries[i].label for i in order],
-                                   _in(order, before, log, f"  round {r + 1}/{opts.rounds}",
-                                       [entries[i].label for i in order], started, opts.warmup if r == 0 else 0))
+            labels, warmup = [entries[i].label for i in order], opts.warmup if r == 0 else 0
+            got = session.complete([entries[i].workflow for i in order], 1, warmup, labels,
+                                   _in(order, before, log, f"  round {r + 1}/{opts.rounds}", labels, started, warmup))
             for j, why in session.last_failures.items():
                 failures[order[j]] = why
             for j, i in enumerate(order):

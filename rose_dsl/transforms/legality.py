@@ -38,8 +38,7 @@ from .rewritten import Locate, Refused
 from .seeds import seed_invocations, through_seeds
 
 __all__ = ["check_well_formed", "check_order_preserved", "on_component", "describe_invocation", "dependency_pos",
-           "over_budget",
-           "values_of", "staleness_budgets"]
+           "over_budget", "values_of", "staleness_budgets"]
 
 
 def describe_invocation(inv: Invocation, items: Mapping[tuple[str, ...], Item]) -> str:
@@ -154,7 +153,7 @@ def check_order_preserved(orig: Workflow, new: Workflow, locate: Locate, what: s
                       f"{describe_invocation(reader, items)} ('{state}': {_access(node, state)}): "
                       f"{describe_invocation(reader, items)} would see {values_of(got, {i.path: i for i in new.items()})} instead"
                       + (over_budget(state, lag + spent.get((state, reader.path), 0) if lag is not None else None,
-                                      budgets.get(state, 0), _access(node, state)) if n > 2 or budgets else ""),
+                                     budgets.get(state, 0), _access(node, state)) if n > 2 or budgets else ""),
                       at=node.field_pos.get("state") or node.pos)
     # what an RL iteration leaves is what a checkpoint after it saves; a plan that runs calls ahead runs none
     # ahead across a checkpoint (or a stop, or the end), so only the last iteration's end is one it can have
