@@ -29,7 +29,7 @@ from ..semantics import Invocation
 from .rewritten import Refused, Rewritten, identity_locate
 from .tree import find, replace_body
 
-__all__ = ["build_ahead", "budgeted_readers"]
+__all__ = ["build_ahead", "budgeted_readers", "ahead_without_producers"]
 
 Path = tuple[str, ...]
 
@@ -72,6 +72,27 @@ def _with_producers(wf: Workflow, path: Path) -> set[Path]:
             if owner is not None and owner not in out:
                 out.add(owner)
                 todo += [inv for inv in g.order if inv.path[: len(owner)] == owner]
+    return out
+
+
+def ahead_without_producers(wf: Workflow) -> list[tuple[ExecutionNode, str]]:
+    """(node, producer name) for each node run ahead that reads, in its own RL iteration, a node that is not
+    run ahead: a plan `build_ahead` could not have written (a hand edit), since a call of iteration i+1 at
+    its place in iteration i has no value of i+1 to read. Producers are those of the plan with every node
+    back in place (what they read does not depend on where calls run)."""
+    ahead = [i for i in wf.root.body if isinstance(i, ExecutionNode) and i.plan.ahead]
+    if not ahead:
+        return []
+    in_place = [replace(i, plan=replace(i.plan, ahead=0, defer=0)) if isinstance(i, ExecutionNode) else i
+                for i in wf.root.body]
+    flat = replace_body(wf, wf.root.path, in_place)
+    items = {i.path: i for i in wf.root.body}
+    out = []
+    for node in ahead:
+        for p in sorted(_with_producers(flat, node.path) - {node.path}):
+            item = items.get(p)
+            if not (isinstance(item, ExecutionNode) and item.plan.ahead):
+                out.append((node, p[-1]))
     return out
 
 

@@ -53,6 +53,7 @@ from ..ir import Access, Component, ExecutionNode, Item, LoopNode, MergeNode, Wo
 from ..loader import load_text
 from ..resolve import CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver, binding_table
 from ..semantics import Invocation, SemanticError, interleaved_run
+from .ahead import ahead_without_producers
 from .legality import describe_invocation, on_component, over_budget, staleness_budgets, values_of
 from .refs import RefUse, batch_dim, binding_target, map_field, rename_ref
 from .seeds import SEED_GET, SEED_PORT, SEED_SET, is_seed, through_seeds
@@ -116,6 +117,8 @@ class _Checker:
 
     def run(self) -> list[PlanDifference]:
         self.items()
+        if not self.out:
+            self.ahead()
         if self.out:
             return self.out  # the calls do not correspond: comparing dependencies would only repeat it
         n = 1 + iterations_in_flight(self.plan)  # a deferred call of iteration k runs in k+defer: show it
@@ -138,6 +141,14 @@ class _Checker:
         if not self.out:
             self.rows()
         return self.out
+
+    def ahead(self) -> None:
+        """A node run ahead reads only nodes run ahead in its own RL iteration (`ahead.py`): otherwise its
+        call of iteration i+1 would read a value iteration i+1 has not produced where it runs."""
+        for node, producer in ahead_without_producers(self.plan):
+            self.differ(node, f"'{node.name}' runs ahead (`ahead: 1`) but reads '{producer}' of its own RL iteration, "
+                              f"which does not: a node runs ahead only with the nodes it reads from (`rose rewrite "
+                              f"SOURCE --do \"ahead {node.name}\"` marks them all)", "ahead")
 
     # -- loops that end on a condition, taking turns --------------------------------------------------
     def turns_of_dynamic_loops(self) -> None:

@@ -82,6 +82,18 @@ def test_a_hand_deferral_past_the_budget_says_how_old_the_read_would_be(ppo) -> 
                for m in messages), messages
 
 
+def test_a_node_run_ahead_by_hand_without_its_producer_names_the_rule(ppo) -> None:
+    """`ahead: 1` written by hand on sync, not on publish whose weights it loads: refused at the field,
+    naming the producer and the request that marks both (it was a program-order error about iteration
+    numbers). A plan that rose writes runs its producers ahead with it (test_ahead_plans.py)."""
+    plan = _edited(_plan(ppo, "split step 2"), (r"(  - node: sync\n(?:    .*\n)+)", r"\1    ahead: 1\n"))
+    differences = plan_differences(ppo, plan)
+    assert [(d.path, d.pos.line > 0) for d in differences] == [("sync.ahead", True)], differences
+    assert ("'sync' runs ahead (`ahead: 1`) but reads 'publish' of its own RL iteration, which does not"
+            in differences[0].message), differences[0].message
+    assert '--do "ahead sync"' in differences[0].message
+
+
 def test_a_hand_reordering_that_breaks_a_state_dependency_is_refused(ppo) -> None:
     """publish moved (by hand) before the update loop: it would publish the old weights."""
     plan = _edited(_plan(ppo, "split step 2"), (r"(  - loop: update\n(?:    .*\n)+)(  - node: publish\n(?:    .*\n)+)", r"\2\1"))
