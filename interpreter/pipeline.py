@@ -95,9 +95,10 @@ def run_pipelined(runner: Runner, k: int, stop: Callable[[], Any] | None, end: i
                 stopping = True
                 break
             asked = asked or (stop is not None and stop())
-            if asked and runner.schedule.ran_ahead != k - 1:  # (else k's calls run ahead began: it runs, last)
+            if asked:  # (unless k's calls run ahead began: then k runs, last, and is saved after it)
                 stopping = True
-                break
+                if runner.schedule.ran_ahead != k - 1:
+                    break
             inflight.append(_submit(runner, k, queued, last=asked or (end is not None and k + 1 >= end)))
             k += 1
         if not inflight:

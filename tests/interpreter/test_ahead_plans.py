@@ -121,9 +121,9 @@ def test_random_workflows_run_ahead_within_budget_read_no_older_values_on_execut
     assert_reads_within_budget(wf, plan.workflow, (comp, state), budget, iterations)
 
 
-def _run_fakes(wf, iterations: int, stop=None, checkpoint_every: int = 0):
-    """The `_text` workflow's fakes through the runner: (results, every rollout's (iteration, weights stamp),
-    the final states)."""
+def _run_fakes(wf, iterations: int, stop=None, checkpoint_every: int = 0, out_dir=None):
+    """The `_text` workflow's fakes through the runner (with a run directory `out_dir`, if given): (results,
+    every rollout's (iteration, weights stamp), the final states)."""
     from interpreter.backends import LocalBackend
     from interpreter.runner import RunConfig, Runner
     from interpreter.schedule import Schedule
@@ -132,7 +132,7 @@ def _run_fakes(wf, iterations: int, stop=None, checkpoint_every: int = 0):
     be = LocalBackend(wf, ("tests.",), sch.program.loops_of)
     try:
         runner = Runner(wf, be, RunConfig(iterations=iterations, checkpoint_every=checkpoint_every,
-                                          tensorboard=False), sch)
+                                          tensorboard=False, out_dir=out_dir), sch)
         results = runner.run(stop=stop)
         return results, list(be.workers["gen"].obj.seen), {c: be.control(c, "get_states") for c in be.components()}
     finally:
@@ -141,14 +141,16 @@ def _run_fakes(wf, iterations: int, stop=None, checkpoint_every: int = 0):
 
 @pytest.mark.parametrize(("checkpoint_every", "ran"), [(0, 3), (2, 2), (3, 3)])
 def test_a_stop_finishes_the_iteration_whose_call_ran_ahead_and_leaves_the_declared_state(checkpoint_every: int,
-                                                                                          ran: int) -> None:
+                                                                                          ran: int, tmp_path) -> None:
     """`ahead generate` (budget 1): each rollout reads the weights one update older than declared, except
     right after a barrier, where the iteration's own rollout runs first. A stop asked before iteration 2
     still runs iteration 2 when iteration 1 ran its rollout ahead; after a checkpoint at iteration 1 (a
     barrier: nothing ran ahead) it does not. No rollout of a later iteration runs, and the states left are
-    the synchronous run's after as many iterations."""
+    the synchronous run's after as many iterations, saved: the run directory's last checkpoint and its
+    export are of the last iteration that ran (a stop that let a run-ahead iteration finish kept none)."""
     import uuid
 
+    from interpreter.checkpoint import list_complete
     from tests.interpreter.test_async_plans import _text
 
     sleeps = {"gen": [0.0], "learner": [0.0], "scorer": [0.0]}
@@ -156,8 +158,11 @@ def test_a_stop_finishes_the_iteration_whose_call_ran_ahead_and_leaves_the_decla
     plan = apply(wf, "ahead generate")
     assert not isinstance(plan, Refused), plan
     asked = iter([False, False, True])  # asked before submitting iterations 0, 1, 2 (then always True)
-    results, seen, states = _run_fakes(plan.workflow, 8, stop=lambda: next(asked, True), checkpoint_every=checkpoint_every)
+    results, seen, states = _run_fakes(plan.workflow, 8, stop=lambda: next(asked, True), checkpoint_every=checkpoint_every,
+                                       out_dir=tmp_path)
     assert [r.iteration for r in results] == list(range(ran))
+    assert list_complete(tmp_path / "checkpoints")[-1].name == f"ckpt-{ran - 1:06d}"
+    assert (tmp_path / "export").is_dir()
     assert [k for k, _ in seen] == list(range(ran))  # no rollout of a later iteration ran
     assert [(k - 1) - stamp for k, stamp in seen] == [0, 1, 1][:ran]  # rollout k read update k-2, not k-1
     _, _, sync_states = _run_fakes(wf, ran)
