@@ -21,7 +21,8 @@
 # async_plans.json's reward_summary: the reward at that common budget and the mean reward up to it).
 #
 # MODE=curves: benchmarks/async_plans.py --rounds 0 (no throughput blocks: `compare` gives those) --wall-s
-# WALL_S: each plan in CURVE_PLANS (default declared,best_async; add best_sync if the call has the time)
+# WALL_S: each plan in CURVE_PLANS (default declared,best_async; add best_sync if the call has the time; any
+# plan the script writes may be named, e.g. declared,best_partial_async with STALE=2)
 # trains from scratch and stops after the first iteration that ends past WALL_S s of its own wall clock
 # (CURVE_ITERATIONS is only a cap). async_plans.json and the SVG are rewritten after every iteration,
 # so a call cut short keeps what it did. Time of one call, with s_p a plan's seconds
@@ -68,7 +69,8 @@ python3 -m rose_cli rewrite "$W" "${SETS[@]}" "${sync_do[@]}" -o "$OUT/best_sync
 python3 -m rose_cli rewrite "$W" "${SETS[@]}" "${sync_do[@]}" --do "defer sync 1" -o "$OUT/best_async.yaml" --overwrite || exit 1
 # partial rollouts as plans (`ahead submit`: the next iteration's prompts queued while this one decodes; lag 1),
 # and with the sync deferred too (lag 2: written only when STALE >= 2)
-python3 -m rose_cli rewrite "$W" "${SETS[@]}" "${sync_do[@]}" --do "ahead submit" -o "$OUT/best_partial.yaml" --overwrite || exit 1
+python3 -m rose_cli rewrite "$W" "${SETS[@]}" "${sync_do[@]}" --do "ahead submit" -o "$OUT/best_partial.yaml" --overwrite \
+  || echo "best_partial not written (refused above: a SYNC that already runs calls ahead has it)"
 python3 -m rose_cli rewrite "$W" "${SETS[@]}" "${sync_do[@]}" --do "ahead submit" --do "defer sync 1" \
   -o "$OUT/best_partial_async.yaml" --overwrite 2>/dev/null || echo "best_partial_async needs STALE >= 2 (not written)"
 if [ "$DEVICE" = cuda ]; then  # (MPS priorities bind GPU processes only)
@@ -99,9 +101,12 @@ case "$MODE" in
       --json "$OUT/async_compare.json" --runs /tmp/async_runs --overwrite 2>&1 | tee "$OUT/log_async_compare.txt"
     rc=$?; pack_runs /tmp/async_runs; exit $rc ;;
   curves)
-    # each plan in CURVE_PLANS trains from scratch (same seed) for WALL_S s of its wall clock
+    # each plan in CURVE_PLANS trains from scratch (same seed) for WALL_S s of its wall clock; any plan written
+    # above may be named (best_partial_async: STALE >= 2)
+    plan_args=(); for p in best_sync best_async best_async_low best_partial best_partial_async; do
+      [ -f "$OUT/$p.yaml" ] && plan_args+=(--plan "$p=$OUT/$p.yaml"); done
     timeout "$LIMIT" python3 benchmarks/async_plans.py "$W" "${SETS[@]}" --backend ray --device "$DEVICE" \
-      --plan best_sync="$OUT/best_sync.yaml" --plan best_async="$OUT/best_async.yaml" --rounds 0 \
+      "${plan_args[@]}" --rounds 0 \
       --wall-s "$WALL_S" --iterations "$CURVE_ITERATIONS" --curve-plans "$CURVE_PLANS" \
       --reward reward/mean_reward --out "$OUT/async_curves" 2>&1 | tee "$OUT/log_async_curves.txt" ;;
   optimize)

@@ -24,7 +24,11 @@
 # ~9.7 + 7.85 s an iteration: ROUNDS=2 ~ 160 s of iterations + ~60 s start-up (LIMIT 540). COMPARE_PLANS
 # (default best_sync,best_async) picks the rows beside declared; best_async_low is best_async with LOW's
 # components (default: trainer) at a below-normal MPS client priority (benchmarks/plan_mps.py; GPU only):
-# stage 2's case as one row -- the update has slack beside the rollout it shares the SMs with.
+# stage 2's case as one row -- the update has slack beside the rollout it shares the SMs with. best_async_quota:
+# best_async with LOW's components at MPS quota QUOTA % (default 50; an H200 computes bf16 products wrongly at
+# 20-40% and 60-88%, an H100 at 20-40%: `rose compare` screens the level first and refuses an unsafe one). A
+# priority orders waiting kernels but preempts none; a quota bounds the SMs the trainer's kernels can hold
+# (docs/results.md, the eighth session's MJX trace: the simulator's steps 2.6x slower beside `sgd` at low priority).
 # MODE=curves: benchmarks/async_plans.py --rounds 0 --wall-s WALL_S (see benchmarks/async_longtail_gpu.sh):
 # each plan in CURVE_PLANS (default declared,best_async) trains from scratch and stops after the first
 # iteration that ends past WALL_S s of its own wall clock; async_plans.json is rewritten after every
@@ -52,6 +56,7 @@ WALL_S=${WALL_S:-100}
 CURVE_PLANS=${CURVE_PLANS:-declared,best_async}
 COMPARE_PLANS=${COMPARE_PLANS:-best_sync,best_async}
 LOW=${LOW:-trainer}
+QUOTA=${QUOTA:-50}
 REWARD=${REWARD:-sim/episode_return}
 SETS=(${SETS:-})   # extra --set NAME=VALUE pairs for the workflow
 # what the MJX simulator's process needs allowed (its import path, JAX's cache): paper_workloads.py's trust
@@ -90,6 +95,8 @@ grep "max_staleness" "$OUT/best_async_explain.txt" || { echo "best_async.yaml ha
 if [ "$DEVICE" = cuda ]; then  # (MPS priorities bind GPU processes only)
   low=(); IFS=',' read -ra lows <<< "$LOW"; for c in "${lows[@]}"; do low+=(--priority "$c=1"); done
   python3 benchmarks/plan_mps.py "$OUT/best_async.yaml" -o "$OUT/best_async_low.yaml" "${low[@]}" || exit 1
+  quota=(); for c in "${lows[@]}"; do quota+=(--quota "$c=$QUOTA"); done
+  python3 benchmarks/plan_mps.py "$OUT/best_async.yaml" -o "$OUT/best_async_quota.yaml" "${quota[@]}" || exit 1
 fi
 
 warm_sim() {  # compile the simulator's step program once, into JAX's cache, at the workflow's shapes
@@ -125,9 +132,10 @@ case "$MODE" in
     per_round=2; plan_args=(); IFS=',' read -ra cps <<< "$COMPARE_PLANS"
     for p in "${cps[@]}"; do
       case "$p" in best_sync) per_round=$((per_round + 2)) ;;
-        best_async|best_async_low) per_round=$((per_round + 6)) ;;
-        *) echo "COMPARE_PLANS takes best_sync, best_async, best_async_low; not $p" >&2; exit 2 ;; esac
-      [ -f "$OUT/$p.yaml" ] || { echo "$p.yaml was not written (best_async_low: on the GPU only)" >&2; exit 2; }
+        best_async|best_async_low|best_async_quota) per_round=$((per_round + 6)) ;;
+        *) echo "COMPARE_PLANS takes best_sync, best_async, best_async_low, best_async_quota; not $p" >&2; exit 2 ;; esac
+      [ -f "$OUT/$p.yaml" ] || { echo "$p.yaml was not written (best_async_low, best_async_quota: on the GPU only)" >&2
+                                 exit 2; }
       plan_args+=(--plan "$p=$OUT/$p.yaml")
     done
     need=$((1 + ROUNDS * per_round))
