@@ -8,6 +8,7 @@ across a barrier)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from rose_dsl.ir import ExecutionNode
 from rose_dsl.semantics import Program
 from rose_dsl.transforms import Refused, apply
 from tests.examples.test_async_learns import _train
-from tests.interpreter.test_async_plans import _nodes, _stamped, assert_reads_within_budget
+from tests.interpreter.test_async_plans import _nodes, _stamped, _stamps_of, assert_reads_within_budget
 from tests.strategies import workflows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,14 +85,11 @@ def test_partial_rollouts_as_a_plan_learn_within_the_budget() -> None:
     assert last > first + 0.05, (first, last, rewards)
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(doc=workflows(max_nodes=8, max_depth=2), data=st.data())
-def test_random_workflows_run_ahead_within_budget_read_no_older_values_on_executions(doc, data) -> None:
-    """Random workflows, a random budget on a random state object, a random top-level node run ahead (with
-    what it reads from), sometimes a deferral too, random call durations: when the oracle accepts the plan,
-    its execution on the pipelined runner has every read see what the synchronous execution's same read saw
-    L RL iterations earlier, L = 0 for updates and unbudgeted state objects and L <= max_staleness (and <=
-    the lag the analysis proves) otherwise; and the run leaves every state object as the synchronous one."""
+def _draw_ahead_plan(doc: dict, data: Any, iterations: int) -> tuple[Any, Any, tuple[str, str], int]:
+    """A random workflow on `Stamper`s with a random budget on a random state object (mostly one something
+    reads), a random top-level node run ahead (mostly a reader of that state) and sometimes a deferral too,
+    random call durations: (workflow, accepted plan, budgeted (component, state), budget); hypothesis
+    `assume`s away a refused `ahead`."""
     states = [(c, s) for c, comp in doc["components"].items() for s in comp["state"]]
     tops = [i["node"] for i in doc["iteration"]["body"] if "node" in i]
     assume(states and tops)
@@ -106,7 +104,6 @@ def test_random_workflows_run_ahead_within_budget_read_no_older_values_on_execut
                      label="ahead")
     defer = data.draw(st.sampled_from([None, *tops]), label="deferred")
     sleeps = data.draw(st.lists(st.sampled_from([0.0, 0.0, 0.001, 0.004]), min_size=1, max_size=3), label="sleeps")
-    iterations = 4
     doc = _stamped(doc, sleeps, iterations)
     doc["components"][comp]["state"] = {s: ({"max_staleness": budget} if s == state else None)
                                         for s in doc["components"][comp]["state"]}
@@ -118,7 +115,61 @@ def test_random_workflows_run_ahead_within_budget_read_no_older_values_on_execut
         if not isinstance(both, Refused):
             plan = both
             event("run ahead and deferred")
-    assert_reads_within_budget(wf, plan.workflow, (comp, state), budget, iterations)
+    return wf, plan.workflow, (comp, state), budget
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(doc=workflows(max_nodes=8, max_depth=2), data=st.data())
+def test_random_workflows_run_ahead_within_budget_read_no_older_values_on_executions(doc, data) -> None:
+    """Random workflows and plans (`_draw_ahead_plan`): when the oracle accepts the plan, its execution on the
+    pipelined runner has every read see what the synchronous execution's same read saw L RL iterations
+    earlier, L = 0 for updates and unbudgeted state objects and L <= max_staleness (and <= the lag the
+    analysis proves) otherwise; and the run leaves every state object as the synchronous one."""
+    iterations = 4
+    wf, plan, budgeted, budget = _draw_ahead_plan(doc, data, iterations)
+    assert_reads_within_budget(wf, plan, budgeted, budget, iterations)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(doc=workflows(max_nodes=8, max_depth=2), data=st.data())
+def test_random_plans_stopped_before_any_iteration_keep_the_last_one_they_ran(doc, data, tmp_path_factory) -> None:
+    """Random workflows and plans (`_draw_ahead_plan`), a stop asked before a random RL iteration p, random
+    periodic checkpoints, in a run directory: the run ends after p iterations, or p + 1 when iteration p - 1
+    ran p's calls ahead (they must not be lost); its last checkpoint is of the last iteration it ran; and
+    it leaves every state object as the synchronous workflow does after as many iterations (what is
+    deferred drained, nothing run ahead past the stop). A stop after a run-ahead iteration used to end
+    without that checkpoint."""
+    from interpreter.checkpoint import list_complete
+
+    iterations = 6
+    wf, plan, _, _ = _draw_ahead_plan(doc, data, iterations)
+    p = data.draw(st.integers(1, iterations), label="stop asked before iteration")
+    every = data.draw(st.sampled_from([0, 0, 1, 2, 4]), label="checkpoint_every")
+    out = tmp_path_factory.mktemp("run")
+    polls = iter(range(iterations + 1))  # the runner asks once before submitting each iteration, in order
+    ran, left = _stops_of(plan, iterations, lambda: next(polls) >= p, every, out)
+    assert ran in (min(p, iterations), min(p + 1, iterations)), (p, ran)
+    event("the iteration run ahead ran after the stop" if ran == p + 1 else "stopped at once")
+    assert list_complete(out / "checkpoints")[-1].name == f"ckpt-{ran - 1:06d}"
+    assert left == _stamps_of(wf, ran)[1]
+
+
+def _stops_of(wf, iterations: int, stop: Any, every: int, out: Path) -> tuple[int, dict]:
+    """A run of `wf` on `Stamper`s that `stop` may end, in run directory `out`: (iterations run, the final
+    stamp of every state object)."""
+    from interpreter.backends import LocalBackend
+    from interpreter.runner import RunConfig, Runner
+    from interpreter.schedule import Schedule
+
+    sch = Schedule(wf)
+    be = LocalBackend(wf, ("tests.",), sch.program.loops_of)
+    try:
+        results = Runner(wf, be, RunConfig(iterations=iterations, checkpoint_every=every, tensorboard=False,
+                                           out_dir=out), sch).run(stop=stop)
+        assert [r.iteration for r in results] == list(range(len(results)))
+        return len(results), {(c, s): v for c in wf.components for s, v in be.workers[c].obj.stamps.items()}
+    finally:
+        be.shutdown()
 
 
 def _run_fakes(wf, iterations: int, stop=None, checkpoint_every: int = 0, out_dir=None):
