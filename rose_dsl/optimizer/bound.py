@@ -75,21 +75,32 @@ def reorder_bound(wf: Workflow, runs: Sequence[IterationRun]) -> dict[str, Any] 
 
 
 def call_floats(wf: Workflow, run: IterationRun) -> dict[tuple[str, tuple[int, ...]], float] | None:
-    """Each call's total float in one measured iteration of `wf`: how much later it could have ended
-    without the iteration ending later, given the calls that waited for it -- its consumers in the
-    dependency graph (data and state) and the next call on its own process -- at their measured times
-    (the critical-path method's backward pass over the schedule the run shows). 0 s: the call is on the
-    critical path. Keyed like `critical_path`'s durations (node path, loop indices below the RL
-    iteration). None when fewer than half of the run's calls are invocations of `wf` (another graph).
+    """Each call's total float in one measured run of `wf`: how much later it could have ended without the
+    run ending later, given the calls that waited for it -- its consumers in the dependency graph (data and
+    state) and the next call on its own process -- at their measured times (the critical-path method's
+    backward pass over the schedule the run shows). 0 s: the call is on the critical path. Keyed by node
+    path and every loop index, the RL iteration's first. None when fewer than half of the run's calls
+    are invocations of `wf` (another graph).
+
+    A run of an asynchronous plan is a window of pipelined RL iterations (`measurement.window`): its calls
+    belong to several, and the update of iteration k runs beside the rollout of k + 1. The dependencies
+    are then those of the unrolled graph over the iterations the window holds (deferred calls under their
+    own iteration's number, as the runtime records them), so a call's waiters may be of the next
+    iteration. Calls of the window's last iteration whose waiters come after it show more float than they
+    have: an edge effect of a window a few iterations long.
 
     Why stage 2 needs it: of two processes sharing the GPU, the one to give SMs away is the one whose
     calls can wait. Comparing when two branches end says that only when both meet at one consumer; two
     temporal groups each feeding its own update do not (the first H200 trace of the interleaved rollout
     named the critical group's simulator as the one with slack)."""
-    graph = invocation_graph(wf, iterations=1)
-    key_of = {inv: _call_key(inv) for inv in graph.order}
-    calls = {(c.node, tuple(c.indices[1:])): c for c in run.calls}
-    if not calls or 2 * sum(k in calls for k in key_of.values()) < len(calls):
+    numbered = [c.indices[0] for c in run.calls if c.indices]
+    if not numbered:
+        return None
+    first = min(numbered)
+    graph = invocation_graph(wf, iterations=max(numbered) - first + 1)
+    key_of = {inv: (".".join(inv.path), (first + inv.indices[0], *inv.indices[1:])) for inv in graph.order}
+    calls = {(c.node, tuple(c.indices)): c for c in run.calls}
+    if 2 * sum(k in calls for k in key_of.values()) < len(calls):
         return None
     waiting: dict[tuple[str, tuple[int, ...]], list[tuple[str, tuple[int, ...]]]] = defaultdict(list)
     for inv in graph.order:

@@ -155,9 +155,7 @@ def _pair(x: str, y: str, bx: list[Branch], by: list[Branch], gpu: int | None, i
     others: dict[str, set[str]] = {x: set(), y: set()}
     total, n = 0.0, 0
     for a in bx:
-        for b in by:
-            if a.iteration != b.iteration:
-                continue
+        for b in by:  # (of any RL iterations: an asynchronous plan runs k's update beside k + 1's rollout)
             if min(a.end_ns, b.end_ns) <= max(a.start_ns, b.start_ns):
                 continue
             ov = concurrent_ns(a.busy, b.busy) / 1e9  # both processes running a call: sharing the GPU
@@ -507,7 +505,7 @@ def rank_targets(runs: Sequence[IterationRun], gpu_of: Mapping[str, int | None],
         on_gpu = [c for c in run.calls if c.component in gpu_procs]
 
         def float_of(c: Call, fl: Floats = fl) -> float:
-            return fl.get((c.node, tuple(c.indices[1:])), 0.0)
+            return fl.get((c.node, tuple(c.indices)), 0.0)
 
         crit = [c for c in on_gpu if float_of(c) <= eps]
         for c in on_gpu:

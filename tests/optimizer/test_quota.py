@@ -567,11 +567,11 @@ def test_the_interleaved_rollouts_first_group_is_critical_and_the_paper_rule_wou
     (run,), (fl,) = runs, floats
     assert fl is not None
     for c in run.calls:
-        f = fl[(c.node, tuple(c.indices[1:]))]
+        f = fl[(c.node, tuple(c.indices))]
         if ".epoch@0." in c.node or c.node.endswith("update.sgd"):
             assert f < 0.005, c
     last = max((c for c in run.calls if c.node.endswith("epoch@1.step.env")), key=lambda c: c.start_ns)
-    assert fl[(last.node, tuple(last.indices[1:]))] > 1.0
+    assert fl[(last.node, tuple(last.indices))] > 1.0
     paper = find_branches(runs, gpu_of)
     assert isinstance(paper, BranchPair) and paper.target == "sim@0"
     ranked = rank_targets(runs, gpu_of, floats)
@@ -624,6 +624,46 @@ def test_a_process_that_keeps_few_sms_busy_ranks_below_one_that_keeps_many() -> 
     by = {b.target: b for b in weighed}
     assert by["sim"].weight == pytest.approx(by["sim"].score_s * 0.03)
     assert by["sim"].score_s == next(b.score_s for b in plain if b.target == "sim")  # the score itself is unchanged
+
+
+def _async_window():
+    """The H200 window of `split-time epoch 2; interleave epoch; defer sync 1` on paper_mjx_vla, the trainer
+    at a below-normal MPS priority (`mjx_async_window/`, eighth session): as stage 2 gets it, one run whose
+    calls are those of several pipelined RL iterations, seconds per iteration = span / 3 measured. The
+    compare's trace names no GPU: all four processes shared GPU 0."""
+    from rose_dsl import load_workflow
+    from rose_dsl.optimizer.bound import call_floats
+    from rose_dsl.optimizer.profile import IterationRun
+
+    d = TRACES / "mjx_async_window"
+    runs, gpu_of = runs_from_chrome_trace(json.loads((d / "trace.json").read_text()))
+    calls = tuple(sorted((c for r in runs for c in r.calls), key=lambda c: c.start_ns))
+    t0, t1 = calls[0].start_ns, max(c.end_ns for c in calls)
+    samples = tuple(s for r in runs for s in r.activity_samples)
+    window = IterationRun((t1 - t0) / 1e9 / 3, calls, t0, t1, runs[0].iteration, activity_samples=samples)
+    plan = load_workflow(d / "plan.yaml")
+    return window, {c: 0 for c in gpu_of}, call_floats(plan, window)
+
+
+def test_in_a_window_of_an_asynchronous_plan_the_update_beside_the_next_rollout_has_the_float() -> None:
+    """Iteration k's update runs beside iteration k + 1's rollout, which the one after waits for: the
+    rollout is the critical path and the trainer's calls can wait ~1.3 s (the trace: the update ends ~1.5 s
+    before the rollout beside it). Floats are of the unrolled graph over the window's iterations, each call
+    under its own: read as one iteration, the calls of different iterations collided and a simulator copy
+    ranked first, the trainer last."""
+    from rose_dsl.optimizer.quota import rank_targets
+
+    window, gpu_of, fl = _async_window()
+    assert fl is not None and len(fl) == len(window.calls)  # every call its own key
+    # the updates of iterations 4 and 5 (not 6's: no rollout after the window waits for it here)
+    sgd = [c for c in window.calls if c.node.endswith("update.sgd") and c.iteration in (4, 5)]
+    assert len(sgd) == 4 and all(1.2 < fl[(c.node, c.indices)] < 2.2 for c in sgd)
+    # the critical chain: the rollout group on the simulator process `sim` (epoch@1), step after step
+    chain = [c for c in window.calls if c.node == "iteration.epoch@1.step.env" and c.iteration == 6]
+    assert len(chain) == 6 and all(fl[(c.node, c.indices)] < 0.01 for c in chain)
+    ranked = rank_targets([window], gpu_of, [fl])
+    assert not isinstance(ranked, str) and ranked[0].target == "trainer"
+    assert ranked[0].slack_s == pytest.approx(1.3, abs=0.3) and ranked[0].other == "sim"
 
 
 def test_without_floats_the_paper_rule_decides() -> None:
