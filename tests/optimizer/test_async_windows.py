@@ -76,3 +76,16 @@ def test_a_turn_is_estimated_and_learned_over_its_whole_window(plans) -> None:
     search.complete([plan], 1)
     # its window was all its turn cost (the fake has no switch or set-up): nothing more is learned
     assert search.setup_s is not None and search.setup_s <= it / 2, (search.setup_s, it)
+
+
+def test_the_cost_model_leaves_a_change_in_the_iterations_in_flight_unpredicted(plans) -> None:
+    """The model simulates one RL iteration: a deferral, which changes how many run in flight, is not
+    predicted (it was predicted exactly as fast as the reference, whatever it gained); a plan with as many
+    in flight as its reference is (here: the asynchronous plan against itself)."""
+    wf, plan = plans
+    m = Windowed(TRUTH, noise=0.0)
+    search = _Search(wf, m, Settings(), log=lambda msg: None)
+    search.complete([wf, plan], 2)  # what the model learns durations from
+    assert search.predict(plan, wf, 1.0) is None
+    assert search.predict(wf, plan, 1.0) is None
+    assert search.predict(plan, plan, 1.0) == pytest.approx(1.0)
