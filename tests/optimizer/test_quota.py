@@ -1282,3 +1282,34 @@ def test_stage2_validation_keeps_a_real_gain_and_no_null_one_under_noise() -> No
     assert null_validated >= 20 and null_kept <= 0.05 * 40, (null_kept, null_validated)
     gain_kept, _ = kept(lambda q: 1.0 + 0.00075 * (q - 80) ** 2, 0.05)
     assert gain_kept >= 0.9 * 40
+
+
+class _AsyncSession(_TwoProcessSession):
+    """`_TwoProcessSession` over the four GPU processes of the recorded asynchronous MJX plan."""
+
+    def __init__(self, helps: str | None, hurts: str) -> None:
+        super().__init__(helps, hurts)
+        self.executor.quota = {"trainer": 100, "policy": 100, "sim": 100, "sim@0": 100}
+
+
+def test_stage2_on_an_asynchronous_plans_window_screens_and_tunes_the_trainer_first() -> None:
+    """Stage 2 end to end on the H200 window of MJX's asynchronous plan (`_async_window`), with the real
+    ranking, screening and quota search on a simulated session where lowering the trainer's quota speeds
+    the iteration up: the trainer is screened first, tuned and validated, the simulators left alone. (The
+    floats' ranking on this window is the test above; weighed by the processes' SM demand, the trainer
+    came first here even with the floats of before.)"""
+    from rose_dsl import load_workflow
+    from rose_dsl.optimizer.decide import summarize
+    from rose_dsl.optimizer.search import Settings, Stage1Result
+
+    window, _, _ = _async_window()
+    plan = load_workflow(TRACES / "mjx_async_window" / "plan.yaml")
+    s = summarize([window.seconds] * 3)
+    result = Stage1Result(plan, (), s, s, [], [], "", baseline_runs=[window], final_runs=[window])
+    session = _AsyncSession(helps="trainer", hurts="sim")
+    session.executor.priority["trainer"] = 1  # (the recorded plan runs it at a below-normal priority)
+    out = _QT.tune_quota(plan, result, session, _Gpu(), Settings(), log=lambda m: None, total_sms=132, check=_checked())
+    assert out["screened"][0]["target"] == "trainer"
+    assert out["target"] == "trainer" and out["validation"]["accepted"]
+    assert out["quotas"] == {"trainer": out["best_percent"]} and out["best_percent"] < 100
+    assert session.executor.quota["sim"] == session.executor.quota["sim@0"] == 100
