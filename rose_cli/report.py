@@ -38,6 +38,22 @@ def processes(out: Console, be: Backend) -> None:
             out.print(f"component {name}: pid {info['pid']}, {info['sm_count']} SMs visible{quota}", markup=False)
 
 
+def checkpoint_drains(err: Console, depth: int, every: int) -> None:
+    """What `--checkpoint-every N` costs an asynchronous plan (`depth` RL iterations in flight): a
+    checkpoint holds the declared workflow's state, so the pipeline drains before each one and nothing runs
+    ahead into it (`interpreter/pipeline.py`). At N = 1 no two iterations overlap: the plan runs as the
+    synchronous workflow does, which a user asking for a checkpoint per iteration would not guess."""
+    if depth <= 1 or every <= 0:
+        return
+    if every == 1:
+        err.print("warning: --checkpoint-every 1 drains this asynchronous plan's pipeline after every iteration "
+                  "(a checkpoint holds the declared workflow's state): no two iterations overlap, and it runs as "
+                  "the synchronous workflow does; a larger N overlaps all but one iteration in N", markup=False)
+    else:
+        err.print(f"note: --checkpoint-every {every} drains this asynchronous plan's pipeline before each "
+                  f"checkpoint: one iteration in {every} does not overlap the next", markup=False)
+
+
 def resumed(err: Console, r: Resumed, iterations: int) -> None:
     """Which checkpoint a resume uses, and which newer ones it could not (never a silent skip)."""
     for rej in r.rejected:

@@ -505,6 +505,7 @@ def _run(wf: Workflow, opts: ExecuteOptions, teardown: ExitStack, ctx: RunContex
                        resume=opts.resume, call_timeout_s=opts.call_timeout,
                        allow_param_change=opts.allow_param_change, export=opts.export,
                        tensorboard="tensorboard" in opts.loggers, loggers=opts.loggers)
+    report.checkpoint_drains(ctx.err, schedule.depth, opts.checkpoint_every)
     progress, task, on_iteration = iteration_progress(out, wf.name, n, opts.quiet)
 
     def on_resume(resumed: Resumed) -> None:

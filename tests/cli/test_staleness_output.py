@@ -44,3 +44,21 @@ def test_a_negative_lag_is_shown_not_dropped() -> None:
     """A sample newer than the learner's published weights is a bug (the PPO policy once counted a resume's
     restore as a weight sync): staleness.json shows it instead of silently leaving it out."""
     assert staleness_histogram([{"ppo/staleness_hist_-1": 2.0, "ppo/staleness_hist_0": 1.0}]) == {"ppo": {-1: 2.0, 0: 1.0}}
+
+
+def test_a_checkpoint_every_iteration_is_said_to_leave_nothing_overlapping(tmp_path: Path) -> None:
+    """`--checkpoint-every 1` drains an asynchronous plan before every checkpoint: the run is synchronous
+    (lag 0 throughout), and `rose execute` says so before it starts; a larger N gets a note, and a
+    synchronous workflow neither."""
+    wf, plan = ROOT / "workflows" / "llm_grpo_longtail.yaml", tmp_path / "async.yaml"
+    r = rose("rewrite", str(wf), "--set", "iterations=3", "--set", "stale=1", "--do", "defer sync 1", "-o", str(plan))
+    assert r.returncode == 0, r.stderr
+    r = rose("execute", str(wf), "--plan", str(plan), "--out", str(tmp_path / "every1"), "--checkpoint-every", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "warning: --checkpoint-every 1 drains this asynchronous plan's pipeline after every iteration" in r.stderr
+    lags = json.loads((tmp_path / "every1" / "staleness.json").read_text())["learner"]["samples_by_lag"]
+    assert set(lags) == {"0"}  # what the warning says: nothing overlapped
+    r = rose("execute", str(wf), "--plan", str(plan), "--out", str(tmp_path / "every2"), "--checkpoint-every", "2")
+    assert r.returncode == 0 and "one iteration in 2 does not overlap the next" in r.stderr, r.stderr
+    r = rose("execute", str(wf), "--set", "iterations=2", "--out", str(tmp_path / "sync"), "--checkpoint-every", "1")
+    assert r.returncode == 0 and "drains" not in r.stderr, r.stderr
