@@ -392,7 +392,7 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
     if stop():
         raise Stopped(f"{stop()}: the plan and {opts.report_dir / 'report.md'} hold what was measured before it")
     if train:
-        _train_on(plan, wf.root.count or 1, session, opts, run, out, stop)
+        _train_on(plan, wf.root.count or 1, session, opts, run, out, ctx.err, stop)
 
 
 def _settings_and_budget(opts: OptimizeOptions, quota_stage: bool, started: float) -> tuple[Any, Any]:
@@ -502,11 +502,15 @@ def _write_report(doc: dict[str, Any], result: Any, layout_section: dict[str, An
 
 
 def _train_on(plan: Workflow, iterations: int, session: Any, opts: OptimizeOptions, run: Any, out: Console,
-              stop: Any) -> None:
+              err: Console, stop: Any) -> None:
     """`--train`: the plan's iterations from where the optimizer's training ended to the last, in the same
     processes (`TrialSession.train_on`), shown as `rose execute` shows them."""
+    from rose_dsl.analysis import iterations_in_flight
+
+    from . import report
     from .run import iteration_progress
 
+    report.checkpoint_drains(err, iterations_in_flight(plan), opts.checkpoint_every)
     first, t = session.k, time.perf_counter()
     progress, _, on_iteration = iteration_progress(out, plan.name, iterations, run.quiet, completed=first)
     out.print(f"training goes on with the plan in the same processes: iterations {first}..{iterations - 1}",
