@@ -205,8 +205,8 @@ class _Search(_LocalTrials):
         """`wf`'s iteration time, scaled from the reference's measured one by the cost model; None when
         the model cannot say. The model simulates one RL iteration, so it cannot show what running more
         or fewer of them in flight (`defer`, `ahead`) changes: such a plan is unpredicted (measured as a
-        calibration would be), not predicted as fast as the reference (an unseen workflow's report read
-        a mean prediction error of 144% from its four asynchronous alternatives alone)."""
+        calibration would be), not predicted as fast as the reference, which would put the model's blind
+        spot into the report's prediction errors and rank the candidate as if it gained nothing."""
         if iterations_in_flight(wf) != iterations_in_flight(reference):
             return None
         p, p0 = self.model.predict(wf), self.model.predict(reference)
