@@ -97,7 +97,9 @@ class IterationProgress:
         self.progress.__exit__(*exc)
 
     def resumed_at(self, k: int) -> None:
-        self.done = k
+        """A resume starts at iteration k: done so far, at most the total (a run resumed with a smaller
+        `-n` than it has done runs nothing, and read "40/14")."""
+        self.done = min(k, self.total)
         self._show()
 
     def __call__(self, result: Any) -> None:

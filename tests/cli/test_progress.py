@@ -60,6 +60,8 @@ def test_on_a_terminal_the_line_is_live_and_advances_with_each_iteration() -> No
     assert task.completed == 1 and task.fields["status"] == "1/10  2.00 s/it  ETA 18s"
     progress.resumed_at(5)
     assert progress.progress.tasks[0].completed == 5
+    progress.resumed_at(40)  # a resume with a smaller -n than the run has done: nothing left, not "40/10"
+    assert progress.progress.tasks[0].completed == 10 and progress.progress.tasks[0].fields["status"].startswith("10/10")
 
 
 def test_in_a_log_it_prints_a_plain_line_every_twentieth_of_the_run() -> None:
