@@ -47,7 +47,8 @@ CURVE_PLANS=${CURVE_PLANS:-declared,best_async}
 # that + `defer sync 1` (lag 2, STALE=2); the generator's partial_rollouts bound is the workflow's `stale`.
 # MODE=compare: the plans beside declared (a round of all three took ~300-360 s on an H100: COMPARE_PLANS=best_async
 # fits two rounds in one call). best_async_low: best_async with LOW's components at a below-normal MPS client
-# priority (benchmarks/plan_mps.py; default LOW=learner): what stage 2 would screen, as one row
+# priority (benchmarks/plan_mps.py; default LOW=learner): what stage 2 would screen, as one row;
+# best_partial_async_low: the same for best_partial_async (written when it is, STALE >= 2)
 COMPARE_PLANS=${COMPARE_PLANS:-best_sync,best_async}
 LOW=${LOW:-learner}
 SETS=(${SETS:-})   # extra --set NAME=VALUE pairs for the workflow, e.g. SETS="--set prompts=64"
@@ -76,6 +77,9 @@ python3 -m rose_cli rewrite "$W" "${SETS[@]}" "${sync_do[@]}" --do "ahead submit
 if [ "$DEVICE" = cuda ]; then  # (MPS priorities bind GPU processes only)
   low=(); IFS=',' read -ra lows <<< "$LOW"; for c in "${lows[@]}"; do low+=(--priority "$c=1"); done
   python3 benchmarks/plan_mps.py "$OUT/best_async.yaml" -o "$OUT/best_async_low.yaml" "${low[@]}" || exit 1
+  if [ -f "$OUT/best_partial_async.yaml" ]; then
+    python3 benchmarks/plan_mps.py "$OUT/best_partial_async.yaml" -o "$OUT/best_partial_async_low.yaml" "${low[@]}" || exit 1
+  fi
 fi
 # the run directories travel back as one archive: the device returns a limited number of files from $OUT,
 # and a compare's run directories held enough to crowd out the curves' JSON and picture
@@ -88,11 +92,12 @@ case "$MODE" in
     for p in "${cps[@]}"; do
       case "$p" in best_sync) per_round=$((per_round + 2)) ;;
         best_async|best_async_low|best_partial) per_round=$((per_round + 6)) ;;
-        best_partial_async) per_round=$((per_round + 7)) ;;
-        *) echo "COMPARE_PLANS takes best_sync, best_async, best_async_low, best_partial, best_partial_async; not $p" >&2
+        best_partial_async|best_partial_async_low) per_round=$((per_round + 7)) ;;
+        *) echo "COMPARE_PLANS takes best_sync, best_async, best_async_low, best_partial, best_partial_async," \
+                "best_partial_async_low; not $p" >&2
            exit 2 ;; esac
-      [ -f "$OUT/$p.yaml" ] || { echo "$p.yaml was not written (best_async_low: on the GPU only;" \
-                                      "best_partial_async: STALE >= 2)" >&2; exit 2; }
+      [ -f "$OUT/$p.yaml" ] || { echo "$p.yaml was not written (best_async_low, best_partial_async_low: on the GPU" \
+                                      "only; best_partial_async: STALE >= 2)" >&2; exit 2; }
       plan_args+=(--plan "$p=$OUT/$p.yaml")
     done
     need=$((1 + ROUNDS * per_round))
@@ -103,7 +108,7 @@ case "$MODE" in
   curves)
     # each plan in CURVE_PLANS trains from scratch (same seed) for WALL_S s of its wall clock; any plan written
     # above may be named (best_partial_async: STALE >= 2)
-    plan_args=(); for p in best_sync best_async best_async_low best_partial best_partial_async; do
+    plan_args=(); for p in best_sync best_async best_async_low best_partial best_partial_async best_partial_async_low; do
       [ -f "$OUT/$p.yaml" ] && plan_args+=(--plan "$p=$OUT/$p.yaml"); done
     timeout "$LIMIT" python3 benchmarks/async_plans.py "$W" "${SETS[@]}" --backend ray --device "$DEVICE" \
       "${plan_args[@]}" --rounds 0 \
