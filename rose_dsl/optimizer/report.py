@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..ir import Workflow
+from ..ir import ExecutionNode, Workflow
 from ..measurement import Books
 from .decide import Summary
 from .headline import LEGEND, clip, fix_for, headline, headline_lines
@@ -198,7 +198,7 @@ def build_report(result: Stage1Result, *, books: Books, total_s: float, workflow
         "speedup": base / plan if plan > 0 else math.nan,
         "with_quotas": with_quotas(base, base / plan if plan > 0 else math.nan, section),
         "baseline": _s(result.baseline), "plan": _s(result.final), "plan_requests": list(result.requests),
-        "staleness": staleness(result.plan),
+        "staleness": staleness(result.plan), "budgets_unused": unused_budgets(result.plan),
         "rounds": [_round(r) for r in result.rounds], "stopped": result.stopped, "cut_short": result.cut_short,
         "trials": trials,
         "overhead_s": overhead(total_s, books.complete_s, int(books.complete_iterations),
@@ -230,12 +230,41 @@ def staleness(plan: Workflow) -> dict[str, Any]:
     return out
 
 
-def staleness_line(section: Mapping[str, Any] | None) -> str:
+def unused_budgets(plan: Workflow) -> dict[str, str]:
+    """Per state object whose `max_staleness` > 0 the plan does not spend, why: whether the search had
+    asynchronous candidates for it (nodes directly in the RL iteration body that write or read it, which
+    `defer` and `ahead` move) that it did not choose, or none at all (only such nodes are moved: a writer
+    inside a loop -- an update step -- cannot be deferred). A user who declared a budget and got a
+    synchronous plan is told which of the two it was."""
+    used = staleness(plan)
+    out: dict[str, str] = {}
+    for key, obj in sorted(plan.state_objects().items()):
+        if obj.max_staleness <= 0 or key in used:
+            continue
+        top = [(i.name, e.access) for i in plan.root.body if isinstance(i, ExecutionNode)
+               for e in i.effects if e.state == key]
+        writers = [n for n, a in top if a.writes]
+        readers = [n for n, a in top if not a.writes]
+        allows = f"allows max_staleness {obj.max_staleness} but no read of it is older"
+        if writers or readers:
+            nodes = ", ".join(f"`{n}`" for n in dict.fromkeys(writers + readers))
+            out[key] = (f"{allows}: the search had asynchronous candidates (`defer`/`ahead` of {nodes}) and chose "
+                        "a synchronous plan (the alternatives say how each measured, or why it was refused)")
+        else:
+            out[key] = (f"{allows}: no asynchronous candidate, since no node directly in the RL iteration body "
+                        "writes or reads it, and `defer`/`ahead` move only those (a writer or reader inside a loop "
+                        "stays in its iteration)")
+    return out
+
+
+def staleness_line(section: Mapping[str, Any] | None, unused: Mapping[str, str] | None = None) -> str:
+    """The report's staleness line: what the plan spends of each budget, and why a budget went unspent."""
+    idle = "".join(f" `{state}` {why}." for state, why in sorted((unused or {}).items()))
     if not section:
-        return "Staleness: none (a synchronous plan: every read sees what the declared workflow's read sees)."
+        return "Staleness: none (a synchronous plan: every read sees what the declared workflow's read sees)." + idle
     parts = [f"`{state}` read up to {v['lag']} RL iteration{'s' * (v['lag'] != 1)} old (max_staleness "
              f"{v['max_staleness']})" for state, v in sorted(section.items())]
-    return "Staleness: an asynchronous plan: " + "; ".join(parts) + "."
+    return "Staleness: an asynchronous plan: " + "; ".join(parts) + "." + idle
 
 
 # -- markdown ------------------------------------------------------------------------------------
@@ -313,7 +342,7 @@ def report_markdown(doc: Mapping[str, Any], picture: str | None) -> str:
         lines += [""]
     lines += ["Plan: " + ("`" + "`, `".join(doc["plan_requests"]) + "`" if doc["plan_requests"] else "the declared graph "
                           "(no rewrite was decided faster by the rule)"), ""]
-    lines += [staleness_line(doc.get("staleness")), ""]
+    lines += [staleness_line(doc.get("staleness"), doc.get("budgets_unused")), ""]
     if doc.get("stage2"):
         lines += stage2_markdown(doc["stage2"])
     lines += [f"Stopped: {doc['stopped']}.", ""]

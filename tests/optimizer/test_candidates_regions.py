@@ -224,3 +224,32 @@ def test_asynchronous_candidates_only_where_a_budget_allows_them(ppo) -> None:
     assert staleness(plan.workflow) == {"policy.rollout_weights": {"lag": 2, "max_staleness": 2}}
     assert "`policy.rollout_weights` read up to 2 RL iterations old (max_staleness 2)" in staleness_line(staleness(plan.workflow))
     assert staleness(budgeted) == {} and staleness_line({}).startswith("Staleness: none")
+
+
+def test_a_budget_the_plan_does_not_spend_is_explained() -> None:
+    """A budget on a state object the chosen plan does not read older: the report says whether the search
+    had asynchronous candidates for it (and chose a synchronous plan) or could have none -- its readers and
+    writers all inside loops, which `defer` and `ahead` do not move (an unseen `until:` workflow with a
+    budget on its policy's weights, eighth session: the report said only "a synchronous plan")."""
+    from dataclasses import replace
+
+    from rose_dsl import load_workflow
+    from rose_dsl.optimizer.report import staleness, staleness_line, unused_budgets
+
+    def with_budget(wf, comp_name: str, budget: int):
+        comp = wf.components[comp_name]
+        return replace(wf, components={**wf.components, comp_name: replace(
+            comp, state=tuple(replace(st, max_staleness=budget) for st in comp.state))})
+
+    until = with_budget(load_workflow(ROOT / "workflows" / "latency_until_episodes.yaml"), "pi", 1)
+    assert not [a for a in sweep(until) if a.family in ("defer", "ahead")]
+    why = unused_budgets(until)
+    assert set(why) == {"pi.weights"} and "no asynchronous candidate" in why["pi.weights"]
+    assert "`pi.weights` allows max_staleness 1 but no read of it is older" in staleness_line({}, why)
+    ppo = with_budget(load_workflow(ROOT / "workflows" / "embodied_ppo.yaml"), "policy", 2)
+    assert [a for a in sweep(ppo) if a.family == "defer"]
+    why = unused_budgets(ppo)
+    assert "asynchronous candidates (`defer`/`ahead` of `sync`)" in why["policy.rollout_weights"]
+    plan = check_alt(ppo, next(a for a in sweep(ppo) if a.label == "defer sync 1"))
+    assert isinstance(plan, Feasible) and unused_budgets(plan.workflow) == {} and staleness(plan.workflow)
+    assert unused_budgets(load_workflow(ROOT / "workflows" / "embodied_ppo.yaml")) == {}  # no budget: nothing to say
