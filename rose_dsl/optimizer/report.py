@@ -143,6 +143,7 @@ def build_report(result: Stage1Result, *, books: Books, total_s: float, workflow
     training goes on in these processes after the report (`rose optimize --train`; see `overhead`).
     `metric_notes`: how each metric merged over several processes was merged (`Executor.metric_notes`)."""
     base, plan = result.baseline.median, result.final.median
+    spent = staleness(result.plan)
     section = stage2.to_json() if stage2 is not None else None
     rel = [(p - m) / m if m else None for _, p, m in result.model_errors]
     errors = [{"what": w, "predicted_s": p, "measured_s": m, "error": e}
@@ -198,7 +199,7 @@ def build_report(result: Stage1Result, *, books: Books, total_s: float, workflow
         "speedup": base / plan if plan > 0 else math.nan,
         "with_quotas": with_quotas(base, base / plan if plan > 0 else math.nan, section),
         "baseline": _s(result.baseline), "plan": _s(result.final), "plan_requests": list(result.requests),
-        "staleness": staleness(result.plan), "budgets_unused": unused_budgets(result.plan),
+        "staleness": spent, "budgets_unused": unused_budgets(result.plan, spent),
         "rounds": [_round(r) for r in result.rounds], "stopped": result.stopped, "cut_short": result.cut_short,
         "trials": trials,
         "overhead_s": overhead(total_s, books.complete_s, int(books.complete_iterations),
@@ -230,13 +231,13 @@ def staleness(plan: Workflow) -> dict[str, Any]:
     return out
 
 
-def unused_budgets(plan: Workflow) -> dict[str, str]:
+def unused_budgets(plan: Workflow, used: Mapping[str, Any] | None = None) -> dict[str, str]:
     """Per state object whose `max_staleness` > 0 the plan does not spend, why: whether the search had
     asynchronous candidates for it (nodes directly in the RL iteration body that write or read it, which
     `defer` and `ahead` move) that it did not choose, or none at all (only such nodes are moved: a writer
     inside a loop -- an update step -- cannot be deferred). A user who declared a budget and got a
-    synchronous plan is told which of the two it was."""
-    used = staleness(plan)
+    synchronous plan is told which of the two it was. `used`: `staleness(plan)`, if already computed."""
+    used = staleness(plan) if used is None else used
     out: dict[str, str] = {}
     for key, obj in sorted(plan.state_objects().items()):
         if obj.max_staleness <= 0 or key in used:

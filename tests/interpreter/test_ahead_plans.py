@@ -147,29 +147,11 @@ def test_random_plans_stopped_before_any_iteration_keep_the_last_one_they_ran(do
     every = data.draw(st.sampled_from([0, 0, 1, 2, 4]), label="checkpoint_every")
     out = tmp_path_factory.mktemp("run")
     polls = iter(range(iterations + 1))  # the runner asks once before submitting each iteration, in order
-    ran, left = _stops_of(plan, iterations, lambda: next(polls) >= p, every, out)
+    _, left, ran = _stamps_of(plan, iterations, lambda: next(polls) >= p, every, out)
     assert ran in (min(p, iterations), min(p + 1, iterations)), (p, ran)
     event("the iteration run ahead ran after the stop" if ran == p + 1 else "stopped at once")
     assert list_complete(out / "checkpoints")[-1].name == f"ckpt-{ran - 1:06d}"
     assert left == _stamps_of(wf, ran)[1]
-
-
-def _stops_of(wf, iterations: int, stop: Any, every: int, out: Path) -> tuple[int, dict]:
-    """A run of `wf` on `Stamper`s that `stop` may end, in run directory `out`: (iterations run, the final
-    stamp of every state object)."""
-    from interpreter.backends import LocalBackend
-    from interpreter.runner import RunConfig, Runner
-    from interpreter.schedule import Schedule
-
-    sch = Schedule(wf)
-    be = LocalBackend(wf, ("tests.",), sch.program.loops_of)
-    try:
-        results = Runner(wf, be, RunConfig(iterations=iterations, checkpoint_every=every, tensorboard=False,
-                                           out_dir=out), sch).run(stop=stop)
-        assert [r.iteration for r in results] == list(range(len(results)))
-        return len(results), {(c, s): v for c in wf.components for s, v in be.workers[c].obj.stamps.items()}
-    finally:
-        be.shutdown()
 
 
 def _run_fakes(wf, iterations: int, stop=None, checkpoint_every: int = 0, out_dir=None):

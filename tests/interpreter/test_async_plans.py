@@ -210,15 +210,18 @@ def _nodes(items: list) -> list[dict]:
     return [n for i in items for n in ([i] if "node" in i else []) + _nodes(i.get("body", []) + i.get("phases", []))]
 
 
-def _stamps_of(wf, iterations: int) -> tuple[dict, dict]:
-    """Which write each read saw (`Stamper.seen`) and the final stamp of every state object, per component."""
+def _stamps_of(wf, iterations: int, stop=None, checkpoint_every: int = 0, out_dir=None) -> tuple[dict, dict, int]:
+    """Which write each read saw (`Stamper.seen`), the final stamp of every state object, per component, and
+    how many RL iterations ran (all of them unless `stop` ends the run; in run directory `out_dir`, if given)."""
     sch = Schedule(wf)
     be = LocalBackend(wf, ("tests.",), sch.program.loops_of)
     try:
-        Runner(wf, be, RunConfig(iterations=iterations, tensorboard=False), sch).run()
+        config = RunConfig(iterations=iterations, checkpoint_every=checkpoint_every, tensorboard=False, out_dir=out_dir)
+        results = Runner(wf, be, config, sch).run(stop=stop)
+        assert [r.iteration for r in results] == list(range(len(results)))
         objs = {c: be.workers[c].obj for c in wf.components}
         return ({(c, *key): v for c, o in objs.items() for key, v in o.seen.items()},
-                {(c, s): v for c, o in objs.items() for s, v in o.stamps.items()})
+                {(c, s): v for c, o in objs.items() for s, v in o.stamps.items()}, len(results))
     finally:
         be.shutdown()
 
@@ -229,8 +232,8 @@ def assert_reads_within_budget(wf, plan, budgeted: tuple[str, str], budget: int,
     L <= `budget` (and <= the lag the analysis proves) for reads of `budgeted` (component, state); and the
     plan's run leaves every state object as the synchronous run does."""
     proven = read_lags(plan)
-    sync_seen, sync_left = _stamps_of(wf, iterations)
-    seen, left = _stamps_of(plan, iterations)
+    sync_seen, sync_left, _ = _stamps_of(wf, iterations)
+    seen, left, _ = _stamps_of(plan, iterations)
     assert set(seen) == set(sync_seen)
     event("an older read observed" if seen != sync_seen else "no read older")
     modes = {(n.component, n.method, e.state.split(".", 1)[1]): e.access.value for n in wf.items()
