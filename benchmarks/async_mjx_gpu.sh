@@ -29,6 +29,8 @@
 # 20-40% and 60-88%, an H100 at 20-40%: `rose compare` screens the level first and refuses an unsafe one). A
 # priority orders waiting kernels but preempts none; a quota bounds the SMs the trainer's kernels can hold
 # (docs/results.md, the eighth session's MJX trace: the simulator's steps 2.6x slower beside `sgd` at low priority).
+# best_async_quotaN and best_async_quotaN_low (N a percentage): LOW's components at quota N %, and at priority 1
+# as well; COMPARE_PLANS may name several, e.g. best_async_quota50,best_async_quota50_low,best_async_quota90_low.
 # MODE=curves: benchmarks/async_plans.py --rounds 0 --wall-s WALL_S (see benchmarks/async_longtail_gpu.sh):
 # each plan in CURVE_PLANS (default declared,best_async) trains from scratch and stops after the first
 # iteration that ends past WALL_S s of its own wall clock; async_plans.json is rewritten after every
@@ -97,6 +99,15 @@ if [ "$DEVICE" = cuda ]; then  # (MPS priorities bind GPU processes only)
   python3 benchmarks/plan_mps.py "$OUT/best_async.yaml" -o "$OUT/best_async_low.yaml" "${low[@]}" || exit 1
   quota=(); for c in "${lows[@]}"; do quota+=(--quota "$c=$QUOTA"); done
   python3 benchmarks/plan_mps.py "$OUT/best_async.yaml" -o "$OUT/best_async_quota.yaml" "${quota[@]}" || exit 1
+  # best_async_quotaN (LOW's components at quota N %) and best_async_quotaN_low (the same at priority 1 too),
+  # for each such row COMPARE_PLANS names: a few levels side by side in one call
+  IFS=',' read -ra cps <<< "$COMPARE_PLANS"
+  for p in "${cps[@]}"; do
+    [[ "$p" =~ ^best_async_quota([0-9]+)(_low)?$ ]] || continue
+    mps=(); for c in "${lows[@]}"; do mps+=(--quota "$c=${BASH_REMATCH[1]}"); done
+    [ -n "${BASH_REMATCH[2]}" ] && mps+=("${low[@]}")
+    python3 benchmarks/plan_mps.py "$OUT/best_async.yaml" -o "$OUT/$p.yaml" "${mps[@]}" || exit 1
+  done
 fi
 
 warm_sim() {  # compile the simulator's step program once, into JAX's cache, at the workflow's shapes
@@ -132,8 +143,9 @@ case "$MODE" in
     per_round=2; plan_args=(); IFS=',' read -ra cps <<< "$COMPARE_PLANS"
     for p in "${cps[@]}"; do
       case "$p" in best_sync) per_round=$((per_round + 2)) ;;
-        best_async|best_async_low|best_async_quota) per_round=$((per_round + 6)) ;;
-        *) echo "COMPARE_PLANS takes best_sync, best_async, best_async_low, best_async_quota; not $p" >&2; exit 2 ;; esac
+        best_async|best_async_low|best_async_quota|best_async_quota[0-9]*) per_round=$((per_round + 6)) ;;
+        *) echo "COMPARE_PLANS takes best_sync, best_async, best_async_low, best_async_quota," \
+                "best_async_quotaN, best_async_quotaN_low; not $p" >&2; exit 2 ;; esac
       [ -f "$OUT/$p.yaml" ] || { echo "$p.yaml was not written (best_async_low, best_async_quota: on the GPU only)" >&2
                                  exit 2; }
       plan_args+=(--plan "$p=$OUT/$p.yaml")
