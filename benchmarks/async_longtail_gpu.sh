@@ -110,7 +110,7 @@ case "$MODE" in
     # above may be named (best_partial_async: STALE >= 2)
     plan_args=(); for p in best_sync best_async best_async_low best_partial best_partial_async best_partial_async_low; do
       [ -f "$OUT/$p.yaml" ] && plan_args+=(--plan "$p=$OUT/$p.yaml"); done
-    timeout "$LIMIT" python3 benchmarks/async_plans.py "$W" "${SETS[@]}" --backend ray --device "$DEVICE" \
+    timeout "$LIMIT" python3 benchmarks/async_plans.py "$W" "${SETS[@]}" --backend ray \
       "${plan_args[@]}" --rounds 0 \
       --wall-s "$WALL_S" --iterations "$CURVE_ITERATIONS" --curve-plans "$CURVE_PLANS" \
       --reward reward/mean_reward --out "$OUT/async_curves" 2>&1 | tee "$OUT/log_async_curves.txt" ;;

@@ -101,7 +101,7 @@ if [ "$DEVICE" = cuda ]; then  # (MPS priorities bind GPU processes only)
   python3 benchmarks/plan_mps.py "$OUT/best_async.yaml" -o "$OUT/best_async_quota.yaml" "${quota[@]}" || exit 1
   # best_async_quotaN (LOW's components at quota N %) and best_async_quotaN_low (the same at priority 1 too),
   # for each such row COMPARE_PLANS names: a few levels side by side in one call
-  IFS=',' read -ra cps <<< "$COMPARE_PLANS"
+  IFS=',' read -ra cps <<< "$COMPARE_PLANS,$CURVE_PLANS"
   for p in "${cps[@]}"; do
     [[ "$p" =~ ^best_async_quota([0-9]+)(_low)?$ ]] || continue
     mps=(); for c in "${lows[@]}"; do mps+=(--quota "$c=${BASH_REMATCH[1]}"); done
@@ -157,8 +157,10 @@ case "$MODE" in
     rc=$?; pack_runs /tmp/async_runs; exit $rc ;;
   curves)
     warm_sim || exit 1
-    timeout "$LIMIT" python3 benchmarks/async_plans.py "$W" "${SETS[@]}" --backend ray --device "$DEVICE" \
-      --plan best_sync="$OUT/best_sync.yaml" --plan best_async="$OUT/best_async.yaml" --rounds 0 \
+    mps_plans=(); IFS=',' read -ra cvs <<< "$CURVE_PLANS"   # the MPS rows above, when CURVE_PLANS names them
+    for p in "${cvs[@]}"; do [[ "$p" == best_async_* ]] && mps_plans+=(--plan "$p=$OUT/$p.yaml"); done
+    timeout "$LIMIT" python3 benchmarks/async_plans.py "$W" "${SETS[@]}" --backend ray \
+      --plan best_sync="$OUT/best_sync.yaml" --plan best_async="$OUT/best_async.yaml" "${mps_plans[@]}" --rounds 0 \
       --wall-s "$WALL_S" --iterations "$CURVE_ITERATIONS" --curve-plans "$CURVE_PLANS" \
       --reward "$REWARD" --out "$OUT/async_curves" 2>&1 | tee "$OUT/log_async_curves.txt" ;;
   *) echo "MODE is compare, curves or check" >&2; exit 2 ;;

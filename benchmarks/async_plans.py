@@ -29,7 +29,11 @@ so far (`curves_finished` names the runs that ended by themselves).
       --plan async=plans/async.yaml --rounds 0 --wall-s 100 --reward reward/mean_reward --out results/async
 
 Plans are files `rose rewrite` / `rose optimize` wrote from the workflow (checked against it as `rose
-compare` checks them). MPS quotas are not applied here (use `rose compare` for quota plans).
+compare` checks them). The GPU is set up as `rose execute` sets it up (`rose_cli.run.gpu_session`): an MPS
+daemon, so that a plan's GPU processes run side by side instead of taking turns on the GPU, and each
+curve run's processes under the MPS quota and priority its plan gives them, each quota below 100% checked
+by the GEMM self-check first. The blocks run every plan on one set of workers, at the declared workflow's
+MPS settings (`rose compare` moves a process to another quota between plans; use it for quota plans).
 """
 
 from __future__ import annotations
@@ -41,17 +45,21 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rich.console import Console
+
 from benchmarks.common import machine, versions
-from interpreter.backends import make_backend
+from interpreter.backends import Backend
 from interpreter.executor import Executor
 from interpreter.runner import RunConfig, Runner
 from interpreter.schedule import Schedule
+from rose_cli.run import ExecuteOptions, Gpu, SetupError, build_backend, gpu_session
 from rose_dsl.cli import load_or_exit
 from rose_dsl.ir import Workflow
 
@@ -101,12 +109,24 @@ class Report:
         self.save()
 
 
+def _options(args: argparse.Namespace) -> ExecuteOptions:
+    """`rose execute`'s options for these runs: the backend and trust asked for, no run directory."""
+    return ExecuteOptions(backend=args.backend, allowed=tuple(args.allow), quiet=True)
+
+
+def _backend(wf: Workflow, sch: Schedule, args: argparse.Namespace, gpu: Gpu, compiled: bool = True) -> Backend:
+    return build_backend(wf, sch, replace(_options(args), compiled=compiled), gpu, Console(stderr=True))
+
+
 def blocks(plans: dict[str, Workflow], args: argparse.Namespace, report: Report) -> None:
     """Seconds per iteration of each plan, one block per round, interleaved A B C / C B A."""
-    def build(wf: Workflow, sch: Schedule) -> Any:
-        return make_backend(args.backend, wf, sch, compiled=False, device=args.device, allowed=tuple(args.allow))
+    declared = next(iter(plans.values()))
+    with gpu_session(declared, _options(args), Console(stderr=True)) as gpu:
+        ex = Executor(declared, lambda wf, sch: _backend(wf, sch, args, gpu, compiled=False))
+        _blocks(ex, plans, args, report)
 
-    ex = Executor(next(iter(plans.values())), build)
+
+def _blocks(ex: Executor, plans: dict[str, Workflow], args: argparse.Namespace, report: Report) -> None:
     k = 0
     try:
         for r in range(args.rounds):
@@ -127,7 +147,12 @@ def curve(wf: Workflow, args: argparse.Namespace, on_point: Callable[[Points], N
     """(wall-clock s, reward) per iteration of a training run from scratch, until `args.iterations` or the
     first iteration that ends past `args.wall_s`; `on_point` gets the points so far after each one."""
     sch = Schedule(wf)
-    be = make_backend(args.backend, wf, sch, compiled=False, device=args.device, allowed=tuple(args.allow))
+    with gpu_session(wf, _options(args), Console(stderr=True)) as gpu:
+        return _curve(wf, sch, args, on_point, _backend(wf, sch, args, gpu))
+
+
+def _curve(wf: Workflow, sch: Schedule, args: argparse.Namespace, on_point: Callable[[Points], None],
+           be: Backend) -> Points:
     points: Points = []
     ended = [0.0]  # when the last finished iteration ended
     try:
@@ -205,7 +230,6 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--plan", action="append", default=[], help="LABEL=PATH (repeatable)")
     ap.add_argument("--set", action="append", default=[], help="NAME=VALUE param override (repeatable)")
     ap.add_argument("--backend", default="local", choices=("local", "ray"))
-    ap.add_argument("--device", default="cpu")
     ap.add_argument("--allow", action="append", default=["examples."])
     ap.add_argument("--rounds", type=int, default=3, help="rounds of throughput blocks (0: curves only)")
     ap.add_argument("--block", type=int, default=5, help="iterations per plan and round")
@@ -237,6 +261,21 @@ def curve_labels(args: argparse.Namespace, plans: dict[str, Workflow]) -> list[s
     return labels
 
 
+def _measure(plans: dict[str, Workflow], labels: list[str], args: argparse.Namespace, report: Report) -> None:
+    """The throughput blocks (`--rounds`), then each curve run in turn, into `report` as they come."""
+    if args.rounds:
+        blocks(plans, args, report)
+    title = f"{args.workflow.name}: {args.reward}"
+    for label in labels:
+        def point(points: Points, label: str = label) -> None:
+            print(f"curve {label}: iteration {len(points) - 1} ends at {points[-1][0]:.1f} s, "
+                  f"{args.reward} {points[-1][1]:.4g}", flush=True)
+            report.point(label, points, title)
+
+        report.point(label, curve(plans[label], args, point), title)
+        report.curve_done(label)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse(argv)
     sets = args.set or None
@@ -252,17 +291,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         "curve_plans": labels, "reward_vs_wall": {}, "curves_finished": [], "common_budget_s": None,
         "reward_summary": {}, "backend": args.backend, "machine": machine(), "versions": versions()})
     report.save()
-    if args.rounds:
-        blocks(plans, args, report)
-    title = f"{args.workflow.name}: {args.reward}"
-    for label in labels:
-        def point(points: Points, label: str = label) -> None:
-            print(f"curve {label}: iteration {len(points) - 1} ends at {points[-1][0]:.1f} s, "
-                  f"{args.reward} {points[-1][1]:.4g}", flush=True)
-            report.point(label, points, title)
-
-        report.point(label, curve(plans[label], args, point), title)
-        report.curve_done(label)
+    try:
+        _measure(plans, labels, args, report)
+    except SetupError as exc:  # no GPU for a GPU workflow, a quota this GPU computes wrongly under
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     for label, ratio in report.doc["throughput_vs_declared"].items():
         print(f"{label}: {report.doc['median'][label]:.4f} s/iteration, {ratio:.2f}x the declared throughput")
     for label, s in report.doc["reward_summary"].items():
