@@ -136,6 +136,10 @@ PY
 # the run directories travel back as one archive: the device returns a limited number of files from $OUT,
 # and a compare's run directories held enough to crowd out the curves' JSON and picture
 pack_runs() { [ -d "$1" ] && tar -czf "$OUT/$(basename "$1").tgz" -C "$(dirname "$1")" "$(basename "$1")"; }
+# and so do the plans, their explanations and the set-up logs, as plans.tgz, on every exit of a GPU call (the
+# ninth session's curves JSON and SVG were left out behind eight of them)
+pack_plans() { (cd "$OUT" && ls *.yaml *.err *_explain.txt mjx_env.log 2>/dev/null | xargs -r tar -czf plans.tgz --remove-files); }
+[ "$DEVICE" = cuda ] && trap pack_plans EXIT
 
 case "$MODE" in
   check) echo "rewrites and validation ok: $OUT/best_sync.yaml $OUT/best_async.yaml" ;;
