@@ -26,7 +26,7 @@
 # components (default: trainer) at a below-normal MPS client priority (benchmarks/plan_mps.py; GPU only):
 # stage 2's case as one row -- the update has slack beside the rollout it shares the SMs with. best_async_quota:
 # best_async with LOW's components at MPS quota QUOTA % (default 50; an H200 computes bf16 products wrongly at
-# 20-40% and 60-88%, an H100 at 20-40%: `rose compare` screens the level first and refuses an unsafe one). A
+# 20-40% and 60-88%, an H100 at 20-40% and at 80% at least: `rose compare` screens the level first and refuses an unsafe one). A
 # priority orders waiting kernels but preempts none; a quota bounds the SMs the trainer's kernels can hold
 # (docs/results.md, the eighth session's MJX trace: the simulator's steps 2.6x slower beside `sgd` at low priority).
 # best_async_quotaN and best_async_quotaN_low (N a percentage): LOW's components at quota N %, and at priority 1
