@@ -81,12 +81,7 @@ if [ "$DEVICE" = cuda ]; then  # (MPS priorities bind GPU processes only)
     python3 benchmarks/plan_mps.py "$OUT/best_partial_async.yaml" -o "$OUT/best_partial_async_low.yaml" "${low[@]}" || exit 1
   fi
 fi
-# the run directories travel back as one archive: the device returns a limited number of files from $OUT,
-# and a compare's run directories held enough to crowd out the curves' JSON and picture
-pack_runs() { [ -d "$1" ] && tar -czf "$OUT/$(basename "$1").tgz" -C "$(dirname "$1")" "$(basename "$1")"; }
-# and so do the plans, their explanations and the set-up logs, as plans.tgz, on every exit of a GPU call (the
-# ninth session's curves JSON and SVG were left out behind eight of them)
-pack_plans() { (cd "$OUT" && ls *.yaml *.err *_explain.txt 2>/dev/null | xargs -r tar -czf plans.tgz --remove-files); }
+. benchmarks/device_out.sh   # pack_runs, pack_plans: what comes back from the device
 [ "$DEVICE" = cuda ] && trap pack_plans EXIT
 
 case "$MODE" in

@@ -24,13 +24,13 @@
 # ~9.7 + 7.85 s an iteration: ROUNDS=2 ~ 160 s of iterations + ~60 s start-up (LIMIT 540). COMPARE_PLANS
 # (default best_sync,best_async) picks the rows beside declared; best_async_low is best_async with LOW's
 # components (default: trainer) at a below-normal MPS client priority (benchmarks/plan_mps.py; GPU only):
-# stage 2's case as one row -- the update has slack beside the rollout it shares the SMs with. best_async_quota:
-# best_async with LOW's components at MPS quota QUOTA % (default 50; an H200 computes bf16 products wrongly at
-# 20-40% and 60-88%, an H100 at 20-40% and at 80% at least: `rose compare` screens the level first and refuses an unsafe one). A
-# priority orders waiting kernels but preempts none; a quota bounds the SMs the trainer's kernels can hold
-# (docs/results.md, the eighth session's MJX trace: the simulator's steps 2.6x slower beside `sgd` at low priority).
-# best_async_quotaN and best_async_quotaN_low (N a percentage): LOW's components at quota N %, and at priority 1
-# as well; COMPARE_PLANS may name several, e.g. best_async_quota50,best_async_quota50_low,best_async_quota90_low.
+# stage 2's case as one row -- the update has slack beside the rollout it shares the SMs with.
+# best_async_quotaN and best_async_quotaN_low (N a percentage): best_async with LOW's components at MPS quota N %,
+# and at priority 1 as well; COMPARE_PLANS and CURVE_PLANS may name several, e.g.
+# best_async_quota90_low,best_async_quota95_low (the ninth session's rows: 1.59x and 1.61x declared on an H100).
+# An H200 computes bf16 products wrongly at 20-40% and 60-88%, an H100 at 20-40% and at 80% at least: `rose
+# compare` screens each level first and refuses an unsafe one. A priority orders waiting kernels but preempts
+# none; a quota bounds the SMs the trainer's kernels can hold (docs/results.md, the asynchronous MJX section).
 # MODE=curves: benchmarks/async_plans.py --rounds 0 --wall-s WALL_S (see benchmarks/async_longtail_gpu.sh):
 # each plan in CURVE_PLANS (default declared,best_async) trains from scratch and stops after the first
 # iteration that ends past WALL_S s of its own wall clock; async_plans.json is rewritten after every
@@ -58,7 +58,6 @@ WALL_S=${WALL_S:-100}
 CURVE_PLANS=${CURVE_PLANS:-declared,best_async}
 COMPARE_PLANS=${COMPARE_PLANS:-best_sync,best_async}
 LOW=${LOW:-trainer}
-QUOTA=${QUOTA:-50}
 REWARD=${REWARD:-sim/episode_return}
 SETS=(${SETS:-})   # extra --set NAME=VALUE pairs for the workflow
 # what the MJX simulator's process needs allowed (its import path, JAX's cache): paper_workloads.py's trust
@@ -97,10 +96,7 @@ grep "max_staleness" "$OUT/best_async_explain.txt" || { echo "best_async.yaml ha
 if [ "$DEVICE" = cuda ]; then  # (MPS priorities bind GPU processes only)
   low=(); IFS=',' read -ra lows <<< "$LOW"; for c in "${lows[@]}"; do low+=(--priority "$c=1"); done
   python3 benchmarks/plan_mps.py "$OUT/best_async.yaml" -o "$OUT/best_async_low.yaml" "${low[@]}" || exit 1
-  quota=(); for c in "${lows[@]}"; do quota+=(--quota "$c=$QUOTA"); done
-  python3 benchmarks/plan_mps.py "$OUT/best_async.yaml" -o "$OUT/best_async_quota.yaml" "${quota[@]}" || exit 1
-  # best_async_quotaN (LOW's components at quota N %) and best_async_quotaN_low (the same at priority 1 too),
-  # for each such row COMPARE_PLANS names: a few levels side by side in one call
+  # best_async_quotaN[_low], for each such row COMPARE_PLANS or CURVE_PLANS names
   IFS=',' read -ra cps <<< "$COMPARE_PLANS,$CURVE_PLANS"
   for p in "${cps[@]}"; do
     [[ "$p" =~ ^best_async_quota([0-9]+)(_low)?$ ]] || continue
@@ -133,13 +129,8 @@ print(f"simulator compiled in {time.perf_counter() - t0:.1f} s (num_envs {sim.nu
 PY
 }
 
-# the run directories travel back as one archive: the device returns a limited number of files from $OUT,
-# and a compare's run directories held enough to crowd out the curves' JSON and picture
-pack_runs() { [ -d "$1" ] && tar -czf "$OUT/$(basename "$1").tgz" -C "$(dirname "$1")" "$(basename "$1")"; }
-# and so do the plans, their explanations and the set-up logs, as plans.tgz, on every exit of a GPU call (the
-# ninth session's curves JSON and SVG were left out behind eight of them)
-pack_plans() { (cd "$OUT" && ls *.yaml *.err *_explain.txt mjx_env.log 2>/dev/null | xargs -r tar -czf plans.tgz --remove-files); }
-[ "$DEVICE" = cuda ] && trap pack_plans EXIT
+. benchmarks/device_out.sh   # pack_runs, pack_plans: what comes back from the device
+[ "$DEVICE" = cuda ] && [ "$MODE" != check ] && trap pack_plans EXIT
 
 case "$MODE" in
   check) echo "rewrites and validation ok: $OUT/best_sync.yaml $OUT/best_async.yaml" ;;
@@ -147,10 +138,10 @@ case "$MODE" in
     per_round=2; plan_args=(); IFS=',' read -ra cps <<< "$COMPARE_PLANS"
     for p in "${cps[@]}"; do
       case "$p" in best_sync) per_round=$((per_round + 2)) ;;
-        best_async|best_async_low|best_async_quota|best_async_quota[0-9]*) per_round=$((per_round + 6)) ;;
-        *) echo "COMPARE_PLANS takes best_sync, best_async, best_async_low, best_async_quota," \
-                "best_async_quotaN, best_async_quotaN_low; not $p" >&2; exit 2 ;; esac
-      [ -f "$OUT/$p.yaml" ] || { echo "$p.yaml was not written (best_async_low, best_async_quota: on the GPU only)" >&2
+        best_async|best_async_low|best_async_quota[0-9]*) per_round=$((per_round + 6)) ;;
+        *) echo "COMPARE_PLANS takes best_sync, best_async, best_async_low, best_async_quotaN," \
+                "best_async_quotaN_low; not $p" >&2; exit 2 ;; esac
+      [ -f "$OUT/$p.yaml" ] || { echo "$p.yaml was not written (best_async_low, best_async_quotaN: on the GPU only)" >&2
                                  exit 2; }
       plan_args+=(--plan "$p=$OUT/$p.yaml")
     done
