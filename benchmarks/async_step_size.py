@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python3 benchmarks/async_step_size.py` from anywhere
 
 import torch
 
