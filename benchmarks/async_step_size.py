@@ -8,8 +8,8 @@ asynchronous plan (`max_staleness: 1` on the policy's rollout weights, the sync 
 iteration) train from the same seed, and the JSON records the episode return of every iteration, PPO's
 clip fraction and the largest importance ratio.
 
-    python3 benchmarks/async_step_size.py --lrs 0.001,0.005,0.01,0.02 --iterations 40
-        # ~1.5 s an iteration on a 2-core machine: ~8 min; writes benchmarks/results/async_step_size_cpu.json
+    python3 benchmarks/async_step_size.py --lrs 0.001,0.005,0.01,0.015,0.02 --iterations 40
+        # ~1.5 s an iteration on a 2-core machine: ~10 min; writes benchmarks/results/async_step_size_cpu.json
 
 Learning figures, not timings: the machine's speed changes nothing they say.
 """
@@ -73,7 +73,7 @@ def run(lr: float, plan: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lrs", default="0.001,0.005,0.01,0.02", help="comma-separated learning rates")
+    ap.add_argument("--lrs", default="0.001,0.005,0.01,0.015,0.02", help="comma-separated learning rates")
     ap.add_argument("--iterations", type=int, default=40)
     ap.add_argument("--num-envs", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
