@@ -59,6 +59,21 @@ def _same_training(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]
         assert _training(a[k]) == _training(b[k]), k
 
 
+DECODE_PLAN = "split-chain sample decode grade 4"
+
+
+def _given_decode_plan(tmp_path: Path, n: int) -> Path:
+    """latency_decode's decode loop copied per row group with the verifier pipelined behind it (what the
+    optimizer finds there: benchmarks/optimize_cpu.py --check, `decode`), written as a plan for `--stage1`:
+    given, its measurement takes a fixed number of iterations and does not depend on what this machine
+    measures."""
+    given = tmp_path / "given.yaml"
+    r = rose("rewrite", str(WF / "latency_decode.yaml"), "--set", f"iterations={n}", "--do", DECODE_PLAN, "-o",
+             str(given))
+    assert r.returncode == 0, r.stderr
+    return given
+
+
 def test_interaction_loop_trains_bit_identically_through_the_optimizer(tmp_path: Path) -> None:
     # 320 iterations: the search trains most of 180-250 of them (each interleaved trial's first iteration after
     # a switch of plan is training, not a measurement; the epoch regions here are half an iteration, so their
@@ -131,10 +146,7 @@ def test_train_goes_on_with_the_plan_in_the_same_processes_bit_identically(tmp_p
     r = rose("execute", str(WF / "latency_decode.yaml"), "--set", f"iterations={n}", *NO_WAIT, "--out", str(declared),
              "--checkpoint-every", str(n), "-q")
     assert r.returncode == 0, r.stderr
-    given, plan, run = tmp_path / "given.yaml", tmp_path / "plan.yaml", tmp_path / "run"
-    r = rose("rewrite", str(WF / "latency_decode.yaml"), "--set", f"iterations={n}", "--do",
-             "split-chain sample decode grade 4", "-o", str(given))
-    assert r.returncode == 0, r.stderr
+    given, plan, run = _given_decode_plan(tmp_path, n), tmp_path / "plan.yaml", tmp_path / "run"
     r = rose("optimize", str(WF / "latency_decode.yaml"), "--set", f"iterations={n}", "--stage1", str(given),
              "-o", str(plan), "--out", str(run), "--train", "--checkpoint-every", "25", "-q")
     assert r.returncode == 0, r.stderr
@@ -175,10 +187,7 @@ def test_train_falls_back_to_the_hand_over_checkpoint_when_a_process_cannot_move
         raise CallFailed("moving policy", "policy", "the new process did not start")
 
     monkeypatch.setattr(qt, "settle", cannot_move)
-    given, plan, run = tmp_path / "given.yaml", tmp_path / "plan.yaml", tmp_path / "run"
-    r = rose("rewrite", str(WF / "latency_decode.yaml"), "--set", "iterations=40", "--do",
-             "split-chain sample decode grade 4", "-o", str(given))
-    assert r.returncode == 0, r.stderr
+    given, plan, run = _given_decode_plan(tmp_path, 40), tmp_path / "plan.yaml", tmp_path / "run"
     # a given graph: its measurement takes a fixed number of iterations, so iterations are left to train on
     # however slow this machine is (a search could use all of them, and then --train has nothing to move)
     r = CliRunner().invoke(app, ["optimize", str(WF / "latency_decode.yaml"), "--set", "iterations=40", "--stage1",
@@ -228,15 +237,12 @@ def test_a_pipelined_decode_loop_trains_bit_identically_through_the_optimizer(tm
     r = rose("execute", str(WF / "latency_decode.yaml"), "--set", f"iterations={n}", *NO_WAIT, "--out", str(declared),
              "--checkpoint-every", str(n), "-q")
     assert r.returncode == 0, r.stderr
-    given, plan = tmp_path / "given.yaml", tmp_path / "plan.yaml"
-    r = rose("rewrite", str(WF / "latency_decode.yaml"), "--set", f"iterations={n}", "--do",
-             "split-chain sample decode grade 4", "-o", str(given))
-    assert r.returncode == 0, r.stderr
+    given, plan = _given_decode_plan(tmp_path, n), tmp_path / "plan.yaml"
     r = rose("optimize", str(WF / "latency_decode.yaml"), "--set", f"iterations={n}", "--stage1", str(given), "-o",
              str(plan), "-q")
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "plan_report" / "report.json").read_text())
-    assert report["plan_requests"] == ["split-chain sample decode grade 4"], report["plan_requests"]
+    assert report["plan_requests"] == [DECODE_PLAN], report["plan_requests"]
     run = tmp_path / "plan_report" / "run"
     r = rose("execute", str(WF / "latency_decode.yaml"), "--plan", str(plan), "--out", str(run), "--resume",
              "--checkpoint-every", str(n), "-q")
