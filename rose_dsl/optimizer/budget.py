@@ -76,6 +76,12 @@ class Budget:
         start = self.clock() if from_now else self.started
         return replace(self, deadline=start + seconds, total_s=seconds)
 
+    def whole(self) -> Budget:
+        """The whole budget this share was cut from (itself when it is the whole, or unlimited)."""
+        if self.whole_s is None:
+            return self
+        return replace(self, deadline=self.started + self.whole_s, total_s=self.whole_s)
+
     def until(self, deadline: float | None) -> Budget:
         """This budget, ending at `deadline` instead where that is earlier (None: unchanged)."""
         if deadline is None or (self.deadline is not None and self.deadline <= deadline):

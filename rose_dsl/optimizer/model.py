@@ -16,6 +16,9 @@ Three things measured on this machine make the model:
 A plan is predicted by simulating one iteration of its invocation graph: each component process runs
 its calls in program order, a call starts when its producers are done plus the latency, and calls that
 overlap slow each other by the contention factors (a fluid model: rates change as calls start and end).
+An asynchronous plan (`defer`, `ahead`) is predicted in steady state (`CostModel.period`): several RL
+iterations simulated end to end, iteration k+1's rollout beside iteration k's update wherever the plan's
+dependencies allow, slowed by the same contention factors; the difference of two such runs is the period.
 """
 
 from __future__ import annotations
@@ -25,12 +28,12 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from ..analysis import invocation_graph
+from ..analysis import invocation_graph, iterations_in_flight
 from ..ir import ExecutionNode, Item, LoopNode, Workflow
 from ..semantics import Invocation
 from .profile import Call, IterationRun, TripStats, component_bases, item_sources, trip_stats
 
-__all__ = ["RowModel", "CostModel", "Prediction", "overlaps", "simulate", "rows_of", "trips_at"]
+__all__ = ["RowModel", "CostModel", "Prediction", "overlaps", "simulate", "steady_state", "rows_of", "trips_at"]
 
 SOLO = 0.1  # a call is "alone" when other processes' calls overlap less than this fraction of it
 
@@ -173,14 +176,27 @@ class CostModel:
 
         return replace(wf, root=fix(wf.root))  # type: ignore[arg-type]
 
-    def predict(self, wf: Workflow, free: Sequence[str] = (), lower_bound: bool = False) -> Prediction:
-        """Simulate one iteration of `wf`; components in `free` (e.g. the feed of a local graph) cost 0.
+    def period(self, wf: Workflow) -> Prediction:
+        """Seconds per RL iteration of `wf` in steady state. A synchronous plan runs its iterations one after
+        another (`predict`); an asynchronous one (`defer`, `ahead`: several RL iterations in flight) overlaps
+        iteration k+1's rollout with iteration k's update as far as the plan's data and state accesses allow,
+        with the contention its calls' overlap implies: `steady_state` over the simulated invocation graph
+        of several iterations, so the fill and the drain cancel out."""
+        depth = iterations_in_flight(wf)
+        if depth <= 1:
+            return self.predict(wf)
+        return steady_state(lambda n: self.predict(wf, iterations=n), depth)
+
+    def predict(self, wf: Workflow, free: Sequence[str] = (), lower_bound: bool = False,
+                iterations: int = 1) -> Prediction:
+        """Simulate one iteration of `wf` (or `iterations` consecutive ones, end to end); components in
+        `free` (e.g. the feed of a local graph) cost 0.
 
         With `lower_bound`, a node seen at one row count only is taken at the least it can cost at the rows
         this plan gives it (`RowModel.at`) instead of making the plan unpredictable: the prediction is then
         an optimistic one, and `unknown` names the nodes it assumed. A plan predicted clearly slower even
         so is clearly slower (where calls overlap little; a fluid simulation is not strictly monotone)."""
-        g = invocation_graph(self.with_trips(wf), iterations=1)
+        g = invocation_graph(self.with_trips(wf), iterations=iterations)
         sources = item_sources(wf)
         dur: dict[Invocation, float] = {}
         unknown: list[str] = []
@@ -223,10 +239,25 @@ def trips_at(stats: TripStats | None, loop: LoopNode) -> int | None:
     return max(1, min(loop.count or 1, round(expected)))
 
 
+STEADY_EXTRA = 2  # iterations simulated beyond the fill, whose difference is the steady-state period
+
+
+def steady_state(simulate_n: Callable[[int], Prediction], depth: int) -> Prediction:
+    """The steady-state seconds per iteration of a plan with `depth` RL iterations in flight, from simulations of
+    n consecutive iterations (`simulate_n(n)`): (T(depth + STEADY_EXTRA) - T(depth)) / STEADY_EXTRA, so the
+    pipeline's fill and drain, which both runs hold, cancel out. None when either simulation cannot say."""
+    a, b = simulate_n(depth), simulate_n(depth + STEADY_EXTRA)
+    if a.seconds is None or b.seconds is None:
+        return Prediction(None, a.unknown or b.unknown)
+    busy = {p: (b.busy.get(p, 0.0) - a.busy.get(p, 0.0)) / STEADY_EXTRA for p in b.busy}
+    return Prediction(max(0.0, b.seconds - a.seconds) / STEADY_EXTRA, b.unknown, busy)
+
+
 def simulate(wf: Workflow, cost: Callable[[ExecutionNode], float], contention: Mapping[tuple[str, str], float] | None = None,
-             latency_s: float = 0.0) -> Prediction:
-    """One iteration of `wf` with the given per-call cost (e.g. a known ground truth, in tests)."""
-    g = invocation_graph(wf, iterations=1)
+             latency_s: float = 0.0, iterations: int = 1) -> Prediction:
+    """`iterations` consecutive iterations of `wf` (end to end) with the given per-call cost (e.g. a known
+    ground truth, in tests)."""
+    g = invocation_graph(wf, iterations=iterations)
     dur = {inv: cost(g.node[inv]) for inv in g.order}
     comp = {inv: g.node[inv].component for inv in g.order}
     deps = {inv: list(g.producers(inv)) for inv in g.order}

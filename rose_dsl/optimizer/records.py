@@ -115,6 +115,9 @@ class Settings:
     # it otherwise), and the layout trials' (counted from when they start)
     stage1_share: float = 0.65
     layout_share: float = 0.35
+    # stage 1 may go on into stage 2's share to decide a candidate measured at least this much faster (its point
+    # estimate) that the rule has not decided yet: such a gain is more than the quota stage has been seen to win
+    borrow_speedup: float = 1.10
     # stage 2 (`stage2.py`): trials of one quota search (the paper's seven), rounds of one change each,
     # processes screened before the search, quota self-checks run side by side, and the share of the
     # workflow's iterations left that stage 2 plans to use
@@ -144,6 +147,10 @@ class Measured:
     verdict: Verdict | None = None
     workflow: Workflow | None = field(default=None, repr=False)
     runs: list[IterationRun] = field(default_factory=list, repr=False)  # complete-iteration trials
+    # the reference's runs interleaved with those (its own pairs: the race measures one candidate at a time)
+    reference_runs: list[IterationRun] = field(default_factory=list, repr=False)
+    trial_s: float | None = None  # estimated seconds of its complete-iteration trial (one pair over the rounds)
+    trial_rank: int | None = None  # its place in the race (by predicted gain per trial second; 1 first)
 
     def plan(self) -> Workflow:
         """The workflow of a feasible alternative (infeasible ones have none and are never measured)."""

@@ -17,7 +17,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..analysis import iterations_in_flight
 from ..ir import Workflow
 from ..measurement import window
 from .before_after import declared_graph, given_plan, interleaved
@@ -92,7 +91,6 @@ class _Search(_LocalTrials):
         self.local_cache: dict[tuple[str, ...], dict[tuple[str, ...], Measured]] = {}  # per round
         self.c0_runs: dict[tuple[str, ...], list[IterationRun]] = {}
         self.calibrated = False  # has a split been measured locally (the model knows what splitting costs)?
-        self.complete_reference: list[IterationRun] = []  # the reference's runs beside the complete trials
         self.accepted_reference: list[IterationRun] = []  # the reference's runs beside the last validated plan
         self.iteration_s: float | None = None  # the current reference's median iteration (budget estimates)
         self.out_of_budget = ""  # set when local trials ran out of budget: the round decides, then the search ends
@@ -104,6 +102,12 @@ class _Search(_LocalTrials):
         self.setup_s: float | None = None  # a new plan's set-up beyond that (s)
         self.cut = ""  # why a block of complete trials ended before its last turn (the search ends after the round)
         self.block_failures: dict[int, str] = {}  # the last block's failed plans (by index)
+        # what was measured on the current graph (a round that keeps nothing is followed by one that measures
+        # what it left untried, not the same candidates again), and the promising candidates a round left
+        # untried for its per-target limit L
+        self.tried: set[tuple[str, ...]] = set()
+        self.waiting: list[Measured] = []
+        self.budget_skips: list[str] = []  # the round's candidates not begun because no round of them fitted
 
     # -- helpers ----------------------------------------------------------------------------------
     def budget(self, need_s: float = 0.0) -> None:
@@ -203,13 +207,11 @@ class _Search(_LocalTrials):
 
     def predict(self, wf: Workflow, reference: Workflow, measured_s: float) -> float | None:
         """`wf`'s iteration time, scaled from the reference's measured one by the cost model; None when
-        the model cannot say. The model simulates one RL iteration, so it cannot show what running more
-        or fewer of them in flight (`defer`, `ahead`) changes: such a plan is unpredicted (measured as a
-        calibration would be), not predicted as fast as the reference, which would put the model's blind
-        spot into the report's prediction errors and rank the candidate as if it gained nothing."""
-        if iterations_in_flight(wf) != iterations_in_flight(reference):
-            return None
-        p, p0 = self.model.predict(wf), self.model.predict(reference)
+        the model cannot say. Both are predicted per iteration in steady state (`CostModel.period`): an
+        asynchronous plan (`defer`, `ahead`) by simulating several pipelined iterations, so that its gain
+        -- the next rollout beside this update -- is predicted like any other candidate's and it is measured
+        in the order of that gain, not after every predicted one."""
+        p, p0 = self.model.period(wf), self.model.period(reference)
         if p.seconds is None or not p0.seconds:
             return None
         return measured_s * p.seconds / p0.seconds
@@ -286,7 +288,12 @@ class _Search(_LocalTrials):
         whole: dict[tuple[str, ...], list[Measured]] = {}
         root = g.root.path
         for t in rec.targets:
-            feasible = [m for m in t.alternatives if m.workflow is not None]
+            feasible = []
+            for m in t.alternatives:
+                if m.workflow is not None and m.requests in self.tried:
+                    m.status, m.reason = "skipped", "measured in an earlier round on this plan"
+                elif m.workflow is not None:
+                    feasible.append(m)
             chosen = self._select(t, feasible, reference)
             regions = {id(m): changed_regions(g, m.plan()) for m in chosen}
             local = [m for m in chosen if root not in regions[id(m)]]
@@ -370,44 +377,34 @@ class _Search(_LocalTrials):
                 m.status = "skipped"
                 m.reason = (f"predicted {pred:.3f} s, slower than the reference {reference.median:.3f} s"
                             if pred is not None and not promising else f"beyond the {limit} alternatives per target")
+                if not has_place and (pred is None or pred < (1 - self.s.rule.worth) * reference.median):
+                    self.waiting.append(m)  # a later round on this plan measures it
         return chosen
 
     def _complete_trials(self, g: Workflow, whole: dict[tuple[str, ...], list[Measured]],
                          ref_runs: list[IterationRun]) -> None:
-        unique = [ms[0] for ms in whole.values()]
+        """Complete-iteration trials as a race against the shared reference `g`: one candidate at a time,
+        in the order of predicted gain per second of trial (`_trial_order`), each interleaved with `g` until
+        the decision rule decides it (`_settle`) or its looks are spent; then the next one enters. No block
+        has to fit the budget as a whole: a candidate is skipped only when not even one interleaved round of
+        it fits what is left. (One block of every candidate, cut to what its estimate fitted, left the best
+        candidates unmeasured: H100, long-tail LLM, `defer sync 1` at 1.7x was one of 11 left out.)"""
         self.budget()
-        unique, left_out = self._fit_block(g, unique)
-        for m in left_out:
-            for same in whole.pop(m.requests):
-                same.status, same.reason = "skipped", "not measured: the block of complete trials did not fit the budget"
-        self.log(f"  complete-iteration trials of {len(unique)} alternative(s) (real training)"
-                 + (f"; {len(left_out)} left out for the budget" if left_out else ""))
-        plans, labels = [g] + [m.plan() for m in unique], [self.label] + [self.label + m.label for m in unique]
-        runs = self.complete(plans, self.s.validation_rounds, labels=labels)
-        failed = dict(self.block_failures)
-        runs = self._settle(plans, runs, failed, labels)
-        ref_runs += runs[0]
-        self.complete_reference = list(runs[0])  # what validation compares a reused candidate with
-        ref = summarize([r.seconds for r in runs[0]])
-        for i, (ms, rs) in enumerate(zip(whole.values(), runs[1:], strict=True), start=1):
-            if i not in failed and not rs and self.cut:
-                for m in ms:
-                    m.status, m.reason = "skipped", f"not measured: {self.cut}"
-                continue
-            if i in failed or not rs:
-                for m in ms:
-                    m.status, m.reason = "failed", failed.get(i, "no iteration completed")
-                continue
-            summary = summarize([r.seconds for r in rs])
-            verdict = paired(self.s.rule, runs[0], rs, more=False)
-            for m in ms:
-                m.summary, m.runs, m.status = summary, list(rs), "complete"
-                m.verdict, m.significant = verdict, verdict.outcome == "faster"
-                m.benefit_s = ref.median - summary.median
-                if not m.significant:
-                    m.reason = m.reason or verdict.describe()
-            if ms[0].predicted_iteration_s is not None:
-                self.errors.append((f"iteration {ms[0].label}", ms[0].predicted_iteration_s, summary.median))
+        order = self._trial_order(g, [ms[0] for ms in whole.values()])
+        self.log(f"  complete-iteration trials of {len(order)} alternative(s), one at a time against the reference, "
+                 "by predicted gain per trial second (real training)")
+        for rank, m in enumerate(order, start=1):
+            ms = whole[m.requests]
+            for same in ms:
+                same.trial_rank, same.trial_s = rank, m.trial_s
+            share = self.time  # (a candidate that borrows the rest of the budget borrows it for itself alone)
+            reason = self._dominated(m) or self._cannot_start(g, m)
+            if reason:
+                for same in ms:
+                    same.status, same.reason = "skipped", f"not measured: {reason}"
+            else:
+                self._race(g, m, ms, ref_runs)
+            self.time = share
         assert self.rec is not None
         for t in self.rec.targets:
             best = [m for m in t.alternatives if m.significant and m.status == "complete"]
@@ -416,24 +413,90 @@ class _Search(_LocalTrials):
                 if t.best is None or top.benefit_s > t.best.benefit_s:
                     t.best = top
 
-    def _fit_block(self, g: Workflow, unique: list[Measured]) -> tuple[list[Measured], list[Measured]]:
-        """As many alternatives as one interleaved block (with the reference `g`) fits in what is left of
-        the budget by `_block_s`, the most promising first (predicted iteration time; unpredicted ones
-        after, in the candidates' order). H200, MJX: twelve alternatives made a 378-s block
-        against 229 s left, so none was measured -- the first of them was 1.23x."""
-        if not self.time.limited or not self.iteration_s:
-            return unique, []
-        left = self.time.left() or 0.0
-        ranked = sorted(range(len(unique)), key=lambda i: (unique[i].predicted_iteration_s is None,
-                                                           unique[i].predicted_iteration_s or 0.0, i))
-        kept = ranked[:1]  # the most promising, even when the estimate says it will not fit: `complete`
-        for i in ranked[1:]:  # checks every turn and measures what fits (the estimate starts pessimistic)
-            block = [g] + [unique[j].plan() for j in sorted(kept + [i])]
-            if self._block_s(block, self.s.validation_rounds) > left:
-                break
-            kept.append(i)
-        kept.sort()
-        return [unique[i] for i in kept], [unique[i] for i in ranked if i not in kept]
+    def _trial_order(self, g: Workflow, unique: list[Measured]) -> list[Measured]:
+        """The candidates by predicted gain per second of trial (`Measured.trial_s`: one interleaved pair with
+        the reference over the validation rounds, by `_block_s`), largest first; then the unpredicted ones (what
+        they gain is unknown), then those predicted to gain nothing (calibrations), each in the candidates'
+        order."""
+        ref = self.iteration_s or 0.0
+
+        def key(i: int) -> tuple[int, float, int]:
+            m = unique[i]
+            m.trial_s = self._block_s([g, m.plan()], self.s.validation_rounds) or None
+            if m.predicted_iteration_s is None:
+                return 1, 0.0, i
+            gain = ref - m.predicted_iteration_s
+            return (0 if gain > 0 else 2), -gain / (m.trial_s or 1.0), i
+
+        return [unique[i] for i in sorted(range(len(unique)), key=key)]
+
+    def _cannot_start(self, g: Workflow, m: Measured) -> str | None:
+        """Why a candidate's trial is not begun: stopped, the budget spent (the search ends after this round),
+        or not even one interleaved round of it fits what is left (a cheaper candidate after it still may)."""
+        if self.out_of_budget:
+            return self.out_of_budget
+        need = self._block_s([g, m.plan()], 1)
+        pred, ref = m.predicted_iteration_s, self.iteration_s
+        if not self.time.fits(need) and pred and ref and self._borrow_for(ref / pred, "predicted"):
+            pass  # (the whole budget now: checked below like any other)
+        try:
+            self.budget(need)
+        except OutOfBudget as exc:
+            if self.time.spent() or (self.stop is not None and self.stop()):
+                self.out_of_budget = str(exc)
+            self.budget_skips.append(str(exc))
+            return str(exc)
+        return None
+
+    def _dominated(self, m: Measured) -> str | None:
+        """Why a candidate is not worth its trial after another was decided faster: it is predicted to save less
+        than the winner measured and cannot be applied on top of it (so `_combine` would take one or the other)
+        -- the complete-trial counterpart of `_drop_dominated`. An unpredicted candidate is always measured."""
+        assert self.rec is not None
+        won = [w for t in self.rec.targets for w in t.alternatives if w.status == "complete" and w.significant]
+        if not won or m.predicted_iteration_s is None or self.iteration_s is None:
+            return None
+        winner = max(won, key=lambda w: w.benefit_s)
+        gain = self.iteration_s - m.predicted_iteration_s
+        if gain >= winner.benefit_s or isinstance(check(winner.plan(), Alternative(m.requests, m.family, ""), self.memory),
+                                                  Feasible):
+            return None
+        return (f"predicted to save {gain:.3f} s/iteration, less than `{winner.label}` measured "
+                f"({winner.benefit_s:.3f} s), and does not combine with it")
+
+    def _race(self, g: Workflow, m: Measured, ms: list[Measured], ref_runs: list[IterationRun]) -> None:
+        """One candidate against the reference: interleaved rounds until the rule decides it; every alternative
+        that proposed the same requests (`ms`) gets the outcome."""
+        plans, labels = [g, m.plan()], [self.label, self.label + m.label]
+        try:
+            runs = self.complete(plans, self.s.validation_rounds, labels=labels)
+        except OutOfBudget as exc:
+            self.out_of_budget = self.out_of_budget or str(exc)
+            for same in ms:
+                same.status, same.reason = "skipped", f"not measured: {exc}"
+            return
+        failed = dict(self.block_failures)
+        runs = self._settle(plans, runs, failed, labels)
+        ref_runs += runs[0]
+        if 1 not in failed and not runs[1] and self.cut:
+            for same in ms:
+                same.status, same.reason = "skipped", f"not measured: {self.cut}"
+            return
+        if 1 in failed or not runs[1]:
+            for same in ms:
+                same.status, same.reason = "failed", failed.get(1, "no iteration completed")
+            return
+        summary, ref = summarize([r.seconds for r in runs[1]]), summarize([r.seconds for r in runs[0]])
+        verdict = paired(self.s.rule, runs[0], runs[1], more=False)
+        for same in ms:
+            same.summary, same.runs, same.status, same.reference_runs = summary, list(runs[1]), "complete", list(runs[0])
+            same.verdict, same.significant = verdict, verdict.outcome == "faster"
+            same.benefit_s = ref.median - summary.median
+            if not same.significant:
+                same.reason = same.reason or verdict.describe()
+        self.log(f"  {m.label}: {verdict.describe()}")
+        if m.predicted_iteration_s is not None:
+            self.errors.append((f"iteration {m.label}", m.predicted_iteration_s, summary.median))
 
     def _settle(self, plans: Sequence[Workflow], runs: list[list[IterationRun]], failed: dict[int, str],
                 labels: Sequence[str]) -> list[list[IterationRun]]:
@@ -450,6 +513,7 @@ class _Search(_LocalTrials):
                 return out
             n = min(len(out[i]) for i in open_)
             more_rounds = next((k for k in self.s.rule.looks if k > n), self.s.rule.max_n) - n
+            self._borrow(out, open_)
             open_, dropped = self._fit_settle(plans, out, open_, more_rounds)
             self.log(f"  {len(open_)} alternative(s) faster but not decided by the rule at n = {n}: {more_rounds} "
                      "more interleaved round(s)" + (f"; {len(dropped)} left undecided for the budget" if dropped
@@ -471,6 +535,26 @@ class _Search(_LocalTrials):
             if self.cut:
                 return out
 
+    def _borrow(self, out: list[list[IterationRun]], open_: list[int]) -> None:
+        """`_borrow_for` the largest speedup the open candidates' runs show so far."""
+        best = min((paired(self.s.rule, out[0], out[i], more=True).ratio for i in open_), default=1.0)
+        if best > 0:
+            self._borrow_for(1.0 / best, "measured")
+
+    def _borrow_for(self, speedup: float, how: str) -> bool:
+        """Let stage 1 go on into the rest of the whole budget (stage 2's share) for a candidate `how`
+        ("measured", "predicted") at least `Settings.borrow_speedup` faster: to start its trial, or to decide it
+        (the rule's first look needs five pairs). H200, long-tail LLM: `defer sync 1` measured 1.96x on two
+        pairs when stage 1's share ran out; stage 2 then found no process with slack and left its share unspent.
+        What the share's end had cut is forgotten (the search goes on). True when the budget grew."""
+        whole = self.time.whole()
+        if whole.deadline == self.time.deadline or speedup < self.s.borrow_speedup:
+            return False
+        self.log(f"  a candidate {how} {speedup:.2f}x: stage 1 goes on into the rest of the budget "
+                 f"({whole.left() or 0.0:.0f} s left) for it")
+        self.time, self.cut, self.out_of_budget = whole, "", ""
+        return True
+
     def _fit_settle(self, plans: Sequence[Workflow], out: list[list[IterationRun]], open_: list[int],
                     rounds: int) -> tuple[list[int], list[int]]:
         """The open candidates whose extra rounds fit what is left of the budget, the largest estimated gain
@@ -481,7 +565,7 @@ class _Search(_LocalTrials):
             return open_, []
         left = self.time.left() or 0.0
         by_gain = sorted(open_, key=lambda i: (paired(self.s.rule, out[0], out[i], more=True).ratio, i))
-        kept = by_gain[:1]  # the most promising, even when the estimate says it will not fit (as `_fit_block`)
+        kept = by_gain[:1]  # the most promising, even when the estimate says it will not fit (as `_trial_order` puts first)
         for i in by_gain[1:]:
             if self._block_s([plans[0]] + [plans[j] for j in sorted(kept + [i])], rounds) > left:
                 break
@@ -534,14 +618,21 @@ class _Search(_LocalTrials):
             rec.combined_predicted_s = self.predict(plan, g, reference.median)
             reuse = picked[0].summary if len(picked) == 1 and picked[0].status == "complete" else None
             if reuse is not None:  # RunOrReuse: already measured on complete iterations, interleaved with G
-                cand, ref = reuse, summarize([r.seconds for r in self.complete_reference])
+                paired_ref = picked[0].reference_runs
+                cand, ref = reuse, summarize([r.seconds for r in paired_ref])
                 runs = picked[0].runs
-                self.accepted_reference = list(self.complete_reference)
-                verdict = picked[0].verdict or paired(self.s.rule, self.complete_reference, runs, more=False)
+                self.accepted_reference = list(paired_ref)
+                verdict = picked[0].verdict or paired(self.s.rule, paired_ref, runs, more=False)
             else:
                 self.log(f"round {rec.index}: validating {'; '.join(requests)} on complete iterations")
                 labels = [self.label, self.label + "; ".join(requests)]
-                both = self.complete([g, plan], self.s.validation_rounds, labels=labels)
+                try:
+                    both = self.complete([g, plan], self.s.validation_rounds, labels=labels)
+                except OutOfBudget as exc:  # the single best, measured already, needs no more budget
+                    self.out_of_budget = self.out_of_budget or str(exc)
+                    rec.note = f"not validated: {exc}"
+                    self.log(f"round {rec.index}: {rec.note}")
+                    continue
                 failed = dict(self.block_failures)
                 both = self._settle([g, plan], both, failed, labels)
                 ref_runs += both[0]
@@ -606,24 +697,42 @@ def _reference_profile(search: _Search, wf: Workflow, s: Settings, stop: Stop | 
 
 
 def _walk(search: _Search, wf: Workflow, runs: list[IterationRun], s: Settings, log: Log) -> _Walked:
-    """Round after round, each on the plan the last one kept, until a round keeps nothing, the rounds are
-    done or the budget is spent. A round cut short stays in the record with what it measured."""
+    """Round after round, each on the plan the last one kept, until R rounds kept a change, the budget is
+    spent, or a round kept nothing and no candidate it left untried is predicted faster than the current plan
+    by more than the noise (`_next_round`). A round cut short stays in the record with what it measured."""
     w = _Walked(wf, (), runs, [])
+    accepted, r = 0, 0
     try:
-        for r in range(1, s.rounds + 1):
+        while accepted < s.rounds:
+            r += 1
             search.label = "; ".join(w.requests) + ("; " if w.requests else "")
+            search.waiting, search.budget_skips = [], []
             rec, plan, applied, new_runs = search.round(r, w.graph, w.runs)
             w.rounds.append(rec)
+            search.tried |= {m.requests for t in rec.targets for m in t.alternatives
+                             if m.status in ("complete", "measured", "failed")}
             if plan is not None:
                 w.graph, w.requests, w.runs = plan, w.requests + applied, new_runs
+                accepted, search.tried = accepted + 1, set()
             if search.out_of_budget:
-                w.stopped, w.cut_short = search.out_of_budget, True
+                noise = _noise(rec) if plan is None else ""
+                w.stopped, w.cut_short = search.out_of_budget + (f"; {noise}" if noise else ""), True
+                log(f"stopping after round {r}: {w.stopped}")
+                return w
+            if plan is None and search.budget_skips:  # what is left of the budget fits no candidate's trial
+                noise = _noise(rec)
+                w.stopped, w.cut_short = search.budget_skips[-1] + (f"; {noise}" if noise else ""), True
+                rec.note = f"cut short: {w.stopped}; {rec.note}" if rec.note else f"cut short: {w.stopped}"
                 log(f"stopping after round {r}: {w.stopped}")
                 return w
             if plan is None:
-                w.stopped = f"round {r} accepted nothing"
+                why = _next_round(search, r, rec)
+                if why is None:
+                    continue
+                w.stopped = why
+                log(f"stopping after round {r}: {why}")
                 return w
-        w.stopped = f"{s.rounds} round(s) done"
+        w.stopped = f"{s.rounds} round(s) kept a change"
     except OutOfBudget as exc:
         w.stopped, w.cut_short = str(exc), True
         log(f"stopping: {w.stopped}")
@@ -631,6 +740,36 @@ def _walk(search: _Search, wf: Workflow, runs: list[IterationRun], s: Settings, 
             search.rec.note = search.rec.note or f"cut short: {exc}"
             w.rounds.append(search.rec)
     return w
+
+
+def _next_round(search: _Search, r: int, rec: RoundRecord) -> str | None:
+    """After round `r` kept nothing: None when another round on the same plan should measure the promising
+    candidates it left untried (it measured something, so the rounds cannot repeat themselves), else why the
+    search stops -- naming the noise when candidates stayed undecided in it."""
+    waiting = {m.requests: m for m in search.waiting if m.requests not in search.tried}
+    measured = [m for t in rec.targets for m in t.alternatives if m.status in ("complete", "measured")]
+    if waiting and measured:
+        search.log(f"round {r} kept nothing; {len(waiting)} untried candidate(s) are predicted faster than the "
+                   "plan: another round on it")
+        return None
+    noise = _noise(rec)
+    if noise:
+        return (f"round {r} kept nothing: {noise}, and no untried candidate is predicted faster by more than "
+                f"{search.s.rule.worth:.0%}")
+    return (f"round {r} kept nothing, and no untried candidate is predicted faster than the plan by more than "
+            f"{search.s.rule.worth:.0%}")
+
+
+def _noise(rec: RoundRecord) -> str:
+    """What the noise did to a round: its candidates measured faster that the rule left undecided, with the
+    reference's spread ("" when none stayed undecided). A loaded machine (spreads of 100-200%) decides nothing
+    at a budget that a quiet one decides easily; the stop must say which of the two happened."""
+    undecided = [m for t in rec.targets for m in t.alternatives if m.status == "complete" and m.verdict is not None
+                 and m.verdict.outcome == "undecided" and m.benefit_s > 0]
+    if not undecided:
+        return ""
+    return (f"{len(undecided)} candidate(s) measured faster stayed undecided in the noise (the reference's iterations "
+            f"spread {rec.reference.spread:.0%}); a quieter machine or a larger --budget-s could decide them")
 
 
 def _conclude(search: _Search, wf: Workflow, w: _Walked, profile: list[IterationRun], measurer: Measurer,

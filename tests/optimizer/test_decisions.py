@@ -193,4 +193,6 @@ def test_the_search_accepts_no_null_local_alternative_beyond_alpha() -> None:
                 decided += 1
                 accepted += m.significant
                 assert m.verdict.unpaired is not None  # the rank-sum variant decided it
-    assert decided >= 100 and accepted / decided <= DEFAULT_RULE.alpha, (accepted, decided)
+    # (in about half the seeds every local alternative is dropped as dominated by the complete winner's measured
+    # saving, `_drop_dominated`: 75 decisions over the ten seeds, none of them a false accept)
+    assert decided >= 60 and accepted / decided <= DEFAULT_RULE.alpha, (accepted, decided)
