@@ -352,13 +352,16 @@ class TrialSession:
                 try:
                     if before is not None:
                         before(i)
-                    if new or self._last_plan is not plans[i]:
+                    if new or (self._last_plan is not plans[i] and window(plans[i]).iterations == 1):
                         # The first iteration of a plan, and the first after a switch from another, are
                         # training (kept), not measurements: a plan's first carries its start-up (processes
                         # for new copies, programs compiled and CUDA graphs captured for new batch sizes),
                         # and one right after a switch ran up to 3x its steady time on the CPU (the previous
                         # plan's compiled graph still winding down). Timed, they made the reference of an
                         # interleaved comparison slower than the candidates and gave slower plans a benefit.
+                        # An asynchronous plan's window needs no such iteration after a switch: its fill
+                        # iterations are untimed already (H100, long-tail LLM: ~10 s a turn saved of ~80 s
+                        # a pair, where the decision rule's fifth pair did not fit 420 s)
                         self._iteration(plans[i], labels[i], guard=new and (i > 0 or guard_first))
                     self.join_pending()
                     out[i].append(self._measure(plans[i], labels[i]))

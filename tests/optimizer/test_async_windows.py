@@ -91,3 +91,31 @@ def test_the_cost_model_predicts_a_deferral_in_steady_state(plans) -> None:
     assert search.predict(plan, wf, 1.0) == pytest.approx(0.6, rel=0.02)
     assert search.predict(wf, plan, 0.6) == pytest.approx(1.0, rel=0.02)
     assert search.predict(plan, plan, 1.0) == pytest.approx(1.0)
+
+
+def test_a_window_after_a_switch_needs_no_untimed_iteration_of_its_own(plans) -> None:
+    """A synchronous plan's first iteration after a switch is training, not a measurement (it runs slow); an
+    asynchronous plan's window already starts with untimed fill iterations, so a switch back to a plan that
+    has run adds none (`TrialSession.complete`). Counted in training iterations on the local backend."""
+    from interpreter.executor import Executor
+    from interpreter.trials import TrialSession
+    from rose_cli.run import ExecuteOptions, Gpu, build_backend  # (the command's backend factory, as rose optimize)
+
+    wf, plan = plans
+    opts = ExecuteOptions(backend="local", out_dir=None, allowed=("tests.",))
+    executor = Executor(wf, lambda w, s: build_backend(w, s, opts, Gpu(), _Quiet()), log=lambda m: None)
+    session = TrialSession(wf, executor, log=lambda m: None)
+    try:
+        session.complete([wf, plan], 3)
+        win = window(plan).iterations
+        # round 1: wf's first (untimed) + 1, the plan's first (untimed) + a window; round 2 (reversed): the plan's
+        # window (no switch), wf's switch (untimed) + 1; round 3: wf again (no switch) + 1, the plan's window alone
+        assert session.k == (2 + 1 + win) + (win + 2) + (1 + win)
+    finally:
+        session.close()
+        executor.close()
+
+
+class _Quiet:
+    def print(self, *args, **kwargs) -> None:
+        pass
