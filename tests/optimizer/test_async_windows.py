@@ -99,7 +99,7 @@ def test_a_window_after_a_switch_needs_no_untimed_iteration_of_its_own(plans) ->
     has run adds none (`TrialSession.complete`). Counted in training iterations on the local backend."""
     from interpreter.executor import Executor
     from interpreter.trials import TrialSession
-    from rose_cli.run import ExecuteOptions, Gpu, build_backend  # (the command's backend factory, as rose optimize)
+    from rose_cli.run import ExecuteOptions, Gpu, build_backend
 
     wf, plan = plans
     opts = ExecuteOptions(backend="local", out_dir=None, allowed=("tests.",))
