@@ -42,6 +42,7 @@ def _alt(m: Measured) -> dict[str, Any]:
             "predicted_local_s": m.predicted_local_s, "measured": _s(m.summary), "status": m.status,
             "reason": m.reason, "significant": m.significant, "benefit_s": m.benefit_s,
             "verdict": m.verdict.to_json() if m.verdict is not None else None,
+            "trial_rank": m.trial_rank, "trial_s": m.trial_s,
             "fix": fix_for(m.reason) if m.status == "infeasible" else None}
 
 
@@ -371,12 +372,14 @@ def report_markdown(doc: Mapping[str, Any], picture: str | None) -> str:
                       "", f"Comparison graph: `{t['comparison_graph'] or 'the whole iteration'}`"
                       + (f" ({t['window']} iteration(s) of it)" if t["window"] else "")
                       + (f"; c0 {_med(t['c0'])}" if t["c0"] else "") + (f". {t['note']}" if t["note"] else ""), "",
-                      "| alternative | status | measured | predicted | benefit/iteration | why |",
-                      "| --- | --- | --- | --- | --- | --- |"]
+                      "| alternative | status | measured | predicted | race (trial) | benefit/iteration | why |",
+                      "| --- | --- | --- | --- | --- | --- | --- |"]
             for a in t["alternatives"]:
                 pred = a["predicted_local_s"] if a["status"] == "measured" else a["predicted_iteration_s"]
+                race = (f"#{a['trial_rank']} ({_f(a.get('trial_s'), 's', 3)})" if a.get("trial_rank") is not None
+                        else "-")
                 lines.append(f"| `{'; '.join(a['requests'])}` | {a['status']}{' ✓' if a['significant'] else ''} | "
-                             f"{_med(a['measured'])} | {_f(pred, 's', 4)} | {_f(a['benefit_s'], 's', 4)} | "
+                             f"{_med(a['measured'])} | {_f(pred, 's', 4)} | {race} | {_f(a['benefit_s'], 's', 4)} | "
                              f"{_why(a)} |")
         lines += _combined_markdown(r["combined"])
     lines += layout_markdown(doc.get("layout"))
