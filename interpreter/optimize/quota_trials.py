@@ -16,8 +16,8 @@ from typing import Any
 from rose_dsl.ir import Workflow
 from rose_dsl.measurement import Books
 
-from .mps import quota_levels
-from .quota_safety import QuotaVerdict, check_quotas, machine_fingerprint
+from ..mps import quota_levels
+from ..quota_safety import QuotaVerdict, check_quotas, machine_fingerprint
 from .trials import FEED_IMPL, PROBE_IMPL
 
 __all__ = ["QuotaTrials", "CheckPrefetch", "settle", "quota_sms"]
