@@ -1,14 +1,16 @@
 """`rose optimize FILE -o PLAN.yaml`: profile real iterations, search rewrites (stage 1) and MPS quotas
 (stage 2), write the plan, the report and a checkpoint of the training done on the way.
 
-This module wires the pure search (`rose_dsl.optimizer`) to the runtime's measuring side
-(`interpreter.optimize.trials`) and shows progress; it decides nothing itself. It follows `rose execute`'s
-conventions and uses its pieces (`rose_cli.run`): the trust policy checked before anything starts;
-`prepare` (the run directory rules), `gpu_session` (MPS daemon, SM sampling) and `build_backend` for
-the set-up; `guarded` for the exit-code table and the one teardown. What it writes, and never clobbers
-without `--overwrite`: the plan (`-o`), the report directory (`--report`, default `PLAN_report/`) and the
-run directory of the iterations it trained (`--out`, default `REPORT/run/`, with `rose execute --out`'s
-rules).
+This module turns the options into `OptimizeOptions` and hands them to the one driver,
+`interpreter.optimize.optimize`, which runs the whole optimizer (the search, `rose_dsl.optimizer`; the
+measuring side beside the driver); it decides nothing itself. It checks what only the options can get
+wrong (`--stage1`, `--layout`, the trust policy) before anything starts; implements the driver's `Host`
+with `rose execute`'s pieces (`rose_cli.run`: `prepare` for the run directory rules, `gpu_session` for
+the MPS daemon and SM sampling, `start_trial_session`, `progress_log`) and its own signal handler
+(`GracefulStop`); runs it under `guarded` (the exit-code table, the one teardown); and shows the summary
+and `--train`'s progress. What it writes, and never clobbers without `--overwrite`: the plan (`-o`), the
+report directory (`--report`, default `PLAN_report/`) and the run directory of the iterations it trained
+(`--out`, default `REPORT/run/`, with `rose execute --out`'s rules).
 
 Exit codes (`rose_dsl.cli.ExitCode`): 0 done, 1 internal error, 2 invalid input (workflow, options, an
 output that would be overwritten, a budget too small for the reference profile), 3 a component failed,

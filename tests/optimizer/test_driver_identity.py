@@ -20,6 +20,8 @@ import io
 import json
 import os
 import re
+from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +77,11 @@ def _given(wf: Workflow) -> Workflow:
     return load_workflow_text(to_yaml(plan, plan={"source": wf.file, "rewrites": GIVEN}), "stage1.yaml")
 
 
+def _text(path: Path, file: Path) -> str:
+    """A written plan, without the machine's path of its workflow."""
+    return re.sub(r"source: .*", "source: FILE", path.read_text().replace(str(file), "FILE"))
+
+
 def _record(name: str, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """The driver's run of case `name` on the fake session: what it wrote, decided and asked to measure."""
     from rose_cli import run as run_module
@@ -99,12 +106,9 @@ def _record(name: str, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, 
     code = optimize_workflow(wf, opts, run, console, console)
     assert code == 0, console.file.getvalue()  # type: ignore[attr-defined]
 
-    def text(path: Path) -> str:  # (the workflow's path is the machine's)
-        return re.sub(r"source: .*", "source: FILE", path.read_text().replace(str(file), "FILE"))
-
     report = json.loads((opts.report_dir / "report.json").read_text())
     return _stable(json.loads(json.dumps({
-        "plan": text(opts.output), "stage1": text(opts.report_dir / "stage1.yaml"),
+        "plan": _text(opts.output, file), "stage1": _text(opts.report_dir / "stage1.yaml", file),
         "decisions": {k: report.get(k) for k in DECISIONS},
         "counts": {k: report["trials"][k]["count"] for k in COUNTS},
         "calls": [call for s in sessions for call in s.calls]})))
@@ -122,6 +126,64 @@ def test_the_driver_decides_and_measures_as_recorded(name: str, tmp_path: Path,
     for part in want:  # (one part at a time, so that a failure names it)
         assert got[part] == want[part], f"{name}: {part} differs from {golden.relative_to(ROOT)}"
     assert sorted(got) == sorted(want)
+
+
+@dataclass(frozen=True)
+class _Run:
+    backend: str = "local"
+    out_dir: Path | None = None
+    overwrite: bool = False
+    check_quotas: bool = True
+
+
+class _Gpu:
+    quotas_work = False
+
+    def client_env(self, quota: int | None, priority: int | None = None) -> dict[str, str]:
+        return {}
+
+
+class _BareHost:
+    """The driver's `Host` with nothing of the command: no run-directory rules, no GPU, no progress, no signals."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.run, self.teardown, self.sessions = _Run(out_dir=out_dir), ExitStack(), []
+
+    def prepare(self, wf: Workflow) -> None:
+        pass
+
+    def gpu_session(self, wf: Workflow) -> Any:
+        return nullcontext(_Gpu())
+
+    def start_session(self, wf: Workflow, gpu: Any, copies: Any, log: Any, started: float) -> FakeSession:
+        self.sessions.append(FakeSession(wf, self.run.out_dir))
+        return self.sessions[-1]
+
+    def progress_log(self, deadline: float | None) -> Any:
+        return nullcontext(lambda line: None)
+
+    def stop_on_signal(self, log: Any) -> Any:
+        return nullcontext(lambda: None)
+
+    def machine(self, backend: str) -> dict[str, Any]:
+        return {}
+
+
+def test_the_driver_runs_on_a_bare_host_as_under_the_command(tmp_path: Path) -> None:
+    """`interpreter.optimize.optimize` needs nothing of `rose_cli`: on a host that only starts the fake
+    session, it writes and measures what the command's run of the same case recorded."""
+    from interpreter.optimize import OptimizeOptions, optimize
+
+    file = ROOT / "workflows" / "latency_until_episodes.yaml"
+    wf = load_workflow(file, PARAMS)
+    host = _BareHost(tmp_path / "run")
+    opts = OptimizeOptions(file=file, output=tmp_path / "plan.yaml", report_dir=tmp_path / "report")
+    with host.teardown:
+        outcome = optimize(wf, opts, host)
+    want = json.loads((GOLDEN / "latency_until_episodes.json").read_text())
+    assert outcome.report["plan_requests"] == want["decisions"]["plan_requests"]
+    assert [call for s in host.sessions for call in s.calls] == want["calls"]
+    assert _text(opts.output, file) == want["plan"] and outcome.run_dir == tmp_path / "run"
 
 
 def test_the_record_sees_every_kind_of_measurement() -> None:
