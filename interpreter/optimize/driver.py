@@ -51,7 +51,7 @@ from rose_dsl.optimizer import (
 )
 
 from ..runner import IterationResult
-from .quota_trials import CheckPrefetch, QuotaTrials, quota_sms, settle
+from .quota_trials import CheckPrefetch, MpsClients, QuotaTrials, quota_sms, settle
 from .trials import unsupported
 
 __all__ = ["optimize", "OptimizeOptions", "Outcome", "Host", "RunOptions", "Gpu", "MeasuringSession",
@@ -101,13 +101,11 @@ class RunOptions(Protocol):
     def check_quotas(self) -> bool: ...  # self-check the MPS quota levels before using them
 
 
-class Gpu(Protocol):
+class Gpu(MpsClients, Protocol):
     """The GPU set-up the host made: whether MPS quotas bind here, and the MPS clients' environments."""
 
     @property
     def quotas_work(self) -> bool: ...
-
-    def client_env(self, quota: int | None, priority: int | None = None) -> dict[str, str]: ...
 
 
 class SessionExecutor(Protocol):
