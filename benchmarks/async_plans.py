@@ -56,7 +56,7 @@ from rich.console import Console
 
 from benchmarks.common import machine, versions
 from interpreter.backends import Backend
-from interpreter.executor import Executor
+from interpreter.optimize.executor import Executor
 from interpreter.runner import RunConfig, Runner
 from interpreter.schedule import Schedule
 from rose_cli.run import ExecuteOptions, Gpu, SetupError, build_backend, gpu_session

@@ -5,7 +5,7 @@ trains faster, and by how much, on this machine. Separate `rose execute` runs an
 shared, noisy machine: each pays its own start-up (processes, models, compiled programs, CUDA graphs:
 a minute for a 360M-parameter VLA) and sees the machine at another moment. `rose compare` starts the
 components once and trains the declared workflow and every plan on the same workers, one iteration of
-each per round, interleaved A B C / C B A (`interpreter.trials.TrialSession.complete`, the optimizer's
+each per round, interleaved A B C / C B A (`interpreter.optimize.trials.TrialSession.complete`, the optimizer's
 own measurement). Every plan computes what the declared workflow computes, so all the iterations are
 one training run: none is wasted, and the run directory (`--out`) holds its checkpoint. The first
 iteration of a plan after a switch is training, not a measurement (a switch recompiles the iteration;
@@ -170,7 +170,7 @@ def compare(
                         "(the workflow asks to run code the command line did not allow)")
 
     from interpreter.backends import default_backend
-    from interpreter.trials import unsupported
+    from interpreter.optimize.trials import unsupported
 
     problem = unsupported(wf)
     if problem:

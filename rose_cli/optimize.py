@@ -1,14 +1,16 @@
 """`rose optimize FILE -o PLAN.yaml`: profile real iterations, search rewrites (stage 1) and MPS quotas
 (stage 2), write the plan, the report and a checkpoint of the training done on the way.
 
-This module wires the pure search (`rose_dsl.optimizer`) to the runtime's measuring side
-(`interpreter.trials`) and shows progress; it decides nothing itself. It follows `rose execute`'s
-conventions and uses its pieces (`rose_cli.run`): the trust policy checked before anything starts;
-`prepare` (the run directory rules), `gpu_session` (MPS daemon, SM sampling) and `build_backend` for
-the set-up; `guarded` for the exit-code table and the one teardown. What it writes, and never clobbers
-without `--overwrite`: the plan (`-o`), the report directory (`--report`, default `PLAN_report/`) and the
-run directory of the iterations it trained (`--out`, default `REPORT/run/`, with `rose execute --out`'s
-rules).
+This module turns the options into `OptimizeOptions` and hands them to the one driver,
+`interpreter.optimize.optimize`, which runs the whole optimizer (the search, `rose_dsl.optimizer`; the
+measuring side beside the driver); it decides nothing itself. It checks what only the options can get
+wrong (`--stage1`, `--layout`, the trust policy) before anything starts; implements the driver's `Host`
+with `rose execute`'s pieces (`rose_cli.run`: `prepare` for the run directory rules, `gpu_session` for
+the MPS daemon and SM sampling, `start_trial_session`, `progress_log`) and its own signal handler
+(`GracefulStop`); runs it under `guarded` (the exit-code table, the one teardown); and shows the summary
+and `--train`'s progress. What it writes, and never clobbers without `--overwrite`: the plan (`-o`), the
+report directory (`--report`, default `PLAN_report/`) and the run directory of the iterations it trained
+(`--out`, default `REPORT/run/`, with `rose execute --out`'s rules).
 
 Exit codes (`rose_dsl.cli.ExitCode`): 0 done, 1 internal error, 2 invalid input (workflow, options, an
 output that would be overwritten, a budget too small for the reference profile), 3 a component failed,
@@ -21,8 +23,8 @@ import signal
 import sys
 import threading
 import time
-from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, ExitStack
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -42,18 +44,30 @@ from rose_dsl.cli import (
     out,
     report_problems,
 )
-from rose_dsl.ir import Workflow
+from rose_dsl.ir import Component, Workflow
 from rose_dsl.trust import TrustPolicy, check_trust
 
 from .execute import BackendName
 from .machine import machine_info
 
 if TYPE_CHECKING:
-    from rose_dsl.optimizer.records import Stage2Record
+    from interpreter.optimize import Gpu, Layout, MeasuringSession, OptimizeOptions
 
-    from .run import Gpu, RunContext
+    from .run import ExecuteOptions, RunContext
 
-__all__ = ["register", "optimize", "OptimizeOptions", "optimize_workflow", "Stage2Kinds"]
+Log = Callable[[str], None]  # (a progress line)
+
+__all__ = ["register", "optimize", "OptimizeOptions", "optimize_workflow", "Stage2Kinds", "GracefulStop", "Stopped"]
+
+
+def __getattr__(name: str) -> Any:
+    """`OptimizeOptions` is the driver's (`interpreter.optimize`), loaded on first use: importing this module
+    (every `rose` command does, to register it) starts no runtime import (`rose validate` loads none)."""
+    if name == "OptimizeOptions":
+        from interpreter.optimize import OptimizeOptions
+
+        return OptimizeOptions
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Stage2Kinds(StrEnum):
@@ -143,6 +157,7 @@ def optimize(file: FileArg, output: OutputOpt, report: ReportOpt = None, backend
     layouts = _layouts(file, wf, sets, layout or [], given is not None)
 
     from interpreter.backends import default_backend
+    from interpreter.optimize import OptimizeOptions
 
     from .run import TRIAL_MODULES, ExecuteOptions
 
@@ -170,6 +185,8 @@ def _given_stage1(file: Path, stage1: Path, wf: Workflow, policy: TrustPolicy) -
         err.print(f"error: --stage1 {stage1} does not compute what {file} computes (with these --set values): "
                   + "; ".join(diffs[:4]), markup=False)
         raise typer.Exit(ExitCode.INVALID)
+    from interpreter.optimize import mps_changes
+
     moved = mps_changes(wf, given)
     if moved:
         err.print(f"error: --stage1 {stage1} runs processes under other MPS settings than {file} ({'; '.join(moved)}): "
@@ -180,12 +197,12 @@ def _given_stage1(file: Path, stage1: Path, wf: Workflow, policy: TrustPolicy) -
     return given
 
 
-def _layouts(file: Path, wf: Workflow, sets: list[str] | None, options: list[str], with_stage1: bool) -> list[Any]:
-    """The `--layout` values to try, each checked (`optimizer/layouts.py`); exit 2 on a bad option."""
+def _layouts(file: Path, wf: Workflow, sets: list[str] | None, options: list[str], with_stage1: bool) -> list[Layout]:
+    """The `--layout` values to try, each checked (the search's `layouts`); exit 2 on a bad option."""
     if not options:
         return []
+    from interpreter.optimize import layouts, parse_layout_option
     from rose_dsl.cli import layout_loader
-    from rose_dsl.optimizer.layouts import layouts, parse_layout_option
 
     if with_stage1:
         err.print("error: --layout and --stage1 do not go together: --stage1's plan fixes the layout", markup=False)
@@ -209,30 +226,12 @@ def _layouts(file: Path, wf: Workflow, sets: list[str] | None, options: list[str
         raise typer.Exit(ExitCode.INVALID) from None
 
 
-@dataclass(frozen=True)
-class OptimizeOptions:
-    """What `rose optimize` adds to `rose execute`'s run options (`ExecuteOptions`)."""
 
-    file: Path
-    output: Path
-    report_dir: Path
-    budget_s: float | None = None
-    rounds: int = 2
-    top_k: int = 3
-    alternatives: int = 4
-    local_max_fraction: float = 0.4  # Settings.local_max_fraction
-    quota: bool = True
-    stage2: str = "both"  # what stage 2 tries: "quotas", "priorities" (below-normal MPS client priority), "both"
-    stage1: Workflow | None = None  # --stage1: the graph is this plan (no search)
-    layouts: tuple[Any, ...] = ()  # --layout: the values to try before stage 1 (optimizer/layouts.py Layout)
-    train: bool = False  # --train: training goes on with the plan in the same processes (`TrialSession.train_on`)
-    checkpoint_every: int = 0  # with --train
-
-
-def optimize_workflow(wf: Workflow, opts: OptimizeOptions, run: Any, out: Console, err: Console) -> int:
-    """Optimize `wf` with the run options `run` (an `ExecuteOptions`); the exit code. Everything started
-    is stopped on every path (`rose_cli.run.guarded`: one teardown, the exit-code table)."""
-    from rose_dsl.optimizer.search import OutOfBudget
+# --- the run ---------------------------------------------------------------------------------------------
+def optimize_workflow(wf: Workflow, opts: OptimizeOptions, run: ExecuteOptions, out: Console, err: Console) -> int:
+    """Optimize `wf` with the run options `run`; the exit code. Everything started is stopped on every path
+    (`rose_cli.run.guarded`: one teardown, the exit-code table, with the driver's failures first)."""
+    from interpreter.optimize import CannotOptimize, OutOfBudget
 
     from .run import guarded
 
@@ -243,68 +242,73 @@ def optimize_workflow(wf: Workflow, opts: OptimizeOptions, run: Any, out: Consol
     def stopped(exc: BaseException, ctx: RunContext) -> None:
         ctx.err.print(f"interrupted: {exc}", markup=False)
 
+    def refused(exc: BaseException, ctx: RunContext) -> None:
+        ctx.err.print(f"error: {exc}", markup=False)
+
     return guarded(lambda teardown, ctx: _run(wf, opts, teardown, ctx, out), run, err,
-                   ((OutOfBudget, ExitCode.INVALID, budget), (Stopped, ExitCode.INTERRUPTED, stopped)))
+                   ((OutOfBudget, ExitCode.INVALID, budget), (Stopped, ExitCode.INTERRUPTED, stopped),
+                    (CannotOptimize, ExitCode.INVALID, refused)))
 
 
-# --- before anything starts ------------------------------------------------------------------------
-def check_outputs(wf: Workflow, opts: OptimizeOptions, overwrite: bool) -> None:
-    """Refuse (SetupError) to write over the workflow itself, or over an earlier run's plan or report
-    unless `overwrite` (the run directory has `rose execute --out`'s rules, checked by `prepare`)."""
-    from .run import SetupError
+def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunContext, out: Console) -> None:
+    """The driver's run (`interpreter.optimize.optimize`), then what the command shows: the summary, a stop
+    said as exit 130, and `--train`'s training with its progress."""
+    from interpreter.optimize import optimize as optimize_run
 
-    if opts.output.exists() and opts.output.resolve() == opts.file.resolve():
-        raise SetupError(f"-o {opts.output} is the workflow itself; write the plan to another file")
-    if opts.output.exists() and opts.output.is_dir():
-        raise SetupError(f"-o {opts.output} is a directory; name the plan file")
-    if opts.report_dir.exists() and not opts.report_dir.is_dir():
-        raise SetupError(f"--report {opts.report_dir} is a file, not a directory")
-    earlier = [str(p) for p in (opts.output, opts.report_dir / "report.json") if p.exists()]
-    if earlier and not overwrite:
-        raise SetupError(f"{' and '.join(earlier)} already exist{'s' if len(earlier) == 1 else ''} (an earlier "
-                         "rose optimize?); choose another -o/--report, or replace them with --overwrite")
-    from interpreter.trials import unsupported
-
-    problem = unsupported(wf)
-    if problem:
-        raise SetupError(f"{wf.file}: {problem}")
+    outcome = optimize_run(wf, opts, _CommandHost(ctx, teardown, out))
+    _summary(out, outcome.report, opts, outcome.run_dir)
+    reason = outcome.stop()
+    if reason:
+        raise Stopped(f"{reason}: the plan and {opts.report_dir / 'report.md'} hold what was measured before it")
+    if outcome.trains_on:
+        _train_on(outcome.plan, outcome.workflow.root.count or 1, outcome.session, opts, ctx.opts, out, ctx.err,
+                  outcome.stop)
 
 
-REPORT_FILES = ("report.json", "report.md", "stage1.yaml", "timeline.svg", "quota_curve.svg")
+class _CommandHost:
+    """The driver's `Host` for `rose optimize`: `rose execute`'s pieces (`rose_cli.run`) on this command's
+    run options, consoles and teardown."""
+
+    def __init__(self, ctx: RunContext, teardown: ExitStack, out: Console) -> None:
+        self.ctx, self.teardown, self.out = ctx, teardown, out
+
+    @property
+    def run(self) -> ExecuteOptions:
+        return self.ctx.opts
+
+    def prepare(self, wf: Workflow) -> None:
+        from .run import prepare
+
+        prepare(wf, self.run, self.teardown, self.ctx.err)
+
+    def gpu_session(self, wf: Workflow) -> AbstractContextManager[Gpu]:
+        from .run import gpu_session
+
+        return gpu_session(wf, self.run, self.ctx.err)
+
+    def start_session(self, wf: Workflow, gpu: Gpu, copies: Mapping[str, Component], log: Log,
+                      started: float) -> MeasuringSession:
+        from .run import Gpu as RunGpu
+        from .run import start_trial_session
+
+        assert isinstance(gpu, RunGpu)  # (the one `gpu_session` gave)
+        session: MeasuringSession = start_trial_session(wf, self.run, gpu, self.ctx, self.teardown, dict(copies), log,
+                                                        started=started)
+        return session
+
+    def progress_log(self, deadline: float | None) -> AbstractContextManager[Log]:
+        from .run import progress_log
+
+        log: AbstractContextManager[Log] = progress_log(self.out, self.run.quiet, deadline)
+        return log
+
+    def stop_on_signal(self, log: Log) -> GracefulStop:
+        return GracefulStop(log)
+
+    def machine(self, backend: str) -> dict[str, Any]:
+        return machine_info(backend)
 
 
-def clear_report(report_dir: Path) -> None:
-    """`--overwrite`: remove an earlier report's files (a picture this run does not draw must not stay)."""
-    for name in REPORT_FILES:
-        (report_dir / name).unlink(missing_ok=True)
-
-
-def mps_changes(wf: Workflow, plan: Workflow) -> list[str]:
-    """The processes `plan` runs under other MPS settings than `wf` (a copy is compared with the component it
-    copies), as "policy: quota 94%" / "sim: below-normal priority"."""
-    out = []
-    for name, comp in plan.components.items():
-        base = wf.components.get(comp.copy_of or name)
-        if base is None or comp.mps_settings == base.mps_settings:
-            continue
-        (q, p), (q0, p0) = comp.mps_settings, base.mps_settings
-        parts = ([f"quota {q}%"] if q != q0 else []) + ([f"{'below-normal' if p else 'normal'} priority"] if p != p0 else [])
-        out.append(f"{name}: {', '.join(parts)}")
-    return out
-
-
-def _copies(wf: Workflow, backend: str, given: Workflow | None) -> dict[str, Any]:
-    """The components to start besides the workflow's: on Ray (GPU processes are placed at start) the GPU
-    copies a temporal split in two groups would need, or those of the given stage-1 plan (`--stage1`)."""
-    from rose_dsl.optimizer.candidates import temporal_copies
-
-    if backend != "ray" or not any(c.device == "gpu" for c in wf.components.values()):
-        return {}
-    copies = temporal_copies(wf, 2) if given is None else given.components
-    return {n: c for n, c in copies.items() if n not in wf.components and c.device == "gpu"}
-
-
-# --- the run ---------------------------------------------------------------------------------------------
 class Stopped(Exception):
     """`rose optimize` was stopped by a signal and wrote what it had measured (exit 130)."""
 
@@ -317,7 +321,7 @@ class GracefulStop:
     gives the reason to stop, or None. Why: on the H200 a `timeout` twice killed a run minutes into its
     measurements and nothing of them was left."""
 
-    def __init__(self, log: Any) -> None:
+    def __init__(self, log: Log) -> None:
         self.log = log
         self.reason: str | None = None
         self._first = 0.0
@@ -350,159 +354,8 @@ class GracefulStop:
             signal.signal(sig, handler)
 
 
-def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunContext, out: Console) -> None:
-    """The run, in its order: outputs checked, the GPU session, the settings and the budget, the processes
-    (with the quota self-check beside their start-up), layouts and stage 1, stage 2, the plan, the
-    hand-over (a checkpoint, or training going on), the report."""
-    from .run import gpu_session, prepare, progress_log
-
-    started = time.perf_counter()
-    run = ctx.opts
-    check_outputs(wf, opts, run.overwrite)
-    prepare(wf, run, teardown, ctx.err)
-    if run.overwrite:
-        clear_report(opts.report_dir)  # the schedule, replicas, the cluster address, the run directory (cleared with --overwrite)
-    gpu = teardown.enter_context(gpu_session(wf, run, ctx.err))
-    quota_stage = stage2_skipped(wf, opts.quota, run.backend, gpu) is None
-    settings, budget = _settings_and_budget(opts, quota_stage, started)
-    prefetch = _prefetch(wf, opts, run, gpu, settings) if quota_stage else None
-    with progress_log(out, run.quiet, budget.deadline) as log:  # (shows the budget left)
-        session = _start(wf, opts, run, gpu, ctx, teardown, log, started, prefetch)
-        stop = teardown.enter_context(GracefulStop(log))  # after Ray's start: its handlers are replaced
-        wf, layout_section, result = _search(wf, opts, session, settings, budget, log, stop)
-        session.join_pending()  # (stage 1 measured nothing: stage 2's checks find the prefetch's verdicts)
-        running: dict[str, Any] = {}  # the MPS settings stage 2 left each process under
-        stage2 = _stage2(wf, result, session, gpu, opts, run.backend, settings, log, budget, stop, running)
-        plan = stage2.plan or result.plan
-        chosen = (layout_section or {}).get("chosen")
-        # a run that fails from here on (the hand-over checkpoint, the report) leaves no plan: one was taken
-        # for a result and blocked the re-run without --overwrite (issue 42)
-        finished: list[bool] = []
-        teardown.callback(_unless_finished, [opts.output, opts.report_dir / "stage1.yaml"], finished)
-        _write_plan(plan, opts.output, opts.file, result, stage2, chosen)
-        # the graph of stage 1 alone (the paper table's `stage1` / `stage1_mps` rows)
-        _write_plan(result.plan, opts.report_dir / "stage1.yaml", opts.file, result, None, chosen)
-        train, ckpt = _hand_over(plan, wf, opts, session, gpu, running, log, stop)
-    run_dir = run.out_dir if ckpt else None
-    doc = _report_doc(wf, result, session, time.perf_counter() - started, opts, run_dir, settings, run.backend, stage2,
-                      trains_on=train)
-    _write_report(doc, result, layout_section, opts, stop)
-    finished.append(True)
-    _summary(out, doc, opts, run_dir)
-    if stop():
-        raise Stopped(f"{stop()}: the plan and {opts.report_dir / 'report.md'} hold what was measured before it")
-    if train:
-        _train_on(plan, wf.root.count or 1, session, opts, run, out, ctx.err, stop)
-
-
-def _settings_and_budget(opts: OptimizeOptions, quota_stage: bool, started: float) -> tuple[Any, Any]:
-    """The search's `Settings` from the options, and the one `Budget` of the run, on the clock the command
-    started on: with stage 2 to come, stage 1 gets its share (`Settings.stage1_share`; all of it goes to
-    stage 2 with --stage1); when stage 2 will be skipped (no GPU component, no MPS, --no-quota...), all."""
-    from rose_dsl.optimizer.budget import Budget
-    from rose_dsl.optimizer.search import Settings
-
-    settings = Settings(top_k=opts.top_k, alternatives=opts.alternatives, rounds=opts.rounds,
-                        local_max_fraction=None if opts.local_max_fraction >= 1.0 else opts.local_max_fraction)
-    budget = Budget.of(opts.budget_s, started=started,
-                       shares={"stage1": settings.stage1_share if quota_stage else 1.0, "layouts": settings.layout_share})
-    settings.budget_s = budget.share("stage1").total_s  # (the report's settings say stage 1's share)
-    return settings, budget
-
-
-def _prefetch(wf: Workflow, opts: OptimizeOptions, run: Any, gpu: Gpu, settings: Any) -> Any:
-    """The screening's first quota self-check (the optimizer says which levels), started now, beside the
-    processes' start-up; None when stage 2 will try no quota or the checks are off."""
-    if opts.stage2 not in ("both", "quotas") or not run.check_quotas:
-        return None
-    from interpreter.quota_trials import CheckPrefetch, quota_sms
-    from rose_dsl.optimizer.stage2 import first_probe_levels
-
-    return CheckPrefetch(gpu, lambda: first_probe_levels(wf, quota_sms()), parallel=settings.quota_parallel_checks)
-
-
-def _start(wf: Workflow, opts: OptimizeOptions, run: Any, gpu: Gpu, ctx: RunContext, teardown: ExitStack, log: Any,
-           started: float, prefetch: Any) -> Any:
-    """The measuring session (the workflow's processes and the trial components), its set-up booked; the
-    prefetched self-check is joined before the first measurement, so the warm-up iteration runs beside it."""
-    from .run import start_trial_session
-
-    session = start_trial_session(wf, run, gpu, ctx, teardown, _copies(wf, run.backend, opts.stage1), log,
-                                  started=started)  # stage 1's budget and stage 2's deadline: one clock
-    # what ran before and around the processes' start-up: the MPS daemon, the SM sampler, the session's own
-    session.books.setup_s = max(0.0, time.perf_counter() - started - session.executor.startup_s)
-    if prefetch is not None:
-        since = time.perf_counter()  # (stage 1's first, untimed iteration starts now)
-        session.pending.append(lambda: prefetch.wait(session.books, log, training_since=since))
-    return session
-
-
-def _search(wf: Workflow, opts: OptimizeOptions, session: Any, settings: Any, budget: Any, log: Any,
-            stop: Any) -> tuple[Workflow, dict[str, Any] | None, Any]:
-    """Layouts first, within their share of the budget from now (stage 1's rewrites then apply to the chosen
-    one), then stage 1 (or the `--stage1` plan measured): the workflow trained, the layout section, stage 1's
-    result."""
-    from rose_dsl.optimizer.search import OutOfBudget, given_plan, optimize_graph
-
-    layout_section = None
-    if opts.layouts:
-        from rose_dsl.optimizer.layout_search import choose_layout
-
-        chosen, layout_section = choose_layout(wf, opts.layouts, session, settings, log,
-                                               budget=budget.share("layouts", from_now=True), stop=stop)
-        if chosen is not None and chosen.workflow is not None:
-            wf = chosen.workflow
-            log(f"layout: {layout_section['summary']}; stage 1 goes on with it")
-    try:
-        if opts.stage1 is not None:
-            requests = [str(r) for r in (opts.stage1.plan or {}).get("rewrites") or []]
-            return wf, layout_section, given_plan(wf, opts.stage1, requests, session, settings, log, stop)
-        return wf, layout_section, optimize_graph(wf, session, settings, log, stop, budget=budget.share("stage1"))
-    except OutOfBudget:
-        if stop():  # stopped before the reference was measured: nothing to write
-            raise KeyboardInterrupt from None
-        raise
-
-
-def _hand_over(plan: Workflow, wf: Workflow, opts: OptimizeOptions, session: Any, gpu: Gpu,
-               running: dict[str, Any], log: Any, stop: Any) -> tuple[bool, Any]:
-    """(whether training goes on, the checkpoint written): with --train, every process moved to the plan's
-    MPS settings (`settle`) -- a process that cannot move ends that, and the hand-over checkpoint is written
-    as without --train; otherwise (or stopped) the checkpoint `rose execute --resume` continues from."""
-    t = time.perf_counter()
-    train = opts.train and not stop() and session.k < (wf.root.count or 1)  # (stopped: checkpoint, as without)
-    if train:
-        from interpreter.backends import CallFailed
-        from interpreter.quota_trials import settle
-
-        try:
-            session.books.settled = len(settle(plan, running, session, gpu))
-        except CallFailed as exc:  # a process could not move: no training goes on, the hand-over as without
-            log(f"cannot go on training ({exc}); writing the checkpoint to resume from instead")
-            train = False
-        session.books.settle_s = time.perf_counter() - t
-    if train:
-        return True, None
-    t = time.perf_counter()
-    ckpt = session.finish(opts.output.name)
-    session.books.checkpoint_s = time.perf_counter() - t  # the hand-over to `rose execute --resume`
-    return False, ckpt
-
-
-def _write_report(doc: dict[str, Any], result: Any, layout_section: dict[str, Any] | None, opts: OptimizeOptions,
-                  stop: Any) -> None:
-    from rose_dsl.optimizer.report import write_report
-
-    if layout_section is not None:
-        doc["layout"] = layout_section
-    if stop():
-        doc["interrupted"] = stop()  # the signal that ended the run early (what was measured is all here)
-    panels = [("declared", _typical(result.baseline_runs)), ("plan", _typical(result.final_runs))]
-    write_report(doc, opts.report_dir, [p for p in panels if p[1] is not None])
-
-
-def _train_on(plan: Workflow, iterations: int, session: Any, opts: OptimizeOptions, run: Any, out: Console,
-              err: Console, stop: Any) -> None:
+def _train_on(plan: Workflow, iterations: int, session: MeasuringSession, opts: OptimizeOptions, run: ExecuteOptions,
+              out: Console, err: Console, stop: Callable[[], str | None]) -> None:
     """`--train`: the plan's iterations from where the optimizer's training ended to the last, in the same
     processes (`TrialSession.train_on`), shown as `rose execute` shows them."""
     from rose_dsl.analysis import iterations_in_flight
@@ -524,111 +377,8 @@ def _train_on(plan: Workflow, iterations: int, session: Any, opts: OptimizeOptio
                       f"resume: rose execute {opts.file} --plan {opts.output} --out {run.out_dir} --resume")
 
 
-def _typical(runs: list[Any]) -> Any:
-    """The run to draw: the median one (a typical iteration)."""
-    if not runs:
-        return None
-    ordered = sorted(runs, key=lambda r: r.seconds)
-    return ordered[len(ordered) // 2]
-
-
-def stage2_skipped(wf: Workflow, quota: bool, backend: str, gpu: Gpu) -> str | None:
-    """Why stage 2 (MPS quotas) cannot run for this workflow here, or None when it will. Asked before stage
-    1, whose share of the budget depends on it, and again when stage 2 would start."""
-    if not quota:
-        return "--no-quota"
-    if not any(c.device == "gpu" for c in wf.components.values()):
-        return "no GPU components: MPS quotas do not apply on the CPU"
-    if backend != "ray":
-        return "quotas need one process per component (--backend ray)"
-    if not gpu.quotas_work:
-        return "MPS is not active here (see the warning above), so quotas cannot bind"
-    return None
-
-
-def _stage2(wf: Workflow, result: Any, session: Any, gpu: Gpu, opts: OptimizeOptions, backend: str, settings: Any,
-            log: Any, budget: Any, stop: Any = None, running: dict[str, Any] | None = None) -> Stage2Record:
-    """Stage 2 (the optimizer's `stage2.tune_mps`) on the runtime's `QuotaTrials`, or why it is skipped."""
-    from rose_dsl.optimizer.records import Stage2Record
-
-    skipped = stage2_skipped(wf, opts.quota, backend, gpu)
-    if skipped is not None:
-        return Stage2Record(skipped=skipped)
-    from interpreter.quota_trials import QuotaTrials
-    from rose_dsl.optimizer.stage2 import tune_mps
-
-    if stop is not None and stop():
-        return Stage2Record(skipped=stop())
-    if budget.spent():
-        return Stage2Record(skipped="the time budget (--budget-s) was spent by stage 1")
-    trials = QuotaTrials(session, gpu, stop=stop, parallel=settings.quota_parallel_checks)
-    return tune_mps(result, trials, settings, log, budget=budget, stop=stop, running=running,
-                    quotas=opts.stage2 in ("both", "quotas"), priorities=opts.stage2 in ("both", "priorities"))
-
-
-def _unless_finished(paths: list[Path], finished: list[bool]) -> None:
-    """At teardown: remove the plans written when the run did not get to write its report (it failed)."""
-    if not finished:
-        for path in paths:
-            path.unlink(missing_ok=True)
-
-
-def _write_plan(plan: Workflow, output: Path, file: Path, result: Any, stage2: Stage2Record | None,
-                layout: dict[str, Any] | None = None) -> None:
-    from rose_dsl import WorkflowError, load_workflow_text
-    from rose_dsl.serialize import to_yaml
-
-    quotas = (stage2.quotas if stage2 else None) or {}
-    priorities = (stage2.priorities if stage2 else None) or {}
-    from rose_dsl.transforms.plan_check import recorded_source
-
-    meta = {"source": recorded_source(file, output), "rewrites": list(result.requests), "written_by": "rose optimize",
-            "baseline_iteration_s": round(result.baseline.median, 6), "plan_iteration_s": round(result.final.median, 6)}
-    if quotas:
-        meta["mps_quota"] = dict(quotas)
-    if priorities:
-        meta["mps_priority"] = dict(priorities)
-    if layout:  # (the plan's params hold these values: `rose execute FILE --plan` checks it against FILE with them)
-        meta["layout"] = dict(layout)
-    lines = [f"#   {r}" for r in result.requests] or ["#   (no rewrite: the declared graph was fastest)"]
-    lines += [f"#   layout {k} = {v}" for k, v in (layout or {}).items()]
-    header = "\n".join([f"# plan written by `rose optimize` from {file}", *lines,
-                        *[f"#   mps_quota {c} = {q}%" for c, q in quotas.items()],
-                        *[f"#   mps_priority {c} = {p} (below normal)" for c, p in priorities.items()]])
-    text = to_yaml(plan, plan=meta, header=header)
-    try:
-        load_workflow_text(text, str(output))
-    except WorkflowError as exc:  # a bug: a plan the optimizer built does not validate
-        raise RuntimeError(f"the optimized plan does not validate (a bug in rose):\n{exc.format()}") from None
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(output.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(output)
-
-
-def _report_doc(wf: Workflow, result: Any, session: Any, total: float, opts: OptimizeOptions, run_dir: Path | None,
-                settings: Any, backend: str, stage2: Stage2Record, trains_on: bool = False) -> dict[str, Any]:
-    from rose_dsl.optimizer.bound import reorder_bound
-    from rose_dsl.optimizer.report import build_report
-
-    try:
-        bound = reorder_bound(wf, result.baseline_runs)
-    except Exception as exc:  # noqa: BLE001 - an estimate for the report must not cost the plan and the report
-        bound = {"error": f"{type(exc).__name__}: {exc}"}
-    return build_report(result, books=session.sync_books(), total_s=total, workflow=wf.name, file=str(opts.file),
-                        settings=asdict(settings), machine=machine_info(backend), stage2=stage2, plan_file=str(opts.output),
-                        run_dir=str(run_dir) if run_dir else None, activity_kind=session.activity_kind, bound=bound,
-                        trains_on=trains_on, metric_notes=_metric_notes(session))
-
-
-def _metric_notes(session: Any) -> dict[str, str]:
-    """How the plans' processes' metrics were merged (`Executor.metric_notes`; none from a session without one)."""
-    notes = getattr(getattr(session, "executor", None), "metric_notes", None)
-    return dict(notes()) if callable(notes) else {}
-
-
 def _summary(out: Console, doc: dict[str, Any], opts: OptimizeOptions, run_dir: Path | None) -> None:
-    from rose_dsl.optimizer.headline import headline
+    from interpreter.optimize import headline
 
     ov, head = doc["overhead_s"], headline(doc)
     spreads = (f" (spreads {head['declared_spread']:.0%} / {head['plan_spread']:.0%})"

@@ -235,7 +235,7 @@ def build_backend(wf: Workflow, schedule: Schedule, opts: ExecuteOptions, gpu: G
 
 
 # --- measuring plans on one set of workers (rose optimize, rose compare) --------------------------------
-TRIAL_MODULES = ("interpreter.trials",)  # the trial components (`__feed__`, `__probe__`) are rose's own code
+TRIAL_MODULES = ("interpreter.optimize.trials",)  # the trial components (`__feed__`, `__probe__`) are rose's own code
 
 
 def progress_log(out: Console, quiet: bool, deadline: float | None = None) -> Any:
@@ -255,8 +255,8 @@ def start_trial_session(wf: Workflow, opts: ExecuteOptions, gpu: Gpu, ctx: RunCo
     from which the session counts its elapsed time (default: now)."""
     from dataclasses import replace
 
-    from interpreter.executor import Executor
-    from interpreter.trials import TrialSession, trial_components
+    from interpreter.optimize.executor import Executor
+    from interpreter.optimize.trials import TrialSession, trial_components
 
     extra: dict[str, Any] = dict(trial_components())
     for name, comp in copies.items():

@@ -437,7 +437,7 @@ def test_a_pipelined_run_restarts_a_killed_process_from_the_last_checkpoint(tmp_
 def test_a_windows_metrics_are_what_its_measured_iterations_did_over_its_seconds() -> None:
     """A throughput over a window is its work over its seconds (each line's rate times its `iteration_s` is
     its work), not the mean of the lines' rates; other metrics are means."""
-    from interpreter.trials import window_metrics
+    from interpreter.optimize.trials import window_metrics
 
     lines = [{"iteration_s": 1.0, "tokens_per_s": 100.0, "gen/lag": 1.0},
              {"iteration_s": 3.0, "tokens_per_s": 20.0, "gen/lag": 0.0}]

@@ -285,7 +285,7 @@ class PlanFake(FakeBackend):
 
 
 def _executor(wf, backend: PlanFake, compiled: bool = True, said: list[str] | None = None):
-    from interpreter.executor import Executor
+    from interpreter.optimize.executor import Executor
 
     return Executor(wf, lambda w, s: backend, compiled=compiled, extra_components={},
                     log=(said if said is not None else []).append)
@@ -322,7 +322,7 @@ def test_a_plan_that_cannot_compile_is_run_call_by_call_and_said_once() -> None:
 
 
 def test_a_backend_without_plans_is_refused_and_a_component_it_cannot_add_is_said() -> None:
-    from interpreter.executor import Executor
+    from interpreter.optimize.executor import Executor
 
     wf = _wf()
     closed: list[bool] = []

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from interpreter import ray_backend as ray_backend_module
-from interpreter.executor import Executor
 from interpreter.local_backend import LocalBackend
+from interpreter.optimize.executor import Executor
 from interpreter.ray_backend import GRAPH_CACHE, RayBackend
 from interpreter.schedule import Schedule
 from rose_dsl import load_workflow_text

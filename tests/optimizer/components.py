@@ -26,7 +26,7 @@ class NoRows:
 
 
 class Sink:
-    """A probe for the property suite: records what it is given (like `interpreter.trials.Probe`)."""
+    """A probe for the property suite: records what it is given (like `interpreter.optimize.trials.Probe`)."""
 
     def __init__(self) -> None:
         self.captured: dict[int, dict] = {}

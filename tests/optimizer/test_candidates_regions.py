@@ -136,7 +136,7 @@ def test_changed_regions_and_their_common_ancestor(wf) -> None:
 
 def test_local_graph_replays_outside_values_and_runs_a_window(wf) -> None:
     plan = apply_request(apply_request(wf, "split epoch.step 2").workflow, "interleave epoch.step").workflow
-    c0, (c1,) = local_graphs(wf, [plan], ("iteration", "epoch"), 1, "interpreter.trials:Feed")
+    c0, (c1,) = local_graphs(wf, [plan], ("iteration", "epoch"), 1, "interpreter.optimize.trials:Feed")
     assert not isinstance(c0, str) and not isinstance(c1, str)
     assert c0.externals == (("v0", "iteration.i"),)  # the reset's and the policy's iteration index
     assert c1.externals == c0.externals  # shared feed ports: one capture feeds both
@@ -162,7 +162,7 @@ def test_values_selected_by_an_index_of_the_region_cannot_be_replayed(wf) -> Non
 
 
 def test_probe_workflow_captures_before_the_region(wf) -> None:
-    pw = probe_workflow(wf, [Probe(7, ("iteration", "epoch"), (("v0", "iteration.i"),))], "interpreter.trials:Probe")
+    pw = probe_workflow(wf, [Probe(7, ("iteration", "epoch"), (("v0", "iteration.i"),))], "interpreter.optimize.trials:Probe")
     assert not isinstance(pw, str)
     names = [i.name for i in pw.root.body]
     assert names[:2] == ["__probe_7", "epoch"]

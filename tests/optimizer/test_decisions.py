@@ -52,7 +52,7 @@ class Noisy:
 
 
 def local_trial(m: Noisy, ratio: float, blocked: bool = False) -> str:
-    """A local trial as the runtime runs it (`interpreter/trials.py`): `local_repeats` runs of the unchanged
+    """A local trial as the runtime runs it (`interpreter/optimize/trials.py`): `local_repeats` runs of the unchanged
     graph and of the alternative, round-robin (or, switching costly, each graph's runs back to back), the
     alternative abandoned by the search's give-up rule; then the search's verdict."""
     n = S.local_repeats

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from interpreter.chrome_trace import to_chrome_trace
+from interpreter.optimize.trials import TrialSession
 from interpreter.trace import InvocationRecord
-from interpreter.trials import TrialSession
 from rose_dsl import load_workflow
 from rose_dsl.ir import ExecutionNode
 from rose_dsl.measurement import call_identity

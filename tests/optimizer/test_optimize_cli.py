@@ -179,7 +179,7 @@ def test_train_falls_back_to_the_hand_over_checkpoint_when_a_process_cannot_move
     (exit 0), and the output says why training did not go on."""
     from typer.testing import CliRunner
 
-    import interpreter.quota_trials as qt
+    import interpreter.optimize.quota_trials as qt
     from interpreter.backends import CallFailed
     from rose_cli.main import app
 
@@ -400,7 +400,7 @@ def test_stage1_gets_the_whole_budget_when_stage2_cannot_run() -> None:
     budget to a stage that is then skipped."""
     from types import SimpleNamespace
 
-    from rose_cli.optimize import stage2_skipped
+    from interpreter.optimize.driver import stage2_skipped
     from rose_cli.run import Gpu
     from rose_dsl import load_workflow
 
@@ -434,7 +434,7 @@ def test_a_failed_optimize_writes_no_plan(tmp_path: Path, monkeypatch) -> None:
     from typer.testing import CliRunner
 
     from interpreter.checkpoint import CheckpointError
-    from interpreter.trials import TrialSession
+    from interpreter.optimize.trials import TrialSession
     from rose_cli.main import app
 
     def cannot_write(self, plan_label):

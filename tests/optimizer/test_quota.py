@@ -10,7 +10,7 @@ import pytest
 
 import rose_dsl.optimizer.stage2 as stage2
 from interpreter.mps import quota_levels
-from interpreter.quota_trials import QuotaTrials, settle
+from interpreter.optimize.quota_trials import QuotaTrials, settle
 from rose_dsl.measurement import Books
 from rose_dsl.optimizer.budget import Budget
 from rose_dsl.optimizer.profile import Call, IterationRun, runs_from_chrome_trace
@@ -1152,7 +1152,7 @@ def test_the_self_check_started_with_the_processes_asks_what_the_screening_asks_
     """The prefetch (`CheckPrefetch`, started beside the processes' start-up) checks each GPU process's first
     coarse step down -- the level the screening's first probe asks the self-check about -- so that stage 2
     finds it cached. End to end on the H200 recording: the first level tune_quota asks is one of them."""
-    from interpreter.quota_trials import CheckPrefetch
+    from interpreter.optimize.quota_trials import CheckPrefetch
     from rose_dsl.optimizer.stage2 import first_probe_levels
 
     check = _checked()
@@ -1170,7 +1170,7 @@ def test_the_self_check_started_with_the_processes_asks_what_the_screening_asks_
 
     # joined after the first (untimed) training iteration: how long it ran beside training is booked and said
     # (on a fake clock: the check takes 0.2 s of it, whatever the machine's load)
-    import interpreter.quota_trials as qt
+    import interpreter.optimize.quota_trials as qt
 
     clock = _Clock()
     monkeypatch.setattr(qt, "time", clock)

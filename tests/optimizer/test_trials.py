@@ -13,8 +13,8 @@ import torch
 
 from interpreter.backends import make_backend
 from interpreter.cpu_activity import CpuActivity, thread_clock
-from interpreter.executor import Executor
-from interpreter.trials import TrialSession, trial_components
+from interpreter.optimize.executor import Executor
+from interpreter.optimize.trials import TrialSession, trial_components
 from rose_dsl import load_workflow
 from rose_dsl.optimizer.decide import stop_repeating
 from rose_dsl.optimizer.regions import Probe, local_graphs, probe_workflow
@@ -26,7 +26,7 @@ FAST = {"iterations": 50, "steps": 3, "fixed_ms": 0.2, "per_row_ms": 0.01}
 
 def _executor(wf, kind: str = "local", allowed: tuple[str, ...] = ("examples.",)) -> Executor:
     """Workers as `rose optimize` starts them: the backend factory's, per-call, compiled per plan on Ray."""
-    allowed = (*allowed, "interpreter.trials")
+    allowed = (*allowed, "interpreter.optimize.trials")
     return Executor(wf, lambda w, s: make_backend(kind, w, s, compiled=False, allowed=allowed, log=lambda m: None),
                     compiled=kind == "ray", log=lambda m: None, extra_components=trial_components())
 
@@ -70,8 +70,8 @@ def test_local_trials_leave_training_state_as_it_was(session) -> None:
     s.complete([wf], 1)
     plan = apply_request(wf, "split epoch.step 2").workflow
     region = ("iteration", "epoch")
-    c0, (c1,) = local_graphs(wf, [plan], region, 1, "interpreter.trials:Feed")
-    pw = probe_workflow(wf, [Probe(1, region, c0.externals)], "interpreter.trials:Probe")
+    c0, (c1,) = local_graphs(wf, [plan], region, 1, "interpreter.optimize.trials:Feed")
+    pw = probe_workflow(wf, [Probe(1, region, c0.externals)], "interpreter.optimize.trials:Probe")
     captured = s.capture(pw)
     # the iteration index the epoch loop saw: training iteration 2 (complete() ran the plan's untimed first
     # iteration, then its timed one)
@@ -96,8 +96,8 @@ def test_a_local_trial_abandons_a_graph_whose_first_run_is_clearly_slower(sessio
     s.complete([wf], 1)
     plan = apply_request(wf, "split epoch.step 2").workflow
     region = ("iteration", "epoch")
-    c0, (c1,) = local_graphs(wf, [plan], region, 1, "interpreter.trials:Feed")
-    captured = s.capture(probe_workflow(wf, [Probe(1, region, c0.externals)], "interpreter.trials:Probe"))
+    c0, (c1,) = local_graphs(wf, [plan], region, 1, "interpreter.optimize.trials:Feed")
+    captured = s.capture(probe_workflow(wf, [Probe(1, region, c0.externals)], "interpreter.optimize.trials:Probe"))
     before = {c: s.executor.get_states(c) for c in wf.components}
     runs = s.local([c0, c1], 3, captured, 1, give_up=lambda ref, own: stop_repeating(ref, own, 1e-9, None))  # all slower
     assert [len(r) for r in runs] == [3, 1] and s.books.local_abandoned == 2
@@ -203,8 +203,8 @@ def test_ray_compiled_executor_switches_plans_and_restores_state() -> None:
         for rs in runs:
             assert rs[0].metrics["sim/env_steps"] == 2 * 3 * 64
         region = ("iteration", "epoch")
-        c0, (c1,) = local_graphs(wf, [split], region, 1, "interpreter.trials:Feed")
-        captured = s.capture(probe_workflow(wf, [Probe(1, region, c0.externals)], "interpreter.trials:Probe"))
+        c0, (c1,) = local_graphs(wf, [split], region, 1, "interpreter.optimize.trials:Feed")
+        captured = s.capture(probe_workflow(wf, [Probe(1, region, c0.externals)], "interpreter.optimize.trials:Probe"))
         before = {c: s.executor.get_states(c) for c in wf.components}
         local = s.local([c0, c1], 1, captured, 1)
         assert all(r[0].calls for r in local)

@@ -11,18 +11,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from rose_dsl.ir import Workflow
 from rose_dsl.measurement import Books
 
-from .mps import quota_levels
-from .quota_safety import QuotaVerdict, check_quotas, machine_fingerprint
+from ..mps import quota_levels
+from ..quota_safety import QuotaVerdict, check_quotas, machine_fingerprint
 from .trials import FEED_IMPL, PROBE_IMPL
 
-__all__ = ["QuotaTrials", "CheckPrefetch", "settle", "quota_sms"]
+__all__ = ["QuotaTrials", "CheckPrefetch", "settle", "quota_sms", "MpsClients"]
 
 Mps = tuple[int, int]  # one process's MPS settings: (quota percent, client priority: 0 normal, 1 below normal)
+
+
+class MpsClients(Protocol):
+    """What stage 2 needs of the GPU set-up (the command's MPS daemon): the environment of an MPS client
+    process under `quota` percent of the SMs, at MPS client `priority` (1: below normal)."""
+
+    def client_env(self, quota: int | None, priority: int | None = None) -> dict[str, str]: ...
 
 
 def _total_sms() -> int:
@@ -37,11 +44,11 @@ def quota_sms(total_sms: int | None = None) -> dict[int, int]:
 
 
 class QuotaTrials:
-    """The runtime's side of stage 2 on a measuring session (`trials.TrialSession`) and its GPU
-    (`rose_cli.run.Gpu`: `client_env`). `check(percents)` replaces the self-check (tests); `stop` ends a
+    """The runtime's side of stage 2 on a measuring session (`trials.TrialSession`) and the GPU set-up's
+    MPS clients (`MpsClients`). `check(percents)` replaces the self-check (tests); `stop` ends a
     self-check batch early; `parallel` checks run side by side (fresh MPS clients)."""
 
-    def __init__(self, session: Any, gpu: Any, *, check: Callable[[list[int]], Mapping[int, QuotaVerdict]] | None = None,
+    def __init__(self, session: Any, gpu: MpsClients, *, check: Callable[[list[int]], Mapping[int, QuotaVerdict]] | None = None,
                  stop: Callable[[], str | None] | None = None, total_sms: int | None = None, parallel: int = 6) -> None:
         self.session, self.gpu = session, gpu
         self._check, self._stop, self._total, self.parallel = check, stop, total_sms, parallel
@@ -99,7 +106,7 @@ class CheckPrefetch:
     leaves stage 2 to check as before. The thread is a daemon: an interrupted run does not wait
     for it (its check process, a few seconds of GEMMs, ends by itself)."""
 
-    def __init__(self, gpu: Any, levels: Callable[[], list[int]], check: Callable[[list[int]], Any] | None = None,
+    def __init__(self, gpu: MpsClients, levels: Callable[[], list[int]], check: Callable[[list[int]], Any] | None = None,
                  parallel: int = 6) -> None:
         import threading
 
@@ -142,7 +149,7 @@ class CheckPrefetch:
             log(f"the quota self-check started with the processes failed ({self.error}); stage 2 checks again")
 
 
-def settle(plan: Workflow, running: dict[str, Mps], session: Any, gpu: Any) -> list[str]:
+def settle(plan: Workflow, running: dict[str, Mps], session: Any, gpu: MpsClients) -> list[str]:
     """Move each process that runs under other MPS settings than `plan` declares (`running`, as stage 2 left
     them: a validation ends with its target at the reference) to a process under the plan's, its state
     moved with it -- to the parked process of those settings where there is one (`replace_actor`) -- so

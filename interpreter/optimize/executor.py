@@ -1,5 +1,5 @@
 """Running any plan of one workflow on one set of component workers: the `Executor` under `rose optimize`'s
-trial session (`interpreter.trials.TrialSession`) and `rose compare`.
+trial session (`interpreter.optimize.trials.TrialSession`) and `rose compare`.
 
 Why one set of workers for every plan: the plans the optimizer measures compute what the declared
 workflow computes on the same component state, so they must run in the same processes -- switching a
@@ -19,11 +19,11 @@ from typing import Any
 
 from rose_dsl.ir import Component, Workflow
 
-from .backend_base import Backend, CompileError, Unsupported
-from .runner import IterationResult, RunConfig, Runner
-from .schedule import Schedule
-from .trace import InvocationRecord
-from .worker import CallFailed, component_of
+from ..backend_base import Backend, CompileError, Unsupported
+from ..runner import IterationResult, RunConfig, Runner
+from ..schedule import Schedule
+from ..trace import InvocationRecord
+from ..worker import CallFailed, component_of
 
 __all__ = ["Executor", "BuildBackend"]
 
@@ -191,7 +191,7 @@ class Executor:
         each iteration's result with the ns its metrics line was written, the window's invocation records,
         the drain's included). Throughput over such a window is what an asynchronous plan gains; one
         drained iteration at a time (`run`) shows none of it."""
-        from .pipeline import run_pipelined
+        from ..pipeline import run_pipelined
 
         t = time.perf_counter()
         self.add_components(plan.components)

@@ -9,7 +9,7 @@ progress. Local trials are not training: before each run of a comparison graph, 
 component it writes is restored from a snapshot (the checkpoint contract: `get_states`/`set_states`),
 and again after the last one, so training continues from exactly where it was.
 
-The plans run on one set of workers through `interpreter.executor.Executor` (the `Backend` interface
+The plans run on one set of workers through `interpreter.optimize.executor.Executor` (the `Backend` interface
 alone): any backend that declares `capabilities.plans` can be measured on.
 """
 
@@ -38,13 +38,13 @@ from rose_dsl.measurement import (
     window,
 )
 
-from .backend_base import Unsupported
-from .components import ComponentError
-from .cpu_activity import CpuActivity, lock_wait_probe, process_clock
+from ..backend_base import Unsupported
+from ..components import ComponentError
+from ..cpu_activity import CpuActivity, lock_wait_probe, process_clock
+from ..runner import IterationResult, RunConfig
+from ..trace import InvocationRecord
+from ..worker import CallFailed, component_of, state_bytes
 from .executor import Executor
-from .runner import IterationResult, RunConfig
-from .trace import InvocationRecord
-from .worker import CallFailed, component_of, state_bytes
 
 __all__ = ["Feed", "Probe", "TrialSession", "TrialFailed", "state_bytes", "trial_components", "unsupported",
            "window_metrics"]
@@ -53,7 +53,7 @@ __all__ = ["Feed", "Probe", "TrialSession", "TrialFailed", "state_bytes", "trial
 class TrialFailed(Exception):
     """A candidate plan's run failed (a component raised); the state it may have changed was restored."""
 
-FEED_IMPL, PROBE_IMPL = "interpreter.trials:Feed", "interpreter.trials:Probe"
+FEED_IMPL, PROBE_IMPL = "interpreter.optimize.trials:Feed", "interpreter.optimize.trials:Probe"
 
 
 def trial_components() -> dict[str, Component]:
@@ -471,7 +471,7 @@ class TrialSession:
         continues from here (`rose execute FILE --plan PLAN --out RUN --resume`)."""
         if self.out_dir is None or self.k == 0:
             return None
-        from .checkpoint import save_component_checkpoint
+        from ..checkpoint import save_component_checkpoint
 
         self._write_metrics()
         return save_component_checkpoint(self.out_dir / "checkpoints", self.k - 1, list(self.wf.components),
