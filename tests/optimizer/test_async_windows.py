@@ -97,8 +97,8 @@ def test_a_window_after_a_switch_needs_no_untimed_iteration_of_its_own(plans) ->
     """A synchronous plan's first iteration after a switch is training, not a measurement (it runs slow); an
     asynchronous plan's window already starts with untimed fill iterations, so a switch back to a plan that
     has run adds none (`TrialSession.complete`). Counted in training iterations on the local backend."""
-    from interpreter.executor import Executor
-    from interpreter.trials import TrialSession
+    from interpreter.optimize.executor import Executor
+    from interpreter.optimize.trials import TrialSession
     from rose_cli.run import ExecuteOptions, Gpu, build_backend
 
     wf, plan = plans
