@@ -15,6 +15,7 @@ from interpreter.local_backend import LocalBackend
 from interpreter.runner import RunConfig, Runner
 from interpreter.schedule import Schedule
 from rose_dsl import load_workflow_text
+from rose_dsl.ir import Workflow
 
 FIXTURES = Path(__file__).resolve().parents[1] / "dsl" / "fixtures"
 DECODE = (FIXTURES / "until_decode.yaml").read_text()
@@ -23,7 +24,10 @@ TURNS = (FIXTURES / "until_turns.yaml").read_text()
 
 
 def _run(text: str, backend: str) -> tuple[list[dict[str, float]], Runner]:
-    wf = load_workflow_text(text, "until.yaml")
+    return _run_wf(load_workflow_text(text, "until.yaml"), backend)
+
+
+def _run_wf(wf: Workflow, backend: str) -> tuple[list[dict[str, float]], Runner]:
     sch = Schedule(wf)
     if backend == "local":
         be = LocalBackend(wf, ("examples.",), sch.program.loops_of)
@@ -73,7 +77,7 @@ def test_an_until_loop_on_the_local_backend_equals_the_loop_written_by_hand(case
     assert len({k for k in got for k in ("lm/tokens", "lm/checksum", "pi/env_steps") if k in got[0]}) == 1
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", ["decode", "episodes"])  # turns: on Ray through its split plan (test_until_rewrites)
 def test_an_until_loop_on_ray_equals_the_local_backend_and_the_loop_by_hand(case, ray_session) -> None:
     text, reference = CASES[case]
     got, _ = _run(text, "ray")
@@ -101,6 +105,18 @@ def test_a_done_row_is_not_computed_again(monkeypatch) -> None:
     monkeypatch.setattr(until_loops.ToyLM, "step", spy)
     _run(DECODE, "local")
     assert any(narrowed) and not all(narrowed)
+
+
+def test_an_agents_turns_split_and_interleaved_on_ray_equal_the_loops_by_hand(ray_session) -> None:
+    """The turn workflow's row groups, their turns interleaved (one group's tool call between the other's
+    decode steps), on Ray: the values of the loops written by hand, bit for bit."""
+    from rose_dsl.transforms import apply_request
+
+    wf = load_workflow_text(TURNS, "until.yaml")
+    for request in ("split-chain turn score 2", "rewire score@0 after turn@1", "interleave turn@0 turn@1"):
+        wf = apply_request(wf, request).workflow
+    got, _ = _run_wf(wf, "ray")
+    _same(got, reference_turns(3, rows=6, turns=4, max_new=5))
 
 
 def test_a_row_done_in_the_turn_loop_is_not_decoded_in_later_turns(monkeypatch) -> None:

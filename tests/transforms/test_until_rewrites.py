@@ -225,8 +225,7 @@ TURNS = (FIXTURES / "until_turns.yaml").read_text()
     ("local", ("split-chain turn score 2",)),
     ("local", ("split-chain turn score 3", "rewire score@0 after turn@2", "rewire score@1 after turn@2",
                "interleave turn@0 turn@1 turn@2")),
-    ("ray", ("split-chain turn score 2", "rewire score@0 after turn@1", "interleave turn@0 turn@1")),
-])
+])  # on Ray: tests/interpreter/test_until_runtime.py (in its module's Ray session)
 def test_an_agents_turn_loop_split_into_groups_computes_the_declared_values(backend, requests) -> None:
     """A per-row turn loop around a per-row decode loop, each turn a decode then a tool call on the rows still
     in a turn: copied per row group with its scorer, and the groups' turns interleaved (one group's tool
