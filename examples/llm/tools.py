@@ -27,12 +27,12 @@ from typing import Any
 
 import torch
 
-from examples.llm.arithmetic import answer_then_stop, format_answer
+from examples.llm.arithmetic import answer_prefix_credit, answer_then_stop, format_answer
 from examples.llm.sampling import lognormal_params
 from examples.llm.seeding import mix_seed
 from examples.llm.tokenizer import CharTokenizer
 
-__all__ = ["CALC", "CALL", "ToolPool", "calculate", "final_answer"]
+__all__ = ["CALC", "CALL", "ToolPool", "calculate", "final_answer", "final_prefix_credit"]
 
 CALL = "="  # the tool-call token: the policy's text up to it is the call
 CALC = r"""
@@ -87,6 +87,11 @@ def calculate(text: str, max_chars: int = 16, max_digits: int = 4) -> int:
 def final_answer(completion: str, answer: int, reverse: bool = True) -> float:
     """The agent's verifiable reward: `answer_then_stop` on the policy's text after its last tool call."""
     return answer_then_stop(completion.rsplit(CALL, 1)[-1], answer, reverse)
+
+
+def final_prefix_credit(completion: str, answer: int, reverse: bool = True) -> float:
+    """The GPU variant's reward (random weights): `answer_prefix_credit` on the text after the last call."""
+    return answer_prefix_credit(completion.rsplit(CALL, 1)[-1], answer, reverse)
 
 
 def latency_ms(seed: int, it: int, pid: int, sample: int, turn: int, mean: float, p99: float) -> float:

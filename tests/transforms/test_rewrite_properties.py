@@ -466,6 +466,18 @@ def test_sibling_interleavings_a_plan_check_accepts_compute_the_same(doc, before
         assert differences(wf, ref_run, ref_comps, forced, run, comps, lambda p, i: (p, i)) == [], (order, seed)
 
 
+def _plan_computes_the_declared_values(original: Workflow, result: Rewritten | None, applied: list[str]) -> None:
+    """A plan of a workflow with loops that end on a condition (program order only): accepted by the plan
+    check, and bit for bit what the declared workflow computes."""
+    if result is None:
+        return
+    wf = result.workflow
+    assert plan_differences(original, wf) == [], applied
+    ref_run, ref_comps = execute(original, "program")
+    run, comps = execute(wf, "program")
+    assert differences(original, ref_run, ref_comps, wf, run, comps, result.locate) == [], applied
+
+
 @settings()
 @given(until_workflows(), st.integers(2, 4), st.lists(STEPS, max_size=3))
 def test_until_loops_split_into_groups_that_end_on_their_own_compute_the_same(doc, k, steps) -> None:
@@ -481,13 +493,7 @@ def test_until_loops_split_into_groups_that_end_on_their_own_compute_the_same(do
     lengths = doc["components"]["c1"]["args"]["behaviors"]["f"]["lengths"]["o0"]
     event(f"loop split into groups that end on their own: {split}; rows' lengths differ: {len(set(lengths)) > 1}")
     event(f"rewrites accepted: {len(applied)}")
-    if result is None:
-        return
-    wf = result.workflow
-    assert plan_differences(original, wf) == [], applied
-    ref_run, ref_comps = execute(original, "program")
-    run, comps = execute(wf, "program")
-    assert differences(original, ref_run, ref_comps, wf, run, comps, result.locate) == [], applied
+    _plan_computes_the_declared_values(original, result, applied)
 
 
 @settings()
@@ -510,10 +516,4 @@ def test_turn_loops_split_into_groups_whose_turns_interleave_compute_the_same(do
     lengths = doc["components"]["c2"]["args"]["behaviors"]["tool"]["lengths"]["o0"]
     event(f"turn loop split: {applied[:1] == [chain]}; groups' turns interleaved: {any(a.startswith('interleave') for a in applied)}")
     event(f"rows' turn counts differ: {len(set(lengths)) > 1}")
-    if result is None:
-        return
-    wf = result.workflow
-    assert plan_differences(original, wf) == [], applied
-    ref_run, ref_comps = execute(original, "program")
-    run, comps = execute(wf, "program")
-    assert differences(original, ref_run, ref_comps, wf, run, comps, result.locate) == [], applied
+    _plan_computes_the_declared_values(original, result, applied)
