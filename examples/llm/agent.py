@@ -253,6 +253,7 @@ class _Samples:
             logits = torch.stack([self.data[s]["logits"] for s in active])
             u = torch.stack([self.data[s]["u"][self.data[s]["len"]] for s in active])
             tok, lp = sample_rows(allowed_logits(logits, a.tokenizer.vocab_size), u, a.temperature, a.top_p)
+            tok, lp = tok.cpu(), lp.cpu()  # one copy per step (the bookkeeping below reads them per sample)
             going, feed = [], []
             for n, s in enumerate(active):
                 d, t = self.data[s], int(tok[n])

@@ -48,9 +48,10 @@ def test_tool_latencies_are_long_tailed_and_keyed_by_the_call() -> None:
     assert 1.0 < mean < 4.0 and max(draws) > 5 * mean  # a long tail
 
 
-def _rollouts(groups: list[tuple[int, int]], order: str = "groups") -> dict[str, torch.Tensor]:
+def _rollouts(groups: list[tuple[int, int]], row_invariant: bool = True) -> tuple[dict[str, torch.Tensor], object]:
     """One iteration's rollouts, computed by the components directly, the prompt rows cut into `groups`
-    whose turns alternate (`order`: each group's turn, then its tool call, then the next group's)."""
+    whose turns alternate (each group's turn, then its tool call, then the next group's); `row_invariant`
+    False: the GPU's decode path (the slots' rows batched), run on the CPU."""
     from examples.llm.agent import Agent
     from examples.llm.tasks import PromptSource
     from examples.llm.tools import ToolPool
@@ -58,6 +59,7 @@ def _rollouts(groups: list[tuple[int, int]], order: str = "groups") -> dict[str,
     policy = {"arch": "decoder", "layers": 2, "d_model": 64, "heads": 4, "kv_heads": 2, "intermediate": 176,
               "context": 40}
     agent = Agent(k=4, max_turns=3, turn_tokens=6, turn_len_mean=3, turn_len_p99=6, policy=policy)
+    agent.row_invariant = row_invariant
     tools = ToolPool(workers=2, latency_mean_ms=1, latency_p99_ms=8, timeout_ms=6)
     prompts = PromptSource(batch=6).next_batch(0)["prompts"]
     first = agent.start(prompts, 0)
@@ -88,6 +90,8 @@ def test_tool_output_extends_the_context_and_is_masked_out_of_the_loss() -> None
     split, _ = _rollouts([(0, 2), (2, 5), (5, 6)])
     for name in whole:
         assert torch.equal(whole[name], split[name]), name  # row groups taking turns: the same samples
+    batched, agent = _rollouts([(0, 6)], row_invariant=False)  # the GPU's path: its own log-probs agree too
+    assert torch.allclose(completion_logp(agent.model, batched).detach(), batched["logp"], atol=1e-4)
 
 
 def _metrics(wf: Workflow, iterations: int, backend: str = "local") -> list[dict[str, float]]:
