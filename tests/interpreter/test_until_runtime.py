@@ -151,6 +151,32 @@ def test_a_row_done_in_the_turn_loop_is_not_decoded_in_later_turns(monkeypatch) 
     assert first_trip_rows and min(first_trip_rows) < 6  # a later turn's decode started with fewer rows
 
 
+def test_a_row_done_in_the_turn_loop_keeps_its_last_turn_whole() -> None:
+    """Seen from outside, a row done after turn t keeps, in every later turn t', each call's values of turn t
+    -- the decode loop's calls included, iteration by iteration (decode iteration j of turn t' holds decode
+    iteration j of turn t), not the decode loop's last values -- as the flat loop's done rows keep theirs."""
+    from interpreter.components import instantiate
+    from interpreter.reference import run_reference
+    from rose_dsl.semantics import Invocation
+
+    wf = load_workflow_text(TURNS, "until.yaml")
+    run = run_reference(wf, instantiate(wf, ("examples.",)), range(1))
+    out = run.outputs[0]
+    gen, call = ("iteration", "turn", "decode", "gen"), ("iteration", "turn", "call")
+    done = torch.zeros(6, dtype=torch.bool)
+    checked = 0
+    for t in range(4):
+        for r in done.nonzero().flatten().tolist():  # done before turn t: turn t repeats turn t - 1
+            for j in range(5):
+                now, before = out[Invocation(gen, (0, t, j))], out[Invocation(gen, (0, t - 1, j))]
+                assert all(torch.equal(now[p][r], before[p][r]) for p in now), (t, j, r)
+                checked += 1
+        done |= out[Invocation(call, (0, t))]["done"].bool()
+    assert checked > 0  # some row was done before the last turn
+    lengths = {int(out[Invocation(gen, (0, 0, j))]["len"][0]) for j in range(5)}
+    assert len(lengths) > 1  # the decode loop's iterations differ, so holding the wrong one would show
+
+
 def test_a_loop_that_ends_on_a_condition_needs_a_bound() -> None:
     from rose_dsl import WorkflowError
 
