@@ -7,8 +7,9 @@ bug the suite missed before it was added here): loops that end on a condition (`
 done flag, so that row groups would stop at other iterations than the whole batch), loops nested inside
 loops whose every node is separable (the candidates of a loop-body split), collects that read the
 loop's own carried value, records, selections by another loop's index (`l2[l3.i].x`) and selections
-that reach into a nested loop (`l1[-1].l2[0].x`), and nodes that declare their outputs' rows without being
-separable (`separable: false`: their consumers may be split, they may not).
+that reach into a nested loop (`l1[-1].l2[0].x`), nodes that declare their outputs' rows without being
+separable (`separable: false`: their consumers may be split, they may not), and an agent's turns: a loop
+that ends per row around one that ends per row, with a tool call on another component (`turn_workflows`).
 """
 
 from __future__ import annotations
