@@ -149,3 +149,13 @@ def test_the_agent_workflow_learns_through_rose() -> None:
     rewards = [m["reward/mean_reward"] for m in _metrics(load_workflow(WORKFLOW, {"seed": 0}), 20)]
     first, later = sum(rewards[:5]) / 5, sum(rewards[10:20]) / 10
     assert later > first + 0.03, (first, later, rewards)
+
+
+def test_the_gpu_variant_fits_one_card() -> None:
+    """The memory estimate of llm_agent_tools_gpu.yaml (benchmarks/llm_memory.py): one KV slot per sample at
+    the full context, within an H100's 78 GiB with the estimate's headroom."""
+    from benchmarks.llm_memory import estimate
+
+    got = estimate(ROOT / "workflows" / "llm_agent_tools_gpu.yaml", {})
+    assert got["slots"] == 64 * 8 and got["kv_cache_bytes"] == 24 * 512 * 2 * 2112 * 64 * 2 * 2
+    assert got["total_gib"] < 78 * 0.85
