@@ -53,7 +53,8 @@ def estimate(path: Path, sets: dict[str, str]) -> dict[str, Any]:
     from rose_dsl import load_workflow
 
     wf = load_workflow(path, sets)
-    gen, ref, learn = (_component_args(wf, n) for n in ("generator", "reference", "learner"))
+    policy = "generator" if "generator" in wf.components else "agent"  # (the agent workload's generator)
+    gen, ref, learn = (_component_args(wf, n) for n in (policy, "reference", "learner"))
     spec = PolicySpec.from_args(gen.get("policy"))
     cfg = spec.model_config(CharTokenizer())
     with torch.device("meta"):

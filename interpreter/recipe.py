@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 __all__ = [
-    "Recipe", "Leaf", "Ref", "Const", "Seq", "Stack", "Cat", "Record", "Slice", "Part", "Take", "IterVar", "Arith", "Neg",
+    "Recipe", "Leaf", "Ref", "Const", "Seq", "Stack", "Cat", "Record", "Slice", "Part", "Take", "Put", "IterVar", "Arith", "Neg",
     "K", "LIVE_ROWS", "HELD", "RecipeOps", "lift", "map_leaves", "leaves_of", "number_leaves", "evaluate", "resolve_k",
 ]
 
@@ -193,6 +193,25 @@ class Take:
 
 
 @dataclass(frozen=True, slots=True)
+class Put:
+    """`target` with rows `index` along `dim` of every tensor replaced by those rows of `source` (both full
+    values): the outputs a call in a loop that ends per row keeps for its done rows, when rows done in an
+    enclosing per-row loop keep that loop's previous trip's values and the others this loop's
+    (`until_loops.UntilLoops`)."""
+
+    target: Recipe
+    source: Recipe
+    index: tuple[int, ...]
+    dim: int
+
+    def _map(self, fn: Callable[[Recipe], Recipe]) -> Recipe:
+        return Put(fn(self.target), fn(self.source), self.index, self.dim)
+
+    def _eval(self, env: _Env) -> Any:
+        return env.ops.put(self.target._eval(env), self.source._eval(env), self.index, self.dim)
+
+
+@dataclass(frozen=True, slots=True)
 class IterVar(_Symbolic):
     """The RL-iteration number as a symbol (hashable: it stands in invocations' indices)."""
 
@@ -247,8 +266,8 @@ class Neg(_Symbolic):
         return f"-{self.operand!r}"
 
 
-Recipe = Union[Leaf, Ref, Const, Seq, Stack, Cat, Record, Slice, Part, Take, IterVar, Arith, Neg]  # noqa: UP007 - a runtime alias
-_NODES = (Leaf, Ref, Const, Seq, Stack, Cat, Record, Slice, Part, Take, IterVar, Arith, Neg)
+Recipe = Union[Leaf, Ref, Const, Seq, Stack, Cat, Record, Slice, Part, Take, Put, IterVar, Arith, Neg]  # noqa: UP007 - a runtime alias
+_NODES = (Leaf, Ref, Const, Seq, Stack, Cat, Record, Slice, Part, Take, Put, IterVar, Arith, Neg)
 
 K = IterVar()
 

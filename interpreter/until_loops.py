@@ -15,7 +15,11 @@ wait for data the driver does), and decides (docs/language.md, `until`):
   The loop ends when every row is done or after `count` trips; either way it has `count` iterations seen
   from outside -- `loop[*]` is `count` values, and the trips not run are the last trip's values (every row
   was done by then) -- so its outputs have the same shape whatever its rows' lengths, and a split of its
-  rows into groups that each end on their own gives the same values.
+  rows into groups that each end on their own gives the same values;
+* a per-row loop inside a per-row loop (a decode loop inside an agent's turn loop) starts with the rows
+  the outer loop has done already done, and a row done in the outer loop keeps, in every call inside it,
+  that call's values of the outer loop's previous trip (`recipe.Put`): seen from outside, a done row's
+  turn repeats its last turn whole, as in the flat case.
 
 Nothing here touches data except the condition's value, which is small (one flag per row).
 """
@@ -31,7 +35,7 @@ from rose_dsl.ir import ExecutionNode, LoopNode
 from rose_dsl.semantics import CallSite, Frame, Invocation, Program
 from rose_dsl.until import input_dims, whole_reason
 
-from .recipe import HELD, LIVE_ROWS, Const, Recipe, Record, Ref, Seq, Take, evaluate, lift, number_leaves
+from .recipe import HELD, LIVE_ROWS, Const, Put, Recipe, Record, Ref, Seq, Take, evaluate, lift, number_leaves
 
 __all__ = ["UntilLoops", "ConditionError", "live_inputs", "keep_done_rows"]
 
@@ -61,7 +65,6 @@ class UntilLoops:
         self.program, self.frame, self.handles, self.component = program, frame, handles, component
         self.fetch, self.k = fetch, k
         self.done: dict[tuple[Path, tuple[int, ...]], Any] = {}  # per loop instance: a [N] bool tensor
-        self.live: dict[Path, tuple[tuple[int, ...] | None, int]] = {}  # per-row loop -> (rows not done, its trip)
         self.trips: dict[Path, int] = {}  # trips run by each loop's last instance (for the trace, tests)
         self._dims: dict[int, int | None | str] = {}  # per input expression of a body call: the dimension of its rows
         self._per_row: dict[Path, bool] = {}
@@ -89,6 +92,8 @@ class UntilLoops:
         flags = row_flags(value)
         _check_row_count(loop, flags.shape[0])
         before = self.done.get(key)
+        if before is None:  # a loop inside a per-row loop: the rows done there are done here from the start
+            before = self._done_around(loop.path, key[1])
         if before is not None and before.shape != flags.shape:
             raise ConditionError(loop, f"the condition of loop '{loop.name}' gave {flags.shape[0]} row flag(s) after "
                                  f"trip {j}, {before.shape[0]} before", "it must give one flag per row of the loop's "
@@ -96,41 +101,79 @@ class UntilLoops:
         done = flags if before is None else before | flags
         self.done[key] = done
         if j + 1 < (loop.count or 0) and not bool(done.all()):
-            rows = tuple(done.logical_not().nonzero().flatten().tolist()) if bool(done.any()) else None
-            self.live[loop.path] = (rows, j + 1)
             return False
         self._end(loop, key, j)
         return True
 
     def _end(self, loop: LoopNode, key: tuple[Path, tuple[int, ...]], last: int) -> None:
         """A per-row loop ended after trip `last`: seen from outside it ran `count` iterations, those not run
-        being the last trip's values."""
+        being the last trip's values (every call inside it, a per-row loop's inside it included)."""
         count = loop.count or 0
         self.frame.dynamic_ran[key] = list(range(count))
         prefix = key[1]
-        for item in loop.body:
-            ran = Invocation(item.path, prefix + (last,))
-            for j in range(last + 1, count):
-                alias = Invocation(item.path, prefix + (j,))
-                self.handles[alias] = self.handles[ran]
-                self.component[alias] = self.component[ran]
-                self.aliases[alias] = ran
-        self.live.pop(loop.path, None)
+        for path, suffixes in _calls_inside(loop):
+            for rest in suffixes:
+                ran = Invocation(path, prefix + (last,) + rest)
+                for j in range(last + 1, count):
+                    alias = Invocation(path, prefix + (j,) + rest)
+                    self.handles[alias] = self.handles[ran]
+                    self.component[alias] = self.component[ran]
+                    self.aliases[alias] = ran
+        for inner, suffixes in _loops_inside(loop):
+            for rest in suffixes:
+                ran_key = prefix + (last,) + rest
+                for j in range(last + 1, count):
+                    self.frame.dynamic_ran[(inner, prefix + (j,) + rest)] = self.frame.dynamic_ran[(inner, ran_key)]
         self.done.pop(key, None)
+
+    def _per_row_around(self, path: Path) -> list[LoopNode]:
+        """The per-row loops around the item at `path`, innermost first (up to the first that is not one)."""
+        out = []
+        at = path[:-1]
+        while isinstance(loop := self.program.items.get(at), LoopNode) and loop.dynamic and self.per_row(loop):
+            out.append(loop)
+            at = at[:-1]
+        return out
+
+    def _done_around(self, path: Path, indices: tuple[int, ...]) -> Any:
+        """The rows done in the per-row loops around the item at `path` (of the instance `indices` names: the
+        indices of the loops around that item), or None when it is in none or none has ended a row yet."""
+        for loop in self._per_row_around(path):
+            done = self.done.get((loop.path, indices[:len(loop.path) - 1]))
+            if done is not None:
+                return done
+        return None
 
     def narrow(self, site: CallSite, ports: list[tuple[str, Recipe]]) -> list[tuple[str, Recipe]]:
         """A call's inputs (recipes over handles), given only the rows not yet done when it runs in a trip of a
-        per-row loop after some rows are done, with those rows and its previous trip's outputs."""
+        per-row loop after some rows are done, with those rows and the outputs its done rows keep: its
+        previous trip's, or, for rows done in an enclosing per-row loop, its call of that loop's previous trip
+        (a row done in a turn loop keeps every value of its last turn, those of the decode loop inside it too)."""
         node = site.node
-        rows, trip = self.live.get(node.path[:-1], (None, 0))
-        if rows is None:
+        idx = site.inv.indices
+        done = self._done_around(node.path, idx)
+        if done is None or not bool(done.any()):
             return ports
-        assert isinstance(node, ExecutionNode) and site.inv.indices[-1] == trip
-        previous = self.handles[Invocation(node.path, site.inv.indices[:-1] + (trip - 1,))]
-        held = Seq(tuple(Ref(h) for h in previous[:len(node.outputs)]))
+        assert isinstance(node, ExecutionNode)
+        rows = tuple(done.logical_not().nonzero().flatten().tolist())
+        dim = node.batch or 0
+        held: list[Recipe] | None = None
+        for loop in self._per_row_around(node.path):  # innermost first: an enclosing loop's rows overwrite
+            at = len(loop.path) - 1
+            own = self.done.get((loop.path, idx[:at]))
+            if own is None or idx[at] == 0 or not bool(own.any()):
+                continue
+            previous = self.handles[Invocation(node.path, idx[:at] + (idx[at] - 1,) + idx[at + 1:])]
+            refs = [Ref(h) for h in previous[:len(node.outputs)]]
+            if held is None:
+                held = list(refs)
+            else:
+                kept = tuple(own.nonzero().flatten().tolist())
+                held = [Put(h, r, kept, dim) for h, r in zip(held, refs, strict=True)]
+        assert held is not None, "a done row was made done by a trip before this one"
         inputs = dict(node.inputs)
         taken = [(port, self._take(node, f"in.{port}", inputs[port], r, rows)) for port, r in ports]
-        return taken + [(LIVE_ROWS, Const(rows)), (HELD, held)]
+        return taken + [(LIVE_ROWS, Const(rows)), (HELD, Seq(tuple(held)))]
 
     def _take(self, node: ExecutionNode, key: str, expr: Expr, recipe: Recipe, rows: tuple[int, ...]) -> Recipe:
         """The rows of one input (a record field by field): along the dimension the analysis says holds the
@@ -151,6 +194,30 @@ class UntilLoops:
         if loop.path not in self._per_row:
             self._per_row[loop.path] = whole_reason(self.program.resolver, loop) is None
         return self._per_row[loop.path]
+
+
+def _calls_inside(loop: LoopNode) -> list[tuple[Path, list[tuple[int, ...]]]]:
+    """Every call inside a per-row loop's body with the indices of the loops between it and the loop
+    (a per-row loop's body holds calls and per-row loops, each of `count` iterations seen from outside)."""
+    out: list[tuple[Path, list[tuple[int, ...]]]] = []
+    for item in loop.body:
+        if isinstance(item, LoopNode):
+            out += [(path, [(j,) + rest for j in range(item.count or 0) for rest in suffixes])
+                    for path, suffixes in _calls_inside(item)]
+        else:
+            out.append((item.path, [()]))
+    return out
+
+
+def _loops_inside(loop: LoopNode) -> list[tuple[Path, list[tuple[int, ...]]]]:
+    """Likewise every loop inside it, with the indices between (its own excluded)."""
+    out: list[tuple[Path, list[tuple[int, ...]]]] = []
+    for item in loop.body:
+        if isinstance(item, LoopNode):
+            out.append((item.path, [()]))
+            out += [(path, [(j,) + rest for j in range(item.count or 0) for rest in suffixes])
+                    for path, suffixes in _loops_inside(item)]
+    return out
 
 
 def _check_flags(loop: LoopNode, value: Any) -> None:

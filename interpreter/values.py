@@ -65,6 +65,11 @@ class TorchOps:
             return value.index_select(dim, torch.as_tensor(index, dtype=torch.long, device=value.device))
         return value
 
+    def put(self, target: Any, source: Any, index: Any, dim: int) -> Any:
+        """`target` with the rows `index` along `dim` of every tensor replaced by those rows of `source`."""
+        rows = torch.as_tensor(index, dtype=torch.long)
+        return hold(target, self.take(source, index, dim), rows, dim)
+
     def truth(self, value: Any) -> bool:
         if isinstance(value, torch.Tensor):
             return bool(value.all())

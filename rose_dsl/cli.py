@@ -307,7 +307,11 @@ def until_note(wf: Workflow, loop: LoopNode) -> str:
 
     why = whole_reason(Resolver(wf), loop)
     if why is None:
-        return (f"loop '{loop.name}' ends per row (every call in it declares batch:): after each iteration a row whose "
+        inner = [i.name for i in loop.body if isinstance(i, LoopNode)]
+        what = ("every call in it declares batch:" if not inner else
+                f"every call in it declares batch: and {', '.join(repr(n) for n in inner)} ends per row, "
+                "starting with the rows done here done")
+        return (f"loop '{loop.name}' ends per row ({what}): after each iteration a row whose "
                 f"condition holds is done -- its values are final and later calls get only the rows not done -- and "
                 f"the loop ends when every row is done, at most {loop.count} iterations")
     return (f"loop '{loop.name}' ends as a whole ({why}): every row runs every iteration until the condition holds for "

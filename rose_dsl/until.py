@@ -2,10 +2,12 @@
 
 Per row, a call after some rows are done is given only the rows not done, so rose must know which
 dimension of each of its inputs holds the rows, and which rows each call computes: every item of the
-body is a call that declares `batch:` (separable, no phases run in its place), and the analysis tells the
-batch dimension of every input (`transforms.refs.batch_dim`: a number, or none for an integer). A loop
-that fails one of these ends as a whole: every row runs every iteration until all rows are done. The
-runtime, the reference interpreter, `rose validate`'s note and the rewrites all ask here.
+body is a call that declares `batch:` (separable, no phases run in its place) or a loop that itself ends
+on a condition per row (a turn loop around a decode loop: a row done in the outer loop is done in the
+inner one from its start), and the analysis tells the batch dimension of every input
+(`transforms.refs.batch_dim`: a number, or none for an integer). A loop that fails one of these ends as a
+whole: every row runs every iteration until all rows are done. The runtime, the reference interpreter,
+`rose validate`'s note and the rewrites all ask here.
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ def whole_reason(resolver: Resolver, loop: LoopNode) -> str | None:
     """None when the dynamic loop ends per row, else why it ends as a whole (a clause for a message)."""
     for item in loop.body:
         if isinstance(item, LoopNode):
-            return f"its body holds loop '{item.name}'"
+            if not item.dynamic:
+                return f"its body holds loop '{item.name}', which does not end on a condition"
+            inner = whole_reason(resolver, item)
+            if inner is not None:
+                return f"its body holds loop '{item.name}', which ends as a whole ({inner})"
+            continue
         if not isinstance(item, ExecutionNode):
             return f"its body holds merge '{item.name}' of row groups split inside it"
         if item.batch is None:

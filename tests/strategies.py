@@ -7,8 +7,9 @@ bug the suite missed before it was added here): loops that end on a condition (`
 done flag, so that row groups would stop at other iterations than the whole batch), loops nested inside
 loops whose every node is separable (the candidates of a loop-body split), collects that read the
 loop's own carried value, records, selections by another loop's index (`l2[l3.i].x`) and selections
-that reach into a nested loop (`l1[-1].l2[0].x`), and nodes that declare their outputs' rows without being
-separable (`separable: false`: their consumers may be split, they may not).
+that reach into a nested loop (`l1[-1].l2[0].x`), nodes that declare their outputs' rows without being
+separable (`separable: false`: their consumers may be split, they may not), and an agent's turns: a loop
+that ends per row around one that ends per row, with a tool call on another component (`turn_workflows`).
 """
 
 from __future__ import annotations
@@ -270,6 +271,55 @@ def until_workflows(draw: Any) -> dict[str, Any]:
             "components": {c: {"impl": "tests.mocks:Mock", "state": [s],
                                "args": {"name": c, "batch": batch, "behaviors": behaviors[c], "states": [s]}}
                            for c, s in (("c0", "s0"), ("c1", "s1"))},
+            "iteration": {"count": 1, "body": [
+                {"node": "p", "call": "c0.p", "in": {"it": "iteration.i"}, "out": ["o0"], "batch": {**size, "separable": False}},
+                loop,
+                {"node": "score", "call": "c0.score", "in": {"x": "l.v"}, "out": ["o0"], "batch": dict(size)},
+                {"node": "learn", "call": "c0.learn", "in": {"x": "score.o0"}, "state": {"s0": "update"}}]}}
+
+
+@st.composite
+def turn_workflows(draw: Any) -> dict[str, Any]:
+    """An agent's turns: a loop that ends per row (`l`, a row ends when its tool call says so, after a random
+    number of turns per row) around a loop that ends per row (`d`, a row's turn ends at its own length,
+    drawn per row and shorter in later turns), then a tool call on the rows still in a turn (another
+    component, so that one group's tool calls may run while another group decodes), a per-row consumer and
+    a learner: what `split-chain l score K` splits into groups whose turns may be interleaved."""
+    d = draw
+    batch = d(st.integers(2, 6))
+    turns, steps = d(st.integers(1, 4)), d(st.integers(1, 4))
+    turn_lengths = d(st.lists(st.integers(1, turns + 1), min_size=batch, max_size=batch))
+    decode_lengths = d(st.lists(st.integers(1, steps + 2), min_size=batch, max_size=batch))
+    size = {"dim": 0, "size": batch}
+    reads = d(st.booleans())
+    behaviors: dict[str, dict[str, Any]] = {"c0": {}, "c1": {}, "c2": {}}
+    inner: list[dict[str, Any]] = []
+    previous = "d.v"
+    if d(st.booleans()):
+        inner.append({"node": "b0", "call": "c1.b0", "in": {"x": previous}, "out": ["o0"], "batch": dict(size),
+                      **({"state": {"s1": "read"}} if reads else {})})
+        behaviors["c1"]["b0"] = {"state": {"s1": "read"} if reads else {}, "out": ["o0"], "separable": True}
+        previous = "b0.o0"
+    inner.append({"node": "f", "call": "c1.f", "in": {"x": previous, "t": "d.i + l.i"}, "out": ["o0", "o1"],
+                  "batch": dict(size)})
+    behaviors["c1"]["f"] = {"state": {}, "out": ["o0", "o1"], "separable": True, "lengths": {"o0": decode_lengths}}
+    decode: dict[str, Any] = {"loop": "d", "count": steps, "until": "f.o0",
+                              "carry": {"v": {"init": "l.v", "next": "f.o1"}}, "body": inner}
+    tool_in = d(st.sampled_from(["d.v", "d[-1].f.o1"]))
+    outer: list[dict[str, Any]] = [decode, {"node": "tool", "call": "c2.tool", "in": {"x": tool_in, "t": "l.i"},
+                                            "out": ["o0", "o1"], "batch": dict(size)}]
+    behaviors["c2"]["tool"] = {"state": {}, "out": ["o0", "o1"], "separable": True, "lengths": {"o0": turn_lengths}}
+    loop: dict[str, Any] = {"loop": "l", "count": turns, "until": "tool.o0",
+                            "carry": {"v": {"init": "p.o0", "next": "tool.o1"}}, "body": outer}
+    if d(st.booleans()):
+        loop["collect"] = {"c": "stack(l[*].tool.o1)"}
+    behaviors["c0"] = {"p": {"state": {}, "out": ["o0"], "separable": False},
+                       "score": {"state": {}, "out": ["o0"], "separable": True},
+                       "learn": {"state": {"s0": "update"}, "out": [], "separable": False}}
+    return {"rose": 1, "name": "turns", "params": {"seed": 0},
+            "components": {c: {"impl": "tests.mocks:Mock", "state": [s],
+                               "args": {"name": c, "batch": batch, "behaviors": behaviors[c], "states": [s]}}
+                           for c, s in (("c0", "s0"), ("c1", "s1"), ("c2", "s2"))},
             "iteration": {"count": 1, "body": [
                 {"node": "p", "call": "c0.p", "in": {"it": "iteration.i"}, "out": ["o0"], "batch": {**size, "separable": False}},
                 loop,

@@ -17,8 +17,8 @@ import torch
 
 from examples.bench.latency import wait_ms
 
-__all__ = ["ToyLM", "LengthReward", "ToyEnv", "ToyPolicy", "Tick", "RowFlags", "Gate", "SleepyLM", "SleepyJudge", "reference_decode",
-           "reference_episodes"]
+__all__ = ["ToyLM", "LengthReward", "ToyEnv", "ToyPolicy", "ToyTool", "Tick", "RowFlags", "Gate", "SleepyLM", "SleepyJudge",
+           "reference_decode", "reference_episodes", "reference_turns"]
 
 
 def _noise(seed: int, it: Any, t: Any, rows: torch.Tensor, width: int) -> torch.Tensor:
@@ -237,6 +237,55 @@ def reference_episodes(iterations: int, num_envs: int, max_steps: int, seed: int
         steps, _ = _held_loop(max_steps, num_envs, trip)
         pi.update(torch.stack([s["reward"] for s in steps]), torch.stack([s["done"] for s in steps]))
         out.append({f"pi/{k}": v for k, v in pi.pop_metrics().items()})
+    return out
+
+
+class ToyTool:
+    """A tool an agent calls after each turn's decode (tests of a per-row turn loop around a per-row decode
+    loop): it maps a row's last token to the next turn's first token, adds the turn's length to the row's
+    total, and ends the row (`done`) on a per-row draw of probability `p_done` -- or when the tool call
+    'times out', which here is a turn longer than `timeout_len` tokens: the row ends then too."""
+
+    def __init__(self, vocab: int = 13, seed: int = 0, p_done: float = 0.35, timeout_len: int = 99) -> None:
+        self.vocab, self.seed, self.p_done, self.timeout_len = vocab, seed, p_done, timeout_len
+
+    def run(self, tok: torch.Tensor, total: torch.Tensor, length: torch.Tensor, turn: int, it: int,
+            rows: Any = None) -> dict[str, torch.Tensor]:
+        g = _all(rows, tok.shape[0])
+        u = _noise(self.seed, it, 1000 + int(turn), g, 1)[:, 0]
+        out = (tok * 3 + g + int(turn)) % (self.vocab - 1) + 1
+        done = (u < self.p_done) | (length > self.timeout_len)
+        return {"tok": out, "total": total + length, "done": done}
+
+
+def reference_turns(iterations: int, rows: int, turns: int, max_new: int, seed: int = 3,
+                    timeout_len: int = 99) -> list[dict[str, float]]:
+    """Reference of the tests' turn workflow (`tests/dsl/fixtures/until_turns.yaml`), one row at a time: up
+    to `turns` turns, each a decode of up to `max_new` tokens that stops at the row's EOS, then a tool call
+    that may end the row; a reward on the last token and total length; a learner step."""
+    lm, tool, rm = ToyLM(rows=rows, seed=seed), ToyTool(seed=seed, timeout_len=timeout_len), LengthReward()
+    out = []
+    for it in range(iterations):
+        first = lm.prompts(it)["tok"]
+        toks, totals = [], []
+        for r in range(rows):
+            g = torch.tensor([r])
+            tok, total = first[g], torch.zeros(1, dtype=torch.long)
+            for t in range(turns):
+                for j in range(max_new):
+                    step = lm.step(tok, j, it * 10 + t, rows=g)
+                    tok = step["tok"]
+                    if bool(step["eos"].all()):
+                        break
+                call = tool.run(tok, total, step["len"], t, it, rows=g)
+                tok, total = call["tok"], call["total"]
+                if bool(call["done"].all()):
+                    break
+            toks.append(tok)
+            totals.append(total)
+        reward = rm.final(torch.cat(toks), torch.cat(totals))["reward"]
+        lm.learn(reward)
+        out.append({f"lm/{k}": v for k, v in lm.pop_metrics().items()})
     return out
 
 

@@ -222,7 +222,9 @@ def _splittable_loop(wf: Workflow, path: Path, batch_size: int | None) -> tuple[
             check_separable(item)
             if item.batch_size is not None:
                 sizes.add(item.batch_size)
-    _check_no_dynamic_loop(replace(loop, until=None), f"loop '{loop.name}'")
+    # a loop inside one that ends per row ends per row itself (`whole_reason`): copied with it, each copy
+    # starts with its group's rows and ends on them, as the declared one does on all rows
+    _check_no_dynamic_loop(replace(loop, until=None, body=() if loop.dynamic else loop.body), f"loop '{loop.name}'")
     if batch_size is not None:
         sizes.add(batch_size)
     if len(sizes) != 1:
@@ -252,7 +254,7 @@ def _check_until_rows(wf: Workflow, loop: LoopNode) -> None:
     if not (isinstance(until, Ref) and isinstance(node, ExecutionNode) and node.path[:-1] == loop.path):
         raise Refused(f"the condition of loop '{loop.name}' ('{unparse(until)}') is not one output of a call in its "
                       "body: it may read all rows, so a row group could not end on its own rows", at=at)
-    for item in loop.body:
+    for item in iter_items(loop):
         writes = [e.state for e in getattr(item, "effects", ()) if e.access.value != "read"]
         if writes:
             raise Refused(f"'{item.name}' in loop '{loop.name}' writes state ({', '.join(writes)}) inside a loop that "

@@ -111,6 +111,7 @@ def _every_node() -> R.Recipe:
         ("neg", Neg(K)),
         ("k", IterVar()),
         ("take", Take(Leaf(1), (3, 1), 0)),
+        ("put", R.Put(Leaf(0), Leaf(1), (0, 2), 0)),
     ))
 
 
@@ -126,23 +127,24 @@ def test_every_node_type_is_mapped_and_evaluated() -> None:
             collect(child)
         for _, child in getattr(r, "fields", ()) or ():
             collect(child)
-        for name in ("target", "start", "stop", "left", "right", "operand"):
+        for name in ("target", "source", "start", "stop", "left", "right", "operand"):
             child = getattr(r, name, None)
             if child is not None:
                 collect(child)
 
     collect(recipe)
     assert seen_types | {Ref} == set(R._NODES), "a node type is missing from this test"
-    assert [leaf.index for leaf in leaves_of(recipe)] == [0, 1, 0, 1, 2, 0, 1, 1]
+    assert [leaf.index for leaf in leaves_of(recipe)] == [0, 1, 0, 1, 2, 0, 1, 1, 0, 1]
     shifted = map_leaves(recipe, lambda leaf: Leaf(leaf.index + 1))
     a, b, c = torch.arange(4.0), torch.arange(4.0) + 10, "third"
     got, want = evaluate(shifted, [None, a, b, c], k=1), evaluate(recipe, [a, b, c], k=1)
     assert got.keys() == want.keys()
-    for key in ("stack", "cat", "slice", "part", "take"):
+    for key in ("stack", "cat", "slice", "part", "take", "put"):
         assert torch.equal(got[key], want[key]), key
     assert want["seq"] == ["third", 7] and want["neg"] == -1 and want["k"] == 1
     assert torch.equal(want["slice"], a[1:3]) and torch.equal(want["part"], b[2:])
     assert torch.equal(want["take"], b[[3, 1]]) and torch.equal(got["take"], want["take"])
+    assert want["put"].tolist() == [10.0, 1.0, 12.0, 3.0]  # rows 0 and 2 of b, the rest of a
 
 
 def test_numbering_dedups_handles_and_refuses_numbered_recipes() -> None:

@@ -10,19 +10,24 @@ from pathlib import Path
 import pytest
 import torch
 
-from examples.bench.until_loops import reference_decode, reference_episodes
+from examples.bench.until_loops import reference_decode, reference_episodes, reference_turns
 from interpreter.local_backend import LocalBackend
 from interpreter.runner import RunConfig, Runner
 from interpreter.schedule import Schedule
 from rose_dsl import load_workflow_text
+from rose_dsl.ir import Workflow
 
 FIXTURES = Path(__file__).resolve().parents[1] / "dsl" / "fixtures"
 DECODE = (FIXTURES / "until_decode.yaml").read_text()
 EPISODES = (FIXTURES / "until_episodes.yaml").read_text()
+TURNS = (FIXTURES / "until_turns.yaml").read_text()
 
 
 def _run(text: str, backend: str) -> tuple[list[dict[str, float]], Runner]:
-    wf = load_workflow_text(text, "until.yaml")
+    return _run_wf(load_workflow_text(text, "until.yaml"), backend)
+
+
+def _run_wf(wf: Workflow, backend: str) -> tuple[list[dict[str, float]], Runner]:
     sch = Schedule(wf)
     if backend == "local":
         be = LocalBackend(wf, ("examples.",), sch.program.loops_of)
@@ -51,7 +56,9 @@ def _same(got: list[dict[str, float]], want: list[dict[str, float]]) -> None:
 CASES = {
     "decode": (DECODE, lambda: reference_decode(3, rows=6, max_new=12)),
     "episodes": (EPISODES, lambda: reference_episodes(3, num_envs=6, max_steps=15)),
+    "turns": (TURNS, lambda: reference_turns(3, rows=6, turns=4, max_new=5)),
 }
+LOOP = {"decode": ("decode", ".gen", 12), "episodes": ("ep", ".envstep", 15), "turns": ("turn", ".call", 4)}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -62,16 +69,15 @@ def test_an_until_loop_on_the_local_backend_equals_the_loop_written_by_hand(case
     _same(got, want)
     # the rows end at different trips, and the loop ends before its bound in some iteration: what is tested
     # is per-row completion, not a loop that always runs its count
-    loop = "decode" if case == "decode" else "ep"
-    calls = [r for r in runner.trace.records() if r.node.endswith(".gen" if case == "decode" else ".envstep")]
-    bound = 12 if case == "decode" else 15
+    loop, node, bound = LOOP[case]
+    calls = [r for r in runner.trace.records() if r.node.endswith(node)]
     per_iteration = [sum(1 for r in calls if r.loop_indices[0][1] == k) for k in range(3)]
     assert min(per_iteration) < bound, (loop, per_iteration)
     assert [r.metrics[f"trips/{loop}"] for r in runner.results] == per_iteration  # what each iteration logs
-    assert len({k for k in got for k in ("lm/tokens", "pi/env_steps") if k in got[0]}) == 1
+    assert len({k for k in got for k in ("lm/tokens", "lm/checksum", "pi/env_steps") if k in got[0]}) == 1
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", ["decode", "episodes"])  # turns: on Ray through its split plan (test_until_rewrites)
 def test_an_until_loop_on_ray_equals_the_local_backend_and_the_loop_by_hand(case, ray_session) -> None:
     text, reference = CASES[case]
     got, _ = _run(text, "ray")
@@ -99,6 +105,76 @@ def test_a_done_row_is_not_computed_again(monkeypatch) -> None:
     monkeypatch.setattr(until_loops.ToyLM, "step", spy)
     _run(DECODE, "local")
     assert any(narrowed) and not all(narrowed)
+
+
+def test_an_agents_turns_split_and_interleaved_on_ray_equal_the_loops_by_hand(ray_session) -> None:
+    """The turn workflow's row groups, their turns interleaved (one group's tool call between the other's
+    decode steps), on Ray: the values of the loops written by hand, bit for bit."""
+    from rose_dsl.transforms import apply_request
+
+    wf = load_workflow_text(TURNS, "until.yaml")
+    for request in ("split-chain turn score 2", "rewire score@0 after turn@1", "interleave turn@0 turn@1"):
+        wf = apply_request(wf, request).workflow
+    got, _ = _run_wf(wf, "ray")
+    _same(got, reference_turns(3, rows=6, turns=4, max_new=5))
+
+
+def test_a_row_done_in_the_turn_loop_is_not_decoded_in_later_turns(monkeypatch) -> None:
+    """A per-row decode loop inside a per-row turn loop starts each turn with the rows the turn loop has done
+    already done: neither its calls nor the tool's get them again."""
+    from examples.bench import until_loops
+
+    ended: dict[int, set[int]] = {}  # per RL iteration: rows whose tool call ended them
+    first_trip_rows = []
+    step, run = until_loops.ToyLM.step, until_loops.ToyTool.run
+
+    def rows_of(tok, rows):
+        return list(range(tok.shape[0])) if rows is None else [int(r) for r in rows]
+
+    def spy_step(self, tok, t, it, rows=None):
+        again = ended.get(int(it) // 10, set()) & set(rows_of(tok, rows))
+        assert not again, f"rows {sorted(again)} decoded after their turn loop ended them"
+        if int(t) == 0 and int(it) % 10 > 0:
+            first_trip_rows.append(len(rows_of(tok, rows)))
+        return step(self, tok, t, it, rows)
+
+    def spy_run(self, tok, total, length, turn, it, rows=None):
+        rs = rows_of(tok, rows)
+        assert not ended.get(int(it), set()) & set(rs)
+        out = run(self, tok, total, length, turn, it, rows)
+        ended.setdefault(int(it), set()).update(r for r, d in zip(rs, out["done"].tolist(), strict=True) if d)
+        return out
+
+    monkeypatch.setattr(until_loops.ToyLM, "step", spy_step)
+    monkeypatch.setattr(until_loops.ToyTool, "run", spy_run)
+    _run(TURNS, "local")
+    assert first_trip_rows and min(first_trip_rows) < 6  # a later turn's decode started with fewer rows
+
+
+def test_a_row_done_in_the_turn_loop_keeps_its_last_turn_whole() -> None:
+    """Seen from outside, a row done after turn t keeps, in every later turn t', each call's values of turn t
+    -- the decode loop's calls included, iteration by iteration (decode iteration j of turn t' holds decode
+    iteration j of turn t), not the decode loop's last values -- as the flat loop's done rows keep theirs."""
+    from interpreter.components import instantiate
+    from interpreter.reference import run_reference
+    from rose_dsl.semantics import Invocation
+
+    wf = load_workflow_text(TURNS, "until.yaml")
+    run = run_reference(wf, instantiate(wf, ("examples.",)), range(1))
+    out = run.outputs[0]
+    gen, call = ("iteration", "turn", "decode", "gen"), ("iteration", "turn", "call")
+    done = torch.zeros(6, dtype=torch.bool)
+    checked = 0
+    for t in range(4):
+        for r in done.nonzero().flatten().tolist():  # done before turn t: turn t repeats turn t - 1
+            for j in range(5):
+                now, before = out[Invocation(gen, (0, t, j))], out[Invocation(gen, (0, t - 1, j))]
+                assert all(torch.equal(now[p][r], before[p][r]) for p in now), (t, j, r)
+                checked += 1
+        done |= out[Invocation(call, (0, t))]["done"].bool()
+    assert checked > 0  # some row was done before the last turn
+    lengths = {int(out[Invocation(gen, (0, 0, j))]["len"][0]) for j in range(5)}
+    assert len(lengths) > 1  # the decode loop's iterations differ, so holding the wrong one would show
 
 
 def test_a_loop_that_ends_on_a_condition_needs_a_bound() -> None:

@@ -31,7 +31,7 @@ from rose_dsl.transforms.reorder import build_rewire
 from rose_dsl.transforms.split import build_split_node
 from rose_dsl.transforms.temporal import build_split_temporal
 
-from ..strategies import until_workflows, workflows
+from ..strategies import turn_workflows, until_workflows, workflows
 from .found import ACCEPTED, FORCED
 from .harness import differences, execute, orders
 
@@ -466,6 +466,18 @@ def test_sibling_interleavings_a_plan_check_accepts_compute_the_same(doc, before
         assert differences(wf, ref_run, ref_comps, forced, run, comps, lambda p, i: (p, i)) == [], (order, seed)
 
 
+def _plan_computes_the_declared_values(original: Workflow, result: Rewritten | None, applied: list[str]) -> None:
+    """A plan of a workflow with loops that end on a condition (program order only): accepted by the plan
+    check, and bit for bit what the declared workflow computes."""
+    if result is None:
+        return
+    wf = result.workflow
+    assert plan_differences(original, wf) == [], applied
+    ref_run, ref_comps = execute(original, "program")
+    run, comps = execute(wf, "program")
+    assert differences(original, ref_run, ref_comps, wf, run, comps, result.locate) == [], applied
+
+
 @settings()
 @given(until_workflows(), st.integers(2, 4), st.lists(STEPS, max_size=3))
 def test_until_loops_split_into_groups_that_end_on_their_own_compute_the_same(doc, k, steps) -> None:
@@ -481,10 +493,27 @@ def test_until_loops_split_into_groups_that_end_on_their_own_compute_the_same(do
     lengths = doc["components"]["c1"]["args"]["behaviors"]["f"]["lengths"]["o0"]
     event(f"loop split into groups that end on their own: {split}; rows' lengths differ: {len(set(lengths)) > 1}")
     event(f"rewrites accepted: {len(applied)}")
-    if result is None:
-        return
-    wf = result.workflow
-    assert plan_differences(original, wf) == [], applied
-    ref_run, ref_comps = execute(original, "program")
-    run, comps = execute(wf, "program")
-    assert differences(original, ref_run, ref_comps, wf, run, comps, result.locate) == [], applied
+    _plan_computes_the_declared_values(original, result, applied)
+
+
+@settings()
+@given(turn_workflows(), st.integers(2, 3), st.booleans(), st.lists(STEPS, max_size=2))
+def test_turn_loops_split_into_groups_whose_turns_interleave_compute_the_same(doc, k, interleave, steps) -> None:
+    """A per-row turn loop around a per-row decode loop (random turn counts and decode lengths per row),
+    copied per row group with its consumer, the groups' turns interleaved (one group's tool call between
+    another group's decode steps), then any further accepted rewrites: bit for bit what the declared
+    workflow computes, and a plan the plan check accepts."""
+    original = load_workflow_text(yaml.safe_dump(doc, sort_keys=False), "wf.yaml")
+    batch = doc["components"]["c0"]["args"]["batch"]
+    chain = f"split-chain iteration.l iteration.score {k}"
+    turn = ([f"rewire iteration.score@{g} after l@{k - 1}" for g in range(k - 1)]
+            + ["interleave " + " ".join(f"iteration.l@{g}" for g in range(k))]) if interleave else []
+    result, applied = apply_steps(original, [chain, *turn, *steps])
+    note(f"applied: {applied}")
+    assert applied[:1] == [chain] or k > batch, applied
+    if k <= batch and interleave:
+        assert applied[:len(turn) + 1] == [chain, *turn], applied
+    lengths = doc["components"]["c2"]["args"]["behaviors"]["tool"]["lengths"]["o0"]
+    event(f"turn loop split: {applied[:1] == [chain]}; groups' turns interleaved: {any(a.startswith('interleave') for a in applied)}")
+    event(f"rows' turn counts differ: {len(set(lengths)) > 1}")
+    _plan_computes_the_declared_values(original, result, applied)

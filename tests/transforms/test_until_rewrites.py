@@ -216,3 +216,32 @@ def test_a_per_row_loop_inside_a_loop_that_ends_as_a_whole_splits_into_groups(ba
         if backend == "ray":
             ray.shutdown()
     assert got == want
+
+
+TURNS = (FIXTURES / "until_turns.yaml").read_text()
+
+
+@pytest.mark.parametrize("backend, requests", [
+    ("local", ("split-chain turn score 2",)),
+    ("local", ("split-chain turn score 3", "rewire score@0 after turn@2", "rewire score@1 after turn@2",
+               "interleave turn@0 turn@1 turn@2")),
+])  # on Ray: tests/interpreter/test_until_runtime.py (in its module's Ray session)
+def test_an_agents_turn_loop_split_into_groups_computes_the_declared_values(backend, requests) -> None:
+    """A per-row turn loop around a per-row decode loop, each turn a decode then a tool call on the rows still
+    in a turn: copied per row group with its scorer, and the groups' turns interleaved (one group's tool
+    call runs while another group decodes), every value is the declared workflow's, bit for bit."""
+    if backend == "ray":
+        ray = pytest.importorskip("ray")
+        ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
+    try:
+        want = _metrics(load_workflow_text(TURNS, "until.yaml"))
+        order: list[str] = []
+        got = _metrics(_plan(TURNS, *requests), backend, order=order)
+    finally:
+        if backend == "ray":
+            ray.shutdown()
+    assert want and got == want
+    if "interleave" in requests[-1]:  # another group decodes right after group 0's first tool call is sent
+        calls = _first_iteration(order)
+        at = next(i for i, c in enumerate(calls) if c.startswith("iteration.turn@0.call"))
+        assert calls[at + 1].startswith(("iteration.turn@1.decode.gen", "iteration.turn@2.decode.gen")), calls[:24]
