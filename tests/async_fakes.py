@@ -144,3 +144,22 @@ class Stamper(_Napper):
             return {port: torch.zeros(rows_n, dtype=torch.float64) for port in spec.get("out", [])}
 
         return call
+
+
+class Relay(_Napper):
+    """A component between the learner and a generator: `load` stores the weights it is given, `get` hands
+    them on (a second sync reads them from here): the stamp travels unchanged, so the generator at the end
+    of the relay still logs the learner update its weights come from."""
+
+    def __init__(self, sleeps: list[float] | None = None) -> None:
+        super().__init__(sleeps)
+        self.weights = torch.tensor([-1.0])
+
+    def load(self, w: Any, it: Any = 0) -> dict[str, Any]:
+        self.nap()
+        self.weights = torch.as_tensor(w).clone()
+        return {}
+
+    def get(self) -> dict[str, Any]:
+        self.nap()
+        return {"w": self.weights.clone()}

@@ -53,8 +53,16 @@ from ..ir import Access, Component, ExecutionNode, Item, LoopNode, MergeNode, Wo
 from ..loader import load_text
 from ..resolve import CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver, binding_table
 from ..semantics import Invocation, SemanticError, interleaved_run
+from ..versions import over_budget_reads
 from .ahead import ahead_without_producers
-from .legality import describe_invocation, on_component, over_budget, staleness_budgets, values_of
+from .legality import (
+    describe_invocation,
+    on_component,
+    over_budget,
+    staleness_budgets,
+    values_of,
+    version_refusal,
+)
 from .refs import RefUse, batch_dim, binding_target, map_field, rename_ref
 from .seeds import SEED_GET, SEED_PORT, SEED_SET, is_seed, through_seeds
 from .tree import source_paths
@@ -139,8 +147,26 @@ class _Checker:
             self.data(g0, g1, images)
             self.state(g0, g1, images)
         if not self.out:
+            self.versions()
+        if not self.out:
             self.rows()
         return self.out
+
+    def versions(self) -> None:
+        """Every read of an asynchronous plan derives from learner updates at most its state's budget older
+        than the synchronous run's, followed through syncs, relays and derived states (`versions.py`): each
+        state's own writes may lag within budget while a value two syncs away lags their sum."""
+        budgets = {k: self.source_budget(k) for k in self.plan.state_objects()}
+        for proof in over_budget_reads(self.plan, budgets)[:1]:
+            self.differ(self.plan_items.get(proof.reader.path),
+                        version_refusal(None, proof, budgets.get(proof.state, 0)),
+                        "state")
+
+    def source_budget(self, state: str) -> int:
+        """The source's `max_staleness` of a plan state object (a copy's: its original's)."""
+        original = on_component(state, self.component_of(state.split(".", 1)[0]))
+        obj = self.source.state_objects().get(original)
+        return obj.max_staleness if obj is not None else 0
 
     def ahead(self) -> None:
         """A node run ahead reads only nodes run ahead in its own RL iteration (`ahead.py`): otherwise its
