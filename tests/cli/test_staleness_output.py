@@ -23,13 +23,14 @@ def test_an_asynchronous_run_writes_its_histogram(tmp_path: Path) -> None:
     """The shipped CPU long-tail GRPO workflow with its generator's budget set to 1 (`--set stale=1`) and
     `defer sync 1`: the first update trains on the initial weights' rollout (lag 0), every later one on a
     rollout one update old (lag 1); a synchronous run of the same workflow has lag 0 only. At the
-    workflow's own budget (0) the deferral is refused."""
+    workflow's own budget (0) the deferral is refused, and the plan runs only beside its source run with the
+    budget it was written against (`--set stale=1`: a plan may not raise its source's budget)."""
     wf, plan = ROOT / "workflows" / "llm_grpo_longtail.yaml", tmp_path / "async.yaml"
     r = rose("rewrite", str(wf), "--do", "defer sync 1", "-o", str(plan))
     assert r.returncode == 2 and "allows max_staleness 0" in r.stderr, r.stderr
     r = rose("rewrite", str(wf), "--set", "iterations=4", "--set", "stale=1", "--do", "defer sync 1", "-o", str(plan))
     assert r.returncode == 0, r.stderr
-    r = rose("execute", str(wf), "--plan", str(plan), "--out", str(tmp_path / "run"))
+    r = rose("execute", str(wf), "--set", "stale=1", "--plan", str(plan), "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads((tmp_path / "run" / "staleness.json").read_text())
     lags = doc["learner"]["samples_by_lag"]
@@ -53,12 +54,12 @@ def test_a_checkpoint_every_iteration_is_said_to_leave_nothing_overlapping(tmp_p
     wf, plan = ROOT / "workflows" / "llm_grpo_longtail.yaml", tmp_path / "async.yaml"
     r = rose("rewrite", str(wf), "--set", "iterations=3", "--set", "stale=1", "--do", "defer sync 1", "-o", str(plan))
     assert r.returncode == 0, r.stderr
-    r = rose("execute", str(wf), "--plan", str(plan), "--out", str(tmp_path / "every1"), "--checkpoint-every", "1")
+    r = rose("execute", str(wf), "--set", "stale=1", "--plan", str(plan), "--out", str(tmp_path / "every1"), "--checkpoint-every", "1")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "warning: --checkpoint-every 1 drains this asynchronous plan's pipeline after every iteration" in r.stderr
     lags = json.loads((tmp_path / "every1" / "staleness.json").read_text())["learner"]["samples_by_lag"]
     assert set(lags) == {"0"}  # what the warning says: nothing overlapped
-    r = rose("execute", str(wf), "--plan", str(plan), "--out", str(tmp_path / "every2"), "--checkpoint-every", "2")
+    r = rose("execute", str(wf), "--set", "stale=1", "--plan", str(plan), "--out", str(tmp_path / "every2"), "--checkpoint-every", "2")
     assert r.returncode == 0 and "one iteration in 2 does not overlap the next" in r.stderr, r.stderr
     r = rose("execute", str(wf), "--set", "iterations=2", "--out", str(tmp_path / "sync"), "--checkpoint-every", "1")
     assert r.returncode == 0 and "drains" not in r.stderr, r.stderr
