@@ -154,12 +154,15 @@ class Relay(_Napper):
     def __init__(self, sleeps: list[float] | None = None) -> None:
         super().__init__(sleeps)
         self.weights = torch.tensor([-1.0])
+        self.seen: list[tuple[int, int]] = []  # (iteration, stamp) per `get` given its iteration
 
     def load(self, w: Any, it: Any = 0) -> dict[str, Any]:
         self.nap()
         self.weights = torch.as_tensor(w).clone()
         return {}
 
-    def get(self) -> dict[str, Any]:
+    def get(self, it: Any = None) -> dict[str, Any]:
         self.nap()
+        if it is not None:
+            self.seen.append((int(it), int(self.weights.item())))
         return {"w": self.weights.clone()}
