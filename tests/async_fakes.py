@@ -6,6 +6,7 @@ update it sees: the generator's read in RL iteration k of the declared workflow 
 (stamp k-1, or -1, the initial value, at k = 0), and its lag is (k-1) - stamp. Calls sleep for the
 durations a test draws, so that executions interleave differently; nothing is checked against time.
 
+`Learner(report=True)`: each update's metrics say its iteration (`update_it`).
 `Learner(wait_for_next=True)`: its update of iteration k waits (bounded: 30 s, or `wait_for_next` seconds
 when a number) until the generator has started iteration k+1's rollout and records whether it did (also
 as the metric `overlapped`) -- the overlap of a pipelined run observed as an event, not as a duration.
@@ -72,10 +73,11 @@ class Generator(_Napper):
 class Learner(_Napper):
     """`weights` holds the iteration of its last update."""
 
-    def __init__(self, sleeps: list[float] | None = None, run: str = "", wait_for_next: bool | float = False) -> None:
+    def __init__(self, sleeps: list[float] | None = None, run: str = "", wait_for_next: bool | float = False,
+                 report: bool = False) -> None:
         super().__init__(sleeps)
         self.weights = torch.tensor([-1.0])
-        self.run, self.wait_for_next = run, wait_for_next
+        self.run, self.wait_for_next, self.report = run, wait_for_next, report
         self.overlapped: list[bool] = []
         self._metrics: dict[str, float] = {}
 
@@ -87,6 +89,8 @@ class Learner(_Napper):
             self._metrics = {"overlapped": float(self.overlapped[-1])}
         self.nap()
         self.weights = torch.tensor([float(k)])
+        if self.report:  # which iteration's update this is: its metrics line must be that iteration's
+            self._metrics = {**self._metrics, "update_it": float(k)}
         return {}
 
     def get(self) -> dict[str, Any]:
