@@ -14,6 +14,7 @@ from rich.table import Table
 
 from interpreter.backends import Backend
 from interpreter.runner import IterationResult, Resumed
+from rose_dsl.ir import Workflow
 
 __all__ = ["metrics_line", "processes", "resumed", "recovery", "stacks", "nodes", "curve", "staleness",
            "staleness_histogram"]
@@ -142,20 +143,46 @@ def staleness_histogram(lines: Iterable[Mapping[str, Any]]) -> dict[str, dict[in
     return out
 
 
-def staleness(out: Console, out_dir: Path | None, results: list[IterationResult]) -> None:
+def staleness_proof(wf: Workflow) -> dict[str, Any]:
+    """What the checker proves of an asynchronous plan (issue 58), for `staleness.json`: per read (node and
+    state), the largest lag in learner updates against the synchronous run and the chain it comes through;
+    per source state (what is updated), the largest lag any read derives from it. {} for a synchronous plan."""
+    from rose_dsl.versions import chain_text, version_proof
+
+    budgets = {k: o.max_staleness for k, o in wf.state_objects().items()}
+    reads: dict[tuple[str, str], dict[str, Any]] = {}
+    sources: dict[str, int] = {}
+    for (inv, state), p in version_proof(wf).items():
+        key = (".".join(inv.path[1:]), state)
+        if key not in reads or p.lag >= reads[key]["lag"]:
+            reads[key] = {"read": key[0], "state": state, "lag": p.lag, "max_staleness": budgets.get(state, 0),
+                          "chain": chain_text(p) if p.lag else None}
+        if p.source:
+            sources[p.source] = max(sources.get(p.source, 0), p.lag)
+    if not reads:
+        return {}
+    return {"reads": [reads[k] for k in sorted(reads)], "by_source": dict(sorted(sources.items()))}
+
+
+def staleness(out: Console, out_dir: Path | None, results: list[IterationResult], wf: Workflow | None = None) -> None:
     """The run's staleness histogram (issue 46): written to `staleness.json` in the run directory and printed
     in a line per learner. From `metrics.jsonl` when there is one (every iteration of the run, those before
-    a resume too), else from this process's iterations. Nothing for a run whose learners report none."""
+    a resume too), else from this process's iterations. Nothing for a run whose learners report none and
+    that is synchronous; an asynchronous plan's file also holds the checker's proof (`proof`: per read and
+    per source state, the lag in learner updates), so a run's measurements can be held against it."""
     lines: list[Mapping[str, Any]] = [r.metrics for r in results]
     log = out_dir / "metrics.jsonl" if out_dir is not None else None
     if log is not None and log.is_file():
         lines = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
     hist = staleness_histogram(lines)
-    if not hist:
+    proof = staleness_proof(wf) if wf is not None else {}
+    if not hist and not proof:
         return
     if out_dir is not None:
-        doc = {src: {"samples_by_lag": {str(k): v for k, v in sorted(h.items())}, "max_lag": max(h),
-                     "samples": sum(h.values())} for src, h in sorted(hist.items())}
+        doc: dict[str, Any] = {src: {"samples_by_lag": {str(k): v for k, v in sorted(h.items())}, "max_lag": max(h),
+                                     "samples": sum(h.values())} for src, h in sorted(hist.items())}
+        if proof:
+            doc["proof"] = proof
         tmp = out_dir / "staleness.json.tmp"
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
         tmp.replace(out_dir / "staleness.json")

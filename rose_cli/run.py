@@ -522,7 +522,7 @@ def _run(wf: Workflow, opts: ExecuteOptions, teardown: ExitStack, ctx: RunContex
     if not opts.quiet:
         report.nodes(out, runner.node_summary())
     report.curve(out, results)
-    report.staleness(out, opts.out_dir, results)
+    report.staleness(out, opts.out_dir, results, wf)
     if stop() is not None:
         raise Interrupted(_stopped_line(stop() or 0, runner, opts), stop() or 0)
     if runner.last_checkpoint is not None:

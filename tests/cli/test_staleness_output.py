@@ -35,6 +35,11 @@ def test_an_asynchronous_run_writes_its_histogram(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "run" / "staleness.json").read_text())
     lags = doc["learner"]["samples_by_lag"]
     assert set(lags) == {"0", "1"} and lags["1"] == 3 * lags["0"] and doc["learner"]["max_lag"] == 1
+    # beside it, the checker's proof (issue 58): the rollout's reads lag 1 update of the learner's weights,
+    # which is what the learner measured
+    proof = doc["proof"]
+    assert proof["by_source"] == {"learner.weights": doc["learner"]["max_lag"]}
+    assert {r["read"]: r["lag"] for r in proof["reads"] if r["state"] == "generator.weights"} == {"submit": 1, "generate": 1}
     assert "staleness (learner): lag 0:" in r.stdout and "lag 1:" in r.stdout
     r = rose("execute", str(wf), "--set", "iterations=2", "--out", str(tmp_path / "sync"))
     assert r.returncode == 0, r.stdout + r.stderr
