@@ -55,14 +55,24 @@ def checkpoint_drains(err: Console, depth: int, every: int) -> None:
                   f"checkpoint: one iteration in {every} does not overlap the next", markup=False)
 
 
-def resumed(err: Console, r: Resumed, iterations: int) -> None:
-    """Which checkpoint a resume uses, and which newer ones it could not (never a silent skip)."""
+def resumed(err: Console, r: Resumed, iterations: int, depth: int = 1, every: int = 0) -> None:
+    """Which checkpoint a resume uses, and which newer ones it could not (never a silent skip). An
+    asynchronous plan (`depth` > 1 iterations in flight) resumed from a checkpoint a stop took between the
+    checkpoint iterations (`every`) is said not to be exact: the stop drained its deferred calls there, a
+    synchronisation point the uninterrupted run does not have (docs/reliability.md)."""
     for rej in r.rejected:
         err.print(f"warning: checkpoint {rej.path.name} rejected: {rej.reason}", markup=False)
     nxt = r.iteration + 1
     what = f"continuing at iteration {nxt} of {iterations}" if nxt < iterations else \
         f"nothing left to run: -n {iterations} iterations are done (give a larger -n to continue)"
     err.print(f"resuming from {r.checkpoint} (iteration {r.iteration}); {what}", markup=False)
+    if depth > 1 and nxt < iterations and not (every and nxt % every == 0):
+        exact = f"every {every} iterations" if every else "none: no --checkpoint-every was given"
+        err.print(f"note: not exact -- this asynchronous plan's checkpoint of iteration {r.iteration} was taken at a stop, "
+                  f"not at a checkpoint iteration ({exact}): the stop ran its deferred calls there, so from iteration "
+                  f"{nxt} on reads see values up to {depth - 1} update{'s' * (depth > 2)} newer than an uninterrupted "
+                  "run's, and the final state differs from it; a resume is exact from a checkpoint iteration "
+                  "(docs/reliability.md, stopping an asynchronous plan)", markup=False)
 
 
 def recovery(err: Console, rec: dict[str, Any]) -> None:

@@ -46,3 +46,27 @@ def test_each_metrics_line_holds_its_own_iterations_calls(tmp_path: Path, reques
     assert [r.iteration for r in results] == list(range(7))
     assert [r.metrics.get("learner/update_it") for r in results] == [float(k) for k in range(7)]
     assert [r.metrics.get("gen/rollout_it") for r in results] == [float(k) for k in range(7)]
+
+
+def test_a_resume_from_a_stop_between_checkpoints_of_an_asynchronous_plan_says_it_is_not_exact(tmp_path: Path) -> None:
+    """A stop drains the deferred calls at its iteration, a synchronisation point the uninterrupted run does not
+    have: `--resume` from it says so, and from a checkpoint iteration (or of a synchronous plan) says nothing."""
+    import io
+
+    from rich.console import Console
+
+    from interpreter.runner import Resumed
+    from rose_cli.report import resumed
+
+    def said(iteration: int, depth: int, every: int) -> str:
+        buf = io.StringIO()
+        resumed(Console(file=buf, width=400), Resumed(tmp_path / "ckpt", iteration), 10, depth, every)
+        return buf.getvalue()
+
+    assert "note: not exact -- this asynchronous plan's checkpoint of iteration 4 was taken at a stop, not at a " \
+           "checkpoint iteration (every 3 iterations): the stop ran its deferred calls there, so from iteration 5 on" \
+           in said(4, 2, 3)
+    assert "not exact" in said(4, 2, 0)
+    assert "not exact" not in said(5, 2, 3)  # iteration 5 is a checkpoint iteration of --checkpoint-every 3
+    assert "not exact" not in said(4, 1, 3)  # a synchronous plan
+    assert "not exact" not in said(9, 2, 0)  # the end: nothing left to run
