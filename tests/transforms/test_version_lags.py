@@ -103,3 +103,15 @@ def test_the_run_measures_the_lag_the_proof_gives(defers: dict[str, int], lag: i
     measured = _measured(plan, 6)
     assert max(proof.values()) == max(measured) == lag
     assert [measured[k] for k in sorted(proof)] == [proof[k] for k in sorted(proof)]  # iteration by iteration
+
+
+def test_the_optimizer_report_states_the_actor_lag_through_the_relay() -> None:
+    """Its staleness section listed only the relay (lag 1) where the actor read weights 2 updates old."""
+    from rose_dsl.optimizer.report import staleness
+
+    wf = load_workflow(FIXTURES / "async_relay_chain.yaml", {"actor_stale": 2})
+    plan = _plan(wf, "ahead act", "defer sync1 1")
+    assert isinstance(plan, Workflow)
+    assert staleness(plan) == {"actor.weights": {"lag": 2, "max_staleness": 2},
+                               "relay.weights": {"lag": 1, "max_staleness": 1}}
+    assert max(_measured(plan, 6)) == 2
