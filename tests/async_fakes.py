@@ -55,6 +55,14 @@ class Generator(_Napper):
         self.nap()
         return {"rollouts": torch.tensor([float(k), float(stamp)])}
 
+    def act(self, it: Any, t: Any) -> dict[str, Any]:
+        """One trip of a rollout that ends on a condition and reads the weights at every trip (logged once per
+        iteration, at its first trip: no trip writes them): done after 1 + it % 2 trips."""
+        k, stamp = int(it), int(self.weights.item())
+        if int(t) == 0:
+            self.seen.append((k, stamp))
+        return {"rollouts": torch.tensor([float(k), float(stamp)]), "done": torch.tensor(float(int(t) + 1 >= 1 + k % 2))}
+
     def step(self, it: Any, t: Any) -> dict[str, Any]:
         """One trip of a rollout that ends on a condition: done after 1 + it % 3 trips (`trips` differ by
         iteration, so a metrics line holding another iteration's shows)."""

@@ -552,6 +552,7 @@ class FoundChain:
     budgets: tuple[int, ...]
     fan: bool
     requests: tuple[str, ...]
+    until: bool = False
 
 
 # Found by the version-lag property (issue 58); the issue's own two shapes are its parametrized cases.

@@ -1,4 +1,5 @@
-"""Issue 58's property: on random chains of syncs, relays and fan-outs with random budgets and random
+"""Issue 58's property: on random chains of syncs, relays and fan-outs (the actor's rollout a single call or a
+loop that ends on a condition, reading the weights every trip) with random budgets and random
 `defer`/`ahead` requests, every plan rose accepts, executed on the local backend with version-logging
 components (`tests.async_fakes`: every weight carries the learner update it comes from), reads values at
 most as old as proved, and the proof within the budget: measured lag <= proved lag <= budget, read by read
@@ -39,6 +40,7 @@ class Chain:
     budgets: tuple[int, ...]  # max_staleness of relay1..relayN, then of the actor, then of actor2
     fan: bool  # a second actor synced from the first relay
     requests: tuple[str, ...]
+    until: bool = False  # the actor's rollout is a loop that ends on a condition, reading the weights every trip
 
     def text(self) -> str:
         n = self.relays
@@ -47,10 +49,16 @@ class Chain:
                   for i in range(1, n + 1)]
         comps.append(f'  actor: {{impl: "tests.async_fakes:Generator", state: {{weights: {{max_staleness: {self.budgets[n]}}}}}}}')
         body = ["    - {node: act, call: actor.generate, in: {it: iteration.i}, state: {weights: read}, out: [rollouts]}"]
+        rollouts = "act.rollouts"
+        if self.until:
+            body = ["    - loop: roll", "      count: 3", "      until: act.done", "      body:",
+                    "        - {node: act, call: actor.act, in: {it: iteration.i, t: roll.i}, state: {weights: read}, "
+                    "out: [rollouts, done]}", '      collect: {rollouts: "stack(roll[*].act.rollouts)"}']
+            rollouts = "roll.rollouts"
         if self.fan:
             comps.append(f'  actor2: {{impl: "tests.async_fakes:Generator", state: {{weights: {{max_staleness: {self.budgets[n + 1]}}}}}}}')
             body.append("    - {node: act2, call: actor2.generate, in: {it: iteration.i}, state: {weights: read}, out: [rollouts]}")
-        body += ["    - {node: learn, call: learner.update, in: {rollouts: act.rollouts, it: iteration.i}, state: {weights: update}}",
+        body += [f"    - {{node: learn, call: learner.update, in: {{rollouts: {rollouts}, it: iteration.i}}, state: {{weights: update}}}}",
                  "    - {node: publish, call: learner.get, state: {weights: read}, out: [w]}"]
         source = "publish.w"
         for i in range(1, n + 1):
@@ -69,10 +77,11 @@ def chains(draw) -> Chain:
     n = draw(st.integers(1, 3))
     fan = draw(st.booleans())
     budgets = tuple(draw(st.sampled_from([0, 1, 1, 2, 2])) for _ in range(n + 2))  # mostly some budget: plans to run
-    pool = [f"defer sync{i} {k}" for i in range(1, n + 2) for k in (1, 2)] + ["ahead act"] + \
+    until = draw(st.booleans())
+    pool = [f"defer sync{i} {k}" for i in range(1, n + 2) for k in (1, 2)] + ([] if until else ["ahead act"]) + \
            [f"ahead fwd{i}" for i in range(1, n + 1)] + (["defer syncB 1", "ahead act2"] if fan else [])
     requests = tuple(draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3, unique=True)))
-    return Chain(n, budgets, fan, requests)
+    return Chain(n, budgets, fan, requests, until)
 
 
 READERS = {"act": "actor", "act2": "actor2"}  # node -> component that logs its reads; fwdI -> relayI
@@ -135,7 +144,7 @@ def check(chain: Chain) -> list[str]:
 def _pin(test):
     """Every failure the property found, as an explicit example (`found.py`)."""
     for case in VERSION_CASES:
-        test = example(Chain(case.relays, case.budgets, case.fan, case.requests))(test)
+        test = example(Chain(case.relays, case.budgets, case.fan, case.requests, case.until))(test)
     return test
 
 
@@ -154,6 +163,8 @@ def test_accepted_plans_read_no_older_than_proved_and_proved_within_budget(chain
     (Chain(1, (1, 0, 0), False, ("defer sync1 1",)), "refused: a chain of versions"),  # the issue's second
     (Chain(1, (1, 2, 0), False, ("ahead act", "defer sync1 1")), "largest measured lag 2"),  # a budget that allows it
     (Chain(2, (1, 1, 2, 1), True, ("defer sync1 1", "defer sync3 1")), "largest measured lag 2"),  # and a fan-out
+    (Chain(1, (1, 1, 0), False, ("defer sync1 1", "defer sync2 1"), until=True), "refused: a chain of versions"),
+    (Chain(1, (1, 2, 0), False, ("defer sync1 1", "defer sync2 1"), until=True), "largest measured lag 2"),
 ])
 def test_the_issue_shapes_and_a_longer_chain(chain: Chain, outcome: str) -> None:
     assert outcome in check(chain)
