@@ -113,3 +113,19 @@ def test_ahead_of_a_call_that_reads_no_state_is_legal_at_budget_zero() -> None:
     assert set(read_lags(plan.workflow).values()) == {0}
     assert {p.lag for p in version_proof(plan.workflow).values()} == {0}
     assert isinstance(apply(wf, "ahead rollout"), Refused)  # a read of the budget-0 weights may not move
+
+
+def test_execute_with_a_plan_takes_set_as_the_source_params_and_refuses_another_value(tmp_path: Path) -> None:
+    """`rose execute SOURCE --set stale=1 --plan PLAN`: the source runs with the budget the plan was written
+    against (accepted); `--set stale=2` would not be what the plan runs with: refused, exit 2, before running."""
+    from rose_cli.main import app as rose_app
+
+    source, plan = tmp_path / "src.yaml", tmp_path / "plan.yaml"
+    source.write_text(PARAM_BUDGET)
+    assert _cli("rewrite", str(source), "--set", "stale=1", "--do", "defer sync 1", "-o", str(plan))[0] == 0
+    result = CliRunner().invoke(rose_app, ["execute", str(source), "--set", "stale=2", "--plan", str(plan),
+                                           "--allow-module", "tests"])
+    assert result.exit_code == 2
+    assert "--set stale=... does not apply to a plan" in result.output and "(stale=1)" in result.output
+    result = CliRunner().invoke(rose_app, ["execute", str(source), "--plan", str(plan), "--allow-module", "tests"])
+    assert result.exit_code == 2 and "the plan raises the budget of its source" in result.output
