@@ -174,12 +174,14 @@ def staleness_proof(wf: Workflow) -> dict[str, Any]:
     return {"reads": [reads[k] for k in sorted(reads)], "by_source": dict(sorted(sources.items()))}
 
 
-def staleness(out: Console, out_dir: Path | None, results: list[IterationResult], wf: Workflow | None = None) -> None:
+def staleness(out: Console, out_dir: Path | None, results: list[IterationResult], wf: Workflow | None = None) -> str | None:
     """The run's staleness histogram (issue 46): written to `staleness.json` in the run directory and printed
     in a line per learner. From `metrics.jsonl` when there is one (every iteration of the run, those before
     a resume too), else from this process's iterations. Nothing for a run whose learners report none and
     that is synchronous; an asynchronous plan's file also holds the checker's proof (`proof`: per read and
-    per source state, the lag in learner updates), so a run's measurements can be held against it."""
+    per source state, the lag in learner updates), so a run's measurements can be held against it. Returns
+    what is wrong when a learner measured a lag larger than any the checker proves (a bug in the checker),
+    else None."""
     lines: list[Mapping[str, Any]] = [r.metrics for r in results]
     log = out_dir / "metrics.jsonl" if out_dir is not None else None
     if log is not None and log.is_file():
@@ -187,7 +189,7 @@ def staleness(out: Console, out_dir: Path | None, results: list[IterationResult]
     hist = staleness_histogram(lines)
     proof = staleness_proof(wf) if wf is not None else {}
     if not hist and not proof:
-        return
+        return None
     if out_dir is not None:
         doc: dict[str, Any] = {src: {"samples_by_lag": {str(k): v for k, v in sorted(h.items())}, "max_lag": max(h),
                                      "samples": sum(h.values())} for src, h in sorted(hist.items())}
@@ -200,3 +202,11 @@ def staleness(out: Console, out_dir: Path | None, results: list[IterationResult]
         total = sum(h.values()) or 1.0
         parts = ", ".join(f"lag {k}: {v:.0f} ({v / total:.0%})" for k, v in sorted(h.items()))
         out.print(f"staleness ({src}): {parts}", markup=False)
+    proved = max(proof.get("by_source", {}).values(), default=0)
+    over = sorted((max(h), src) for src, h in hist.items() if proof and max(h) > proved)
+    if over:
+        lag, src = over[-1]
+        return (f"the run measured lag {lag} ({src}: samples {lag} learner updates old) where the checker proves "
+                f"at most {proved} for every read of this plan (staleness.json, `proof`): the checker accepted a "
+                "plan it should not have")
+    return None

@@ -68,3 +68,27 @@ def test_a_checkpoint_every_iteration_is_said_to_leave_nothing_overlapping(tmp_p
     assert r.returncode == 0 and "one iteration in 2 does not overlap the next" in r.stderr, r.stderr
     r = rose("execute", str(wf), "--set", "iterations=2", "--out", str(tmp_path / "sync"), "--checkpoint-every", "1")
     assert r.returncode == 0 and "drains" not in r.stderr, r.stderr
+
+
+def test_a_measured_lag_above_the_proof_is_a_checker_bug() -> None:
+    """Issue 58: the run measures what the checker proves; a learner reporting an older sample than any read
+    of the plan is proved to see means the checker accepted a plan it should not have -- `rose execute` then
+    ends with exit 1 saying so (after its work is kept). At or below the proof: nothing."""
+    import io
+
+    from rich.console import Console
+
+    from interpreter.runner import IterationResult
+    from rose_cli.report import staleness
+    from rose_dsl import load_workflow
+    from rose_dsl.transforms import apply
+
+    plan = apply(load_workflow(ROOT / "tests" / "dsl" / "fixtures" / "async_relay_chain.yaml"), "defer sync1 1")
+    console = Console(file=io.StringIO())
+    ok = [IterationResult(0, 1.0, {"learner/staleness_hist_0": 2.0}), IterationResult(1, 1.0, {"learner/staleness_hist_1": 2.0})]
+    assert staleness(console, None, ok, plan.workflow) is None
+    over = [*ok, IterationResult(2, 1.0, {"learner/staleness_hist_2": 1.0})]
+    assert staleness(console, None, over, plan.workflow) == (
+        "the run measured lag 2 (learner: samples 2 learner updates old) where the checker proves at most 1 for "
+        "every read of this plan (staleness.json, `proof`): the checker accepted a plan it should not have")
+    assert staleness(console, None, over, load_workflow(ROOT / "tests" / "dsl" / "fixtures" / "async_relay_chain.yaml")) is None
