@@ -51,7 +51,7 @@ class Generator(_Napper):
         STARTED[self.run][k].set()
         stamp = int(self.weights.item())
         self.seen.append((k, stamp))
-        self._metrics = {"rollout_it": float(k), "lag": float((k - 1) - stamp)}
+        self._metrics = {"rollout_it": float(k), "lag": float((k - 1) - stamp), "stamp": float(stamp)}
         self.nap()
         return {"rollouts": torch.tensor([float(k), float(stamp)])}
 
@@ -61,6 +61,7 @@ class Generator(_Napper):
         k, stamp = int(it), int(self.weights.item())
         if int(t) == 0:
             self.seen.append((k, stamp))
+            self._metrics = {"stamp": float(stamp)}
         return {"rollouts": torch.tensor([float(k), float(stamp)]), "done": torch.tensor(float(int(t) + 1 >= 1 + k % 2))}
 
     def step(self, it: Any, t: Any) -> dict[str, Any]:
@@ -177,4 +178,9 @@ class Relay(_Napper):
         self.nap()
         if it is not None:
             self.seen.append((int(it), int(self.weights.item())))
+            self._metrics = {"stamp": float(self.weights.item())}
         return {"w": self.weights.clone()}
+
+    def pop_metrics(self) -> dict[str, float]:
+        out, self._metrics = getattr(self, "_metrics", {}), {}
+        return out

@@ -87,22 +87,31 @@ def chains(draw) -> Chain:
 READERS = {"act": "actor", "act2": "actor2"}  # node -> component that logs its reads; fwdI -> relayI
 
 
-def _stamps(wf: Workflow) -> dict[tuple[str, int], int]:
-    """(reading node, RL iteration) -> the learner update the weights it read come from (-1: initial)."""
+def _stamps(wf: Workflow, backend: str = "local") -> dict[tuple[str, int], int]:
+    """(reading node, RL iteration) -> the learner update the weights it read come from (-1: initial), from
+    each iteration's metrics line (`COMPONENT/stamp`: which also checks that a line holds its own iteration's
+    reads, whatever runs deferred or ahead) -- on Ray as on the local backend."""
     sch = Schedule(wf)
-    be = LocalBackend(wf, ("tests.",), sch.program.loops_of)
+    if backend == "local":
+        be = LocalBackend(wf, ("tests.",), sch.program.loops_of)
+    else:
+        from interpreter.backends import make_backend
+
+        be = make_backend("ray", wf, sch, compiled=False, allowed=("tests.",), log=lambda _: None)
     try:
-        Runner(wf, be, RunConfig(iterations=COUNT, tensorboard=False), sch).run()
-        out: dict[tuple[str, int], int] = {}
-        for comp in be.components():
-            node = next((n for n, c in READERS.items() if c == comp), "fwd" + comp[len("relay"):] if comp.startswith("relay") else None)
-            if node is None:
-                continue
-            for k, stamp in be.workers[comp].obj.seen:
-                out[(node, k)] = stamp
-        return out
+        results = Runner(wf, be, RunConfig(iterations=COUNT, tensorboard=False), sch).run()
     finally:
         be.shutdown()
+    out: dict[tuple[str, int], int] = {}
+    for r in results:
+        for key, value in r.metrics.items():
+            comp, _, name = key.partition("/")
+            if name != "stamp":
+                continue
+            node = next((n for n, c in READERS.items() if c == comp), "fwd" + comp[len("relay"):] if comp.startswith("relay") else None)
+            if node is not None:
+                out[(node, r.iteration)] = int(value)
+    return out
 
 
 def _plan(wf: Workflow, requests: tuple[str, ...]) -> Workflow | Refused:
@@ -114,7 +123,7 @@ def _plan(wf: Workflow, requests: tuple[str, ...]) -> Workflow | Refused:
     return wf
 
 
-def check(chain: Chain) -> list[str]:
+def check(chain: Chain, backend: str = "local") -> list[str]:
     """Check one chain; returns what happened (for hypothesis' statistics and the fixed cases)."""
     wf = load_workflow_text(chain.text(), "chain.yaml")
     plan = _plan(wf, chain.requests)
@@ -130,8 +139,8 @@ def check(chain: Chain) -> list[str]:
     assert plan_differences(wf, plan) == []  # `rose validate` of the plan agrees with the rewrite
     budgets = {k: s.max_staleness for k, s in plan.state_objects().items()}
     proof = {(inv.path[-1], inv.indices[0]): (p.lag, state) for (inv, state), p in version_proof(plan, COUNT).items()}
-    declared, measured = _stamps(wf), _stamps(plan)
-    assert declared.keys() == measured.keys()
+    declared, measured = _stamps(wf, backend), _stamps(plan, backend)
+    assert declared.keys() == measured.keys() and len(declared) >= COUNT
     worst = 0
     for key, stamp in measured.items():
         lag = declared[key] - stamp
@@ -139,6 +148,23 @@ def check(chain: Chain) -> list[str]:
         assert 0 <= lag <= proved <= budgets[state], (key, lag, proved, budgets[state], chain)
         worst = max(worst, lag)
     return ["accepted", f"largest measured lag {worst}"]
+
+
+@pytest.mark.slow
+def test_on_ray_too(request: pytest.FixtureRequest) -> None:
+    """The same property on the Ray backend (dispatching call by call, several iterations in flight): long
+    profile only (`--hypothesis-profile=long`: 60 examples), since every example starts Ray actors."""
+    if settings.default.max_examples <= 200:
+        pytest.skip("the Ray variant runs in the long profile only (--hypothesis-profile=long)")
+    request.getfixturevalue("ray_session")  # (not started for the skip)
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(chains())
+    def on_ray(chain: Chain) -> None:
+        for what in check(chain, "ray"):
+            event(what)
+
+    on_ray()
 
 
 def _pin(test):
