@@ -9,9 +9,15 @@ a future, so submitting earlier only lets calls start as soon as their data allo
 
 What stays per iteration, in order: right after an iteration's calls, each component's `pop_records`
 and `pop_metrics` are queued too (`Backend.control_later`), so they run after that iteration's calls
-and before the next one's -- the metrics line of iteration k holds iteration k's calls only. Its
-`iteration_s` is the time from the end of iteration k-1 (or k's submission, if later) to the end of k:
-in steady state the wall time per iteration, so that throughputs add up to the run's wall time.
+and before the next one's -- the metrics line of iteration k holds iteration k's calls only. A call that
+runs in another iteration's place (deferred, or run ahead) has its component's `pop_metrics` queued right
+before it (what that component did so far goes to the iteration in whose place it runs) and right after
+it (its own metrics go to its own iteration): under `defer learn 1` learn(k) runs in k+1's place and its
+metrics land on line k, which is written once they are in -- D iterations later (the largest `defer`), or
+at a drain, which completes every line up to it, so none is lost there (issue 58). Its `iteration_s`,
+`time/NODE` and `trips/...` stay those of the iteration's place: the time from the end of iteration k-1
+(or k's submission, if later) to the end of k, in steady state the wall time per iteration, so that
+throughputs add up to the run's wall time.
 
 Barriers: before a checkpoint, at the end, and when `stop()` asks, nothing later is submitted, and the
 deferred calls still pending are drained first (`Schedule.drain`), so a checkpoint holds the state the
@@ -27,7 +33,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -60,7 +66,8 @@ class Runner(Protocol):
     def config(self) -> _Limits: ...
     def component_processes(self) -> list[str]: ...
     def checkpoint(self, k: int) -> Path | None: ...
-    def _submit(self, k: int, drain: bool = False, started: float | None = None) -> list[tuple[Any, Any]]: ...
+    def _submit(self, k: int, drain: bool = False, started: float | None = None,
+                wrap: Callable[..., Any] | None = None) -> list[tuple[Any, Any]]: ...
     def _wait(self, submitted: list[tuple[Any, Any]], started: float) -> None: ...
     def _finish(self, k: int, t0: int, t1: int, popped: Mapping[str, Callable[..., Any]] | None = None) -> Any: ...
     def _watchdog(self, late: Overdue) -> Exception: ...
@@ -75,6 +82,7 @@ class _Flight:
     submitted: list[tuple[Any, Any]]
     records: dict[str, Callable[..., Any]] | None
     metrics: dict[str, Callable[..., Any]] | None
+    displaced: list[tuple[int, dict[str, Callable[..., Any]]]]  # (the iteration they belong to, pops): see `_Lines`
     started: float  # time.monotonic(), for the watchdog
     t_submit: int  # perf_counter_ns
     barrier: bool
@@ -88,6 +96,7 @@ def run_pipelined(runner: Runner, k: int, stop: Callable[[], Any] | None, end: i
     queued = runner.backend.capabilities.pipelined
     depth = runner.schedule.depth if queued else 1
     inflight: deque[_Flight] = deque()
+    lines = _Lines(runner) if queued and (runner.schedule.program.deferred or runner.schedule.program.hoisted) else None
     last_done, stopping, asked = time.perf_counter_ns(), False, False
     while True:
         while k < runner.config.iterations and len(inflight) < depth and not (inflight and inflight[-1].barrier):
@@ -99,7 +108,7 @@ def run_pipelined(runner: Runner, k: int, stop: Callable[[], Any] | None, end: i
                 stopping = True
                 if runner.schedule.ran_ahead != k - 1:
                     break
-            inflight.append(_submit(runner, k, queued, last=asked or (end is not None and k + 1 >= end)))
+            inflight.append(_submit(runner, k, queued, last=asked or (end is not None and k + 1 >= end), lines=lines))
             k += 1
         if not inflight:
             break
@@ -107,13 +116,16 @@ def run_pipelined(runner: Runner, k: int, stop: Callable[[], Any] | None, end: i
         _wait(runner, flight)
         done = time.perf_counter_ns()
         runner._collect_records(popped=flight.records)
-        runner.schedule.trips = flight.trips  # (the next iteration's submission has replaced them)
-        runner._finish(flight.k, max(flight.t_submit, last_done), done, popped=flight.metrics)
+        if lines is None:
+            runner.schedule.trips = flight.trips  # (the next iteration's submission has replaced them)
+            runner._finish(flight.k, max(flight.t_submit, last_done), done, popped=flight.metrics)
+        else:
+            lines.done(flight, max(flight.t_submit, last_done), done)
         last_done = done
         if _checkpoint_due(runner, flight.k):
             runner.checkpoint(flight.k)
         if stopping and not inflight:
-            _drain_and_save(runner, flight.k)
+            _drain_and_save(runner, flight.k, lines)
             break
 
 
@@ -124,19 +136,77 @@ def _checkpoint_due(runner: Runner, k: int) -> bool:
     return (bool(every) and (k + 1) % every == 0) or k + 1 == runner.config.iterations
 
 
-def _submit(runner: Runner, k: int, queued: bool, last: bool = False) -> _Flight:
+def _submit(runner: Runner, k: int, queued: bool, last: bool = False, lines: _Lines | None = None) -> _Flight:
     """Iteration k in flight. A barrier (a checkpoint, the end) drains what is deferred and runs nothing
     ahead; so does the `last` iteration of a stop or a window when the plan runs calls ahead, since no call
     may run ahead into an iteration that will not run."""
     barrier = _checkpoint_due(runner, k) or k + 1 == runner.config.iterations or \
         (last and bool(runner.schedule.program.hoisted))
     started, t_submit = time.monotonic(), time.perf_counter_ns()
-    submitted = runner._submit(k, drain=barrier)
+    displaced: list[tuple[int, dict[str, Callable[..., Any]]]] = []
+    if lines is None:
+        submitted = runner._submit(k, drain=barrier)
+    else:
+        submitted = runner._submit(k, drain=barrier, wrap=lines.wrap(k, displaced))
     records = metrics = None
     if queued:  # after this iteration's calls, before the next one's, on every component
         records = {c: runner.backend.control_later(c, "pop_records") for c in runner.component_processes()}
         metrics = {c: runner.backend.control_later(c, "pop_metrics") for c in runner.component_processes()}
-    return _Flight(k, submitted, records, metrics, started, t_submit, barrier, dict(runner.schedule.trips))
+    return _Flight(k, submitted, records, metrics, displaced, started, t_submit, barrier, dict(runner.schedule.trips))
+
+
+class _Lines:
+    """The metrics lines of an asynchronous plan, each written once every call of its iteration has reported
+    (see the module): the pops of each iteration, gathered as flights end, and each iteration's place (its
+    time window and trips)."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.later = max((n.plan.defer for n in runner.schedule.program.deferred), default=0)
+        self.got: dict[int, dict[str, dict[str, Any]]] = {}  # iteration -> process -> its metrics so far
+        self.place: dict[int, tuple[int, int, dict[tuple[str, ...], int]]] = {}  # iteration -> (t0, t1, trips)
+
+    def wrap(self, k: int, into: list[tuple[int, dict[str, Callable[..., Any]]]]) -> Callable[..., Any]:
+        """A submit wrapper for iteration k's place: around a call of another iteration, its component's
+        `pop_metrics` are queued before (for k) and after (for the call's own iteration)."""
+        from .worker import component_of
+
+        backend = self.runner.backend
+
+        def wrapping(submit: Callable[..., Any]) -> Callable[..., Any]:
+            def submit_step(step: Any) -> Any:
+                origin = step.inv.indices[0]
+                if origin == k:
+                    return submit(step)
+                procs = [c for c in self.runner.component_processes() if component_of(c) == step.node.component]
+                into.append((k, {c: backend.control_later(c, "pop_metrics") for c in procs}))
+                result = submit(step)
+                into.append((origin, {c: backend.control_later(c, "pop_metrics") for c in procs}))
+                return result
+            return submit_step
+        return wrapping
+
+    def add(self, pops: Sequence[tuple[int, Mapping[str, Callable[..., Any]]]]) -> None:
+        for origin, per_process in pops:
+            mine = self.got.setdefault(origin, {})
+            for proc, pop in per_process.items():
+                mine[proc] = {**mine.get(proc, {}), **(pop(None) or {})}
+
+    def done(self, flight: _Flight, t0: int, t1: int) -> None:
+        """Flight k ended: gather its pops; write every line now complete (all up to k after a drain)."""
+        self.add(flight.displaced)
+        self.add([(flight.k, flight.metrics or {})])
+        self.place[flight.k] = (t0, t1, flight.trips)
+        self.flush(flight.k if flight.barrier else flight.k - self.later)
+
+    def flush(self, upto: int) -> None:
+        """Write the lines of every iteration up to `upto` whose place has ended, in order."""
+        for j in sorted(j for j in self.place if j <= upto):
+            t0, t1, trips = self.place.pop(j)
+            got = self.got.pop(j, {})
+            self.runner.schedule.trips = trips
+            self.runner._finish(j, t0, t1, popped={c: (lambda _timeout, v=got.get(c, {}): v)
+                                                   for c in self.runner.component_processes()})
 
 
 def _wait(runner: Runner, flight: _Flight) -> None:
@@ -146,12 +216,20 @@ def _wait(runner: Runner, flight: _Flight) -> None:
         raise runner._watchdog(late) from None
 
 
-def _drain_and_save(runner: Runner, k: int) -> None:
+def _drain_and_save(runner: Runner, k: int, lines: _Lines | None = None) -> None:
     """A stop between checkpoints: run what is still deferred, then save iteration k (as `Runner.run` does
-    for a stop), so that the checkpoint holds the declared workflow's state."""
+    for a stop), so that the checkpoint holds the declared workflow's state. The drained calls' metrics go to
+    their own iterations' lines, written then."""
     if k + 1 < runner.config.iterations and not _checkpoint_due(runner, k):
-        pending = runner.schedule.drain(k, runner.backend.submit)
+        displaced: list[tuple[int, dict[str, Callable[..., Any]]]] = []
+        submit = runner.backend.submit if lines is None else lines.wrap(k + 1, displaced)(runner.backend.submit)
+        pending = runner.schedule.drain(k, submit)
         runner._wait(pending, time.monotonic())
         runner._collect_records()
+        if lines is not None:
+            lines.add(displaced)
+            lines.flush(k)
         if runner.config.out_dir is not None:
             runner.checkpoint(k)
+    elif lines is not None:
+        lines.flush(k)

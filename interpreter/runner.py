@@ -345,10 +345,13 @@ class Runner:
         started = time.monotonic()
         self._wait(self._submit(k, drain, started), started)
 
-    def _submit(self, k: int, drain: bool = False, started: float | None = None) -> list[tuple[Any, Any]]:
+    def _submit(self, k: int, drain: bool = False, started: float | None = None,
+                wrap: Callable[[Callable[..., Sequence[Any]]], Callable[..., Sequence[Any]]] | None = None
+                ) -> list[tuple[Any, Any]]:
         """Submit every call of iteration k (and, with `drain`, the deferred calls still pending after it).
         A loop that ends on a condition (`until:`) fetches its condition's producers after each trip, within
-        the iteration's watchdog (`started`: when the iteration's wait began)."""
+        the iteration's watchdog (`started`: when the iteration's wait began). `wrap`: what submits each step
+        (the pipeline's, which pops a deferred call's metrics around it: `pipeline.py`)."""
         deadline = (time.monotonic() if started is None else started) + self.config.call_timeout_s
 
         def fetch(handle: Any) -> Any:
@@ -359,10 +362,11 @@ class Runner:
 
         submit: Callable[..., Sequence[Any]]
         if self._replicas == 1:  # (before a drain -- a barrier -- nothing runs ahead: `Program.unroll`)
-            submit = self.backend.submit
+            submit = self.backend.submit if wrap is None else wrap(self.backend.submit)
             submitted = self.schedule.steps(k, submit, fetch, ahead=not drain)
         else:  # data parallel: every call once per replica of its component, each on its own process
             submit = replicated(self.backend.submit, self.wf)
+            submit = submit if wrap is None else wrap(submit)
             submitted = self.schedule.steps(k, submit, ahead=not drain)
         return submitted + self.schedule.drain(k, submit) if drain else submitted
 

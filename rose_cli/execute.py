@@ -19,6 +19,7 @@ from rose_dsl.cli import (
     load_or_exit,
     out,
     report_problems,
+    set_overrides,
 )
 from rose_dsl.trust import TrustPolicy, check_trust
 
@@ -101,10 +102,6 @@ def execute(
     sets: SetOpt = None,
 ) -> None:
     """Train: run RL iterations of a workflow (or plan) on the local or Ray backend."""
-    if plan is not None and sets:
-        err.print(f"error: --set does not apply to a plan ({plan}): a plan holds its params resolved (args, counts, "
-                  "quotas); pass --set to `rose rewrite` when writing the plan", markup=False)
-        raise typer.Exit(ExitCode.INVALID)
     if resume and out_dir is None:
         err.print("error: --resume needs --out (the run directory holding the checkpoints)", markup=False)
         raise typer.Exit(ExitCode.INVALID)
@@ -113,7 +110,19 @@ def execute(
     if allowed_changes and not resume:
         err.print("error: --allow-param-change applies to --resume (a new run takes any params)", markup=False)
         raise typer.Exit(ExitCode.INVALID)
-    wf = load_or_exit(plan or file, sets, source=file if plan is not None else None)
+    if plan is None:
+        wf = load_or_exit(file, sets)
+    else:
+        # with --plan, --set gives the params the source runs with (`--set stale=1`: the budget the plan was
+        # written against, which a plan may not raise by itself); it cannot change the plan, which holds its own
+        wf = load_or_exit(plan, None, source=file, source_sets=sets)
+        differ = [name for name, value in set_overrides(sets).items() if wf.params.get(name) != value]
+        if differ:
+            err.print(f"error: --set {differ[0]}=... does not apply to a plan ({plan}): a plan holds its params resolved "
+                      "(args, counts, quotas), and --set with --plan only states the source's where the plan has the "
+                      f"same value ({differ[0]}={wf.params.get(differ[0])!r}); pass --set to `rose rewrite` when writing "
+                      "the plan", markup=False)
+            raise typer.Exit(ExitCode.INVALID)
     policy = TrustPolicy.from_options(allow_module, allow_env, allow_path)
     report_problems(wf, check_trust(wf, policy), "(the workflow asks to run code the command line did not allow)")
 

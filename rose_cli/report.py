@@ -14,6 +14,7 @@ from rich.table import Table
 
 from interpreter.backends import Backend
 from interpreter.runner import IterationResult, Resumed
+from rose_dsl.ir import Workflow
 
 __all__ = ["metrics_line", "processes", "resumed", "recovery", "stacks", "nodes", "curve", "staleness",
            "staleness_histogram"]
@@ -54,14 +55,24 @@ def checkpoint_drains(err: Console, depth: int, every: int) -> None:
                   f"checkpoint: one iteration in {every} does not overlap the next", markup=False)
 
 
-def resumed(err: Console, r: Resumed, iterations: int) -> None:
-    """Which checkpoint a resume uses, and which newer ones it could not (never a silent skip)."""
+def resumed(err: Console, r: Resumed, iterations: int, depth: int = 1, every: int = 0) -> None:
+    """Which checkpoint a resume uses, and which newer ones it could not (never a silent skip). An
+    asynchronous plan (`depth` > 1 iterations in flight) resumed from a checkpoint a stop took between the
+    checkpoint iterations (`every`) is said not to be exact: the stop drained its deferred calls there, a
+    synchronisation point the uninterrupted run does not have (docs/reliability.md)."""
     for rej in r.rejected:
         err.print(f"warning: checkpoint {rej.path.name} rejected: {rej.reason}", markup=False)
     nxt = r.iteration + 1
     what = f"continuing at iteration {nxt} of {iterations}" if nxt < iterations else \
         f"nothing left to run: -n {iterations} iterations are done (give a larger -n to continue)"
     err.print(f"resuming from {r.checkpoint} (iteration {r.iteration}); {what}", markup=False)
+    if depth > 1 and nxt < iterations and not (every and nxt % every == 0):
+        exact = f"every {every} iterations" if every else "none: no --checkpoint-every was given"
+        err.print(f"note: not exact -- this asynchronous plan's checkpoint of iteration {r.iteration} was taken at a stop, "
+                  f"not at a checkpoint iteration ({exact}): the stop ran its deferred calls there, so from iteration "
+                  f"{nxt} on reads see values up to {depth - 1} update{'s' * (depth > 2)} newer than an uninterrupted "
+                  "run's, and the final state differs from it; a resume is exact from a checkpoint iteration "
+                  "(docs/reliability.md, stopping an asynchronous plan)", markup=False)
 
 
 def recovery(err: Console, rec: dict[str, Any]) -> None:
@@ -142,20 +153,48 @@ def staleness_histogram(lines: Iterable[Mapping[str, Any]]) -> dict[str, dict[in
     return out
 
 
-def staleness(out: Console, out_dir: Path | None, results: list[IterationResult]) -> None:
+def staleness_proof(wf: Workflow) -> dict[str, Any]:
+    """What the checker proves of an asynchronous plan (issue 58), for `staleness.json`: per read (node and
+    state), the largest lag in learner updates against the synchronous run and the chain it comes through;
+    per source state (what is updated), the largest lag any read derives from it. {} for a synchronous plan."""
+    from rose_dsl.versions import chain_text, version_proof
+
+    budgets = {k: o.max_staleness for k, o in wf.state_objects().items()}
+    reads: dict[tuple[str, str], dict[str, Any]] = {}
+    sources: dict[str, int] = {}
+    for (inv, state), p in version_proof(wf).items():
+        key = (".".join(inv.path[1:]), state)
+        if key not in reads or p.lag >= reads[key]["lag"]:
+            reads[key] = {"read": key[0], "state": state, "lag": p.lag, "max_staleness": budgets.get(state, 0),
+                          "chain": chain_text(p) if p.lag else None}
+        if p.source:
+            sources[p.source] = max(sources.get(p.source, 0), p.lag)
+    if not reads:
+        return {}
+    return {"reads": [reads[k] for k in sorted(reads)], "by_source": dict(sorted(sources.items()))}
+
+
+def staleness(out: Console, out_dir: Path | None, results: list[IterationResult], wf: Workflow | None = None) -> str | None:
     """The run's staleness histogram (issue 46): written to `staleness.json` in the run directory and printed
     in a line per learner. From `metrics.jsonl` when there is one (every iteration of the run, those before
-    a resume too), else from this process's iterations. Nothing for a run whose learners report none."""
+    a resume too), else from this process's iterations. Nothing for a run whose learners report none and
+    that is synchronous; an asynchronous plan's file also holds the checker's proof (`proof`: per read and
+    per source state, the lag in learner updates), so a run's measurements can be held against it. Returns
+    what is wrong when a learner measured a lag larger than any the checker proves (a bug in the checker),
+    else None."""
     lines: list[Mapping[str, Any]] = [r.metrics for r in results]
     log = out_dir / "metrics.jsonl" if out_dir is not None else None
     if log is not None and log.is_file():
         lines = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
     hist = staleness_histogram(lines)
-    if not hist:
-        return
+    proof = staleness_proof(wf) if wf is not None else {}
+    if not hist and not proof:
+        return None
     if out_dir is not None:
-        doc = {src: {"samples_by_lag": {str(k): v for k, v in sorted(h.items())}, "max_lag": max(h),
-                     "samples": sum(h.values())} for src, h in sorted(hist.items())}
+        doc: dict[str, Any] = {src: {"samples_by_lag": {str(k): v for k, v in sorted(h.items())}, "max_lag": max(h),
+                                     "samples": sum(h.values())} for src, h in sorted(hist.items())}
+        if proof:
+            doc["proof"] = proof
         tmp = out_dir / "staleness.json.tmp"
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
         tmp.replace(out_dir / "staleness.json")
@@ -163,3 +202,11 @@ def staleness(out: Console, out_dir: Path | None, results: list[IterationResult]
         total = sum(h.values()) or 1.0
         parts = ", ".join(f"lag {k}: {v:.0f} ({v / total:.0%})" for k, v in sorted(h.items()))
         out.print(f"staleness ({src}): {parts}", markup=False)
+    proved = max(proof.get("by_source", {}).values(), default=0)
+    over = sorted((max(h), src) for src, h in hist.items() if proof and max(h) > proved)
+    if over:
+        lag, src = over[-1]
+        return (f"the run measured lag {lag} ({src}: samples {lag} learner updates old) where the checker proves "
+                f"at most {proved} for every read of this plan (staleness.json, `proof`): the checker accepted a "
+                "plan it should not have")
+    return None

@@ -74,6 +74,11 @@ class SetupError(Exception):
     """The workflow cannot run as asked (on this machine, this backend, into this run directory)."""
 
 
+class LagAboveProof(Exception):
+    """A learner measured an older sample than the staleness checker proves any read of the plan can see:
+    the checker accepted a plan it should have refused (a bug in rose, exit 1)."""
+
+
 @dataclass
 class Gpu:
     """What the GPU set-up gives the backend: the device for GPU components and MPS client environments."""
@@ -509,7 +514,7 @@ def _run(wf: Workflow, opts: ExecuteOptions, teardown: ExitStack, ctx: RunContex
     progress, task, on_iteration = iteration_progress(out, wf.name, n, opts.quiet)
 
     def on_resume(resumed: Resumed) -> None:
-        report.resumed(ctx.err, resumed, n)
+        report.resumed(ctx.err, resumed, n, schedule.depth, opts.checkpoint_every)
         progress.resumed_at(resumed.iteration + 1)
 
     runner = Runner(wf, be, config, schedule, on_iteration, gpu.sampler)
@@ -522,11 +527,13 @@ def _run(wf: Workflow, opts: ExecuteOptions, teardown: ExitStack, ctx: RunContex
     if not opts.quiet:
         report.nodes(out, runner.node_summary())
     report.curve(out, results)
-    report.staleness(out, opts.out_dir, results)
+    beyond = report.staleness(out, opts.out_dir, results, wf)
     if stop() is not None:
         raise Interrupted(_stopped_line(stop() or 0, runner, opts), stop() or 0)
     if runner.last_checkpoint is not None:
         out.print(_kept(runner), markup=False)
+    if beyond is not None:  # (after its work is kept) exit 1: a bug in rose, said plainly by `run_app`
+        raise LagAboveProof(beyond)
     total = time.perf_counter() - started
     out.print(f"done: {len(results)} iterations in {total:.1f} s" + (f"; outputs in {opts.out_dir}" if opts.out_dir else ""),
               markup=False)

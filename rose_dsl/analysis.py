@@ -28,7 +28,7 @@ from .semantics import CallSite, Invocation, Program, ValueOps, enclosing_loops,
 __all__ = [
     "Dep", "Deps", "DepOps", "InvocationGraph", "invocation_graph", "clear_graph_cache", "representative",
     "REPRESENTATIVE", "LoopKind", "ItemEdge", "Analysis", "analyze", "loop_kinds", "state_access_order", "AfterOrder",
-    "state_observations", "run_in", "read_lag", "read_lags", "iterations_in_flight",
+    "state_observations", "run_in", "read_lag", "read_lags", "writer_lags", "iterations_in_flight",
 ]
 
 Path = tuple[str, ...]
@@ -618,9 +618,25 @@ def run_in(g: InvocationGraph) -> dict[Invocation, int]:
 
 def read_lags(wf: Workflow) -> dict[tuple[str, tuple[str, ...]], int]:
     """Per (state object, reading node): the largest lag, in RL iterations, this workflow's reads prove
-    against the same workflow run synchronously (its `defer:`s removed) -- 0 for a synchronous plan.
+    against the same workflow run synchronously (its `defer:`s and `ahead:`s removed) -- 0 for a synchronous
+    plan: the larger of how much older the write it sees is (`writer_lags`) and how many learner updates
+    older the value is, followed through every sync, relay and derived state (`versions.version_proof`).
     A read that sees another value than any older one of the declared read is not listed (the legality
     check refuses such plans)."""
+    from .versions import version_proof
+
+    out = writer_lags(wf)
+    for (reader, state), proof in version_proof(wf).items():
+        key = (state, reader.path)
+        if key in out and proof.lag > out[key]:
+            out[key] = proof.lag
+    return out
+
+
+def writer_lags(wf: Workflow) -> dict[tuple[str, tuple[str, ...]], int]:
+    """Per (state object, reading node): how many RL iterations older than the synchronous run's the write
+    each read sees is, counting that state's own writes (what the legality oracle's per-state check spends;
+    a value's age through relays is `read_lags`')."""
     depth = iterations_in_flight(wf)
     sync = replace(wf, root=replace(wf.root, body=tuple(
         replace(i, plan=replace(i.plan, defer=0, ahead=0)) if isinstance(i, ExecutionNode) else i for i in wf.root.body)))
@@ -654,13 +670,20 @@ def read_lag(got: frozenset[Invocation | None], then: Callable[[int], frozenset[
 
 def _lag_lines(wf: Workflow) -> list[str]:
     """Per read of a state object with `max_staleness`, or of an asynchronous plan (`defer:`): the lag it
-    proves -- how many RL iterations older than the declared read's value the value it sees can be."""
+    proves -- how many RL iterations older than the declared read's value the value it sees can be -- and,
+    where the value's learner updates give it, the chain they came through (`versions.py`)."""
     budgets = {s.key: s.max_staleness for s in wf.state_objects().values()}
     deferred = any(isinstance(i, ExecutionNode) and (i.plan.defer or i.plan.ahead) for i in wf.root.body)
     if not deferred and not any(budgets.values()):
         return []
+    from .versions import chain_text, version_proof
+
     lines = []
     lags = read_lags(wf)
+    chains: dict[tuple[str, Path], tuple[int, str]] = {}  # the chain of each read's largest version lag
+    for (inv, state), proof in version_proof(wf).items():
+        if proof.lag and proof.lag >= chains.get((state, inv.path), (0, ""))[0]:  # the latest: a steady one
+            chains[(state, inv.path)] = (proof.lag, chain_text(proof))
     short = Counter(r[-1] for r in {reader for _, reader in lags})  # a name two readers share (a split's groups): its path
     for (state, reader), lag in sorted(lags.items()):
         node = next((i for i in wf.items() if i.path == reader), None)
@@ -668,7 +691,8 @@ def _lag_lines(wf: Workflow) -> list[str]:
         name = reader[-1] if short[reader[-1]] == 1 else ".".join(reader[1:])
         if reads and (lag or budgets.get(state)):
             lines.append(f"{state}: '{name}' reads a value at most {lag} RL iteration{'s' * (lag != 1)} older than "
-                         f"the synchronous workflow's (lag {lag}, max_staleness {budgets.get(state, 0)})")
+                         f"the synchronous workflow's (lag {lag}, max_staleness {budgets.get(state, 0)})"
+                         + (f": {chains[(state, reader)][1]}" if lag and chains.get((state, reader), (0, ""))[0] == lag else ""))
     return lines
 
 

@@ -26,7 +26,7 @@ from .errors import Diagnostic, SourcePos, printable, shown
 from .ir import ExecutionNode, LoopNode, MergeNode, Workflow
 from .trust import TrustPolicy, check_trust
 
-__all__ = ["ExitCode", "app", "main", "make_app", "register", "run_app", "load_or_exit", "report_problems",
+__all__ = ["ExitCode", "app", "main", "make_app", "register", "run_app", "load_or_exit", "report_problems", "set_overrides",
            "write_output", "refuse_existing", "OverwriteOpt", "out", "err", "FileArg", "SetOpt", "AllowModuleOpt", "AllowEnvOpt", "AllowPathOpt"]
 
 
@@ -144,7 +144,7 @@ def load_or_exit(path: Path, sets: list[str] | None, source: Path | None = None,
         # refused there
         from .transforms.plan_check import check_plan_source
 
-        differing = check_plan_source(wf, source)
+        differing = check_plan_source(wf, source, as_run)
         for name, (planned, declared) in differing.items():
             if name in overrides or (name in as_run and as_run[name] == planned):
                 continue

@@ -6,6 +6,7 @@ update it sees: the generator's read in RL iteration k of the declared workflow 
 (stamp k-1, or -1, the initial value, at k = 0), and its lag is (k-1) - stamp. Calls sleep for the
 durations a test draws, so that executions interleave differently; nothing is checked against time.
 
+`Learner(report=True)`: each update's metrics say its iteration (`update_it`).
 `Learner(wait_for_next=True)`: its update of iteration k waits (bounded: 30 s, or `wait_for_next` seconds
 when a number) until the generator has started iteration k+1's rollout and records whether it did (also
 as the metric `overlapped`) -- the overlap of a pipelined run observed as an event, not as a duration.
@@ -50,9 +51,18 @@ class Generator(_Napper):
         STARTED[self.run][k].set()
         stamp = int(self.weights.item())
         self.seen.append((k, stamp))
-        self._metrics = {"rollout_it": float(k), "lag": float((k - 1) - stamp)}
+        self._metrics = {"rollout_it": float(k), "lag": float((k - 1) - stamp), "stamp": float(stamp)}
         self.nap()
         return {"rollouts": torch.tensor([float(k), float(stamp)])}
+
+    def act(self, it: Any, t: Any) -> dict[str, Any]:
+        """One trip of a rollout that ends on a condition and reads the weights at every trip (logged once per
+        iteration, at its first trip: no trip writes them): done after 1 + it % 2 trips."""
+        k, stamp = int(it), int(self.weights.item())
+        if int(t) == 0:
+            self.seen.append((k, stamp))
+            self._metrics = {"stamp": float(stamp)}
+        return {"rollouts": torch.tensor([float(k), float(stamp)]), "done": torch.tensor(float(int(t) + 1 >= 1 + k % 2))}
 
     def step(self, it: Any, t: Any) -> dict[str, Any]:
         """One trip of a rollout that ends on a condition: done after 1 + it % 3 trips (`trips` differ by
@@ -72,10 +82,11 @@ class Generator(_Napper):
 class Learner(_Napper):
     """`weights` holds the iteration of its last update."""
 
-    def __init__(self, sleeps: list[float] | None = None, run: str = "", wait_for_next: bool | float = False) -> None:
+    def __init__(self, sleeps: list[float] | None = None, run: str = "", wait_for_next: bool | float = False,
+                 report: bool = False) -> None:
         super().__init__(sleeps)
         self.weights = torch.tensor([-1.0])
-        self.run, self.wait_for_next = run, wait_for_next
+        self.run, self.wait_for_next, self.report = run, wait_for_next, report
         self.overlapped: list[bool] = []
         self._metrics: dict[str, float] = {}
 
@@ -87,6 +98,8 @@ class Learner(_Napper):
             self._metrics = {"overlapped": float(self.overlapped[-1])}
         self.nap()
         self.weights = torch.tensor([float(k)])
+        if self.report:  # which iteration's update this is: its metrics line must be that iteration's
+            self._metrics = {**self._metrics, "update_it": float(k)}
         return {}
 
     def get(self) -> dict[str, Any]:
@@ -144,3 +157,30 @@ class Stamper(_Napper):
             return {port: torch.zeros(rows_n, dtype=torch.float64) for port in spec.get("out", [])}
 
         return call
+
+
+class Relay(_Napper):
+    """A component between the learner and a generator: `load` stores the weights it is given, `get` hands
+    them on (a second sync reads them from here): the stamp travels unchanged, so the generator at the end
+    of the relay still logs the learner update its weights come from."""
+
+    def __init__(self, sleeps: list[float] | None = None) -> None:
+        super().__init__(sleeps)
+        self.weights = torch.tensor([-1.0])
+        self.seen: list[tuple[int, int]] = []  # (iteration, stamp) per `get` given its iteration
+
+    def load(self, w: Any, it: Any = 0) -> dict[str, Any]:
+        self.nap()
+        self.weights = torch.as_tensor(w).clone()
+        return {}
+
+    def get(self, it: Any = None) -> dict[str, Any]:
+        self.nap()
+        if it is not None:
+            self.seen.append((int(it), int(self.weights.item())))
+            self._metrics = {"stamp": float(self.weights.item())}
+        return {"w": self.weights.clone()}
+
+    def pop_metrics(self) -> dict[str, float]:
+        out, self._metrics = getattr(self, "_metrics", {}), {}
+        return out

@@ -27,9 +27,10 @@ from ..ir import ExecutionNode, Workflow
 from .rewritten import Refused, Rewritten, identity_locate
 from .tree import find, replace_body
 
-__all__ = ["build_defer", "budgeted_writers"]
+__all__ = ["build_defer", "budgeted_writers", "MAX_DEFER"]
 
 Path = tuple[str, ...]
+MAX_DEFER = 64  # the largest K: the check unrolls 1 + K RL iterations and the runtime keeps 1 + K in flight
 
 
 def build_defer(wf: Workflow, path: Path, k: int | None = None) -> Rewritten:
@@ -37,19 +38,22 @@ def build_defer(wf: Workflow, path: Path, k: int | None = None) -> Rewritten:
     smallest `max_staleness` > 0 of the state objects it writes (a larger one would make the reads of the
     other object older than its budget allows), at most the RL iteration count - 1: a call deferred longer
     would run only after the last iteration, and the check unrolls 1 + K iterations, so a budget meant as
-    "any staleness" (`max_staleness: 1000000`) taken as K would hang it."""
+    "any staleness" (`max_staleness: 1000000`) taken as K would hang it (and at most `MAX_DEFER`)."""
     node = find(wf, path)
     if not isinstance(node, ExecutionNode) or path[:-1] != wf.root.path:
         raise Refused(f"defer: '{path[-1]}' is not a node directly in the RL iteration body", at=node.pos)
     count = wf.root.count
     if k is None:
         k = min((budget for _, budget in _written_budgets(wf, node) if budget > 0), default=1)
-        k = max(1, min(k, count - 1)) if count is not None else k
+        k = max(1, min(k, count - 1, MAX_DEFER)) if count is not None else min(k, MAX_DEFER)
     if k < 1:
         raise Refused(f"defer: K must be at least 1, not {k}", at=node.pos)
     if count is not None and k >= count:
         raise Refused(f"defer: K {k} is not below the RL iteration count {count}: the call of RL iteration 0 "
                       f"would run only after the last one; give K at most {count - 1}", at=node.pos)
+    if k > MAX_DEFER:
+        raise Refused(f"defer: K {k} is more than rose checks and keeps in flight; give K at most {MAX_DEFER}",
+                      at=node.pos)
     if node.plan.defer:
         raise Refused(f"defer: '{node.name}' is already deferred ({node.plan.defer})", at=node.pos)
     body = [replace(node, plan=replace(node.plan, defer=k)) if i.path == path else i for i in wf.root.body]

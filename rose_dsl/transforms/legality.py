@@ -27,18 +27,19 @@ from ..analysis import (
     invocation_graph,
     iterations_in_flight,
     read_lag,
-    read_lags,
     state_observations,
+    writer_lags,
 )
 from ..errors import SourcePos
 from ..ir import ExecutionNode, Item, Workflow
 from ..resolve import check_workflow
 from ..semantics import Invocation, enclosing_loops
+from ..versions import ReadProof, chain_text, over_budget_reads
 from .rewritten import Locate, Refused
 from .seeds import seed_invocations, through_seeds
 
 __all__ = ["check_well_formed", "check_order_preserved", "on_component", "describe_invocation", "dependency_pos",
-           "over_budget", "values_of", "staleness_budgets"]
+           "over_budget", "values_of", "staleness_budgets", "check_version_lags", "version_refusal"]
 
 
 def describe_invocation(inv: Invocation, items: Mapping[tuple[str, ...], Item]) -> str:
@@ -126,7 +127,7 @@ def check_order_preserved(orig: Workflow, new: Workflow, locate: Locate, what: s
     budgets = staleness_budgets(orig)
     # a budget bounds the lag against the declared workflow: what `orig` (a plan already asynchronous) lags
     # already is spent (`ahead submit` then `defer sync 1` reads the weights two updates old)
-    spent = read_lags(orig) if budgets and iterations_in_flight(orig) > 1 else {}
+    spent = writer_lags(orig) if budgets and iterations_in_flight(orig) > 1 else {}
 
     def left_of(state: str, reader: Invocation) -> int:
         return budgets.get(state, 0) - spent.get((state, reader.path), 0)
@@ -171,6 +172,36 @@ def check_order_preserved(orig: Workflow, new: Workflow, locate: Locate, what: s
                           f"checkpoints: {values_of(got, {i.path: i for i in new.items()})} instead of {values_of(writers, items)}"
                           + (over_budget(state, lag, budgets.get(state, 0), "read") if n > 2 or budgets else ""),
                           at=None if writer is None else writer.field_pos.get("state") or writer.pos)
+    check_version_lags(new, what)
+
+
+def check_version_lags(wf: Workflow, what: str, budgets: Mapping[str, int] | None = None) -> None:
+    """Refuse unless every read of `wf` (an asynchronous plan) derives from learner updates at most its state's
+    `max_staleness` older than the synchronous run's (`versions.py`: the lag followed through syncs, relays,
+    derived states and copies, which counting a state's own writes misses). `budgets`: by state key (default:
+    `wf`'s own, a copy's being its original's)."""
+    if iterations_in_flight(wf) == 1:
+        return
+    budgets = {k: s.max_staleness for k, s in wf.state_objects().items()} if budgets is None else budgets
+    over = over_budget_reads(wf, budgets)
+    if over:
+        proof = over[0]
+        node = next((i for i in wf.items() if i.path == proof.reader.path), None)
+        raise Refused(version_refusal(what, proof, budgets.get(proof.state, 0)),
+                      at=None if node is None else node.field_pos.get("state") or node.pos)
+
+
+def version_refusal(what: str | None, proof: ReadProof, budget: int) -> str:
+    """`defer sync2 1 would make act read 'actor.weights' 2 learner updates old: actor.weights <- sync2 <-
+    relay.weights <- sync1 <- learner.params: lag 2 > max_staleness 1 (...)`; without `what`: `act would read ...`."""
+    reader = ".".join(proof.reader.path[1:])
+    s = "s" * (proof.lag != 1)
+    subject = f"{what} would make {reader} read" if what else f"{reader} would read"
+    return (f"{subject} '{proof.state}' {proof.lag} update{s} of '{proof.source}' old: "
+            f"{chain_text(proof)}: lag {proof.lag} > max_staleness {budget} (in RL iteration {proof.reader.indices[0]} "
+            f"it would read version {proof.got} of '{proof.source}', the synchronous workflow version {proof.declared}; "
+            "a value's age is carried through every sync, relay and derived state"
+            + ("; declare max_staleness on its state object to allow it)" if budget == 0 else ")"))
 
 
 def staleness_budgets(wf: Workflow) -> dict[str, int]:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 import stat
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path as FilePath
 from typing import Any
@@ -53,8 +54,17 @@ from ..ir import Access, Component, ExecutionNode, Item, LoopNode, MergeNode, Wo
 from ..loader import load_text
 from ..resolve import CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver, binding_table
 from ..semantics import Invocation, SemanticError, interleaved_run
+from ..versions import over_budget_reads
 from .ahead import ahead_without_producers
-from .legality import describe_invocation, on_component, over_budget, staleness_budgets, values_of
+from .deferral import MAX_DEFER
+from .legality import (
+    describe_invocation,
+    on_component,
+    over_budget,
+    staleness_budgets,
+    values_of,
+    version_refusal,
+)
 from .refs import RefUse, batch_dim, binding_target, map_field, rename_ref
 from .seeds import SEED_GET, SEED_PORT, SEED_SET, is_seed, through_seeds
 from .tree import source_paths
@@ -119,6 +129,8 @@ class _Checker:
         self.items()
         if not self.out:
             self.ahead()
+        if not self.out:
+            self.defer_bounds()
         if self.out:
             return self.out  # the calls do not correspond: comparing dependencies would only repeat it
         n = 1 + iterations_in_flight(self.plan)  # a deferred call of iteration k runs in k+defer: show it
@@ -139,8 +151,51 @@ class _Checker:
             self.data(g0, g1, images)
             self.state(g0, g1, images)
         if not self.out:
+            self.versions()
+        if not self.out:
             self.rows()
         return self.out
+
+    def versions(self) -> None:
+        """Every read of an asynchronous plan derives from learner updates at most its state's budget older
+        than the synchronous run's, followed through syncs, relays and derived states (`versions.py`): each
+        state's own writes may lag within budget while a value two syncs away lags their sum."""
+        budgets = {k: self.source_budget(k) for k in self.plan.state_objects()}
+        for proof in over_budget_reads(self.plan, budgets)[:1]:
+            self.differ(self.plan_items.get(proof.reader.path),
+                        version_refusal(None, proof, budgets.get(proof.state, 0)),
+                        "state")
+
+    def source_budget(self, state: str) -> int:
+        """The source's `max_staleness` of a plan state object (a copy's: its original's)."""
+        original = on_component(state, self.component_of(state.split(".", 1)[0]))
+        obj = self.source.state_objects().get(original)
+        return obj.max_staleness if obj is not None else 0
+
+    def defer_bounds(self) -> None:
+        """A `defer: K` larger than every budget of the source can never be legal (each read of what the node
+        writes, or the value an RL iteration leaves of it, would be K RL iterations old), nor one not below the
+        RL iteration count, nor one past `MAX_DEFER`: refused here, before the check unrolls 1 + K RL
+        iterations (a hand edit to `defer: 10000` took minutes)."""
+        most = max((s.max_staleness for s in self.source.state_objects().values()), default=0)
+        count = self.plan.root.count
+        for item in self.plan.root.body:
+            k = item.plan.defer if isinstance(item, ExecutionNode) else 0
+            if not k:
+                continue
+            its = f"{k} RL iteration{'s' * (k != 1)}"
+            if k > most:
+                self.differ(item, f"'{item.name}' is deferred by {its}, more than any state's budget allows (the "
+                                  f"largest max_staleness is {most}): what it writes would be read, or left, {its} "
+                                  f"old; give `defer:` at most {most}"
+                                  + (" (or none: the source allows no staleness)" if most == 0 else ""), "defer")
+            elif count is not None and k >= count:
+                self.differ(item, f"'{item.name}' is deferred by {k} RL iterations, not below the RL iteration count "
+                                  f"{count}: its call of RL iteration 0 would run only after the last one; give "
+                                  f"`defer:` at most {count - 1}", "defer")
+            elif k > MAX_DEFER:
+                self.differ(item, f"'{item.name}' is deferred by {k} RL iterations: rose checks and runs at most "
+                                  f"{MAX_DEFER} in flight; give `defer:` at most {MAX_DEFER}", "defer")
 
     def ahead(self) -> None:
         """A node run ahead reads only nodes run ahead in its own RL iteration (`ahead.py`): otherwise its
@@ -605,14 +660,20 @@ def first_plan_construct(wf: Workflow) -> tuple[SourcePos, str, str] | None:
     return None
 
 
-def check_plan_source(plan: Workflow, source_file: str | FilePath | None = None) -> dict[str, tuple[Any, Any]]:
+def check_plan_source(plan: Workflow, source_file: str | FilePath | None = None,
+                      source_sets: Mapping[str, Any] | None = None) -> dict[str, tuple[Any, Any]]:
     """If `plan` is a plan (it has `plan: source:`), load its source workflow -- `source_file` if given
     (e.g. the workflow `rose execute FILE --plan PLAN` names), else the recorded path, relative to the
     working directory or to the plan's own directory -- and raise WorkflowError, positioned in the plan,
     unless the plan is of that workflow (its name, and no param the source does not define) and keeps
     every dependency of it. Returns the params whose value in the plan differs from the source file's
     ({name: (plan's, source's)}): a plan written with `--set episodes=1` runs one episode however the
-    source reads, which `rose execute SOURCE --plan PLAN` says (unseen sweep)."""
+    source reads, which `rose execute SOURCE --plan PLAN` says (unseen sweep).
+
+    A plan may not raise its source's budgets: each state's `max_staleness` in the plan's params must be at
+    most the source's as it runs (its file's params, with `source_sets`, the `--set`s the command gives the
+    source), or the plan is refused like a hand edit of `max_staleness`. A file that defers or runs calls
+    ahead without a `plan: source:` is proved against its own budgets (the same file run synchronously)."""
     from .. import load_workflow
 
     meta = plan.plan or {}
@@ -627,6 +688,7 @@ def check_plan_source(plan: Workflow, source_file: str | FilePath | None = None)
                 "cannot be checked against the workflow it was made from (a plan cut short loses that block, "
                 "which rose writes near its top)",
                 f"give its source: rose execute SOURCE --plan {plan.file}")], text)
+        _check_own_budgets(plan)
         return {}
     here = FilePath(plan.file).parent
     # the recorded path is relative to the plan's directory (rose writes it so); then to the working directory,
@@ -661,6 +723,8 @@ def check_plan_source(plan: Workflow, source_file: str | FilePath | None = None)
                                         f"the plan sets param '{name}', which its source {found} does not define")
                              for name in foreign], text)
     source = load_workflow(found, plan.params)
+    _check_budgets_not_raised(plan, source, load_workflow(found, dict(source_sets)) if source_sets else declared,
+                              found, text)
     diffs = plan_differences(source, plan)
     if diffs:
         # each difference is shown with the line of the file it names (the plan's or the source's)
@@ -669,6 +733,50 @@ def check_plan_source(plan: Workflow, source_file: str | FilePath | None = None)
                              for d in diffs[:MAX_SHOWN]], text, texts)
     return {name: (value, declared.params[name]) for name, value in plan.params.items()
             if declared.params[name] != value}
+
+
+def _check_own_budgets(wf: Workflow) -> None:
+    """A file that defers or runs calls ahead (`defer:`, `ahead:`) and records no source is checked against
+    itself run synchronously: every read within its own `max_staleness` (`rose validate` said "valid ... (lag
+    1, max_staleness 0)" of one, and `rose execute` ran it with stale reads)."""
+    if not any(isinstance(i, ExecutionNode) and (i.plan.defer or i.plan.ahead) for i in wf.root.body):
+        return
+    from ..versions import synchronous
+
+    diffs = plan_differences(synchronous(wf), wf)
+    if diffs:
+        text = FilePath(wf.file).read_text() if FilePath(wf.file).is_file() else None
+        raise WorkflowError([Diagnostic(d.pos, d.path, "the file defers or runs calls ahead and records no `plan: "
+                                        f"source:`, so it is proved against its own budgets: {d.message}",
+                                        "keep every read within its state's max_staleness (a plan rose writes is "
+                                        "checked so: rose rewrite SOURCE --do \"defer NODE K\")")
+                             for d in diffs[:MAX_SHOWN]], text)
+
+
+def _check_budgets_not_raised(plan: Workflow, source: Workflow, as_run: Workflow, found: FilePath,
+                              text: str | None) -> None:
+    """One rule for budgets in plans: a plan may not raise its source's. `source` is the source loaded with the
+    plan's params, `as_run` with the params it runs with; a budget that the plan's params raise (`--set
+    stale=1` when the plan was written, `params: stale: 5` by hand) is refused at the plan's param, as a hand
+    edit of `max_staleness` is."""
+    theirs = as_run.state_objects()
+    raised = [(key, obj.max_staleness, theirs[key].max_staleness) for key, obj in sorted(source.state_objects().items())
+              if key in theirs and obj.max_staleness > theirs[key].max_staleness]
+    if not raised:
+        return
+    changed = [name for name, value in plan.params.items() if as_run.params.get(name) != value]
+    at = _key_pos(plan.file, text, ("params", changed[0])) if changed else SourcePos(plan.file, 1, 1)
+    sets = " ".join(f"--set {n}={plan.params[n]}" for n in changed)
+    key, mine, allowed = raised[0]
+    raise WorkflowError([Diagnostic(
+        at, f"params.{changed[0]}" if changed else "params",
+        f"the plan raises the budget of its source {found}: '{key}' has max_staleness {mine} in the plan and "
+        f"{allowed} in the source as it runs (the plan's params: {', '.join(f'{n}={plan.params[n]!r}' for n in changed) or 'none'}); "
+        "a plan may not raise its source's budget",
+        "re-derive the plan from a source whose budget allows it: declare the budget in the source (its "
+        "max_staleness, or its param's default) and rewrite it"
+        + (f", or run the source with the plan's params: rose execute {found} {sets} --plan {plan.file}" if sets else ""))],
+        text)
 
 
 WORKFLOW_SUFFIXES = (".yaml", ".yml")

@@ -23,17 +23,23 @@ def test_an_asynchronous_run_writes_its_histogram(tmp_path: Path) -> None:
     """The shipped CPU long-tail GRPO workflow with its generator's budget set to 1 (`--set stale=1`) and
     `defer sync 1`: the first update trains on the initial weights' rollout (lag 0), every later one on a
     rollout one update old (lag 1); a synchronous run of the same workflow has lag 0 only. At the
-    workflow's own budget (0) the deferral is refused."""
+    workflow's own budget (0) the deferral is refused, and the plan runs only beside its source run with the
+    budget it was written against (`--set stale=1`: a plan may not raise its source's budget)."""
     wf, plan = ROOT / "workflows" / "llm_grpo_longtail.yaml", tmp_path / "async.yaml"
     r = rose("rewrite", str(wf), "--do", "defer sync 1", "-o", str(plan))
     assert r.returncode == 2 and "allows max_staleness 0" in r.stderr, r.stderr
     r = rose("rewrite", str(wf), "--set", "iterations=4", "--set", "stale=1", "--do", "defer sync 1", "-o", str(plan))
     assert r.returncode == 0, r.stderr
-    r = rose("execute", str(wf), "--plan", str(plan), "--out", str(tmp_path / "run"))
+    r = rose("execute", str(wf), "--set", "stale=1", "--plan", str(plan), "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads((tmp_path / "run" / "staleness.json").read_text())
     lags = doc["learner"]["samples_by_lag"]
     assert set(lags) == {"0", "1"} and lags["1"] == 3 * lags["0"] and doc["learner"]["max_lag"] == 1
+    # beside it, the checker's proof (issue 58): the rollout's reads lag 1 update of the learner's weights,
+    # which is what the learner measured
+    proof = doc["proof"]
+    assert proof["by_source"] == {"learner.weights": doc["learner"]["max_lag"]}
+    assert {r["read"]: r["lag"] for r in proof["reads"] if r["state"] == "generator.weights"} == {"submit": 1, "generate": 1}
     assert "staleness (learner): lag 0:" in r.stdout and "lag 1:" in r.stdout
     r = rose("execute", str(wf), "--set", "iterations=2", "--out", str(tmp_path / "sync"))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -53,12 +59,36 @@ def test_a_checkpoint_every_iteration_is_said_to_leave_nothing_overlapping(tmp_p
     wf, plan = ROOT / "workflows" / "llm_grpo_longtail.yaml", tmp_path / "async.yaml"
     r = rose("rewrite", str(wf), "--set", "iterations=3", "--set", "stale=1", "--do", "defer sync 1", "-o", str(plan))
     assert r.returncode == 0, r.stderr
-    r = rose("execute", str(wf), "--plan", str(plan), "--out", str(tmp_path / "every1"), "--checkpoint-every", "1")
+    r = rose("execute", str(wf), "--set", "stale=1", "--plan", str(plan), "--out", str(tmp_path / "every1"), "--checkpoint-every", "1")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "warning: --checkpoint-every 1 drains this asynchronous plan's pipeline after every iteration" in r.stderr
     lags = json.loads((tmp_path / "every1" / "staleness.json").read_text())["learner"]["samples_by_lag"]
     assert set(lags) == {"0"}  # what the warning says: nothing overlapped
-    r = rose("execute", str(wf), "--plan", str(plan), "--out", str(tmp_path / "every2"), "--checkpoint-every", "2")
+    r = rose("execute", str(wf), "--set", "stale=1", "--plan", str(plan), "--out", str(tmp_path / "every2"), "--checkpoint-every", "2")
     assert r.returncode == 0 and "one iteration in 2 does not overlap the next" in r.stderr, r.stderr
     r = rose("execute", str(wf), "--set", "iterations=2", "--out", str(tmp_path / "sync"), "--checkpoint-every", "1")
     assert r.returncode == 0 and "drains" not in r.stderr, r.stderr
+
+
+def test_a_measured_lag_above_the_proof_is_a_checker_bug() -> None:
+    """Issue 58: the run measures what the checker proves; a learner reporting an older sample than any read
+    of the plan is proved to see means the checker accepted a plan it should not have -- `rose execute` then
+    ends with exit 1 saying so (after its work is kept). At or below the proof: nothing."""
+    import io
+
+    from rich.console import Console
+
+    from interpreter.runner import IterationResult
+    from rose_cli.report import staleness
+    from rose_dsl import load_workflow
+    from rose_dsl.transforms import apply
+
+    plan = apply(load_workflow(ROOT / "tests" / "dsl" / "fixtures" / "async_relay_chain.yaml"), "defer sync1 1")
+    console = Console(file=io.StringIO())
+    ok = [IterationResult(0, 1.0, {"learner/staleness_hist_0": 2.0}), IterationResult(1, 1.0, {"learner/staleness_hist_1": 2.0})]
+    assert staleness(console, None, ok, plan.workflow) is None
+    over = [*ok, IterationResult(2, 1.0, {"learner/staleness_hist_2": 1.0})]
+    assert staleness(console, None, over, plan.workflow) == (
+        "the run measured lag 2 (learner: samples 2 learner updates old) where the checker proves at most 1 for "
+        "every read of this plan (staleness.json, `proof`): the checker accepted a plan it should not have")
+    assert staleness(console, None, over, load_workflow(ROOT / "tests" / "dsl" / "fixtures" / "async_relay_chain.yaml")) is None

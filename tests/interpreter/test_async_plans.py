@@ -155,7 +155,7 @@ def test_the_analysis_reports_each_reads_lag_and_validate_accepts_the_plan() -> 
     assert not isinstance(plan, Refused), plan
     lines = analyze(plan.workflow).versions
     assert "gen.weights: 'generate' reads a value at most 2 RL iterations older than the synchronous workflow's " \
-           "(lag 2, max_staleness 2)" in lines
+           "(lag 2, max_staleness 2): gen.weights <- sync <- learner.weights" in lines  # and the chain (issue 58)
     # the learner's own reads keep lag 0: only the budgeted state may lag
     assert read_lags(plan.workflow)[("learner.weights", ("iteration", "mid0"))] == 0
     from rose_dsl.transforms import plan_differences

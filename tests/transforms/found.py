@@ -541,3 +541,19 @@ ACCEPTED += [
 """, count=1),
         ("defer iteration.n7 1",)),
 ]
+
+
+@dataclass(frozen=True)
+class FoundChain:
+    """A failure of the version-lag property (`test_version_properties.py`): the random chain that showed it."""
+
+    title: str
+    relays: int
+    budgets: tuple[int, ...]
+    fan: bool
+    requests: tuple[str, ...]
+    until: bool = False
+
+
+# Found by the version-lag property (issue 58); the issue's own two shapes are its parametrized cases.
+VERSION_CASES: list[FoundChain] = []
