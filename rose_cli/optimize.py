@@ -153,7 +153,7 @@ def optimize(file: FileArg, output: OutputOpt, report: ReportOpt = None, backend
     wf = load_or_exit(file, sets)
     policy = TrustPolicy.from_options(allow_module, allow_env, allow_path)
     report_problems(wf, check_trust(wf, policy), "(the workflow asks to run code the command line did not allow)")
-    given = None if stage1 is None else _given_stage1(file, stage1, wf, policy)
+    given = None if stage1 is None else _given_stage1(file, stage1, wf, policy, sets)
     layouts = _layouts(file, wf, sets, layout or [], given is not None)
 
     from interpreter.backends import default_backend
@@ -170,16 +170,16 @@ def optimize(file: FileArg, output: OutputOpt, report: ReportOpt = None, backend
     opts = OptimizeOptions(file=file, output=output, report_dir=report_dir, budget_s=budget_s, rounds=rounds,
                            top_k=top_k, alternatives=alternatives, local_max_fraction=local_max_fraction, quota=quota,
                            stage2=stage2.value, stage1=given, layouts=tuple(layouts), train=train,
-                           checkpoint_every=checkpoint_every)
+                           checkpoint_every=checkpoint_every, sets=tuple(sets or ()))
     raise typer.Exit(optimize_workflow(wf, opts, run, out, err))
 
 
-def _given_stage1(file: Path, stage1: Path, wf: Workflow, policy: TrustPolicy) -> Workflow:
+def _given_stage1(file: Path, stage1: Path, wf: Workflow, policy: TrustPolicy, sets: list[str] | None) -> Workflow:
     """`--stage1`: the plan, checked to compute what FILE computes, under FILE's MPS settings, and to run only
     code the command line allowed; exit 2 otherwise."""
     from .compare import same_computation
 
-    given = load_or_exit(stage1, None, source=file)
+    given = load_or_exit(stage1, None, source=file, source_sets=sets)  # (a plan may not raise its source's budget)
     diffs = same_computation(wf, given)
     if diffs:
         err.print(f"error: --stage1 {stage1} does not compute what {file} computes (with these --set values): "
@@ -374,7 +374,7 @@ def _train_on(plan: Workflow, iterations: int, session: MeasuringSession, opts: 
               f"{run.out_dir}", markup=False)
     if stop():
         raise Stopped(f"{stop()}: training stopped after iteration {first + len(results) - 1}; "
-                      f"resume: rose execute {opts.file} --plan {opts.output} --out {run.out_dir} --resume")
+                      f"resume: rose execute {opts.source_args} --plan {opts.output} --out {run.out_dir} --resume")
 
 
 def _summary(out: Console, doc: dict[str, Any], opts: OptimizeOptions, run_dir: Path | None) -> None:
@@ -410,7 +410,7 @@ def _summary(out: Console, doc: dict[str, Any], opts: OptimizeOptions, run_dir: 
     report = opts.report_dir
     out.print(f"wrote {opts.output}, {report / 'report.md'} (stage 1 alone: {report / 'stage1.yaml'})", markup=False)
     if run_dir is not None:
-        out.print(f"continue training: rose execute {opts.file} --plan {opts.output} --out {run_dir} --resume",
+        out.print(f"continue training: rose execute {opts.source_args} --plan {opts.output} --out {run_dir} --resume",
                   markup=False)
 
 

@@ -78,6 +78,13 @@ class OptimizeOptions:
     layouts: tuple[Layout, ...] = ()  # --layout: the values to try before stage 1
     train: bool = False  # --train: training goes on with the plan in the same processes (`TrialSession.train_on`)
     checkpoint_every: int = 0  # with --train
+    sets: tuple[str, ...] = ()  # the command's `--set NAME=VALUE`s: the source as run, in the commands the report gives
+
+    @property
+    def source_args(self) -> str:
+        """The source workflow as it ran, as a command line names it: `FILE --set a=1 ...` (a plan of a budget the
+        source raises with `--set` runs beside it only with those values: docs/language.md)."""
+        return " ".join([str(self.file), *(f"--set {s}" for s in self.sets)])
 
 
 class CannotOptimize(Exception):
@@ -440,7 +447,7 @@ def _report_doc(wf: Workflow, result: Stage1Result, session: MeasuringSession, t
     return build_report(result, books=session.sync_books(), total_s=total, workflow=wf.name, file=str(opts.file),
                         settings=asdict(settings), machine=machine, stage2=stage2, plan_file=str(opts.output),
                         run_dir=str(run_dir) if run_dir else None, activity_kind=session.activity_kind, bound=bound,
-                        trains_on=trains_on, metric_notes=session.executor.metric_notes())
+                        trains_on=trains_on, metric_notes=session.executor.metric_notes(), source_args=opts.source_args)
 
 
 def _write_report(doc: dict[str, Any], result: Stage1Result, layout_section: dict[str, Any] | None,

@@ -98,7 +98,7 @@ def headline(doc: Mapping[str, Any]) -> dict[str, Any]:
         why = (f"the before/after measured {verdict['n']} round(s) and the rule says {verdict['outcome']} "
                f"({verdict['reason']})" if verdict else "no before/after was measured")
         out["how"] = f"not validated: {why}; the figure is the stage's own, declared and plan medians with their spreads"
-        out["compare"] = (f"rose compare {doc['file']} --plan {doc['plan_file']} --rounds 8"
+        out["compare"] = (f"rose compare {doc.get('source_args') or doc['file']} --plan {doc['plan_file']} --rounds 8"
                           + ("" if not doc.get("layout") else " (with the layout's --set values)"))
     row = _chosen_layout(doc)
     if row is not None:

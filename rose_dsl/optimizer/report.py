@@ -139,10 +139,11 @@ def build_report(result: Stage1Result, *, books: Books, total_s: float, workflow
                  settings: Mapping[str, Any], machine: Mapping[str, Any], stage2: Stage2Record | None,
                  plan_file: str, run_dir: str | None, activity_kind: str,
                  bound: Mapping[str, Any] | None = None, trains_on: bool = False,
-                 metric_notes: Mapping[str, str] | None = None) -> dict[str, Any]:
+                 metric_notes: Mapping[str, str] | None = None, source_args: str | None = None) -> dict[str, Any]:
     """report.json's document. `bound`: `bound.reorder_bound` of the declared graph's profile. `trains_on`:
     training goes on in these processes after the report (`rose optimize --train`; see `overhead`).
-    `metric_notes`: how each metric merged over several processes was merged (`Executor.metric_notes`)."""
+    `metric_notes`: how each metric merged over several processes was merged (`Executor.metric_notes`).
+    `source_args`: the source as a command line names it, `--set`s included (default: `file`)."""
     base, plan = result.baseline.median, result.final.median
     spent = staleness(result.plan)
     section = stage2.to_json() if stage2 is not None else None
@@ -195,7 +196,7 @@ def build_report(result: Stage1Result, *, books: Books, total_s: float, workflow
                                "own work, processes stopping"}
     return {
         "report_version": REPORT_VERSION,
-        "workflow": workflow, "file": file, "plan_file": plan_file, "activity": activity_kind,
+        "workflow": workflow, "file": file, "source_args": source_args or file, "plan_file": plan_file, "activity": activity_kind,
         "baseline_iteration_s": base, "plan_iteration_s": plan,
         "speedup": base / plan if plan > 0 else math.nan,
         "with_quotas": with_quotas(base, base / plan if plan > 0 else math.nan, section),
@@ -414,7 +415,7 @@ def report_markdown(doc: Mapping[str, Any], picture: str | None) -> str:
     lines += ["## Deviations from the paper", ""] + [f"- {d}" for d in doc["deviations"]] + [""]
     if doc.get("run_dir"):
         lines += ["## Continue training", "", f"The iterations trained while optimizing are checkpointed in "
-                  f"`{doc['run_dir']}`: `rose execute {doc['file']} --plan {doc['plan_file']} --out {doc['run_dir']} --resume`", ""]
+                  f"`{doc['run_dir']}`: `rose execute {doc.get('source_args') or doc['file']} --plan {doc['plan_file']} --out {doc['run_dir']} --resume`", ""]
     return "\n".join(lines)
 
 
