@@ -81,6 +81,8 @@ def execute(
         help="with --resume: params that may differ from the run's (refused otherwise)")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace what rose wrote in --out (a user's own files "
                                                                 "there stay)")] = False,
+    follow_links: Annotated[bool, typer.Option("--follow-links", help="--out may be a symbolic link: write where it "
+                                                                      "points (refused otherwise)")] = False,
     export: Annotated[bool, typer.Option("--export/--no-export", help="with --out: copy the final state to export/ "
                                                                       "(loadable without rose)")] = True,
     address: Annotated[str | None, typer.Option("--address", help="join this Ray cluster instead of starting one")] = None,
@@ -125,7 +127,7 @@ def execute(
                           resume=resume, overwrite=overwrite, address=address, call_timeout=call_timeout,
                           allowed=policy.modules, mps=mps, quiet=quiet, compiled=compiled,
                           check_quotas=quota_check, allow_param_change=allowed_changes, export=export,
-                          loggers=loggers)
+                          loggers=loggers, follow_links=follow_links)
     raise typer.Exit(execute_workflow(wf, opts, out, err))
 
 

@@ -35,8 +35,9 @@ from rich.console import Console
 from interpreter.backends import Backend, CallFailed, WatchdogTimeout, make_backend
 from interpreter.checkpoint import CheckpointError
 from interpreter.components import ComponentError, StartProblems
-from interpreter.rundir import RunDirInUse, RunDirLock, check_run_dir, clear_outputs
+from interpreter.rundir import RunDirInUse, RunDirLock, check_out_link, check_run_dir, clear_outputs
 from interpreter.runner import IterationResult, ParamsChanged, Resumed, RunConfig, Runner
+from interpreter.safe_io import OutputError
 from interpreter.schedule import Schedule, check_replica_edges
 from interpreter.shared_process import SharedProcessError
 from interpreter.until_loops import ConditionError
@@ -68,6 +69,7 @@ class ExecuteOptions:
     loggers: tuple[str, ...] = ("tensorboard",)  # where metrics go besides metrics.jsonl (interpreter/loggers.py)
     allow_param_change: tuple[str, ...] = ()  # params `--resume` may change (`--allow-param-change`)
     export: bool = True  # the final state into `--out`'s export/ (loadable without rose)
+    follow_links: bool = False  # `--follow-links`: a `--out` that is a symbolic link is written through
 
 
 class SetupError(Exception):
@@ -133,6 +135,7 @@ def _prepare_run_dir(wf: Workflow, opts: ExecuteOptions, teardown: ExitStack | N
     note = (lambda text: err.print(text, markup=False)) if err is not None else (lambda text: None)
     if opts.resume and opts.overwrite:  # (refused before the lock would create the directory)
         check_run_dir(opts.out_dir, resume=True, overwrite=True)
+    check_out_link(opts.out_dir, opts.follow_links)
     if opts.out_dir.exists() and not opts.out_dir.is_dir():
         raise RunDirInUse(f"--out {opts.out_dir} is a file, not a directory")
     if teardown is not None:
@@ -338,6 +341,13 @@ def _report_checkpoint(exc: BaseException, ctx: RunContext) -> None:
     ctx.err.print(f"error: checkpoint: {exc}", markup=False)
 
 
+def _report_output(exc: BaseException, ctx: RunContext) -> None:
+    """A file of the run directory that could not be written (disk full, read-only, a link): what was kept."""
+    ctx.err.print(f"error: writing the run directory: {exc}", markup=False)
+    if ctx.opts.out_dir is not None:
+        ctx.err.print(kept_line(ctx.opts.out_dir), markup=False)
+
+
 def _report_interrupt(exc: BaseException, ctx: RunContext) -> None:
     """Stopped at once (a second signal, or one before `StopOnSignal` was installed): the iteration in
     progress is lost; what is kept is the last checkpoint, said by name."""
@@ -438,6 +448,7 @@ FAILURES: tuple[Failure, ...] = (
     (ComponentError, ExitCode.COMPONENT, _report_component),
     (WatchdogTimeout, ExitCode.WATCHDOG, _report_watchdog),
     (CheckpointError, ExitCode.CHECKPOINT, _report_checkpoint),
+    (OutputError, ExitCode.CHECKPOINT, _report_output),
     (KeyboardInterrupt, ExitCode.INTERRUPTED, _report_interrupt),
 )
 
@@ -492,6 +503,9 @@ def _run(wf: Workflow, opts: ExecuteOptions, teardown: ExitStack, ctx: RunContex
     started = time.perf_counter()
     stop = teardown.enter_context(StopOnSignal())
     schedule = prepare(wf, opts, teardown, ctx.err)
+    if opts.out_dir is None:  # (said now, not first at a Ctrl-C that finds nothing to keep)
+        ctx.err.print("note: no --out: nothing of this run is kept (no checkpoint, metrics or export); add --out DIR "
+                      "to keep them", markup=False)
     gpu = teardown.enter_context(gpu_session(wf, opts, ctx.err))
     ctx.phase = "starting components"
     be = ctx.backend = build_backend(wf, schedule, opts, gpu, ctx.err)
