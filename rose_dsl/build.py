@@ -278,6 +278,8 @@ def _component(ctx: _Ctx, name: str, raw: Mapping[str, Any]) -> Component:
     fpos = {k: ctx.doc.pos(path + (k,)) for k in ("impl", "venv") if k in raw}
     fpos.update({f"env.{k}": ctx.doc.key_pos(path + ("env", k)) for k in env})
     fpos.update({f"python_path[{i}]": ctx.doc.pos(path + ("python_path", i)) for i in range(len(raw.get("python_path", ())))})
+    if isinstance(raw.get("args"), dict):  # (a refused code reference is said at its value)
+        fpos.update({f"args.{k}": ctx.doc.pos(path + ("args", k)) for k in raw["args"]})
     return Component(
         name=name, impl=raw["impl"], args=substitute(raw.get("args") or {}, path + ("args",), ctx),
         device=raw.get("device", "cpu"), state=tuple(state), gpu=_static_int(ctx, path + ("gpu",), raw.get("gpu"), 0),
