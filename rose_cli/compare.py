@@ -428,7 +428,23 @@ def plan_rows(entries: list[Entry], results: list[list[IterationRun]], failures:
             "frac_below_50": statistics.mean(low) if low else None,
             "failed": failures.get(i),
         })
+    for row in rows[1:]:
+        row["verdict"] = verdict(rows[0], row)
     return rows
+
+
+def verdict(reference: dict[str, Any], row: dict[str, Any]) -> dict[str, Any] | None:
+    """Faster, slower or undecided than the declared workflow, with the interval of the speed-up: the
+    optimizer's own rule (`rose_dsl.optimizer.stats`): a signed-rank test on the rounds' pairs (each round
+    measures every row once, interleaved), or a rank-sum test where the rows' counts differ. None for a
+    failed row or one with no measurement."""
+    from rose_dsl.optimizer.stats import decide, decide_unpaired
+
+    ref, cand = reference["seconds"], row["seconds"]
+    if row["failed"] or reference["failed"] or not ref or not cand or min(ref + cand) <= 0:
+        return None
+    v = decide(ref, cand, more=False) if len(ref) == len(cand) else decide_unpaired(ref, cand)
+    return {**v.to_json(), "text": v.describe()}
 
 
 def _print_table(rows: list[dict[str, Any]], total: float, books: Any) -> None:
@@ -447,7 +463,13 @@ def _print_table(rows: list[dict[str, Any]], total: float, books: Any) -> None:
                       f"{r['speedup']:.2f}x" if r["speedup"] else "-",
                       *[f"{r['throughput'][k]:.1f}" if k in r["throughput"] else "-" for k in rates],
                       f"{r['sm_activity']:.0%}" if r["sm_activity"] is not None else "-", *stale)
-    out.print(table)
+    # piped (a log, `| tee`): the table at its own width, not cut to 80 columns ("decl…", "medi…")
+    wide = out if out.is_terminal else type(out)(file=out.file, width=max(out.width, 1000), highlight=False,
+                                                  soft_wrap=True)
+    wide.print(table)
+    for r in rows[1:]:
+        if r.get("verdict"):
+            out.print(f"{r['label']} vs {rows[0]['label']}: {r['verdict']['text']}", markup=False)
     for r in (r for r in rows if r["window"]["measured"] > 1):
         w = r["window"]
         out.print(f"{r['label']}: an asynchronous plan, measured over windows of {w['measured']} consecutive "
