@@ -229,10 +229,10 @@ class MetricsLog:
     earlier segment logged for iterations >= `start` is dropped first (see the module docstring)."""
 
     def __init__(self, out: Path, start: int = 0, tensorboard: bool = True, loggers: tuple[str, ...] = (),
-                 name: str = "rose") -> None:
+                 name: str = "rose", params: dict[str, Any] | None = None) -> None:
         self.out = out
         self.tensorboard = tensorboard
-        self.trackers = Trackers(out, loggers, name)  # MLflow, W&B (`--logger`)
+        self.trackers = Trackers(out, loggers, name, params)  # MLflow, W&B (`--logger`), with the run's params
         self._file: Any = None
         self._tb: Any = None
         self.unavailable: str | None = None  # why TensorBoard is not written, if it is not

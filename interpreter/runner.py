@@ -297,7 +297,7 @@ class Runner:
     def _open_outputs(self, start: int) -> None:
         if self.config.out_dir is not None and self.outputs is None:
             self.outputs = MetricsLog(self.config.out_dir, start, self.config.tensorboard, self.config.loggers,
-                                      self.wf.name)
+                                      self.wf.name, recorded_params(self.wf))
 
     @property
     def workflow_sha256(self) -> str:
