@@ -395,27 +395,41 @@ class SignalInterrupt(KeyboardInterrupt):
 
 class StopOnSignal:
     """The first SIGINT or SIGTERM asks the run to stop after the iteration in progress (`Runner.run`'s
-    `stop`), which then writes a checkpoint of it and the export; a second one, a second or more later,
-    stops at once (`SignalInterrupt`: the iteration in progress is lost, the last checkpoint stays).
-    Calling the object gives the signal's number, or None. The note is written with `os.write`: a handler
+    `stop`), which then writes a checkpoint of it and the export; a second one stops at once
+    (`SignalInterrupt`: the iteration in progress is lost, the last checkpoint stays); later ones are said
+    and ignored, so that the teardown the second one started (components, Ray, the MPS daemon) ends
+    rather than being cut short and leaving processes behind. A repeat within `SAME_S` of the first is
+    taken as the same request (`timeout` signals the command, then its group: one request twice), and
+    said, so that a quick double Ctrl-C is never silently dropped (issue 59: one was ignored for 39 s).
+    Calling the object gives the signal's number, or None. Notes are written with `os.write`: a handler
     may run inside a print, and Python's buffered streams refuse being re-entered."""
+
+    SAME_S = 0.25
+    clock = staticmethod(time.monotonic)  # (the tests' fake clock replaces it)
 
     def __init__(self) -> None:
         self.signum: int | None = None
         self._first = 0.0
+        self._stopping = False  # the second signal came: stopping at once
         self._previous: dict[int, Any] = {}
 
     def __call__(self) -> int | None:
         return self.signum
 
     def _handle(self, signum: int, frame: Any) -> None:
-        now = time.monotonic()
-        if self.signum is not None:
-            if now - self._first > 1.0:  # (`timeout` signals the command, then its group: one request twice)
-                raise SignalInterrupt(signum)
+        name = signal.Signals(signum).name
+        if self._stopping:
+            os.write(2, f"\n{name}: already stopping at once (ending the components)\n".encode())
             return
-        self.signum, self._first = signum, now
-        os.write(2, f"\n{signal.Signals(signum).name}: ending the iteration in progress, then writing a checkpoint "
+        if self.signum is not None:
+            if self.clock() - self._first < self.SAME_S:
+                os.write(2, f"\n{name} again at once: taken as the same request; send it again to stop at once\n"
+                         .encode())
+                return
+            self._stopping = True
+            raise SignalInterrupt(signum)
+        self.signum, self._first = signum, self.clock()
+        os.write(2, f"\n{name}: ending the iteration in progress, then writing a checkpoint "
                     "and stopping (send it again to stop at once)\n".encode())
 
     def install(self) -> StopOnSignal:
