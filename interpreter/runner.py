@@ -54,6 +54,7 @@ class RunConfig:
     max_restarts: int = 2  # a component process that dies is restarted this often, then the run stops
     allow_param_change: tuple[str, ...] = ()  # params a resume may change (`--allow-param-change`)
     export: bool = True  # at the end, the final state into `export/` (loadable without rose)
+    trace: bool = True  # at the end, trace.json and trace.jsonl (`--trace off`: not; nodes.json is written)
 
 
 class ParamsChanged(Exception):
@@ -592,6 +593,8 @@ class Runner:
 
             # the small summary first: a full disk then costs the trace only (safe_io: an OutputError, exit 5)
             write_atomic(self.config.out_dir / "nodes.json", json.dumps(self.node_summary(), indent=1) + "\n")
+            if not self.config.trace:
+                return
             self.trace.dump_jsonl(self.config.out_dir / "trace.jsonl")
             activity = self.sampler.samples_by_gpu() if self.sampler is not None else None
             write_chrome_trace(self.config.out_dir / "trace.json", self.trace, activity,

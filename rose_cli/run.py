@@ -70,6 +70,7 @@ class ExecuteOptions:
     allow_param_change: tuple[str, ...] = ()  # params `--resume` may change (`--allow-param-change`)
     export: bool = True  # the final state into `--out`'s export/ (loadable without rose)
     follow_links: bool = False  # `--follow-links`: a `--out` that is a symbolic link is written through
+    trace: bool = True  # `--trace on|off`: trace.json / trace.jsonl in `--out`
 
 
 class SetupError(Exception):
@@ -532,7 +533,7 @@ def _run(wf: Workflow, opts: ExecuteOptions, teardown: ExitStack, ctx: RunContex
     config = RunConfig(iterations=n, out_dir=opts.out_dir, checkpoint_every=opts.checkpoint_every,
                        resume=opts.resume, call_timeout_s=opts.call_timeout,
                        allow_param_change=opts.allow_param_change, export=opts.export,
-                       tensorboard="tensorboard" in opts.loggers, loggers=opts.loggers)
+                       tensorboard="tensorboard" in opts.loggers, loggers=opts.loggers, trace=opts.trace)
     report.checkpoint_drains(ctx.err, schedule.depth, opts.checkpoint_every)
     progress, task, on_iteration = iteration_progress(out, wf.name, n, opts.quiet)
 

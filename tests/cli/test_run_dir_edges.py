@@ -185,6 +185,17 @@ def test_a_full_disk_writing_the_export_keeps_the_checkpoint(tmp_path, monkeypat
     assert _temps(run) == []
 
 
+# --- a first try's rough spots ------------------------------------------------------------------------------------
+def test_trace_off_writes_no_trace_and_no_out_is_said_at_the_start(tmp_path) -> None:
+    """The trace had no switch; without --out, only a Ctrl-C said that nothing was kept (issue 59)."""
+    run = tmp_path / "run"
+    code, text = _run(run, trace=False)
+    assert code == 0, text
+    assert (run / "nodes.json").is_file() and not (run / "trace.json").exists() and not (run / "trace.jsonl").exists()
+    code, text = _run(None)  # type: ignore[arg-type]
+    assert code == 0 and text.startswith("note: no --out: nothing of this run is kept"), text
+
+
 # --- a kill while pruning, a lock left by a killed holder -------------------------------------------------------------
 def test_a_kill_while_pruning_never_leaves_a_partial_checkpoint(tmp_path, monkeypatch) -> None:
     """A kill while pruning left `ckpt-000020` without meta.json, never removed (issue 59): pruning renames
