@@ -8,7 +8,7 @@ import os
 import stat
 import sys
 
-from .clirun import plain_failure, rose
+from .clirun import ROOT, plain_failure, rose
 
 TWO = """rose: 1
 name: two
@@ -234,3 +234,19 @@ def test_an_unknown_rule_a_declaration_that_is_no_dict_and_no_pop_metrics_each_e
         text = plain_failure(proc)
         assert f"{wf}:4:14: {path}: " in text and what in text and fix in text, (cls, text)
         assert "Traceback" not in text
+
+
+def test_a_stateful_method_without_rows_in_a_loop_that_ends_per_row_is_found(tmp_path) -> None:
+    """It passed `validate --import` and stopped the run at the trip where the first row was done (exit 3,
+    issue 59): from then on the call gets only the rows not done, and `rows=` is how it learns which."""
+    from rose_dsl import load_workflow_text
+    from rose_dsl.importcheck import import_problems
+    from rose_dsl.trust import TrustPolicy
+
+    text = (ROOT / "tests" / "dsl" / "fixtures" / "until_decode.yaml").read_text().replace(
+        "examples.bench.until_loops:ToyLM", "tests.cli.rundir_components:NoRowsLM")
+    wf = load_workflow_text(text, str(tmp_path / "w.yaml"))
+    problems = import_problems(wf, TrustPolicy.from_options(["tests"], paths=[str(ROOT)]))
+    assert [(d.path, d.pos.line) for d in problems] == [("iteration.decode.gen.call", 18)], problems
+    assert "runs in loop 'decode', which ends per row" in problems[0].message
+    assert "declares state (lm.weights)" in problems[0].message and "takes no `rows=` argument" in problems[0].message
