@@ -164,6 +164,33 @@ def test_a_component_process_that_cannot_write_its_state_file_is_named(tmp_path,
     assert os.listdir(tmp_path / "c") == []
 
 
+def test_a_ray_control_call_that_raised_names_its_component() -> None:
+    """`write_state_file of learner (?)` (issue 59): a control call's failure on Ray named no component."""
+    from types import SimpleNamespace
+
+    from interpreter.ray_backend import RayBackend
+    from interpreter.worker import CallFailed
+
+    class RayError(Exception):
+        pass
+
+    class RayTaskError(RayError):
+        pass
+
+    errors = SimpleNamespace(RayError=RayError, RayTaskError=RayTaskError, GetTimeoutError=TimeoutError,
+                             RayActorError=type("RayActorError", (RayError,), {}))
+
+    def get(ref, timeout=None):
+        raise RayTaskError("OSError: [Errno 28] No space left on device")
+
+    be = RayBackend.__new__(RayBackend)
+    be.ray = SimpleNamespace(exceptions=errors, get=get)
+    be.actors = {"learner": SimpleNamespace(write_state_file=SimpleNamespace(remote=lambda *a: "ref"))}
+    with pytest.raises(CallFailed) as failed:
+        be.control("learner", "write_state_file", "/x", "host")
+    assert failed.value.component == "learner" and "(?)" not in str(failed.value)
+
+
 def test_a_full_disk_at_the_end_of_a_run_exits_5_and_leaves_no_temporary(tmp_path, monkeypatch) -> None:
     """Exit 1 ("internal error ... Errno 28"), `.trace.jsonl.tmp-PID` left, nodes.json missing (issue 59)."""
     run = tmp_path / "run"
