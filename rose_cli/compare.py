@@ -497,8 +497,10 @@ def write_run_dir(path: Path, plan: Workflow, runs: list[IterationRun]) -> None:
     """A run directory as `rose execute --out` writes it, for these iterations: `metrics.jsonl` (one line
     per iteration: its index, `iteration_s`, its metrics) and a Chrome trace (`trace.json`: a complete
     event per call, category = process, `args.loops` = loop indices; the SM-activity counter)."""
-    path.mkdir(parents=True, exist_ok=True)
-    with (path / "metrics.jsonl").open("w") as f:
+    from interpreter.safe_io import atomic_writer, real_dir, write_atomic
+
+    real_dir(path)  # (never through a link: interpreter/safe_io.py)
+    with atomic_writer(path / "metrics.jsonl") as f:
         for r in runs:
             f.write(json.dumps({"iteration": r.iteration, "iteration_s": r.seconds, **r.metrics}) + "\n")
     pids: dict[str, int] = {}
@@ -513,4 +515,4 @@ def write_run_dir(path: Path, plan: Workflow, runs: list[IterationRun]) -> None:
             events.append({"name": "SM activity", "ph": "C", "pid": 0, "ts": a / 1e3, "args": {"sm_activity": v * 100}})
     meta = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": comp}} for comp, pid in pids.items()]
     meta.append({"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "GPU"}})
-    (path / "trace.json").write_text(json.dumps({"traceEvents": meta + events, "displayTimeUnit": "ms"}))
+    write_atomic(path / "trace.json", json.dumps({"traceEvents": meta + events, "displayTimeUnit": "ms"}))
