@@ -22,6 +22,7 @@ reader sees true:
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import math
@@ -168,6 +169,8 @@ class RunDirLock:
             self.out.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise RunDirInUse(f"{self.out}: {LOCK} is a symbolic link; {LINK_HINT}") from None
             raise RunDirInUse(f"--out {self.out}: cannot open its lock file {path} ({exc.strerror})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -82,7 +82,7 @@ def test_a_link_inside_the_run_directory_is_never_written_through(tmp_path, name
     (run / name).symlink_to(target)
     code, text = _run(run)
     assert code == 2, text
-    assert f"{name} is a symbolic link" in text or "Too many levels" in text, text
+    assert f"{name} is a symbolic link" in text, text
     assert "Traceback" not in text and _snapshot(other) == before
 
 
