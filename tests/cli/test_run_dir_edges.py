@@ -259,3 +259,52 @@ def test_the_note_on_a_lock_left_by_a_killed_holder_does_not_contradict_itself(t
         assert f"last locked by pid {dead} on host" in lock.note and "ended without releasing it" in lock.note
     finally:
         lock.release()
+
+
+# --- the fault-injection pass: every write of a run fails in turn ---------------------------------------------------
+def _failing_writes(monkeypatch, fail_at: int | None, err: int) -> list[str]:
+    """Every file a run opens for writing (`safe_io.open_new`, wherever it is imported) is recorded; the
+    `fail_at`-th raises OSError(err)."""
+    from interpreter import rundir
+
+    opened: list[str] = []
+    real = safe_io.open_new
+
+    def open_new(path, *args, **kwargs):
+        opened.append(Path(path).name)
+        if fail_at is not None and len(opened) == fail_at:
+            raise safe_io.OutputError(safe_io.describe_os_error(Path(path), OSError(err, os.strerror(err))))
+        return real(path, *args, **kwargs)
+
+    for module in (safe_io, ckpt_mod, rundir):
+        monkeypatch.setattr(module, "open_new", open_new)
+    return opened
+
+
+def test_each_write_of_a_run_failing_in_turn_is_exit_5_with_no_temporary_and_a_run_that_continues(
+        tmp_path, monkeypatch) -> None:
+    """Each file a run writes, made to fail (a full disk; with --hypothesis-profile=long also read-only and
+    permission denied): exit 5 naming the file, never an internal error, no temporary left, and the run
+    then continues (--resume from the checkpoint kept, or --overwrite) to the end."""
+    from hypothesis import settings
+
+    opened = _failing_writes(monkeypatch, None, 0)
+    assert _run(tmp_path / "clean", checkpoint_every=1, iterations=2)[0] == 0
+    points = len(opened)
+    monkeypatch.undo()
+    assert points >= 10, opened  # metrics, 2 checkpoints of 3 files, the export's 2, nodes, both traces
+    errs = (errno.ENOSPC, errno.EROFS, errno.EACCES) if settings.default.max_examples >= 1000 else (errno.ENOSPC,)
+    for err in errs:
+        for at in range(1, points + 1):
+            run = tmp_path / f"run-{err}-{at}"
+            names = _failing_writes(monkeypatch, at, err)
+            code, text = _run(run, checkpoint_every=1, iterations=2)
+            monkeypatch.undo()
+            assert code == 5, (names[at - 1], text)
+            why = safe_io.describe_os_error(Path("f"), OSError(err, os.strerror(err))).split(": ", 1)[1].split(" (")[0]
+            assert f"{names[at - 1]}: {why}" in text and "Traceback" not in text, text
+            assert _temps(run) == [], (names[at - 1], _temps(run))
+            assert list_complete(run / "checkpoints") == sorted((run / "checkpoints").glob("ckpt-*"))
+            again = {"resume": True} if list_complete(run / "checkpoints") else {"overwrite": True}
+            code, text = _run(run, checkpoint_every=1, iterations=2, **again)
+            assert code == 0, (names[at - 1], text)
