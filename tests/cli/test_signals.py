@@ -160,3 +160,70 @@ def test_signal_pass_long(tmp_path, signals) -> None:
             (", a checkpoint kept" if outcome["kept"] else ", no checkpoint yet (started again)")
         outcomes[key] = outcomes.get(key, 0) + 1
     print(json.dumps(outcomes, indent=1, sort_keys=True))
+
+
+RAY_WF = """rose: 1
+name: kick
+params: {at: 0, times: 0, target: 0}
+components:
+  d: {impl: "tests.cli.rundir_components:KickDriver", args: {at: "${at}", times: "${times}", target: "${target}"},
+      state: [acc]}
+iteration:
+  count: 4
+  body:
+    - {node: a, call: d.work, in: {x: iteration.i}, out: [y], state: {acc: update}}
+    - {node: b, call: d.work, in: {x: iteration.i}, out: [y], state: {acc: update}}
+"""
+
+
+def test_signal_pass_on_ray_long(tmp_path) -> None:
+    """The same checks on Ray, in a `rose` process of its own (a Ray worker signals it, 1.5 s apart), plus:
+    no process of the run's Ray session is left. `ROSE_RAY_SIGNAL_TRIALS` (default 6) random schedules."""
+    if settings.default.max_examples < 1000:
+        pytest.skip("the Ray signal pass runs with --hypothesis-profile=long")
+    pytest.importorskip("ray")
+    import subprocess
+    import sys
+    import time
+
+    from interpreter.reaper import session_processes
+
+    from .clirun import ROOT
+
+    wf = tmp_path / "kick.yaml"
+    wf.write_text(RAY_WF)
+    rng = random.Random(int(os.environ.get("ROSE_SIGNAL_SEED", "59")))
+    outcomes: dict[str, int] = {}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for trial in range(int(os.environ.get("ROSE_RAY_SIGNAL_TRIALS", "6"))):
+        at, times = rng.randint(1, 2 * N), rng.randint(1, 3)
+        run = tmp_path / f"run{trial}"
+        sessions = set(Path("/tmp/ray").glob("session_2*")) if Path("/tmp/ray").exists() else set()
+        cmd = [sys.executable, "-m", "rose_cli", "execute", str(wf), "--allow-module", "tests", "--backend", "ray",
+               "-q", "--out", str(run), "--no-compiled"]
+        # the component needs rose's pid, a param: bash gives its own ($$) and `exec`s rose in its place
+        proc = subprocess.Popen(["bash", "-c", 'exec "$@" --set target=$$', "_", *cmd, "--set", f"at={at}",
+                                 "--set", f"times={times}"], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        text, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 130, text
+        assert "Traceback" not in text and "internal error" not in text, text
+        # the run's own Ray session (named after the driver's pid; other users' sessions may be there too)
+        new = {p for p in set(Path("/tmp/ray").glob("session_2*")) - sessions if p.name.endswith(f"_{proc.pid}")}
+        deadline = time.monotonic() + 60  # (a bound for Ray's own exit, not a measurement)
+        while new and time.monotonic() < deadline and any(session_processes(str(s)) for s in new):
+            time.sleep(0.5)
+        assert not any(session_processes(str(s)) for s in new), f"processes left: {text}"
+        dirs = sorted((run / "checkpoints").glob("ckpt-*")) if (run / "checkpoints").is_dir() else []
+        assert dirs == list_complete(run / "checkpoints") and not [p for p in run.rglob("*") if ".tmp" in p.name]
+        cont = ["--resume", "--allow-param-change", "at,times,target"] if dirs else ["--overwrite"]  # (no more signals)
+        again = subprocess.run([*cmd, *cont], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert again.returncode == 0, again.stdout + again.stderr
+        total = load_checkpoint(list_complete(run / "checkpoints")[-1]).states["d"]["acc"]["total"]
+        assert float(total) == _uninterrupted()
+        steps = [json.loads(x)["iteration"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+        assert steps == list(range(N))
+        key = f"{times} signal(s): " + ("stopped at once" if "interrupted; stopping components" in text else
+                                        "ended the iteration") + (", a checkpoint kept" if dirs else ", none yet")
+        outcomes[key] = outcomes.get(key, 0) + 1
+    print(json.dumps(outcomes, indent=1, sort_keys=True))
