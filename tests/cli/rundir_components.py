@@ -37,18 +37,6 @@ class Holds:
         self.calls = value["calls"]
 
 
-try:
-    from examples.bench.until_loops import ToyLM
-except ImportError:  # (an installed rose has no examples package; only the import-check test uses it)
-    ToyLM = object  # type: ignore[misc,assignment]
-
-
-class NoRowsLM(ToyLM):  # type: ignore[misc,valid-type]
-    """ToyLM whose stateful `step` takes no `rows=`: wrong inside a loop that ends per row."""
-
-    def step(self, tok: Any, t: int, it: int) -> Any:  # type: ignore[override]
-        return super().step(tok, t, it)
-
 
 class KickDriver:
     """Adds each call's input to a running total (state `acc`); at call `at` it sends `times` SIGINTs to the
