@@ -100,8 +100,7 @@ def check_out_link(out: Path, follow_links: bool) -> None:
 
 def _links(out: Path) -> list[str]:
     """The paths rose writes in `out` that are symbolic links (`safe_io`: never written through)."""
-    names = (*OUTPUTS, *OWN_DIRS, LOCK, "mlflow.db")
-    return sorted(n for n in names if (out / n).is_symlink())
+    return sorted({n for n in (*OUTPUTS, *OWN_DIRS, LOCK) if (out / n).is_symlink()})
 
 
 def check_run_dir(out: Path, *, resume: bool, overwrite: bool) -> None:
