@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from .procs import pid_alive
+from .safe_io import OutputError, describe_os_error, open_new, real_dir
 
 __all__ = [
     "Checkpoint",
@@ -65,6 +66,10 @@ FORMAT = 1
 MARKER = "COMPLETE"
 _DIR_RE = re.compile(r"^ckpt-(\d{6,})$")
 _TMP_RE = re.compile(r"^\.tmp-ckpt-\d+-(\d+)-")
+# what pruning and replacing leave for a moment (renamed first, then removed: a kill in between leaves these,
+# removed at the next save, never a `ckpt-*` directory missing some of its files)
+_TRASH_RE = re.compile(r"^\.(?:trash|old)-ckpt-\d{6,}-(\d+)$")
+_OURS = {"meta.json", "state", MARKER}  # what a checkpoint directory holds
 # `@`: a temporal split's copy (`sim@1`); `#`: a data-parallel replica's process (`sim#1`, `replicas:`)
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@#-]*$")
 _MEMBER_RE = re.compile(r"^(meta\.json|state/[A-Za-z0-9_][A-Za-z0-9_.@#-]*\.pt)$")  # what a marker may list
@@ -116,7 +121,7 @@ def _digest(iteration: int, files: dict[str, dict[str, Any]]) -> str:
 
 # --- low-level writes (separate functions: the crash tests interrupt them) ----------------------------
 def _write_file(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
+    with open_new(path, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -130,10 +135,24 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _rose_wrote(path: Path) -> bool:
+    """Whether `path` is a checkpoint directory as rose writes them (a real directory holding nothing but
+    `meta.json`, `state/` and the marker, some possibly missing): what it may replace or remove."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode) and set(os.listdir(path)) <= _OURS
+    except OSError:
+        return False
+
+
 def _publish(tmp: Path, final: Path) -> None:
-    """Rename the finished temp dir into place (atomic on one filesystem); an existing one is replaced."""
+    """Rename the finished temp dir into place (atomic on one filesystem); an existing checkpoint of that
+    iteration is replaced; anything else by that name (a user's file or link, a directory of other files)
+    is refused, never moved."""
     old = None
-    if final.exists():
+    if os.path.lexists(final):
+        if not _rose_wrote(final):
+            raise CheckpointError(f"{final}: not a checkpoint rose wrote (a file, a link, or a directory of other "
+                                  "files); rose neither replaces nor moves it: move it out of checkpoints/")
         old = final.with_name(f".old-{final.name}-{os.getpid()}")
         os.rename(final, old)
     os.rename(tmp, final)
@@ -182,9 +201,15 @@ def save_checkpoint(run_dir: str | os.PathLike[str], iteration: int, states: dic
         raise CheckpointError(f"checkpoint meta must be JSON-serialisable: {e}") from None
 
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        real_dir(run_dir)
+    except OutputError as exc:
+        raise CheckpointError(str(exc)) from None
     _remove_stale_temps(run_dir)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-ckpt-{iteration:06d}-{os.getpid()}-", dir=run_dir))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-ckpt-{iteration:06d}-{os.getpid()}-", dir=run_dir))
+    except OSError as exc:
+        raise CheckpointError(_not_written(run_dir, iteration, describe_os_error(run_dir, exc))) from None
     try:
         (tmp / "state").mkdir()
         files: dict[str, dict[str, Any]] = {}
@@ -205,12 +230,24 @@ def save_checkpoint(run_dir: str | os.PathLike[str], iteration: int, states: dic
         _fsync_dir(tmp)
         final = run_dir / f"ckpt-{iteration:06d}"
         _publish(tmp, final)
-    except BaseException:  # not a suppression: remove the partial checkpoint, then re-raise (Ctrl-C included)
+    except BaseException as exc:  # not a suppression: remove the partial checkpoint, then re-raise (Ctrl-C included)
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError | OutputError):  # disk full, read-only...: a checkpoint problem (exit 5)
+            why = describe_os_error(Path(exc.filename or tmp), exc) if isinstance(exc, OSError) else str(exc)
+            raise CheckpointError(_not_written(run_dir, iteration, why)) from None
+        if isinstance(exc, CheckpointError):
+            raise CheckpointError(_not_written(run_dir, iteration, str(exc))) from None
         raise
     if keep_last is not None:
         _prune(run_dir, keep_last, final)
     return final
+
+
+def _not_written(run_dir: Path, iteration: int, why: str) -> str:
+    """Why checkpoint `iteration` was not written, and what is kept instead (nothing partial is left)."""
+    kept = list_complete(run_dir)
+    return (f"checkpoint of iteration {iteration} not written: {why}; " +
+            (f"the last complete checkpoint, {kept[-1]}, is kept" if kept else "no earlier checkpoint to keep"))
 
 
 def write_state_file(path: Path, states: dict[str, Any], component: str) -> dict[str, Any]:
@@ -223,7 +260,11 @@ def write_state_file(path: Path, states: dict[str, Any], component: str) -> dict
     buf = io.BytesIO()
     torch.save(states, buf)
     data = buf.getvalue()
-    _write_file(path, data)
+    try:
+        _write_file(path, data)
+    except (OSError, OutputError) as exc:  # (in the component's process: said with its name, not as a crash)
+        why = describe_os_error(path, exc) if isinstance(exc, OSError) else str(exc)
+        raise CheckpointError(f"state file of component {component}: {why}") from None
     return {"sha256": _sha256(data), "size": len(data)}
 
 
@@ -263,10 +304,11 @@ def save_component_checkpoint(run_dir: str | os.PathLike[str], iteration: int, c
 
 
 def _remove_stale_temps(run_dir: Path) -> None:
-    """Temp dirs of writers that died (their pid is in the name) are garbage."""
+    """Temp dirs of writers that died (their pid is in the name) are garbage, and so are the checkpoints
+    they were pruning or replacing (renamed to `.trash-…`, `.old-…` before being removed)."""
     for p in run_dir.iterdir():
-        m = _TMP_RE.match(p.name)
-        if m and p.is_dir() and not _pid_alive(int(m.group(1))):
+        m = _TMP_RE.match(p.name) or _TRASH_RE.match(p.name)
+        if m and p.is_dir() and not p.is_symlink() and not _pid_alive(int(m.group(1))):
             shutil.rmtree(p, ignore_errors=True)
 
 
@@ -413,9 +455,27 @@ def _prune(run_dir: Path, keep_last: int, final: Path) -> None:
     if not kept:
         return
     oldest_kept = _quick_iteration(kept[0])
+    if oldest_kept is None:
+        return
     for it, path in _complete(run_dir):
-        if oldest_kept is not None and it < oldest_kept and path != final:
-            shutil.rmtree(path, ignore_errors=True)
+        if it < oldest_kept and path != final:
+            _discard(path)
+    for path in run_dir.iterdir():  # a partial checkpoint older than those kept (an older rose's pruning, killed)
+        named = _DIR_RE.match(path.name)
+        if named and int(named.group(1)) < oldest_kept and _quick_iteration(path) is None and _rose_wrote(path):
+            _discard(path)
+
+
+def _discard(path: Path) -> None:
+    """Remove checkpoint directory `path` atomically as far as a reader goes: renamed to a hidden name first
+    (one rename: a kill leaves the whole checkpoint or none of it under its name), then deleted; a kill
+    during the deletion leaves the hidden one, which the next save removes (`_remove_stale_temps`)."""
+    trash = path.with_name(f".trash-{path.name}-{os.getpid()}")
+    try:
+        os.rename(path, trash)
+    except OSError:
+        return  # (gone already, or not ours to move: left as it is)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def latest_complete(run_dir: str | os.PathLike[str], *, verify: bool = False) -> Path | None:
@@ -532,9 +592,20 @@ def export_checkpoint(ckpt: str | os.PathLike[str], export_dir: str | os.PathLik
     manifest last, so a manifest never names a file of another export; files of components the previous
     export had and this one lacks are removed."""
     ckpt, export_dir = Path(ckpt), Path(export_dir)
+    try:
+        return _export(ckpt, export_dir, about)
+    except (OSError, OutputError) as exc:  # disk full, a link...: nothing half-written left, the checkpoint kept
+        for tmp in export_dir.glob(f".*.tmp-{os.getpid()}") if export_dir.is_dir() and not export_dir.is_symlink() else ():
+            tmp.unlink(missing_ok=True)
+        why = describe_os_error(Path(exc.filename or export_dir), exc) if isinstance(exc, OSError) else str(exc)
+        raise CheckpointError(f"export not written: {why}; the checkpoint {ckpt} is kept (loadable the same way: "
+                              "docs/components.md)") from None
+
+
+def _export(ckpt: Path, export_dir: Path, about: dict[str, Any]) -> Path:
     with _opened(ckpt) as fd:
         marker = _read_marker(ckpt, fd)
-    export_dir.mkdir(parents=True, exist_ok=True)
+    real_dir(export_dir)
     previous = exported_files(export_dir)
     components: dict[str, Any] = {}
     for rel, info in sorted(marker["files"].items()):
@@ -542,8 +613,8 @@ def export_checkpoint(ckpt: str | os.PathLike[str], export_dir: str | os.PathLik
             continue
         comp = rel.removeprefix("state/").removesuffix(".pt")
         tmp = export_dir / f".{comp}.pt.tmp-{os.getpid()}"
-        shutil.copyfile(ckpt / rel, tmp, follow_symlinks=False)
-        os.replace(tmp, export_dir / f"{comp}.pt")
+        _copy(ckpt / rel, tmp)
+        os.replace(tmp, export_dir / f"{comp}.pt")  # (a link at the target is replaced, not written through)
         components[comp] = {"file": f"{comp}.pt", "sha256": info["sha256"], "size": info["size"],
                             **(about.get("states", {}).get(comp) or {})}
     manifest = {"format": EXPORT_FORMAT, "iteration": marker["iteration"], "checkpoint": ckpt.name,
@@ -557,6 +628,17 @@ def export_checkpoint(ckpt: str | os.PathLike[str], export_dir: str | os.PathLik
         (export_dir / name).unlink(missing_ok=True)
     _fsync_dir(export_dir)
     return export_dir
+
+
+def _copy(src: Path, tmp: Path) -> None:
+    """Copy `src` to the new file `tmp` (links followed at neither end); removed on any error."""
+    try:
+        tmp.unlink(missing_ok=True)
+        with open(src, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as s, open_new(tmp, "wb", exclusive=True) as d:
+            shutil.copyfileobj(s, d)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def exported_files(export_dir: Path) -> set[str]:

@@ -163,10 +163,9 @@ def write_chrome_trace(path: str | os.PathLike[str], trace: ExecutionTrace | Ite
     """Write ``trace.json`` (temp file + rename, so a viewer never sees half a file)."""
     path = Path(path)
     doc = to_chrome_trace(trace, activity, **kwargs)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(doc, separators=(",", ":")))
-    os.replace(tmp, path)
-    return path
+    from interpreter.safe_io import write_atomic
+
+    return write_atomic(path, json.dumps(doc, separators=(",", ":")))  # (never through a link, no temp left)
 
 
 def read_chrome_trace(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -230,10 +230,14 @@ class LockWaitHelper:
         self._map = mmap.mmap(self._file.fileno(), 8 * _SLOTS)
         self.slots: dict[int, int] = {}
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        # a Ctrl-C is rose's to handle, not the helper's: it had printed a KeyboardInterrupt traceback from here
+        # during `rose optimize` (issue 59). Its own process group keeps the terminal's SIGINT away, and it
+        # ignores one sent to it; it still ends when its stdin closes or this process is gone.
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from interpreter.cpu_activity import _helper_main; _helper_main()",
+            [sys.executable, "-c", "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+             "from interpreter.cpu_activity import _helper_main; _helper_main()",
              str(self.pid), self._file.name, str(period_s), root],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env, process_group=0)
 
     def _send(self, line: str) -> None:
         assert self.proc.stdin is not None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -130,7 +131,7 @@ class LocalBackend(Backend):
 
     def result(self, handle: _Port, timeout: float | None) -> Any:
         try:
-            return handle.future.result(timeout)[handle.index]
+            return _waited(handle.future, timeout)[handle.index]
         except FutureTimeout:
             raise TimeoutError from None
 
@@ -144,7 +145,7 @@ class LocalBackend(Backend):
 
         def answer(timeout: float | None) -> Any:
             try:
-                return future.result(timeout)
+                return _waited(future, timeout)
             except FutureTimeout:
                 raise TimeoutError(f"{method} of {component} did not answer within {timeout} s") from None
             except (CallFailed, TimeoutError):
@@ -163,3 +164,22 @@ class LocalBackend(Backend):
             except Exception as exc:  # noqa: BLE001 - teardown goes on; the failure is said, not raised
                 print(f"warning: closing component '{name}' failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         self._leave_process()
+
+
+WAIT_SLICE_S = 0.2
+
+
+def _waited(future: Future[Any], timeout: float | None) -> Any:
+    """`future.result(timeout)`, waited for in slices of `WAIT_SLICE_S`: a signal that reaches the main thread
+    just before it blocks on the future's lock has its handler run at the end of the slice, not when the
+    call ends (issue 59: a second Ctrl-C was ignored for 39 s, as long as the call in flight took)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise FutureTimeout
+        try:
+            return future.result(WAIT_SLICE_S if left is None else min(WAIT_SLICE_S, left))
+        except FutureTimeout:
+            if future.done():  # (ended just now, or raised its own TimeoutError: its result or exception)
+                return future.result()

@@ -402,24 +402,25 @@ class RayBackend(ActorMoves, Backend):
         except self.ray.exceptions.RayError as exc:
             raise self._failure(exc, "a call") from None
 
-    def _failure(self, exc: BaseException, label: str) -> BaseException:
-        """A Ray error as rose sees it: a timeout, a component's call failure, or a dead process."""
+    def _failure(self, exc: BaseException, label: str, component: str | None = None) -> BaseException:
+        """A Ray error as rose sees it: a timeout, a component's call failure, or a dead process. `component`:
+        the one asked, where a control call knows it (it was shown as `(?)`, issue 59)."""
         errors = self.ray.exceptions
         if isinstance(exc, errors.GetTimeoutError | getattr(errors, "RayChannelTimeoutError", errors.GetTimeoutError)):
             return TimeoutError()
         if isinstance(exc, errors.RayActorError):
-            who = ", ".join(self.dead_components()) or "?"
+            who = ", ".join(self.dead_components()) or component or "?"
             return CallFailed(label, who, f"the process of component {who} died: {_unwrap(exc)}", died=True)
         if isinstance(exc, errors.RayTaskError):
             cause = getattr(exc, "cause", None)
-            return cause if isinstance(cause, CallFailed) else CallFailed(label, "?", _unwrap(exc))
+            return cause if isinstance(cause, CallFailed) else CallFailed(label, component or "?", _unwrap(exc))
         return exc
 
     def control(self, component: str, method: str, *args: Any, timeout: float | None = 600) -> Any:
         try:
             return self.ray.get(getattr(self.actors[component], method).remote(*args), timeout=timeout)
         except self.ray.exceptions.RayError as exc:
-            raise self._failure(exc, f"{method} of {component}") from None
+            raise self._failure(exc, f"{method} of {component}", component) from None
 
     def control_later(self, component: str, method: str, *args: Any) -> Callable[[float | None], Any]:
         """Queued now: an actor runs one caller's tasks in the order they were submitted (max_concurrency 1)."""
@@ -429,7 +430,7 @@ class RayBackend(ActorMoves, Backend):
             try:
                 return self.ray.get(ref, timeout=timeout)
             except self.ray.exceptions.RayError as exc:
-                raise self._failure(exc, f"{method} of {component}") from None
+                raise self._failure(exc, f"{method} of {component}", component) from None
 
         return answer
 

@@ -22,6 +22,7 @@ reader sees true:
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import math
@@ -38,16 +39,19 @@ from typing import Any
 from .checkpoint import exported_files, list_complete
 from .loggers import Trackers
 from .procs import pid_alive
+from .safe_io import LINK_HINT, OutputError, atomic_writer, open_new, real_dir
 
-__all__ = ["OUTPUTS", "LOCK", "RunDirInUse", "RunDirLock", "check_run_dir", "clear_outputs", "rose_outputs",
-           "MetricsLog"]
+__all__ = ["OUTPUTS", "LOCK", "RunDirInUse", "RunDirLock", "check_out_link", "check_run_dir", "clear_outputs",
+           "rose_outputs", "MetricsLog"]
 
 # what rose writes at the top of a run directory (files), and in its own subdirectories (name patterns)
 OUTPUTS = ("metrics.jsonl", "metrics.jsonl.tmp", "trace.json", "trace.jsonl", "nodes.json", "stacks.txt",
-           "recoveries.jsonl", "staleness.json", "staleness.json.tmp")
+           "recoveries.jsonl", "staleness.json", "staleness.json.tmp", "mlflow.db")
+# the temporaries of those (`safe_io.atomic_writer`: `.NAME.tmp-PID`), left only by a process killed mid-write
+OWN_TEMPS = re.compile(r"^\.(metrics\.jsonl|trace\.jsonl|trace\.json|nodes\.json|staleness\.json|stacks\.txt)\.tmp-\d+$")
 OWN_DIRS = {
     "tb": re.compile(r"^events\.out\.tfevents\..+$"),  # SummaryWriter's file names
-    "checkpoints": re.compile(r"^(ckpt-\d{6,}|\.tmp-ckpt-\d+-\d+-.*|\.old-ckpt-\d{6,}-\d+)$"),  # checkpoint.py's
+    "checkpoints": re.compile(r"^(ckpt-\d{6,}|\.tmp-ckpt-\d+-\d+-.*|\.old-ckpt-\d{6,}-\d+|\.trash-ckpt-\d{6,}-\d+)$"),
     "export": re.compile(r"^(manifest\.json|\..+\.tmp-\d+)$"),  # and the files its manifest names
     # the optional trackers (loggers.py): MLflow's file store (experiment ids, its trash) and W&B's offline runs
     "mlruns": re.compile(r"^(\d+|\.trash|models)$"),
@@ -63,10 +67,12 @@ class RunDirInUse(Exception):
 def rose_outputs(out: Path) -> tuple[list[Path], list[Path]]:
     """(what rose wrote in `out`, what else lies inside rose's own subdirectories): the first is what
     `--overwrite` removes, the second what it leaves (a user's `checkpoints/my_model.bin`, `tb/notes`).
-    Links are never rose's (it writes none) and never followed."""
-    if not out.is_dir() or out.is_symlink():
+    Links are never rose's (it writes none) and never followed (`out` itself is checked before:
+    `check_out_link`); a `ckpt-NNNNNN` that is not a directory is a user's file, not a checkpoint."""
+    if not out.is_dir():
         return [], []
     mine = [out / n for n in OUTPUTS if (out / n).is_file() and not (out / n).is_symlink()]
+    mine += [p for p in sorted(out.iterdir()) if OWN_TEMPS.match(p.name) and p.is_file() and not p.is_symlink()]
     theirs: list[Path] = []
     for name, pattern in OWN_DIRS.items():
         sub = out / name
@@ -74,7 +80,8 @@ def rose_outputs(out: Path) -> tuple[list[Path], list[Path]]:
             continue
         exported = exported_files(sub) if name == "export" else set()
         for entry in sorted(sub.iterdir()):
-            ours = (pattern.match(entry.name) or entry.name in exported) and not entry.is_symlink()
+            ours = (pattern.match(entry.name) or entry.name in exported) and not entry.is_symlink() and \
+                (name != "checkpoints" or not entry.name.startswith("ckpt-") or entry.is_dir())
             (mine if ours else theirs).append(entry)
     return mine, theirs
 
@@ -83,13 +90,31 @@ def _summary(out: Path, paths: list[Path]) -> str:
     return ", ".join(sorted({p.relative_to(out).parts[0] for p in paths}))
 
 
+def check_out_link(out: Path, follow_links: bool) -> None:
+    """A `--out` that is a symbolic link is refused unless the user said `--follow-links`: writing through
+    it would replace what lies where it points (another run's outputs)."""
+    if out.is_symlink() and not follow_links:
+        raise RunDirInUse(f"--out {out} is a symbolic link (to {os.readlink(out)}); rose writes through it only "
+                          "when asked: pass --follow-links, or give the directory itself")
+
+
+def _links(out: Path) -> list[str]:
+    """The paths rose writes in `out` that are symbolic links (`safe_io`: never written through)."""
+    return sorted({n for n in (*OUTPUTS, *OWN_DIRS, LOCK) if (out / n).is_symlink()})
+
+
 def check_run_dir(out: Path, *, resume: bool, overwrite: bool) -> None:
     """Refuse a run directory that would mix two runs (before anything starts). Each message names only
-    a way out that works for this directory: --resume only where a checkpoint is."""
+    a way out that works for this directory: --resume only where a checkpoint is. A path rose writes that
+    is a link is refused whatever the options."""
     if resume and overwrite:
         raise RunDirInUse("--resume continues the run in --out and --overwrite replaces it: choose one")
     if out.exists() and not out.is_dir():
         raise RunDirInUse(f"--out {out} is a file, not a directory")
+    links = _links(out) if out.is_dir() else []
+    if links:
+        raise RunDirInUse(f"{out}: {', '.join(links)} {'is a symbolic link' if len(links) == 1 else 'are symbolic links'}; "
+                          f"{LINK_HINT}")
     mine, _ = rose_outputs(out)
     checkpoints = list_complete(out / "checkpoints")
     if resume:
@@ -143,6 +168,8 @@ class RunDirLock:
             self.out.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise RunDirInUse(f"{self.out}: {LOCK} is a symbolic link; {LINK_HINT}") from None
             raise RunDirInUse(f"--out {self.out}: cannot open its lock file {path} ({exc.strerror})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -153,8 +180,8 @@ class RunDirLock:
                               "end, or use another --out") from None
         left = _holder(fd)
         if left:
-            self.note = (f"note: {self.out} was last locked by {_describe(left)}, which ended without releasing it "
-                         "(killed?); taken over")
+            self.note = (f"note: {self.out} was last locked by {_describe(left, held=False)}, which ended without "
+                         "releasing it (killed?); taken over")
         record = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command,
                   "since": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
         os.ftruncate(fd, 0)
@@ -183,12 +210,14 @@ def _holder(fd: int) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
-def _describe(holder: dict[str, Any]) -> str:
+def _describe(holder: dict[str, Any], held: bool = True) -> str:
+    """The recorded holder; `held`: the lock is held now (by it, or by a process it started, which
+    inherited the lock's file descriptor), so a holder found dead is said to have left one running."""
     if not holder:
         return "a process that has not recorded itself yet"
     pid, host = holder.get("pid"), holder.get("host")
     text = f"pid {pid} on host {host}, `{holder.get('command', 'rose')}` since {holder.get('since', '?')}"
-    if host == socket.gethostname() and isinstance(pid, int) and not pid_alive(pid):
+    if held and host == socket.gethostname() and isinstance(pid, int) and not pid_alive(pid):
         text += f"; pid {pid} has ended, and a process it started still holds the lock"
     return text
 
@@ -202,21 +231,21 @@ class MetricsLog:
     earlier segment logged for iterations >= `start` is dropped first (see the module docstring)."""
 
     def __init__(self, out: Path, start: int = 0, tensorboard: bool = True, loggers: tuple[str, ...] = (),
-                 name: str = "rose") -> None:
+                 name: str = "rose", params: dict[str, Any] | None = None) -> None:
         self.out = out
         self.tensorboard = tensorboard
-        self.trackers = Trackers(out, loggers, name)  # MLflow, W&B (`--logger`)
+        self.trackers = Trackers(out, loggers, name, params)  # MLflow, W&B (`--logger`), with the run's params
         self._file: Any = None
         self._tb: Any = None
         self.unavailable: str | None = None  # why TensorBoard is not written, if it is not
-        out.mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)  # (`out` itself may be a link the user allowed: --follow-links)
         self._open(start)
 
     def _open(self, start: int) -> None:
         path = self.out / "metrics.jsonl"
         if start > 0 and path.exists():
             self._cut(path, start)
-        self._file = path.open("a" if start > 0 else "w")
+        self._file = open_new(path, "a" if start > 0 else "w")
         self.trackers.open(start)
         if self.tensorboard:
             try:
@@ -225,7 +254,7 @@ class MetricsLog:
                 self.tensorboard, self.unavailable = False, f"TensorBoard output off ({exc})"
                 return
             # purge_step: TensorBoard drops every event at a step >= start from the earlier files
-            self._tb = SummaryWriter(str(self.out / "tb"), purge_step=start if start > 0 else None)
+            self._tb = SummaryWriter(str(real_dir(self.out / "tb")), purge_step=start if start > 0 else None)
 
     @staticmethod
     def _cut(path: Path, start: int) -> None:
@@ -237,9 +266,8 @@ class MetricsLog:
                     kept.append(line)
             except (ValueError, KeyError, TypeError):
                 continue
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(f"{line}\n" for line in kept))
-        os.replace(tmp, path)
+        with atomic_writer(path) as f:
+            f.write("".join(f"{line}\n" for line in kept))
 
     def rewind(self, start: int) -> None:
         """The run continues from iteration `start` again (a restart from a checkpoint)."""
@@ -247,8 +275,12 @@ class MetricsLog:
         self._open(start)
 
     def log(self, iteration: int, metrics: dict[str, float]) -> None:
-        self._file.write(json.dumps({"iteration": iteration, **{k: _json_value(v) for k, v in metrics.items()}}) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps({"iteration": iteration, **{k: _json_value(v) for k, v in metrics.items()}})
+                             + "\n")
+            self._file.flush()
+        except OSError as exc:  # (disk full: exit 5, naming the file)
+            raise OutputError(f"{self.out / 'metrics.jsonl'}: {exc.strerror or exc}") from None
         self.trackers.log(iteration, metrics)
         if self._tb is not None:
             for name, value in metrics.items():

@@ -33,6 +33,7 @@ from .checkpoint import (
 )
 from .metric_merge import _name_base, merge_metrics
 from .rundir import MetricsLog, check_run_dir
+from .safe_io import open_new, write_atomic
 from .schedule import ReplicaSet, Schedule, replicated
 from .trace import ExecutionTrace, InvocationRecord
 from .worker import CallFailed, component_of
@@ -53,6 +54,7 @@ class RunConfig:
     max_restarts: int = 2  # a component process that dies is restarted this often, then the run stops
     allow_param_change: tuple[str, ...] = ()  # params a resume may change (`--allow-param-change`)
     export: bool = True  # at the end, the final state into `export/` (loadable without rose)
+    trace: bool = True  # at the end, trace.json and trace.jsonl (`--trace off`: not; nodes.json is written)
 
 
 class ParamsChanged(Exception):
@@ -296,7 +298,7 @@ class Runner:
     def _open_outputs(self, start: int) -> None:
         if self.config.out_dir is not None and self.outputs is None:
             self.outputs = MetricsLog(self.config.out_dir, start, self.config.tensorboard, self.config.loggers,
-                                      self.wf.name)
+                                      self.wf.name, recorded_params(self.wf))
 
     @property
     def workflow_sha256(self) -> str:
@@ -434,7 +436,7 @@ class Runner:
         exc.stacks = stacks
         if self.config.out_dir is not None and stacks:
             text = "\n".join(f"== {comp}\n{stack}" for comp, stack in stacks.items())
-            (self.config.out_dir / "stacks.txt").write_text(text)
+            write_atomic(self.config.out_dir / "stacks.txt", text)
         return exc
 
     def _collect_records(self, failed: bool = False, popped: Mapping[str, Callable[..., Any]] | None = None) -> None:
@@ -557,7 +559,7 @@ class Runner:
                     "rejected": [f"{r.path.name}: {r.reason}" for r in rejected]}
         self.recoveries.append(recovery)
         if self.config.out_dir is not None:  # the run directory keeps a record of every recovery
-            with (self.config.out_dir / "recoveries.jsonl").open("a") as f:
+            with open_new(self.config.out_dir / "recoveries.jsonl", "a") as f:
                 f.write(json.dumps(recovery) + "\n")
         if self.on_recovery is not None:
             self.on_recovery(recovery)
@@ -593,9 +595,12 @@ class Runner:
         if self.config.out_dir is not None and len(self.trace):
             from .chrome_trace import write_chrome_trace
 
+            # the small summary first: a full disk then costs the trace only (safe_io: an OutputError, exit 5)
+            write_atomic(self.config.out_dir / "nodes.json", json.dumps(self.node_summary(), indent=1) + "\n")
+            if not self.config.trace:
+                return
             self.trace.dump_jsonl(self.config.out_dir / "trace.jsonl")
             activity = self.sampler.samples_by_gpu() if self.sampler is not None else None
             write_chrome_trace(self.config.out_dir / "trace.json", self.trace, activity,
                                metadata={"processes": self.processes}, identity=call_identity(self.wf))
-            (self.config.out_dir / "nodes.json").write_text(json.dumps(self.node_summary(), indent=1) + "\n")
 

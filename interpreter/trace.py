@@ -267,16 +267,16 @@ class ExecutionTrace:
 
     # --- files -----------------------------------------------------------------------------------
     def dump_jsonl(self, path: str | os.PathLike[str]) -> Path:
-        """Write a header line then one record per line; written to a temp file and renamed."""
+        """Write a header line then one record per line; written to a temp file and renamed (`safe_io`)."""
+        from .safe_io import atomic_writer
+
         path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         header = {"rose_trace": TRACE_FORMAT_VERSION, "clock": getattr(self.clock, "__name__", "?"),
                   "meta": self.meta}
-        with open(tmp, "w", encoding="utf-8") as f:
+        with atomic_writer(path) as f:  # (never through a link; no temporary left on an error)
             f.write(json.dumps(header) + "\n")
             for r in self.records():
                 f.write(json.dumps(r.to_json(), separators=(",", ":")) + "\n")
-        os.replace(tmp, path)
         return path
 
     @classmethod

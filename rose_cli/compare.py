@@ -428,7 +428,23 @@ def plan_rows(entries: list[Entry], results: list[list[IterationRun]], failures:
             "frac_below_50": statistics.mean(low) if low else None,
             "failed": failures.get(i),
         })
+    for row in rows[1:]:
+        row["verdict"] = verdict(rows[0], row)
     return rows
+
+
+def verdict(reference: dict[str, Any], row: dict[str, Any]) -> dict[str, Any] | None:
+    """Faster, slower or undecided than the declared workflow, with the interval of the speed-up: the
+    optimizer's own rule (`rose_dsl.optimizer.stats`): a signed-rank test on the rounds' pairs (each round
+    measures every row once, interleaved), or a rank-sum test where the rows' counts differ. None for a
+    failed row or one with no measurement."""
+    from rose_dsl.optimizer.stats import decide, decide_unpaired
+
+    ref, cand = reference["seconds"], row["seconds"]
+    if row["failed"] or reference["failed"] or not ref or not cand or min(ref + cand) <= 0:
+        return None
+    v = decide(ref, cand, more=False) if len(ref) == len(cand) else decide_unpaired(ref, cand)
+    return {**v.to_json(), "text": v.describe()}
 
 
 def _print_table(rows: list[dict[str, Any]], total: float, books: Any) -> None:
@@ -447,7 +463,13 @@ def _print_table(rows: list[dict[str, Any]], total: float, books: Any) -> None:
                       f"{r['speedup']:.2f}x" if r["speedup"] else "-",
                       *[f"{r['throughput'][k]:.1f}" if k in r["throughput"] else "-" for k in rates],
                       f"{r['sm_activity']:.0%}" if r["sm_activity"] is not None else "-", *stale)
-    out.print(table)
+    # piped (a log, `| tee`): the table at its own width, not cut to 80 columns ("decl…", "medi…")
+    wide = out if out.is_terminal else type(out)(file=out.file, width=max(out.width, 1000), highlight=False,
+                                                  soft_wrap=True)
+    wide.print(table)
+    for r in rows[1:]:
+        if r.get("verdict"):
+            out.print(f"{r['label']} vs {rows[0]['label']}: {r['verdict']['text']}", markup=False)
     for r in (r for r in rows if r["window"]["measured"] > 1):
         w = r["window"]
         out.print(f"{r['label']}: an asynchronous plan, measured over windows of {w['measured']} consecutive "
@@ -475,8 +497,10 @@ def write_run_dir(path: Path, plan: Workflow, runs: list[IterationRun]) -> None:
     """A run directory as `rose execute --out` writes it, for these iterations: `metrics.jsonl` (one line
     per iteration: its index, `iteration_s`, its metrics) and a Chrome trace (`trace.json`: a complete
     event per call, category = process, `args.loops` = loop indices; the SM-activity counter)."""
-    path.mkdir(parents=True, exist_ok=True)
-    with (path / "metrics.jsonl").open("w") as f:
+    from interpreter.safe_io import atomic_writer, real_dir, write_atomic
+
+    real_dir(path)  # (never through a link: interpreter/safe_io.py)
+    with atomic_writer(path / "metrics.jsonl") as f:
         for r in runs:
             f.write(json.dumps({"iteration": r.iteration, "iteration_s": r.seconds, **r.metrics}) + "\n")
     pids: dict[str, int] = {}
@@ -491,4 +515,4 @@ def write_run_dir(path: Path, plan: Workflow, runs: list[IterationRun]) -> None:
             events.append({"name": "SM activity", "ph": "C", "pid": 0, "ts": a / 1e3, "args": {"sm_activity": v * 100}})
     meta = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": comp}} for comp, pid in pids.items()]
     meta.append({"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "GPU"}})
-    (path / "trace.json").write_text(json.dumps({"traceEvents": meta + events, "displayTimeUnit": "ms"}))
+    write_atomic(path / "trace.json", json.dumps({"traceEvents": meta + events, "displayTimeUnit": "ms"}))

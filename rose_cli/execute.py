@@ -26,6 +26,11 @@ from rose_dsl.trust import TrustPolicy, check_trust
 __all__ = ["execute", "register", "positive_seconds", "BackendName"]
 
 
+class TraceSwitch(StrEnum):
+    ON = "on"
+    OFF = "off"
+
+
 class BackendName(StrEnum):
     AUTO = "auto"
     LOCAL = "local"
@@ -82,6 +87,11 @@ def execute(
         help="with --resume: params that may differ from the run's (refused otherwise)")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace what rose wrote in --out (a user's own files "
                                                                 "there stay)")] = False,
+    follow_links: Annotated[bool, typer.Option("--follow-links", help="--out may be a symbolic link: write where it "
+                                                                      "points (refused otherwise)")] = False,
+    trace: Annotated[TraceSwitch, typer.Option("--trace", help="with --out: write the call trace (trace.json for "
+                                                               "Perfetto, trace.jsonl; ~75 KB per PPO iteration), "
+                                                               "or not")] = TraceSwitch.ON,
     export: Annotated[bool, typer.Option("--export/--no-export", help="with --out: copy the final state to export/ "
                                                                       "(loadable without rose)")] = True,
     address: Annotated[str | None, typer.Option("--address", help="join this Ray cluster instead of starting one")] = None,
@@ -134,7 +144,7 @@ def execute(
                           resume=resume, overwrite=overwrite, address=address, call_timeout=call_timeout,
                           allowed=policy.modules, mps=mps, quiet=quiet, compiled=compiled,
                           check_quotas=quota_check, allow_param_change=allowed_changes, export=export,
-                          loggers=loggers)
+                          loggers=loggers, follow_links=follow_links, trace=trace is TraceSwitch.ON)
     raise typer.Exit(execute_workflow(wf, opts, out, err))
 
 

@@ -12,18 +12,20 @@ user owns the copies: editing them is the way to start a project of one's own.
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from rose_dsl.cli import ExitCode, err, out
 from rose_dsl.errors import did_you_mean
 
-__all__ = ["init", "register", "STARTER", "DEFAULT_WORKFLOW", "starter_workflows", "files_for"]
+__all__ = ["init", "register", "STARTER", "DEFAULT_WORKFLOW", "starter_workflows", "files_for", "describe"]
 
 DEFAULT_WORKFLOW = "embodied_ppo"  # the README's first run: Reacher learns in a few minutes on two cores
 WORKFLOW_FILE = "workflow.yaml"
@@ -38,6 +40,29 @@ def starter_workflows() -> dict[str, Traversable]:
     """The shipped workflows by name (file stem)."""
     return {f.name.removesuffix(".yaml"): f for f in _starter().joinpath("workflows").iterdir()
             if f.name.endswith(".yaml")}
+
+
+def describe(text: str, width: int = 100) -> str:
+    """A workflow's one-line description: its `description:` field, else the first sentence of its opening
+    comment, cut to `width` characters."""
+    field = re.search(r"^description:\s*(.+)$", text, re.MULTILINE)
+    if field:
+        line = field.group(1).strip().strip("\"'")
+    else:
+        comment = []
+        for raw in text.splitlines():
+            if not raw.startswith("#"):
+                break
+            comment.append(raw.lstrip("#").strip())
+        words = " ".join(c for c in comment if c) + " "
+        depth, end = 0, len(words)
+        for i, ch in enumerate(words[:-1]):  # the first sentence: up to a '.' or ':' outside parentheses
+            depth += (ch == "(") - (ch == ")")
+            if ch in ".:" and depth <= 0 and words[i + 1] == " ":
+                end = i
+                break
+        line = words[:end].strip()
+    return line if len(line) <= width else line[: width - 1].rstrip() + "…"
 
 
 def files_for(workflow_text: str) -> dict[str, Traversable]:
@@ -62,8 +87,8 @@ def files_for(workflow_text: str) -> dict[str, Traversable]:
 
 
 def init(
-    directory: Annotated[Path, typer.Argument(help="where to write the workflow and its components (made if "
-                                                   "missing)", file_okay=False, show_default=False)],
+    directory: Annotated[Path | None, typer.Argument(help="where to write the workflow and its components (made if "
+                                                          "missing)", file_okay=False, show_default=False)] = None,
     workflow: Annotated[str, typer.Option("--workflow", "-w", help="which shipped workflow (see --list)")]
         = DEFAULT_WORKFLOW,
     list_: Annotated[bool, typer.Option("--list", help="list the shipped workflows and exit")] = False,
@@ -73,8 +98,14 @@ def init(
     """Write a starter workflow (DIR/workflow.yaml) and the example components it imports (DIR/examples/)."""
     shipped = starter_workflows()
     if list_:
-        out.print("\n".join(sorted(shipped)), markup=False)
+        width = max(map(len, shipped))
+        out.print("\n".join(f"{name:<{width}}  {describe(shipped[name].read_text())}" for name in sorted(shipped)),
+                  markup=False)
         return
+    if directory is None:
+        err.print("error: missing DIR: `rose init DIR [--workflow NAME]` writes into DIR (`rose init --list` names "
+                  "the workflows)", markup=False)
+        raise typer.Exit(ExitCode.INVALID)
     source = shipped.get(workflow.removesuffix(".yaml"))
     if source is None:
         hint = did_you_mean(workflow, shipped) or f"the shipped workflows: {', '.join(sorted(shipped))}"
@@ -92,15 +123,29 @@ def init(
         for rel, f in wanted.items():
             target = directory / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            with f.open("rb") as src, open(target, "wb") as dst:
+            if target.parent.is_symlink():
+                raise OSError(0, f"{target.parent} is a symbolic link; rose init writes nothing through a link")
+            with f.open("rb") as src, _open_new(target) as dst:
                 shutil.copyfileobj(src, dst)
     except OSError as exc:
         err.print(f"error: cannot write into {directory}: {exc.strerror or exc}", markup=False)
         raise typer.Exit(ExitCode.INVALID) from None
     out.print(f"wrote {directory / WORKFLOW_FILE} (the shipped '{workflow.removesuffix('.yaml')}') and "
               f"{len(wanted) - 1} component files under {directory / 'examples'}", markup=False)
-    out.print(f"next: cd {directory} && rose validate --import {WORKFLOW_FILE} && rose execute {WORKFLOW_FILE}",
-              markup=False)
+    out.print(f"next: cd {directory} && rose validate --import {WORKFLOW_FILE} && rose execute {WORKFLOW_FILE} "
+              "--out runs/first  (--out keeps the checkpoints, metrics and the trained state)", markup=False)
+
+
+def _open_new(target: Path) -> Any:
+    """`target` for writing, replacing a file but never writing through a link (`--overwrite` of a DIR
+    whose workflow.yaml links elsewhere wrote into the file it pointed at, issue 59)."""
+    if target.is_symlink():
+        raise OSError(0, f"{target} is a symbolic link; rose init writes nothing through a link: remove it first")
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise OSError(exc.errno, f"{target}: {exc.strerror}") from None
+    return os.fdopen(fd, "wb")
 
 
 def register(app: typer.Typer) -> None:

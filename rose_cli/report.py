@@ -195,9 +195,9 @@ def staleness(out: Console, out_dir: Path | None, results: list[IterationResult]
                                      "samples": sum(h.values())} for src, h in sorted(hist.items())}
         if proof:
             doc["proof"] = proof
-        tmp = out_dir / "staleness.json.tmp"
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        tmp.replace(out_dir / "staleness.json")
+        from interpreter.safe_io import write_atomic
+
+        write_atomic(out_dir / "staleness.json", json.dumps(doc, indent=1) + "\n")
     for src, h in sorted(hist.items()):
         total = sum(h.values()) or 1.0
         parts = ", ".join(f"lag {k}: {v:.0f} ({v / total:.0%})" for k, v in sorted(h.items()))

@@ -35,8 +35,9 @@ from rich.console import Console
 from interpreter.backends import Backend, CallFailed, WatchdogTimeout, make_backend
 from interpreter.checkpoint import CheckpointError
 from interpreter.components import ComponentError, StartProblems
-from interpreter.rundir import RunDirInUse, RunDirLock, check_run_dir, clear_outputs
+from interpreter.rundir import RunDirInUse, RunDirLock, check_out_link, check_run_dir, clear_outputs
 from interpreter.runner import IterationResult, ParamsChanged, Resumed, RunConfig, Runner
+from interpreter.safe_io import OutputError
 from interpreter.schedule import Schedule, check_replica_edges
 from interpreter.shared_process import SharedProcessError
 from interpreter.until_loops import ConditionError
@@ -68,6 +69,8 @@ class ExecuteOptions:
     loggers: tuple[str, ...] = ("tensorboard",)  # where metrics go besides metrics.jsonl (interpreter/loggers.py)
     allow_param_change: tuple[str, ...] = ()  # params `--resume` may change (`--allow-param-change`)
     export: bool = True  # the final state into `--out`'s export/ (loadable without rose)
+    follow_links: bool = False  # `--follow-links`: a `--out` that is a symbolic link is written through
+    trace: bool = True  # `--trace on|off`: trace.json / trace.jsonl in `--out`
 
 
 class SetupError(Exception):
@@ -138,6 +141,7 @@ def _prepare_run_dir(wf: Workflow, opts: ExecuteOptions, teardown: ExitStack | N
     note = (lambda text: err.print(text, markup=False)) if err is not None else (lambda text: None)
     if opts.resume and opts.overwrite:  # (refused before the lock would create the directory)
         check_run_dir(opts.out_dir, resume=True, overwrite=True)
+    check_out_link(opts.out_dir, opts.follow_links)
     if opts.out_dir.exists() and not opts.out_dir.is_dir():
         raise RunDirInUse(f"--out {opts.out_dir} is a file, not a directory")
     if teardown is not None:
@@ -343,6 +347,13 @@ def _report_checkpoint(exc: BaseException, ctx: RunContext) -> None:
     ctx.err.print(f"error: checkpoint: {exc}", markup=False)
 
 
+def _report_output(exc: BaseException, ctx: RunContext) -> None:
+    """A file of the run directory that could not be written (disk full, read-only, a link): what was kept."""
+    ctx.err.print(f"error: writing the run directory: {exc}", markup=False)
+    if ctx.opts.out_dir is not None:
+        ctx.err.print(kept_line(ctx.opts.out_dir), markup=False)
+
+
 def _report_interrupt(exc: BaseException, ctx: RunContext) -> None:
     """Stopped at once (a second signal, or one before `StopOnSignal` was installed): the iteration in
     progress is lost; what is kept is the last checkpoint, said by name."""
@@ -390,27 +401,41 @@ class SignalInterrupt(KeyboardInterrupt):
 
 class StopOnSignal:
     """The first SIGINT or SIGTERM asks the run to stop after the iteration in progress (`Runner.run`'s
-    `stop`), which then writes a checkpoint of it and the export; a second one, a second or more later,
-    stops at once (`SignalInterrupt`: the iteration in progress is lost, the last checkpoint stays).
-    Calling the object gives the signal's number, or None. The note is written with `os.write`: a handler
+    `stop`), which then writes a checkpoint of it and the export; a second one stops at once
+    (`SignalInterrupt`: the iteration in progress is lost, the last checkpoint stays); later ones are said
+    and ignored, so that the teardown the second one started (components, Ray, the MPS daemon) ends
+    rather than being cut short and leaving processes behind. A repeat within `SAME_S` of the first is
+    taken as the same request (`timeout` signals the command, then its group: one request twice), and
+    said, so that a quick double Ctrl-C is never silently dropped (issue 59: one was ignored for 39 s).
+    Calling the object gives the signal's number, or None. Notes are written with `os.write`: a handler
     may run inside a print, and Python's buffered streams refuse being re-entered."""
+
+    SAME_S = 0.25
+    clock = staticmethod(time.monotonic)  # (the tests' fake clock replaces it)
 
     def __init__(self) -> None:
         self.signum: int | None = None
         self._first = 0.0
+        self._stopping = False  # the second signal came: stopping at once
         self._previous: dict[int, Any] = {}
 
     def __call__(self) -> int | None:
         return self.signum
 
     def _handle(self, signum: int, frame: Any) -> None:
-        now = time.monotonic()
-        if self.signum is not None:
-            if now - self._first > 1.0:  # (`timeout` signals the command, then its group: one request twice)
-                raise SignalInterrupt(signum)
+        name = signal.Signals(signum).name
+        if self._stopping:
+            os.write(2, f"\n{name}: already stopping at once (ending the components)\n".encode())
             return
-        self.signum, self._first = signum, now
-        os.write(2, f"\n{signal.Signals(signum).name}: ending the iteration in progress, then writing a checkpoint "
+        if self.signum is not None:
+            if self.clock() - self._first < self.SAME_S:
+                os.write(2, f"\n{name} again at once: taken as the same request; send it again to stop at once\n"
+                         .encode())
+                return
+            self._stopping = True
+            raise SignalInterrupt(signum)
+        self.signum, self._first = signum, self.clock()
+        os.write(2, f"\n{name}: ending the iteration in progress, then writing a checkpoint "
                     "and stopping (send it again to stop at once)\n".encode())
 
     def install(self) -> StopOnSignal:
@@ -443,6 +468,7 @@ FAILURES: tuple[Failure, ...] = (
     (ComponentError, ExitCode.COMPONENT, _report_component),
     (WatchdogTimeout, ExitCode.WATCHDOG, _report_watchdog),
     (CheckpointError, ExitCode.CHECKPOINT, _report_checkpoint),
+    (OutputError, ExitCode.CHECKPOINT, _report_output),
     (KeyboardInterrupt, ExitCode.INTERRUPTED, _report_interrupt),
 )
 
@@ -497,6 +523,9 @@ def _run(wf: Workflow, opts: ExecuteOptions, teardown: ExitStack, ctx: RunContex
     started = time.perf_counter()
     stop = teardown.enter_context(StopOnSignal())
     schedule = prepare(wf, opts, teardown, ctx.err)
+    if opts.out_dir is None:  # (said now, not first at a Ctrl-C that finds nothing to keep)
+        ctx.err.print("note: no --out: nothing of this run is kept (no checkpoint, metrics or export); add --out DIR "
+                      "to keep them", markup=False)
     gpu = teardown.enter_context(gpu_session(wf, opts, ctx.err))
     ctx.phase = "starting components"
     be = ctx.backend = build_backend(wf, schedule, opts, gpu, ctx.err)
@@ -509,7 +538,7 @@ def _run(wf: Workflow, opts: ExecuteOptions, teardown: ExitStack, ctx: RunContex
     config = RunConfig(iterations=n, out_dir=opts.out_dir, checkpoint_every=opts.checkpoint_every,
                        resume=opts.resume, call_timeout_s=opts.call_timeout,
                        allow_param_change=opts.allow_param_change, export=opts.export,
-                       tensorboard="tensorboard" in opts.loggers, loggers=opts.loggers)
+                       tensorboard="tensorboard" in opts.loggers, loggers=opts.loggers, trace=opts.trace)
     report.checkpoint_drains(ctx.err, schedule.depth, opts.checkpoint_every)
     progress, task, on_iteration = iteration_progress(out, wf.name, n, opts.quiet)
 

@@ -252,8 +252,15 @@ def _count(ctx: _Ctx, path: Path_, raw: Any) -> int | None:
 
 def _static_int(ctx: _Ctx, path: Path_, raw: Any, minimum: int, maximum: int | None = None) -> int | None:
     """`replicas:` / `gpu:` / `mps_quota:` / `mps_priority:` / a state object's `max_staleness:`: an integer or static
-    integer arithmetic over ${params} (`"${replicas}"`); literal integers were range-checked by the schema."""
-    if raw is None or isinstance(raw, int):
+    integer arithmetic over ${params} (`"${replicas}"`); literal integers were range-checked by the schema
+    against their own bounds, and are held to a count's here as one through a param is (a literal
+    `max_staleness: 1000000000` passed where `"${stale}"` of the same value was refused, issue 59)."""
+    if raw is None or isinstance(raw, bool):
+        return raw
+    if isinstance(raw, int):
+        if raw > MAX_COUNT:
+            ctx.error(path, f"count {raw} is larger than {MAX_COUNT}")
+            return None
         return raw
     value = _count(ctx, path, raw)
     if value is not None and (value < minimum or (maximum is not None and value > maximum)):
@@ -278,6 +285,8 @@ def _component(ctx: _Ctx, name: str, raw: Mapping[str, Any]) -> Component:
     fpos = {k: ctx.doc.pos(path + (k,)) for k in ("impl", "venv") if k in raw}
     fpos.update({f"env.{k}": ctx.doc.key_pos(path + ("env", k)) for k in env})
     fpos.update({f"python_path[{i}]": ctx.doc.pos(path + ("python_path", i)) for i in range(len(raw.get("python_path", ())))})
+    if isinstance(raw.get("args"), dict):  # (a refused code reference is said at its value)
+        fpos.update({f"args.{k}": ctx.doc.pos(path + ("args", k)) for k in raw["args"]})
     return Component(
         name=name, impl=raw["impl"], args=substitute(raw.get("args") or {}, path + ("args",), ctx),
         device=raw.get("device", "cpu"), state=tuple(state), gpu=_static_int(ctx, path + ("gpu",), raw.get("gpu"), 0),

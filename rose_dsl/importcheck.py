@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import Diagnostic, SourcePos, did_you_mean
-from .ir import ExecutionNode, Workflow
+from .ir import ExecutionNode, LoopNode, Workflow
 from .metric_rules import RULES
 from .transforms.seeds import is_seed
 from .trust import DEFAULT_ALLOWED, DENIED_MODULES, TrustPolicy, check_trust, module_allowed
@@ -358,6 +358,7 @@ def import_problems(wf: Workflow, policy: TrustPolicy) -> list[Diagnostic]:
     for item in wf.items():
         if isinstance(item, ExecutionNode) and not is_seed(item):  # a split's seeding: answered by rose itself
             calls.setdefault(item.component, {}).setdefault(item.method, []).append(item)
+    per_row = _per_row_loops(wf)
     out: list[Diagnostic] = []
     for c in wf.components.values():  # one child per component: each with its own environment
         methods = calls.get(c.name, {})
@@ -371,6 +372,7 @@ def import_problems(wf: Workflow, policy: TrustPolicy) -> list[Diagnostic]:
             message, hint = result["impl"]
             out.append(Diagnostic(c.field_pos.get("impl", c.pos), f"components.{c.name}.impl", message, hint))
         out += _port_problems(c.impl, methods, result.get("signatures") or {})
+        out += _rows_problems(c.impl, per_row, methods, result.get("signatures") or {})
         for name, (message, hint) in (result.get("state") or {}).items():
             if not name:  # it could not be constructed here: on the CPU, a GPU component may not be
                 if c.device == "cpu":
@@ -402,6 +404,40 @@ def _plain(value: object) -> bool:
     if isinstance(value, list):
         return all(_plain(v) for v in value)
     return isinstance(value, str | int | float | bool | type(None))
+
+
+def _per_row_loops(wf: Workflow) -> dict[int, str]:
+    """id(node) -> the loop's name, for every node of a loop that ends per row (`until:` over batch rows)."""
+    from .resolve import Resolver
+    from .until import whole_reason
+
+    loops = [i for i in wf.items() if isinstance(i, LoopNode) and i.dynamic]
+    if not loops:
+        return {}
+    resolver = Resolver(wf)
+    return {id(item): loop.name for loop in loops if whole_reason(resolver, loop) is None
+            for item in loop.body if isinstance(item, ExecutionNode)}
+
+
+def _rows_problems(impl: str, per_row: Mapping[int, str], methods: Mapping[str, list[ExecutionNode]],
+                   signatures: Mapping[str, dict | None]) -> list[Diagnostic]:
+    """Each stateful call in a loop that ends per row whose method takes no `rows=`: from the first trip on
+    which a row is done it gets only the rows not done, and its state cannot tell which (it stopped the run
+    at that trip, exit 3, after `validate --import` had passed it, issue 59)."""
+    out = []
+    for method, nodes in methods.items():
+        sig = signatures.get(method)
+        if sig is None or sig["any"] or "rows" in sig["names"]:
+            continue
+        for node in nodes:
+            if id(node) in per_row and node.effects:
+                out.append(Diagnostic(node.field_pos.get("call", node.pos), ".".join(node.path) + ".call",
+                                      f"{node.call} runs in loop '{per_row[id(node)]}', which ends per row (on the rows "
+                                      f"not yet done), and declares state ({', '.join(e.state for e in node.effects)}), "
+                                      f"but {impl}.{method}() takes no `rows=` argument",
+                                      "a stateful method in such a loop must take `rows` (the indices of the rows it "
+                                      "computes; docs/components.md)"))
+    return out
 
 
 def _port_problems(impl: str, methods: Mapping[str, list[ExecutionNode]],

@@ -8,6 +8,11 @@ person running rose allowed on the command line.**
 
 * `impl` -- the module imported: a prefix in `--allow-module` (default `examples.`), never a module
   on the deny list (`os`, `subprocess`, `pickle`...); the *resolved* class is checked again at import.
+* `args` -- a string anywhere in a component's arguments that has the form of a code reference,
+  `package.module:callable` (`verifier: "examples.llm.arithmetic:check_answer"`), names code the
+  component will import and call: it passes the same allow-list as `impl` (issue 59: `verifier: "this:s"`
+  imported an arbitrary module in every reward worker). A string that merely looks like one
+  (`mode: "train:fast"`) is refused the same way; `--allow-module` lets it through.
 * `env` -- variables that make a process load or run code (the dynamic loader's `LD_*`, Python's
   `PYTHON*`, `PATH`, shell start-up files, CUDA/NVTX injection, GL/Vulkan/OpenCL driver loaders, NCCL
   plugins, compiler caches and toolchains, Ray hooks) only with `--allow-env NAME`; other variables
@@ -24,7 +29,8 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +38,7 @@ from .errors import Diagnostic, SourcePos
 from .ir import Component, Workflow
 
 __all__ = ["DENIED_MODULES", "DEFAULT_ALLOWED", "ENV_DENIED", "TrustPolicy", "module_allowed", "env_refused",
-           "path_refused", "check_trust"]
+           "path_refused", "check_trust", "CODE_REF", "code_refs"]
 
 DENIED_MODULES = ("os", "sys", "subprocess", "builtins", "importlib", "ctypes", "pickle", "shutil", "socket",
                   "multiprocessing", "runpy", "code", "marshal", "shelve")
@@ -121,6 +127,25 @@ def path_refused(entry: str, policy: TrustPolicy) -> str | None:
             f"{resolved if Path(entry).is_absolute() else entry}")
 
 
+# `package.module:attr.attr` -- the form `impl:` has, and how components name a callable in their args
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+CODE_REF = re.compile(rf"^\s*({_IDENT}(?:\.{_IDENT})*)\s*:\s*{_IDENT}(?:\.{_IDENT})*\s*$")
+
+
+def code_refs(value: object, path: str = "") -> Iterator[tuple[str, str]]:
+    """(where, module) of every string in `value` (args: dicts, lists, scalars) that names code."""
+    if isinstance(value, str):
+        m = CODE_REF.match(value)
+        if m:
+            yield path, m.group(1)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from code_refs(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            yield from code_refs(v, f"{path}[{i}]")
+
+
 def check_trust(wf: Workflow, policy: TrustPolicy) -> list[Diagnostic]:
     """Every field of every component that chooses code outside the policy, positioned at its value."""
     out: list[Diagnostic] = []
@@ -133,6 +158,12 @@ def check_trust(wf: Workflow, policy: TrustPolicy) -> list[Diagnostic]:
         reason = module_allowed(c.impl.partition(":")[0], policy.modules)
         if reason:
             out.append(Diagnostic(at("impl"), f"{where}.impl", reason))
+        for arg, module in code_refs(c.args):  # an argument that names a callable the component will import
+            reason = module_allowed(module, policy.modules)
+            if reason:
+                key = arg.split(".")[0].split("[")[0]
+                out.append(Diagnostic(at(f"args.{key}"), f"{where}.args.{arg}",
+                                      f"names code to import and call; {reason}"))
         for name in c.env:
             reason = env_refused(name, policy.env)
             if reason:

@@ -35,3 +35,35 @@ class Holds:
     def set_state(self, name: str, value: Any) -> None:
         self.total = value["total"].clone()
         self.calls = value["calls"]
+
+
+
+class KickDriver:
+    """Adds each call's input to a running total (state `acc`); at call `at` it sends `times` SIGINTs to the
+    process `target` (rose's, from a Ray worker), `gap` seconds apart: the signal pass on Ray."""
+
+    def __init__(self, at: int = 0, times: int = 0, target: int = 0, gap: float = 1.5) -> None:
+        self.at, self.times, self.target, self.gap, self.calls = at, times, target, gap, 0
+        self.total = torch.zeros(1)
+
+    def work(self, x: Any = 0) -> dict[str, Any]:
+        import os
+        import signal
+
+        self.calls += 1
+        if self.calls == self.at and self.target:
+            for i in range(self.times):
+                if i:
+                    time.sleep(self.gap)
+                try:
+                    os.kill(self.target, signal.SIGINT)
+                except ProcessLookupError:
+                    break
+        self.total = self.total + torch.as_tensor(x, dtype=torch.float32)
+        return {"y": self.total.clone()}
+
+    def get_state(self, name: str) -> Any:
+        return {"total": self.total.clone(), "calls": self.calls}
+
+    def set_state(self, name: str, value: Any) -> None:
+        self.total, self.calls = value["total"].clone(), value["calls"]

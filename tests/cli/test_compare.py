@@ -285,3 +285,32 @@ def test_an_asynchronous_plan_is_measured_over_a_pipelined_window(tmp_path: Path
         overlaps = [k for k in ks if ("generate", k + 1) in calls
                     and calls[("generate", k + 1)]["ts"] < calls[("update", k)]["ts"] + calls[("update", k)]["dur"]]
         assert len(overlaps) >= 2, (rnd, overlaps)
+
+
+def _row(label: str, seconds: list[float], failed: str | None = None) -> dict:
+    return {"label": label, "seconds": seconds, "median_s": sorted(seconds)[len(seconds) // 2] if seconds else None,
+            "spread": 0.1, "speedup": None, "throughput": {"env_steps_per_s": 1234.5}, "sm_activity": None,
+            "staleness": {}, "window": {"fill": 0, "measured": 1, "tail": 0}, "failed": failed}
+
+
+def test_compare_says_faster_slower_or_undecided_with_an_interval_and_keeps_its_table_whole_when_piped(capsys) -> None:
+    """It printed ratios with no verdict or interval, and piped it cut its table to 80 columns ("decl…",
+    "medi…", "gene…") -- in every device log too (issue 59)."""
+    from types import SimpleNamespace
+
+    from rose_cli.compare import _print_table, verdict
+
+    declared = _row("declared", [1.00, 1.02, 0.99, 1.01, 1.03])
+    rows = [declared, _row("a-plan-with-a-rather-long-descriptive-label", [0.50, 0.52, 0.49, 0.51, 0.50]),
+            _row("noisy", [1.2, 0.8, 1.1, 0.9, 1.0]), _row("failed", [], "it failed")]
+    for row in rows[1:]:
+        row["verdict"] = verdict(declared, row)
+        row["speedup"] = 1.0
+    assert rows[1]["verdict"]["outcome"] == "faster" and rows[1]["verdict"]["low"] < 0.5 < rows[1]["verdict"]["high"]
+    assert rows[2]["verdict"]["outcome"] == "undecided" and rows[3]["verdict"] is None
+    assert verdict(declared, _row("slow", [2.0, 2.1, 1.9, 2.0, 2.2]))["outcome"] == "slower"
+    _print_table(rows, 1.0, SimpleNamespace(complete_iterations=12))
+    text = capsys.readouterr().out
+    assert "…" not in text and "a-plan-with-a-rather-long-descriptive-label" in text and "env_steps_per_s" in text
+    assert "a-plan-with-a-rather-long-descriptive-label vs declared: faster: 2.00x (interval" in text
+    assert "noisy vs declared: undecided:" in text and "failed vs declared" not in text

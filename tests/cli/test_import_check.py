@@ -8,7 +8,7 @@ import os
 import stat
 import sys
 
-from .clirun import plain_failure, rose
+from .clirun import ROOT, plain_failure, rose
 
 TWO = """rose: 1
 name: two
@@ -234,3 +234,29 @@ def test_an_unknown_rule_a_declaration_that_is_no_dict_and_no_pop_metrics_each_e
         text = plain_failure(proc)
         assert f"{wf}:4:14: {path}: " in text and what in text and fix in text, (cls, text)
         assert "Traceback" not in text
+
+
+def test_a_stateful_method_without_rows_in_a_loop_that_ends_per_row_is_found() -> None:
+    """It passed `validate --import` and stopped the run at the trip where the first row was done (exit 3,
+    issue 59): from then on the call gets only the rows not done, and `rows=` is how it learns which. Checked
+    on the signatures the import child reports (`import_problems` adds these problems to its own; no child
+    process here: one costs seconds of torch import)."""
+    from rose_dsl import load_workflow_text
+    from rose_dsl.importcheck import _per_row_loops, _rows_problems
+    from rose_dsl.ir import ExecutionNode
+
+    wf = load_workflow_text((ROOT / "tests" / "dsl" / "fixtures" / "until_decode.yaml").read_text(), "w.yaml")
+    methods: dict[str, list] = {}
+    for item in wf.items():
+        if isinstance(item, ExecutionNode) and item.component == "lm":
+            methods.setdefault(item.method, []).append(item)
+    per_row = _per_row_loops(wf)
+    without = {m: {"names": ["tok", "t", "it"] if m == "step" else ["it", "logp", "reward", "eos"], "required": [],
+                   "any": False} for m in methods}
+    problems = _rows_problems("x:NoRowsLM", per_row, methods, without)
+    assert [(d.path, d.pos.line) for d in problems] == [("iteration.decode.gen.call", 18)], problems
+    assert "runs in loop 'decode', which ends per row" in problems[0].message
+    assert "declares state (lm.weights)" in problems[0].message and "takes no `rows=` argument" in problems[0].message
+    with_rows = {**without, "step": {"names": ["tok", "t", "it", "rows"], "required": [], "any": False}}
+    assert _rows_problems("x:ToyLM", per_row, methods, with_rows) == []  # the shipped one takes rows=
+    assert _rows_problems("x:K", per_row, methods, {**without, "step": {"names": [], "required": [], "any": True}}) == []

@@ -38,9 +38,29 @@ def test_init_writes_the_workflow_and_the_subpackages_it_imports(tmp_path: Path)
 def test_init_names_the_shipped_workflows() -> None:
     r = CliRunner().invoke(app, ["init", "x", "--workflow", "latency_chian"])
     assert r.exit_code == 2 and "no such shipped workflow (did you mean 'latency_chain'" in r.output, r.output
-    r = CliRunner().invoke(app, ["init", "x", "--list"])
-    assert r.exit_code == 0 and set(r.output.split()) == {p.stem for p in (ROOT / "workflows").glob("*.yaml")}
+    r = CliRunner().invoke(app, ["init", "--list"])  # (no DIR needed: the README shows it so, issue 59)
+    assert r.exit_code == 0, r.output
+    lines = dict(line.split(maxsplit=1) for line in r.output.splitlines())  # one line each: name, description
+    assert set(lines) == {p.stem for p in (ROOT / "workflows").glob("*.yaml")}
+    assert lines["embodied_ppo"] == "Embodied PPO, as declared"  # its opening comment's first sentence
     assert set(starter_workflows()) == {p.stem for p in (ROOT / "workflows").glob("*.yaml")}
+    r = CliRunner().invoke(app, ["init"])
+    assert r.exit_code == 2 and "missing DIR" in r.output and "Traceback" not in r.output
+
+
+def test_init_hints_at_out_and_never_writes_through_a_link(tmp_path: Path) -> None:
+    """The hint had no --out (a Ctrl-C then kept nothing); --overwrite wrote through a linked workflow.yaml
+    into the file it pointed at (issue 59)."""
+    proj = tmp_path / "proj"
+    r = CliRunner().invoke(app, ["init", str(proj), "--workflow", "latency_chain"])
+    assert r.exit_code == 0 and "rose execute workflow.yaml --out runs/first" in r.output, r.output
+    victim = tmp_path / "mine.yaml"
+    victim.write_text("mine")
+    (proj / "workflow.yaml").unlink()
+    (proj / "workflow.yaml").symlink_to(victim)
+    r = CliRunner().invoke(app, ["init", str(proj), "--workflow", "latency_chain", "--overwrite"])
+    assert r.exit_code == 2 and "workflow.yaml is a symbolic link" in r.output, r.output
+    assert victim.read_text() == "mine"
 
 
 def _installed(tmp_path: Path) -> dict[str, str]:

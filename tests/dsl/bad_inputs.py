@@ -42,6 +42,12 @@ CASES: list[tuple[str, str, str]] = [
      "wf.yaml:5:56: components.a.state.s.max_staleness: must be at least 0; found -1"),
     ("budget_empty", MINI.replace("state: [s]", 'state: {s: {max_staleness: ""}}'),
      "wf.yaml:5:57: components.a.state.s.max_staleness: '' should be non-empty"),
+    # a literal and the same value through a param: the same limit and message (the literal passed, issue 59)
+    ("budget_huge", MINI.replace("state: [s]", "state: {s: {max_staleness: 1000000000}}"),
+     "wf.yaml:5:56: components.a.state.s.max_staleness: count 1000000000 is larger than 10000000"),
+    ("budget_huge_param", MINI.replace("state: [s]", 'state: {s: {max_staleness: "${big}"}}').replace(
+        "params: {n: 2}", "params: {n: 2, big: 1000000000}"),
+     "wf.yaml:5:57: components.a.state.s.max_staleness: count 1000000000 is larger than 10000000"),
     # a bad key of a mapping of names: at the key, saying what a name is (it was at the mapping's first key)
     ("component_name_space", MINI.replace("  a: {impl", '  "a b": {impl'),
      "wf.yaml:5:3: components.a b: 'a b' is not a valid name (letters, digits and '_', not starting with a digit)"),

@@ -3,6 +3,8 @@ idle told apart, on a fake /proc and a fake clock; one real check with threads t
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -258,6 +260,8 @@ def test_the_helper_process_counts_a_gil_wait_and_not_a_wait_for_work(tmp_path) 
         while not gil() and time.monotonic() < deadline and helper.proc.poll() is None:
             time.sleep(0.05)
         assert gil() > 0 and work() == 0
+        assert os.getpgid(helper.proc.pid) != os.getpgid(0)  # a terminal's Ctrl-C does not reach it...
+        helper.proc.send_signal(signal.SIGINT)  # ...and one sent to it is ignored (issue 59: a traceback)
     finally:
         helper.close()
     assert helper.proc.returncode == 0  # it ended when its stdin closed

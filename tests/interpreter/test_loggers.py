@@ -30,6 +30,11 @@ class FakeMlflow:
             def __init__(self, key: str, value: float, timestamp: int, step: int) -> None:
                 self.key, self.value, self.timestamp, self.step = key, value, timestamp, step
 
+        class Param:
+            def __init__(self, key: str, value: str) -> None:
+                assert isinstance(value, str)  # (MLflow's params are strings)
+                self.key, self.value = key, value
+
         class MlflowClient:
             def __init__(self, tracking_uri: str) -> None:
                 fake.calls.append(("client", tracking_uri))
@@ -48,8 +53,11 @@ class FakeMlflow:
                 fake.calls.append(("create_run", (experiment_id, run_name, dict(tags))))
                 return types.SimpleNamespace(info=types.SimpleNamespace(run_id=run_id))
 
-            def log_batch(self, run_id: str, metrics: list[Any]) -> None:
-                fake.calls.append(("log_batch", (run_id, {m.key: (m.value, m.step) for m in metrics})))
+            def log_batch(self, run_id: str, metrics: list[Any] = (), params: list[Any] = ()) -> None:
+                if metrics:
+                    fake.calls.append(("log_batch", (run_id, {m.key: (m.value, m.step) for m in metrics})))
+                if params:
+                    fake.calls.append(("log_params", (run_id, {p.key: p.value for p in params})))
 
             def set_terminated(self, run_id: str) -> None:
                 fake.calls.append(("set_terminated", run_id))
@@ -58,6 +66,7 @@ class FakeMlflow:
                         "mlflow.entities": types.ModuleType("mlflow.entities")}
         self.modules["mlflow.tracking"].MlflowClient = MlflowClient  # type: ignore[attr-defined]
         self.modules["mlflow.entities"].Metric = Metric  # type: ignore[attr-defined]
+        self.modules["mlflow.entities"].Param = Param  # type: ignore[attr-defined]
 
     def named(self, name: str) -> list[Any]:
         return [arg for kind, arg in self.calls if kind == name]
@@ -109,17 +118,30 @@ def fake_wandb(monkeypatch: pytest.MonkeyPatch) -> FakeWandb:
 
 def test_the_option_names_known_loggers_only() -> None:
     assert parse_loggers("tensorboard, MLflow,wandb,mlflow") == ("tensorboard", "mlflow", "wandb")
-    assert parse_loggers("none") == () and parse_loggers("") == ()
+    assert parse_loggers("none") == () and parse_loggers(" NONE ") == ()
     with pytest.raises(ValueError, match="unknown logger.*comet.*choose from tensorboard, mlflow, wandb"):
         parse_loggers("mlflow,comet")
+    # `none,mlflow` said "unknown logger(s) none", `""` silently meant none (issue 59)
+    with pytest.raises(ValueError, match="none means no logger besides metrics.jsonl, so it goes alone: --logger "
+                                         "none, or --logger mlflow"):
+        parse_loggers("none,mlflow")
+    for empty in ("", " , "):
+        with pytest.raises(ValueError, match="names no logger: say --logger none"):
+            parse_loggers(empty)
 
 
 def test_mlflow_gets_one_step_per_iteration_in_a_local_store(tmp_path: Path, fake_mlflow: FakeMlflow) -> None:
-    log = MetricsLog(tmp_path, 0, tensorboard=False, loggers=("mlflow",), name="ppo")
+    """In a SQLite store (MLflow 3 refuses to open its file store without MLFLOW_ALLOW_FILE_STORE), with the
+    workflow's params as the run's MLflow params (there were none: runs could not be compared by their
+    settings, issue 59)."""
+    log = MetricsLog(tmp_path, 0, tensorboard=False, loggers=("mlflow",), name="ppo",
+                     params={"lr": 0.0003, "num_envs": 64, "algo": "ppo", "sizes": [64, 64]})
     log.log(0, {"iteration_s": 0.5, "sim/reward": -3.0, "sim/episode_return": math.nan})
     log.log(1, {"iteration_s": 0.4, "sim/reward": -2.0})
     log.close()
-    assert fake_mlflow.named("client") == [(tmp_path / "mlruns").resolve().as_uri()]
+    assert fake_mlflow.named("client") == [f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}"]
+    assert fake_mlflow.named("log_params") == [
+        ("r0", {"algo": "ppo", "lr": "0.0003", "num_envs": "64", "sizes": "[64, 64]"})]
     assert fake_mlflow.named("create_experiment") == ["ppo"]
     assert fake_mlflow.named("create_run") == [("e0", "ppo from iteration 0", {"rose.start_iteration": "0"})]
     assert fake_mlflow.named("log_batch") == [  # (a NaN is left out: no episode ended)
@@ -204,22 +226,24 @@ def test_a_logger_that_cannot_run_is_exit_2_before_anything_starts(tmp_path: Pat
     assert not (tmp_path / "run").exists()
 
 
-def test_the_real_mlflow_file_store_holds_the_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_real_mlflow_sqlite_store_holds_the_steps_and_params(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("mlflow", reason="MLflow is optional (pip install 'rose[mlflow]'); its calls are checked "
                                          "against a fake above")
+    pytest.importorskip("sqlalchemy", reason="MLflow's SQLite store needs SQLAlchemy (pip install 'rose[mlflow]')")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)  # (not needed: no file store)
     from mlflow.tracking import MlflowClient
 
-    log = MetricsLog(tmp_path, 0, tensorboard=False, loggers=("mlflow",), name="ppo")
+    log = MetricsLog(tmp_path, 0, tensorboard=False, loggers=("mlflow",), name="ppo", params={"lr": 0.001, "n": 4})
     for k in range(3):
         log.log(k, {"sim/reward": float(k)})
     log.close()
-    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").resolve().as_uri())
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")  # what `mlflow ui` opens
     (run,) = client.search_runs([client.get_experiment_by_name("ppo").experiment_id])
     history = client.get_metric_history(run.info.run_id, "sim/reward")
     assert [(m.step, m.value) for m in history] == [(0, 0.0), (1, 1.0), (2, 2.0)]
-    assert run.info.status == "FINISHED"
+    assert run.info.status == "FINISHED" and run.data.params == {"lr": "0.001", "n": "4"}
+    assert not (tmp_path / "mlruns").exists()
 
 
 def test_the_real_wandb_writes_an_offline_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -189,3 +189,40 @@ def test_what_one_shared_process_cannot_honour_is_refused_on_the_local_backend(t
     proc = _rose("execute", str(wf), "--allow-path", ".", "-n", "1", cwd=tmp_path)
     assert proc.returncode == 2 and "provides json (already imported from" in proc.stderr
     assert not report.exists()
+
+
+# --- arguments that name code (issue 59) ------------------------------------------------------------------
+CODE_ARG = """rose: 1
+name: v
+components:
+  r: {impl: "examples.llm.reward:RewardPool", args: {verifier: VERIFIER, workers: 1}}
+iteration:
+  count: 1
+  body:
+    - {node: w, call: r.score, in: {x: iteration.i}, out: [y]}
+"""
+
+
+@pytest.mark.parametrize("verifier", ['"this:s"', '"os:system"', '["examples.llm.arithmetic:check_answer", "this:s"]'])
+def test_an_argument_naming_code_passes_the_same_allow_list_as_impl(tmp_path, verifier) -> None:
+    """`verifier: "this:s"` passed `validate --import`, then `execute` imported `this` in two reward workers
+    (the Zen of Python printed twice): any installed callable ran without --allow-module."""
+    from typer.testing import CliRunner
+
+    from rose_cli.main import app
+    from rose_dsl import load_workflow_text
+    from rose_dsl.trust import TrustPolicy, check_trust
+
+    wf = tmp_path / "v.yaml"
+    wf.write_text(CODE_ARG.replace("VERIFIER", verifier))
+    for command in (["validate", "--import", str(wf)], ["execute", str(wf), "-n", "1"]):
+        r = CliRunner().invoke(app, command)
+        assert r.exit_code == 2, r.output
+        assert "components.r.args.verifier" in r.output and "names code to import and call" in r.output
+        assert "Traceback" not in r.output
+    module = verifier.split('"')[-2].split(":")[0]
+    assert ("deny list" if module == "os" else f"--allow-module {module}") in r.output
+    loaded = load_workflow_text(wf.read_text(), str(wf))
+    assert check_trust(loaded, TrustPolicy.from_options(["this"])) == [] or module == "os"
+    ok = load_workflow_text(CODE_ARG.replace("VERIFIER", '"examples.llm.arithmetic:check_answer"'), "ok.yaml")
+    assert check_trust(ok, TrustPolicy.from_options()) == []  # the default prefix allows the shipped verifier
