@@ -63,11 +63,10 @@ SETS=(${SETS:-})   # extra --set NAME=VALUE pairs for the workflow
 # what the MJX simulator's process needs allowed (its import path, JAX's cache): paper_workloads.py's trust
 TRUST=(--allow-env JAX_COMPILATION_CACHE_DIR --allow-path /tmp/mjxenv --allow-path .mjxenv)
 export PYTHONUNBUFFERED=1 RAY_DEDUP_LOGS=0
-if [ -d .raybundle ] && [ "$DEVICE" != cpu ] && [ "$MODE" != check ]; then  # (the bundle: Python 3.12, Ray)
-  mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site || exit 1
-  export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
+if [ "$DEVICE" != cpu ] && [ "$MODE" != check ]; then
+  . benchmarks/device_env.sh || exit 1
 else
-  export PYTHONPATH=$PWD:${PYTHONPATH:-}
+  . benchmarks/device_env.sh none
 fi
 if [ "$MODE" != check ] && [ "$DEVICE" != cpu ]; then  # (DEVICE=cpu: MJX from .mjxenv, the workflow's header says how)
   bash benchmarks/mjx_env.sh > "$OUT/mjx_env.log" 2>&1 || { cat "$OUT/mjx_env.log"; exit 1; }
