@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python3 benchma
 
 import torch
 
-from benchmarks.common import machine, versions
+from benchmarks.lib.common import machine, versions
 from interpreter.backends import LocalBackend
 from interpreter.runner import RunConfig, Runner
 from interpreter.schedule import Schedule
