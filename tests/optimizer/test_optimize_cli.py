@@ -286,13 +286,21 @@ def test_a_pipelined_decode_loop_trains_bit_identically_through_the_optimizer(tm
     (["optimize", "workflows/latency_sim_processes.yaml", "-o", "{tmp}/p.yaml", "--layout", "sim_replicas=2",
       "--stage1", "workflows/latency_sim_processes.yaml"], "do not go together"),
 ])
-def test_bad_input_gets_one_clear_message(tmp_path: Path, args: list[str], message: str) -> None:
+def test_bad_input_gets_one_clear_message(tmp_path: Path, args: list[str], message: str, monkeypatch) -> None:
+    """In-process (`rose`'s own app under typer's runner): a `python -m rose_cli` per case cost its start-up
+    and imports, twelve times; that the command line's process exits 2 with no traceback is
+    tests/cli/test_conventions.py's, and `test_what_it_would_overwrite_...` below runs the real process."""
+    from typer.testing import CliRunner
+
+    from rose_cli.main import app
+
     if "need a GPU" in message and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    r = rose(*[a.replace("{tmp}", str(tmp_path)) for a in args])
-    assert r.returncode == 2, (r.stdout, r.stderr)
-    assert message in r.stderr
-    assert "Traceback" not in r.stderr
+    monkeypatch.chdir(ROOT)  # the cases name workflows/... as a user in the checkout would
+    r = CliRunner().invoke(app, [a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert r.exit_code == 2, (r.output, r.exception)
+    assert message in " ".join(r.stderr.split()), r.stderr  # (rich wraps long lines at the runner's width)
+    assert "Traceback" not in r.stderr and (r.exception is None or isinstance(r.exception, SystemExit))
     assert not (tmp_path / "p.yaml").exists()
 
 
