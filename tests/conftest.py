@@ -27,6 +27,12 @@ from hypothesis import HealthCheck, settings
 
 from tests.shared_ray import RAY_ARGS
 
+# One intra-op thread per process: the suite runs on two workers on two cores, and every process it starts
+# (a benchmark's smoke run, `rose` in a subprocess) would otherwise take a torch thread per core for models
+# of a few thousand parameters -- the workload_shapes smoke took 70 s instead of 27 s on the loaded machine.
+# (LocalBackend already sets one thread in its process; Ray's workers get one.) A value set outside wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("default", max_examples=200, **_COMMON)
 settings.register_profile("long", max_examples=3000, **_COMMON)
