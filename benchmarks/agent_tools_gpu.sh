@@ -33,13 +33,8 @@ else
   WF=${WF:-workflows/llm_agent_tools_gpu.yaml}
   BACKEND=${BACKEND:-ray}
 fi
-export PYTHONUNBUFFERED=1 RAY_DEDUP_LOGS=0
-if [ -d .raybundle ] && [ "$DEVICE" = cuda ]; then  # the bundle is Python 3.12 (the GPU machine)
-  mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site || exit 1
-  export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
-else
-  export PYTHONPATH=$PWD:${PYTHONPATH:-}
-fi
+export RAY_DEDUP_LOGS=0
+if [ "$DEVICE" = cuda ]; then . benchmarks/device_env.sh need || exit 1; else . benchmarks/device_env.sh none; fi
 [ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 set -o pipefail
 # the number of prompts (row groups of the per-sample configuration): the --set's, else the workflow's

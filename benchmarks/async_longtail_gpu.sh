@@ -53,12 +53,7 @@ COMPARE_PLANS=${COMPARE_PLANS:-best_sync,best_async}
 LOW=${LOW:-learner}
 SETS=(${SETS:-})   # extra --set NAME=VALUE pairs for the workflow, e.g. SETS="--set prompts=64"
 export PYTHONUNBUFFERED=1 RAY_DEDUP_LOGS=0
-if [ -d .raybundle ] && [ "$DEVICE" = cuda ]; then  # the bundle is Python 3.12 (the GPU machine)
-  mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site || exit 1
-  export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
-else
-  export PYTHONPATH=$PWD:${PYTHONPATH:-}
-fi
+if [ "$DEVICE" = cuda ]; then . benchmarks/device_env.sh || exit 1; else . benchmarks/device_env.sh none; fi
 [ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 set -o pipefail
 # the workflow's `stale` param is its generator's budget (max_staleness, default 0): every run here sets it

@@ -30,7 +30,7 @@
 # best_async_quota90_low,best_async_quota95_low (the ninth session's rows: 1.59x and 1.61x declared on an H100).
 # An H200 computes bf16 products wrongly at 20-40% and 60-88%, an H100 at 20-40% and at 80% at least: `rose
 # compare` screens each level first and refuses an unsafe one. A priority orders waiting kernels but preempts
-# none; a quota bounds the SMs the trainer's kernels can hold (docs/results.md, the asynchronous MJX section).
+# none; a quota bounds the SMs the trainer's kernels can hold (docs/results.md, "Asynchronous plans on the GPU").
 # MODE=curves: benchmarks/async_plans.py --rounds 0 --wall-s WALL_S (see benchmarks/async_longtail_gpu.sh):
 # each plan in CURVE_PLANS (default declared,best_async) trains from scratch and stops after the first
 # iteration that ends past WALL_S s of its own wall clock; async_plans.json is rewritten after every
@@ -63,11 +63,10 @@ SETS=(${SETS:-})   # extra --set NAME=VALUE pairs for the workflow
 # what the MJX simulator's process needs allowed (its import path, JAX's cache): paper_workloads.py's trust
 TRUST=(--allow-env JAX_COMPILATION_CACHE_DIR --allow-path /tmp/mjxenv --allow-path .mjxenv)
 export PYTHONUNBUFFERED=1 RAY_DEDUP_LOGS=0
-if [ -d .raybundle ] && [ "$DEVICE" != cpu ] && [ "$MODE" != check ]; then  # (the bundle: Python 3.12, Ray)
-  mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site || exit 1
-  export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
+if [ "$DEVICE" != cpu ] && [ "$MODE" != check ]; then
+  . benchmarks/device_env.sh || exit 1
 else
-  export PYTHONPATH=$PWD:${PYTHONPATH:-}
+  . benchmarks/device_env.sh none
 fi
 if [ "$MODE" != check ] && [ "$DEVICE" != cpu ]; then  # (DEVICE=cpu: MJX from .mjxenv, the workflow's header says how)
   bash benchmarks/mjx_env.sh > "$OUT/mjx_env.log" 2>&1 || { cat "$OUT/mjx_env.log"; exit 1; }

@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rich.console import Console
 
-from benchmarks.common import machine, versions
+from benchmarks.lib.common import machine, versions
 from interpreter.backends import Backend
 from interpreter.optimize.executor import Executor
 from interpreter.runner import RunConfig, Runner

@@ -2,7 +2,7 @@
 
 On the GPU the MJX workload's asynchronous plan (`defer sync 1`, samples two updates old) collapsed to a
 saturated return at the workflow's learning rate, where the synchronous plan only dipped
-(docs/results.md, the asynchronous MJX section). This reproduces the regime on the CPU Reacher workflow
+(docs/results.md, "Asynchronous plans on the GPU"). This reproduces the regime on the CPU Reacher workflow
 (`workflows/embodied_ppo.yaml`): for each learning rate, the declared (synchronous) workflow and its
 asynchronous plan (`max_staleness: 1` on the policy's rollout weights, the sync deferred by one RL
 iteration) train from the same seed, and the JSON records the episode return of every iteration, PPO's
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python3 benchma
 
 import torch
 
-from benchmarks.common import machine, versions
+from benchmarks.lib.common import machine, versions
 from interpreter.backends import LocalBackend
 from interpreter.runner import RunConfig, Runner
 from interpreter.schedule import Schedule

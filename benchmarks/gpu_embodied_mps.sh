@@ -4,9 +4,9 @@
 # durations and SM activity (GPM, polled every >=100 ms) in nodes.json, the trace in trace.json.
 # Needs .raybundle and .whlcpu (mujoco 3.3.0, gymnasium) carried.
 set -u
-mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site
+. benchmarks/device_env.sh need || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/cpusite .whlcpu/*.whl || exit 1
-export PYTHONPATH=/tmp/cpusite:/tmp/site:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/cpusite:$PYTHONPATH
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 N=${N:-5}
 for q in ${QUOTAS:-"100/100 50/50 75/25"}; do

@@ -5,9 +5,9 @@
 # --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whlcpu
 # mujoco==3.3.0 gymnasium==1.4.0 farama-notifications glfw pyopengl).
 set -u
-mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site
+. benchmarks/device_env.sh need || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/cpusite .whlcpu/*.whl || exit 1
-export PYTHONPATH=/tmp/cpusite:/tmp/site:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/cpusite:$PYTHONPATH
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m rose_cli rewrite workflows/embodied_ppo_gpu.yaml --do "expand act" -o /tmp/ppo_gpu_phases.yaml --overwrite > /dev/null
 N=${N:-5}

@@ -7,8 +7,7 @@
 #   driver-kill the driver SIGKILLed mid-run -> no Ray/MPS/GPU process left behind
 # Writes $OUT/gpu_faults.tgz: <case>/ with stdout+stderr, exit code, wall time, recoveries.jsonl, metrics.jsonl.
 set -u
-mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site
-export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+. benchmarks/device_env.sh need || exit 1
 OUT=${OUT:-/tmp/out}; R=/tmp/gpu_faults; mkdir -p "$R" "$OUT"
 run_case() {  # name, extra args...
   local name=$1; shift

@@ -4,7 +4,7 @@
 # `rose execute --backend ray`, and the dispatch benchmark. Results land in $OUT (fetched into
 # benchmarks/results/ by the caller).
 set -u
-mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site && export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
+. benchmarks/device_env.sh need || exit 1
 export PYTHONUNBUFFERED=1 RAY_DEDUP_LOGS=0
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -c "import ray, lark, jsonschema, typer, rich, yaml, torch; print('ray', ray.__version__, 'torch', torch.__version__)"

@@ -5,9 +5,9 @@
 # disaggregated (one replica, the policy on GPU 0 and the trainer on GPU 1). N iterations each; metrics,
 # nodes and traces in $OUT/scaling.tgz. Needs .raybundle and .whlcpu carried.
 set -u
-mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site
+. benchmarks/device_env.sh need || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/cpusite .whlcpu/*.whl || exit 1
-export PYTHONPATH=/tmp/cpusite:/tmp/site:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+export PYTHONPATH=/tmp/cpusite:$PYTHONPATH NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 N=${N:-3}
 nvidia-smi --query-gpu=index,name --format=csv,noheader

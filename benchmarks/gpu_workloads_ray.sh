@@ -3,7 +3,7 @@
 # (declared, and with the policy's phases exposed), and the LLM GRPO GPU variant, all through
 # `rose execute --backend ray` under MPS. Results in $OUT.
 set -u
-mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site && export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
+. benchmarks/device_env.sh need || exit 1
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 echo "== gpm check (no MPS)"; timeout 60 python3 benchmarks/gpm_check.py "$OUT/gpm_check.json" 2>&1 | tail -3

@@ -36,7 +36,7 @@ import time
 from contextlib import contextmanager
 from typing import Any
 
-from benchmarks.common import machine, versions
+from benchmarks.lib.common import machine, versions
 
 MJX_ARGS = {"obs_dim": 10, "act_dim": 2, "chunk": 8, "hidden": 1024, "denoise_steps": 10, "layers": 24, "heads": 16,
             "expert_layers": 4, "obs_tokens": 256}

@@ -24,7 +24,7 @@ import statistics
 import time
 from typing import Any
 
-from benchmarks.common import machine, versions
+from benchmarks.lib.common import machine, versions
 
 
 def _worker(replica: int, replicas: int, envs: int, args: dict[str, Any], barrier: Any, queue: Any) -> None:

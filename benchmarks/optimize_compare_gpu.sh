@@ -31,7 +31,7 @@ export EXTRA=${EXTRA:---no-quota}
 if [ -n "${PLAN:-}" ]; then  # the optimize ran in an earlier call: its archive's plan and report, carried
   REPORT=${REPORT:-$(dirname "$PLAN")/report/report.json}
   if [ -d .raybundle ] && [ "${SMOKE:-0}" != "1" ]; then
-    mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site
+    . benchmarks/device_env.sh need || exit 1
     if grep -q "mjx" "$WORKFLOW"; then bash benchmarks/mjx_env.sh > /dev/null 2>&1 || exit 1; fi
   fi
 else
@@ -41,7 +41,7 @@ else
 fi
 [ "${COMPARE:-1}" = "1" ] || exit 0
 [ -f "$PLAN" ] || { echo "no plan written" >&2; exit 1; }
-if [ "${SMOKE:-0}" != "1" ] && [ -d /tmp/site ]; then export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}; fi
+if [ "${SMOKE:-0}" != "1" ]; then . benchmarks/device_env.sh || exit 1; fi  # optimize_gpu.sh unpacked it in its own shell
 TRUST=()
 if grep -q "mjx" "$WORKFLOW"; then
   TRUST=(--allow-env JAX_COMPILATION_CACHE_DIR --allow-path /tmp/mjxenv --allow-path .mjxenv)

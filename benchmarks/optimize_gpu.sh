@@ -25,12 +25,7 @@ WORK_ROOT=${WORK_ROOT:-/tmp/rose-optimize-work}
 WORK=$WORK_ROOT/optimize
 rm -rf "$WORK"  # this script's own output (rose optimize refuses to write over an earlier one)
 mkdir -p "$WORK" "$OUT"
-if [ -f .raybundle/ray-site.tar.xz ] && [ "${SMOKE:-0}" != "1" ]; then  # the bundle is Python 3.12's (the GPU machine)
-  mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site
-  export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
-else
-  export PYTHONPATH=$PWD:${PYTHONPATH:-}
-fi
+if [ "${SMOKE:-0}" != "1" ]; then . benchmarks/device_env.sh || exit 1; else . benchmarks/device_env.sh none; fi
 if [ "${SMOKE:-0}" = "1" ]; then
   WORKFLOW=${WORKFLOW:-workflows/latency_interaction.yaml}
   SETS=${SETS:---set iterations=200}

@@ -42,9 +42,9 @@ if str(ROOT) not in sys.path:
 
 import yaml  # noqa: E402
 
-from benchmarks.common import machine, summary, versions  # noqa: E402
-from benchmarks.paper_profile import critical_path, load_run, run_figures  # noqa: E402
-from benchmarks.paper_workloads import OPTIMIZER_ROWS, WORKLOADS, Config, Workload  # noqa: E402
+from benchmarks.lib.common import machine, summary, versions  # noqa: E402
+from benchmarks.lib.paper_profile import critical_path, load_run, run_figures  # noqa: E402
+from benchmarks.lib.paper_workloads import OPTIMIZER_ROWS, WORKLOADS, Config, Workload  # noqa: E402
 
 TARGETS = {"loop_share_min": 0.60, "halving_max": 0.65, "sm_activity_max": 0.50}
 

@@ -33,8 +33,7 @@ if [ "$WORKLOAD" = metaworld ] && [ -d .whlmw ]; then   # the set-up call (its w
   for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
   [ "${SETUP_ONLY:-0}" = 1 ] && { echo "Meta-World installed in /tmp/mwsite"; exit 0; }
 fi
-mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site || exit 1
-export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
+. benchmarks/device_env.sh need || exit 1
 case "$WORKLOAD" in
   mjx) bash benchmarks/mjx_env.sh || exit 1 ;;
   metaworld)

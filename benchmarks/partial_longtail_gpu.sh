@@ -23,11 +23,10 @@ LIMIT_P=${LIMIT_P:-400}; LIMIT_S=${LIMIT_S:-110}
 SETS=(${SETS:-})
 export PYTHONUNBUFFERED=1 RAY_DEDUP_LOGS=0
 if [ -d .raybundle ] && [ "${DEVICE:-cuda}" = cuda ]; then
-  mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site || exit 1
-  export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
+  . benchmarks/device_env.sh need || exit 1
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 else
-  export PYTHONPATH=$PWD:${PYTHONPATH:-}
+  . benchmarks/device_env.sh none
 fi
 set -o pipefail
 P=$OUT/partial.yaml

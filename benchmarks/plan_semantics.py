@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import machine, versions  # noqa: E402
+from benchmarks.lib.common import machine, versions  # noqa: E402
 
 
 def _rose(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:

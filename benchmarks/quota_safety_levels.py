@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import machine, versions  # noqa: E402
+from benchmarks.lib.common import machine, versions  # noqa: E402
 from interpreter.mps import MpsDaemon  # noqa: E402
 from interpreter.quota_safety import check_quotas, machine_fingerprint  # noqa: E402
 

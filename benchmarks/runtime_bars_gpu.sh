@@ -16,8 +16,7 @@
 # the project's 3.3.0 -- a timing benchmark, not a bit-for-bit run).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-mkdir -p /tmp/site && tar -xJf .raybundle/ray-site.tar.xz -C /tmp/site || exit 1
-export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+. benchmarks/device_env.sh need || exit 1
 code=0
 for part in ${PARTS:-dispatch quota overhead}; do
   start=$(date +%s)

@@ -17,7 +17,7 @@ import statistics
 import time
 from typing import Any
 
-from benchmarks.common import machine, versions
+from benchmarks.lib.common import machine, versions
 
 
 class BigState:

@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import machine, summary, versions  # noqa: E402
+from benchmarks.lib.common import machine, summary, versions  # noqa: E402
 
 TINY = {"hidden": 32, "layers": 2, "heads": 4, "expert_layers": 1, "denoise_steps": 2, "trainable_blocks": 1,
         "num_envs": 4, "micro_batch": 8, "image_size": 16}

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import Budget, machine, summary, time_calls, versions  # noqa: E402
+from benchmarks.lib.common import Budget, machine, summary, time_calls, versions  # noqa: E402
 
 # Candidate policies. Reacher-shaped (obs 10, act 2) for the MJX workload; the image one is the
 # Meta-World (LIBERO-like) shape: 128x128 frames in 8x8 patches = 256 visual tokens + 4 proprio tokens.

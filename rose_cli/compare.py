@@ -23,7 +23,7 @@ Written: a table (median seconds per iteration, spread, ratio to the declared wo
 throughput metric, mean SM activity on a GPU), `--json` with every measured iteration, and `--runs DIR`:
 per plan and round a run directory (`metrics.jsonl`, Chrome `trace.json` with the SM-activity counter)
 in the layout `rose execute --out` writes, so the tools that read run directories
-(`benchmarks/paper_profile.py`, Perfetto) read these too.
+(`benchmarks/lib/paper_profile.py`, Perfetto) read these too.
 
 Exit codes as `rose execute` (`rose_cli.run.FAILURES`); a plan that fails loses its rows and makes the
 exit code 3 after everything else was measured and written.

@@ -19,10 +19,19 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sys
 from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from tests.shared_ray import RAY_ARGS
+
+# One intra-op thread per process: the suite runs on two workers on two cores, and every process it starts
+# (a benchmark's smoke run, `rose` in a subprocess) would otherwise take a torch thread per core for models
+# of a few thousand parameters -- the workload_shapes smoke took 70 s instead of 27 s on the loaded machine.
+# (LocalBackend already sets one thread in its process; Ray's workers get one.) A value set outside wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("default", max_examples=200, **_COMMON)
@@ -49,11 +58,24 @@ def _machine_share(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+@pytest.fixture(scope="session")
+def _ray_worker_teardown() -> Iterator[None]:
+    """Stops the worker's shared Ray cluster when the worker's tests are done."""
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
 @pytest.fixture(scope="module")
-def ray_session() -> Iterator[object]:
-    """One Ray cluster for a test module's in-process Ray runs (the backends' actors take no CPU resource,
-    so the count only has to be positive); skips where Ray is not installed."""
+def ray_session(_ray_worker_teardown: None) -> Iterator[object]:
+    """The Ray cluster of this pytest worker, for in-process Ray runs: started by the first module that asks
+    and kept for the next ones (a `ray.init` costs 5-18 s on the 2-core machine, and ~16 modules and tests
+    started their own), stopped when the worker ends. The backends' actors take no CPU resource, so the
+    count only has to be positive. A module that needs other resources (logical GPUs) runs its own cluster
+    with `own_ray`, after which the next module here starts the shared one again. Skips where Ray is not
+    installed."""
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
+    if not ray.is_initialized():
+        ray.init(**RAY_ARGS)
     yield ray
-    ray.shutdown()

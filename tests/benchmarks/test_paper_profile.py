@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.paper_profile import Call, RunData, activity_over, critical_path, run_figures
+from benchmarks.lib.paper_profile import Call, RunData, activity_over, critical_path, run_figures
 
 ROOT = Path(__file__).resolve().parents[2]
 

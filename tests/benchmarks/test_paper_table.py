@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.lib.paper_workloads import WORKLOADS
 from benchmarks.paper_table import main
-from benchmarks.paper_workloads import WORKLOADS
 
 ROSE = f"{sys.executable} -m rose_cli"
 
@@ -197,8 +197,8 @@ def test_merge_records_each_file_once_and_fills_the_halving_from_the_calibration
 def test_a_round_killed_while_running_is_counted_as_missing() -> None:
     """A table killed from outside (the device call's `timeout`) was written after its last finished run:
     the run still in progress left no record, and only rounds_requested > rounds_measured says so."""
+    from benchmarks.lib.paper_workloads import Config
     from benchmarks.paper_table import _config_row, _missing
-    from benchmarks.paper_workloads import Config
 
     cfg = Config(name="llmpipe", kind="hand", workflow=Path("w.yaml"))
     fig = {"iteration_s": [1.5, 1.6], "throughput": 10.0, "sm_activity": None, "frac_below_50": None,

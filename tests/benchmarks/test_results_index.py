@@ -92,3 +92,17 @@ def test_a_row_is_never_pooled_across_kinds_of_card():
              "b": _session("GPU Y", {"declared": [10.0], "rose": [8.0]}, kinds)}
     with pytest.raises(ValueError, match="one kind of card"):
         rows.session_row(rows.Sessions("w", "rose", "rose", "label", ("a", "b")), files.__getitem__)
+
+
+def test_every_benchmark_entry_is_listed_with_files_that_exist():
+    """benchmarks/README.md lists every script at the top of benchmarks/ (an entry with its result file, or a
+    device helper or tool), and every `results/...` file it names is there (issue 60: a bench you can find
+    your way in)."""
+    bench = ROOT / "benchmarks"
+    readme = (bench / "README.md").read_text()
+    scripts = sorted(p.name for p in bench.iterdir()
+                     if p.suffix in (".py", ".sh") and p.name != "__init__.py")
+    assert [name for name in scripts if f"`{name}`" not in readme] == [], "scripts missing from benchmarks/README.md"
+    named = set(re.findall(r"`results/([A-Za-z0-9_]+\.(?:json|png|svg))`", readme))
+    assert named and not [n for n in named if not (RESULTS / n).is_file()], "named results that are not there"
+    assert not (bench / "sweeps").exists(), "one-run sweeps live in git history (benchmarks/README.md)"

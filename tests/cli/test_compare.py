@@ -82,7 +82,7 @@ def test_compare_measures_every_plan_and_trains_like_the_declared_workflow(tmp_p
             assert tb[key] == pytest.approx(ta[key], rel=1e-12, abs=1e-12), (k, key)
     # run directories the run-directory readers read: one measured iteration per round
     sys.path.insert(0, str(ROOT))
-    from benchmarks.paper_profile import load_run, run_figures
+    from benchmarks.lib.paper_profile import load_run, run_figures
 
     for label in rows:
         for rnd in range(3):

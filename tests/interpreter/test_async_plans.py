@@ -284,28 +284,23 @@ def test_random_workflows_deferred_within_budget_read_no_older_values_on_executi
     assert_reads_within_budget(wf, plan.workflow, (comp, state), budget, iterations)
 
 
-def test_an_asynchronous_plan_on_ray_reads_the_weights_one_update_older() -> None:
+def test_an_asynchronous_plan_on_ray_reads_the_weights_one_update_older(ray_session) -> None:
     """The Ray backend (call by call: a compiled graph runs one iteration) queues control calls too, so it
     keeps two RL iterations in flight; each iteration's metrics line is still its own rollout's."""
     from interpreter.backends import RayBackend
 
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
     sleeps = {"gen": [0.0], "learner": [0.0], "scorer": [0.0]}
     wf = load_workflow_text(_text(1, [], sleeps, uuid.uuid4().hex, 4), "versions.yaml")
     plan = apply(wf, "defer sync 1")
     assert not isinstance(plan, Refused), plan
     sch = Schedule(plan.workflow)
+    be = RayBackend(plan.workflow, ("tests.",), sch.program.loops_of)
     try:
-        be = RayBackend(plan.workflow, ("tests.",), sch.program.loops_of)
-        try:
-            assert be.capabilities.pipelined
-            results = Runner(plan.workflow, be, RunConfig(iterations=4, tensorboard=False), sch).run()
-            states = {c: be.control(c, "get_states") for c in ("gen", "learner")}
-        finally:
-            be.shutdown()
+        assert be.capabilities.pipelined
+        results = Runner(plan.workflow, be, RunConfig(iterations=4, tensorboard=False), sch).run()
+        states = {c: be.control(c, "get_states") for c in ("gen", "learner")}
     finally:
-        ray.shutdown()
+        be.shutdown()
     assert [r.metrics["gen/rollout_it"] for r in results] == [0.0, 1.0, 2.0, 3.0]
     assert [r.metrics["gen/lag"] for r in results] == [0.0, 1.0, 1.0, 1.0]
     assert states["gen"]["weights"].item() == states["learner"]["weights"].item() == 3.0
@@ -392,14 +387,13 @@ def test_a_workflow_with_a_loop_that_ends_on_a_condition_runs_deferred_with_each
     assert max(lags) == 1 and states["gen"]["weights"].item() == 6.0
 
 
-def test_a_pipelined_run_restarts_a_killed_process_from_the_last_checkpoint(tmp_path) -> None:
+def test_a_pipelined_run_restarts_a_killed_process_from_the_last_checkpoint(tmp_path, ray_session) -> None:
     """SIGKILL inside a call of an asynchronous plan (Ray, iterations in flight): the iterations in flight
     are abandoned, the process restarted, every component put back at the last checkpoint (taken after a
     drain: nothing deferred pending) and the pipeline starts again after it; the run ends with the state an
     uninterrupted one leaves, each iteration logged once."""
     from interpreter.backends import RayBackend
 
-    ray = pytest.importorskip("ray")
     sleeps = {"gen": [0.0], "learner": [0.0], "scorer": [0.0]}
     text = _text(1, [], sleeps, uuid.uuid4().hex, 6).replace("""  scorer:""", f"""  dies:
     impl: "tests.mocks:DiesOnce"
@@ -413,19 +407,15 @@ def test_a_pipelined_run_restarts_a_killed_process_from_the_last_checkpoint(tmp_
     - node: update""")
     plan = apply(load_workflow_text(text, "versions.yaml"), "defer sync 1")
     assert not isinstance(plan, Refused), plan
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
+    sch = Schedule(plan.workflow)
+    be = RayBackend(plan.workflow, ("tests.",), sch.program.loops_of)
     try:
-        sch = Schedule(plan.workflow)
-        be = RayBackend(plan.workflow, ("tests.",), sch.program.loops_of)
-        try:
-            config = RunConfig(iterations=6, checkpoint_every=2, out_dir=tmp_path / "run", tensorboard=False)
-            runner = Runner(plan.workflow, be, config, sch)
-            results = runner.run()
-            states = {c: be.control(c, "get_states") for c in ("gen", "learner", "dies")}
-        finally:
-            be.shutdown()
+        config = RunConfig(iterations=6, checkpoint_every=2, out_dir=tmp_path / "run", tensorboard=False)
+        runner = Runner(plan.workflow, be, config, sch)
+        results = runner.run()
+        states = {c: be.control(c, "get_states") for c in ("gen", "learner", "dies")}
     finally:
-        ray.shutdown()
+        be.shutdown()
     assert (tmp_path / "died").exists() and len(runner.recoveries) == 1
     assert runner.recoveries[0]["restarted"] == ["dies"] and runner.recoveries[0]["from_checkpoint"] == 1
     assert [r.iteration for r in results] == list(range(6))

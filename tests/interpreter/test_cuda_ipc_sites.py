@@ -39,10 +39,9 @@ def test_a_cpu_producer_never_uses_ipc() -> None:
     assert _sites({1: [("policy", "load_weights")]}, producer={1: "sim"}) == {}
 
 
-def test_the_ray_backend_knows_who_reads_each_compiled_call() -> None:
+def test_the_ray_backend_knows_who_reads_each_compiled_call(ray_session) -> None:
     """On a compiled graph (CPU here), the trainer's publish is read by the policy's load_weights only;
     with both processes given one GPU slot, that call and only that one is an IPC site."""
-    ray = pytest.importorskip("ray")
     from interpreter.backends import RayBackend
     from interpreter.schedule import Schedule
     from rose_dsl import load_workflow_text
@@ -63,9 +62,6 @@ iteration:
     - {node: publish, call: trainer.publish, in: {l: upd.loss}, out: [w]}
     - {node: sync, call: policy.load_weights, in: {w: publish.w}}
 """, "ipc.yaml")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=3, include_dashboard=False, logging_level="ERROR")
     sch = Schedule(wf)
     be = RayBackend(wf, ("tests.",), sch.program.loops_of)
     try:
@@ -82,8 +78,6 @@ iteration:
         assert graph.device_sites(slots, {"policy": set(), "trainer": set()}) == {}
     finally:
         be.shutdown()
-        if started:
-            ray.shutdown()
 
 
 def test_a_site_keeps_the_clones_of_its_last_two_calls_until_the_graph_changes() -> None:

@@ -16,6 +16,7 @@ from interpreter.runner import RunConfig, Runner
 from interpreter.schedule import Schedule
 from interpreter.worker import is_fatal_gpu_error
 from rose_dsl import load_workflow_text
+from tests.shared_ray import own_ray
 
 FAULTY = """
 rose: 1
@@ -42,10 +43,8 @@ def test_fatal_gpu_errors_are_recognised() -> None:
 
 @pytest.fixture(scope="module")
 def ray_one_gpu():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, logging_level="ERROR")
-    yield ray
-    ray.shutdown()
+    with own_ray(num_gpus=1) as ray:
+        yield ray
 
 
 @pytest.mark.parametrize("mps", [True, False])

@@ -10,6 +10,7 @@ import pytest
 from interpreter.ray_backend import GpuPlacement, RayBackend
 from interpreter.worker import CallFailed, component_of, replica_name, replica_of
 from rose_dsl import load_workflow_text
+from tests.shared_ray import own_ray
 
 WF = """
 rose: 1
@@ -47,10 +48,8 @@ def test_colocated_and_disaggregated_slots() -> None:
 
 @pytest.fixture(scope="module")
 def ray_four_gpus():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=4, num_gpus=4, include_dashboard=False, logging_level="ERROR")
-    yield ray
-    ray.shutdown()
+    with own_ray(num_gpus=4) as ray:  # logical GPUs: a cluster of the module's own, not the worker's shared one
+        yield ray
 
 
 def _visible_gpus(be: RayBackend) -> dict[str, str | None]:

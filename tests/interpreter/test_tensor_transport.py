@@ -90,51 +90,44 @@ def test_any_tensor_round_trips_as_torch_pickles_it(dtype, shape, transpose) -> 
     assert torch.equal(got, reference)
 
 
-def test_between_ray_actors_a_large_tensor_arrives_intact_and_private() -> None:
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
-    try:
-        @ray.remote
-        class Holder:
-            def __init__(self) -> None:
-                from interpreter.tensor_transport import register
+def test_between_ray_actors_a_large_tensor_arrives_intact_and_private(ray_session) -> None:
+    ray = ray_session
+    @ray.remote
+    class Holder:
+        def __init__(self) -> None:
+            from interpreter.tensor_transport import register
 
-                assert register()
+            assert register()
 
-            def make(self) -> dict:
-                return {"w": _big(torch.bfloat16, (1024, 300)), "b": _big(torch.float32, (700, 100))}
+        def make(self) -> dict:
+            return {"w": _big(torch.bfloat16, (1024, 300)), "b": _big(torch.float32, (700, 100))}
 
-            def change_and_sum(self, w: dict) -> float:
-                w["w"].add_(1.0)  # in place, on what arrived
-                return float(w["w"].float().sum())
+        def change_and_sum(self, w: dict) -> float:
+            w["w"].add_(1.0)  # in place, on what arrived
+            return float(w["w"].float().sum())
 
-            def digest(self, w: dict) -> list:
-                return [_bytes(w["w"]), _bytes(w["b"]), str(w["w"].dtype)]
+        def digest(self, w: dict) -> list:
+            return [_bytes(w["w"]), _bytes(w["b"]), str(w["w"].dtype)]
 
-            def mixed(self) -> dict:
-                big = _big(torch.float32, (512, 512))
-                return {"small": torch.arange(10.0), "t": big.t(), "grad": big.clone().requires_grad_(),
-                        "p": torch.nn.Parameter(big.clone()), "view": big[100:400], "nested": [big[::2], (big,)]}
+        def mixed(self) -> dict:
+            big = _big(torch.float32, (512, 512))
+            return {"small": torch.arange(10.0), "t": big.t(), "grad": big.clone().requires_grad_(),
+                    "p": torch.nn.Parameter(big.clone()), "view": big[100:400], "nested": [big[::2], (big,)]}
 
-            def shapes(self, d: dict) -> dict:
-                return {k: (type(v).__name__, v.stride(), v.storage_offset(), v.requires_grad)
-                        for k, v in d.items() if isinstance(v, torch.Tensor)}
+        def shapes(self, d: dict) -> dict:
+            return {k: (type(v).__name__, v.stride(), v.storage_offset(), v.requires_grad)
+                    for k, v in d.items() if isinstance(v, torch.Tensor)}
 
-        a, b, c = Holder.remote(), Holder.remote(), Holder.remote()
-        ref = a.make.remote()
-        ray.get(b.change_and_sum.remote(ref))
-        got = ray.get(c.digest.remote(ref))  # the same object, read after b changed its copy
-        assert got == [_bytes(_big(torch.bfloat16, (1024, 300))), _bytes(_big(torch.float32, (700, 100))),
-                       "torch.bfloat16"]
-        mixed = a.mixed.remote()  # the values that keep torch's path, through Ray's pickler with the transport on
-        assert ray.get(b.shapes.remote(mixed)) == {
-            "small": ("Tensor", (1,), 0, False), "t": ("Tensor", (1, 512), 0, False),
-            "grad": ("Tensor", (512, 1), 0, True), "p": ("Parameter", (512, 1), 0, True),
-            "view": ("Tensor", (512, 1), 100 * 512, False)}
-        d, big = ray.get(mixed), _big(torch.float32, (512, 512))
-        assert torch.equal(d["t"], big.t()) and torch.equal(d["nested"][0], big[::2]) and torch.equal(d["nested"][1][0], big)
-    finally:
-        if started:
-            ray.shutdown()
+    a, b, c = Holder.remote(), Holder.remote(), Holder.remote()
+    ref = a.make.remote()
+    ray.get(b.change_and_sum.remote(ref))
+    got = ray.get(c.digest.remote(ref))  # the same object, read after b changed its copy
+    assert got == [_bytes(_big(torch.bfloat16, (1024, 300))), _bytes(_big(torch.float32, (700, 100))),
+                   "torch.bfloat16"]
+    mixed = a.mixed.remote()  # the values that keep torch's path, through Ray's pickler with the transport on
+    assert ray.get(b.shapes.remote(mixed)) == {
+        "small": ("Tensor", (1,), 0, False), "t": ("Tensor", (1, 512), 0, False),
+        "grad": ("Tensor", (512, 1), 0, True), "p": ("Parameter", (512, 1), 0, True),
+        "view": ("Tensor", (512, 1), 100 * 512, False)}
+    d, big = ray.get(mixed), _big(torch.float32, (512, 512))
+    assert torch.equal(d["t"], big.t()) and torch.equal(d["nested"][0], big[::2]) and torch.equal(d["nested"][1][0], big)

@@ -74,6 +74,22 @@ def _given_decode_plan(tmp_path: Path, n: int) -> Path:
     return given
 
 
+DECODE_N = 60
+
+
+@pytest.fixture(scope="module")
+def decode_declared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """latency_decode's declared training, DECODE_N iterations without the calls' waits (they only sleep),
+    checkpointed at the last, and the given plan for `--stage1`: one run for the module's tests that compare
+    a run through the optimizer with it (each used to train its own)."""
+    tmp = tmp_path_factory.mktemp("decode_declared")
+    declared = tmp / "declared"
+    r = rose("execute", str(WF / "latency_decode.yaml"), "--set", f"iterations={DECODE_N}", *NO_WAIT, "--out",
+             str(declared), "--checkpoint-every", str(DECODE_N), "-q")
+    assert r.returncode == 0, r.stderr
+    return declared, _given_decode_plan(tmp, DECODE_N)
+
+
 def test_interaction_loop_trains_bit_identically_through_the_optimizer(tmp_path: Path) -> None:
     # 320 iterations: the search trains most of 180-250 of them (each interleaved trial's first iteration after
     # a switch of plan is training, not a measurement; the epoch regions here are half an iteration, so their
@@ -133,7 +149,7 @@ def test_interaction_loop_trains_bit_identically_through_the_optimizer(tmp_path:
             assert torch.equal(value, sb[comp][name]), f"{comp}.{name}"
 
 
-def test_train_goes_on_with_the_plan_in_the_same_processes_bit_identically(tmp_path: Path) -> None:
+def test_train_goes_on_with_the_plan_in_the_same_processes_bit_identically(tmp_path: Path, decode_declared) -> None:
     """`rose optimize --train`: after the plan and the report, training goes on with the plan in the
     optimizer's own processes to the workflow's last iteration -- no second start-up, no hand-over
     checkpoint -- and the run directory holds what `rose execute` of the declared workflow writes, bit for
@@ -141,12 +157,8 @@ def test_train_goes_on_with_the_plan_in_the_same_processes_bit_identically(tmp_p
     # the graph is given (`--stage1`): its measurement takes a fixed number of iterations (five of each plan,
     # interleaved, after their warm-ups), where a search takes more the noisier this machine is -- so the
     # iterations left to train on do not depend on the machine's speed
-    n = 60
-    declared = tmp_path / "declared"
-    r = rose("execute", str(WF / "latency_decode.yaml"), "--set", f"iterations={n}", *NO_WAIT, "--out", str(declared),
-             "--checkpoint-every", str(n), "-q")
-    assert r.returncode == 0, r.stderr
-    given, plan, run = _given_decode_plan(tmp_path, n), tmp_path / "plan.yaml", tmp_path / "run"
+    n = DECODE_N
+    (declared, given), plan, run = decode_declared, tmp_path / "plan.yaml", tmp_path / "run"
     r = rose("optimize", str(WF / "latency_decode.yaml"), "--set", f"iterations={n}", "--stage1", str(given),
              "-o", str(plan), "--out", str(run), "--train", "--checkpoint-every", "25", "-q")
     assert r.returncode == 0, r.stderr
@@ -226,18 +238,14 @@ def test_chain_plan_validates_and_gets_a_reorder_bound(tmp_path: Path) -> None:
     assert "Reorder bound" in (tmp_path / "plan_report" / "report.md").read_text()
 
 
-def test_a_pipelined_decode_loop_trains_bit_identically_through_the_optimizer(tmp_path: Path) -> None:
+def test_a_pipelined_decode_loop_trains_bit_identically_through_the_optimizer(tmp_path: Path, decode_declared) -> None:
     """An LLM-RL shape with a token-by-token decode loop, the loop copied per row group and the verifier
     pipelined behind it (`split-chain sample decode grade 4`, what the optimizer finds there: benchmarks/
     optimize_cpu.py --check, `decode`): given as the graph (`--stage1`, so the plan does not depend on what
     this machine measured), the training through the optimizer -- the declared workflow and the plan
     interleaved -- and on with the plan is the declared workflow's, bit for bit."""
-    n = 60
-    declared = tmp_path / "declared"
-    r = rose("execute", str(WF / "latency_decode.yaml"), "--set", f"iterations={n}", *NO_WAIT, "--out", str(declared),
-             "--checkpoint-every", str(n), "-q")
-    assert r.returncode == 0, r.stderr
-    given, plan = _given_decode_plan(tmp_path, n), tmp_path / "plan.yaml"
+    n = DECODE_N
+    (declared, given), plan = decode_declared, tmp_path / "plan.yaml"
     r = rose("optimize", str(WF / "latency_decode.yaml"), "--set", f"iterations={n}", "--stage1", str(given), "-o",
              str(plan), "-q")
     assert r.returncode == 0, r.stderr
@@ -278,13 +286,21 @@ def test_a_pipelined_decode_loop_trains_bit_identically_through_the_optimizer(tm
     (["optimize", "workflows/latency_sim_processes.yaml", "-o", "{tmp}/p.yaml", "--layout", "sim_replicas=2",
       "--stage1", "workflows/latency_sim_processes.yaml"], "do not go together"),
 ])
-def test_bad_input_gets_one_clear_message(tmp_path: Path, args: list[str], message: str) -> None:
+def test_bad_input_gets_one_clear_message(tmp_path: Path, args: list[str], message: str, monkeypatch) -> None:
+    """In-process (`rose`'s own app under typer's runner): a `python -m rose_cli` per case cost its start-up
+    and imports, twelve times; that the command line's process exits 2 with no traceback is
+    tests/cli/test_conventions.py's, and `test_what_it_would_overwrite_...` below runs the real process."""
+    from typer.testing import CliRunner
+
+    from rose_cli.main import app
+
     if "need a GPU" in message and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    r = rose(*[a.replace("{tmp}", str(tmp_path)) for a in args])
-    assert r.returncode == 2, (r.stdout, r.stderr)
-    assert message in r.stderr
-    assert "Traceback" not in r.stderr
+    monkeypatch.chdir(ROOT)  # the cases name workflows/... as a user in the checkout would
+    r = CliRunner().invoke(app, [a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert r.exit_code == 2, (r.output, r.exception)
+    assert message in " ".join(r.stderr.split()), r.stderr  # (rich wraps long lines at the runner's width)
+    assert "Traceback" not in r.stderr and (r.exception is None or isinstance(r.exception, SystemExit))
     assert not (tmp_path / "p.yaml").exists()
 
 

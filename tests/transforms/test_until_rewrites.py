@@ -69,15 +69,10 @@ def test_a_per_row_decode_loop_split_with_its_scorer_computes_the_declared_value
     assert score0 < gen1, first[:12]
 
 
-def test_the_split_plan_on_ray_equals_the_declared_workflow() -> None:
-    ray = pytest.importorskip("ray")
+def test_the_split_plan_on_ray_equals_the_declared_workflow(ray_session) -> None:
     declared = load_workflow_text(SPLIT, "until.yaml")
     want = _metrics(declared)
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
-    try:
-        assert _metrics(_plan(SPLIT, "split-chain decode score 2"), "ray") == want
-    finally:
-        ray.shutdown()
+    assert _metrics(_plan(SPLIT, "split-chain decode score 2"), "ray") == want
 
 
 def _first_iteration(order: list[str]) -> list[str]:
@@ -86,22 +81,17 @@ def _first_iteration(order: list[str]) -> list[str]:
 
 
 @pytest.mark.parametrize("backend", ["local", "ray"])
-def test_temporal_groups_holding_an_until_loop_take_turns_and_compute_the_declared_values(backend) -> None:
+def test_temporal_groups_holding_an_until_loop_take_turns_and_compute_the_declared_values(backend, request) -> None:
     """`split-time epoch 2; interleave epoch` where each epoch's episode loop ends per row: the groups take
     turns, one call each (group 1's episode runs while group 0's is still stepping; a group whose episodes
     all ended drops out), and the metrics are the declared workflow's bit for bit. The groups used to run
     one after the other: the interleave was accepted and silently dropped."""
     if backend == "ray":
-        ray = pytest.importorskip("ray")
-        ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
-    try:
-        want = _metrics(load_workflow_text(EPOCHS, "until.yaml"), prefixes=("pi/",))
-        order: list[str] = []
-        plan = _plan(EPOCHS, "split-time epoch 2", "interleave epoch")
-        got = _metrics(plan, backend, order=order, prefixes=("pi/",))
-    finally:
-        if backend == "ray":
-            ray.shutdown()
+        request.getfixturevalue("ray_session")
+    want = _metrics(load_workflow_text(EPOCHS, "until.yaml"), prefixes=("pi/",))
+    order: list[str] = []
+    plan = _plan(EPOCHS, "split-time epoch 2", "interleave epoch")
+    got = _metrics(plan, backend, order=order, prefixes=("pi/",))
     assert want and got == want
     calls = _first_iteration(order)
     last0 = max(i for i, c in enumerate(calls) if c.startswith("iteration.epoch@0.ep."))
@@ -200,7 +190,7 @@ NESTED = (FIXTURES / "until_nested.yaml").read_text()
 
 
 @pytest.mark.parametrize("backend", ["local", "ray"])
-def test_a_per_row_loop_inside_a_loop_that_ends_as_a_whole_splits_into_groups(backend) -> None:
+def test_a_per_row_loop_inside_a_loop_that_ends_as_a_whole_splits_into_groups(backend, request) -> None:
     """`split-chain decode score 2` on a decode inside a count loop inside rounds that end on a scalar gate:
     each run of the decode is copied per row group, the rounds still end on the declared gate, and every
     value is the declared workflow's, on both backends."""
@@ -208,13 +198,8 @@ def test_a_per_row_loop_inside_a_loop_that_ends_as_a_whole_splits_into_groups(ba
     want = _metrics(load_workflow_text(NESTED, "until.yaml"), prefixes=prefixes)
     assert len({m["gate/rounds"] for m in want}) > 1  # the gate ends the rounds before their bound in some iteration
     if backend == "ray":
-        ray = pytest.importorskip("ray")
-        ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
-    try:
-        got = _metrics(_plan(NESTED, "split-chain decode score 2"), backend, prefixes=prefixes)
-    finally:
-        if backend == "ray":
-            ray.shutdown()
+        request.getfixturevalue("ray_session")
+    got = _metrics(_plan(NESTED, "split-chain decode score 2"), backend, prefixes=prefixes)
     assert got == want
 
 

@@ -1,11 +1,12 @@
 #!/bin/bash
-# More of issue 44's CPU acceptance: `rose optimize` on seven workflows of shapes unlike the shipped latency_*
-# ones (benchmarks/sweeps/unseen_optimize_more/; their cases are kept in the tree, not archived), then `rose compare` of its plan against hand-written plans, interleaved.
+# `rose optimize` on seven CPU workflows of shapes unlike the shipped latency_* ones (benchmarks/unseen_workflows/),
+# then `rose compare` of its plan against hand-written plans, interleaved (result: benchmarks/results/
+# optimize_cpu_unseen_more.json; benchmarks/optimize_cpu_unseen.sh does the same for three shipped ones).
 # The hand plans are written here with `rose rewrite` (the rewrites a user would try). RUNS runs per workflow
 # (default 1); outputs in $OUTDIR/<workflow><k>/ (optimize.log, report/, compare.txt, compare.json).
 cd "$(git rev-parse --show-toplevel)"
 export PYTHONPATH=$PWD
-OUTDIR=${OUTDIR:-/tmp/unseen_more}; RUNS=${RUNS:-1}; W=benchmarks/sweeps/unseen_optimize_more; mkdir -p "$OUTDIR/hand"
+OUTDIR=${OUTDIR:-/tmp/unseen_more}; RUNS=${RUNS:-1}; W=benchmarks/unseen_workflows; mkdir -p "$OUTDIR/hand"
 hand() {  # workflow label requests...
   local wf=$1 label=$2; shift 2; local args=()
   for r in "$@"; do args+=(--do "$r"); done
