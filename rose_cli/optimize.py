@@ -99,7 +99,7 @@ def _fraction(value: float) -> float:
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", dir_okay=False, help="write the plan here")]
 ReportOpt = Annotated[Path | None, typer.Option("--report", file_okay=False, help="report directory (default: PLAN_report next to the plan)")]
 BudgetOpt = Annotated[float | None, typer.Option("--budget-s", callback=_positive, help="stop searching after this many seconds")]
-RoundsOpt = Annotated[int, typer.Option("--rounds", min=1, help="rounds of graph optimization (R)")]
+RoundsOpt = Annotated[int, typer.Option("--rounds", min=1, help="rounds of graph optimization that keep a change (R); a round that keeps nothing is followed by one for the promising candidates it left untried")]
 TopKOpt = Annotated[int, typer.Option("--top-k", min=1, help="targets per round (K)")]
 AlternativesOpt = Annotated[int, typer.Option("--alternatives", min=1, help="alternatives measured per target (L)")]
 LocalMaxOpt = Annotated[float, typer.Option(

@@ -79,7 +79,7 @@ class Settings:
 
     top_k: int = 3  # K
     alternatives: int = 4  # L
-    rounds: int = 2  # R
+    rounds: int = 2  # R: rounds that keep a change (a round that keeps nothing does not count; `search._next_round`)
     tau_a: float = 1.0  # absolute eligibility threshold (s)
     tau_r: float = 0.05  # relative eligibility threshold (of T_iter)
     warmup: int = 1  # iterations run before the first profile (not timed)
