@@ -24,6 +24,7 @@ from .expr import IterRef, Ref, unparse, walk
 from .ir import Access, ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from .resolve import Resolver, expr_fields
 from .semantics import CallSite, Invocation, Program, ValueOps, enclosing_loops, run_sequential
+from .until import REPRESENTATIVE, representative
 
 __all__ = [
     "Dep", "Deps", "DepOps", "InvocationGraph", "invocation_graph", "clear_graph_cache", "representative",
@@ -296,31 +297,6 @@ def _clamped(wf: Workflow, limit: int | None) -> Workflow:
         return item
 
     return replace(wf, root=clamp(wf.root))  # type: ignore[arg-type]
-
-
-REPRESENTATIVE = 2  # iterations through which a loop that ends on a condition is analysed
-
-
-def representative(wf: Workflow) -> Workflow:
-    """The workflow with every loop that ends on a condition run as a static loop of its first
-    `REPRESENTATIVE` iterations (fewer if its `count` says so). How many iterations such a loop runs is
-    known only at run time; two show every kind of edge it can have: into its first iteration, between
-    consecutive iterations (carried values, state), and out of its last. Rewrites keep these loops whole,
-    so nothing depends on the number."""
-    if not any(isinstance(i, LoopNode) and i.dynamic for i in wf.items()):
-        return wf
-
-    def fix(item: Item) -> Item:
-        if isinstance(item, LoopNode):
-            body = tuple(fix(c) for c in item.body)
-            if item.dynamic:
-                return replace(item, body=body, until=None, count=min(item.count or REPRESENTATIVE, REPRESENTATIVE))
-            return replace(item, body=body)
-        if isinstance(item, ExecutionNode) and item.phases:
-            return replace(item, phases=tuple(fix(c) for c in item.phases))
-        return item
-
-    return replace(wf, root=fix(wf.root))  # type: ignore[arg-type]
 
 
 _RECENT: OrderedDict[tuple, tuple[Workflow, InvocationGraph]] = OrderedDict()  # see invocation_graph

@@ -12,9 +12,11 @@ whole: every row runs every iteration until all rows are done. The runtime, the 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .expr import Expr
 from .expr import Record as ExprRecord
-from .ir import ExecutionNode, LoopNode
+from .ir import ExecutionNode, Item, LoopNode, Workflow
 from .resolve import Resolver
 
 __all__ = ["whole_reason", "input_dims"]
@@ -61,3 +63,28 @@ def input_dims(resolver: Resolver, node: ExecutionNode, port: str, expr: Expr) -
 
     visit(expr)
     return out
+
+
+REPRESENTATIVE = 2  # iterations through which a loop that ends on a condition is analysed
+
+
+def representative(wf: Workflow) -> Workflow:
+    """The workflow with every loop that ends on a condition run as a static loop of its first
+    `REPRESENTATIVE` iterations (fewer if its `count` says so). How many iterations such a loop runs is
+    known only at run time; two show every kind of edge it can have: into its first iteration, between
+    consecutive iterations (carried values, state), and out of its last. Rewrites keep these loops whole,
+    so nothing depends on the number."""
+    if not any(isinstance(i, LoopNode) and i.dynamic for i in wf.items()):
+        return wf
+
+    def fix(item: Item) -> Item:
+        if isinstance(item, LoopNode):
+            body = tuple(fix(c) for c in item.body)
+            if item.dynamic:
+                return replace(item, body=body, until=None, count=min(item.count or REPRESENTATIVE, REPRESENTATIVE))
+            return replace(item, body=body)
+        if isinstance(item, ExecutionNode) and item.phases:
+            return replace(item, phases=tuple(fix(c) for c in item.phases))
+        return item
+
+    return replace(wf, root=fix(wf.root))  # type: ignore[arg-type]

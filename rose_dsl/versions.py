@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 
 from .ir import Access, ExecutionNode, Workflow
 from .semantics import CallSite, Invocation, Program, ValueOps, run_sequential
+from .until import representative
 
 __all__ = ["Entry", "ReadProof", "version_proof", "synchronous", "proof_iterations", "over_budget_reads", "chain_text"]
 
@@ -172,8 +173,6 @@ def proof_iterations(wf: Workflow) -> int:
 
 
 def _run(wf: Workflow, iterations: int, sources: frozenset[str]) -> dict[tuple[Invocation, str], Vector]:
-    from .analysis import representative
-
     backend = _VersionRun(sources)
     run_sequential(Program(representative(wf)), backend, range(iterations))
     return backend.seen
