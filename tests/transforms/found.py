@@ -241,6 +241,16 @@ ACCEPTED.append(Found(
 """, count=1),
     ("split iteration.l1 2", "fuse iteration.l1.l3@0 iteration.l1.l3@1")))
 
+# issue 58's long profile (merged main): `defer n1 1` of a node that writes no state and whose output nothing
+# reads, in a workflow with no staleness budget, was accepted by the rewrite's legality oracle (it changes
+# nothing) and refused by the plan check's quick bound ("more than any state's budget allows"), which now
+# applies only to nodes that write state
+ACCEPTED.append(Found(
+    "issue 58: a deferred node that writes no state, no budget anywhere: the plan check agrees with the rewrite",
+    "rose: 1\nname: found\ncomponents:\n" + _mock("c0", [], {"n1": "{state: {}, out: [], separable: false}"})
+    + "iteration:\n  count: 2\n  body:\n    - {node: n1, call: c0.n1}\n",
+    ("defer iteration.n1 1",)))
+
 # Found by property 2 (a refused reorder, forced through, changes something): test_refused_reorders...
 FORCED = [
     Found(
