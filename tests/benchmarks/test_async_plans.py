@@ -98,15 +98,16 @@ def run(plans: tuple[Path, Path], out: Path, *extra: str) -> dict[str, Any]:
 def test_every_run_stops_at_the_same_wall_budget_without_blocks(plans: tuple[Path, Path], tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Curves only (`--rounds 0`): each run ends after the first iteration that ends past 25 s (the
-    asynchronous one also finishes the iteration it already had in flight), well before the cap of 20; the
-    summary compares them up to the shorter run's 30 s."""
+    asynchronous one also finishes the iterations it already had in flight: its iteration k's metrics line is
+    written once its deferred call of iteration k has reported, during iteration k + 1, so two more), well
+    before the cap of 20; the summary compares them up to the shorter run's 30 s."""
     out = tmp_path / "out"
     monkeypatch.setattr(async_plans, "clock", FakeClock(out))
     doc = run(plans, out, "--rounds", "0", "--iterations", "20", "--wall-s", "25")
     assert doc["seconds_per_iteration"] == {} and doc["throughput_vs_declared"] == {}
     curves = doc["reward_vs_wall"]
     assert curves["declared"] == [[10.0, 0.0], [20.0, 1.0], [30.0, 2.0]]
-    assert curves["async"] == [[10.0, 0.0], [20.0, 1.0], [30.0, 2.0], [40.0, 3.0]]
+    assert curves["async"] == [[10.0, 0.0], [20.0, 1.0], [30.0, 2.0], [40.0, 3.0], [50.0, 4.0]]
     assert doc["curves_finished"] == ["declared", "async"] and doc["common_budget_s"] == 30.0
     for label in ("declared", "async"):  # held at 0 up to 10 s, then 0 -> 2 linearly: area 5 + 15 over 30 s
         assert doc["reward_summary"][label] == {"reward_at_budget": 2.0, "area": 20.0, "mean_reward": 20.0 / 30,

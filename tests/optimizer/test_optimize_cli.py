@@ -191,14 +191,14 @@ def test_train_falls_back_to_the_hand_over_checkpoint_when_a_process_cannot_move
     (exit 0), and the output says why training did not go on."""
     from typer.testing import CliRunner
 
-    import interpreter.optimize.quota_trials as qt
+    import interpreter.optimize.driver as driver
     from interpreter.backends import CallFailed
     from rose_cli.main import app
 
     def cannot_move(plan, running, session, gpu):
         raise CallFailed("moving policy", "policy", "the new process did not start")
 
-    monkeypatch.setattr(qt, "settle", cannot_move)
+    monkeypatch.setattr(driver, "settle", cannot_move)  # (the driver's own name for it: it imports settle)
     given, plan, run = _given_decode_plan(tmp_path, 40), tmp_path / "plan.yaml", tmp_path / "run"
     # a given graph: its measurement takes a fixed number of iterations, so iterations are left to train on
     # however slow this machine is (a search could use all of them, and then --train has nothing to move)
