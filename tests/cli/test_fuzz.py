@@ -36,15 +36,18 @@ from rose_cli.main import app
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted(p.name for p in (ROOT / "workflows").glob("*.yaml"))
-# (workflow, --set, rewrite request): plans `rose rewrite` writes, one of each kind of rewrite
+# (workflow, --set, rewrite request): plans `rose rewrite` writes, one of each kind of rewrite (the asynchronous
+# ones of fixtures whose budgets allow them as declared)
 PLANS = [
-    ("latency_decode.yaml", (), "split decode 2"),
-    ("latency_chain.yaml", (), "ahead sample"),
-    ("embodied_ppo.yaml", (), "split-time epoch 2"),
-    ("latency_until_episodes.yaml", (), "split-time epoch 2"),
-    ("llm_grpo_longtail.yaml", ("stale=1",), "defer sync 1"),
-    ("latency_interaction.yaml", (), "split epoch.step 2"),
-    ("embodied_ppo.yaml", (), "expand act"),
+    ("workflows/latency_decode.yaml", (), "split decode 2"),
+    ("workflows/latency_chain.yaml", (), "ahead sample"),
+    ("workflows/embodied_ppo.yaml", (), "split-time epoch 2"),
+    ("workflows/latency_until_episodes.yaml", (), "split-time epoch 2"),
+    ("workflows/latency_interaction.yaml", (), "split epoch.step 2"),
+    ("workflows/embodied_ppo.yaml", (), "expand act"),
+    ("tests/dsl/fixtures/async_two_budgets.yaml", (), "defer sync 1"),
+    ("tests/dsl/fixtures/async_relay_chain.yaml", (), "defer sync1 1"),
+    ("tests/dsl/fixtures/async_readers.yaml", (), "ahead rollout"),
 ]
 # the default profile's count: the long profile's (3,000) applies when it is loaded
 FAST = settings(max_examples=40) if settings.default.max_examples <= 200 else settings()
@@ -218,7 +221,7 @@ def _write(directory: str, name: str, text: str) -> str:
 @cache
 def _plan(workflow: str, sets: tuple[str, ...], request: str) -> str:
     sets_args = [a for s in sets for a in ("--set", s)]
-    code, text = _invoke(["rewrite", str(ROOT / "workflows" / workflow), *sets_args, "--do", request])
+    code, text = _invoke(["rewrite", str(ROOT / workflow), *sets_args, "--do", request])
     assert code == 0, text
     return text[text.index("# plan written"):]
 
@@ -252,8 +255,20 @@ def mutated_plans(draw: Any) -> tuple[str, str]:
             elif isinstance(doc.get("plan"), dict):
                 doc["plan"][key] = draw(_fresh(FIELD_VALUES[key]))
         if block in ("body", "both"):
-            doc = _mutate(doc, draw)
+            doc = _mutate(doc, draw) if draw(st.booleans()) else _reset_field(doc, draw)
     return "plan.yaml", _dump(doc)
+
+
+def _reset_field(doc: Any, draw: Any) -> Any:
+    """A plan's own fields given another value where they are: `defer:`, `ahead:`, `rows:`, `split_of:`,
+    `group:`, `until:`, `max_staleness:`, `count:`."""
+    name = draw(st.sampled_from(["defer", "ahead", "rows", "split_of", "group", "until", "max_staleness", "count"]))
+    places = [p for p in _paths(doc) if p and p[-1] == name]
+    if places:
+        path = draw(st.sampled_from(places))
+        values = FIELD_VALUES.get(name, [None, -1, 10 ** 12, "nope", "", [], {"a": 1}, 2.5])
+        _get(doc, path[:-1])[name] = draw(_fresh(values))
+    return doc
 
 
 VERBS = ["split", "split-chain", "split-time", "interleave", "fuse", "rewire", "expand", "defer", "ahead", "merge", ""]
@@ -274,6 +289,12 @@ def rewrite_requests(draw: Any) -> tuple[str, tuple[str, ...]]:
     return name, tuple(requests)
 
 
+def _without_params(plan: tuple) -> str:
+    doc = yaml.safe_load(_plan(*plan))
+    doc["params"] = {}
+    return _dump(doc)
+
+
 def _validate(case: tuple[str, str]) -> None:
     name, text = case
     with tempfile.TemporaryDirectory() as d:
@@ -292,6 +313,10 @@ def test_mutated_workflows_validate_or_are_refused_with_a_position(case: tuple[s
 @example(("plan.yaml", "rose: 1\n" + "#\n" * 98 + "rose2: 1\n")).via(
     "found: an error at line 100 printed as `plan.yaml💯1` (rich read `:100:` as an emoji code); the "
     "consoles print no emoji now (rose_dsl/cli.py)")
+@example(("plan.yaml", _without_params(PLANS[3]))).via(
+    "found: a plan whose `params:` were emptied by hand still reads `${epochs}` in an `in:` expression; it was "
+    "validated, and the plan check raised KeyError('epochs') building its graph (exit 1). An undefined param "
+    "in any body expression is refused where it is written now (rose_dsl/build.py, `_Ctx.expression`)")
 def test_mutated_plans_validate_or_are_refused_with_a_position(case: tuple[str, str]) -> None:
     _validate(case)
 
