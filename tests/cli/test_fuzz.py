@@ -7,7 +7,8 @@ in this process (typer's CliRunner on `rose_cli.main:app`) on
   `ahead:`, `rows:` values; YAML anchors and aliases (a subtree shared, or one that holds itself);
 * random plan files: a `rose rewrite` output whose `plan:` block (source, rewrites, layout) or body is mutated
   the same way, validated as a plan against its recorded source;
-* random rewrite requests (a verb, names of the workflow's items or not, numbers) on the shipped workflows.
+* random rewrite requests (a verb, names of the file's items or not, numbers) on the shipped workflows and on
+  those plans.
 
 Every outcome is exit 0, or exit 2 with a message positioned at `FILE:LINE:COL` (or naming the request or
 option it refuses); never a traceback, never exit 1 (an internal error). The work is bounded by construction
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from hypothesis import example, given, settings
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -36,18 +37,18 @@ from rose_cli.main import app
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted(p.name for p in (ROOT / "workflows").glob("*.yaml"))
-# (workflow, --set, rewrite request): plans `rose rewrite` writes, one of each kind of rewrite (the asynchronous
+# (workflow, rewrite request): plans `rose rewrite` writes, one of each kind of rewrite (the asynchronous
 # ones of fixtures whose budgets allow them as declared)
 PLANS = [
-    ("workflows/latency_decode.yaml", (), "split decode 2"),
-    ("workflows/latency_chain.yaml", (), "ahead sample"),
-    ("workflows/embodied_ppo.yaml", (), "split-time epoch 2"),
-    ("workflows/latency_until_episodes.yaml", (), "split-time epoch 2"),
-    ("workflows/latency_interaction.yaml", (), "split epoch.step 2"),
-    ("workflows/embodied_ppo.yaml", (), "expand act"),
-    ("tests/dsl/fixtures/async_two_budgets.yaml", (), "defer sync 1"),
-    ("tests/dsl/fixtures/async_relay_chain.yaml", (), "defer sync1 1"),
-    ("tests/dsl/fixtures/async_readers.yaml", (), "ahead rollout"),
+    ("workflows/latency_decode.yaml", "split decode 2"),
+    ("workflows/latency_chain.yaml", "ahead sample"),
+    ("workflows/embodied_ppo.yaml", "split-time epoch 2"),
+    ("workflows/latency_until_episodes.yaml", "split-time epoch 2"),
+    ("workflows/latency_interaction.yaml", "split epoch.step 2"),
+    ("workflows/embodied_ppo.yaml", "expand act"),
+    ("tests/dsl/fixtures/async_two_budgets.yaml", "defer sync 1"),
+    ("tests/dsl/fixtures/async_relay_chain.yaml", "defer sync1 1"),
+    ("tests/dsl/fixtures/async_readers.yaml", "ahead rollout"),
 ]
 # the default profile's count: the long profile's (3,000) applies when it is loaded
 FAST = settings(max_examples=40) if settings.default.max_examples <= 200 else settings()
@@ -69,6 +70,7 @@ def _check(args: list[str]) -> tuple[int, str]:
     code, output = _invoke(args)
     assert code in (0, 2), f"rose {' '.join(args)}: exit {code}\n{output}"
     assert "Traceback" not in output, output
+    event(f"exit {int(code)}")  # (--hypothesis-show-statistics counts them)
     if code == 2:
         assert POSITIONED.search(output), f"rose {' '.join(args)}: exit 2 with no position:\n{output}"
     file = args[1]
@@ -219,9 +221,9 @@ def _write(directory: str, name: str, text: str) -> str:
 
 
 @cache
-def _plan(workflow: str, sets: tuple[str, ...], request: str) -> str:
-    sets_args = [a for s in sets for a in ("--set", s)]
-    code, text = _invoke(["rewrite", str(ROOT / workflow), *sets_args, "--do", request])
+def _plan(workflow: str, request: str) -> str:
+    """The plan `rose rewrite WORKFLOW --do REQUEST` writes."""
+    code, text = _invoke(["rewrite", str(ROOT / workflow), "--do", request])
     assert code == 0, text
     return text[text.index("# plan written"):]
 
@@ -275,18 +277,31 @@ VERBS = ["split", "split-chain", "split-time", "interleave", "fuse", "rewire", "
 
 
 @st.composite
-def rewrite_requests(draw: Any) -> tuple[str, tuple[str, ...]]:
-    """(workflow, requests): random `rose rewrite --do` requests on a shipped workflow."""
-    from rose_dsl import load_workflow
+def rewrite_requests(draw: Any) -> tuple[str, str, tuple[str, ...]]:
+    """(file name, its text, requests): random `rose rewrite --do` requests on a shipped workflow or on a plan
+    `rose rewrite` wrote (a plan is rewritten further as a workflow is)."""
+    from rose_dsl import load_workflow_text
+    from rose_dsl.ir import LoopNode
 
-    name = draw(st.sampled_from(WORKFLOWS))
-    items = [i.name for i in load_workflow(ROOT / "workflows" / name).items()]
+    if draw(st.booleans()):
+        name = draw(st.sampled_from(WORKFLOWS))
+        text = (ROOT / "workflows" / name).read_text()
+    else:
+        name, text = "plan.yaml", _plan(*draw(st.sampled_from(PLANS)))
+    wf = load_workflow_text(text, name)
+    items = sorted({i.name for i in wf.items()})
     word = st.one_of(st.sampled_from(items), st.sampled_from(["iteration", "epoch.step", "before", "after", "nope",
                                                               "iteration.nope", "a..b", ""]),
                      st.sampled_from([str(n) for n in (0, 1, 2, 3, -1, 64, 65, 10 ** 12, 10 ** 30)] + ["2.5", "x"]))
-    requests = [" ".join([draw(st.sampled_from(VERBS)), *draw(st.lists(word, max_size=4))])
-                for _ in range(draw(st.integers(1, 3)))]
-    return name, tuple(requests)
+    loops = sorted({i.name for i in wf.items() if isinstance(i, LoopNode)}) or items
+    shaped = st.one_of(st.tuples(st.sampled_from(["split", "expand", "defer", "ahead", "rewire"]), st.sampled_from(items),
+                                 st.sampled_from(["", "1", "2", "3"])),
+                       st.tuples(st.sampled_from(["split-time", "interleave", "split"]), st.sampled_from(loops),
+                                 st.sampled_from(["", "2", "4"])))
+    requests = [" ".join([draw(st.sampled_from(VERBS)), *draw(st.lists(word, max_size=4))]) if draw(st.booleans())
+                else " ".join(draw(shaped)).strip()  # (the form of a request: more of them get past the parser)
+                for _ in range(draw(st.integers(1, 2)))]
+    return name, text, tuple(requests)
 
 
 def _without_params(plan: tuple) -> str:
@@ -323,6 +338,7 @@ def test_mutated_plans_validate_or_are_refused_with_a_position(case: tuple[str, 
 
 @FAST
 @given(rewrite_requests())
-def test_random_rewrite_requests_apply_or_are_refused(case: tuple[str, tuple[str, ...]]) -> None:
-    name, requests = case
-    _check(["rewrite", str(ROOT / "workflows" / name), *(a for r in requests for a in ("--do", r))])
+def test_random_rewrite_requests_apply_or_are_refused(case: tuple[str, str, tuple[str, ...]]) -> None:
+    name, text, requests = case
+    with tempfile.TemporaryDirectory() as d:
+        _check(["rewrite", _write(d, name, text), *(a for r in requests for a in ("--do", r))])
