@@ -18,7 +18,7 @@ from interpreter import checkpoint as ckpt_mod
 from interpreter import safe_io
 from interpreter.checkpoint import CheckpointError, list_complete, save_checkpoint, save_component_checkpoint
 from interpreter.rundir import LOCK, RunDirLock, rose_outputs
-from rose_cli.run import ExecuteOptions, execute_workflow
+from rose_cli.run import ExecuteOptions, execute_workflow, resume_command
 from rose_dsl import load_workflow_text
 
 WF = """rose: 1
@@ -96,6 +96,9 @@ def test_optimize_and_compare_refuse_a_symlinked_out_unless_follow_links(tmp_pat
     assert (target / "metrics.jsonl").is_file() and link.is_symlink()
     if command == "optimize":
         assert f"--out {link} --follow-links --resume" in done.output, done.output
+    # the general form of the command to continue (the command line is not `rose execute`'s)
+    assert resume_command(link).endswith(f"--out {link} --follow-links --resume")
+    assert resume_command(target).endswith(f"--out {target} --resume")
 
 
 @pytest.mark.parametrize("name", ["metrics.jsonl", "nodes.json", "trace.jsonl", "export", "checkpoints", "tb", LOCK])
