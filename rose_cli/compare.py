@@ -59,7 +59,7 @@ from rose_dsl.cli import (
 from rose_dsl.ir import LoopNode, Workflow
 from rose_dsl.trust import TrustPolicy, check_trust
 
-from .execute import BackendName, positive_seconds
+from .execute import BackendName, FollowLinksOpt, positive_seconds
 from .machine import machine_info
 
 if TYPE_CHECKING:
@@ -128,6 +128,7 @@ def compare(
     out_dir: Annotated[Path | None, typer.Option("--out", file_okay=False,
                                                  help="run directory of the training done (metrics, checkpoint)")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace earlier outputs in --out, --runs and --json")] = False,
+    follow_links: FollowLinksOpt = False,
     address: Annotated[str | None, typer.Option("--address", help="join this Ray cluster instead of starting one")] = None,
     call_timeout: Annotated[float, typer.Option("--call-timeout", callback=positive_seconds,
                                                 help="watchdog: seconds an iteration's calls may take")] = 900.0,
@@ -204,8 +205,8 @@ def compare(
         err.print("note: --backend ray (a plan runs another layout: its processes are replaced on each switch)",
                   markup=False)
         chosen = "ray"
-    run = ExecuteOptions(backend=chosen, out_dir=out_dir,
-                         overwrite=overwrite, address=address, call_timeout=call_timeout,
+    run = ExecuteOptions(backend=chosen, out_dir=out_dir, overwrite=overwrite, follow_links=follow_links,
+                         address=address, call_timeout=call_timeout,
                          allowed=(*policy.modules, *TRIAL_MODULES), mps=mps, quiet=quiet, compiled=compiled,
                          check_quotas=quota_check)
     options = _Options(rounds, warmup, json_path, runs_dir)

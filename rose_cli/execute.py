@@ -37,6 +37,11 @@ class BackendName(StrEnum):
     RAY = "ray"
 
 
+# (rose optimize and rose compare take it too, for their --out)
+FollowLinksOpt = Annotated[bool, typer.Option("--follow-links", help="--out may be a symbolic link: write where it "
+                                                                     "points (refused otherwise)")]
+
+
 def positive_seconds(value: float) -> float:
     """An option callback: a duration must be more than 0 seconds (`not value > 0` also refuses nan)."""
     if not value > 0:
@@ -87,8 +92,7 @@ def execute(
         help="with --resume: params that may differ from the run's (refused otherwise)")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace what rose wrote in --out (a user's own files "
                                                                 "there stay)")] = False,
-    follow_links: Annotated[bool, typer.Option("--follow-links", help="--out may be a symbolic link: write where it "
-                                                                      "points (refused otherwise)")] = False,
+    follow_links: FollowLinksOpt = False,
     trace: Annotated[TraceSwitch, typer.Option("--trace", help="with --out: write the call trace (trace.json for "
                                                                "Perfetto, trace.jsonl; ~75 KB per PPO iteration), "
                                                                "or not")] = TraceSwitch.ON,

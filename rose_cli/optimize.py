@@ -47,7 +47,7 @@ from rose_dsl.cli import (
 from rose_dsl.ir import Component, Workflow
 from rose_dsl.trust import TrustPolicy, check_trust
 
-from .execute import BackendName
+from .execute import BackendName, FollowLinksOpt
 from .machine import machine_info
 
 if TYPE_CHECKING:
@@ -140,7 +140,8 @@ def optimize(file: FileArg, output: OutputOpt, report: ReportOpt = None, backend
              budget_s: BudgetOpt = None, rounds: RoundsOpt = 2, top_k: TopKOpt = 3, alternatives: AlternativesOpt = 4,
              local_max_fraction: LocalMaxOpt = 0.4, quota: QuotaOpt = True, stage2: Stage2Opt = Stage2Kinds.BOTH,
              stage1: Stage1Opt = None, out_dir: OutDirOpt = None, train: TrainOpt = False,
-             checkpoint_every: CheckpointEveryOpt = 0, overwrite: OverwriteOpt = False, address: AddressOpt = None,
+             checkpoint_every: CheckpointEveryOpt = 0, overwrite: OverwriteOpt = False,
+             follow_links: FollowLinksOpt = False, address: AddressOpt = None,
              call_timeout: CallTimeoutOpt = 900.0, allow_module: AllowModuleOpt = None, allow_env: AllowEnvOpt = None,
              allow_path: AllowPathOpt = None, mps: MpsOpt = True, compiled: CompiledOpt = True, quiet: QuietOpt = False,
              layout: LayoutOpt = None, sets: SetOpt = None) -> None:
@@ -164,7 +165,8 @@ def optimize(file: FileArg, output: OutputOpt, report: ReportOpt = None, backend
     report_dir = report or output.with_name(output.stem + "_report")
     auto = "ray" if layouts else default_backend(wf)  # (a layout's processes are replicas: Ray's)
     run = ExecuteOptions(backend=auto if backend is BackendName.AUTO else backend.value,
-                         out_dir=out_dir or report_dir / "run", overwrite=overwrite, address=address,
+                         out_dir=out_dir or report_dir / "run", overwrite=overwrite, follow_links=follow_links,
+                         address=address,
                          call_timeout=call_timeout, allowed=(*policy.modules, *TRIAL_MODULES), mps=mps, quiet=quiet,
                          compiled=compiled)
     opts = OptimizeOptions(file=file, output=output, report_dir=report_dir, budget_s=budget_s, rounds=rounds,
@@ -410,8 +412,9 @@ def _summary(out: Console, doc: dict[str, Any], opts: OptimizeOptions, run_dir: 
     report = opts.report_dir
     out.print(f"wrote {opts.output}, {report / 'report.md'} (stage 1 alone: {report / 'stage1.yaml'})", markup=False)
     if run_dir is not None:
-        out.print(f"continue training: rose execute {opts.source_args} --plan {opts.output} --out {run_dir} --resume",
-                  markup=False)
+        link = " --follow-links" if run_dir.is_symlink() else ""  # (else the command would be refused)
+        out.print(f"continue training: rose execute {opts.source_args} --plan {opts.output} --out {run_dir}{link} "
+                  "--resume", markup=False)
 
 
 if __name__ == "__main__":  # `python -m rose_cli.optimize` for a quick run without the rose command

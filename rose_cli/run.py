@@ -378,7 +378,8 @@ def resume_command(out_dir: Path) -> str:
     """The command line that continues this run: the user's own, with --resume (and without --overwrite)."""
     args = sys.argv[1:]
     if args[:1] != ["execute"]:  # (run from elsewhere than the `rose` command: the general form)
-        return f"rose execute FILE --out {shlex.quote(str(out_dir))} --resume"
+        link = " --follow-links" if out_dir.is_symlink() else ""  # (else the command would be refused)
+        return f"rose execute FILE --out {shlex.quote(str(out_dir))}{link} --resume"
     kept = [a for a in args if a != "--overwrite"]
     return shlex.join(["rose", *kept, *([] if "--resume" in kept else ["--resume"])])
 

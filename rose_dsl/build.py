@@ -50,6 +50,21 @@ class _Ctx:
         pos = self.doc.key_pos(path) if key else self.doc.pos(path).at(offset)
         self.diags.append(Diagnostic(pos, format_path(path), message, hint))
 
+    def expression(self, path: Path_, text: Any) -> Expr | None:
+        """A value expression of the body (`in:`, `until:`, a carry, a `collect:`): parsed, and every `${name}`
+        in it a defined param. (It was checked only where params are evaluated when the file is read --
+        counts, args --, so `in: {x: "iteration.i * ${k}"}` without `k` validated and raised KeyError when
+        the graph was built; found by tests/cli/test_fuzz.py.)"""
+        expr = self.parse(path, text)
+        if expr is None:
+            return None
+        missing = [x for x in walk(expr) if isinstance(x, Param) and x.name not in self.params]
+        for x in missing:
+            self.error(path, f"undefined param '{x.name}'", did_you_mean(x.name, self.params) or
+                       (f"defined params: {', '.join(sorted(self.params))}" if self.params else
+                        "the workflow defines no params"), offset=x.offset)
+        return None if missing else expr
+
     def parse(self, path: Path_, text: Any) -> Expr | None:
         if text is FAILED:  # a param refused where it is defined, read through `${name}`: said there
             return None
@@ -341,7 +356,7 @@ class _ItemBuilder:
                       did_you_mean(comp_name, self.components) or f"components: {', '.join(self.components)}")
         inputs = []
         for port, text in (raw.get("in") or {}).items():
-            expr = ctx.parse(path + ("in", port), text)
+            expr = ctx.expression(path + ("in", port), text)
             if expr is not None:
                 inputs.append((port, expr))
         effects = []
@@ -392,7 +407,7 @@ class _ItemBuilder:
         ctx = self.ctx
         me = parent + (name,)
         count = _count(ctx, path + ("count",), raw["count"]) if "count" in raw else None
-        until = ctx.parse(path + ("until",), raw["until"]) if "until" in raw else None
+        until = ctx.expression(path + ("until",), raw["until"]) if "until" in raw else None
         iterations = tuple(raw["iterations"]) if raw.get("iterations") else None
         if iterations is not None and count is None and until is None:
             count = max(iterations) + 1
@@ -412,12 +427,12 @@ class _ItemBuilder:
                           "say which value of the body becomes the next iteration's "
                           f"'{name}.{var}' (next: node.port), or make it a plain input")
                 continue
-            init, nxt = ctx.parse(cpath + ("init",), spec["init"]), ctx.parse(cpath + ("next",), spec["next"])
+            init, nxt = ctx.expression(cpath + ("init",), spec["init"]), ctx.expression(cpath + ("next",), spec["next"])
             if init is not None and nxt is not None:
                 carries.append(Carry(var, init, nxt, ctx.doc.key_pos(cpath)))
         collects = []
         for out_name, text in (raw.get("collect") or {}).items():
-            expr = ctx.parse(path + ("collect", out_name), text)
+            expr = ctx.expression(path + ("collect", out_name), text)
             if expr is not None:
                 collects.append((out_name, expr))
         collected = _first_collect(raw)

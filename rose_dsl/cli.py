@@ -44,7 +44,12 @@ class ExitCode(IntEnum):
 
 class _Console(Console):
     """rich's Console, printing text with what a terminal would obey escaped (`errors.printable`): a name
-    from a workflow, a plan or the command line (`\\e[2J`, an RTL override) is shown, never acted on."""
+    from a workflow, a plan or the command line (`\\e[2J`, an RTL override) is shown, never acted on. No emoji
+    codes either: rich reads `:100:` as one, so `plan.yaml:100:1` printed as `plan.yaml💯1` (found by
+    tests/cli/test_fuzz.py)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(emoji=False, **kwargs)
 
     def print(self, *objects: Any, **kwargs: Any) -> None:
         super().print(*(printable(o, lines=True) if isinstance(o, str) else o for o in objects), **kwargs)

@@ -18,7 +18,7 @@ from interpreter import checkpoint as ckpt_mod
 from interpreter import safe_io
 from interpreter.checkpoint import CheckpointError, list_complete, save_checkpoint, save_component_checkpoint
 from interpreter.rundir import LOCK, RunDirLock, rose_outputs
-from rose_cli.run import ExecuteOptions, execute_workflow
+from rose_cli.run import ExecuteOptions, execute_workflow, resume_command
 from rose_dsl import load_workflow_text
 
 WF = """rose: 1
@@ -70,6 +70,35 @@ def test_a_symlinked_out_is_refused_unless_follow_links(tmp_path) -> None:
     code, text = _run(link, resume=True, follow_links=True, iterations=4)  # said, it is the run there
     assert code == 0, text
     assert [json.loads(x)["iteration"] for x in (other / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("command", ["optimize", "compare"])
+def test_optimize_and_compare_refuse_a_symlinked_out_unless_follow_links(tmp_path, command) -> None:
+    """`rose optimize --out LINK` was refused with no way to say yes: --follow-links is theirs too, and the
+    command optimize prints to continue the run names it (issue 59). In this process, local backend."""
+    from typer.testing import CliRunner
+
+    from rose_cli.main import app
+
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(WF.replace("count: 3", "count: 40"))  # (enough iterations for optimize's reference profile)
+    target, link = tmp_path / "target", tmp_path / "link"
+    target.mkdir()
+    link.symlink_to(target)
+    args = {"optimize": ["optimize", str(wf), "-o", str(tmp_path / "plan.yaml"), "--rounds", "1"],
+            "compare": ["compare", str(wf), "--rounds", "1", "--warmup", "0"]}[command]
+    args += ["--backend", "local", "-q", "--allow-module", "tests.", "--out", str(link)]
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code == 2 and f"--out {link} is a symbolic link (to {target})" in refused.output
+    assert "--follow-links" in refused.output and list(target.iterdir()) == [], refused.output
+    done = CliRunner().invoke(app, [*args, "--follow-links"])
+    assert done.exit_code == 0, done.output
+    assert (target / "metrics.jsonl").is_file() and link.is_symlink()
+    if command == "optimize":
+        assert f"--out {link} --follow-links --resume" in done.output, done.output
+    # the general form of the command to continue (the command line is not `rose execute`'s)
+    assert resume_command(link).endswith(f"--out {link} --follow-links --resume")
+    assert resume_command(target).endswith(f"--out {target} --resume")
 
 
 @pytest.mark.parametrize("name", ["metrics.jsonl", "nodes.json", "trace.jsonl", "export", "checkpoints", "tb", LOCK])

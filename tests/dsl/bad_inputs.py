@@ -96,6 +96,10 @@ CASES: list[tuple[str, str, str]] = [
      "wf.yaml:10:24: iteration.body[1].count: a count must be static: integer arithmetic over ${params}"),
     ("undefined_param", sub('count: "${steps}"', 'count: "${stepz}"'),
      "wf.yaml:50:21: iteration.body[0].body[1].count: undefined param 'stepz'"),
+    # a param in a body expression was not checked: it validated and raised KeyError building the graph
+    # (issue 59's fuzzing pass, tests/cli/test_fuzz.py)
+    ("undefined_param_in_an_input", mini('    - {node: p, call: a.f, in: {x: "iteration.i * ${m}"}, out: [y]}\n'),
+     "wf.yaml:9:53: iteration.body[0].in.x: undefined param 'm'"),
     ("param_not_int", mini('    - {loop: l, count: "${n} * ${f}", body: [{node: p, call: a.f}]}\n').replace("{n: 2}", "{n: 2, f: 0.5}"),
      "wf.yaml:9:34: iteration.body[0].count: param 'f' is 0.5, not an integer"),
     ("bad_expression", sub("in: {action: act.action}", 'in: {action: "act.action[0:"}'),
