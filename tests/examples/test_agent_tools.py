@@ -23,12 +23,6 @@ WORKFLOW = ROOT / "workflows" / "llm_agent_tools.yaml"
 SMALL = {"prompts": 4, "k": 4, "tool_ms_mean": 1, "tool_ms_p99": 8, "tool_timeout_ms": 6}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_the_calculator_parses_its_grammar_and_refuses_the_rest() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -20,13 +19,6 @@ from examples.embodied.sim_reacher import EnvFault, ReacherVecSim
 GROUPINGS = [[slice(0, 6)], [slice(0, 1), slice(1, 4), slice(4, 6)], [slice(0, 5), slice(5, 6)]]
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: faster for these tiny tensors, and keeps CPU timings comparable."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def roundtrip(value: object) -> object:

@@ -26,13 +26,6 @@ TOKENIZER_SHA256 = "f2f9afafa6f950494b64b980ad33e590b2714f704d52a940084a1c256936
 FAULTY = "examples.llm.reward_worker:faulty_check"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """A tiny model runs fastest on one thread, and the CI machine's cores are shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

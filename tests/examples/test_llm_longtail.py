@@ -24,12 +24,6 @@ POLICY = {"arch": "decoder", "layers": 2, "d_model": 32, "heads": 4, "kv_heads":
           "context": 40, "warm_steps": 0}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _gen(**kw) -> Generator:

@@ -3,7 +3,6 @@ a trainer bootstraps V(next_obs) only where the episode did not end in a termina
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from examples.embodied.driver import rollout
@@ -11,14 +10,6 @@ from examples.embodied.grpo import GRPOTrainer
 from examples.embodied.policy import FlowPolicy
 from examples.embodied.ppo import PPOTrainer
 from examples.embodied.sim_reacher import ReacherVecSim
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def test_a_task_that_terminates_reports_terminated_not_truncated() -> None:

@@ -23,12 +23,6 @@ def _traj(seed: int = 0) -> dict[str, torch.Tensor]:
             "logp": torch.randn(T, N, generator=g) - 3, "reward": torch.randn(T, N, generator=g), "done": done}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def _trained(traj: dict[str, torch.Tensor], updates: int = 2, **kw) -> dict[str, torch.Tensor]:
