@@ -437,8 +437,8 @@ class _Search(_LocalTrials):
             return self.out_of_budget
         need = self._block_s([g, m.plan()], 1)
         pred, ref = m.predicted_iteration_s, self.iteration_s
-        if not self.time.fits(need) and pred and ref and self._borrow_for(ref / pred, "predicted"):
-            pass  # (the whole budget now: checked below like any other)
+        if not self.time.fits(need) and pred and ref:
+            self._borrow_for(ref / pred, "predicted")  # (then the whole budget is checked below, as any other)
         try:
             self.budget(need)
         except OutOfBudget as exc:
