@@ -54,6 +54,12 @@ def build_defer(wf: Workflow, path: Path, k: int | None = None) -> Rewritten:
     if k > MAX_DEFER:
         raise Refused(f"defer: K {k} is more than rose checks and keeps in flight; give K at most {MAX_DEFER}",
                       at=node.pos)
+    written = _written_budgets(wf, node)
+    most = max((s.max_staleness for s in wf.state_objects().values()), default=0)
+    if written and k > most:  # (the plan check's bound before it unrolls, `PlanCheck.defer_bounds`: the two agree)
+        state, budget = min(written, key=lambda w: w[1])
+        raise Refused(f"defer: '{node.name}' writes '{state}', whose budget allows max_staleness {budget}, and no "
+                      f"state allows {k}: what it writes would be read, or left, {k} RL iteration(s) old", at=node.pos)
     if node.plan.defer:
         raise Refused(f"defer: '{node.name}' is already deferred ({node.plan.defer})", at=node.pos)
     body = [replace(node, plan=replace(node.plan, defer=k)) if i.path == path else i for i in wf.root.body]

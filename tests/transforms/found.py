@@ -251,6 +251,16 @@ ACCEPTED.append(Found(
     + "iteration:\n  count: 2\n  body:\n    - {node: n1, call: c0.n1}\n",
     ("defer iteration.n1 1",)))
 
+# the long profile after the fix above: `defer n1 1` of the only node, which updates a state nothing reads, with no
+# budget anywhere: accepted by the rewrite (no read is older), refused by the plan check (the value an RL
+# iteration leaves would be 1 iteration old); the rewrite now refuses it with the plan check's own bound
+ACCEPTED.append(Found(
+    "issue 58: a deferred node that updates a state, no budget anywhere: the rewrite refuses it as the plan check does",
+    "rose: 1\nname: found\ncomponents:\n"
+    + _mock("c0", ["s0"], {"n1": "{state: {s0: update}, out: [], separable: true}"})
+    + "iteration:\n  count: 2\n  body:\n    - {node: n1, call: c0.n1, state: {s0: update}, batch: {dim: 0, size: 6}}\n",
+    ("defer iteration.n1 1",)))
+
 # Found by property 2 (a refused reorder, forced through, changes something): test_refused_reorders...
 FORCED = [
     Found(
