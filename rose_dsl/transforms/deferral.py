@@ -58,8 +58,9 @@ def build_defer(wf: Workflow, path: Path, k: int | None = None) -> Rewritten:
     most = max((s.max_staleness for s in wf.state_objects().values()), default=0)
     if written and k > most:  # (the plan check's bound before it unrolls, `PlanCheck.defer_bounds`: the two agree)
         state, budget = min(written, key=lambda w: w[1])
-        raise Refused(f"defer: '{node.name}' writes '{state}', whose budget allows max_staleness {budget}, and no "
-                      f"state allows {k}: what it writes would be read, or left, {k} RL iteration(s) old", at=node.pos)
+        raise Refused(f"defer: what '{node.name}' writes would be read, or left, as a value {k} RL iteration"
+                      f"{'s' * (k != 1)} old: '{state}' allows max_staleness {budget}, and no state allows {k}",
+                      at=node.pos)
     if node.plan.defer:
         raise Refused(f"defer: '{node.name}' is already deferred ({node.plan.defer})", at=node.pos)
     body = [replace(node, plan=replace(node.plan, defer=k)) if i.path == path else i for i in wf.root.body]
