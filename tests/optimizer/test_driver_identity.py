@@ -59,12 +59,15 @@ WITNESS = re.compile(r"(depends on '[^']*'): .*?, (so the two loops cannot take 
 
 
 def _stable(value: Any) -> Any:
-    """`value` without what differs from run to run of the same decisions (wall-clock seconds, a witness)."""
+    """`value` without what differs from run to run of the same decisions (wall-clock seconds, a witness,
+    the checkout's directory in a message's file name)."""
     if isinstance(value, dict):
         return {k: _stable(v) for k, v in value.items() if k not in WALL_CLOCK}
     if isinstance(value, list):
         return [_stable(v) for v in value]
-    return WITNESS.sub(r"\1 ... \2", value) if isinstance(value, str) else value
+    if isinstance(value, str):
+        return WITNESS.sub(r"\1 ... \2", value).replace(str(ROOT), "ROOT")
+    return value
 
 
 def _given(wf: Workflow) -> Workflow:
