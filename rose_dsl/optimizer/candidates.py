@@ -12,7 +12,8 @@ body, the other movable loops (fuse / rewire), splittable downstream consumers, 
 rewired next to P. For v in the iteration body or in a node's phases: repositioning v, then its
 siblings. The split group count is a searched parameter. `sweep` adds, beyond the paper, every
 configuration of the hand-written sweep (group pipelining with 2/4/8 groups, loop fusion, temporal
-splits), so the search never misses what a user could reach by hand.
+splits), so the search never misses what a user could reach by hand; `group_turns` the row-group copies of
+a loop that ends per row taking turns (a multi-turn agent's decode beside another group's tool calls).
 """
 
 from __future__ import annotations
