@@ -12,11 +12,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
+from hypothesis import event, given, settings
 
 from rose_dsl import load_workflow, load_workflow_text
 from rose_dsl.optimizer.candidates import TURNS, Alternative, Feasible, Infeasible, alternatives, check, sweep
 from rose_dsl.optimizer.search import Settings, optimize_graph
+from rose_dsl.transforms import apply_request, compose
+from rose_dsl.transforms.plan_check import plan_differences
 
+from ..strategies import turn_workflows
+from ..transforms.harness import differences, execute
 from .fakes import GroundTruth, RowTripsMeasurer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,3 +125,27 @@ def test_not_where_the_copies_would_compute_something_else() -> None:
                           "interleave episode@0 episode@1"), TURNS, "t", groups=2)
     refused = check(wf, forced)
     assert isinstance(refused, Infeasible) and "writes state" in refused.reason
+
+
+@settings(max_examples=max(10, settings.default.max_examples // 10))  # 20 by default, 300 in the long profile
+@given(turn_workflows())
+def test_every_feasible_candidate_computes_the_declared_values(doc) -> None:
+    """On random agents' turns (tests/strategies.py: per-row turn counts and decode lengths, a decode loop
+    inside the turn loop, the tool on its own component): every group-turns candidate the sweep proposes
+    that the rewrites accept is a plan the plan check accepts and computes the declared values bit for bit
+    (the rewrites' own property suite runs the moves in the other order, first group first)."""
+    wf = load_workflow_text(yaml.safe_dump(doc, sort_keys=False), "wf.yaml")
+    alts = _turns(sweep(wf, (2, 3)))
+    assert alts or doc["components"]["c0"]["args"]["batch"] < 2
+    ref_run, ref_comps = execute(wf, "program")
+    for alt in alts:
+        got = check(wf, alt)
+        event(f"feasible: {isinstance(got, Feasible)}")
+        if not isinstance(got, Feasible):
+            continue
+        assert plan_differences(wf, got.workflow) == [], alt.requests
+        result = apply_request(wf, alt.requests[0])
+        for r in alt.requests[1:]:
+            result = compose(result, apply_request(result.workflow, r))
+        run, comps = execute(result.workflow, "program")
+        assert differences(wf, ref_run, ref_comps, result.workflow, run, comps, result.locate) == [], alt.requests
