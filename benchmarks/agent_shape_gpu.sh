@@ -35,6 +35,7 @@ fi
 export RAY_DEDUP_LOGS=0
 set -o pipefail
 left=$((LIMIT - SECONDS))   # (what unpacking the bundle took counts)
+[ "$left" -ge 30 ] || { echo "only ${left} s of the ${LIMIT} s limit left after the set-up: not started" >&2; exit 1; }
 timeout -k 5 $((left - 5)) python3 benchmarks/agent_shape.py "$WF" "${SETS[@]}" --backend "$BACKEND" --warmup "$WARMUP" \
   --timed "$TIMED" --limit-s $((left - 5)) --out "$OUT/agent_shape.json" 2>&1 | tee "$OUT/log_agent_shape.txt"
 rc=$?
