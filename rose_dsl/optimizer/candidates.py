@@ -12,7 +12,8 @@ body, the other movable loops (fuse / rewire), splittable downstream consumers, 
 rewired next to P. For v in the iteration body or in a node's phases: repositioning v, then its
 siblings. The split group count is a searched parameter. `sweep` adds, beyond the paper, every
 configuration of the hand-written sweep (group pipelining with 2/4/8 groups, loop fusion, temporal
-splits), so the search never misses what a user could reach by hand.
+splits), so the search never misses what a user could reach by hand; `group_turns` the row-group copies of
+a loop that ends per row taking turns (a multi-turn agent's decode beside another group's tool calls).
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ from ..transforms.tree import own_group
 from .profile import item_sources
 
 __all__ = ["Alternative", "Feasible", "Infeasible", "alternatives", "sweep", "asynchronous", "check", "find_structural",
-           "request_name", "memory_estimate", "temporal_copies", "DEFAULT_GROUPS"]
+           "request_name", "memory_estimate", "temporal_copies", "DEFAULT_GROUPS", "TURNS", "group_turns"]
 
 Path = tuple[str, ...]
 DEFAULT_GROUPS = (2, 4, 8)
 SWEEP = "(sweep)"  # the pseudo-target of the hand-written sweep's configurations
+TURNS = "group-turns"  # the family of `group_turns`: a loop's row-group copies taking turns, consumers after them
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class Alternative:
     """A transformation phi(v, w): rewrite requests that let `partners` overlap the `target`."""
 
     requests: tuple[str, ...]
-    family: str  # temporal-split | split-interleave | fuse | rewire | split-consumer | split-node | split-chain | take-turns | defer | ahead
+    family: str  # temporal-split | split-interleave | fuse | rewire | split-consumer | split-node | split-chain | take-turns | group-turns | defer | ahead
     target: str  # structural node path (`iteration.epoch.step.act`) or SWEEP
     partners: tuple[str, ...] = ()  # structural nodes whose work would overlap the target's
     groups: int | None = None  # k of a split
@@ -209,6 +211,10 @@ def alternatives(wf: Workflow, target: str, groups: Sequence[int] = DEFAULT_GROU
             out += _spatial(wf, parent, target, groups, comp)
         out += _around(wf, parent, target, groups, comp)
         out += _chain(wf, parent, target, groups)  # the loop copied per row group, pipelined with its consumers
+        for n in range(len(parent.path), 1, -1):  # the copies of it (or of a loop around it) taking turns
+            loop = wf.find(parent.path[:n])
+            if isinstance(loop, LoopNode):
+                out += group_turns(wf, loop, target, groups)
     elif isinstance(parent, LoopNode):  # a node of the iteration body
         out += _reposition(wf, item, target)
         if item.batch is not None and item.separable:
@@ -321,6 +327,44 @@ def _chain(wf: Workflow, first: Item, target: str, groups: Sequence[int]) -> lis
             for k in _divisors(size, groups)]
 
 
+def group_turns(wf: Workflow, loop: LoopNode, target: str, groups: Sequence[int]) -> list[Alternative]:
+    """Beyond the paper (issue 62): a loop whose trips alternate between components -- a multi-turn agent's
+    decode on the policy, then its tool calls on a worker pool -- copied whole per row group with its consumer
+    (`split-chain turn finish k`), the consumer's groups moved after the last copy (`rewire finish@g after
+    turn@(k-1)`, last group first so they keep their order), and the copies taking turns (`interleave turn@0
+    ... turn@(k-1)`): group g's tool calls run while group g + 1 decodes, trip after trip. A chain alone runs
+    the copies one after the other (the consumer of group g beside the loop of group g + 1); taking turns is
+    what overlaps the loop's own phases, which on the agent workload are most of the iteration.
+
+    Proposed only where it can help and the body split cannot: the loop ends on a condition or holds one
+    (a static loop's body is split and interleaved by `_spatial`, the same overlap), its calls run on at
+    least two components (on one, the copies' trips would only queue on it), and the next sibling is a
+    consumer of its rows (a loop that ends on a condition is split per row group only in a chain). The
+    rewrites' checks refuse it where a row's trips depend on another row's, or the moves break a dependency."""
+    if loop.path == wf.root.path or not _waits(loop) or loop.plan.interleaved or loop.temporal_group \
+            or any(own_group(item) is not None for n in range(2, len(loop.path) + 1)
+                   if (item := wf.find(loop.path[:n])) is not None) \
+            or len(_components(wf, loop)) < 2:
+        return []
+    size = _rows_of(wf, loop)
+    body = _body(_parent(wf, loop.path))
+    at = [i.name for i in body].index(loop.name)
+    consumer = body[at + 1] if at + 1 < len(body) else None
+    if size is None or consumer is None or isinstance(consumer, MergeNode) or _rows_of(wf, consumer) != size:
+        return []
+    prefix = ".".join(loop.path[1:-1]) + ("." if len(loop.path) > 2 else "")
+    name, cname = request_name(wf, loop.path), request_name(wf, consumer.path)
+    split = tuple(dict.fromkeys(_spath(wf, n.path) for i in (loop, consumer) for n in _calls(i)))
+    out = []
+    for k in _divisors(size, groups):
+        moves = tuple(f"rewire {cname}@{g} after {loop.name}@{k - 1}" for g in range(k - 2, -1, -1))
+        turns = "interleave " + " ".join(f"{prefix}{loop.name}@{g}" for g in range(k))
+        out.append(Alternative((f"split-chain {name} {cname} {k}", *moves, turns), TURNS, target,
+                               _partners(wf, loop, ""), k, split,
+                               f"{k} row-group copies of loop '{loop.name}' taking turns, '{consumer.name}' after them"))
+    return out
+
+
 def _around(wf: Workflow, anchor: Item, target: str, groups: Sequence[int], comp: str, consumers: bool = True) -> list[Alternative]:
     """In the anchor's parent body: other movable loops, splittable downstream consumers, and nodes that
     could be rewired next to the anchor."""
@@ -390,6 +434,8 @@ def sweep(wf: Workflow, groups: Sequence[int] = DEFAULT_GROUPS) -> list[Alternat
                                        note=f"run iteration j of '{b.name}' right after iteration j of '{a.name}'"))
             if not isinstance(a, MergeNode):
                 out += _chain(wf, a, SWEEP, groups)
+            if isinstance(a, LoopNode):
+                out += group_turns(wf, a, SWEEP, groups)
     out += asynchronous(wf)
     return _dedupe(out)
 

@@ -176,16 +176,16 @@ class CostModel:
 
         return replace(wf, root=fix(wf.root))  # type: ignore[arg-type]
 
-    def period(self, wf: Workflow) -> Prediction:
+    def period(self, wf: Workflow, lower_bound: bool = False) -> Prediction:
         """Seconds per RL iteration of `wf` in steady state. A synchronous plan runs its iterations one after
         another (`predict`); an asynchronous one (`defer`, `ahead`: several RL iterations in flight) overlaps
         iteration k+1's rollout with iteration k's update as far as the plan's data and state accesses allow,
         with the contention its calls' overlap implies: `steady_state` over the simulated invocation graph
-        of several iterations, so the fill and the drain cancel out."""
+        of several iterations, so the fill and the drain cancel out. `lower_bound`: as `predict`'s."""
         depth = iterations_in_flight(wf)
         if depth <= 1:
-            return self.predict(wf)
-        return steady_state(lambda n: self.predict(wf, iterations=n), depth)
+            return self.predict(wf, lower_bound=lower_bound)
+        return steady_state(lambda n: self.predict(wf, lower_bound=lower_bound, iterations=n), depth)
 
     def predict(self, wf: Workflow, free: Sequence[str] = (), lower_bound: bool = False,
                 iterations: int = 1) -> Prediction:

@@ -21,7 +21,17 @@ from ..ir import Workflow
 from ..measurement import window
 from .before_after import declared_graph, given_plan, interleaved
 from .budget import Budget
-from .candidates import SWEEP, Alternative, Feasible, Infeasible, alternatives, check, memory_estimate, sweep
+from .candidates import (
+    SWEEP,
+    TURNS,
+    Alternative,
+    Feasible,
+    Infeasible,
+    alternatives,
+    check,
+    memory_estimate,
+    sweep,
+)
 from .combine import Option, combinations_of
 from .decide import Summary, summarize
 from .local_trials import _LocalTrials
@@ -71,6 +81,8 @@ def split_family(m: Measured) -> tuple[str, ...]:
     if m.groups is None:
         return (m.family, *m.requests)
     suffix = f" {m.groups}"
+    if m.family == TURNS:  # (its moves and its interleave name the k groups: the split says the family)
+        return (m.family, m.requests[0].removesuffix(suffix))
     return (m.family, *(r[:-len(suffix)] if r.endswith(suffix) else r for r in m.requests))
 
 
@@ -205,13 +217,14 @@ class _Search(_LocalTrials):
                 seen.add(id(plan))
         return total
 
-    def predict(self, wf: Workflow, reference: Workflow, measured_s: float) -> float | None:
+    def predict(self, wf: Workflow, reference: Workflow, measured_s: float, lower_bound: bool = False) -> float | None:
         """`wf`'s iteration time, scaled from the reference's measured one by the cost model; None when
         the model cannot say. Both are predicted per iteration in steady state (`CostModel.period`): an
         asynchronous plan (`defer`, `ahead`) by simulating several pipelined iterations, so that its gain
         -- the next rollout beside this update -- is predicted like any other candidate's and it is measured
-        in the order of that gain, not after every predicted one."""
-        p, p0 = self.model.period(wf), self.model.period(reference)
+        in the order of that gain, not after every predicted one. `lower_bound`: a node seen at one row count
+        only is taken at the least it can cost at the plan's rows (`CostModel.predict`)."""
+        p, p0 = self.model.period(wf, lower_bound), self.model.period(reference)
         if p.seconds is None or not p0.seconds:
             return None
         return measured_s * p.seconds / p0.seconds
@@ -255,9 +268,20 @@ class _Search(_LocalTrials):
                 m.workflow = result.workflow
                 m.delta_s = self._delta(node, alt, stats)
                 m.predicted_iteration_s = self.predict(result.workflow, g, reference.median)
+                if m.predicted_iteration_s is None and alt.family == TURNS:
+                    m.predicted_iteration_s = self._turns_prediction(result.workflow, g, reference.median)
             measured.append(m)
         rec.alternatives = measured
         return rec
+
+    def _turns_prediction(self, plan: Workflow, g: Workflow, measured_s: float) -> float | None:
+        """A `group_turns` candidate's prediction when its consumer's row groups were never measured: the loop's
+        own nodes were (a loop that ends per row calls them on the rows still active, so the profile holds
+        several row counts), and the consumer -- one call per group, after every copy -- is taken at its lower
+        bound (`RowModel.at`): what the prediction is about, the copies' steady state (one group's decode
+        beside another's tool wait), stays the model's. Without it the candidate would enter the race only
+        after every predicted one, whatever it gains (the agent workload: the loop is most of the iteration)."""
+        return self.predict(plan, g, measured_s, lower_bound=True)
 
     def _delta(self, node: str, alt: Alternative, stats) -> float | None:
         """|T^(v) - T^(w)|: the target's and its partners' mean call time, both after the split."""

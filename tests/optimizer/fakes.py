@@ -9,11 +9,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rose_dsl.analysis import iterations_in_flight
-from rose_dsl.ir import ExecutionNode, Workflow
+from rose_dsl.analysis import invocation_graph, iterations_in_flight
+from rose_dsl.ir import ExecutionNode, LoopNode, Workflow
 from rose_dsl.measurement import call_identity
-from rose_dsl.optimizer.model import rows_of, simulate, steady_state
-from rose_dsl.optimizer.profile import Call, IterationRun
+from rose_dsl.optimizer.model import _simulate, rows_of, simulate, steady_state
+from rose_dsl.optimizer.profile import Call, IterationRun, component_bases
 from rose_dsl.optimizer.regions import LocalGraph
 from rose_dsl.optimizer.search import OutOfBudget
 from rose_dsl.semantics import Invocation
@@ -118,3 +118,72 @@ class FakeMeasurer:
 
 def invocation_key(path: str, indices: tuple[int, ...]) -> Invocation:
     return Invocation(tuple(path.split(".")), indices)
+
+
+class RowTripsMeasurer(FakeMeasurer):
+    """A `FakeMeasurer` whose loops that end per row (`until:`) run as the runtime runs them: row r of such a
+    loop takes `row_trips[r]` trips, a copy of the loop (a row group) as many as its slowest row, and each trip
+    calls the loop's nodes on the rows still active -- costed, and reported in `Call.rows`, on those rows. So
+    the profile shows the loop's nodes at several row counts, and the cost model can predict a row group's
+    calls, as on a real multi-turn agent (later turns act on the prompts still running). Only loops of the
+    iteration body are supported (the tests' shapes)."""
+
+    def __init__(self, truth: GroundTruth, row_trips: Sequence[int], noise: float = 0.01, seed: int = 0,
+                 iterations: int | None = None) -> None:
+        super().__init__(truth, noise, seed, iterations)
+        self.row_trips = tuple(row_trips)
+
+    def _rows(self, node: ExecutionNode) -> tuple[int, int]:
+        if node.plan.rows is not None:
+            return node.plan.rows
+        return 0, node.batch_size or len(self.row_trips)
+
+    def _static(self, wf: Workflow) -> Workflow:
+        """`wf` with each top-level loop that ends per row made static: as many trips as its slowest row."""
+        body = []
+        for item in wf.root.body:
+            if isinstance(item, LoopNode) and item.until is not None:
+                first = next(n for n in item.body if isinstance(n, ExecutionNode))
+                lo, hi = self._rows(first)
+                item = replace(item, until=None, count=max(self.row_trips[lo:hi]))
+            body.append(item)
+        return replace(wf, root=replace(wf.root, body=tuple(body)))
+
+    def _active(self, wf: Workflow, inv: Invocation) -> int | None:
+        """The rows a call computes: its rows still active at its trip, in a loop that ends per row."""
+        node = wf.find(inv.path)
+        assert isinstance(node, ExecutionNode)
+        loop = wf.find(inv.path[:2])
+        if not (isinstance(loop, LoopNode) and loop.until is not None and len(inv.path) == 3):
+            return rows_of(node)
+        lo, hi = self._rows(node)
+        return sum(1 for r in range(lo, hi) if self.row_trips[r] > inv.indices[1])
+
+    def _run(self, wf: Workflow, iteration: int) -> IterationRun:
+        static = self._static(wf)
+        g = invocation_graph(static, iterations=1)
+        rows = {inv: self._active(wf, inv) for inv in g.order}
+        truth = self.truth
+
+        def cost(inv: Invocation) -> float:
+            comp = g.node[inv].component.split("@")[0]
+            return 0.0 if comp.startswith("__") else truth.fixed.get(comp, 0.0) + truth.per_row.get(comp, 0.0) * (rows[inv] or 0)
+
+        pred = _simulate(g.order, {inv: g.node[inv].component for inv in g.order},
+                         {inv: list(g.producers(inv)) for inv in g.order}, {inv: cost(inv) for inv in g.order},
+                         truth.contention, 0.0, component_bases(wf))
+        assert pred.seconds is not None
+        factor = 1.0 + self.rng.uniform(-self.noise, self.noise)
+        base = int(self.clock * 1e9)
+        identity = call_identity(wf)
+        calls = []
+        for inv, (s, e) in pred.timeline.items():
+            node = g.node[inv]
+            if node.component.startswith("__"):
+                continue
+            calls.append(Call(".".join(inv.path), node.component, iteration, (iteration,) + inv.indices[1:],
+                              base + int(s * factor * 1e9), base + int(e * factor * 1e9), rows[inv],
+                              truth.activity.get(node.component.split("@")[0], 0.1), *identity[".".join(inv.path)]))
+        seconds = pred.seconds * factor
+        self.clock += seconds
+        return IterationRun(seconds, tuple(calls), base, base + int(seconds * 1e9), iteration)
