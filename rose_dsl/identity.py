@@ -82,20 +82,29 @@ class StateKey:
 
 @dataclass(frozen=True, order=True)
 class ProcessId:
-    """A process: data-parallel replica `replica` of a component of the plan (a temporal split's copy is a
-    component of its own). Spelled `policy#1`; replica 0 keeps the component's name."""
+    """A process: data-parallel replica `replica` of `component` (as the source workflow names it), or of
+    its temporal split's copy `copy`. Spelled `sim@1#2` (`plan_component` `sim@1`, the plan's component
+    that is the copy; replica 0 and no copy keep the component's name): how backends name their processes
+    and traces and metrics write them."""
 
     component: str
+    copy: str | None = None
     replica: int = 0
 
     @classmethod
     def parse(cls, text: str) -> ProcessId:
-        """`policy#1` -> the process (a backend's process names, a trace's `process`)."""
-        component, _, r = text.partition("#")
-        return cls(component, int(r or 0))
+        """`sim@1#2` -> the process (a backend's process name, a trace's or a profile's `process`)."""
+        named, _, r = text.partition("#")
+        component, at, copy = named.partition("@")
+        return cls(component, copy if at else None, int(r or 0))
+
+    @property
+    def plan_component(self) -> str:
+        """The plan's component this process runs: the copy (`sim@1`) or the component itself."""
+        return self.component if self.copy is None else f"{self.component}@{self.copy}"
 
     def __str__(self) -> str:
-        return self.component if self.replica == 0 else f"{self.component}#{self.replica}"
+        return self.plan_component if self.replica == 0 else f"{self.plan_component}#{self.replica}"
 
 
 @dataclass(frozen=True, order=True)

@@ -38,21 +38,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("interpreter/shared_process.py", "*"): "file names (`mod.py`), not identities",
     ("rose_cli/init.py", "*"): "Python module paths of a component's `impl`, not identities",
     # not replaced yet: each goes when its layer passes the values
-    ("rose_dsl/measurement.py", "Call.path"): _TODO,
-    ("rose_dsl/optimizer/candidates.py", "_around"): _TODO,
-    ("rose_dsl/render.py", "to_dot.emit"): _TODO,
-    ("rose_dsl/serialize.py", "_item"): _TODO,
-    ("rose_dsl/transforms/legality.py", "on_component"): _TODO,
-    ("rose_dsl/transforms/passes.py", "_loop_or_split_in_time"): _TODO,
-    ("rose_dsl/transforms/passes.py", "resolve_name"): _TODO,
-    ("rose_dsl/transforms/plan_check.py", "_key"): _TODO,
-    ("rose_dsl/transforms/plan_check.py", "_Checker.run"): _TODO,
-    ("rose_dsl/transforms/plan_check.py", "_Checker.source_budget"): _TODO,
-    ("rose_dsl/transforms/plan_check.py", "_Checker.node"): _TODO,
-    ("rose_dsl/transforms/plan_check.py", "_Checker.state"): _TODO,
-    ("rose_dsl/transforms/seeds.py", "through_seeds"): _TODO,
-    ("rose_dsl/transforms/temporal.py", "_copied_components"): _TODO,
-    ("rose_dsl/transforms/temporal.py", "_on_copies.fn"): _TODO,
     ("interpreter/compiled_graph.py", "compile_iteration.bind"): _TODO,
     ("interpreter/components.py", "seed_call"): _TODO,
     ("interpreter/metric_merge.py", "_name_base"): _TODO,
@@ -136,9 +121,10 @@ def test_spellings_round_trip() -> None:
     assert StateKey.parse(str(key)) == key and str(key.on("sim")) == "sim.episode"
     with pytest.raises(ValueError, match="component.name"):
         StateKey.parse("episode")
-    for text, pid in (("policy", ProcessId("policy")), ("policy#2", ProcessId("policy", 2)),
-                      ("sim@1#1", ProcessId("sim@1", 1))):
+    for text, pid in (("policy", ProcessId("policy")), ("policy#2", ProcessId("policy", None, 2)),
+                      ("sim@1#1", ProcessId("sim", "1", 1)), ("sim@0", ProcessId("sim", "0"))):
         assert ProcessId.parse(text) == pid and str(pid) == text
+    assert ProcessId("sim", "1", 2).plan_component == "sim@1" and ProcessId("sim").plan_component == "sim"
 
 
 def test_a_split_group_is_its_fields_not_its_name() -> None:
