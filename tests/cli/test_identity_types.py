@@ -22,8 +22,6 @@ PACKAGES = ("rose_dsl", "interpreter", "rose_cli")
 SEPARATORS = frozenset(".@#")  # of a node path, a state key, a copy or split group, a replica
 SPLITTERS = frozenset({"split", "rsplit", "partition", "rpartition"})
 
-_TODO = "not replaced yet (issue 60): still reads an identity out of a name"
-
 # (file, function) -> why a string is split there; "*" for a whole file. Nothing here reads an identity
 # out of a name the code made: these read text (YAML, Python import paths) or check a spelling itself.
 ALLOWED: dict[tuple[str, str], str] = {
@@ -37,14 +35,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("interpreter/components.py", "resolve_impl"): "Python module and attribute paths, not identities",
     ("interpreter/shared_process.py", "*"): "file names (`mod.py`), not identities",
     ("rose_cli/init.py", "*"): "Python module paths of a component's `impl`, not identities",
-    # not replaced yet: each goes when its layer passes the values
-    ("interpreter/compiled_graph.py", "compile_iteration.bind"): _TODO,
-    ("interpreter/components.py", "seed_call"): _TODO,
-    ("interpreter/metric_merge.py", "_name_base"): _TODO,
-    ("interpreter/optimize/trials.py", "TrialSession._calls"): _TODO,
-    ("interpreter/runner.py", "Runner._time_by_node"): _TODO,
-    ("interpreter/worker.py", "replica_of"): _TODO,
-    ("rose_cli/compare.py", "_loop_names"): _TODO,
+    ("rose_cli/compare.py", "_loop_names"): "not replaced yet (issue 60): still reads an identity out of a name",
 }
 
 
