@@ -35,7 +35,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("interpreter/components.py", "resolve_impl"): "Python module and attribute paths, not identities",
     ("interpreter/shared_process.py", "*"): "file names (`mod.py`), not identities",
     ("rose_cli/init.py", "*"): "Python module paths of a component's `impl`, not identities",
-    ("rose_cli/compare.py", "_loop_names"): "not replaced yet (issue 60): still reads an identity out of a name",
 }
 
 
