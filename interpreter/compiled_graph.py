@@ -96,7 +96,7 @@ def compile_iteration(schedule: Schedule, wf: Workflow, actors: Mapping[str, Any
             site = len(nodes)
             node = actors[comp].call_compiled.bind(plan, step.node.path, step.recipe, step.inv.indices,
                                                    tuple(ports), site, k_arg, *unique, *tokens)
-            method = step.node.call.partition(".")[2]
+            method = step.node.method
             for read in (*unique, *tokens):  # a token is deserialised by its reader too
                 readers.setdefault(site_of[id(read)][0], []).append((comp, method))
             site_of[id(node)] = (site, comp)

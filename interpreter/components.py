@@ -242,7 +242,7 @@ def seed_call(obj: Any, node: ExecutionNode, inputs: Mapping[str, Any], comp: Co
     node refreshes from them (`set_state`: the copy gets its own copy of each value)."""
     if comp is None:
         raise ComponentError(f"{node.call}: a seeding call needs its component's definition (a bug in rose)")
-    names = [e.state.split(".", 1)[1] for e in node.effects]
+    names = [e.key.name for e in node.effects]
     if node.method == SEED_GET:
         # a copy, always: the original may change its value in place while the copy's group reads it
         take = copy.deepcopy if isinstance(obj, contract.Stateful) else (lambda v: v)  # else get_state copied

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rose_dsl.identity import ProcessId
 from rose_dsl.metric_rules import ADDITIVE_METRICS, ADDITIVE_PREFIXES, RULES
 
 __all__ = ["ADDITIVE_METRICS", "RULES", "Merged", "merge_metrics", "merge_rule_problem"]
@@ -88,7 +89,7 @@ def _merge_one(rule: str, vs: list[tuple[float, str]], work: Mapping[str, int], 
 
 def _name_base(process: str) -> str:
     """`sim@1#2` -> `sim`, read from the name: only for a process `merge_metrics` is not told the base of."""
-    return process.partition("#")[0].partition("@")[0]
+    return ProcessId.parse(process).component
 
 
 def merge_metrics(per_process: Mapping[str, Mapping[str, float]], work: Mapping[str, int] | None = None,

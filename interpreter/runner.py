@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rose_dsl.identity import NodePath
 from rose_dsl.ir import Workflow
 from rose_dsl.measurement import call_identity
 
@@ -463,7 +464,7 @@ class Runner:
         for r in self._fresh:
             if r.host_start_ns >= t0 and (r.end_ns or 0) <= t1 and r.duration_ns:
                 node = structural.get(r.node, r.node)
-                top = node.split(".")[1] if "." in node else node
+                top = NodePath.parse(node).top
                 out[top] += r.duration_ns
         return dict(out)
 

@@ -17,6 +17,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rose_dsl.identity import ProcessId
 from rose_dsl.ir import Component, ExecutionNode
 
 from .components import (
@@ -51,8 +52,8 @@ def replica_name(component: str, replica: int) -> str:
 def replica_of(process: str) -> tuple[str, int]:
     """(component, replica) of a process `replica_name` named: the one place that reads the name back
     (a backend keys its processes by name; the IR knows components, not processes)."""
-    component, _, r = process.partition("#")
-    return component, int(r or 0)
+    pid = ProcessId.parse(process)
+    return pid.plan_component, pid.replica
 
 
 def component_of(process: str) -> str:

@@ -56,6 +56,7 @@ from rose_dsl.cli import (
     out,
     report_problems,
 )
+from rose_dsl.identity import NodePath
 from rose_dsl.ir import LoopNode, Workflow
 from rose_dsl.trust import TrustPolicy, check_trust
 
@@ -483,7 +484,7 @@ def _print_table(rows: list[dict[str, Any]], total: float, books: Any) -> None:
 def _loop_names(plan: Workflow, node: str, depth: int) -> list[str]:
     """The names of the loops enclosing an executed node (`iteration.epoch@1.step.act@0` -> iteration,
     epoch, step), outermost first; `l<i>` where the plan does not say."""
-    parts = node.split(".")
+    parts = NodePath.parse(node).parts
     names = []
     for n in range(1, len(parts)):
         item = plan.find(tuple(parts[:n]))

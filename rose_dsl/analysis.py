@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 from .bulk import in_bulk
 from .expr import IterRef, Ref, unparse, walk
+from .identity import StateKey
 from .ir import Access, ExecutionNode, Item, LoopNode, MergeNode, Workflow
 from .resolve import Resolver, expr_fields
 from .semantics import CallSite, Invocation, Program, ValueOps, enclosing_loops, run_sequential
@@ -28,7 +29,7 @@ from .until import REPRESENTATIVE, representative
 
 __all__ = [
     "Dep", "Deps", "DepOps", "InvocationGraph", "invocation_graph", "clear_graph_cache", "representative",
-    "REPRESENTATIVE", "LoopKind", "ItemEdge", "Analysis", "analyze", "loop_kinds", "state_access_order", "AfterOrder",
+    "REPRESENTATIVE", "LoopKind", "ItemEdge", "Analysis", "analyze", "loop_kinds", "state_access_order", "effect_key", "AfterOrder",
     "state_observations", "run_in", "read_lag", "read_lags", "writer_lags", "iterations_in_flight",
 ]
 
@@ -42,14 +43,21 @@ class Dep(NamedTuple):
     graphs hold thousands, and the tracker interns them."""
 
     kind: str
-    detail: str
+    detail: str  # what a message shows: "in.PORT <- producer.port", "update: after rollout", "sim.episode: ..."
     flow: bool = True
+    # what the detail says, as values (`_DepTracker._reason`): (consumer port, producer, producer port) of a
+    # data dependency, (the item that has the `after:`, the sibling it names) of an `after` one
+    parts: tuple[str, ...] = ()
 
     @property
     def input_field(self) -> str | None:
-        """A data dependency's consumer field, `in.PORT` (the detail is "in.PORT <- producer.port", made in
-        `_DepTracker._reason`); None for a state or an `after:` one."""
-        return self.detail.split(" <- ", 1)[0] if self.kind == "data" else None
+        """A data dependency's consumer field, `in.PORT`; None for a state or an `after:` one."""
+        return f"in.{self.parts[0]}" if self.kind == "data" else None
+
+    @property
+    def produced(self) -> str | None:
+        """A data dependency's producer and its port, `producer.port`; None for a state or an `after:` one."""
+        return f"{self.parts[1]}.{self.parts[2]}" if self.kind == "data" else None
 
 
 @dataclass
@@ -120,17 +128,18 @@ class AfterOrder:
         self._targets = {target for pairs in self._after.values() for _, target in pairs}
         self._inside: dict[tuple[Path, tuple], list[Invocation]] = defaultdict(list)
 
-    def visit(self, site: CallSite) -> list[tuple[Invocation, str]]:
-        """Record a call and return the earlier calls it must follow, each with the reason (`after: s`)."""
+    def visit(self, site: CallSite) -> list[tuple[Invocation, tuple[str, str]]]:
+        """Record a call and return the earlier calls it must follow, each with the reason: the item that
+        says `after:` (the call's node or a loop around it) and the sibling it names."""
         if not self._after:
             return []
-        out: list[tuple[Invocation, str]] = []
+        out: list[tuple[Invocation, tuple[str, str]]] = []
         path = site.inv.path
         for n in range(2, len(path) + 1):  # the items around the call, and the call's node
             prefix = path[:n]
             outer = tuple(i for loop, i in site.ctx.items() if len(loop) < n)  # the iterations of the loops around it
             for name, target in self._after.get(prefix, ()):
-                out.extend((inv, f"{prefix[-1]}: after {name}") for inv in self._inside.get((target, outer), ()))
+                out.extend((inv, (prefix[-1], name)) for inv in self._inside.get((target, outer), ()))
             if prefix in self._targets:
                 self._inside[(prefix, outer)].append(site.inv)
         return out
@@ -182,7 +191,7 @@ class _DepTracker:
                 key = ("data", port, producer.path[-1], out_port)
                 self._add_to(deps, producer, reasons.get(key) or self._reason(key))
         for earlier, reason in self._order.visit(site):
-            self._add(inv, earlier, self._reason(("after", reason)))
+            self._add(inv, earlier, self._reason(("after", *reason)))
         effects = self._effects.get(node.path)
         if effects is None:  # access modes as plain strings: Enum properties cost a Python call each
             effects = self._effects[node.path] = tuple((e.state, e.access, e.access.value) for e in node.effects)
@@ -240,15 +249,16 @@ class _DepTracker:
         self._pending.clear()
 
     def _reason(self, key: tuple) -> Dep:
-        """The `Dep` for a reason, made once: ("data", port, producer, its port) or
-        ("state", state, access, the other call's access, flow)."""
+        """The `Dep` for a reason, made once: ("data", port, producer, its port), ("after", the item that
+        says it, the sibling it names) or ("state", state, access, the other call's access, flow)."""
         dep = self._reasons.get(key)
         if dep is None:
             if key[0] == "data":
                 _, port, producer, out_port = key
-                dep = Dep("data", f"in.{port} <- {producer}.{out_port}")
+                dep = Dep("data", f"in.{port} <- {producer}.{out_port}", True, (port, producer, out_port))
             elif key[0] == "after":
-                dep = Dep("after", key[1], False)
+                _, owner, name = key
+                dep = Dep("after", f"{owner}: after {name}", False, (owner, name))
             else:
                 _, state, access, mode, flow = key
                 dep = Dep("state", f"{state}: {access} after {mode}", flow)
@@ -382,15 +392,20 @@ class LoopKind:
     reasons: tuple[str, ...]
 
 
-def state_access_order(items: Sequence[Item]) -> list[tuple[str, Access, Path]]:
+def effect_key(node: ExecutionNode, state: str) -> StateKey:
+    """The key of the state object `state` (an analysis's spelling, `StateEffect.state`) that `node` accesses."""
+    return next(e.key for e in node.effects if e.state == state)
+
+
+def state_access_order(items: Sequence[Item]) -> list[tuple[StateKey, Access, Path]]:
     """State accesses of one pass over a body, in program order (nested loops: one iteration)."""
-    out: list[tuple[str, Access, Path]] = []
+    out: list[tuple[StateKey, Access, Path]] = []
     for item in items:
         if isinstance(item, ExecutionNode):
             if item.plan.expand and item.phases:
                 out += state_access_order(item.phases)
             else:
-                out += [(e.state, e.access, item.path) for e in item.effects]
+                out += [(e.key, e.access, item.path) for e in item.effects]
         elif isinstance(item, LoopNode):
             out += state_access_order(item.body)
     return out

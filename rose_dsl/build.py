@@ -15,6 +15,7 @@ from typing import Any
 from .bulk import in_bulk
 from .errors import Diagnostic, SourcePos, WorkflowError, did_you_mean, format_path, shown
 from .expr import MAX_INT, BinOp, Expr, ExprSyntaxError, Int, Neg, Param, parse_expr, walk
+from .identity import StateKey
 from .ir import (
     Access,
     Carry,
@@ -376,7 +377,7 @@ class _ItemBuilder:
                         f"declare it under components.{comp_name}.state")
                 ctx.error(spath, f"component '{comp_name}' does not own a state object '{short}'", hint, key=True)
                 continue
-            effects.append(StateEffect(f"{owner}.{short}", _ACCESS[mode], ctx.doc.key_pos(spath)))
+            effects.append(StateEffect(StateKey(owner, short), _ACCESS[mode], ctx.doc.key_pos(spath)))
         phases = self.body(raw["phases"], path + ("phases",), me) if raw.get("phases") else None
         batch, batch_size, separable = raw.get("batch"), None, True
         if isinstance(batch, dict):

@@ -22,6 +22,7 @@ from typing import Any, TypeVar, Union
 
 from .errors import SourcePos
 from .expr import Expr
+from .identity import StateKey
 
 __all__ = [
     "Access", "StateObject", "StateEffect", "Component", "ExecutionNode", "LoopNode", "Carry",
@@ -61,12 +62,21 @@ class StateObject:
     def key(self) -> str:
         return f"{self.component}.{self.name}"
 
+    @property
+    def state_key(self) -> StateKey:
+        return StateKey(self.component, self.name)
+
 
 @dataclass(frozen=True)
 class StateEffect:
-    state: str  # StateObject.key, e.g. "sim.episode"
+    key: StateKey  # the state object touched: its component and name
     access: Access
     pos: SourcePos = field(default=NOWHERE, compare=False)
+
+    @property
+    def state(self) -> str:
+        """The state object's spelling, `StateObject.key` (`sim.episode`): what analyses key by and messages show."""
+        return str(self.key)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .identity import NodePath, ProcessId
 from .ir import Component, ExecutionNode, Item, LoopNode, StateObject, Workflow
 
 __all__ = ["Books", "Call", "IterationRun", "OutOfBudget", "Window", "window", "WINDOW_MEASURED", "FEED", "PROBE",
@@ -27,7 +28,7 @@ def legacy_identity(node: str, component: str) -> tuple[str, str]:
     `@`/`#` are the rewrites' naming convention, not identity -- a workflow may name its own node `act@1`
     -- so nothing else reads them (`item_sources`, `component_bases`)."""
     source = ".".join(part.split("@")[0] for part in node.split("."))
-    return source, component.split("#")[0].split("@")[0]
+    return source, ProcessId.parse(component).component
 
 
 def item_sources(plan: Workflow) -> dict[tuple[str, ...], str]:
@@ -91,8 +92,9 @@ class Call:
 
     @property
     def path(self) -> tuple[str, ...]:
-        """The executed path as the IR spells it (`Item.path`): names hold no '.' (the schema's pattern)."""
-        return tuple(self.node.split("."))
+        """The executed path as the IR spells it (`Item.path`), read from the record's text (`node`: what
+        traces and profile JSON hold)."""
+        return NodePath.parse(self.node).parts
 
     @property
     def seconds(self) -> float:

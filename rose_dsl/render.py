@@ -48,7 +48,7 @@ def to_dot(a: Analysis) -> str:
                 emit(child, indent + "  ")
             lines.append(f"{indent}}}")
         elif isinstance(item, ExecutionNode):
-            effects = ", ".join(f"{e.state.split('.', 1)[1]}:{e.access.value}" for e in item.effects)
+            effects = ", ".join(f"{e.key.name}:{e.access.value}" for e in item.effects)
             label = _label(item.name, item.call, *([f"[{effects}]"] if effects else []))
             lines.append(f'{indent}{_id(item.path)} [label="{label}"];')
         elif isinstance(item, MergeNode):

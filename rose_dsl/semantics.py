@@ -65,7 +65,12 @@ class CallSite(NamedTuple):
 
 
 class SemanticError(Exception):
-    """A fault found while evaluating (a dynamic loop without end, a missing output)."""
+    """A fault found while evaluating (a dynamic loop without end, a missing output). `at`: the call whose
+    output was asked for before it ran, for a missing output (a checker points at its item)."""
+
+    def __init__(self, message: str, at: Invocation | None = None) -> None:
+        super().__init__(message)
+        self.at = at
 
 
 class ValueOps(Protocol):
@@ -541,7 +546,7 @@ def run_sequential(program: Program, backend: CallBackend, iterations: Sequence[
         try:
             return (outputs[inv] if inv in outputs else kept[inv])[port]
         except KeyError:
-            raise SemanticError(f"{inv} has not produced '{port}'") from None
+            raise SemanticError(f"{inv} has not produced '{port}'", at=inv) from None
 
     frame = Frame(lookup, backend.ops)
     depth, since = program.depth, (iterations[0] if len(iterations) else 0)

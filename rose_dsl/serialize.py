@@ -74,7 +74,7 @@ def _item(item: Item, inherited: int | None = None) -> dict[str, Any]:
         if item.outputs:
             out["out"] = list(item.outputs)
         if item.effects:
-            out["state"] = {e.state.split(".", 1)[1]: e.access.value for e in item.effects}
+            out["state"] = {e.key.name: e.access.value for e in item.effects}
         if item.batch is not None:
             batch: dict[str, Any] = {"dim": item.batch}
             if item.batch_size is not None:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rose_dsl.identity import NodePath
 from rose_dsl.ir import Component, ExecutionNode, Workflow
 from rose_dsl.measurement import (
     FEED,
@@ -207,7 +208,7 @@ class TrialSession:
             end = r.end_ns
             if end is None or r.status != "ok":
                 continue
-            node = plan.find(tuple(r.node.split(".")))
+            node = plan.find(NodePath.parse(r.node).parts)
             source, base = identity.get(r.node, ("", ""))
             rows = None
             if isinstance(node, ExecutionNode) and node.batch is not None:

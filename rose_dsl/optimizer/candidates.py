@@ -383,8 +383,8 @@ def _around(wf: Workflow, anchor: Item, target: str, groups: Sequence[int], comp
                 loops += _take_turns(wf, body, min(at, j), max(at, j), target)
                 first, second = (a_name, o_name) if j > at else (o_name, a_name)
                 loops.append(Alternative((f"fuse {first} {second}",), "fuse", target, partners,
-                                         note=f"run iteration j of '{second.split('.')[-1]}' right after iteration j of "
-                                              f"'{first.split('.')[-1]}'"))
+                                         note=f"run iteration j of '{(other if j > at else anchor).name}' right after iteration j of "
+                                              f"'{(anchor if j > at else other).name}'"))
             where = "before" if j > at else "after"
             loops.append(Alternative((f"rewire {o_name} {where} {anchor.name}",), "rewire", target, partners,
                                      note=f"move loop '{other.name}' {where} '{anchor.name}'"))

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..analysis import state_access_order
 from ..errors import shown
+from ..identity import StateKey
 from ..ir import Access, Workflow
 from ..loader import load_value
 
@@ -104,11 +105,11 @@ def layout_change(base: Workflow, plan: Workflow) -> tuple[list[str], str | None
 def _stale_state(wf: Workflow, comp: str) -> str | None:
     """A state of `comp` that an iteration reads or updates before refreshing it (None: every state of
     `comp` the iteration touches is refreshed first), described."""
-    first: dict[str, tuple[Access, tuple[str, ...]]] = {}
+    first: dict[StateKey, tuple[Access, tuple[str, ...]]] = {}
     for state, access, path in state_access_order(wf.root.body):
         first.setdefault(state, (access, path))
     for obj in wf.components[comp].state:
-        hit = first.get(obj.key)
+        hit = first.get(obj.state_key)
         if hit is None:
             return (f"component '{comp}''s state '{obj.name}' is never refreshed by the iteration (a new process "
                     "would start without it)")

@@ -254,13 +254,14 @@ class Stage2Record:
     priorities: dict[str, int] | None = None
     rounds: list[Stage2Record] | None = None  # several rounds: each one's section
     plan: Workflow | None = field(default=None, repr=False)  # the plan with the kept change (not serialized)
+    kept: str | None = field(default=None, repr=False)  # that change, as the next round's log line says it (not serialized)
 
     def to_json(self) -> dict[str, Any]:
         """The report's section: every field that was set, rounds included, the plan left out."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None or f.name == "plan":
+            if value is None or f.name in ("plan", "kept"):
                 continue
             out[f.name] = [r.to_json() for r in value] if f.name == "rounds" else value
         return out

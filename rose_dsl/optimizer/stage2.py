@@ -660,7 +660,8 @@ class _Round:
         if cand[1] != ref[1]:
             out.priorities = {target: cand[1]}
         what = "quota trials" if cand[0] != ref[0] else "trials"
-        out.summary = (f"{target} at {describe(cand)} (was {describe(ref)}): {reference.median / candidate.median:.2f}x "
+        out.kept = f"{target} at {describe(cand)} (was {describe(ref)})"
+        out.summary = (f"{out.kept}: {reference.median / candidate.median:.2f}x "
                        f"on complete iterations ({out.trials} {what})")
         return out
 
@@ -743,7 +744,7 @@ def _tune_rounds(result: Stage1Result, qm: QuotaMeasurer, settings: Settings, lo
         # the next round's budget counts what a block cost here (a restart) from its first probe on; counted
         # as free until a probe of its own, a round's first probe could start where its validation no longer fit
         move_s = max(move_s, last.block_overhead_s or 0.0, _block_overhead(last.screened or [], 0.0))
-        log(f"stage 2, round {len(rounds) + 1}: from the plan with {(last.summary or '').split(':')[0]}")
+        log(f"stage 2, round {len(rounds) + 1}: from the plan with {last.kept or ''}")
         assert last.plan is not None and last.validation is not None  # (a kept change was validated)
         result = replace(result, plan=last.plan)
         try:

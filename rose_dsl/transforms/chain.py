@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..ir import ExecutionNode, LoopNode, Workflow
+from ..identity import SplitGroup
+from ..ir import ExecutionNode, LoopNode, MergeNode, Workflow
 from .forward import forward_merge_slices
 from .rewritten import Refused, Rewritten, compose
 from .split import build_split_loop_rows, build_split_node, check_separable, check_splittable_loop
@@ -81,9 +82,11 @@ def _groups_in_turn(wf: Workflow, parent: Path, names: Sequence[str], k: int) ->
     lost. Each group reads only its own groups (`forward_merge_slices`), so the order keeps every dependency
     (the pass runner checks the result)."""
     body = list(children(find(wf, parent)))
-    region = {f"{n}@{g}" for n in names for g in range(k)} | set(names)
-    at = min(i for i, item in enumerate(body) if item.name in region)
-    by_name = {item.name: item for item in body}
-    ordered = [by_name[f"{n}@{g}"] for g in range(k) for n in names] + [by_name[n] for n in names if n in by_name]
-    rest = [item for item in body if item.name not in region]
+    groups = {(s.split_of, s.group): item for item in body
+              if (s := SplitGroup.of(item)) is not None and s.split_of in names}  # by the IR's fields, not `n@g`
+    merges = {item.name: item for item in body if isinstance(item, MergeNode) and item.name in names}
+    ordered = [groups[(n, g)] for g in range(k) for n in names] + [merges[n] for n in names if n in merges]
+    region = {id(item) for item in ordered}
+    at = min(i for i, item in enumerate(body) if id(item) in region)
+    rest = [item for item in body if id(item) not in region]
     return replace_body(wf, parent, rest[:at] + ordered + rest[at:])

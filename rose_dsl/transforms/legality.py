@@ -24,6 +24,7 @@ from collections.abc import Mapping
 
 from ..analysis import (
     Dep,
+    effect_key,
     invocation_graph,
     iterations_in_flight,
     read_lag,
@@ -64,7 +65,7 @@ def dependency_pos(consumer: Invocation, dep: Dep, items: Mapping[tuple[str, ...
         key = dep.input_field or "in"  # "in.obs"
         return node.field_pos.get(key) or node.field_pos.get("in") or node.pos
     if dep.kind == "after":
-        name = dep.detail.split(":", 1)[0]  # "update: after rollout"
+        name = dep.parts[0]  # the item with the `after:` (the detail "update: after rollout")
         owner = next((items[consumer.path[:n]] for n in range(len(consumer.path), 1, -1)
                       if consumer.path[n - 1] == name and consumer.path[:n] in items), node)
         return owner.field_pos.get("after") or owner.pos
@@ -140,7 +141,8 @@ def check_order_preserved(orig: Workflow, new: Workflow, locate: Locate, what: s
 
     differ = []
     for (reader, state), writers in seen0.items():
-        got = seen1.get((moved[reader], on_component(state, g1.node[moved[reader]].component)), frozenset())
+        got = seen1.get((moved[reader], on_component(g0.node[reader], state, g1.node[moved[reader]].component)),
+                        frozenset())
         if got == images(writers):
             continue
         lag = read_lag(got, lambda lag, r=reader, s=state: seen_then(r, s, lag), reader.indices[0] + 1)  # type: ignore[misc]
@@ -219,10 +221,10 @@ def over_budget(state: str, lag: int | None, budget: int, access: str) -> str:
             f"{'; declare max_staleness on its state object to allow it' if budget == 0 else ''})")
 
 
-def on_component(state: str, component: str) -> str:
-    """The same state object on another component (a temporal split's copy): `sim.episode` -> `sim@0.episode`."""
-    return f"{component}.{state.split('.', 1)[1]}"
-
+def on_component(node: ExecutionNode, state: str, component: str) -> str:
+    """The state object `state` that `node` accesses, on another component (a temporal split's copy):
+    `sim.episode` -> `sim@0.episode`; its key from the node's effect, not from its spelling."""
+    return str(effect_key(node, state).on(component))
 
 def _access(node: ExecutionNode, state: str) -> str:
     return next((e.access.value for e in node.effects if e.state == state), "?")

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..identity import NodePath
 from ..ir import ExecutionNode, LoopNode, Workflow
 from .ahead import build_ahead
 from .chain import build_split_chain
@@ -224,7 +225,7 @@ def _loop_or_split_in_time(wf: Workflow, name: str) -> Path:
         return resolve_name(wf, name)
     except Refused:
         if "." in name:  # a dotted path: the split loop's own place
-            path = tuple(name.split(".")) if name.startswith("iteration.") else ("iteration", *name.split("."))
+            path = (NodePath.parse(name) if name.startswith("iteration.") else NodePath.below_iteration(name)).parts
             if temporal_groups(wf, path):
                 return path
             raise
@@ -240,10 +241,10 @@ def _loop_or_split_in_time(wf: Workflow, name: str) -> Path:
 
 def resolve_name(wf: Workflow, name: str) -> Path:
     """An item named by its name, by its dotted path below `iteration`, or by its full dotted path."""
-    if name.startswith("iteration.") and wf.find(tuple(name.split("."))) is not None:
-        return tuple(name.split("."))
+    if name.startswith("iteration.") and wf.find(NodePath.parse(name).parts) is not None:
+        return NodePath.parse(name).parts
     if "." in name:
-        path = ("iteration",) + tuple(name.split("."))
+        path = NodePath.below_iteration(name).parts
         if wf.find(path) is None:
             raise Refused(f"no item '{name}' (a path below 'iteration')")
         return path

@@ -43,6 +43,7 @@ from typing import Any
 from ..analysis import (
     Dep,
     InvocationGraph,
+    effect_key,
     invocation_graph,
     iterations_in_flight,
     read_lag,
@@ -50,7 +51,17 @@ from ..analysis import (
 )
 from ..errors import Diagnostic, SourcePos, WorkflowError
 from ..expr import BinOp, Call, Expr, Int, IterRef, Neg, Param, Ref, Slice, unparse
-from ..ir import Access, Component, ExecutionNode, Item, LoopNode, MergeNode, Workflow, iter_items
+from ..ir import (
+    Access,
+    Component,
+    ExecutionNode,
+    Item,
+    LoopNode,
+    MergeNode,
+    StateObject,
+    Workflow,
+    iter_items,
+)
 from ..loader import load_text
 from ..resolve import CarryIn, IterSelect, LoopIndex, NodePort, ParentInput, Resolver, binding_table
 from ..semantics import Invocation, SemanticError, interleaved_run
@@ -59,7 +70,6 @@ from .ahead import ahead_without_producers
 from .deferral import MAX_DEFER
 from .legality import (
     describe_invocation,
-    on_component,
     over_budget,
     staleness_budgets,
     values_of,
@@ -104,8 +114,7 @@ def _covers(parts: list[Rows], want: Rows, size: int | None) -> bool:
 
 def _key(dep: Dep) -> tuple[str, str]:
     """(consumer input, producer port) of a data dependency, whatever the producer is called."""
-    port, _, producer = dep.detail.partition(" <- ")
-    return port, producer.rsplit(".", 1)[-1]
+    return f"in.{dep.parts[0]}", dep.parts[2]
 
 
 class _Checker:
@@ -138,8 +147,7 @@ class _Checker:
         try:
             g1 = invocation_graph(self.plan, iterations=n, expand_phases=True)
         except SemanticError as exc:  # e.g. loops made to take turns (`interleave: true`) that depend on each other
-            producer = str(exc).split("[", 1)[0]
-            item = self.plan_items.get(tuple(producer.split("."))) if producer.startswith("iteration.") else None
+            item = self.plan_items.get(exc.at.path) if exc.at is not None else None
             self.differ(item, f"in the plan's program order a call reads a value before its producer runs ({exc}): "
                               "the runtime could not run it")
             return self.out
@@ -160,15 +168,15 @@ class _Checker:
         """Every read of an asynchronous plan derives from learner updates at most its state's budget older
         than the synchronous run's, followed through syncs, relays and derived states (`versions.py`): each
         state's own writes may lag within budget while a value two syncs away lags their sum."""
-        budgets = {k: self.source_budget(k) for k in self.plan.state_objects()}
+        budgets = {k: self.source_budget(obj) for k, obj in self.plan.state_objects().items()}
         for proof in over_budget_reads(self.plan, budgets)[:1]:
             self.differ(self.plan_items.get(proof.reader.path),
                         version_refusal(None, proof, budgets.get(proof.state, 0)),
                         "state")
 
-    def source_budget(self, state: str) -> int:
+    def source_budget(self, state: StateObject) -> int:
         """The source's `max_staleness` of a plan state object (a copy's: its original's)."""
-        original = on_component(state, self.component_of(state.split(".", 1)[0]))
+        original = str(state.state_key.on(self.component_of(state.component)))
         obj = self.source.state_objects().get(original)
         return obj.max_staleness if obj is not None else 0
 
@@ -308,8 +316,8 @@ class _Checker:
 
     def node(self, item: ExecutionNode, src: ExecutionNode) -> None:
         comp = self.component_of(item.component)
-        effects = {(e.state.split(".", 1)[1], e.access) for e in item.effects}
-        src_effects = {(e.state.split(".", 1)[1], e.access) for e in src.effects}
+        effects = {(e.key.name, e.access) for e in item.effects}
+        src_effects = {(e.key.name, e.access) for e in src.effects}
         if (comp, item.method) != (src.component, src.method):
             self.differ(item, f"calls {item.call} where the source's '{src.name}' calls {src.call}")
         if effects != src_effects:
@@ -423,7 +431,7 @@ class _Checker:
             sp, sc = Invocation(self.origin[p.path], p.indices), Invocation(self.origin[c.path], c.indices)
             plan_edges[(c, key)].append(p)
             if (sp, sc, key) not in src_edges:
-                self.differ(g1.node[c], f"{describe_invocation(c, self.plan_items)} reads {d.detail.split(' <- ')[1]} "
+                self.differ(g1.node[c], f"{describe_invocation(c, self.plan_items)} reads {d.produced} "
                                         f"of {describe_invocation(p, self.plan_items)} ({d.detail}), which the "
                                         "source's call does not")
                 return
@@ -456,7 +464,8 @@ class _Checker:
 
         for (q, state), writers in seen1.items():
             s = Invocation(self.origin[q.path], q.indices)
-            original = on_component(state, self.component_of(state.split(".", 1)[0]))
+            key = effect_key(g1.node[q], state)
+            original = str(key.on(self.component_of(key.component)))
             want = seen0.get((s, original), frozenset())
             if source(writers) != want:
                 node = g1.node[q]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..analysis import InvocationGraph
+from ..analysis import InvocationGraph, effect_key
 from ..ir import ExecutionNode, Item
 from ..semantics import Invocation
 
@@ -63,6 +63,6 @@ def through_seeds(g: InvocationGraph, seen: Mapping[tuple[Invocation, str], froz
     for (reader, state), writers in seen.items():
         if is_seed(g.node[reader]):
             continue
-        suffix = state.split(".", 1)[1]
+        suffix = effect_key(g.node[reader], state).name
         out[(reader, state)] = frozenset().union(*(resolve(w, suffix) for w in writers))
     return out

@@ -21,6 +21,7 @@ from dataclasses import replace
 
 from ..analysis import loop_kinds, state_access_order
 from ..expr import Expr, parse_expr
+from ..identity import StateKey
 from ..ir import (
     Access,
     Component,
@@ -117,11 +118,11 @@ def _copied_components(wf: Workflow, loop: LoopNode) -> tuple[list[str], dict[st
     the copies are seeded with the original's values of those (`seeds.py`)."""
     accesses = state_access_order(loop.body)
     written = {s for s, a, _ in accesses if a.writes}
-    copied = sorted({s.split(".", 1)[0] for s in written})
+    copied = sorted({s.component for s in written})
     everywhere = {s for s, a, _ in state_access_order(wf.root.body) if a.writes}
     seeded: dict[str, list[str]] = {}
     for s, _, _ in accesses:
-        comp, name = s.split(".", 1)
+        comp, name = s.component, s.name
         if comp in copied and s not in written and s in everywhere and name not in seeded.get(comp, []):
             seeded.setdefault(comp, []).append(name)
     return copied, {c: sorted(names) for c, names in seeded.items()}
@@ -141,7 +142,7 @@ def _seed_name(wf: Workflow, path: Path, loop: LoopNode, component: str) -> Path
 def _seed_gets(wf: Workflow, path: Path, loop: LoopNode, seeded: dict[str, list[str]]) -> list[ExecutionNode]:
     """One call per seeded component: read its state objects that its copies start from."""
     return [ExecutionNode(_seed_name(wf, path, loop, c), c, SEED_GET, outputs=(SEED_PORT,),
-                          effects=tuple(StateEffect(f"{c}.{s}", Access.READ) for s in names),
+                          effects=tuple(StateEffect(StateKey(c, s), Access.READ) for s in names),
                           plan=NodePlan(group=loop.plan.group))
             for c, names in seeded.items()]
 
@@ -151,7 +152,7 @@ def _seed_set(wf: Workflow, path: Path, loop: LoopNode, original: str, names: li
     get = _seed_name(wf, path, loop, original)[-1]
     return ExecutionNode(_seed_name(wf, path, loop, copy), copy, SEED_SET,
                          inputs=((SEED_PORT, parse_expr(f"{get}.{SEED_PORT}")),),
-                         effects=tuple(StateEffect(f"{copy}.{s}", Access.REFRESH) for s in names),
+                         effects=tuple(StateEffect(StateKey(copy, s), Access.REFRESH) for s in names),
                          plan=NodePlan(group=loop.plan.group))
 
 
@@ -168,7 +169,7 @@ def _on_copies(item: Item, copies: dict[str, str]) -> Item:
         if isinstance(it, ExecutionNode) and it.component in copies:
             new = copies[it.component]
             return replace(it, component=new, effects=tuple(
-                StateEffect(f"{new}.{e.state.split('.', 1)[1]}", e.access, e.pos) for e in it.effects))
+                replace(e, key=e.key.on(new)) for e in it.effects))
         return it
 
     return map_tree(item, fn) if copies else item

@@ -117,3 +117,16 @@ def test_the_iteration_count_is_stage_2s_budget() -> None:
     assert rec.search_stopped == BUDGET_SPENT and rec.trials == 1 and rec.plan is None
     free = FakeQuotaMeasurer(best=80)
     assert tune_mps(result, free, Settings(), log=lambda m: None, budget=Budget(clock=free.clock)).plan is not None
+
+
+def test_the_next_round_starts_from_the_change_the_last_one_kept_as_a_value() -> None:
+    """Round 2's log line names the change round 1 kept from the record's `kept` (not from a parse of its
+    summary); the report's section leaves it out, as it does the plan."""
+    _, result = _stage1(ROOT)
+    qm = FakeQuotaMeasurer(best=80)
+    lines: list[str] = []
+    rec = tune_mps(result, qm, Settings(), log=lines.append, budget=Budget(clock=qm.clock))
+    first = (rec.rounds or [rec])[0]
+    assert first.kept is not None and first.kept.startswith("trainer at ") and (first.summary or "").startswith(first.kept + ": ")
+    assert f"stage 2, round 2: from the plan with {first.kept}" in lines
+    assert "kept" not in first.to_json() and "kept" not in rec.to_json()
