@@ -51,7 +51,7 @@ from .execute import BackendName, FollowLinksOpt
 from .machine import machine_info
 
 if TYPE_CHECKING:
-    from interpreter.optimize import Gpu, Layout, MeasuringSession, OptimizeOptions
+    from interpreter.optimize import Gpu, Layout, MeasuringSession, OptimizeOptions, Outcome
 
     from .run import ExecuteOptions, RunContext
 
@@ -123,6 +123,24 @@ OutDirOpt = Annotated[Path | None, typer.Option("--out", file_okay=False, help="
 TrainOpt = Annotated[bool, typer.Option("--train", help="then go on training with the plan in the same processes to the "
                                              "workflow's last iteration (rose execute's outputs in --out): no "
                                              "second start-up, no hand-over checkpoint")]
+def _percent(value: str | None) -> float | None:
+    """`--max-overhead 2%` (or `2`): a share of the run, 0 < P < 100."""
+    if value is None:
+        return None
+    text = value.strip().removesuffix("%")
+    try:
+        share = float(text) / 100
+    except ValueError:
+        raise typer.BadParameter(f"a percentage of the run's time, e.g. 2%, not {value!r}") from None
+    if not 0.0 < share < 1.0:  # (also refuses nan)
+        raise typer.BadParameter(f"must be more than 0% and less than 100% of the run's time, not {value!r}")
+    return share
+
+
+MaxOverheadOpt = Annotated[str | None, typer.Option(
+    "--max-overhead", help="with --train: go on searching for the whole run -- when the plan's iteration times "
+         "drift, search again and switch plans -- spending at most this share of the run's time on "
+         "candidates that lose (e.g. 2%; docs/optimizer.md)")]
 CheckpointEveryOpt = Annotated[int, typer.Option("--checkpoint-every", min=0, help="with --train: checkpoint every N iterations (0: never)")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="replace the plan, report and run directory of an earlier "
                                                  "rose optimize")]
@@ -140,7 +158,8 @@ def optimize(file: FileArg, output: OutputOpt, report: ReportOpt = None, backend
              budget_s: BudgetOpt = None, rounds: RoundsOpt = 2, top_k: TopKOpt = 3, alternatives: AlternativesOpt = 4,
              local_max_fraction: LocalMaxOpt = 0.4, quota: QuotaOpt = True, stage2: Stage2Opt = Stage2Kinds.BOTH,
              stage1: Stage1Opt = None, out_dir: OutDirOpt = None, train: TrainOpt = False,
-             checkpoint_every: CheckpointEveryOpt = 0, overwrite: OverwriteOpt = False,
+             checkpoint_every: CheckpointEveryOpt = 0, max_overhead: MaxOverheadOpt = None,
+             overwrite: OverwriteOpt = False,
              follow_links: FollowLinksOpt = False, address: AddressOpt = None,
              call_timeout: CallTimeoutOpt = 900.0, allow_module: AllowModuleOpt = None, allow_env: AllowEnvOpt = None,
              allow_path: AllowPathOpt = None, mps: MpsOpt = True, compiled: CompiledOpt = True, quiet: QuietOpt = False,
@@ -151,6 +170,7 @@ def optimize(file: FileArg, output: OutputOpt, report: ReportOpt = None, backend
         err.print("error: --checkpoint-every applies to the training that --train goes on with; rose optimize "
                   "alone writes one checkpoint, at its end", markup=False)
         raise typer.Exit(ExitCode.INVALID)
+    share = _max_overhead(max_overhead, train, stage1, layout)
     wf = load_or_exit(file, sets)
     policy = TrustPolicy.from_options(allow_module, allow_env, allow_path)
     report_problems(wf, check_trust(wf, policy), "(the workflow asks to run code the command line did not allow)")
@@ -172,8 +192,28 @@ def optimize(file: FileArg, output: OutputOpt, report: ReportOpt = None, backend
     opts = OptimizeOptions(file=file, output=output, report_dir=report_dir, budget_s=budget_s, rounds=rounds,
                            top_k=top_k, alternatives=alternatives, local_max_fraction=local_max_fraction, quota=quota,
                            stage2=stage2.value, stage1=given, layouts=tuple(layouts), train=train,
-                           checkpoint_every=checkpoint_every, sets=tuple(sets or ()))
+                           checkpoint_every=checkpoint_every, max_overhead=share or 0.0, sets=tuple(sets or ()))
     raise typer.Exit(optimize_workflow(wf, opts, run, out, err))
+
+
+def _max_overhead(value: str | None, train: bool, stage1: Path | None, layout: list[str] | None) -> float | None:
+    """`--max-overhead`'s share, checked against the options it needs and those it cannot go with; exit 2."""
+    try:
+        share = _percent(value)
+    except typer.BadParameter as exc:
+        err.print(f"error: --max-overhead: {exc}", markup=False)
+        raise typer.Exit(ExitCode.INVALID) from None
+    problem = None
+    if share is not None and not train:
+        problem = "--max-overhead bounds the searches during the training that --train goes on with: add --train"
+    elif share is not None and stage1 is not None:
+        problem = "--max-overhead searches the graph again on drift; --stage1 fixes the graph: use one or the other"
+    elif share is not None and layout:
+        problem = "--max-overhead searches the graph again on the chosen layout; it does not go with --layout yet"
+    if problem:
+        err.print(f"error: {problem}", markup=False)
+        raise typer.Exit(ExitCode.INVALID)
+    return share
 
 
 def _given_stage1(file: Path, stage1: Path, wf: Workflow, policy: TrustPolicy, sets: list[str] | None) -> Workflow:
@@ -263,8 +303,7 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
     if reason:
         raise Stopped(f"{reason}: the plan and {opts.report_dir / 'report.md'} hold what was measured before it")
     if outcome.trains_on:
-        _train_on(outcome.plan, outcome.workflow.root.count or 1, outcome.session, opts, ctx.opts, out, ctx.err,
-                  outcome.stop)
+        _train_on(outcome, opts, ctx.opts, out, ctx.err)
 
 
 class _CommandHost:
@@ -356,8 +395,7 @@ class GracefulStop:
             signal.signal(sig, handler)
 
 
-def _train_on(plan: Workflow, iterations: int, session: MeasuringSession, opts: OptimizeOptions, run: ExecuteOptions,
-              out: Console, err: Console, stop: Callable[[], str | None]) -> None:
+def _train_on(outcome: Outcome, opts: OptimizeOptions, run: ExecuteOptions, out: Console, err: Console) -> None:
     """`--train`: the plan's iterations from where the optimizer's training ended to the last, in the same
     processes (`TrialSession.train_on`), shown as `rose execute` shows them."""
     from rose_dsl.analysis import iterations_in_flight
@@ -365,17 +403,31 @@ def _train_on(plan: Workflow, iterations: int, session: MeasuringSession, opts: 
     from . import report
     from .run import iteration_progress
 
+    plan, iterations, session, stop = outcome.plan, outcome.workflow.root.count or 1, outcome.session, outcome.stop
     report.checkpoint_drains(err, iterations_in_flight(plan), opts.checkpoint_every)
     first, t = session.k, time.perf_counter()
     progress, _, on_iteration = iteration_progress(out, plan.name, iterations, run.quiet, completed=first)
     out.print(f"training goes on with the plan in the same processes: iterations {first}..{iterations - 1}",
               markup=False)
     with progress:
-        results = session.train_on(plan, iterations, opts.checkpoint_every, on_iteration, stop)
-    out.print(f"done: {len(results)} iterations of the plan in {time.perf_counter() - t:.1f} s; outputs in "
+        if opts.max_overhead > 0:  # the search goes on: drift -> search again -> switch (`keep_optimizing`)
+            from interpreter.optimize import keep_optimizing
+
+            rec = keep_optimizing(outcome, opts, lambda m: out.print(m, markup=False), opts.checkpoint_every,
+                                  on_iteration)
+            plan = rec.plan
+            switches = sum(1 for e in rec.events if e["event"] == "switch")
+            ov = rec.overhead
+            out.print(f"searches after the first: {ov['searches']}, switches: {switches}, ending on "
+                      f"{'; '.join(rec.requests) or 'the declared graph'}; overhead {ov['spent_s']:.1f} s = "
+                      f"{ov['share']:.2%} of {ov['elapsed_s']:.0f} s (at most {opts.max_overhead:.1%})", markup=False)
+        else:
+            session.train_on(plan, iterations, opts.checkpoint_every, on_iteration, stop)
+    results = session.k - first
+    out.print(f"done: {results} iterations of the plan in {time.perf_counter() - t:.1f} s; outputs in "
               f"{run.out_dir}", markup=False)
     if stop():
-        raise Stopped(f"{stop()}: training stopped after iteration {first + len(results) - 1}; "
+        raise Stopped(f"{stop()}: training stopped after iteration {session.k - 1}; "
                       f"resume: rose execute {opts.source_args} --plan {opts.output} --out {run.out_dir} --resume")
 
 

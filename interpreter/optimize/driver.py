@@ -31,8 +31,10 @@ from rose_dsl.optimizer import (
     Budget,
     Layout,
     LayoutMeasurer,
+    Ledger,
     Log,
     Measurer,
+    MeteredMeasurer,
     Mps,
     OutOfBudget,
     Settings,
@@ -44,6 +46,7 @@ from rose_dsl.optimizer import (
     first_probe_levels,
     given_plan,
     optimize_graph,
+    plan_label,
     reorder_bound,
     temporal_copies,
     tune_mps,
@@ -77,6 +80,7 @@ class OptimizeOptions:
     stage1: Workflow | None = None  # --stage1: the graph is this plan (no search)
     layouts: tuple[Layout, ...] = ()  # --layout: the values to try before stage 1
     train: bool = False  # --train: training goes on with the plan in the same processes (`TrialSession.train_on`)
+    max_overhead: float = 0.0  # --max-overhead (a share, 0: off): with --train, search again on drift (`continuous`)
     checkpoint_every: int = 0  # with --train
     sets: tuple[str, ...] = ()  # the command's `--set NAME=VALUE`s: the source as run, in the commands the report gives
 
@@ -192,6 +196,9 @@ class Outcome:
     trains_on: bool
     session: MeasuringSession
     stop: Stop
+    result: Stage1Result | None = None  # stage 1's (what `--max-overhead` trains on from)
+    settings: Settings | None = None
+    first_losing_s: float = 0.0  # the first search's losing seconds (`optimizer.drift`), with --max-overhead
 
 
 # --- the run ---------------------------------------------------------------------------------------------
@@ -210,7 +217,9 @@ def optimize(wf: Workflow, opts: OptimizeOptions, host: Host) -> Outcome:
     with host.progress_log(budget.deadline) as log:  # (shows the budget left)
         session = _start(wf, opts, host, gpu, log, started, prefetch)
         stop = host.teardown.enter_context(host.stop_on_signal(log))  # after Ray's start: its handlers are replaced
-        wf, layout_section, result = _search(wf, opts, session, settings, budget, log, stop)
+        ledger = Ledger(session.elapsed, incumbent="") if opts.max_overhead > 0 else None
+        measurer = session if ledger is None else MeteredMeasurer(session, ledger)  # (books its turns by plan)
+        wf, layout_section, result = _search(wf, opts, measurer, settings, budget, log, stop)
         session.join_pending()  # (stage 1 measured nothing: stage 2's checks find the prefetch's verdicts)
         running: dict[str, Mps] = {}  # the MPS settings stage 2 left each process under
         stage2 = _stage2(wf, result, session, gpu, opts, run.backend, settings, log, budget, stop, running)
@@ -229,7 +238,8 @@ def optimize(wf: Workflow, opts: OptimizeOptions, host: Host) -> Outcome:
                       stage2, host.machine(run.backend), trains_on=train)
     _write_report(doc, result, layout_section, opts, stop)
     finished.append(True)
-    return Outcome(plan, wf, doc, run_dir, train, session, stop)
+    losing = ledger.losing_s(plan_label(result.requests)) if ledger is not None else 0.0
+    return Outcome(plan, wf, doc, run_dir, train, session, stop, result, settings, losing)
 
 
 # --- before anything starts ------------------------------------------------------------------------
@@ -329,7 +339,7 @@ def _start(wf: Workflow, opts: OptimizeOptions, host: Host, gpu: Gpu, log: Log, 
 
 
 # --- layouts, stage 1, stage 2 ---------------------------------------------------------------------------
-def _search(wf: Workflow, opts: OptimizeOptions, session: MeasuringSession, settings: Settings, budget: Budget,
+def _search(wf: Workflow, opts: OptimizeOptions, session: Any, settings: Settings, budget: Budget,
             log: Log, stop: Stop) -> tuple[Workflow, dict[str, Any] | None, Stage1Result]:
     """Layouts first, within their share of the budget from now (stage 1's rewrites then apply to the chosen
     one), then stage 1 (or the `--stage1` plan measured): the workflow trained, the layout section, stage 1's

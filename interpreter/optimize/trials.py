@@ -457,6 +457,17 @@ class TrialSession:
         return out
 
     # -- the end ----------------------------------------------------------------------------------
+    def event(self, line: dict[str, Any]) -> None:
+        """An event line for metrics.jsonl (`rose optimize --max-overhead`'s drifts, searches and switches),
+        written at once after the lines before it (a training segment's runner writes its own as they come): it
+        carries the iteration it follows."""
+        self.retained.append(line)
+        self._write_metrics()
+
+    def write_metrics(self) -> None:
+        """Append the lines kept so far (iterations, events) to the run's metrics.jsonl."""
+        self._write_metrics()
+
     def _write_metrics(self) -> None:
         if self.out_dir is None:
             return
@@ -495,7 +506,16 @@ class TrialSession:
                            # resumes from its checkpoints as `rose execute --resume` does)
                            resume=self.out_dir is not None, call_timeout_s=self.executor.call_timeout_s)
         runner = self.executor.runner(plan, config, on_iteration)
-        return runner.run(start=self.k, stop=stop)
+        try:
+            results = runner.run(start=self.k, stop=stop)
+        finally:
+            # the workers ran this runner's plan: a measurement after it loads its plan again and trains
+            # through the switch first (`rose optimize --max-overhead` searches again after a segment)
+            self._last_plan = None
+            self.executor.forget_loaded()
+        if results:
+            self.k = results[-1].iteration + 1
+        return results
 
     def close(self) -> None:
         if self.cpu is not None:
