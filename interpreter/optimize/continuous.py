@@ -63,6 +63,8 @@ class TrainingSession(Protocol):
 
     def write_metrics(self) -> None: ...
 
+    def finish(self, plan_label: str) -> Path | None: ...
+
     def train_on(self, plan: Workflow, iterations: int, checkpoint_every: int = 0,
                  on_iteration: Callable[[IterationResult], None] | None = None,
                  stop: Callable[[], Any] | None = None) -> list[IterationResult]: ...
@@ -146,12 +148,16 @@ def train_continuously(wf: Workflow, result: Stage1Result, session: TrainingSess
         return bool(stop()) or (monitor.drifted and why_not() is None)
 
     _save_state(session, rec, monitor, overhead)
+    checkpointed = -1  # the session's k when a segment's runner last checkpointed (at its end)
     while session.k < opts.iterations and not stop():
         session.train_on(rec.plan, opts.iterations, opts.checkpoint_every, observed, halt)
+        checkpointed = session.k
         if stop() or session.k >= opts.iterations or not monitor.drifted:
             break
         _search_again(wf, session, settings, log, stop, rec, monitor, overhead, emit, on_switch)
         said[0] = False
+    if session.k != checkpointed:  # a search trained the last iterations (or was stopped): keep them
+        session.finish(plan_label(rec.requests))
     session.write_metrics()
     rec.overhead = overhead.to_json()
     _save_state(session, rec, monitor, overhead)
