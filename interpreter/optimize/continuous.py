@@ -15,9 +15,10 @@ workflow computes, so switching between iterations keeps the training the declar
 Every drift, search and switch is an event line in metrics.jsonl (`{"iteration": k, "event": ...}` after
 iteration k, with its evidence: the window's times against the expected, the plans old and new, their
 measured times and the decision rule's verdict, the overhead's books), and `optimize_state.json` in the run
-directory holds the search's state (the current plan's requests, the expected time, the overhead spent); the
-plan file (`-o`) is rewritten at every switch, so `rose execute FILE --plan PLAN --out RUN --resume`
-continues on the current plan.
+directory holds the search's state (the current plan's requests, the expected time, the overhead's books);
+the plan file (`-o`) is rewritten at every switch. `rose optimize ... --resume` (`driver._resume`) reads both
+back and goes on from the last checkpoint with that state (`Start.resume`); `rose execute FILE --plan PLAN
+--out RUN --resume` continues the training alone.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ from rose_dsl.optimizer import (
 
 from ..runner import IterationResult
 
-__all__ = ["ContinuousOptions", "ContinuousRecord", "train_continuously", "STATE_FILE"]
+__all__ = ["ContinuousOptions", "ContinuousRecord", "Start", "train_continuously", "keep_optimizing", "read_state",
+           "STATE_FILE"]
 
 STATE_FILE = "optimize_state.json"
 
@@ -67,7 +69,36 @@ class TrainingSession(Protocol):
 
     def train_on(self, plan: Workflow, iterations: int, checkpoint_every: int = 0,
                  on_iteration: Callable[[IterationResult], None] | None = None,
-                 stop: Callable[[], Any] | None = None) -> list[IterationResult]: ...
+                 stop: Callable[[], Any] | None = None, resume: bool = False) -> list[IterationResult]: ...
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where the loop starts: the plan and its requests, its expected iteration time, the overhead's books
+    (`spent_s`, `need_s`, `searches`), and whether the processes are fresh and the run directory's last
+    checkpoint must be loaded first (`resume`: `rose optimize --resume`, from `optimize_state.json`)."""
+
+    plan: Workflow
+    requests: tuple[str, ...]
+    expected_s: float
+    need_s: float = 0.0
+    spent_s: float = 0.0
+    searches: int = 0
+    resume: bool = False
+
+
+def read_state(out_dir: Path) -> dict[str, Any]:
+    """`optimize_state.json` of a run directory (ValueError naming what is wrong)."""
+    path = out_dir / STATE_FILE
+    try:
+        state = json.loads(path.read_text())
+        float(state["expected_s"]), list(state["plan_requests"]), float(state["overhead"]["spent_s"])
+    except FileNotFoundError:
+        raise ValueError(f"{path} does not exist: --resume continues a run of rose optimize --train "
+                         "--max-overhead in that run directory") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is not a state rose optimize wrote ({type(exc).__name__}: {exc})") from None
+    return dict(state)
 
 
 @dataclass(frozen=True)
@@ -93,18 +124,20 @@ class ContinuousRecord:
     requests: tuple[str, ...]
     events: list[dict[str, Any]] = field(default_factory=list)
     overhead: dict[str, Any] = field(default_factory=dict)
+    min_left: int = 0  # (kept in the state: a resumed run's searches need as many iterations left)
 
 
-def train_continuously(wf: Workflow, result: Stage1Result, session: TrainingSession, settings: Settings,
-                       opts: ContinuousOptions, log: Log, stop: Stop, first_losing_s: float,
+def train_continuously(wf: Workflow, start: Start, session: TrainingSession, settings: Settings,
+                       opts: ContinuousOptions, log: Log, stop: Stop,
                        on_switch: Callable[[Stage1Result], None] | None = None,
                        on_iteration: Callable[[IterationResult], None] | None = None) -> ContinuousRecord:
-    """Train `result.plan` (the first search's) to `opts.iterations`, searching again on drift (see the
-    module's docstring). `first_losing_s`: the first search's losing seconds (what the next is expected to
-    cost); `on_switch(result)` after a search chose another plan (the command writes the plan file)."""
-    rec = ContinuousRecord(result.plan, tuple(result.requests))
-    monitor = DriftMonitor(opts.rule, result.final.median, skip=1)
-    overhead = Overhead(opts.max_overhead, session.elapsed, 0.0, need_s=first_losing_s)
+    """Train `start.plan` (the first search's, or a resumed run's) to `opts.iterations`, searching again on
+    drift (see the module's docstring); `on_switch(result)` after a search chose another plan (the command
+    writes the plan file)."""
+    rec = ContinuousRecord(start.plan, tuple(start.requests), min_left=opts.min_left)
+    monitor = DriftMonitor(opts.rule, start.expected_s, skip=1)
+    overhead = Overhead(opts.max_overhead, session.elapsed, 0.0, spent_s=start.spent_s, need_s=start.need_s,
+                        searches=start.searches)
     said: list[bool] = [False]  # the drift of this segment has its event line
     seen: list[int] = [session.k - 1]  # the last iteration trained (a segment's runner counts them)
 
@@ -116,7 +149,7 @@ def train_continuously(wf: Workflow, result: Stage1Result, session: TrainingSess
         _save_state(session, rec, monitor, overhead)
 
     def why_not() -> str | None:
-        left = opts.iterations - session.k
+        left = opts.iterations - max(session.k, seen[0] + 1)  # (a segment's runner counts its own iterations)
         if opts.no_search:
             return opts.no_search
         if left < opts.min_left:
@@ -149,9 +182,10 @@ def train_continuously(wf: Workflow, result: Stage1Result, session: TrainingSess
 
     _save_state(session, rec, monitor, overhead)
     checkpointed = -1  # the session's k when a segment's runner last checkpointed (at its end)
-    while session.k < opts.iterations and not stop():
-        session.train_on(rec.plan, opts.iterations, opts.checkpoint_every, observed, halt)
-        checkpointed = session.k
+    resume = start.resume
+    while (resume or session.k < opts.iterations) and not stop():
+        session.train_on(rec.plan, opts.iterations, opts.checkpoint_every, observed, halt, resume=resume)
+        checkpointed, resume = session.k, False
         if stop() or session.k >= opts.iterations or not monitor.drifted:
             break
         _search_again(wf, session, settings, log, stop, rec, monitor, overhead, emit, on_switch)
@@ -180,13 +214,17 @@ def _search_again(wf: Workflow, session: TrainingSession, settings: Settings, lo
     except OutOfBudget as exc:  # not even the reference profile fitted: training goes on as it was
         why = str(exc)
     new = plan_label(found.requests) if found is not None else old
-    losing = ledger.losing_s(new)
+    # a search cut short that kept nothing returns the declared graph by default, not as a decision: the
+    # running plan stays
+    defaulted = found is not None and new != old and not new and (found.cut_short or bool(stop()))
+    switch = found is not None and new != old and not defaulted
+    losing = ledger.losing_s(new if switch else old)
     overhead.charge(losing)
     measured = {"search_s": round(ledger.wall_s(), 4), "losing_s": round(losing, 4),
                 "turns_s": {k or "(declared)": round(v, 4) for k, v in ledger.by_label.items()}}
+    assert monitor.last is not None
     if found is None:
         emit("keep", verdict=f"the search measured nothing: {why}", **measured)
-        assert monitor.last is not None
         monitor.rebase(monitor.last.median_s)
         return
     verdict = found.verdict
@@ -194,7 +232,12 @@ def _search_again(wf: Workflow, session: TrainingSession, settings: Settings, lo
                 "validated": found.validated, "stopped": found.stopped,
                 "rule": None if verdict is None else {"outcome": str(verdict.outcome), "ratio": round(verdict.ratio, 4),
                                                        "n": verdict.n, "reason": verdict.reason}}
-    if new != old:
+    if defaulted:
+        emit("keep", **evidence, verdict="the search was cut short before it kept anything; the running plan stays "
+                                         "(the declared graph is only the search's default)")
+        monitor.rebase(monitor.last.median_s)
+        return
+    if switch:
         emit("switch", old=old, new=new, **evidence,
              verdict=f"the search chose {new or 'the declared graph'} over the running {old or 'declared graph'}")
         log(f"switch: {old or 'the declared graph'} -> {new or 'the declared graph'} "
@@ -217,7 +260,7 @@ def _save_state(session: TrainingSession, rec: ContinuousRecord, monitor: DriftM
     from ..safe_io import write_atomic
 
     state = {"iteration": session.k, "plan_requests": list(rec.requests), "expected_s": monitor.expected_s,
-             "overhead": overhead.to_json(), "events": len(rec.events)}
+             "overhead": overhead.to_json(), "events": len(rec.events), "min_left": rec.min_left}
     session.out_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(session.out_dir / STATE_FILE, json.dumps(state, indent=1) + "\n")
 
@@ -225,12 +268,24 @@ def _save_state(session: TrainingSession, rec: ContinuousRecord, monitor: DriftM
 def keep_optimizing(outcome: Any, opts: Any, log: Log, checkpoint_every: int = 0,
                     on_iteration: Callable[[IterationResult], None] | None = None) -> ContinuousRecord:
     """`rose optimize --train --max-overhead P` after the first search (`driver.optimize`'s `Outcome`, its
-    `OptimizeOptions`): train on to the workflow's last iteration, searching again on drift; every switch
-    rewrites the plan file."""
+    `OptimizeOptions`) or on `--resume` (the `Outcome` holds the state read back): train on to the workflow's
+    last iteration, searching again on drift; every switch rewrites the plan file."""
     from .driver import mps_changes, write_plan
 
-    wf, session, result = outcome.workflow, outcome.session, outcome.result
-    assert result is not None and outcome.settings is not None  # (the driver keeps them for --max-overhead)
+    wf, session = outcome.workflow, outcome.session
+    assert outcome.settings is not None  # (the driver keeps them for --max-overhead)
+    if outcome.resumed is not None:
+        state = outcome.resumed
+        ov = state["overhead"]
+        start = Start(outcome.plan, tuple(state["plan_requests"]), float(state["expected_s"]),
+                      need_s=float(ov.get("need_s", 0.0)), spent_s=float(ov["spent_s"]),
+                      searches=int(ov.get("searches", 0)), resume=True)
+        min_left = int(state.get("min_left", 0))
+    else:
+        result = outcome.result
+        assert result is not None
+        start = Start(result.plan, tuple(result.requests), result.final.median, need_s=outcome.first_losing_s)
+        min_left = session.k
     moved = mps_changes(wf, outcome.plan)
     no_search = (f"the plan holds stage 2's MPS settings ({'; '.join(moved)}), which a search of the graph "
                  "would drop") if moved else None
@@ -239,6 +294,6 @@ def keep_optimizing(outcome: Any, opts: Any, log: Log, checkpoint_every: int = 0
         write_plan(found.plan, opts.output, opts.file, found, None)
 
     copts = ContinuousOptions(max_overhead=opts.max_overhead, iterations=wf.root.count or 1,
-                              checkpoint_every=checkpoint_every, min_left=session.k, no_search=no_search)
-    return train_continuously(wf, result, session, outcome.settings, copts, log, outcome.stop,
-                              outcome.first_losing_s, on_switch=switched, on_iteration=on_iteration)
+                              checkpoint_every=checkpoint_every, min_left=min_left, no_search=no_search)
+    return train_continuously(wf, start, session, outcome.settings, copts, log, outcome.stop, on_switch=switched,
+                              on_iteration=on_iteration)

@@ -81,6 +81,7 @@ class OptimizeOptions:
     layouts: tuple[Layout, ...] = ()  # --layout: the values to try before stage 1
     train: bool = False  # --train: training goes on with the plan in the same processes (`TrialSession.train_on`)
     max_overhead: float = 0.0  # --max-overhead (a share, 0: off): with --train, search again on drift (`continuous`)
+    resume_plan: Workflow | None = None  # --resume: the plan (-o) a --max-overhead run was on; no first search
     checkpoint_every: int = 0  # with --train
     sets: tuple[str, ...] = ()  # the command's `--set NAME=VALUE`s: the source as run, in the commands the report gives
 
@@ -199,11 +200,14 @@ class Outcome:
     result: Stage1Result | None = None  # stage 1's (what `--max-overhead` trains on from)
     settings: Settings | None = None
     first_losing_s: float = 0.0  # the first search's losing seconds (`optimizer.drift`), with --max-overhead
+    resumed: dict[str, Any] | None = None  # --resume: the search's state read back (`continuous.read_state`)
 
 
 # --- the run ---------------------------------------------------------------------------------------------
 def optimize(wf: Workflow, opts: OptimizeOptions, host: Host) -> Outcome:
     """Optimize `wf` (see the module's docstring for the order)."""
+    if opts.resume_plan is not None:
+        return _resume(wf, opts, host)
     started = time.perf_counter()
     run = host.run
     check_outputs(wf, opts, run.overwrite)
@@ -240,6 +244,34 @@ def optimize(wf: Workflow, opts: OptimizeOptions, host: Host) -> Outcome:
     finished.append(True)
     losing = ledger.losing_s(plan_label(result.requests)) if ledger is not None else 0.0
     return Outcome(plan, wf, doc, run_dir, train, session, stop, result, settings, losing)
+
+
+def _resume(wf: Workflow, opts: OptimizeOptions, host: Host) -> Outcome:
+    """`--resume` of a `--train --max-overhead` run: no first search -- the run directory's state
+    (`optimize_state.json`: the plan's requests, its expected time, the overhead spent) and the plan it was on
+    (`opts.resume_plan`, the -o file) are read back, the processes started, and the run's elapsed time goes
+    on from the state's; `continuous.keep_optimizing` loads the last checkpoint into them and trains on."""
+    from .continuous import read_state
+
+    started = time.perf_counter()
+    run = host.run
+    assert opts.resume_plan is not None and run.out_dir is not None
+    try:
+        state = read_state(run.out_dir)
+    except ValueError as exc:
+        raise CannotOptimize(str(exc)) from None
+    recorded = [str(r) for r in (opts.resume_plan.plan or {}).get("rewrites") or []]
+    if recorded != list(state["plan_requests"]):
+        raise CannotOptimize(f"{opts.output} is not the plan the run was on ({'; '.join(state['plan_requests']) or 'the declared graph'}, "
+                             f"by {run.out_dir / 'optimize_state.json'}): name the plan file that run wrote")
+    host.prepare(wf)
+    gpu = host.teardown.enter_context(host.gpu_session(wf))
+    settings, _ = settings_and_budget(opts, stage2_skipped(wf, opts.quota, run.backend, gpu) is None, started)
+    elapsed = float(state["overhead"].get("elapsed_s", 0.0))
+    with host.progress_log(None) as log:
+        session = _start(wf, opts, host, gpu, log, started - elapsed, None)
+        stop = host.teardown.enter_context(host.stop_on_signal(log))
+    return Outcome(opts.resume_plan, wf, {}, None, True, session, stop, None, settings, 0.0, resumed=state)
 
 
 # --- before anything starts ------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from interpreter.optimize.continuous import ContinuousOptions, train_continuously
+from interpreter.optimize.continuous import ContinuousOptions, Start, train_continuously
 from interpreter.runner import IterationResult
 from rose_dsl import load_workflow
 from rose_dsl.ir import Workflow
@@ -155,6 +155,7 @@ class DriftingSession(FakeSession):
         super().__init__(wf, None, seed=seed)
         self.early, self.late, self.at = _truth(wf, False), _truth(wf, True), at
         self.events: list[dict[str, Any]] = []
+        self.resumes: list[bool] = []
 
     def _run(self, wf: Workflow, iteration: int) -> Any:
         self.truth = self.late if self.k >= self.at else self.early
@@ -168,7 +169,8 @@ class DriftingSession(FakeSession):
 
     def train_on(self, plan: Workflow, iterations: int, checkpoint_every: int = 0,
                  on_iteration: Callable[[IterationResult], None] | None = None,
-                 stop: Callable[[], Any] | None = None) -> list[IterationResult]:
+                 stop: Callable[[], Any] | None = None, resume: bool = False) -> list[IterationResult]:
+        self.resumes.append(resume)
         out = []
         while self.k < iterations and not (stop is not None and stop()):
             run = self._step(plan)
@@ -187,7 +189,8 @@ def _run_drift(share: float, at: int = 120, iterations: int = 300, seed: int = 0
     first = optimize_graph(wf, MeteredMeasurer(session, ledger), settings, log=lambda m: None)
     losing = ledger.losing_s(plan_label(first.requests)) if need_s is None else need_s
     opts = ContinuousOptions(max_overhead=share, iterations=iterations, min_left=session.k)
-    rec = train_continuously(wf, first, session, settings, opts, lambda m: None, lambda: None, losing)
+    start = Start(first.plan, tuple(first.requests), first.final.median, need_s=losing)
+    rec = train_continuously(wf, start, session, settings, opts, lambda m: None, lambda: None)
     return session, first, rec
 
 
@@ -240,3 +243,20 @@ def test_a_search_cut_by_its_allowance_stays_within_it(share: float) -> None:
     assert any(r.startswith("split-chain generate score") for r in rec.requests), rec.requests
     for e in rec.events:
         assert e["overhead"]["spent_s"] <= share * e["overhead"]["elapsed_s"] + 0.45, e
+
+
+def test_a_resumed_run_starts_from_its_checkpoint_with_the_overhead_it_had_spent() -> None:
+    """`--resume`: the first segment loads the last checkpoint (`train_on(resume=True)`, once), and the
+    overhead's books go on from the state read back (spent seconds, searches), so the bound counts the whole
+    run, not the part since the resume."""
+    wf = load_workflow(str(DRIFT_WF))
+    session = DriftingSession(wf, at=120)
+    session.clock = 40.0  # (the run's elapsed time goes on from the state's)
+    start = Start(wf, (), 0.067, need_s=2.0, spent_s=3.0, searches=1, resume=True)
+    opts = ContinuousOptions(max_overhead=0.3, iterations=300, min_left=60)
+    rec = train_continuously(wf, start, session, Settings(budget_s=20.0), opts, lambda m: None, lambda: None)
+    assert session.resumes[0] is True and not any(session.resumes[1:]), session.resumes
+    assert rec.overhead["searches"] >= 2 and rec.overhead["spent_s"] >= 3.0, rec.overhead
+    assert any(r.startswith("split-chain generate score") for r in rec.requests), rec.requests
+    for e in rec.events:
+        assert e["overhead"]["spent_s"] <= 0.3 * e["overhead"]["elapsed_s"] + 0.45, e
