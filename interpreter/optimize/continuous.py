@@ -148,12 +148,14 @@ def train_continuously(wf: Workflow, start: Start, session: TrainingSession, set
         rec.events.append(line)
         _save_state(session, rec, monitor, overhead)
 
+    def left() -> int:
+        return opts.iterations - max(session.k, seen[0] + 1)  # (a segment's runner counts its own iterations)
+
     def why_not() -> str | None:
-        left = opts.iterations - max(session.k, seen[0] + 1)  # (a segment's runner counts its own iterations)
         if opts.no_search:
             return opts.no_search
-        if left < opts.min_left:
-            return f"{left} iterations are left and a search needs about {opts.min_left}"
+        if left() < opts.min_left:
+            return f"{left()} iterations are left and a search needs about {opts.min_left}"
         if not overhead.may_search():
             return (f"the overhead allowance ({overhead.allowance():.2f} s of {opts.max_overhead:.1%} of "
                     f"{overhead.elapsed():.1f} s, {overhead.spent_s:.2f} s spent) is less than a search is "
@@ -171,7 +173,7 @@ def train_continuously(wf: Workflow, start: Start, session: TrainingSession, set
             log(f"drift: the plan's iterations take {monitor.last.ratio:.2f}x what was measured "
                 f"({monitor.last.median_s:.3f} s against {monitor.last.expected_s:.3f} s)"
                 + ("" if reason is None else f"; no search now: {reason}"))
-            if reason is not None and (opts.no_search or opts.iterations - session.k < opts.min_left):
+            if reason is not None and (opts.no_search or left() < opts.min_left):
                 monitor.rebase(monitor.last.median_s, skip=0)  # never possible: watch the new level instead
                 said[0] = False
         if on_iteration is not None:
