@@ -51,7 +51,7 @@ from .execute import BackendName, FollowLinksOpt
 from .machine import machine_info
 
 if TYPE_CHECKING:
-    from interpreter.optimize import Gpu, Layout, MeasuringSession, OptimizeOptions
+    from interpreter.optimize import Gpu, Layout, MeasuringSession, OptimizeOptions, Outcome
 
     from .run import ExecuteOptions, RunContext
 
@@ -123,6 +123,27 @@ OutDirOpt = Annotated[Path | None, typer.Option("--out", file_okay=False, help="
 TrainOpt = Annotated[bool, typer.Option("--train", help="then go on training with the plan in the same processes to the "
                                              "workflow's last iteration (rose execute's outputs in --out): no "
                                              "second start-up, no hand-over checkpoint")]
+def _percent(value: str | None) -> float | None:
+    """`--max-overhead 2%` (or `2`): a share of the run, 0 < P < 100."""
+    if value is None:
+        return None
+    text = value.strip().removesuffix("%")
+    try:
+        share = float(text) / 100
+    except ValueError:
+        raise typer.BadParameter(f"a percentage of the run's time, e.g. 2%, not {value!r}") from None
+    if not 0.0 < share < 1.0:  # (also refuses nan)
+        raise typer.BadParameter(f"must be more than 0% and less than 100% of the run's time, not {value!r}")
+    return share
+
+
+MaxOverheadOpt = Annotated[str | None, typer.Option(
+    "--max-overhead", help="with --train: go on searching for the whole run -- when the plan's iteration times "
+         "drift, search again and switch plans -- spending at most this share of the run's time on "
+         "candidates that lose (e.g. 2%; docs/optimizer.md)")]
+ResumeOpt = Annotated[bool, typer.Option(
+    "--resume", help="with --train --max-overhead: continue such a run in --out from its last checkpoint, on the "
+         "plan -o names (the one it was on), with the search's state it kept (no first search)")]
 CheckpointEveryOpt = Annotated[int, typer.Option("--checkpoint-every", min=0, help="with --train: checkpoint every N iterations (0: never)")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="replace the plan, report and run directory of an earlier "
                                                  "rose optimize")]
@@ -140,7 +161,8 @@ def optimize(file: FileArg, output: OutputOpt, report: ReportOpt = None, backend
              budget_s: BudgetOpt = None, rounds: RoundsOpt = 2, top_k: TopKOpt = 3, alternatives: AlternativesOpt = 4,
              local_max_fraction: LocalMaxOpt = 0.4, quota: QuotaOpt = True, stage2: Stage2Opt = Stage2Kinds.BOTH,
              stage1: Stage1Opt = None, out_dir: OutDirOpt = None, train: TrainOpt = False,
-             checkpoint_every: CheckpointEveryOpt = 0, overwrite: OverwriteOpt = False,
+             checkpoint_every: CheckpointEveryOpt = 0, max_overhead: MaxOverheadOpt = None,
+             resume: ResumeOpt = False, overwrite: OverwriteOpt = False,
              follow_links: FollowLinksOpt = False, address: AddressOpt = None,
              call_timeout: CallTimeoutOpt = 900.0, allow_module: AllowModuleOpt = None, allow_env: AllowEnvOpt = None,
              allow_path: AllowPathOpt = None, mps: MpsOpt = True, compiled: CompiledOpt = True, quiet: QuietOpt = False,
@@ -151,10 +173,16 @@ def optimize(file: FileArg, output: OutputOpt, report: ReportOpt = None, backend
         err.print("error: --checkpoint-every applies to the training that --train goes on with; rose optimize "
                   "alone writes one checkpoint, at its end", markup=False)
         raise typer.Exit(ExitCode.INVALID)
+    share = _max_overhead(max_overhead, train, stage1, layout)
+    if resume and share is None:
+        err.print("error: --resume continues a run of rose optimize --train --max-overhead P (give both); to "
+                  "continue training on a plan, use rose execute FILE --plan PLAN --out RUN --resume", markup=False)
+        raise typer.Exit(ExitCode.INVALID)
     wf = load_or_exit(file, sets)
     policy = TrustPolicy.from_options(allow_module, allow_env, allow_path)
     report_problems(wf, check_trust(wf, policy), "(the workflow asks to run code the command line did not allow)")
     given = None if stage1 is None else _given_stage1(file, stage1, wf, policy, sets)
+    resumed = _resumed_plan(file, output, out_dir, wf, policy, sets) if resume else None
     layouts = _layouts(file, wf, sets, layout or [], given is not None)
 
     from interpreter.backends import default_backend
@@ -166,14 +194,50 @@ def optimize(file: FileArg, output: OutputOpt, report: ReportOpt = None, backend
     auto = "ray" if layouts else default_backend(wf)  # (a layout's processes are replicas: Ray's)
     run = ExecuteOptions(backend=auto if backend is BackendName.AUTO else backend.value,
                          out_dir=out_dir or report_dir / "run", overwrite=overwrite, follow_links=follow_links,
-                         address=address,
+                         address=address, resume=resume,
                          call_timeout=call_timeout, allowed=(*policy.modules, *TRIAL_MODULES), mps=mps, quiet=quiet,
                          compiled=compiled)
     opts = OptimizeOptions(file=file, output=output, report_dir=report_dir, budget_s=budget_s, rounds=rounds,
                            top_k=top_k, alternatives=alternatives, local_max_fraction=local_max_fraction, quota=quota,
                            stage2=stage2.value, stage1=given, layouts=tuple(layouts), train=train,
-                           checkpoint_every=checkpoint_every, sets=tuple(sets or ()))
+                           checkpoint_every=checkpoint_every, max_overhead=share or 0.0, resume_plan=resumed,
+                           sets=tuple(sets or ()))
     raise typer.Exit(optimize_workflow(wf, opts, run, out, err))
+
+
+def _max_overhead(value: str | None, train: bool, stage1: Path | None, layout: list[str] | None) -> float | None:
+    """`--max-overhead`'s share, checked against the options it needs and those it cannot go with; exit 2."""
+    try:
+        share = _percent(value)
+    except typer.BadParameter as exc:
+        err.print(f"error: --max-overhead: {exc}", markup=False)
+        raise typer.Exit(ExitCode.INVALID) from None
+    problem = None
+    if share is not None and not train:
+        problem = "--max-overhead bounds the searches during the training that --train goes on with: add --train"
+    elif share is not None and stage1 is not None:
+        problem = "--max-overhead searches the graph again on drift; --stage1 fixes the graph: use one or the other"
+    elif share is not None and layout:
+        problem = "--max-overhead searches the graph again on the chosen layout; it does not go with --layout yet"
+    if problem:
+        err.print(f"error: {problem}", markup=False)
+        raise typer.Exit(ExitCode.INVALID)
+    return share
+
+
+def _resumed_plan(file: Path, output: Path, out_dir: Path | None, wf: Workflow, policy: TrustPolicy,
+                  sets: list[str] | None) -> Workflow:
+    """`--resume`: the plan the run was on (-o, as the run rewrote it), checked against FILE; exit 2 otherwise."""
+    if out_dir is None:
+        err.print("error: --resume needs the run directory of the run to continue: --out RUN", markup=False)
+        raise typer.Exit(ExitCode.INVALID)
+    if not output.is_file():
+        err.print(f"error: --resume: -o {output} does not exist; name the plan file the run wrote (it is rewritten "
+                  "at every switch)", markup=False)
+        raise typer.Exit(ExitCode.INVALID)
+    plan = load_or_exit(output, None, source=file, source_sets=sets)
+    report_problems(plan, check_trust(plan, policy), "(the plan asks to run code the command line did not allow)")
+    return plan
 
 
 def _given_stage1(file: Path, stage1: Path, wf: Workflow, policy: TrustPolicy, sets: list[str] | None) -> Workflow:
@@ -258,13 +322,13 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
     from interpreter.optimize import optimize as optimize_run
 
     outcome = optimize_run(wf, opts, _CommandHost(ctx, teardown, out))
-    _summary(out, outcome.report, opts, outcome.run_dir)
+    if outcome.resumed is None:  # (a resumed run has no first search to sum up)
+        _summary(out, outcome.report, opts, outcome.run_dir)
     reason = outcome.stop()
     if reason:
         raise Stopped(f"{reason}: the plan and {opts.report_dir / 'report.md'} hold what was measured before it")
     if outcome.trains_on:
-        _train_on(outcome.plan, outcome.workflow.root.count or 1, outcome.session, opts, ctx.opts, out, ctx.err,
-                  outcome.stop)
+        _train_on(outcome, opts, ctx.opts, out, ctx.err)
 
 
 class _CommandHost:
@@ -356,8 +420,7 @@ class GracefulStop:
             signal.signal(sig, handler)
 
 
-def _train_on(plan: Workflow, iterations: int, session: MeasuringSession, opts: OptimizeOptions, run: ExecuteOptions,
-              out: Console, err: Console, stop: Callable[[], str | None]) -> None:
+def _train_on(outcome: Outcome, opts: OptimizeOptions, run: ExecuteOptions, out: Console, err: Console) -> None:
     """`--train`: the plan's iterations from where the optimizer's training ended to the last, in the same
     processes (`TrialSession.train_on`), shown as `rose execute` shows them."""
     from rose_dsl.analysis import iterations_in_flight
@@ -365,18 +428,40 @@ def _train_on(plan: Workflow, iterations: int, session: MeasuringSession, opts: 
     from . import report
     from .run import iteration_progress
 
+    plan, iterations, session, stop = outcome.plan, outcome.workflow.root.count or 1, outcome.session, outcome.stop
     report.checkpoint_drains(err, iterations_in_flight(plan), opts.checkpoint_every)
     first, t = session.k, time.perf_counter()
+    if outcome.resumed is not None:  # (about: the checkpoint's iteration is the runner's to find)
+        first = int(outcome.resumed["iteration"])
     progress, _, on_iteration = iteration_progress(out, plan.name, iterations, run.quiet, completed=first)
-    out.print(f"training goes on with the plan in the same processes: iterations {first}..{iterations - 1}",
-              markup=False)
+    if outcome.resumed is not None:
+        out.print(f"resuming the run in {run.out_dir} from its last checkpoint, on "
+                  f"{'; '.join(outcome.resumed['plan_requests']) or 'the declared graph'}", markup=False)
+    else:
+        out.print(f"training goes on with the plan in the same processes: iterations {first}..{iterations - 1}",
+                  markup=False)
     with progress:
-        results = session.train_on(plan, iterations, opts.checkpoint_every, on_iteration, stop)
-    out.print(f"done: {len(results)} iterations of the plan in {time.perf_counter() - t:.1f} s; outputs in "
+        if opts.max_overhead > 0:  # the search goes on: drift -> search again -> switch (`keep_optimizing`)
+            from interpreter.optimize import keep_optimizing
+
+            rec = keep_optimizing(outcome, opts, lambda m: out.print(m, markup=False), opts.checkpoint_every,
+                                  on_iteration)
+            plan = rec.plan
+            switches = sum(1 for e in rec.events if e["event"] == "switch")
+            ov = rec.overhead
+            out.print(f"searches after the first: {ov['searches']}, switches: {switches}, ending on "
+                      f"{'; '.join(rec.requests) or 'the declared graph'}; overhead {ov['spent_s']:.1f} s = "
+                      f"{ov['share']:.2%} of {ov['elapsed_s']:.0f} s (at most {opts.max_overhead:.1%})", markup=False)
+        else:
+            session.train_on(plan, iterations, opts.checkpoint_every, on_iteration, stop)
+    results = session.k - first
+    out.print(f"done: {results} iterations of the plan in {time.perf_counter() - t:.1f} s; outputs in "
               f"{run.out_dir}", markup=False)
     if stop():
-        raise Stopped(f"{stop()}: training stopped after iteration {first + len(results) - 1}; "
-                      f"resume: rose execute {opts.source_args} --plan {opts.output} --out {run.out_dir} --resume")
+        raise Stopped(f"{stop()}: training stopped after iteration {session.k - 1}; "
+                      + (f"resume: rose optimize {opts.source_args} -o {opts.output} --out {run.out_dir} --train "
+                         f"--max-overhead {opts.max_overhead * 100:.4g}% --resume" if opts.max_overhead > 0 else
+                         f"resume: rose execute {opts.source_args} --plan {opts.output} --out {run.out_dir} --resume"))
 
 
 def _summary(out: Console, doc: dict[str, Any], opts: OptimizeOptions, run_dir: Path | None) -> None:

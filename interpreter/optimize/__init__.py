@@ -6,6 +6,8 @@
   (training, kept), captured inputs, local trials on state snapshots, layout switches, the hand-over;
 * `quota_trials` -- stage 2's side: processes moved under MPS quotas and priorities, the quota self-check
   (`CheckPrefetch`), `settle` for `--train`;
+* `continuous`   -- `keep_optimizing`: `--train --max-overhead P`, training on with searches again when the
+  running plan's iteration times drift (the driver's second half: it uses the search too);
 * `executor`     -- `Executor`: plans run on one set of workers through the `Backend` interface alone
   (also `rose compare`'s).
 
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rose_dsl.optimizer import Layout, OutOfBudget, headline, layouts, parse_layout_option
 
+    from .continuous import keep_optimizing
     from .driver import (
         REPORT_FILES,
         CannotOptimize,
@@ -46,13 +49,14 @@ _WHERE = {
                      "CannotOptimize", "REPORT_FILES", "stage2_skipped", "mps_changes"), ".driver"),
     **dict.fromkeys(("TrialSession", "trial_components", "unsupported"), ".trials"),
     "Executor": ".executor",
+    "keep_optimizing": ".continuous",
     # what the command shows and checks of the search's (its exit codes, the summary, `--layout`)
     **dict.fromkeys(("OutOfBudget", "headline", "Layout", "layouts", "parse_layout_option"), "rose_dsl.optimizer"),
 }
 
 __all__ = ["optimize", "OptimizeOptions", "Outcome", "Host", "RunOptions", "Gpu", "MeasuringSession", "CannotOptimize",
            "REPORT_FILES", "stage2_skipped", "mps_changes", "TrialSession", "trial_components", "unsupported", "Executor",
-           "OutOfBudget", "headline", "Layout", "layouts", "parse_layout_option"]
+           "OutOfBudget", "headline", "Layout", "layouts", "parse_layout_option", "keep_optimizing"]
 
 
 def __getattr__(name: str) -> Any:

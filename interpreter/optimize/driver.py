@@ -31,8 +31,10 @@ from rose_dsl.optimizer import (
     Budget,
     Layout,
     LayoutMeasurer,
+    Ledger,
     Log,
     Measurer,
+    MeteredMeasurer,
     Mps,
     OutOfBudget,
     Settings,
@@ -44,6 +46,7 @@ from rose_dsl.optimizer import (
     first_probe_levels,
     given_plan,
     optimize_graph,
+    plan_label,
     reorder_bound,
     temporal_copies,
     tune_mps,
@@ -77,6 +80,8 @@ class OptimizeOptions:
     stage1: Workflow | None = None  # --stage1: the graph is this plan (no search)
     layouts: tuple[Layout, ...] = ()  # --layout: the values to try before stage 1
     train: bool = False  # --train: training goes on with the plan in the same processes (`TrialSession.train_on`)
+    max_overhead: float = 0.0  # --max-overhead (a share, 0: off): with --train, search again on drift (`continuous`)
+    resume_plan: Workflow | None = None  # --resume: the plan (-o) a --max-overhead run was on; no first search
     checkpoint_every: int = 0  # with --train
     sets: tuple[str, ...] = ()  # the command's `--set NAME=VALUE`s: the source as run, in the commands the report gives
 
@@ -192,11 +197,17 @@ class Outcome:
     trains_on: bool
     session: MeasuringSession
     stop: Stop
+    result: Stage1Result | None = None  # stage 1's (what `--max-overhead` trains on from)
+    settings: Settings | None = None
+    first_losing_s: float = 0.0  # the first search's losing seconds (`optimizer.drift`), with --max-overhead
+    resumed: dict[str, Any] | None = None  # --resume: the search's state read back (`continuous.read_state`)
 
 
 # --- the run ---------------------------------------------------------------------------------------------
 def optimize(wf: Workflow, opts: OptimizeOptions, host: Host) -> Outcome:
     """Optimize `wf` (see the module's docstring for the order)."""
+    if opts.resume_plan is not None:
+        return _resume(wf, opts, host)
     started = time.perf_counter()
     run = host.run
     check_outputs(wf, opts, run.overwrite)
@@ -210,7 +221,9 @@ def optimize(wf: Workflow, opts: OptimizeOptions, host: Host) -> Outcome:
     with host.progress_log(budget.deadline) as log:  # (shows the budget left)
         session = _start(wf, opts, host, gpu, log, started, prefetch)
         stop = host.teardown.enter_context(host.stop_on_signal(log))  # after Ray's start: its handlers are replaced
-        wf, layout_section, result = _search(wf, opts, session, settings, budget, log, stop)
+        ledger = Ledger(session.elapsed, incumbent="") if opts.max_overhead > 0 else None
+        measurer = session if ledger is None else MeteredMeasurer(session, ledger)  # (books its turns by plan)
+        wf, layout_section, result = _search(wf, opts, measurer, settings, budget, log, stop)
         session.join_pending()  # (stage 1 measured nothing: stage 2's checks find the prefetch's verdicts)
         running: dict[str, Mps] = {}  # the MPS settings stage 2 left each process under
         stage2 = _stage2(wf, result, session, gpu, opts, run.backend, settings, log, budget, stop, running)
@@ -229,7 +242,36 @@ def optimize(wf: Workflow, opts: OptimizeOptions, host: Host) -> Outcome:
                       stage2, host.machine(run.backend), trains_on=train)
     _write_report(doc, result, layout_section, opts, stop)
     finished.append(True)
-    return Outcome(plan, wf, doc, run_dir, train, session, stop)
+    losing = ledger.losing_s(plan_label(result.requests)) if ledger is not None else 0.0
+    return Outcome(plan, wf, doc, run_dir, train, session, stop, result, settings, losing)
+
+
+def _resume(wf: Workflow, opts: OptimizeOptions, host: Host) -> Outcome:
+    """`--resume` of a `--train --max-overhead` run: no first search -- the run directory's state
+    (`optimize_state.json`: the plan's requests, its expected time, the overhead spent) and the plan it was on
+    (`opts.resume_plan`, the -o file) are read back, the processes started, and the run's elapsed time goes
+    on from the state's; `continuous.keep_optimizing` loads the last checkpoint into them and trains on."""
+    from .continuous import read_state
+
+    started = time.perf_counter()
+    run = host.run
+    assert opts.resume_plan is not None and run.out_dir is not None
+    try:
+        state = read_state(run.out_dir)
+    except ValueError as exc:
+        raise CannotOptimize(str(exc)) from None
+    recorded = [str(r) for r in (opts.resume_plan.plan or {}).get("rewrites") or []]
+    if recorded != list(state["plan_requests"]):
+        raise CannotOptimize(f"{opts.output} is not the plan the run was on ({'; '.join(state['plan_requests']) or 'the declared graph'}, "
+                             f"by {run.out_dir / 'optimize_state.json'}): name the plan file that run wrote")
+    host.prepare(wf)
+    gpu = host.teardown.enter_context(host.gpu_session(wf))
+    settings, _ = settings_and_budget(opts, stage2_skipped(wf, opts.quota, run.backend, gpu) is None, started)
+    elapsed = float(state["overhead"].get("elapsed_s", 0.0))
+    with host.progress_log(None) as log:
+        session = _start(wf, opts, host, gpu, log, started - elapsed, None)
+        stop = host.teardown.enter_context(host.stop_on_signal(log))
+    return Outcome(opts.resume_plan, wf, {}, None, True, session, stop, None, settings, 0.0, resumed=state)
 
 
 # --- before anything starts ------------------------------------------------------------------------
@@ -329,7 +371,7 @@ def _start(wf: Workflow, opts: OptimizeOptions, host: Host, gpu: Gpu, log: Log, 
 
 
 # --- layouts, stage 1, stage 2 ---------------------------------------------------------------------------
-def _search(wf: Workflow, opts: OptimizeOptions, session: MeasuringSession, settings: Settings, budget: Budget,
+def _search(wf: Workflow, opts: OptimizeOptions, session: Any, settings: Settings, budget: Budget,
             log: Log, stop: Stop) -> tuple[Workflow, dict[str, Any] | None, Stage1Result]:
     """Layouts first, within their share of the budget from now (stage 1's rewrites then apply to the chosen
     one), then stage 1 (or the `--stage1` plan measured): the workflow trained, the layout section, stage 1's

@@ -162,6 +162,10 @@ class Executor:
         self._load(plan, runner)
         return runner
 
+    def forget_loaded(self) -> None:
+        """Another runner ran on the workers (`TrialSession.train_on`): the next plan is loaded again."""
+        self._loaded = None
+
     def stop_parked(self) -> None:
         """Stop the processes a quota move left parked (`Backend.replace_actor(keep=True)`): they hold GPU
         memory that training after the optimizer has no use for."""

@@ -458,6 +458,17 @@ class TrialSession:
         return out
 
     # -- the end ----------------------------------------------------------------------------------
+    def event(self, line: dict[str, Any]) -> None:
+        """An event line for metrics.jsonl (`rose optimize --max-overhead`'s drifts, searches and switches),
+        written at once after the lines before it (a training segment's runner writes its own as they come): it
+        carries the iteration it follows."""
+        self.retained.append(line)
+        self._write_metrics()
+
+    def write_metrics(self) -> None:
+        """Append the lines kept so far (iterations, events) to the run's metrics.jsonl."""
+        self._write_metrics()
+
     def _write_metrics(self) -> None:
         if self.out_dir is None:
             return
@@ -481,7 +492,7 @@ class TrialSession:
 
     def train_on(self, plan: Workflow, iterations: int, checkpoint_every: int = 0,
                  on_iteration: Callable[[IterationResult], None] | None = None,
-                 stop: Callable[[], Any] | None = None) -> list[IterationResult]:
+                 stop: Callable[[], Any] | None = None, resume: bool = False) -> list[IterationResult]:
         """Go on training `plan` in these processes, with the state they hold, from iteration `self.k` to
         `iterations` (`rose optimize --train`): what `rose execute FILE --plan PLAN --resume` does after
         `finish`, without its second start-up and without the hand-over checkpoint (each tens of seconds on
@@ -489,14 +500,27 @@ class TrialSession:
         iterations, then these), checkpoints every `checkpoint_every` iterations and the trace of these
         iterations; a component process that dies is restarted from the last checkpoint as in `rose
         execute`. `stop()` ends it after the iteration in progress, with a checkpoint (`Runner.run`). The
-        processes must run under `plan`'s MPS settings already (`quota_trials.settle`)."""
+        processes must run under `plan`'s MPS settings already (`quota_trials.settle`). `resume`: the
+        processes are fresh; start from the run directory's last checkpoint, loaded into them (`rose optimize
+        --resume`)."""
         self._write_metrics()
         config = RunConfig(iterations=iterations, out_dir=self.out_dir, checkpoint_every=checkpoint_every,
                            # (the run directory is this command's own, checked when it started; a recovery
                            # resumes from its checkpoints as `rose execute --resume` does)
                            resume=self.out_dir is not None, call_timeout_s=self.executor.call_timeout_s)
         runner = self.executor.runner(plan, config, on_iteration)
-        return runner.run(start=self.k, stop=stop)
+        try:
+            results = runner.run(start=None if resume else self.k, stop=stop)
+        finally:
+            # the workers ran this runner's plan: a measurement after it loads its plan again and trains
+            # through the switch first (`rose optimize --max-overhead` searches again after a segment)
+            self._last_plan = None
+            self.executor.forget_loaded()
+        if results:
+            self.k = results[-1].iteration + 1
+        elif resume and runner.resumed is not None:
+            self.k = runner.resumed.iteration + 1
+        return results
 
     def close(self) -> None:
         if self.cpu is not None:

@@ -17,6 +17,7 @@ The modules, in the order a run meets them:
   `rank` (targets), `candidates` (alternatives, feasibility, the copies a split needs), `model` (the cost
   model), `regions` and `local_trials` (comparison graphs on captured inputs), `combine`, `decide` and
   `stats` (every keep-or-not decision), `before_after` (the final comparison; `given_plan`);
+* `drift`     -- after the first search (`--train --max-overhead`): the drift rule, the overhead's books;
 * `stage2`    -- stage 2, MPS quotas and client priorities (`tune_mps`), over `quota`;
 * `bound`, `report`, `headline` -- the reorder bound, the report document and files, its headline.
 
@@ -28,6 +29,7 @@ from .before_after import given_plan
 from .bound import reorder_bound
 from .budget import Budget
 from .candidates import temporal_copies
+from .drift import DriftMonitor, DriftRule, Ledger, MeteredMeasurer, Overhead, plan_label
 from .headline import headline
 from .layout_search import LayoutMeasurer, choose_layout
 from .layouts import Layout, layout_change, layouts, parse_layout_option
@@ -43,6 +45,8 @@ __all__ = [
     # layouts, stage 1, stage 2
     "Layout", "layouts", "parse_layout_option", "layout_change", "choose_layout", "optimize_graph", "given_plan",
     "temporal_copies", "tune_mps", "first_probe_levels",
+    # the whole run: drift and the overhead of searching again
+    "DriftRule", "DriftMonitor", "Ledger", "MeteredMeasurer", "Overhead", "plan_label",
     # the report
     "reorder_bound", "build_report", "write_report", "headline", "staleness",
 ]
