@@ -23,7 +23,6 @@ back and goes on from the last checkpoint with that state (`Start.resume`); `ros
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,12 +45,10 @@ from rose_dsl.optimizer import (
 )
 
 from ..runner import IterationResult
+from .run_state import STATE_FILE, read_state, write_state
 
 __all__ = ["ContinuousOptions", "ContinuousRecord", "Start", "train_continuously", "keep_optimizing", "read_state",
            "STATE_FILE"]
-
-STATE_FILE = "optimize_state.json"
-
 
 class TrainingSession(Protocol):
     """What the loop asks of the measuring session (`trials.TrialSession`) besides the search's `Measurer`."""
@@ -85,20 +82,6 @@ class Start:
     spent_s: float = 0.0
     searches: int = 0
     resume: bool = False
-
-
-def read_state(out_dir: Path) -> dict[str, Any]:
-    """`optimize_state.json` of a run directory (ValueError naming what is wrong)."""
-    path = out_dir / STATE_FILE
-    try:
-        state = json.loads(path.read_text())
-        float(state["expected_s"]), list(state["plan_requests"]), float(state["overhead"]["spent_s"])
-    except FileNotFoundError:
-        raise ValueError(f"{path} does not exist: --resume continues a run of rose optimize --train "
-                         "--max-overhead in that run directory") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path} is not a state rose optimize wrote ({type(exc).__name__}: {exc})") from None
-    return dict(state)
 
 
 @dataclass(frozen=True)
@@ -259,12 +242,9 @@ def _save_state(session: TrainingSession, rec: ContinuousRecord, monitor: DriftM
     overhead spent)."""
     if session.out_dir is None:
         return
-    from ..safe_io import write_atomic
-
     state = {"iteration": session.k, "plan_requests": list(rec.requests), "expected_s": monitor.expected_s,
              "overhead": overhead.to_json(), "events": len(rec.events), "min_left": rec.min_left}
-    session.out_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(session.out_dir / STATE_FILE, json.dumps(state, indent=1) + "\n")
+    write_state(session.out_dir, state)
 
 
 def keep_optimizing(outcome: Any, opts: Any, log: Log, checkpoint_every: int = 0,

@@ -55,6 +55,7 @@ from rose_dsl.optimizer import (
 
 from ..runner import IterationResult
 from .quota_trials import CheckPrefetch, MpsClients, QuotaTrials, quota_sms, settle
+from .run_state import read_state
 from .trials import unsupported
 
 __all__ = ["optimize", "OptimizeOptions", "Outcome", "Host", "RunOptions", "Gpu", "MeasuringSession",
@@ -200,7 +201,7 @@ class Outcome:
     result: Stage1Result | None = None  # stage 1's (what `--max-overhead` trains on from)
     settings: Settings | None = None
     first_losing_s: float = 0.0  # the first search's losing seconds (`optimizer.drift`), with --max-overhead
-    resumed: dict[str, Any] | None = None  # --resume: the search's state read back (`continuous.read_state`)
+    resumed: dict[str, Any] | None = None  # --resume: the search's state read back (`run_state.read_state`)
 
 
 # --- the run ---------------------------------------------------------------------------------------------
@@ -251,7 +252,6 @@ def _resume(wf: Workflow, opts: OptimizeOptions, host: Host) -> Outcome:
     (`optimize_state.json`: the plan's requests, its expected time, the overhead spent) and the plan it was on
     (`opts.resume_plan`, the -o file) are read back, the processes started, and the run's elapsed time goes
     on from the state's; `continuous.keep_optimizing` loads the last checkpoint into them and trains on."""
-    from .continuous import read_state
 
     started = time.perf_counter()
     run = host.run
