@@ -47,7 +47,7 @@ from rose_dsl.cli import (
 from rose_dsl.ir import Component, Workflow
 from rose_dsl.trust import TrustPolicy, check_trust
 
-from .execute import BackendName, FollowLinksOpt
+from .execute import BackendName, FollowLinksOpt, refuse_linked_dir
 from .machine import machine_info
 
 if TYPE_CHECKING:
@@ -163,6 +163,7 @@ def optimize(file: FileArg, output: OutputOpt, report: ReportOpt = None, backend
     from .run import TRIAL_MODULES, ExecuteOptions
 
     report_dir = report or output.with_name(output.stem + "_report")
+    refuse_linked_dir(report_dir, "--report", follow_links)
     auto = "ray" if layouts else default_backend(wf)  # (a layout's processes are replicas: Ray's)
     run = ExecuteOptions(backend=auto if backend is BackendName.AUTO else backend.value,
                          out_dir=out_dir or report_dir / "run", overwrite=overwrite, follow_links=follow_links,
