@@ -259,7 +259,12 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
     from interpreter.optimize import optimize as optimize_run
 
     outcome = optimize_run(wf, opts, _CommandHost(ctx, teardown, out))
-    _summary(out, outcome.report, opts, outcome.run_dir)
+    total = outcome.workflow.root.count or 1
+    left = total - outcome.session.k
+    _summary(out, outcome.report, opts, outcome.run_dir, left)
+    if opts.train and left <= 0:  # (issue 59: --train said nothing, and the command it printed trained 0 iterations)
+        ctx.err.print(f"note: --train: nothing left to train with the plan: the search trained all {total} of the "
+                      "workflow's iterations (give more, e.g. --set iterations=N)", markup=False)
     reason = outcome.stop()
     if reason:
         raise Stopped(f"{reason}: the plan and {opts.report_dir / 'report.md'} hold what was measured before it")
@@ -380,7 +385,9 @@ def _train_on(plan: Workflow, iterations: int, session: MeasuringSession, opts: 
                       f"resume: rose execute {opts.source_args} --plan {opts.output} --out {run.out_dir} --resume")
 
 
-def _summary(out: Console, doc: dict[str, Any], opts: OptimizeOptions, run_dir: Path | None) -> None:
+def _summary(out: Console, doc: dict[str, Any], opts: OptimizeOptions, run_dir: Path | None, left: int = 1) -> None:
+    """What the run found and wrote; `left`: the workflow's iterations not trained yet (none: the command to continue
+    training names a new total, `-n`, since `--resume` alone would train 0 iterations)."""
     from interpreter.optimize import headline
 
     ov, head = doc["overhead_s"], headline(doc)
@@ -414,8 +421,9 @@ def _summary(out: Console, doc: dict[str, Any], opts: OptimizeOptions, run_dir: 
     out.print(f"wrote {opts.output}, {report / 'report.md'} (stage 1 alone: {report / 'stage1.yaml'})", markup=False)
     if run_dir is not None:
         link = " --follow-links" if run_dir.is_symlink() else ""  # (else the command would be refused)
+        more = "" if left > 0 else " -n N (the workflow's iterations are all trained: N, a new total)"
         out.print(f"continue training: rose execute {opts.source_args} --plan {opts.output} --out {run_dir}{link} "
-                  "--resume", markup=False)
+                  f"--resume{more}", markup=False)
 
 
 if __name__ == "__main__":  # `python -m rose_cli.optimize` for a quick run without the rose command
