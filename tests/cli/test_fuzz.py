@@ -482,6 +482,8 @@ def set_cases(draw: Any) -> tuple[str, list[str]]:
 @given(set_cases())
 @example(("latency_interaction.yaml", ["iterations=1e309"])).via("1e309 is infinity: refused as not finite")
 @example(("embodied_ppo.yaml", ["trainer_replicas=${replicas}"])).via("a --set value is a value, not an expression")
+@example(("embodied_grpo.yaml", ["seed=", "seed=1"])).via("a param given twice: the last value counts")
+@example(("embodied_grpo.yaml", ["seed=\x00", "seed=1"])).via("...but every value must read as one")
 @example(("embodied_ppo_metaworld.yaml", ["task=- 1"])).via(
     "found: a list, a mapping or null given by --set to a param declared as text (`task: reach-v3`) validated, where "
     "the same value in the file's params: is refused by the schema; refused at the command line now "
@@ -497,7 +499,11 @@ def test_set_values_are_taken_as_the_file_would_take_them_or_refused_at_the_comm
     args = ["validate", str(ROOT / "workflows" / name), *(a for i in items for a in ("--set", i))]
     code, output = _run_args(args)
     _check_refusal(args, code, output)
-    why = next((w for i in items if (w := _refused_set(declared, i)) is not None), None)
+    # (a param set twice: the last value counts, but every value must read as one)
+    last = {i.partition("=")[0].strip() if "=" in i else f"#{n}": i for n, i in enumerate(items)}
+    unreadable = ("not NAME=VALUE", "not a value")
+    why = next((w for i in items if (w := _refused_set(declared, i)) in unreadable), None) or \
+        next((w for i in last.values() if (w := _refused_set(declared, i)) is not None), None)
     event(f"--set: {why or 'taken'}: exit {code}")
     if why is not None:
         assert code == 2, f"rose {' '.join(args)}: {why}, yet exit {code}\n{output}"
@@ -505,7 +511,7 @@ def test_set_values_are_taken_as_the_file_would_take_them_or_refused_at_the_comm
     from rose_dsl.loader import load_value
 
     edited = copy.deepcopy(doc)
-    for item in items:
+    for item in last.values():
         key, _, raw = item.partition("=")
         value = load_value(raw, "--set x") if raw.strip() else ""
         if isinstance(value, str) and "${" in value:
@@ -668,7 +674,9 @@ def _expected_refusal(command: str, pieces: list[Piece]) -> bool:
     for piece in pieces:
         p = next((p for p in _params_of(command) if piece.words[0] in (*p.opts, *p.secondary_opts)), None)
         key = piece.words[0] if p is None or p.multiple else p.name
-        if p is None or p.multiple or len(piece.words) == 1 and _annotation(p) is not bool:
+        if piece.words[0] == "--set" and len(piece.words) == 2 and "=" in piece.words[1]:
+            key = "--set " + piece.words[1].partition("=")[0].strip()  # (a param set twice: the last value counts)
+        elif p is None or p.multiple or len(piece.words) == 1 and _annotation(p) is not bool:
             key = f"{key}#{id(piece)}"  # (each counts: a repeatable option's values, an option without its value)
         last[key] = piece
     required = [p for p in _params_of(command) if p.required and p.opts[0].startswith("-")]
