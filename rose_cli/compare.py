@@ -60,7 +60,7 @@ from rose_dsl.identity import NodePath
 from rose_dsl.ir import LoopNode, Workflow
 from rose_dsl.trust import TrustPolicy, check_trust
 
-from .execute import BackendName, FollowLinksOpt, positive_seconds
+from .execute import BackendName, FollowLinksOpt, positive_seconds, refuse_linked_dir
 from .machine import machine_info
 
 if TYPE_CHECKING:
@@ -187,6 +187,7 @@ def compare(
         err.print(f"error: comparing {len(entries)} rows over {rounds} rounds trains up to {need} iterations and "
                   f"{file} trains {wf.root.count}; raise its iteration count (e.g. --set iterations={need})", markup=False)
         raise typer.Exit(ExitCode.INVALID)
+    refuse_linked_dir(runs_dir, "--runs", follow_links)
     for path in (p for p in (json_path, runs_dir) if p is not None):
         if path.exists() and not overwrite and (path.is_file() or any(path.iterdir())):
             err.print(f"error: {path} already exists; choose another path or pass --overwrite", markup=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -37,9 +38,19 @@ class BackendName(StrEnum):
     RAY = "ray"
 
 
-# (rose optimize and rose compare take it too, for their --out)
-FollowLinksOpt = Annotated[bool, typer.Option("--follow-links", help="--out may be a symbolic link: write where it "
-                                                                     "points (refused otherwise)")]
+# (rose optimize and rose compare take it too, for their --out, and --report / --runs)
+FollowLinksOpt = Annotated[bool, typer.Option("--follow-links", help="--out (--report, --runs) may be a symbolic link: "
+                                                                     "write where it points (refused otherwise)")]
+
+
+def refuse_linked_dir(path: Path | None, option: str, follow_links: bool) -> None:
+    """A directory the user names for rose to write into (`rose optimize --report`, `rose compare --runs`) that is a
+    symbolic link is refused unless --follow-links, as `--out` is (`interpreter.rundir.check_out_link`): `--overwrite`
+    removed an earlier report's or round's files where it points (found by tests/cli/test_fuzz.py)."""
+    if path is not None and path.is_symlink() and not follow_links:
+        err.print(f"error: {option} {path} is a symbolic link (to {os.readlink(path)}); rose writes through it only "
+                  "when asked: pass --follow-links, or give the directory itself", markup=False)
+        raise typer.Exit(ExitCode.INVALID)
 
 
 def positive_seconds(value: float) -> float:

@@ -47,7 +47,7 @@ from rose_dsl.cli import (
 from rose_dsl.ir import Component, Workflow
 from rose_dsl.trust import TrustPolicy, check_trust
 
-from .execute import BackendName, FollowLinksOpt
+from .execute import BackendName, FollowLinksOpt, refuse_linked_dir
 from .machine import machine_info
 
 if TYPE_CHECKING:
@@ -191,6 +191,7 @@ def optimize(file: FileArg, output: OutputOpt, report: ReportOpt = None, backend
     from .run import TRIAL_MODULES, ExecuteOptions
 
     report_dir = report or output.with_name(output.stem + "_report")
+    refuse_linked_dir(report_dir, "--report", follow_links)
     auto = "ray" if layouts else default_backend(wf)  # (a layout's processes are replicas: Ray's)
     run = ExecuteOptions(backend=auto if backend is BackendName.AUTO else backend.value,
                          out_dir=out_dir or report_dir / "run", overwrite=overwrite, follow_links=follow_links,
@@ -322,8 +323,13 @@ def _run(wf: Workflow, opts: OptimizeOptions, teardown: ExitStack, ctx: RunConte
     from interpreter.optimize import optimize as optimize_run
 
     outcome = optimize_run(wf, opts, _CommandHost(ctx, teardown, out))
+    total = outcome.workflow.root.count or 1
+    left = total - outcome.session.k
     if outcome.resumed is None:  # (a resumed run has no first search to sum up)
-        _summary(out, outcome.report, opts, outcome.run_dir)
+        _summary(out, outcome.report, opts, outcome.run_dir, left)
+    if opts.train and left <= 0:  # (issue 59: --train said nothing, and the command it printed trained 0 iterations)
+        ctx.err.print(f"note: --train: nothing left to train with the plan: the search trained all {total} of the "
+                      "workflow's iterations (give more, e.g. --set iterations=N)", markup=False)
     reason = outcome.stop()
     if reason:
         raise Stopped(f"{reason}: the plan and {opts.report_dir / 'report.md'} hold what was measured before it")
@@ -464,7 +470,9 @@ def _train_on(outcome: Outcome, opts: OptimizeOptions, run: ExecuteOptions, out:
                          f"resume: rose execute {opts.source_args} --plan {opts.output} --out {run.out_dir} --resume"))
 
 
-def _summary(out: Console, doc: dict[str, Any], opts: OptimizeOptions, run_dir: Path | None) -> None:
+def _summary(out: Console, doc: dict[str, Any], opts: OptimizeOptions, run_dir: Path | None, left: int = 1) -> None:
+    """What the run found and wrote; `left`: the workflow's iterations not trained yet (none: the command to continue
+    training names a new total, `-n`, since `--resume` alone would train 0 iterations)."""
     from interpreter.optimize import headline
 
     ov, head = doc["overhead_s"], headline(doc)
@@ -498,8 +506,9 @@ def _summary(out: Console, doc: dict[str, Any], opts: OptimizeOptions, run_dir: 
     out.print(f"wrote {opts.output}, {report / 'report.md'} (stage 1 alone: {report / 'stage1.yaml'})", markup=False)
     if run_dir is not None:
         link = " --follow-links" if run_dir.is_symlink() else ""  # (else the command would be refused)
+        more = "" if left > 0 else " -n N (the workflow's iterations are all trained: N, a new total)"
         out.print(f"continue training: rose execute {opts.source_args} --plan {opts.output} --out {run_dir}{link} "
-                  "--resume", markup=False)
+                  f"--resume{more}", markup=False)
 
 
 if __name__ == "__main__":  # `python -m rose_cli.optimize` for a quick run without the rose command

@@ -212,6 +212,15 @@ def _params(ctx: _Ctx, raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> 
                     SourcePos("<command line>", 0, 0), f"params.{name}",
                     f"--set {name}={shown(overrides[name])} is not {_KIND_NAMES[kind]}: the workflow declares "
                     f"{name}: {shown(value)}"))
+            elif not isinstance(overrides[name], bool | int | float | str):
+                # a list, a mapping or null, which the schema refuses in the file's `params:`; a param declared as
+                # text took it from --set (`--set task='- 1'` validated; found by tests/cli/test_fuzz.py)
+                params[name] = FAILED
+                ctx.diags.append(Diagnostic(
+                    SourcePos("<command line>", 0, 0), f"params.{name}",
+                    f"--set {name}={shown(overrides[name])} is not a param's value: a param holds a number, a string "
+                    f"or a boolean (the workflow declares {name}: {shown(value)}); quote text that YAML reads "
+                    f"otherwise (--set {name}=\"'...'\")"))
             elif (why := _unusable_number(overrides[name])) is not None:
                 params[name] = FAILED
                 ctx.diags.append(Diagnostic(SourcePos("<command line>", 0, 0), f"params.{name}",

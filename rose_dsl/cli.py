@@ -61,13 +61,27 @@ err = _Console(stderr=True, highlight=False, soft_wrap=True)
 FileArg = Annotated[Path, typer.Argument(help="workflow (or plan) YAML file", show_default=False, exists=True,
                                          dir_okay=False, readable=True)]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="override a param: NAME=VALUE (repeatable)")]
+
+
+def _names_something(values: list[str] | None) -> list[str] | None:
+    """An `--allow-*` value must name something: an empty one (`--allow-path "$DIR"` with DIR unset) allowed the
+    current directory (`--allow-path ""`), or nothing while the command line read as if it allowed a module (found
+    by tests/cli/test_fuzz.py)."""
+    if any(not v.strip() for v in values or ()):
+        raise typer.BadParameter("an empty value names nothing to allow (an unset shell variable?); name a module "
+                                 "prefix, a variable or a directory")
+    return values
+
+
 AllowModuleOpt = Annotated[list[str] | None, typer.Option(
-    "--allow-module", help="module prefix components may be imported from (repeatable; always allowed: examples.)")]
+    "--allow-module", callback=_names_something,
+    help="module prefix components may be imported from (repeatable; always allowed: examples.)")]
 AllowEnvOpt = Annotated[list[str] | None, typer.Option(
-    "--allow-env", help="let a component set this loader/interpreter variable, e.g. LD_LIBRARY_PATH (repeatable)")]
+    "--allow-env", callback=_names_something,
+    help="let a component set this loader/interpreter variable, e.g. LD_LIBRARY_PATH (repeatable)")]
 AllowPathOpt = Annotated[list[str] | None, typer.Option(
-    "--allow-path", help="let components import from (python_path) or run an interpreter (venv) inside this "
-                         "directory (repeatable)")]
+    "--allow-path", callback=_names_something,
+    help="let components import from (python_path) or run an interpreter (venv) inside this directory (repeatable)")]
 
 
 def _version(value: bool) -> None:

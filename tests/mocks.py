@@ -170,6 +170,30 @@ class DiesOnce:
         self.calls = value["calls"]
 
 
+class Segfaults:
+    """Its process dies of SIGSEGV at its `at_call`-th call, every time it gets there (the count is its state, so a
+    process restored from a checkpoint before that call dies again): a worker crashing in native code."""
+
+    def __init__(self, at_call: int = 3) -> None:
+        self.at_call = at_call
+        self.calls = 0
+
+    def work(self, x: Any = 0) -> dict[str, Any]:
+        import os
+        import signal
+
+        self.calls += 1
+        if self.calls == self.at_call:
+            os.kill(os.getpid(), signal.SIGSEGV)  # (faulthandler, where enabled, prints the stack and dies of it too)
+        return {"y": torch.as_tensor(x) + 1}
+
+    def get_state(self, name: str) -> Any:
+        return {"calls": self.calls}
+
+    def set_state(self, name: str, value: Any) -> None:
+        self.calls = value["calls"]
+
+
 class WrongRows:
     """A batch-separable method that returns the wrong number of rows."""
 

@@ -79,6 +79,10 @@ def test_every_command_takes_h_as_help() -> None:
     (["optimize", "{wf}", "-o", "{tmp}/p.yaml", "--backend", "ray", "--address", "127.0.0.1:1"],
      "no Ray cluster answers there"),
     (["validate", "{wf}", "--set", "novalue"], "--set expects NAME=VALUE"),
+    # an empty --allow-* value (an unset shell variable): --allow-path "" allowed the current directory
+    (["validate", "{wf}", "--allow-path", ""], "an empty value names nothing to allow"),
+    (["execute", "{wf}", "--allow-module", " "], "an empty value names nothing to allow"),
+    (["compare", "{wf}", "--allow-env", ""], "an empty value names nothing to allow"),
 ])
 def test_bad_command_line_values_are_exit_2_with_a_plain_message(tmp_path, args, expected) -> None:
     wf = tmp_path / "wf.yaml"

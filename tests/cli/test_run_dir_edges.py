@@ -101,6 +101,39 @@ def test_optimize_and_compare_refuse_a_symlinked_out_unless_follow_links(tmp_pat
     assert resume_command(target).endswith(f"--out {target} --resume")
 
 
+@pytest.mark.parametrize("option", ["--report", "--runs"])
+def test_a_symlinked_report_or_runs_directory_is_refused_unless_follow_links(tmp_path, option) -> None:
+    """`rose optimize --report LINK --overwrite` removed an earlier report's files where LINK points, and `rose compare
+    --runs LINK --overwrite` its rounds, then wrote through it (found by tests/cli/test_fuzz.py): refused before any
+    work as a linked --out is. Whether --follow-links gets past the check is asked with the start stopped."""
+    from unittest import mock
+
+    from typer.testing import CliRunner
+
+    from rose_cli.main import app
+
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(WF.replace("count: 3", "count: 40"))
+    target, link = tmp_path / "target", tmp_path / "link"
+    target.mkdir()
+    (target / "report.md").write_text("an earlier report\n")
+    (target / "declared").mkdir()
+    link.symlink_to(target)
+    command = ["optimize", str(wf), "-o", str(tmp_path / "plan.yaml")] if option == "--report" else ["compare", str(wf)]
+    args = [*command, "--backend", "local", "-q", "--allow-module", "tests.", option, str(link), "--overwrite"]
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code == 2 and f"{option} {link} is a symbolic link (to {target})" in refused.output, \
+        refused.output
+    assert "--follow-links" in refused.output and sorted(p.name for p in target.iterdir()) == ["declared", "report.md"]
+
+    class Started(Exception):
+        pass
+
+    with mock.patch("rose_cli.run.gpu_session", side_effect=Started):
+        taken = CliRunner().invoke(app, [*args, "--follow-links"])
+    assert isinstance(taken.exception, Started), taken.output
+
+
 @pytest.mark.parametrize("name", ["metrics.jsonl", "nodes.json", "trace.jsonl", "export", "checkpoints", "tb", LOCK])
 def test_a_link_inside_the_run_directory_is_never_written_through(tmp_path, name) -> None:
     other = _others(tmp_path)

@@ -264,6 +264,43 @@ def test_a_killed_component_is_restarted_from_the_last_checkpoint(tmp_path, back
     assert float(state["total"]) == float(sum(range(5)))
 
 
+def test_a_worker_that_dies_of_sigsegv_mid_run_ends_with_exit_3_not_a_hang(tmp_path, ray_session) -> None:
+    """Issue 59's second Ctrl-C once ended in rc -11 (a Ray worker's segfault; not reproduced, docs/reliability.md).
+    What rose does when a component's Ray worker dies of SIGSEGV mid-run: it restarts the process from the last
+    checkpoint (`max_restarts`) and, when it dies there again, stops: `CallFailed` naming the node, the component and
+    the restarts given up, which `rose execute` reports as exit 3 with no traceback -- never a hang, never exit 0.
+    (The call that found the death may be the one after the crash, a control call: the component is what it names.)"""
+    import io
+
+    from rich.console import Console
+
+    from rose_cli.run import ExecuteOptions, guarded
+    from rose_dsl.cli import ExitCode
+
+    wf = load_workflow_text(DYING.replace('"tests.mocks:DiesOnce", args: {marker: "MARKER", at_call: 3}, state: [acc]',
+                                          '"tests.mocks:Segfaults", args: {at_call: 3}, state: [acc]'), "segv.yaml")
+    sch = Schedule(wf)
+    be = RayBackend(wf, ALLOWED, sch.program.loops_of)
+    try:
+        runner = Runner(wf, be, RunConfig(iterations=5, out_dir=tmp_path / "run", checkpoint_every=1, tensorboard=False,
+                                          max_restarts=1), sch)
+        with pytest.raises(CallFailed) as failed:
+            runner.run()
+    finally:
+        be.shutdown()
+    assert failed.value.died and "gave up after 1 restart(s)" in str(failed.value), failed.value
+    assert [r["restarted"] for r in runner.recoveries] == [["d"]] and runner.recoveries[0]["from_checkpoint"] == 1
+    console = Console(file=io.StringIO(), width=300)
+
+    def body(teardown: object, ctx: object) -> None:
+        raise failed.value
+
+    assert guarded(body, ExecuteOptions(backend="ray"), console) == ExitCode.COMPONENT
+    said = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "the process of component d died" in said and "gave up after 1 restart(s)" in said, said
+    assert "Traceback" not in said
+
+
 @pytest.mark.parametrize("backend", ["local", "ray", "ray-compiled"])
 def test_a_hanging_call_fires_the_watchdog_with_stacks(tmp_path, backend) -> None:
     wf = tmp_path / "wf.yaml"

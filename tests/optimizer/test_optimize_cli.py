@@ -334,15 +334,18 @@ def test_what_it_would_overwrite_or_run_without_leave_is_refused_before_anything
 def test_a_search_cut_short_says_so(tmp_path: Path) -> None:
     """With the workflow's own 20 iterations the search runs out of training before it decides its round:
     the plan is the declared graph for that reason, and the command says so (and how to give it more).
-    (Short calls: running out of iterations does not depend on how long they take.)"""
+    (Short calls: running out of iterations does not depend on how long they take.) With --train, that nothing is
+    left to train is said, and the command to continue names a new total (issue 59: `--resume` alone trained 0
+    iterations)."""
     plan = tmp_path / "plan.yaml"
     r = rose("optimize", str(WF / "latency_interaction.yaml"), "--set", "per_row_ms=0.02", "--set", "fixed_ms=0.2",
-             "-o", str(plan), "-q", "--local-max-fraction", "0.25")
+             "-o", str(plan), "-q", "--local-max-fraction", "0.25", "--train")
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "plan_report" / "report.json").read_text())
     assert report["settings"]["local_max_fraction"] == 0.25  # (the option reaches the search's settings)
     assert report["cut_short"] and "iterations are all trained" in report["stopped"]
     assert "cut short" in r.stdout and "--set iterations=N" in r.stdout
+    assert "--train: nothing left to train with the plan" in r.stderr and "--resume -n N" in r.stdout, r.stdout
 
 
 def test_stage1_given_skips_the_search_and_measures_the_plan(tmp_path: Path) -> None:
