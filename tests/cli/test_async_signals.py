@@ -1,11 +1,12 @@
 """The long stop-and-resume pass of asynchronous plans (issue 58), with `--hypothesis-profile=long`: a real
 SIGINT at a random iteration of a `rose execute` of a random asynchronous plan (`defer`, `ahead`, both), on
-the local backend and on Ray, each in a `rose` process of its own; then `--resume`. Every trial must end with
+the local backend and on Ray; then `--resume`. Every trial must end with
 the metrics lines and final state of the uninterrupted run of the same plan and `--checkpoint-every`, bit
 for bit (`tests/interpreter/test_async_resume.py` compares them the same way; CI runs that file's fixed
-cases). `ROSE_ASYNC_SIGNAL_TRIALS` (default 20) trials per backend; the outcomes are printed. On a loaded
-machine a Ray cluster per `rose` process may not start in time: `ROSE_RAY_ADDRESS` joins one started once
-(`ray start --head`, with the repository on its workers' PYTHONPATH)."""
+cases). `ROSE_ASYNC_SIGNAL_TRIALS` (default 20) trials per backend; the outcomes are printed. The runs are
+in this process (Ray: one cluster, `ray_session`), signalled from a component's process at its call `at`;
+`ROSE_ASYNC_SIGNAL_PROCESS=1` runs each in a `rose` process of its own (under load a Ray cluster per process
+timed out starting)."""
 
 from __future__ import annotations
 
@@ -58,9 +59,13 @@ def _plan_file(path: Path, requests: str, at: int, pidfile: Path) -> Path:
 
 
 def _rose(plan: Path, run: Path, backend: str, every: int, *more: str, pidfile: Path | None = None) -> tuple[int, str]:
-    ray = ["--no-compiled", *(["--address", os.environ["ROSE_RAY_ADDRESS"]] if "ROSE_RAY_ADDRESS" in os.environ else [])]
+    """`rose execute` of `plan` in this process (on Ray: the cluster `ray_session` started), where the SIGINT
+    arrives as at a terminal; with `ROSE_ASYNC_SIGNAL_PROCESS=1`, in a `rose` process of its own (each
+    starting its own Ray cluster: minutes on a loaded machine)."""
+    if not os.environ.get("ROSE_ASYNC_SIGNAL_PROCESS"):
+        return _in_process(plan, run, backend, every, "--resume" in more, pidfile)
     cmd = [sys.executable, "-m", "rose_cli", "execute", str(plan), "--allow-module", "tests", "--backend", backend,
-           "-q", "--out", str(run), "--checkpoint-every", str(every), *(ray if backend == "ray" else []), *more]
+           "-q", "--out", str(run), "--checkpoint-every", str(every), "--no-compiled", *more]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     if pidfile is not None:  # rose's pid, for the component that signals it (read at its call `at`)
@@ -69,13 +74,30 @@ def _rose(plan: Path, run: Path, backend: str, every: int, *more: str, pidfile: 
     return proc.returncode, text
 
 
+def _in_process(plan: Path, run: Path, backend: str, every: int, resume: bool, pidfile: Path | None) -> tuple[int, str]:
+    import io
+
+    from rich.console import Console
+
+    from rose_cli.run import ExecuteOptions, execute_workflow
+    from rose_dsl import load_workflow
+
+    if pidfile is not None:
+        pidfile.write_text(str(os.getpid()))
+    buf = io.StringIO()
+    console = Console(file=buf, width=400, highlight=False)
+    opts = ExecuteOptions(out_dir=run, allowed=("tests.",), quiet=True, loggers=(), checkpoint_every=every,
+                          resume=resume, backend=backend, compiled=False)
+    return int(execute_workflow(load_workflow(plan), opts, console, console)), buf.getvalue()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["local", "ray"])
-def test_sigint_at_random_iterations_of_asynchronous_plans_resumes_exactly(tmp_path, backend: str) -> None:
+def test_sigint_at_random_iterations_of_asynchronous_plans_resumes_exactly(tmp_path, request, backend: str) -> None:
     if settings.default.max_examples < 1000:
         pytest.skip("the long asynchronous stop pass runs with --hypothesis-profile=long")
-    if backend == "ray":
-        pytest.importorskip("ray")
+    if backend == "ray" and not os.environ.get("ROSE_ASYNC_SIGNAL_PROCESS"):
+        request.getfixturevalue("ray_session")
     rng = random.Random(int(os.environ.get("ROSE_SIGNAL_SEED", "58")))
     whole: dict[tuple[str, int], Path] = {}
     outcomes: dict[str, int] = {}
