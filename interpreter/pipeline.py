@@ -109,6 +109,9 @@ def run_pipelined(runner: Runner, k: int, stop: Callable[[], Any] | None, end: i
     lines = _Lines(runner) if queued and (runner.schedule.program.deferred or runner.schedule.program.hoisted) else None
     if lines is not None and restored is not None:
         lines.got, lines.place = restored
+    if restored is not None and k >= runner.config.iterations:  # a resume with no iteration left: the end
+        _drain(runner, k - 1, lines)
+        return
     # a stop keeps what is in flight in its checkpoint (`in_flight.py`) where there is one to keep it in
     keeps = lines is not None and runner.config.out_dir is not None and runner.schedule.pending() is not None
     last_done, stopping, asked = time.perf_counter_ns(), False, False
@@ -277,15 +280,20 @@ def _drain_and_save(runner: Runner, k: int, lines: _Lines | None = None, last: b
         runner.checkpoint(k + 1, drained_at_stop=why)
         return
     if k + 1 < runner.config.iterations and not _checkpoint_due(runner, k):
-        displaced: list[tuple[int, dict[str, Callable[..., Any]]]] = []
-        submit = runner.backend.submit if lines is None else lines.wrap(k + 1, displaced)(runner.backend.submit)
-        pending = runner.schedule.drain(k, submit)
-        runner._wait(pending, time.monotonic())
-        runner._collect_records()
-        if lines is not None:
-            lines.add(displaced)
-            lines.flush(k)
-        if runner.config.out_dir is not None:
-            runner.checkpoint(k, drained_at_stop=why)
+        _drain(runner, k, lines, why)
     elif lines is not None:
         lines.flush(k)
+
+
+def _drain(runner: Runner, k: int, lines: _Lines | None, why: str | None = None) -> None:
+    """Run the deferred calls still pending after iteration k, complete their lines, and save k."""
+    displaced: list[tuple[int, dict[str, Callable[..., Any]]]] = []
+    submit = runner.backend.submit if lines is None else lines.wrap(k + 1, displaced)(runner.backend.submit)
+    pending = runner.schedule.drain(k, submit)
+    runner._wait(pending, time.monotonic())
+    runner._collect_records()
+    if lines is not None:
+        lines.add(displaced)
+        lines.flush(k)
+    if runner.config.out_dir is not None:
+        runner.checkpoint(k, drained_at_stop=why)

@@ -59,12 +59,13 @@ def _plan(requests: str, budget: int = 1, gen: str = "tests.async_fakes:Generato
     return wf
 
 
-def _run(plan, out: Path | None, stop_before: int | None = None, every: int = 0, resume: bool = False) -> Runner:
+def _run(plan, out: Path | None, stop_before: int | None = None, every: int = 0, resume: bool = False,
+         n: int = N) -> Runner:
     sch = Schedule(plan)
     be = LocalBackend(plan, ("tests.",), sch.program.loops_of)
     polls = iter(range(10 * N))  # asked once before each iteration is submitted, in order
     try:
-        runner = Runner(plan, be, RunConfig(iterations=N, checkpoint_every=every, out_dir=out, resume=resume,
+        runner = Runner(plan, be, RunConfig(iterations=n, checkpoint_every=every, out_dir=out, resume=resume,
                                             tensorboard=False), sch)
         runner.run(stop=None if stop_before is None else (lambda: next(polls) >= stop_before))
         return runner
@@ -190,5 +191,16 @@ def test_rose_execute_stopped_by_sigint_resumes_with_the_deferred_call_in_flight
     code, text = execute(4, tmp_path / "parts", resume=True)
     assert code == 0, text
     assert "with the deferred call still in flight there (iteration.learn[" in text and "not exact" not in text, text
+    assert comparable_lines(tmp_path / "parts") == comparable_lines(tmp_path / "whole")
+    assert_same_states(final_states(tmp_path / "parts"), final_states(tmp_path / "whole"))
+
+
+def test_a_resume_with_no_iteration_left_runs_what_the_stop_kept_in_flight(tmp_path) -> None:
+    """A stop after iteration 3 of 8 kept learn[3] in flight; `--resume -n 4` has no iteration left to run:
+    it still runs learn[3] and writes line 3, ending as an uninterrupted 4-iteration run ends."""
+    plan = _plan("defer learn 1")
+    _run(plan, tmp_path / "parts", 4)
+    _run(plan, tmp_path / "whole", n=4)
+    _run(plan, tmp_path / "parts", resume=True, n=4)
     assert comparable_lines(tmp_path / "parts") == comparable_lines(tmp_path / "whole")
     assert_same_states(final_states(tmp_path / "parts"), final_states(tmp_path / "whole"))
