@@ -92,6 +92,7 @@ def _in_process(plan: Path, run: Path, backend: str, every: int, resume: bool, p
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # (20 trials on Ray: about 20 minutes on the loaded 2-core machine)
 @pytest.mark.parametrize("backend", ["local", "ray"])
 def test_sigint_at_random_iterations_of_asynchronous_plans_resumes_exactly(tmp_path, request, backend: str) -> None:
     if settings.default.max_examples < 1000:
