@@ -118,6 +118,12 @@ class Backend(ABC):
         `capabilities.pipelined`."""
         raise Unsupported(f"the {self.name} backend answers control calls only at once")
 
+    def put(self, value: Any) -> Any:
+        """A handle to `value`, which calls take as if an earlier call had produced it (needs
+        `capabilities.pipelined`): the values an asynchronous plan had in flight when it stopped, read after a
+        resume by the calls still to come (`in_flight.py`)."""
+        raise Unsupported(f"the {self.name} backend cannot take values in flight")
+
     @abstractmethod
     def dump_stacks(self) -> dict[str, str]:
         """The Python stacks of every component (for a watchdog report)."""

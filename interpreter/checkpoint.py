@@ -4,6 +4,8 @@ Layout of one checkpoint, ``<run_dir>/ckpt-<iteration:06d>/``::
 
     meta.json             {"iteration": n, "meta": {...}, "components": [...]}
     state/<component>.pt  torch.save({state name: value}) per component
+    inflight.pt           (an asynchronous plan stopped between checkpoint iterations) what was in flight:
+                          the values the deferred calls still to come read, the pipeline's position
     COMPLETE              {"format": 1, "iteration": n, "files": {path: {sha256, size}}, "digest": ...}
 
 Why this shape: a run may be killed at any instant (SIGKILL, OOM, node loss).  Everything is written
@@ -16,7 +18,7 @@ objects).  State that would not load that way is refused when saving, naming whe
 Reading trusts nothing in the directory (it may have been copied, edited or planted): only regular files
 inside it are opened, relative to it and without following links (a FIFO would block the read, a link to
 /dev/zero never end it), each file's size is checked against the marker before it is read, the marker
-may list nothing but ``meta.json`` and ``state/<component>.pt``, and the directory's name, the marker's
+may list nothing but ``meta.json``, ``state/<component>.pt`` and ``inflight.pt``, and the directory's name, the marker's
 iteration and ``meta.json``'s must agree.  The marker's digest is a checksum, not a signature: it
 catches damage, not a forger (docs/reliability.md, threat model).
 """
@@ -48,6 +50,7 @@ from .safe_io import OutputError, describe_os_error, open_new, real_dir
 
 __all__ = [
     "Checkpoint",
+    "check_loadable",
     "CheckpointError",
     "Rejected",
     "find_resumable",
@@ -69,10 +72,11 @@ _TMP_RE = re.compile(r"^\.tmp-ckpt-\d+-(\d+)-")
 # what pruning and replacing leave for a moment (renamed first, then removed: a kill in between leaves these,
 # removed at the next save, never a `ckpt-*` directory missing some of its files)
 _TRASH_RE = re.compile(r"^\.(?:trash|old)-ckpt-\d{6,}-(\d+)$")
-_OURS = {"meta.json", "state", MARKER}  # what a checkpoint directory holds
+IN_FLIGHT = "inflight.pt"
+_OURS = {"meta.json", "state", IN_FLIGHT, MARKER}  # what a checkpoint directory holds
 # `@`: a temporal split's copy (`sim@1`); `#`: a data-parallel replica's process (`sim#1`, `replicas:`)
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@#-]*$")
-_MEMBER_RE = re.compile(r"^(meta\.json|state/[A-Za-z0-9_][A-Za-z0-9_.@#-]*\.pt)$")  # what a marker may list
+_MEMBER_RE = re.compile(r"^(meta\.json|inflight\.pt|state/[A-Za-z0-9_][A-Za-z0-9_.@#-]*\.pt)$")  # what a marker may list
 MAX_MARKER_BYTES = 1 << 20  # a marker holds ~150 bytes per component: a bound far above any workflow's
 _LEAVES = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device, torch.Size)
 
@@ -87,10 +91,11 @@ class Checkpoint:
     iteration: int
     states: dict[str, dict[str, Any]]
     meta: dict[str, Any]
+    in_flight: dict[str, Any] | None = None  # `inflight.pt` (`interpreter/in_flight.py`), where there is one
 
 
 # --- validation --------------------------------------------------------------------------------------
-def _check_loadable(value: Any, where: str) -> None:
+def check_loadable(value: Any, where: str) -> None:
     """Refuse anything ``torch.load(weights_only=True)`` would reject, naming the offending path."""
     t = type(value)
     if t in (torch.Tensor, torch.nn.Parameter) or t in _LEAVES:
@@ -99,11 +104,11 @@ def _check_loadable(value: Any, where: str) -> None:
         for k, v in value.items():
             if type(k) not in (str, int, float, bool, type(None)):
                 raise CheckpointError(f"{where}: key {k!r} of type {type(k).__name__} is not a plain key")
-            _check_loadable(v, f"{where}[{k!r}]")
+            check_loadable(v, f"{where}[{k!r}]")
         return
     if t in (list, tuple, set):
         for i, v in enumerate(value):
-            _check_loadable(v, f"{where}[{i}]")
+            check_loadable(v, f"{where}[{i}]")
         return
     hint = " (convert it to tensors: torch.from_numpy / torch.tensor)" if t.__module__.startswith("numpy") else ""
     raise CheckpointError(
@@ -167,7 +172,8 @@ _pid_alive = pid_alive  # kept under the old name for the tests' monkeypatching
 # --- public API ----------------------------------------------------------------------------------------
 def save_checkpoint(run_dir: str | os.PathLike[str], iteration: int, states: dict[str, dict[str, Any]],
                     meta: dict[str, Any] | None = None, *, keep_last: int | None = 3,
-                    written_by: Mapping[str, Callable[[Path], dict[str, Any]]] | None = None) -> Path:
+                    written_by: Mapping[str, Callable[[Path], dict[str, Any]]] | None = None,
+                    in_flight: dict[str, Any] | None = None) -> Path:
     """Write ``ckpt-<iteration>`` atomically; keep the newest ``keep_last`` complete ones (None: all).
 
     ``states`` maps component -> {state name: value}; ``meta`` must be JSON-serialisable (the step
@@ -175,7 +181,8 @@ def save_checkpoint(run_dir: str | os.PathLike[str], iteration: int, states: dic
     anything if a value would not load with ``weights_only=True``.  ``written_by`` maps more components
     to a function that writes that component's state file at the path it is given and returns its
     marker entry (``write_state_file``'s): the process that holds the state writes it, all of them at
-    once (`save_component_checkpoint`); their states are checked where they are written.
+    once (`save_component_checkpoint`); their states are checked where they are written. ``in_flight``:
+    what an asynchronous plan had in flight (`interpreter/in_flight.py`), written as ``inflight.pt``.
     """
     written_by = dict(written_by or {})
     if not isinstance(iteration, int) or iteration < 0:
@@ -190,7 +197,9 @@ def save_checkpoint(run_dir: str | os.PathLike[str], iteration: int, states: dic
             raise CheckpointError(f"states[{comp!r}] must be a dict of state name -> value, "
                                   f"got {type(st).__name__}")
         for name, value in st.items():
-            _check_loadable(value, f"states[{comp!r}][{name!r}]")
+            check_loadable(value, f"states[{comp!r}][{name!r}]")
+    if in_flight is not None:
+        check_loadable(in_flight, "in_flight")
     for comp in written_by:
         if not _NAME_RE.match(comp) or comp in states:
             raise CheckpointError(f"component name {comp!r} cannot be a file name, or is given twice")
@@ -220,6 +229,11 @@ def save_checkpoint(run_dir: str | os.PathLike[str], iteration: int, states: dic
             files["meta.json"] = {"sha256": _sha256(meta_bytes), "size": len(meta_bytes)}
             for comp in sorted(states):
                 files[f"state/{comp}.pt"] = write_state_file(tmp / "state" / f"{comp}.pt", states[comp], comp)
+            if in_flight is not None:
+                buf = io.BytesIO()
+                torch.save(in_flight, buf)
+                _write_file(tmp / IN_FLIGHT, buf.getvalue())
+                files[IN_FLIGHT] = {"sha256": _sha256(buf.getvalue()), "size": len(buf.getvalue())}
             for rel, future in remote.items():
                 files[rel] = _entry(tmp / rel, future.result())
         files = dict(sorted(files.items()))
@@ -256,7 +270,7 @@ def write_state_file(path: Path, states: dict[str, Any], component: str) -> dict
     sha256 and size. Called where the state is, so that a 4-GB trainer state does not cross to the driver
     first (H100, MJX: the end-of-run checkpoint through the driver took 16.4 s)."""
     for name, value in states.items():
-        _check_loadable(value, f"states[{component!r}][{name!r}]")
+        check_loadable(value, f"states[{component!r}][{name!r}]")
     buf = io.BytesIO()
     torch.save(states, buf)
     data = buf.getvalue()
@@ -282,7 +296,7 @@ def _entry(path: Path, entry: dict[str, Any]) -> dict[str, Any]:
 
 def save_component_checkpoint(run_dir: str | os.PathLike[str], iteration: int, components: list[str],
                               control: Callable[..., Any], meta: dict[str, Any] | None = None, *,
-                              keep_last: int | None = 3) -> Path:
+                              keep_last: int | None = 3, in_flight: dict[str, Any] | None = None) -> Path:
     """`save_checkpoint` of running components, each state file written by the component's own process,
     all at once (`ComponentWorker.write_state_file`), where that process shares this host; a process on
     another host sends its state here to be written. `control(component, method, *args)` asks a
@@ -300,7 +314,7 @@ def save_component_checkpoint(run_dir: str | os.PathLike[str], iteration: int, c
         return write
 
     return save_checkpoint(run_dir, iteration, {}, meta, keep_last=keep_last,
-                           written_by={c: writer(c) for c in components})
+                           written_by={c: writer(c) for c in components}, in_flight=in_flight)
 
 
 def _remove_stale_temps(run_dir: Path) -> None:
@@ -574,8 +588,16 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> 
                 states[comp] = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
             except Exception as e:  # noqa: BLE001 - unpickling errors have many types
                 raise CheckpointError(f"{path}/{rel}: cannot be loaded with weights_only=True ({e})") from None
+        in_flight = None
+        if IN_FLIGHT in marker["files"]:
+            data = _verified(path, fd, IN_FLIGHT, marker["files"][IN_FLIGHT])
+            try:
+                in_flight = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+            except Exception as e:  # noqa: BLE001 - unpickling errors have many types
+                raise CheckpointError(f"{path}/{IN_FLIGHT}: cannot be loaded with weights_only=True ({e})") from None
     meta = head.get("meta", {})
-    return Checkpoint(path=path, iteration=marker["iteration"], states=states, meta=meta if isinstance(meta, dict) else {})
+    return Checkpoint(path=path, iteration=marker["iteration"], states=states, meta=meta if isinstance(meta, dict) else {},
+                      in_flight=in_flight if isinstance(in_flight, dict) else None)
 
 
 # --- the export: a run's final state for whoever loads it without rose ----------------------------------

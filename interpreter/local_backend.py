@@ -116,6 +116,11 @@ class LocalBackend(Backend):
         fut = self.pools[step.node.component].submit(run)
         return tuple(_Port(fut, i) for i in range(max(1, len(step.node.outputs))))
 
+    def put(self, value: Any) -> _Port:
+        done: Future = Future()
+        done.set_result((value,))
+        return _Port(done, 0)
+
     def dump_stacks(self) -> dict[str, str]:
         """The current Python stack of every component thread."""
         import threading

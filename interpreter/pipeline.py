@@ -19,14 +19,17 @@ at a drain, which completes every line up to it, so none is lost there (issue 58
 (or k's submission, if later) to the end of k, in steady state the wall time per iteration, so that
 throughputs add up to the run's wall time.
 
-Barriers: before a checkpoint, at the end, and when `stop()` asks, nothing later is submitted, and the
-deferred calls still pending are drained first (`Schedule.drain`), so a checkpoint holds the state the
-declared workflow leaves and a resume starts with nothing pending. A plan that runs calls ahead (`ahead:`)
-runs none in the iteration before a barrier; when a stop comes after an iteration that ran the next one's
-calls ahead, that next iteration still runs, as the last (`Schedule.ran_ahead`). On a failure the exception goes up
+Barriers: before a checkpoint and at the end nothing later is submitted, and the deferred calls still
+pending are drained first (`Schedule.drain`), so a checkpoint holds the state the declared workflow leaves
+and a resume starts with nothing pending. A plan that runs calls ahead (`ahead:`) runs none in the iteration
+before a barrier. When `stop()` asks, no later iteration is submitted and those in flight end; with a run
+directory the checkpoint of the last one keeps what is still in flight (`in_flight.py`: the deferred calls'
+inputs, the outputs of calls run ahead, the lines still waiting), so that `--resume` goes on as the
+uninterrupted run; without one, or where that cannot be kept, the stop drains (and first runs the iteration
+whose calls ran ahead, `Schedule.ran_ahead`), and the checkpoint says so. On a failure the exception goes up
 at once (the calls in flight are abandoned); a dead process is recovered by `Runner._run_pipelined` from
-the last checkpoint (drained, so nothing deferred is pending there), as a synchronous run recovers. A backend that cannot queue control calls
-(`control_later` is None) runs one iteration at a time: the same calls, no overlap.
+the last checkpoint, with what it kept in flight, as a synchronous run recovers. A backend that cannot queue
+control calls (`control_later` is None) runs one iteration at a time: the same calls, no overlap.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class _Limits(Protocol):
     def checkpoint_every(self) -> int: ...
     @property
     def out_dir(self) -> Path | None: ...
+    @property
+    def call_timeout_s(self) -> float: ...
 
 
 class Runner(Protocol):
@@ -62,10 +67,13 @@ class Runner(Protocol):
     backend: Backend
     schedule: Schedule
 
+    stop_drained: str | None
+
     @property
     def config(self) -> _Limits: ...
     def component_processes(self) -> list[str]: ...
-    def checkpoint(self, k: int) -> Path | None: ...
+    def checkpoint(self, k: int, in_flight: dict[str, Any] | None = None,
+                   drained_at_stop: str | None = None) -> Path | None: ...
     def _submit(self, k: int, drain: bool = False, started: float | None = None,
                 wrap: Callable[..., Any] | None = None) -> list[tuple[Any, Any]]: ...
     def _wait(self, submitted: list[tuple[Any, Any]], started: float) -> None: ...
@@ -89,14 +97,23 @@ class _Flight:
     trips: dict[tuple[str, ...], int]  # the trips its loops that end on a condition ran (decided at submission)
 
 
-def run_pipelined(runner: Runner, k: int, stop: Callable[[], Any] | None, end: int | None = None) -> None:
+def run_pipelined(runner: Runner, k: int, stop: Callable[[], Any] | None, end: int | None = None,
+                  restored: tuple[Any, Any] | None = None) -> None:
     """Iterations k.. up to `config.iterations` with up to `schedule.depth` in flight (see the module).
-    `end`: stop before iteration `end` as a stop request would (the pending deferred calls drained after
-    the last iteration's metrics, not inside its time): a measurement window (`Executor.run_window`)."""
+    `end`: stop before iteration `end`, the pending deferred calls drained after the last iteration's
+    metrics, not inside its time: a measurement window (`Executor.run_window`). `restored`: the metrics
+    lines a resumed stop's checkpoint kept unfinished (`in_flight.restore`)."""
     queued = runner.backend.capabilities.pipelined
     depth = runner.schedule.depth if queued else 1
     inflight: deque[_Flight] = deque()
     lines = _Lines(runner) if queued and (runner.schedule.program.deferred or runner.schedule.program.hoisted) else None
+    if lines is not None and restored is not None:
+        lines.got, lines.place = restored
+    if restored is not None and k >= runner.config.iterations:  # a resume with no iteration left: the end
+        _drain(runner, k - 1, lines)
+        return
+    # a stop keeps what is in flight in its checkpoint (`in_flight.py`) where there is one to keep it in
+    keeps = lines is not None and runner.config.out_dir is not None and runner.schedule.pending() is not None
     last_done, stopping, asked = time.perf_counter_ns(), False, False
     while True:
         while k < runner.config.iterations and len(inflight) < depth and not (inflight and inflight[-1].barrier):
@@ -104,9 +121,9 @@ def run_pipelined(runner: Runner, k: int, stop: Callable[[], Any] | None, end: i
                 stopping = True
                 break
             asked = asked or (stop is not None and stop())
-            if asked:  # (unless k's calls run ahead began: then k runs, last, and is saved after it)
+            if asked:  # (when what is in flight cannot be kept and k's calls run ahead began, k runs, last)
                 stopping = True
-                if runner.schedule.ran_ahead != k - 1:
+                if keeps or runner.schedule.ran_ahead != k - 1:
                     break
             inflight.append(_submit(runner, k, queued, last=asked or (end is not None and k + 1 >= end), lines=lines))
             k += 1
@@ -125,7 +142,9 @@ def run_pipelined(runner: Runner, k: int, stop: Callable[[], Any] | None, end: i
         if _checkpoint_due(runner, flight.k):
             runner.checkpoint(flight.k)
         if stopping and not inflight:
-            _drain_and_save(runner, flight.k, lines)
+            if not (asked and keeps and _keep_in_flight(runner, flight.k, lines)):
+                why = (runner.stop_drained or _not_kept(runner, lines)) if asked else None
+                _drain_and_save(runner, flight.k, lines, asked and runner.schedule.ran_ahead == flight.k, why)
             break
 
 
@@ -216,20 +235,65 @@ def _wait(runner: Runner, flight: _Flight) -> None:
         raise runner._watchdog(late) from None
 
 
-def _drain_and_save(runner: Runner, k: int, lines: _Lines | None = None) -> None:
-    """A stop between checkpoints: run what is still deferred, then save iteration k (as `Runner.run` does
-    for a stop), so that the checkpoint holds the declared workflow's state. The drained calls' metrics go to
-    their own iterations' lines, written then."""
+def _keep_in_flight(runner: Runner, k: int, lines: _Lines | None) -> bool:
+    """A stop between checkpoint iterations, after iteration k: checkpoint k with what is in flight
+    (`in_flight.py`), nothing drained, so that a resume continues as the uninterrupted run; the lines still
+    waiting for deferred calls are written by the resumed run. False (nothing saved) when there is nothing to
+    keep (k ended at a barrier, or the run) or it cannot be kept (`runner.stop_drained` says why)."""
+    from .in_flight import capture
+
+    if lines is None or k + 1 >= runner.config.iterations or _checkpoint_due(runner, k):
+        return False
+    kept = capture(runner.schedule, runner.backend, lines.got, lines.place, runner.config.call_timeout_s)
+    if isinstance(kept, str):
+        runner.stop_drained = kept
+        return False
+    runner.checkpoint(k, in_flight=kept)
+    return True
+
+
+def _not_kept(runner: Runner, lines: _Lines | None) -> str:
+    """Why a stop could not keep what is in flight (`_keep_in_flight`), before trying."""
+    if lines is None:
+        return f"the {runner.backend.name} backend runs one iteration at a time"
+    return "the RL iteration carries values from one iteration to the next"
+
+
+def _drain_and_save(runner: Runner, k: int, lines: _Lines | None = None, last: bool = False,
+                    why: str | None = None) -> None:
+    """The end of a window, or a stop whose in-flight values cannot be kept: run what is still deferred,
+    then save iteration k (as `Runner.run` does for a stop), so that the checkpoint holds the declared
+    workflow's state. The drained calls' metrics go to their own iterations' lines, written then. `last`:
+    iteration k ran k + 1's calls ahead; k + 1 runs first (a barrier: nothing ahead, what is deferred drained).
+    `why`: a stop's, why it drained (the checkpoint says so, and so does a resume from it: not exact)."""
+    if last and k + 1 < runner.config.iterations:
+        queued = runner.backend.capabilities.pipelined
+        flight = _submit(runner, k + 1, queued, last=True, lines=lines)
+        _wait(runner, flight)
+        done = time.perf_counter_ns()
+        runner._collect_records(popped=flight.records)
+        if lines is None:
+            runner.schedule.trips = flight.trips
+            runner._finish(flight.k, flight.t_submit, done, popped=flight.metrics)
+        else:
+            lines.done(flight, flight.t_submit, done)
+        runner.checkpoint(k + 1, drained_at_stop=why)
+        return
     if k + 1 < runner.config.iterations and not _checkpoint_due(runner, k):
-        displaced: list[tuple[int, dict[str, Callable[..., Any]]]] = []
-        submit = runner.backend.submit if lines is None else lines.wrap(k + 1, displaced)(runner.backend.submit)
-        pending = runner.schedule.drain(k, submit)
-        runner._wait(pending, time.monotonic())
-        runner._collect_records()
-        if lines is not None:
-            lines.add(displaced)
-            lines.flush(k)
-        if runner.config.out_dir is not None:
-            runner.checkpoint(k)
+        _drain(runner, k, lines, why)
     elif lines is not None:
         lines.flush(k)
+
+
+def _drain(runner: Runner, k: int, lines: _Lines | None, why: str | None = None) -> None:
+    """Run the deferred calls still pending after iteration k, complete their lines, and save k."""
+    displaced: list[tuple[int, dict[str, Callable[..., Any]]]] = []
+    submit = runner.backend.submit if lines is None else lines.wrap(k + 1, displaced)(runner.backend.submit)
+    pending = runner.schedule.drain(k, submit)
+    runner._wait(pending, time.monotonic())
+    runner._collect_records()
+    if lines is not None:
+        lines.add(displaced)
+        lines.flush(k)
+    if runner.config.out_dir is not None:
+        runner.checkpoint(k, drained_at_stop=why)

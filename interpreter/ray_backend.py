@@ -396,6 +396,9 @@ class RayBackend(ActorMoves, Backend):
                                                              step.inv.indices, step.after, *step.handles)
         return (refs,) if n == 1 else tuple(refs)
 
+    def put(self, value: Any) -> Any:
+        return self.ray.put(value)
+
     def result(self, handle: Any, timeout: float | None) -> Any:
         try:
             return self.ray.get(handle, timeout=timeout)

@@ -125,6 +125,8 @@ class Resumed:
     checkpoint: Path
     iteration: int  # the checkpoint's iteration; the run continues at iteration + 1
     rejected: tuple[Rejected, ...] = ()
+    in_flight: tuple[str, ...] = ()  # an asynchronous plan's deferred calls still to come (kept by a stop)
+    drained_at_stop: str | None = None  # a stop of an asynchronous plan drained there (not exact): why
 
 
 @dataclass
@@ -203,6 +205,10 @@ class Runner:
         self.exported: Path | None = None  # `export/`, once written
         self._sha256: str | None = None  # workflow_sha256(wf), when first needed
         self.on_resume: Callable[[Resumed], None] | None = None  # told which checkpoint a resume uses
+        # an asynchronous plan: what the checkpoint continued from had in flight (`in_flight.py`), and why a
+        # stop of this run could not keep what it had (it drained instead)
+        self.in_flight: dict[str, Any] | None = None
+        self.stop_drained: str | None = None
         self.outputs: MetricsLog | None = None  # metrics.jsonl + TensorBoard (opened at the first iteration)
         if config.out_dir is not None and not config.resume:
             check_run_dir(config.out_dir, resume=False, overwrite=False)  # never two runs in one directory
@@ -289,12 +295,35 @@ class Runner:
                                   "resume with the workflow (or plan) that wrote it")
         assert self.config.out_dir is not None  # (_last_checkpoint refuses a run without one)
         check_params(ckpt.meta, self.wf, self.config.allow_param_change, self.config.out_dir)
-        self.resumed = Resumed(ckpt.path, ckpt.iteration, rejected)
+        self.in_flight = self._in_flight_of(ckpt)
+        pending: tuple[str, ...] = ()
+        if self.in_flight is not None:
+            from .in_flight import pending_calls
+
+            pending = tuple(pending_calls(self.in_flight, self.schedule, ckpt.iteration))
+        drained = ckpt.meta.get("drained_at_stop")
+        self.resumed = Resumed(ckpt.path, ckpt.iteration, rejected, pending, drained if isinstance(drained, str) else None)
         self.last_checkpoint = ckpt.path
         if self.on_resume is not None:
             self.on_resume(self.resumed)
         self._load_states(ckpt)
         return ckpt.iteration + 1
+
+    def _in_flight_of(self, ckpt: Checkpoint) -> dict[str, Any] | None:
+        """What the checkpoint kept in flight, for this run's schedule (an asynchronous plan's stop): None
+        when it kept none; refused when this schedule could not continue it (a synchronous plan)."""
+        if ckpt.in_flight is None:
+            return None
+        if self.schedule.depth == 1:
+            raise CheckpointError(f"{ckpt.path} was taken by a stop of an asynchronous plan, with calls still in "
+                                  "flight; resume with the plan that wrote it")
+        return ckpt.in_flight
+
+    def _first_line(self, k: int) -> int:
+        """The first metrics line a run continuing at iteration k writes: the oldest line a stop's checkpoint
+        kept unfinished (its deferred calls still to come), else k's."""
+        lines = [line["iteration"] for line in (self.in_flight or {}).get("lines", ())]
+        return min([k, *lines])
 
     def _open_outputs(self, start: int) -> None:
         if self.config.out_dir is not None and self.outputs is None:
@@ -307,13 +336,19 @@ class Runner:
             self._sha256 = workflow_sha256(self.wf)
         return self._sha256
 
-    def checkpoint(self, k: int) -> Path | None:
+    def checkpoint(self, k: int, in_flight: dict[str, Any] | None = None,
+                   drained_at_stop: str | None = None) -> Path | None:
+        """Save every component's state after iteration k. `in_flight`: what an asynchronous plan stopped
+        here has in flight (`in_flight.py`); `drained_at_stop`: why such a stop drained instead."""
         if self.config.out_dir is None:
             return None
+        meta: dict[str, Any] = {"workflow": self.wf.name, "workflow_sha256": self.workflow_sha256,
+                                "params": recorded_params(self.wf)}
+        if drained_at_stop is not None:
+            meta["drained_at_stop"] = drained_at_stop
         self.last_checkpoint = save_component_checkpoint(
-            self.config.out_dir / "checkpoints", k, self.component_processes(), self.backend.control,
-            meta={"workflow": self.wf.name, "workflow_sha256": self.workflow_sha256,
-                  "params": recorded_params(self.wf)})
+            self.config.out_dir / "checkpoints", k, self.component_processes(), self.backend.control, meta=meta,
+            in_flight=in_flight)
         return self.last_checkpoint
 
     def export(self) -> Path | None:
@@ -483,7 +518,7 @@ class Runner:
         complete iteration (besides every `checkpoint_every`), then the export of that state."""
         self.describe_processes()
         k = self.restore() if start is None else start
-        self._open_outputs(k)
+        self._open_outputs(self._first_line(k))
         if self.schedule.depth > 1:  # an asynchronous plan: iterations overlap (pipeline.py)
             try:
                 self._run_pipelined(k, stop)  # (it checkpoints the last complete iteration, drained)
@@ -523,8 +558,13 @@ class Runner:
         restarts = 0
         while True:
             self.schedule.start_at(k)
+            restored = None
+            if self.in_flight is not None:  # a stop's checkpoint: continue with what it had in flight
+                from .in_flight import restore
+
+                restored = restore(self.in_flight, self.schedule, self.backend, k)
             try:
-                run_pipelined(self, k, stop)
+                run_pipelined(self, k, stop, restored=restored)
                 return
             except CallFailed as exc:
                 restarts += 1
@@ -555,6 +595,7 @@ class Runner:
         restart = self.backend.fault_domain(sorted(broken), exc.gpu_fatal)
         self.backend.restart(restart)
         self._load_states(ckpt)
+        self.in_flight = self._in_flight_of(ckpt)
         recovery = {"failed": str(exc), "restarted": restart, "from_checkpoint": ckpt.iteration,
                     "gpu_fatal": exc.gpu_fatal, "attempt": attempt,
                     "rejected": [f"{r.path.name}: {r.reason}" for r in rejected]}
@@ -564,9 +605,10 @@ class Runner:
                 f.write(json.dumps(recovery) + "\n")
         if self.on_recovery is not None:
             self.on_recovery(recovery)
-        self.results = [r for r in self.results if r.iteration <= ckpt.iteration]
+        first = self._first_line(ckpt.iteration + 1)
+        self.results = [r for r in self.results if r.iteration < first]
         if self.outputs is not None:  # the iterations after the checkpoint run again: log each once
-            self.outputs.rewind(ckpt.iteration + 1)
+            self.outputs.rewind(first)
         return ckpt.iteration + 1
 
     def node_summary(self) -> list[dict[str, Any]]:

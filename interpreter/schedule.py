@@ -19,7 +19,7 @@ from rose_dsl.semantics import CallSite, Frame, Invocation, Program
 
 from .recipe import Cat, Leaf, Part, Recipe, RecipeOps, Ref, leaves_of, lift, map_leaves, number_leaves
 
-__all__ = ["ReplicaSet", "Step", "Schedule", "for_replica", "replicated", "check_replica_edges"]
+__all__ = ["Pending", "ReplicaSet", "Step", "Schedule", "for_replica", "replicated", "check_replica_edges"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,21 @@ def for_replica(step: Step, replica: int, replicas: int) -> Step:
     return Step(step.inv, step.node, tuple(ports), tuple(leaves), after)
 
 
+@dataclass
+class Pending:
+    """What an asynchronous plan's schedule holds between two RL iterations besides the program: the first RL
+    iteration since the last drain (its deferred calls, and later ones', are still to come), the iteration
+    whose steps ran the next one's calls ahead, the handles of the calls whose outputs later calls may still
+    read (the last `depth` iterations'), and the trips loops that end on a condition ran in those
+    iterations (a deferred call reads its own iteration's). `Schedule.pending` / `Schedule.resume`: what a
+    stop keeps in its checkpoint (`in_flight.py`)."""
+
+    since: int
+    ran_ahead: int | None
+    kept: dict[Invocation, tuple[Any, ...]]
+    ran: dict[tuple[tuple[str, ...], tuple[int, ...]], list[int]]
+
+
 class Schedule:
     """A workflow compiled for execution: call sites per iteration and their input recipes."""
 
@@ -134,6 +149,21 @@ class Schedule:
         self._kept.clear()
         self._ran.clear()
         self.ran_ahead = None
+
+    def pending(self) -> Pending | None:
+        """What is in flight after the last iteration scheduled, or None when that cannot be taken out: the RL
+        iteration carries values (recipes over handles, not values)."""
+        if self._root_carry:
+            return None
+        return Pending(self._since, self.ran_ahead, dict(self._kept), {key: list(v) for key, v in self._ran.items()})
+
+    def resume(self, k: int, pending: Pending) -> None:
+        """The next RL iteration is k, with `pending` in flight (what `pending()` gave after iteration k - 1,
+        its handles replaced by the backend's handles to the same values)."""
+        self.start_at(k)
+        self._since, self.ran_ahead = pending.since, pending.ran_ahead
+        self._kept = dict(pending.kept)
+        self._ran = {key: list(v) for key, v in pending.ran.items()}
 
     def steps(self, k: Any, submit: Callable[[Step], Sequence[Any]],
               fetch: Callable[[Any], Any] | None = None, ahead: bool = True) -> list[tuple[Step, Sequence[Any]]]:

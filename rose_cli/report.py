@@ -55,23 +55,24 @@ def checkpoint_drains(err: Console, depth: int, every: int) -> None:
                   f"checkpoint: one iteration in {every} does not overlap the next", markup=False)
 
 
-def resumed(err: Console, r: Resumed, iterations: int, depth: int = 1, every: int = 0) -> None:
-    """Which checkpoint a resume uses, and which newer ones it could not (never a silent skip). An
-    asynchronous plan (`depth` > 1 iterations in flight) resumed from a checkpoint a stop took between the
-    checkpoint iterations (`every`) is said not to be exact: the stop drained its deferred calls there, a
-    synchronisation point the uninterrupted run does not have (docs/reliability.md)."""
+def resumed(err: Console, r: Resumed, iterations: int) -> None:
+    """Which checkpoint a resume uses, and which newer ones it could not (never a silent skip). A stop of an
+    asynchronous plan between checkpoint iterations keeps what it has in flight (`interpreter/in_flight.py`),
+    said here with the deferred calls still to come; one that could not (`drained_at_stop`) ran them at the
+    stop, a synchronisation point the uninterrupted run does not have: said not to be exact, and why."""
     for rej in r.rejected:
         err.print(f"warning: checkpoint {rej.path.name} rejected: {rej.reason}", markup=False)
     nxt = r.iteration + 1
     what = f"continuing at iteration {nxt} of {iterations}" if nxt < iterations else \
         f"nothing left to run: -n {iterations} iterations are done (give a larger -n to continue)"
+    if r.in_flight and nxt < iterations:
+        what += (f", with the deferred call{'s' * (len(r.in_flight) > 1)} still in flight there "
+                 f"({', '.join(r.in_flight)}) run in {'their' if len(r.in_flight) > 1 else 'its'} own place")
     err.print(f"resuming from {r.checkpoint} (iteration {r.iteration}); {what}", markup=False)
-    if depth > 1 and nxt < iterations and not (every and nxt % every == 0):
-        exact = f"every {every} iterations" if every else "none: no --checkpoint-every was given"
-        err.print(f"note: not exact -- this asynchronous plan's checkpoint of iteration {r.iteration} was taken at a stop, "
-                  f"not at a checkpoint iteration ({exact}): the stop ran its deferred calls there, so from iteration "
-                  f"{nxt} on reads see values up to {depth - 1} update{'s' * (depth > 2)} newer than an uninterrupted "
-                  "run's, and the final state differs from it; a resume is exact from a checkpoint iteration "
+    if r.drained_at_stop is not None and nxt < iterations:
+        err.print(f"note: not exact -- the stop that took this checkpoint of an asynchronous plan could not keep what "
+                  f"was in flight ({r.drained_at_stop}), so it ran its deferred calls there: from iteration {nxt} on "
+                  "reads see values newer than an uninterrupted run's, and the final state differs from it "
                   "(docs/reliability.md, stopping an asynchronous plan)", markup=False)
 
 

@@ -544,7 +544,7 @@ def _run(wf: Workflow, opts: ExecuteOptions, teardown: ExitStack, ctx: RunContex
     progress, task, on_iteration = iteration_progress(out, wf.name, n, opts.quiet)
 
     def on_resume(resumed: Resumed) -> None:
-        report.resumed(ctx.err, resumed, n, schedule.depth, opts.checkpoint_every)
+        report.resumed(ctx.err, resumed, n)
         progress.resumed_at(resumed.iteration + 1)
 
     runner = Runner(wf, be, config, schedule, on_iteration, gpu.sampler)

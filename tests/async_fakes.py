@@ -137,6 +137,16 @@ class Stamper(_Napper):
         for s in states or []:
             setattr(self, s, torch.zeros(1))
 
+    def get_state(self, name: str) -> dict[str, Any]:
+        """The state object's stamp, and how many calls of each method each RL iteration made so far (a resumed
+        run numbers its calls as the uninterrupted one does): what a checkpoint keeps."""
+        return {"stamp": list(self.stamps[name]), "calls": {f"{m}@{k}": n for (m, k), n in self._calls.items()}}
+
+    def set_state(self, name: str, value: dict[str, Any]) -> None:
+        self.stamps[name] = tuple(value["stamp"])
+        self._calls = defaultdict(int, {(key.rsplit("@", 1)[0], int(key.rsplit("@", 1)[1])): n
+                                        for key, n in value["calls"].items()})
+
     def __getattr__(self, method: str):
         behaviors = self.__dict__.get("behaviors", {})
         if method not in behaviors:

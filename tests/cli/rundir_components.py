@@ -67,3 +67,29 @@ class KickDriver:
 
     def set_state(self, name: str, value: Any) -> None:
         self.total, self.calls = value["total"].clone(), value["calls"]
+
+
+class SignalAt:
+    """Adds each call's input to a running total (state `acc`); at its call `at` it sends one SIGINT to the
+    process whose pid the file `pidfile` holds (rose's, written by the test once it started it): a stop at a
+    chosen iteration from any backend's process, local or Ray, through the real signal path."""
+
+    def __init__(self, at: int = 0, pidfile: str = "") -> None:
+        self.at, self.pidfile, self.calls = at, pidfile, 0
+        self.total = torch.zeros(1)
+
+    def work(self, x: Any = 0) -> dict[str, Any]:
+        import os
+        import signal
+
+        self.calls += 1
+        if self.calls == self.at and self.pidfile and Path(self.pidfile).is_file():
+            os.kill(int(Path(self.pidfile).read_text()), signal.SIGINT)
+        self.total = self.total + torch.as_tensor(x, dtype=torch.float32)
+        return {"y": self.total.clone()}
+
+    def get_state(self, name: str) -> Any:
+        return {"total": self.total.clone(), "calls": self.calls}
+
+    def set_state(self, name: str, value: Any) -> None:
+        self.total, self.calls = value["total"].clone(), value["calls"]

@@ -210,15 +210,19 @@ def _nodes(items: list) -> list[dict]:
     return [n for i in items for n in ([i] if "node" in i else []) + _nodes(i.get("body", []) + i.get("phases", []))]
 
 
-def _stamps_of(wf, iterations: int, stop=None, checkpoint_every: int = 0, out_dir=None) -> tuple[dict, dict, int]:
+def _stamps_of(wf, iterations: int, stop=None, checkpoint_every: int = 0, out_dir=None,
+               resume: bool = False) -> tuple[dict, dict, int]:
     """Which write each read saw (`Stamper.seen`), the final stamp of every state object, per component, and
-    how many RL iterations ran (all of them unless `stop` ends the run; in run directory `out_dir`, if given)."""
+    how many RL iterations ran (all of them unless `stop` ends the run; in run directory `out_dir`, if given;
+    `resume`: continuing the run there, the reads of this part only, the iterations it wrote lines of)."""
     sch = Schedule(wf)
     be = LocalBackend(wf, ("tests.",), sch.program.loops_of)
     try:
-        config = RunConfig(iterations=iterations, checkpoint_every=checkpoint_every, tensorboard=False, out_dir=out_dir)
+        config = RunConfig(iterations=iterations, checkpoint_every=checkpoint_every, tensorboard=False, out_dir=out_dir,
+                           resume=resume)
         results = Runner(wf, be, config, sch).run(stop=stop)
-        assert [r.iteration for r in results] == list(range(len(results)))
+        if not resume:
+            assert [r.iteration for r in results] == list(range(len(results)))
         objs = {c: be.workers[c].obj for c in wf.components}
         return ({(c, *key): v for c, o in objs.items() for key, v in o.seen.items()},
                 {(c, s): v for c, o in objs.items() for s, v in o.stamps.items()}, len(results))

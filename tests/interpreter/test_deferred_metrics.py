@@ -48,9 +48,10 @@ def test_each_metrics_line_holds_its_own_iterations_calls(tmp_path: Path, reques
     assert [r.metrics.get("gen/rollout_it") for r in results] == [float(k) for k in range(7)]
 
 
-def test_a_resume_from_a_stop_between_checkpoints_of_an_asynchronous_plan_says_it_is_not_exact(tmp_path: Path) -> None:
-    """A stop drains the deferred calls at its iteration, a synchronisation point the uninterrupted run does not
-    have: `--resume` from it says so, and from a checkpoint iteration (or of a synchronous plan) says nothing."""
+def test_a_resume_says_what_was_in_flight_and_is_not_exact_only_where_a_stop_drained(tmp_path: Path) -> None:
+    """A stop between checkpoints keeps what it has in flight: `--resume` names the deferred calls still to
+    come. Where a stop could not keep them it drained, a synchronisation point the uninterrupted run does not
+    have: `--resume` from it says so and why; from any other checkpoint it says nothing of the kind."""
     import io
 
     from rich.console import Console
@@ -58,15 +59,15 @@ def test_a_resume_from_a_stop_between_checkpoints_of_an_asynchronous_plan_says_i
     from interpreter.runner import Resumed
     from rose_cli.report import resumed
 
-    def said(iteration: int, depth: int, every: int) -> str:
+    def said(iteration: int, **kw) -> str:
         buf = io.StringIO()
-        resumed(Console(file=buf, width=400), Resumed(tmp_path / "ckpt", iteration), 10, depth, every)
+        resumed(Console(file=buf, width=400), Resumed(tmp_path / "ckpt", iteration, **kw), 10)
         return buf.getvalue()
 
-    assert "note: not exact -- this asynchronous plan's checkpoint of iteration 4 was taken at a stop, not at a " \
-           "checkpoint iteration (every 3 iterations): the stop ran its deferred calls there, so from iteration 5 on" \
-           in said(4, 2, 3)
-    assert "not exact" in said(4, 2, 0)
-    assert "not exact" not in said(5, 2, 3)  # iteration 5 is a checkpoint iteration of --checkpoint-every 3
-    assert "not exact" not in said(4, 1, 3)  # a synchronous plan
-    assert "not exact" not in said(9, 2, 0)  # the end: nothing left to run
+    assert "continuing at iteration 5 of 10, with the deferred call still in flight there (iteration.learn[4]) run " \
+           "in its own place" in said(4, in_flight=("iteration.learn[4]",))
+    assert "note: not exact -- the stop that took this checkpoint of an asynchronous plan could not keep what was " \
+           "in flight (the RL iteration carries values), so it ran its deferred calls there: from iteration 5 on" \
+           in said(4, drained_at_stop="the RL iteration carries values")
+    assert "not exact" not in said(4) and "in flight" not in said(4)
+    assert "not exact" not in said(9, drained_at_stop="x")  # the end: nothing left to run

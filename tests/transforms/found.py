@@ -573,6 +573,7 @@ class FoundChain:
     fan: bool
     requests: tuple[str, ...]
     until: bool = False
+    split: bool = False
 
 
 # Found by the version-lag property (issue 58); the issue's own two shapes are its parametrized cases.
