@@ -187,11 +187,7 @@ def compare(
         err.print(f"error: comparing {len(entries)} rows over {rounds} rounds trains up to {need} iterations and "
                   f"{file} trains {wf.root.count}; raise its iteration count (e.g. --set iterations={need})", markup=False)
         raise typer.Exit(ExitCode.INVALID)
-    refuse_linked_dir(runs_dir, "--runs", follow_links)
-    for path in (p for p in (json_path, runs_dir) if p is not None):
-        if path.exists() and not overwrite and (path.is_file() or any(path.iterdir())):
-            err.print(f"error: {path} already exists; choose another path or pass --overwrite", markup=False)
-            raise typer.Exit(ExitCode.INVALID)
+    _check_outputs(json_path, runs_dir, overwrite, follow_links)
 
     layouts = [e for e in entries if e.layout]
     if layouts:
@@ -215,6 +211,16 @@ def compare(
     code: dict[str, int] = {}
     exit_code = guarded(lambda teardown, ctx: _run(entries, run, options, teardown, ctx, code), run, err)
     raise typer.Exit(exit_code or code.get("exit", 0))
+
+
+def _check_outputs(json_path: Path | None, runs_dir: Path | None, overwrite: bool, follow_links: bool) -> None:
+    """--json and --runs: neither an earlier one's (unless --overwrite) nor, for --runs, a link (unless
+    --follow-links); exit 2 before any work."""
+    refuse_linked_dir(runs_dir, "--runs", follow_links)
+    for path in (p for p in (json_path, runs_dir) if p is not None):
+        if path.exists() and not overwrite and (path.is_file() or any(path.iterdir())):
+            err.print(f"error: {path} already exists; choose another path or pass --overwrite", markup=False)
+            raise typer.Exit(ExitCode.INVALID)
 
 
 def _as_layout(wf: Workflow, file: Path, e: Entry) -> Entry:

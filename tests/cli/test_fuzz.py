@@ -548,13 +548,17 @@ TEXT_VALUES: dict[str, list[tuple[str, bool | None]]] = {
     "layout": [("x", False), ("nope=1", False), ("=1", False), ("", False), ("iterations=1,2", None),
                ("num_envs=8", None), ("num_envs=", False)],
     "do": [("split epoch.step 2", None), ("nonsense", False), ("", False), ("defer sync 1", None), ("split", False)],
+    # (with --train only: a value valid on its own is still refused without it)
+    "max_overhead": [("2%", None), ("2", None), ("0.5 %", None), ("0", False), ("100%", False), ("nan", False),
+                     ("-1%", False), ("two", False), ("", False)],
     "plans": [(FILES["plan"], None), ("p=" + FILES["plan"], None), (FILES["missing"], False), (FILES["dir"], False),
               (FILES["bad"], False), ("=", False), ("", False), ("a=" + FILES["text"], False)],
 }
 
 
 # options whose values are taken only with another option (the fuzz does not require them to be taken alone)
-NOT_ALONE = {("execute", "--resume"): "needs --out holding a run", ("optimize", "--checkpoint-every"): "needs --train"}
+NOT_ALONE = {("execute", "--resume"): "needs --out holding a run", ("optimize", "--checkpoint-every"): "needs --train",
+             ("optimize", "--resume"): "needs --train --max-overhead and --out holding such a run"}
 
 
 @cache
