@@ -37,8 +37,20 @@ class Holds:
         self.calls = value["calls"]
 
 
+class RunningTotal:
+    """The state of the signalling components below: their running total and how many calls they took."""
 
-class KickDriver:
+    total: torch.Tensor
+    calls: int
+
+    def get_state(self, name: str) -> Any:
+        return {"total": self.total.clone(), "calls": self.calls}
+
+    def set_state(self, name: str, value: Any) -> None:
+        self.total, self.calls = value["total"].clone(), value["calls"]
+
+
+class KickDriver(RunningTotal):
     """Adds each call's input to a running total (state `acc`); at call `at` it sends `times` SIGINTs to the
     process `target` (rose's, from a Ray worker), `gap` seconds apart: the signal pass on Ray."""
 
@@ -62,14 +74,8 @@ class KickDriver:
         self.total = self.total + torch.as_tensor(x, dtype=torch.float32)
         return {"y": self.total.clone()}
 
-    def get_state(self, name: str) -> Any:
-        return {"total": self.total.clone(), "calls": self.calls}
 
-    def set_state(self, name: str, value: Any) -> None:
-        self.total, self.calls = value["total"].clone(), value["calls"]
-
-
-class SignalAt:
+class SignalAt(RunningTotal):
     """Adds each call's input to a running total (state `acc`); at its call `at` it sends one SIGINT to the
     process whose pid the file `pidfile` holds (rose's, written by the test once it started it): a stop at a
     chosen iteration from any backend's process, local or Ray, through the real signal path."""
@@ -87,9 +93,3 @@ class SignalAt:
             os.kill(int(Path(self.pidfile).read_text()), signal.SIGINT)
         self.total = self.total + torch.as_tensor(x, dtype=torch.float32)
         return {"y": self.total.clone()}
-
-    def get_state(self, name: str) -> Any:
-        return {"total": self.total.clone(), "calls": self.calls}
-
-    def set_state(self, name: str, value: Any) -> None:
-        self.total, self.calls = value["total"].clone(), value["calls"]

@@ -28,6 +28,7 @@ from rich.console import Console
 from interpreter.checkpoint import list_complete, load_checkpoint
 from rose_cli.run import ExecuteOptions, StopOnSignal, execute_workflow
 from rose_dsl import load_workflow_text
+from tests.cli.rundir_components import RunningTotal
 
 N = 4
 WF = """rose: 1
@@ -43,7 +44,7 @@ iteration:
 HANDLED = threading.Semaphore(0)  # released once per signal StopOnSignal handled
 
 
-class Kicker:
+class Kicker(RunningTotal):
     """Adds each call's input (summed) to a running total; at call `at` it sends `times` SIGINTs to its own
     process, each after the previous one was handled."""
 
@@ -61,12 +62,6 @@ class Kicker:
                 HANDLED.acquire(timeout=60)  # (a bound, not a measurement)
         self.total = self.total + torch.as_tensor(x, dtype=torch.float32)
         return {"y": self.total.clone()}
-
-    def get_state(self, name: str) -> Any:
-        return {"total": self.total.clone(), "calls": self.calls}
-
-    def set_state(self, name: str, value: Any) -> None:
-        self.total, self.calls = value["total"].clone(), value["calls"]
 
 
 def _uninterrupted() -> float:
