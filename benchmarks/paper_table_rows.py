@@ -1,14 +1,14 @@
 """The optimizer's rows of the paper table (issue 14), assembled from the runs that measured them.
 
     python3 benchmarks/paper_table_rows.py                # fill stage1/rose in benchmarks/results/paper_table.json
-    python3 benchmarks/paper_table_rows.py --markdown     # print the README's results table from that file
+    python3 benchmarks/paper_table_rows.py --markdown     # print docs/results.md's summary table from that file
 
 Why a script: the canonical `benchmarks/results/paper_table.json` holds the declared and hand-written rows of
 one `paper_table.py` session per workload, but `rose optimize`'s plans were measured later, in sessions of
 their own (on other cards), so its `stage1`/`rose` keys stayed null while the figures the README quotes lived
 in six run folders. This reads those runs' JSONs (from the `results-archive` tag by default, where the raw
 runs are kept: docs/results.md) and writes each row with its source files and card, so no figure is typed by
-hand; the README's table is printed from the result (`--markdown`, checked by
+hand; docs/results.md's summary table is printed from the result (`--markdown`, checked by
 tests/benchmarks/test_results_index.py).
 
 Pooling: a row measured in several sessions on one machine pools the per-round seconds of every session
@@ -175,7 +175,7 @@ def _base_card(doc: dict[str, Any], workload: str) -> str:
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    """The README's results table: per workload, the session the optimizer's rows were measured in."""
+    """docs/results.md's summary table: per workload, the session the optimizer's rows were measured in."""
     lines = ["| workload (card, rounds pooled) | configuration | s / iteration | vs declared | vs best hand-written |",
              "| --- | --- | --- | --- | --- |"]
     wls = doc["workloads"]
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table", type=Path, default=CANONICAL, help="the canonical table to fill (in place)")
     ap.add_argument("--ref", default=ARCHIVE, help="git ref holding the measured runs (default: %(default)s)")
     ap.add_argument("--from-dir", type=Path, default=None, help="read the runs from this directory instead of --ref")
-    ap.add_argument("--markdown", action="store_true", help="print the README's table from --table and exit")
+    ap.add_argument("--markdown", action="store_true", help="print docs/results.md's summary table from --table and exit")
     args = ap.parse_args(argv)
     doc = json.loads(args.table.read_text())
     if args.markdown:

@@ -1,6 +1,6 @@
 """benchmarks/results/ is a set of current results, not a lab notebook (issue 43): no script and no per-run
 folder there, every file in its index and every indexed file there; the paper table's optimizer rows come
-from measured runs by `benchmarks/paper_table_rows.py`, and the README's results table is that script's
+from measured runs by `benchmarks/paper_table_rows.py`, and docs/results.md's summary table is that script's
 rendering of the canonical file, so no figure in it is typed by hand."""
 
 from __future__ import annotations
@@ -50,10 +50,10 @@ def test_index_lists_exactly_the_files():
     assert indexed - files == set(), "indexed files that are not there"
 
 
-def test_readme_table_is_the_canonical_files_rendering():
+def test_results_table_is_the_canonical_files_rendering():
     table = rows.markdown(json.loads((RESULTS / "paper_table.json").read_text()))
-    assert table in (ROOT / "README.md").read_text(), \
-        "README's results table differs from `python3 benchmarks/paper_table_rows.py --markdown`"
+    assert table in (ROOT / "docs" / "results.md").read_text(), \
+        "docs/results.md's summary table differs from `python3 benchmarks/paper_table_rows.py --markdown`"
 
 
 def test_canonical_table_holds_the_optimizer_rows_with_their_sources():
