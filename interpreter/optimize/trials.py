@@ -20,8 +20,9 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rose_dsl.identity import NodePath
 from rose_dsl.ir import Component, ExecutionNode, Workflow
@@ -46,6 +47,8 @@ from ..runner import IterationResult, RunConfig
 from ..trace import InvocationRecord
 from ..worker import CallFailed, component_of, state_bytes
 from .executor import Executor
+
+_T = TypeVar("_T")
 
 __all__ = ["Feed", "Probe", "TrialSession", "TrialFailed", "state_bytes", "trial_components", "unsupported",
            "window_metrics"]
@@ -239,13 +242,12 @@ class TrialSession:
         comps = {n.component for n in plan.items() if isinstance(n, ExecutionNode) and any(e.access.writes for e in n.effects)}
         return sorted(c for c in comps if c in self.executor.components())
 
-    def _guarded(self, plan: Workflow, k: int, kept: Sequence[str] | None,
-                 drop: bool = True) -> tuple[float, int, int, dict[str, float], list]:
-        """Run a plan's iteration; if it fails and the components `kept` keep a copy of their state from
-        before it (`Executor.keep_states`), put that state back (after every call still in flight has
-        ended; `drop`: the copies go) and raise TrialFailed: the trial is lost, not the training."""
+    def _guarded(self, run: Callable[[], _T], kept: Sequence[str] | None, drop: bool = True) -> _T:
+        """`run()` (a plan's iteration or window); if it fails and the components `kept` keep a copy of their
+        state from before it (`Executor.keep_states`), put that state back (after every call still in flight
+        has ended; `drop`: the copies go) and raise TrialFailed: the trial is lost, not the training."""
         try:
-            return self.executor.run(plan, k)
+            return run()
         except (CallFailed, ComponentError, Unsupported) as exc:  # (Unsupported: a component it needs cannot be added)
             if kept is None:
                 raise
@@ -253,19 +255,22 @@ class TrialSession:
             self.executor.restore_kept(kept, drop)
             raise TrialFailed(str(exc).splitlines()[0]) from None
 
+    def _keep(self, plan: Workflow) -> list[str]:
+        """Before a plan's first run: each component it writes keeps a copy of its state (`_guarded`)."""
+        t = time.perf_counter()
+        kept = self._written(plan)
+        self.executor.keep_states(kept)
+        dt = time.perf_counter() - t
+        self.books.snapshot_s += dt
+        self.books.guard_snapshots += 1  # (local trials' snapshots are inside local_s)
+        self.books.guard_snapshot_s += dt
+        return kept
+
     def _iteration(self, plan: Workflow, label: str, guard: bool = False) -> IterationRun:
         if self.limit is not None and self.k >= self.limit:
             raise OutOfBudget(f"the workflow's {self.limit} iterations are all trained")
-        kept = None
-        if guard:  # a plan that has never run: keep what training would lose if it fails
-            t = time.perf_counter()
-            kept = self._written(plan)
-            self.executor.keep_states(kept)
-            dt = time.perf_counter() - t
-            self.books.snapshot_s += dt
-            self.books.guard_snapshots += 1  # (local trials' snapshots are inside local_s)
-            self.books.guard_snapshot_s += dt
-        seconds, t0, t1, metrics, records = self._guarded(plan, self.k, kept)
+        kept = self._keep(plan) if guard else None  # a plan that has never run: keep what a failure would lose
+        seconds, t0, t1, metrics, records = self._guarded(lambda: self.executor.run(plan, self.k), kept)
         if kept:
             self.executor.drop_kept(kept)
         self._proven.add(id(plan))
@@ -282,21 +287,26 @@ class TrialSession:
         self.books.complete_s += seconds
         return run
 
-    def _measure(self, plan: Workflow, label: str) -> IterationRun:
+    def _measure(self, plan: Workflow, label: str, guard: bool = False) -> IterationRun:
         """One measurement of `plan`: one iteration, or a window of pipelined ones for an asynchronous
-        plan (`measurement.window`), whose gain a drained iteration cannot show."""
+        plan (`measurement.window`), whose gain a drained iteration cannot show. `guard`: a window of a plan
+        that has never run is guarded as a first iteration is (`_guarded`)."""
         win = window(plan)
-        return self._iteration(plan, label) if win.iterations == 1 else self._window(plan, label, win)
+        return self._iteration(plan, label) if win.iterations == 1 else self._window(plan, label, win, guard)
 
-    def _window(self, plan: Workflow, label: str, win: Window) -> IterationRun:
+    def _window(self, plan: Workflow, label: str, win: Window, guard: bool = False) -> IterationRun:
         """`win.iterations` training iterations of an asynchronous plan in flight together
         (`Executor.run_window`), timed as one run from the end of the fill iterations to the end of the
         measured ones: seconds per iteration = that time / `win.measured` (the inverse of the throughput),
-        metrics over the measured iterations (`window_metrics`). Every iteration is training, kept."""
+        metrics over the measured iterations (`window_metrics`). Every iteration is training, kept -- unless
+        the window of a plan never run (`guard`) fails: then none of them is, and the state is put back."""
         if self.limit is not None and self.k + win.iterations > self.limit:
             raise OutOfBudget(f"the workflow's {self.limit} iterations leave {self.limit - self.k}, and a window of "
                               f"the asynchronous plan trains {win.iterations}")
-        t0, done, records = self.executor.run_window(plan, self.k, win.iterations)
+        kept = self._keep(plan) if guard else None
+        t0, done, records = self._guarded(lambda: self.executor.run_window(plan, self.k, win.iterations), kept)
+        if kept:
+            self.executor.drop_kept(kept)
         self._proven.add(id(plan))
         self._last_plan = plan
         self._watch_cpu()
@@ -353,19 +363,22 @@ class TrialSession:
                 try:
                     if before is not None:
                         before(i)
-                    if new or (self._last_plan is not plans[i] and window(plans[i]).iterations == 1):
+                    guard = new and (i > 0 or guard_first)
+                    windowed = window(plans[i]).iterations > 1
+                    if not windowed and (new or self._last_plan is not plans[i]):
                         # The first iteration of a plan, and the first after a switch from another, are
                         # training (kept), not measurements: a plan's first carries its start-up (processes
                         # for new copies, programs compiled and CUDA graphs captured for new batch sizes),
                         # and one right after a switch ran up to 3x its steady time on the CPU (the previous
                         # plan's compiled graph still winding down). Timed, they made the reference of an
                         # interleaved comparison slower than the candidates and gave slower plans a benefit.
-                        # An asynchronous plan's window needs no such iteration after a switch: its fill
-                        # iterations are untimed already (H100, long-tail LLM: ~10 s a turn saved of ~80 s
-                        # a pair, where the decision rule's fifth pair did not fit 420 s)
-                        self._iteration(plans[i], labels[i], guard=new and (i > 0 or guard_first))
+                        # An asynchronous plan's window needs no such iteration, first or after a switch: its
+                        # fill iterations are untimed already and carry the start-up, and the window itself is
+                        # guarded when new (H100, long-tail LLM: ~14 s a turn saved of a pair of ~70 s, where
+                        # the decision rule's fifth pair did not fit 420 s)
+                        self._iteration(plans[i], labels[i], guard=guard)
                     self.join_pending()
-                    out[i].append(self._measure(plans[i], labels[i]))
+                    out[i].append(self._measure(plans[i], labels[i], guard=guard and windowed))
                 except TrialFailed as exc:  # the plan fails: its trial is lost, training goes on with the others
                     self.last_failures[i] = str(exc)
                     self._last_plan = None  # the workers had switched to it
@@ -436,7 +449,8 @@ class TrialSession:
                     continue
                 self.executor.restore_kept(writes, drop=False)
                 try:
-                    seconds, t0, t1, _, records = self._guarded(graphs[i].workflow, 0, writes, drop=False)
+                    seconds, t0, t1, _, records = self._guarded(partial(self.executor.run, graphs[i].workflow, 0), writes,
+                                                                 drop=False)
                 except TrialFailed as exc:
                     self.last_failures[i] = str(exc)
                     self.log(f"  local trial failed: {exc}")

@@ -110,8 +110,11 @@ class _Search(_LocalTrials):
         # turn costs of complete trials (`_turn_s`): learned from the turns measured
         self.seen: set[int] = set()  # plans (by id) that have run an iteration
         self.last_plan: Workflow | None = None  # the plan the workers ran last
-        self.switch_s: float | None = None  # a switch's unmeasured iteration (s)
-        self.setup_s: float | None = None  # a new plan's set-up beyond that (s)
+        self.last_plan_run: IterationRun | None = None  # and its last measured run
+        self.switch_s: float | None = None  # a synchronous plan's unmeasured iteration after a switch (s)
+        self.drain_s: float | None = None  # a window's time beyond its iterations (the drain after its tail; s)
+        self.setup_s: float | None = None  # a new plan's set-up beyond what a turn of a plan seen before pays (s)
+        self.expected: dict[int, float] = {}  # a plan's (by id) seconds per iteration: measured, else predicted
         self.cut = ""  # why a block of complete trials ended before its last turn (the search ends after the round)
         self.block_failures: dict[int, str] = {}  # the last block's failed plans (by index)
         # what was measured on the current graph (a round that keeps nothing is followed by one that measures
@@ -140,14 +143,15 @@ class _Search(_LocalTrials):
                               f"and the next measurement needs about {_secs(need_s)} s")
 
     def complete(self, plans: Sequence[Workflow], rounds: int, warmup: int = 0,
-                 labels: Sequence[str] = ()) -> list[list[IterationRun]]:
+                 labels: Sequence[str] = (), skip_first: bool = False) -> list[list[IterationRun]]:
         """`rounds` interleaved complete iterations of each plan (the order reversed every other round),
         handed to the measurer one turn at a time so that the budget and a stop request are checked before
         every turn, not once per block: a turn that would not fit -- its iteration, the unmeasured one a
         switch between plans costs, and a new plan's set-up, by `_turn_s` -- is not started, and the block
         ends with what it measured (`self.cut` says why). H200, MJX: a block of eight plans
         estimated at one iteration per plan and round took twice that and more, ran 40 s past SIGTERM and
-        was killed with nothing written. Failed plans are in `self.block_failures` (by index)."""
+        was killed with nothing written. Failed plans are in `self.block_failures` (by index). `skip_first`:
+        the first plan's first turn is not run -- the caller has its run already (`_fresh_reference`)."""
         labels = list(labels) or ["" for _ in plans]
         self.block_failures = {}
         out: list[list[IterationRun]] = [[] for _ in plans]
@@ -155,7 +159,7 @@ class _Search(_LocalTrials):
         for r in range(rounds):
             order = list(range(len(plans)))[::-1] if r % 2 else list(range(len(plans)))
             for i in order:
-                if i in self.block_failures:
+                if i in self.block_failures or (skip_first and r == 0 and i == 0):
                     continue
                 plan, w = plans[i], (warmup if first else 0)
                 try:
@@ -176,36 +180,59 @@ class _Search(_LocalTrials):
                     continue
                 self.model.observe(got[0], plan)
                 out[i] += got[0]
-                # (a window of an asynchronous plan trains `iterations` at about its measured seconds each)
-                self._learn_turn(wall - sum(run.seconds for run in got[0]) * window(plan).iterations, w, new, switch)
+                self.last_plan_run = got[0][-1] if got[0] else None
+                self.expected[id(plan)] = summarize([r.seconds for r in out[i]]).median
+                self._learn_turn(plan, wall - sum(self._trained_s(plan, run.seconds) for run in got[0]), w, new,
+                                 switch)
         return out
 
     def _turn_s(self, plan: Workflow, warmup: int = 0, last: Workflow | None = None,
                 seen: set[int] | None = None) -> float:
-        """Expected seconds of one turn of `plan`: its measured iteration, plus an unmeasured one when
-        the workers switch to it from another plan (`Measurer.complete` trains through a switch before
-        timing), plus a new plan's set-up (processes for new copies, programs compiled and CUDA graphs
-        captured for new batch sizes, the guard's snapshot) -- both learned from the turns measured so
-        far, an iteration each until then. Without a reference time yet: no estimate. `last` and `seen`
-        (default: the workers' now) let `_block_s` estimate turns ahead."""
+        """Expected seconds of one turn of `plan`: what it trains (`_trained_s`: its timed iteration, or an
+        asynchronous plan's window -- at the plan's own seconds per iteration, measured or else predicted,
+        not the reference's), plus what the measuring session adds (`Measurer.complete`): a synchronous plan's
+        unmeasured iteration after a switch from another plan (and before its first), a window's drain, and
+        for a new plan its set-up (processes for new copies, programs compiled and CUDA
+        graphs captured for new batch sizes, the guard's snapshot) -- learned from the turns measured so far,
+        an iteration each until then. Without a reference time yet: no estimate. `last` and `seen` (default:
+        the workers' now) let `_block_s` estimate turns ahead. (Estimating a window as that many reference
+        iterations cost `defer sync 1` its decision on an H100: 83 s estimated where ~50 s was spent.)"""
         it = self.iteration_s or 0.0
-        need = it * (window(plan).iterations + warmup)
-        if (self.last_plan if last is None else last) is not plan:
+        need = it * warmup + self._trained_s(plan, self.expected.get(id(plan), it))
+        new = id(plan) not in (self.seen if seen is None else seen)
+        if window(plan).iterations > 1:
+            need += self.drain_s or 0.0
+        elif new or (self.last_plan if last is None else last) is not plan:
             need += self.switch_s if self.switch_s is not None else it
-        if id(plan) not in (self.seen if seen is None else seen):
+        if new:
             need += self.setup_s if self.setup_s is not None else it
         return need
 
-    def _learn_turn(self, unmeasured_s: float, warmup: int, new: bool, switch: bool) -> None:
-        """What a turn cost beyond its timed iteration: a switch (a plan seen before), or a switch and a
-        set-up (a new plan); the largest seen so far is the estimate (a block cut short costs a
-        candidate, one that overruns costs the stage after it)."""
+    def _trained_s(self, plan: Workflow, seconds: float) -> float:
+        """The seconds a turn of `plan` trains when its timed measurement is `seconds`: that iteration; for an
+        asynchronous plan the whole window (`measurement.window`) -- its fill iterations about as long as a
+        drained one (the reference's; nothing overlaps the first), the measured and tail ones `seconds`
+        each (the period)."""
+        win = window(plan)
+        if win.iterations == 1:
+            return seconds
+        return (self.iteration_s or seconds) * win.fill + seconds * (win.measured + win.tail)
+
+    def _learn_turn(self, plan: Workflow, unmeasured_s: float, warmup: int, new: bool, switch: bool) -> None:
+        """What a turn cost beyond what it trained: a synchronous plan's iteration after a switch, a window's
+        drain, or (a new plan) its set-up; the largest seen so far is the estimate (a
+        block cut short costs a candidate, one that overruns costs the stage after it)."""
         it = self.iteration_s or 0.0
         extra = max(0.0, unmeasured_s - warmup * it)
-        if switch and not new:
-            self.switch_s = max(self.switch_s or 0.0, extra)
-        elif new and self.iteration_s:
-            self.setup_s = max(self.setup_s or 0.0, extra - (self.switch_s if self.switch_s is not None else it))
+        windowed = window(plan).iterations > 1
+        if not new:
+            if windowed:
+                self.drain_s = max(self.drain_s or 0.0, extra)
+            elif switch:
+                self.switch_s = max(self.switch_s or 0.0, extra)
+        elif self.iteration_s:  # (less what a turn of a plan seen before pays: the drain, or the unmeasured iteration)
+            paid = (self.drain_s or 0.0) if windowed else (self.switch_s if self.switch_s is not None else it)
+            self.setup_s = max(self.setup_s or 0.0, extra - paid)
 
     def _block_s(self, plans: Sequence[Workflow], rounds: int) -> float:
         """Expected seconds of a block of `plans` interleaved over `rounds` (as `complete` runs it)."""
@@ -444,6 +471,10 @@ class _Search(_LocalTrials):
         order."""
         ref = self.iteration_s or 0.0
 
+        for m in unique:
+            if m.predicted_iteration_s is not None:
+                self.expected.setdefault(id(m.plan()), m.predicted_iteration_s)
+
         def key(i: int) -> tuple[int, float, int]:
             m = unique[i]
             m.trial_s = self._block_s([g, m.plan()], self.s.validation_rounds) or None
@@ -492,16 +523,18 @@ class _Search(_LocalTrials):
         """One candidate against the reference: interleaved rounds until the rule decides it; every alternative
         that proposed the same requests (`ms`) gets the outcome."""
         plans, labels = [g, m.plan()], [self.label, self.label + m.label]
+        fresh = self._fresh_reference(g, ref_runs)
         try:
-            runs = self.complete(plans, self.s.validation_rounds, labels=labels)
+            runs = self.complete(plans, self.s.validation_rounds, labels=labels, skip_first=bool(fresh))
         except OutOfBudget as exc:
             self.out_of_budget = self.out_of_budget or str(exc)
             for same in ms:
                 same.status, same.reason = "skipped", f"not measured: {exc}"
             return
+        runs[0][:0] = fresh
         failed = dict(self.block_failures)
         runs = self._settle(plans, runs, failed, labels)
-        ref_runs += runs[0]
+        ref_runs += runs[0][len(fresh):]
         if 1 not in failed and not runs[1] and self.cut:
             for same in ms:
                 same.status, same.reason = "skipped", f"not measured: {self.cut}"
@@ -521,6 +554,15 @@ class _Search(_LocalTrials):
         self.log(f"  {m.label}: {verdict.describe()}")
         if m.predicted_iteration_s is not None:
             self.errors.append((f"iteration {m.label}", m.predicted_iteration_s, summary.median))
+
+    def _fresh_reference(self, g: Workflow, ref_runs: list[IterationRun]) -> list[IterationRun]:
+        """The reference's last run, when it is the last thing the workers ran (no other plan's turn since):
+        it opens the next candidate's first interleaved pair as well as a new turn of the reference would, and
+        costs nothing (H100, long-tail LLM: a reference turn is ~14 s of a 420-s budget whose race had room
+        for four of the five pairs the decision rule's first look needs)."""
+        if self.last_plan is g and ref_runs and self.last_plan_run is ref_runs[-1]:
+            return [ref_runs[-1]]
+        return []
 
     def _settle(self, plans: Sequence[Workflow], runs: list[list[IterationRun]], failed: dict[int, str],
                 labels: Sequence[str]) -> list[list[IterationRun]]:
@@ -542,13 +584,16 @@ class _Search(_LocalTrials):
             self.log(f"  {len(open_)} alternative(s) faster but not decided by the rule at n = {n}: {more_rounds} "
                      "more interleaved round(s)" + (f"; {len(dropped)} left undecided for the budget" if dropped
                                                     else ""))
+            # (a block cut after the reference's turn left it a run ahead of the candidates: that run opens
+            # the next pair, no second reference turn in a row)
+            ahead = self.last_plan is plans[0] and len(out[0]) > max(len(out[i]) for i in open_)
             try:
                 more = self.complete([plans[0]] + [plans[i] for i in open_], more_rounds,
-                                     labels=[labels[0]] + [labels[i] for i in open_])
+                                     labels=[labels[0]] + [labels[i] for i in open_], skip_first=ahead)
             except OutOfBudget:
                 return out  # (the search's next budget check ends it)
             failed_more = dict(self.block_failures)
-            if 0 in failed_more or not more[0]:
+            if 0 in failed_more or not (more[0] or ahead):
                 return out
             out[0] += more[0]
             for j, i in enumerate(open_, start=1):

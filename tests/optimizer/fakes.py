@@ -11,7 +11,7 @@ from typing import Any
 
 from rose_dsl.analysis import invocation_graph, iterations_in_flight
 from rose_dsl.ir import ExecutionNode, LoopNode, Workflow
-from rose_dsl.measurement import call_identity
+from rose_dsl.measurement import call_identity, window
 from rose_dsl.optimizer.model import _simulate, rows_of, simulate, steady_state
 from rose_dsl.optimizer.profile import Call, IterationRun, component_bases
 from rose_dsl.optimizer.regions import LocalGraph
@@ -25,13 +25,15 @@ class GroundTruth:
     per_row: Mapping[str, float] = field(default_factory=dict)  # component -> seconds per row
     activity: Mapping[str, float] = field(default_factory=dict)  # component -> activity of its calls
     contention: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    per_call: Mapping[str, float] = field(default_factory=dict)  # "component.method" -> seconds per call, added
 
     def cost(self, node: ExecutionNode) -> float:
         comp = node.component.split("@")[0]
         if comp.startswith("__"):
             return 0.0
         rows = rows_of(node) or 0
-        return self.fixed.get(comp, 0.0) + self.per_row.get(comp, 0.0) * rows
+        return (self.fixed.get(comp, 0.0) + self.per_row.get(comp, 0.0) * rows
+                + self.per_call.get(f"{comp}.{node.method}", 0.0))
 
 
 class FakeMeasurer:
@@ -187,3 +189,37 @@ class RowTripsMeasurer(FakeMeasurer):
         seconds = pred.seconds * factor
         self.clock += seconds
         return IterationRun(seconds, tuple(calls), base, base + int(seconds * 1e9), iteration)
+
+
+class TurnCostMeasurer(FakeMeasurer):
+    """A `FakeMeasurer` whose turns cost what the runtime's measuring session spends on them
+    (`interpreter/optimize/trials.py`), not only their timed iteration: the processes' start-up before the
+    first (`startup_s` on the clock); a synchronous plan's first iteration ever, and its first after a switch
+    from another, trained untimed; an asynchronous plan measured as a window (`measurement.window`)
+    whose fill iteration runs at the drained iteration's time and whose measured and tail iterations at its
+    steady-state period, plus `drain_s`. The budget estimates of the search meet the costs they estimate."""
+
+    def __init__(self, truth: GroundTruth, startup_s: float = 0.0, drain_s: float = 0.0, **kw: Any) -> None:
+        super().__init__(truth, **kw)
+        self.clock = startup_s
+        self.drain_s = drain_s
+        self.seen: set[int] = set()
+        self.last: Workflow | None = None
+
+    def _drained(self, plan: Workflow) -> float:
+        return simulate(plan, self.truth.cost, self.truth.contention).seconds or 0.0
+
+    def _step(self, plan: Workflow) -> IterationRun:
+        win = window(plan)
+        if win.iterations == 1 and (id(plan) not in self.seen or self.last is not plan):
+            self.clock += self._drained(plan)  # trained, untimed
+            self.k += 1
+        self.seen.add(id(plan))
+        self.last = plan
+        if win.iterations == 1:
+            return super()._step(plan)
+        self.clock += win.fill * self._drained(plan)
+        run = super()._step(plan)  # one measured iteration at the period stands for the window's
+        self.clock += (win.measured - 1 + win.tail) * run.seconds + self.drain_s
+        self.k += win.iterations - 1
+        return run

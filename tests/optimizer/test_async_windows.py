@@ -71,8 +71,8 @@ def test_a_turn_is_estimated_and_learned_over_its_whole_window(plans) -> None:
     search.complete([wf], 2)  # the reference: seen, an iteration's time known
     search.iteration_s = it = m.clock / 2
     assert search._turn_s(wf) == pytest.approx(it)
-    new_turn = search._turn_s(plan)  # a new plan after a switch: its window, a switch, a set-up
-    assert new_turn == pytest.approx(5 * it + it + it)
+    new_turn = search._turn_s(plan)  # a new plan after a switch: its window and a set-up (no untimed iteration)
+    assert new_turn == pytest.approx(5 * it + it)
     search.complete([plan], 1)
     # its window was all its turn cost (the fake has no switch or set-up): nothing more is learned
     assert search.setup_s is not None and search.setup_s <= it / 2, (search.setup_s, it)
@@ -93,10 +93,10 @@ def test_the_cost_model_predicts_a_deferral_in_steady_state(plans) -> None:
     assert search.predict(plan, plan, 1.0) == pytest.approx(1.0)
 
 
-def test_a_window_after_a_switch_needs_no_untimed_iteration_of_its_own(plans) -> None:
-    """A synchronous plan's first iteration after a switch is training, not a measurement (it runs slow); an
-    asynchronous plan's window already starts with untimed fill iterations, so a switch back to a plan that
-    has run adds none (`TrialSession.complete`). Counted in training iterations on the local backend."""
+def test_a_window_needs_no_untimed_iteration_of_its_own(plans) -> None:
+    """A synchronous plan's first iteration, and its first after a switch, are training, not a measurement
+    (they run slow); an asynchronous plan's window already starts with untimed fill iterations, so neither its
+    first turn (guarded as a whole) nor a switch back to it adds one (`TrialSession.complete`). Counted in training iterations on the local backend."""
     from interpreter.optimize.executor import Executor
     from interpreter.optimize.trials import TrialSession
     from rose_cli.run import ExecuteOptions, Gpu, build_backend
@@ -108,9 +108,10 @@ def test_a_window_after_a_switch_needs_no_untimed_iteration_of_its_own(plans) ->
     try:
         session.complete([wf, plan], 3)
         win = window(plan).iterations
-        # round 1: wf's first (untimed) + 1, the plan's first (untimed) + a window; round 2 (reversed): the plan's
-        # window (no switch), wf's switch (untimed) + 1; round 3: wf again (no switch) + 1, the plan's window alone
-        assert session.k == (2 + 1 + win) + (win + 2) + (1 + win)
+        # round 1: wf's first (untimed) + 1, the plan's window (guarded, its fill untimed: no first iteration of
+        # its own); round 2 (reversed): the plan's window (no switch), wf's switch (untimed) + 1; round 3: wf
+        # again (no switch) + 1, the plan's window alone
+        assert session.k == (2 + win) + (win + 2) + (1 + win)
     finally:
         session.close()
         executor.close()

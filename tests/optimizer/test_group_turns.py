@@ -87,7 +87,7 @@ def test_it_is_predicted_faster_raced_first_and_kept(which: str) -> None:
     assert two.predicted_iteration_s is not None and two.predicted_iteration_s < 0.9 * ref
     assert two.trial_rank == 1 and two.status == "complete" and two.significant
     assert result.requests == two.requests
-    assert result.final.median < 0.92 * result.baseline.median
+    assert result.final.median < 0.95 * result.baseline.median  # (the variant's true gain is ~8%, the noise 1%)
 
 
 def test_not_where_it_cannot_help() -> None:

@@ -39,7 +39,9 @@ def test_the_deferral_is_predicted_first_and_chosen_where_one_block_left_it_out(
     alts = {a.label: a for r in result.rounds for t in r.targets for a in t.alternatives}
     defer = alts["defer sync 1"]
     assert defer.predicted_iteration_s is not None and defer.trial_rank == 1 and defer.status == "complete"
-    assert "defer sync 1" in result.requests
+    assert defer.significant
+    # it, or `ahead generate` (the same overlap from the other side, measured as fast), is kept
+    assert {"defer sync 1", "ahead generate"} & set(result.requests)
     assert result.final.median < 0.7 * result.baseline.median
 
 
@@ -55,7 +57,8 @@ def test_a_candidate_predicted_well_ahead_borrows_stage2s_share_for_itself(chain
     result = optimize_graph(chain, m, Settings(final_rounds=0, borrow_speedup=borrow), log=logs.append,
                             budget=budget.share("stage1"))
     if borrow < 2:
-        assert result.requests == ("defer sync 1",) and any("goes on into the rest of the budget" in x for x in logs)
+        assert result.requests in (("defer sync 1",), ("ahead generate",))  # (the same overlap, as fast)
+        assert any("goes on into the rest of the budget" in x for x in logs)
         assert 0.35 * 6.0 < m.elapsed() < 0.8 * 6.0  # past stage 1's share, and stage 2 keeps some of its own
     else:
         assert result.requests == () and not any("goes on into" in x for x in logs) and m.elapsed() <= 0.35 * 6.0
