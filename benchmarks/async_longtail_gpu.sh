@@ -50,6 +50,10 @@ CURVE_PLANS=${CURVE_PLANS:-declared,best_async}
 # priority (benchmarks/plan_mps.py; default LOW=learner): what stage 2 would screen, as one row;
 # best_partial_async_low: the same for best_partial_async (written when it is, STALE >= 2)
 COMPARE_PLANS=${COMPARE_PLANS:-best_sync,best_async}
+# PLAN_FILES: more plans beside them, NAME=PATH[,NAME=PATH...] (e.g. found=plan.yaml: what `rose optimize` returned
+# in an earlier call -- MODE=optimize's optimize.tgz holds it -- measured in the same rounds as the hand plans);
+# each counts as an asynchronous plan's turn in the iteration budget
+PLAN_FILES=${PLAN_FILES:-}
 LOW=${LOW:-learner}
 SETS=(${SETS:-})   # extra --set NAME=VALUE pairs for the workflow, e.g. SETS="--set prompts=64"
 export PYTHONUNBUFFERED=1 RAY_DEDUP_LOGS=0
@@ -94,6 +98,9 @@ case "$MODE" in
                                       "only; best_partial_async: STALE >= 2)" >&2; exit 2; }
       plan_args+=(--plan "$p=$OUT/$p.yaml")
     done
+    if [ -n "$PLAN_FILES" ]; then IFS=',' read -ra pfs <<< "$PLAN_FILES"; for pf in "${pfs[@]}"; do
+      [ -f "${pf#*=}" ] || { echo "PLAN_FILES: no file ${pf#*=}" >&2; exit 2; }
+      plan_args+=(--plan "$pf"); per_round=$((per_round + 7)); done; fi
     need=$((1 + ROUNDS * per_round))
     timeout "$LIMIT" python3 -m rose_cli compare "$W" "${SETS[@]}" --set iterations=$need --backend ray \
       "${plan_args[@]}" --rounds "$ROUNDS" \
