@@ -56,7 +56,7 @@ from .regions import (
     common_ancestor,
     local_graphs,
 )
-from .stats import Rule, Verdict, decide
+from .stats import Rule, Verdict, decide, decide_sequence
 
 
 def paired(rule: Rule, reference: Sequence[IterationRun], candidate: Sequence[IterationRun], more: bool) -> Verdict:
@@ -859,12 +859,14 @@ def _conclude(search: _Search, wf: Workflow, w: _Walked, profile: list[Iteration
         except OutOfBudget as exc:
             log(f"no before/after comparison: {exc}")
             before, after, cut = [], [], None
-        if cut and len(w.rounds) == 1 and w.rounds[0].accepted and search.accepted_reference:
-            # round 1's validation interleaved the same two graphs: its runs join the few rounds the budget left
+        if cut and _round_1_only(w) and search.accepted_reference:
+            # round 1's validation interleaved the same two graphs: its runs join the few rounds the budget left,
+            # judged in the order they came (a decision at an earlier look stands)
             before, after = list(search.accepted_reference) + before, list(w.runs) + after
         if before and after:
             measured = True
-            verdict = paired(s.rule, before, after, more=False)
+            n = min(len(before), len(after))
+            verdict = decide_sequence([r.seconds for r in before[:n]], [r.seconds for r in after[:n]], s.rule)
             validated = verdict.outcome == "faster"  # (a cut-short n < 5 never is)
             baseline_runs, final_runs = before, after
             log(f"before/after: {verdict.describe()}" + (f" (cut short: {cut})" if cut else ""))
@@ -876,13 +878,20 @@ def _conclude(search: _Search, wf: Workflow, w: _Walked, profile: list[Iteration
                     f"the plan ({'; '.join(requests)}) was accepted, then measured slower than the declared graph "
                     f"in the before/after ({f.median:.4f} s against {b.median:.4f} s): declared graph kept")
                 g, requests, final_runs, validated = wf, (), list(before), False
-    if requests and not measured and len(w.rounds) == 1 and search.accepted_reference:
+    if requests and not measured and _round_1_only(w) and search.accepted_reference:
         # round 1's validation interleaved the plan with the declared graph itself: a fairer "before" than
         # the profile, which ran earlier beside no plan
         baseline_runs = list(search.accepted_reference)
     return Stage1Result(g, requests, summarize([r.seconds for r in baseline_runs]), summarize([r.seconds for r in final_runs]),
                         w.rounds, search.errors, stopped, w.cut_short, baseline_runs, final_runs, verdict, validated,
                         s.rule.describe())
+
+
+def _round_1_only(w: _Walked) -> bool:
+    """Did round 1 keep the plan and no later round change it (so `w.runs` are still round 1's runs of the
+    plan, interleaved with `accepted_reference`, the declared graph's)? A later round that kept nothing
+    measured other candidates beside the plan: the two graphs' pairs of round 1 stand."""
+    return bool(w.rounds) and bool(w.rounds[0].accepted) and not any(r.accepted for r in w.rounds[1:])
 
 
 def _before_after(search: _Search, wf: Workflow, g: Workflow, requests: tuple[str, ...], measurer: Measurer,

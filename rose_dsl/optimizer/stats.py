@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
-__all__ = ["Rule", "Verdict", "decide", "decide_unpaired", "decisive", "sequential", "signed_rank_null",
+__all__ = ["Rule", "Verdict", "decide", "decide_sequence", "decide_unpaired", "decisive", "sequential", "signed_rank_null",
            "rank_sum_null", "DEFAULT_RULE", "percent"]
 
 Outcome = Literal["faster", "slower", "undecided"]
@@ -259,6 +259,21 @@ def decide(reference: Sequence[float], candidate: Sequence[float], rule: Rule = 
            else f"p = {min(p_faster, p_slower):.3g} > {level:.3g}" if judged else f"next look at n = "
            f"{next(x for x in rule.looks if x > n)}")
     return Verdict("undecided", n, ratio, low, high, p_faster, p_slower, level, final, why, pairs)
+
+
+def decide_sequence(reference: Sequence[float], candidate: Sequence[float], rule: Rule = DEFAULT_RULE) -> Verdict:
+    """The rule applied to pairs measured in order, as `sequential` would have applied it while they came in:
+    the verdict of the first look that decides, else the undecided verdict on all of them (final). A decision
+    at a look stands -- its share of alpha is spent there -- so pairs measured after it (a before/after joined
+    to the interleaved trial that decided the same two graphs) cannot undo it at a later, stricter look."""
+    n = min(len(reference), len(candidate))
+    for look in rule.looks:
+        if look >= n:
+            break
+        v = decide(reference[:look], candidate[:look], rule, more=True)
+        if v.outcome != "undecided":
+            return v
+    return decide(reference[:n], candidate[:n], rule, more=False)
 
 
 def sequential(measure_pair: Callable[[], tuple[float, float] | None], rule: Rule = DEFAULT_RULE,

@@ -135,3 +135,18 @@ def test_rule_checks_its_own_shape() -> None:
     with pytest.raises(ValueError, match="sum to 1"):
         Rule(looks=(5, 8), shares=(0.5, 0.4))
     assert "Wilcoxon" in DEFAULT_RULE.describe() and "95%" in DEFAULT_RULE.describe()
+
+
+def test_a_decision_at_a_look_stands_when_pairs_follow_it() -> None:
+    """A before/after joined to the trial that decided the same two graphs: the decision at n = 5 (p = 1/32)
+    stands with a sixth pair after it, where the rule on all six at once (judged at the next look's level)
+    would say undecided; without a decision at a look, the verdict is the rule's on all the pairs."""
+    from rose_dsl.optimizer.stats import decide_sequence
+
+    ref, cand = [1.0] * 6, [0.8, 0.81, 0.79, 0.8, 0.82, 0.8]
+    assert decide(ref, cand, more=False).outcome == "undecided"  # 1/64 > alpha's share at the look n = 8
+    v = decide_sequence(ref, cand)
+    assert v.outcome == "faster" and v.n == 5
+    noisy = [0.8, 1.2, 0.8, 1.2, 0.8, 1.2]
+    assert decide_sequence(ref, noisy) == decide(ref, noisy, more=False)
+    assert decide_sequence(ref[:5], cand[:5]) == decide(ref[:5], cand[:5], more=False)
