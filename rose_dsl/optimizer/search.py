@@ -856,9 +856,9 @@ def _conclude(search: _Search, wf: Workflow, w: _Walked, profile: list[Iteration
     elif requests and s.final_rounds:
         try:
             before, after, cut = _before_after(search, wf, g, requests, measurer, s, log)
-        except OutOfBudget as exc:
+        except OutOfBudget as exc:  # (round 1's pairs of the same two graphs may still stand in for it, below)
             log(f"no before/after comparison: {exc}")
-            before, after, cut = [], [], None
+            before, after, cut = [], [], str(exc)
         if cut and _round_1_only(w) and search.accepted_reference:
             # round 1's validation interleaved the same two graphs: its runs join the few rounds the budget left,
             # judged in the order they came (a decision at an earlier look stands)

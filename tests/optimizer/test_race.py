@@ -102,3 +102,15 @@ def test_a_round_that_measured_nothing_new_ends_the_search() -> None:
     """(however many wait: rounds that measure nothing would repeat themselves)"""
     untried = _alt(("split b 2",), "skipped")
     assert _next_round(_search([untried], set()), 3, _round(untried)) is not None  # type: ignore[arg-type]
+
+
+def test_round_1s_pairs_validate_a_plan_the_before_after_had_no_iterations_for() -> None:
+    """The README's asynchronous quick-start (CPU, 400 iterations, 120 s): the search decided the deferral on
+    five interleaved pairs with the declared graph, then trained the workflow's last iterations, and the
+    report said NOT VALIDATED for want of a before/after. Those pairs are a before/after of the same two
+    graphs: they stand in for it (as they join one the budget cut short)."""
+    wf = load_workflow(DATA / "rlhf_chain_async.yaml", {"iterations": 60})
+    logs: list[str] = []
+    result = optimize_graph(wf, FakeMeasurer(CHAIN, iterations=60), Settings(rounds=2), log=logs.append)
+    assert any("no before/after comparison" in x and "all trained" in x for x in logs)
+    assert result.requests and result.validated and result.verdict is not None and result.verdict.n >= 5
