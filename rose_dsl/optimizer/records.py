@@ -304,8 +304,9 @@ DEVIATIONS = (
     "a round measures its complete-iteration alternatives (training, kept) before its local trials (overhead); "
     "when the budget ends during the local trials the round still decides on what it measured",
     "the final before/after (interleaved complete iterations) has the last word: a plan it measures slower "
-    "than the declared graph is dropped for the declared graph; one the budget cuts short is joined by round 1's "
-    "validation block (the same two graphs, interleaved)",
+    "than the declared graph is dropped for the declared graph; one the budget or the workflow's iterations cut "
+    "short (or leave none) is joined by round 1's pairs of the same two graphs when no later round changed the "
+    "plan, judged in the order they came",
     "a local trial stops repeating an alternative whose first run took more than abandon_factor (1.3) x the "
     "unchanged comparison graph's first run",
     "a local trial stops repeating an alternative whose first two runs both took more than settle_factor "
