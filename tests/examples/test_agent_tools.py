@@ -145,8 +145,8 @@ PLANS = {
 }
 
 
-def _plan(name: str) -> Workflow:
-    wf = load_workflow(WORKFLOW, SMALL)
+def _plan(name: str, sets: dict[str, object] = SMALL) -> Workflow:
+    wf = load_workflow(WORKFLOW, sets)
     for request in PLANS[name]:
         wf = apply_request(wf, request).workflow
     return wf
@@ -166,6 +166,17 @@ def test_rose_plans_of_the_agent_compute_the_declared_values_on_local_and_ray(ra
     for name in PLANS:
         assert _values(_metrics(_plan(name), 2)) == _values(want), name
     assert _values(_metrics(_plan("interleaved"), 2, "ray")) == _values(want)
+
+
+def test_rose_plans_of_the_forced_agent_compute_the_declared_values_locally() -> None:
+    """Forced turns (every turn to its budget, drawn turn counts): the row-group plans still compute the
+    declared values bit for bit on the local backend (the interleaved plan: its row groups and their
+    turns taking turns), with the partial-credit reward so that the learner has signal and trains."""
+    sets = {**SMALL, "forced_turns": True, "verifier": "examples.llm.tools:final_prefix_credit"}
+    want = _metrics(load_workflow(WORKFLOW, sets), 2)
+    assert want[0]["agent/calls"] > 0 and want[0]["agent/eos_rate"] > 0.5 and want[0]["trips/turn"] >= 2
+    assert want[1]["learner/grad_norm"] > 0
+    assert _values(_metrics(_plan("interleaved", sets), 2)) == _values(want)
 
 
 @pytest.mark.slow
