@@ -18,12 +18,24 @@ or drawn per (sample, turn) from the lognormal of `turn_len_mean`/`turn_len_p99`
 like the long-tail workload's forced lengths; the policy's own EOS and `=` still end a turn earlier, so
 the sampling distribution is the unmasked one the learner recomputes).
 
+Forced turns (`forced_turns`, off by default; a systems stand-in for a trained agent's shape, as the
+long-tail workload's `length_mean`/`length_p99` are for its lengths): an untrained policy over the small
+vocabulary draws EOS after a few tokens, so its turns are short and mostly one. With `forced_turns`, EOS
+and `=` are banned wherever the policy samples, every turn runs to its budget and the budget ends it as
+a call (`=` appended as a tool token), and each sample's number of turns is drawn: prompt p draws a cap
+C_p uniform in 1..`max_turns` keyed by (seed, it, prompt id), its sample j a count uniform in 1..C_p
+keyed by (seed, it, prompt id, j) -- so prompt rows end their turn loops at different trips and samples
+of a row at different turns. The last drawn turn's budget ends the sample, EOS unsampled, as finished.
+The rollouts carry `no_eos` and `no_call` [P], and the reference and learner recompute log-probs under
+the same bans (`policy.completion_logp`), so the behaviour log-probs are theirs.
+
 Reproducibility: on the CPU each sample's tokens depend only on its own prompt, stream and tool outputs
 (row-invariant decode), so every row grouping and turn interleaving gives the same tokens (tested).
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -32,16 +44,33 @@ import torch
 
 from examples.llm.generator import Generator, Record
 from examples.llm.sampling import allowed_logits, forced_lengths, sample_rows, uniform_streams
+from examples.llm.seeding import mix_seed
 from examples.llm.tools import CALL
 
-__all__ = ["Agent"]
+__all__ = ["Agent", "forced_turns"]
+
+_TURN_STREAM = 0x7A5  # the forced turn counts' own stream, apart from the uniforms and the length draws
+
+
+def forced_turns(seed: int, it: int, prompt_ids: list[int], k: int, max_turns: int) -> torch.Tensor:
+    """Each sample's number of turns [P, K] (int64, in [1, max_turns]): prompt p draws a cap uniform in
+    1..max_turns keyed by (seed, it, prompt id), its sample j a count uniform in 1..cap keyed by (seed, it,
+    prompt id, j); so every plan and row grouping draws the same counts, and prompt rows end their turn
+    loops at different trips (a row ends with its longest sample, which the cap bounds)."""
+    out = torch.empty(len(prompt_ids), k, dtype=torch.long)
+    for p, pid in enumerate(prompt_ids):
+        cap = random.Random(mix_seed(seed, it, pid, _TURN_STREAM)).randint(1, max_turns)
+        for j in range(k):
+            out[p, j] = random.Random(mix_seed(seed, it, pid, j, _TURN_STREAM)).randint(1, cap)
+    return out
 
 
 class Agent(Generator):
     """The policy of the agent workload. State `weights` (as `Generator`)."""
 
     def __init__(self, k: int, max_turns: int, turn_tokens: int, obs_tokens: int = 6, turn_len_mean: float = 0.0,
-                 turn_len_p99: float = 0.0, temperature: float = 1.0, seed: int = 0, device: str = "cpu",
+                 turn_len_p99: float = 0.0, forced_turns: bool = False, temperature: float = 1.0, seed: int = 0,
+                 device: str = "cpu",
                  max_batch: int = 256, policy: Mapping[str, Any] | None = None, cache_dir: str | None = None,
                  tokenizer_hash: str | None = None, prompt_tokens: int = 7) -> None:
         from examples.llm.policy import PolicySpec
@@ -52,11 +81,15 @@ class Agent(Generator):
                          policy=policy, cache_dir=cache_dir, tokenizer_hash=tokenizer_hash, cuda_graphs=False)
         if int(max_turns) < 1 or int(turn_tokens) < 1:
             raise ValueError(f"Agent: max_turns and turn_tokens must be >= 1, got {max_turns}, {turn_tokens}")
+        if not isinstance(forced_turns, bool):
+            raise ValueError(f"Agent: forced_turns must be true or false, got {forced_turns!r}")
         if bool(turn_len_mean) != bool(turn_len_p99):
             raise ValueError("Agent: give both turn_len_mean and turn_len_p99 (drawn turn budgets) or neither")
         self.max_turns, self.turn_tokens, self.obs_tokens = int(max_turns), int(turn_tokens), int(obs_tokens)
         self.turn_lengths = (float(turn_len_mean), float(turn_len_p99)) if turn_len_mean else None
         self.call_id = self.tokenizer.encode(CALL)[0]
+        self.forced = bool(forced_turns)
+        self.ban = [self.tokenizer.eos_id, self.call_id] if self.forced else None
         self._flight = _Samples(self)  # type: ignore[assignment]
 
     # -- the workflow's calls ----------------------------------------------------------------------------
@@ -90,7 +123,8 @@ class Agent(Generator):
                    temperature=torch.full((p,), self.temperature, dtype=torch.float32),
                    index=torch.tensor([pid for _, pid in keys], dtype=torch.long),
                    version=torch.full((p, self.k), self.version, dtype=torch.long),
-                   no_eos=torch.zeros(p, dtype=torch.bool))
+                   no_eos=torch.full((p,), self.forced, dtype=torch.bool),
+                   no_call=torch.full((p,), self.forced, dtype=torch.bool))
         if "answer" in prompts:
             out["answer"] = prompts["answer"].clone()
         m = self._metrics
@@ -153,6 +187,8 @@ class _Samples:
         self.order.setdefault(it, [])
         u = uniform_streams(a.seed, it, ids, k, length)
         budgets = self._budgets(it, ids)
+        turns = (forced_turns(a.seed, it, ids, k, a.max_turns) if a.forced
+                 else torch.full((len(ids), k), a.max_turns, dtype=torch.long))
         plen = prompts["lengths"].long()
         for r, pid in enumerate(ids):
             self.order[it].append(pid)
@@ -170,7 +206,8 @@ class _Samples:
                     "slot": int(slots[j]), "plen": int(plen[r]), "u": u[r, j], "budget": budgets[r, j],
                     "tok": torch.full((length,), a.tokenizer.pad_id, dtype=torch.long), "logp": torch.zeros(length),
                     "mask": torch.zeros(length, dtype=torch.bool), "len": 0, "fed": 0, "ended": False, "eos": False,
-                    "logits": logits.float(), "turns": 0}
+                    "logits": logits.float(), "turns": 0,
+                    "last": int(turns[r, j]) - 1}
             self.next += k
 
     def _budgets(self, it: int, ids: list[int]) -> torch.Tensor:
@@ -246,13 +283,13 @@ class _Samples:
 
     def _decode(self, samples: list[int], turn: int) -> None:
         """Sample the live samples' tokens until each ends its turn (continuous batching over them)."""
-        a, length, last = self.a, self.a.max_new_tokens, turn == self.a.max_turns - 1
+        a, length = self.a, self.a.max_new_tokens
         begin = {s: self.data[s]["len"] for s in samples}
         active = list(samples)
         while active:
             logits = torch.stack([self.data[s]["logits"] for s in active])
             u = torch.stack([self.data[s]["u"][self.data[s]["len"]] for s in active])
-            tok, lp = sample_rows(allowed_logits(logits, a.tokenizer.vocab_size), u, a.temperature, a.top_p)
+            tok, lp = sample_rows(allowed_logits(logits, a.tokenizer.vocab_size, a.ban), u, a.temperature, a.top_p)
             tok, lp = tok.cpu(), lp.cpu()  # one copy per step (the bookkeeping below reads them per sample)
             going, feed = [], []
             for n, s in enumerate(active):
@@ -262,8 +299,9 @@ class _Samples:
                 self.counts["tokens"] += 1
                 d["called_by_policy"] = t == a.call_id
                 budget = d["len"] - begin[s] >= int(d["budget"][turn])
-                if t == a.tokenizer.eos_id:
-                    d["ended"] = d["eos"] = True
+                last = turn >= d["last"]  # the sample's last turn (`max_turns`, or its forced count)
+                if t == a.tokenizer.eos_id or (a.forced and budget and last):
+                    d["ended"] = d["eos"] = True  # forced: the last turn's budget ends it, EOS unsampled
                 elif d["len"] + 2 >= length or ((t == a.call_id or budget) and last):
                     d["ended"] = True  # out of context, or a call with no turn left to read its answer
                 elif not (t == a.call_id or budget):

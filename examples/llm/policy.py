@@ -28,6 +28,7 @@ from examples.llm.model import ModelConfig, TinyLM
 from examples.llm.sampling import allowed_logits
 from examples.llm.seeding import mix_seed
 from examples.llm.tokenizer import CharTokenizer
+from examples.llm.tools import CALL
 
 Record = dict[str, torch.Tensor]
 Policy = TinyLM | Decoder
@@ -157,7 +158,8 @@ def completion_logp(model: Policy, rollouts: Record, device: torch.device | str 
 
     Uses the sampling temperature carried in the rollouts, so that these log-probs are comparable to the
     generator's sampling log-probs (same distribution family: softmax(logits / T)), and the same
-    `allowed_logits` mask (padded vocabulary; EOS banned in rows whose length was forced, `no_eos`).
+    `allowed_logits` mask (padded vocabulary; EOS banned in rows whose length was forced, `no_eos`, and the
+    tool-call token in rows whose agent turns were, `no_call`).
     """
     p, k, length = rollouts["tokens"].shape
     if p * k == 0:
@@ -178,14 +180,16 @@ def completion_logp(model: Policy, rollouts: Record, device: torch.device | str 
 
 
 def _allowed(picked: torch.Tensor, rollouts: Record, k: int) -> torch.Tensor:
-    """`allowed_logits` row by row: EOS banned in the rows of prompts whose completion lengths were forced."""
+    """`allowed_logits` row by row: EOS banned in the rows of prompts whose completion lengths were forced
+    (`no_eos` [P]), the tool-call token in those whose agent turns were (`no_call` [P], `agent.py`)."""
     tok = CharTokenizer()
     out = allowed_logits(picked, tok.vocab_size)
-    no_eos = rollouts.get("no_eos")
-    if no_eos is not None and bool(no_eos.any()):
-        banned = allowed_logits(out, tok.vocab_size, tok.eos_id)
-        rows = no_eos.to(picked.device).repeat_interleave(k).view(-1, 1, 1)
-        out = torch.where(rows, banned, out)
+    for name, ban in (("no_eos", tok.eos_id), ("no_call", tok.encode(CALL)[0])):
+        flag = rollouts.get(name)
+        if flag is not None and bool(flag.any()):
+            banned = allowed_logits(out, tok.vocab_size, ban)
+            rows = flag.to(picked.device).repeat_interleave(k).view(-1, 1, 1)
+            out = torch.where(rows, banned, out)
     return out
 
 
@@ -194,8 +198,9 @@ def flat_samples(rollouts: Record, sel: tuple[torch.Tensor, torch.Tensor]) -> Re
     p_idx, k_idx = sel
     out = {name: rollouts[name][p_idx] for name in ("prompt", "prompt_len", "temperature") }
     out.update(tokens=rollouts["tokens"][p_idx, k_idx].unsqueeze(1), mask=rollouts["mask"][p_idx, k_idx].unsqueeze(1))
-    if "no_eos" in rollouts:
-        out["no_eos"] = rollouts["no_eos"][p_idx]
+    for name in ("no_eos", "no_call"):
+        if name in rollouts:
+            out[name] = rollouts[name][p_idx]
     return out
 
 

@@ -28,9 +28,10 @@ def uniform_streams(seed: int, it: int, prompt_ids: list[int], k: int, length: i
     return out
 
 
-def allowed_logits(logits: torch.Tensor, n_tokens: int, ban: int | None = None) -> torch.Tensor:
+def allowed_logits(logits: torch.Tensor, n_tokens: int, ban: int | list[int] | None = None) -> torch.Tensor:
     """`logits` [..., V] with the ids the policy may not emit set to -inf: ids >= `n_tokens` (a model vocabulary
-    padded beyond the tokenizer's) and `ban` (EOS while a forced completion length is not reached). The
+    padded beyond the tokenizer's) and `ban` (an id or ids: EOS while a forced completion length is not
+    reached; the agent's forced turns also ban its tool-call token). The
     sampler and every log-prob recomputation apply the same mask, so the behaviour, reference and learner
     log-probs are of one distribution (the mask is part of the environment, as top-p is)."""
     if logits.shape[-1] <= n_tokens and ban is None:

@@ -42,17 +42,19 @@ def test_tool_latencies_are_long_tailed_and_keyed_by_the_call() -> None:
     assert 1.0 < mean < 4.0 and max(draws) > 5 * mean  # a long tail
 
 
-def _rollouts(groups: list[tuple[int, int]], row_invariant: bool = True) -> tuple[dict[str, torch.Tensor], object]:
+def _rollouts(groups: list[tuple[int, int]], row_invariant: bool = True,
+              forced: bool = False) -> tuple[dict[str, torch.Tensor], object]:
     """One iteration's rollouts, computed by the components directly, the prompt rows cut into `groups`
     whose turns alternate (each group's turn, then its tool call, then the next group's); `row_invariant`
-    False: the GPU's decode path (the slots' rows batched), run on the CPU."""
+    False: the GPU's decode path (the slots' rows batched), run on the CPU; `forced`: forced turns (with
+    the context their budgets and tool outputs need)."""
     from examples.llm.agent import Agent
     from examples.llm.tasks import PromptSource
     from examples.llm.tools import ToolPool
 
     policy = {"arch": "decoder", "layers": 2, "d_model": 64, "heads": 4, "kv_heads": 2, "intermediate": 176,
-              "context": 40}
-    agent = Agent(k=4, max_turns=3, turn_tokens=6, turn_len_mean=3, turn_len_p99=6, policy=policy)
+              "context": 64 if forced else 40}
+    agent = Agent(k=4, max_turns=3, turn_tokens=6, turn_len_mean=3, turn_len_p99=6, forced_turns=forced, policy=policy)
     agent.row_invariant = row_invariant
     tools = ToolPool(workers=2, latency_mean_ms=1, latency_p99_ms=8, timeout_ms=6)
     prompts = PromptSource(batch=6).next_batch(0)["prompts"]
@@ -88,6 +90,36 @@ def test_tool_output_extends_the_context_and_is_masked_out_of_the_loss() -> None
     assert torch.allclose(completion_logp(agent.model, batched).detach(), batched["logp"], atol=1e-4)
 
 
+def test_forced_turns_run_to_their_budgets_under_bans_the_learner_recomputes() -> None:
+    """Forced turns: EOS and `=` never sampled, each sample's policy tokens are its drawn turns' budgets
+    (the last one ending it as finished, unless its tool timed out), prompt rows end at different trips,
+    row groups give the same samples, and the learner's log-probs -- under the same bans, carried as
+    `no_eos`/`no_call` -- are the behaviour ones (and are not without the call ban)."""
+    from examples.llm.agent import forced_turns
+    from examples.llm.policy import completion_logp
+    from examples.llm.sampling import forced_lengths
+
+    whole, agent = _rollouts([(0, 6)], forced=True)
+    assert bool(whole["no_eos"].all()) and bool(whole["no_call"].all())
+    policy_tokens = whole["tokens"][whole["mask"]]
+    assert not bool(((policy_tokens == agent.tokenizer.eos_id) | (policy_tokens == agent.call_id)).any())
+    ids = whole["index"].tolist()
+    turns = forced_turns(0, 0, ids, 4, 3)
+    assert len(set(turns.max(dim=1).values.tolist())) > 1, "prompt rows end their turn loops at different trips"
+    budgets = torch.stack([forced_lengths(t + 1, 0, ids, 4, 3, 6, 6) for t in range(3)], dim=-1)
+    want = torch.stack([budgets[r, j, : int(turns[r, j])].sum() for r in range(6) for j in range(4)]).view(6, 4)
+    fin = whole["finished"]
+    assert int(fin.sum()) >= 12 and bool((whole["mask"].sum(-1)[fin] == want[fin]).all())
+    assert bool((whole["mask"].sum(-1)[~fin] <= want[~fin]).all())  # a timed-out call ended it early
+    recomputed = completion_logp(agent.model, whole).detach()
+    assert torch.allclose(recomputed, whole["logp"], atol=1e-4)
+    unbanned = completion_logp(agent.model, {**whole, "no_call": torch.zeros(6, dtype=torch.bool)}).detach()
+    assert not torch.allclose(unbanned, whole["logp"], atol=1e-3)
+    split, _ = _rollouts([(0, 2), (2, 5), (5, 6)], forced=True)
+    for name in whole:
+        assert torch.equal(whole[name], split[name]), name
+
+
 def _metrics(wf: Workflow, iterations: int, backend: str = "local") -> list[dict[str, float]]:
     sch = Schedule(wf)
     if backend == "local":
@@ -113,8 +145,8 @@ PLANS = {
 }
 
 
-def _plan(name: str) -> Workflow:
-    wf = load_workflow(WORKFLOW, SMALL)
+def _plan(name: str, sets: dict[str, object] = SMALL) -> Workflow:
+    wf = load_workflow(WORKFLOW, sets)
     for request in PLANS[name]:
         wf = apply_request(wf, request).workflow
     return wf
@@ -134,6 +166,17 @@ def test_rose_plans_of_the_agent_compute_the_declared_values_on_local_and_ray(ra
     for name in PLANS:
         assert _values(_metrics(_plan(name), 2)) == _values(want), name
     assert _values(_metrics(_plan("interleaved"), 2, "ray")) == _values(want)
+
+
+def test_rose_plans_of_the_forced_agent_compute_the_declared_values_locally() -> None:
+    """Forced turns (every turn to its budget, drawn turn counts): the row-group plans still compute the
+    declared values bit for bit on the local backend (the interleaved plan: its row groups and their
+    turns taking turns), with the partial-credit reward so that the learner has signal and trains."""
+    sets = {**SMALL, "forced_turns": True, "verifier": "examples.llm.tools:final_prefix_credit"}
+    want = _metrics(load_workflow(WORKFLOW, sets), 2)
+    assert want[0]["agent/calls"] > 0 and want[0]["agent/eos_rate"] > 0.5 and want[0]["trips/turn"] >= 2
+    assert want[1]["learner/grad_norm"] > 0
+    assert _values(_metrics(_plan("interleaved", sets), 2)) == _values(want)
 
 
 @pytest.mark.slow
