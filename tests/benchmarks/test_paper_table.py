@@ -32,6 +32,7 @@ def _same_training(runs: Path, workload: str, names: list[str]) -> None:
         assert [[m.get(k) for k in keys] for m in got] == [[m.get(k) for k in keys] for m in ref], name
 
 
+@pytest.mark.e2e
 def test_smoke_mjx_writes_the_table_and_configurations_compute_the_same(tmp_path: Path) -> None:
     results, runs = tmp_path / "results", tmp_path / "runs"
     row_cmd = (f"mjx:stage1={ROSE} rewrite {{workflow}} {{sets}} --do 'split step 2' --do 'interleave step' "

@@ -142,6 +142,7 @@ def test_every_finished_round_is_on_disk_when_a_run_is_cut_short(tmp_path: Path)
 SIM_PROCESSES = ROOT / "workflows" / "latency_sim_processes.yaml"
 
 
+@pytest.mark.e2e
 def test_a_layout_plan_runs_its_own_processes_on_each_switch_and_trains_like_the_declared_workflow(
         tmp_path: Path) -> None:
     """A plan written with a layout (`rose rewrite --layout sim_replicas=2`: two simulator processes) is
@@ -250,6 +251,7 @@ iteration:
 """
 
 
+@pytest.mark.e2e
 def test_an_asynchronous_plan_is_measured_over_a_pipelined_window(tmp_path: Path) -> None:
     """An asynchronous plan's gain shows only with iterations in flight together: `rose compare` measures it
     over a window of consecutive pipelined iterations (after one filling the pipeline, before one more and

@@ -8,6 +8,8 @@ import os
 import stat
 import sys
 
+import pytest
+
 from .clirun import ROOT, plain_failure, rose
 
 TWO = """rose: 1
@@ -91,6 +93,7 @@ def test_the_import_check_runs_in_the_components_own_interpreter(tmp_path) -> No
     assert marker.exists()
 
 
+@pytest.mark.e2e
 def test_at_run_time_an_import_failure_is_said_at_its_impl(tmp_path) -> None:
     """User-error sweep (2026-12-05, BUG_12's other half): a module that does not import was exit 3 naming
     the component, without line:col. The worker reports it (a Ray actor's constructor exception reaches the
@@ -103,6 +106,7 @@ def test_at_run_time_an_import_failure_is_said_at_its_impl(tmp_path) -> None:
     assert os.path.exists(wf)
 
 
+@pytest.mark.e2e
 def test_at_run_time_a_missing_method_is_found_before_the_first_call_at_each_call(tmp_path) -> None:
     """User-error sweep (2026-12-05, BUG_12): a misspelled method was found at its first call -- after other
     calls had run -- and said as a component failure (exit 3) with no position. The started component is

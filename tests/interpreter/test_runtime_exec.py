@@ -62,6 +62,7 @@ def test_local_backend_matches_reference() -> None:
     _assert_same(_reference_states(wf), states)
 
 
+@pytest.mark.e2e
 def test_ray_backend_matches_reference_and_plan_matches_source(ray_session) -> None:
     wf = _ppo()
     ref = _reference_states(wf)
@@ -163,6 +164,7 @@ def test_checkpoint_and_resume_continue_the_same_run(tmp_path) -> None:
     _assert_same(straight, resumed)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(("compiled", "keep"), [(False, False), (True, False), (True, True)])
 def test_replacing_an_actor_keeps_its_state_and_applies_the_new_environment(ray_session, compiled, keep) -> None:
     """A quota change moves the component to a new process; training continues from the same state
@@ -243,6 +245,7 @@ iteration:
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("backend", ["ray", "ray-compiled"])
 def test_a_killed_component_is_restarted_from_the_last_checkpoint(tmp_path, backend, ray_session) -> None:
     """SIGKILL inside a call: the run reports it, restarts the process, restores every component from
@@ -301,6 +304,7 @@ def test_a_worker_that_dies_of_sigsegv_mid_run_ends_with_exit_3_not_a_hang(tmp_p
     assert "Traceback" not in said
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("backend", ["local", "ray", "ray-compiled"])
 def test_a_hanging_call_fires_the_watchdog_with_stacks(tmp_path, backend) -> None:
     wf = tmp_path / "wf.yaml"

@@ -186,6 +186,7 @@ def test_cpu_busy_fraction_tells_sleeping_from_computing() -> None:
     assert cpu.busy("nobody", t0, t1) is None
 
 
+@pytest.mark.e2e
 def test_ray_compiled_executor_switches_plans_and_restores_state() -> None:
     """The GPU path's mechanics on the CPU: plans switched on one set of Ray actors (recompiled), a
     temporal-split copy added as a new actor, a local trial that leaves training state as it was."""
@@ -213,6 +214,7 @@ def test_ray_compiled_executor_switches_plans_and_restores_state() -> None:
         s.close()
 
 
+@pytest.mark.e2e
 def test_training_goes_on_in_the_sessions_ray_processes(tmp_path: Path) -> None:
     """`rose optimize --train` on Ray: after the optimizer's iterations (and a quota move that parked the
     old process), `train_on` trains the plan in the same actors to the last iteration -- the parked process
