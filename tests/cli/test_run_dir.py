@@ -116,10 +116,9 @@ def test_the_runner_refuses_a_used_run_directory_too(tmp_path) -> None:
 
 
 @pytest.mark.e2e
-def test_a_restart_from_a_checkpoint_logs_each_iteration_once(tmp_path) -> None:
+def test_a_restart_from_a_checkpoint_logs_each_iteration_once(tmp_path, ray_session) -> None:
     """A component dies in iteration 3; the last checkpoint is of iteration 1, so iteration 2 (already
     logged) runs again: metrics.jsonl and TensorBoard keep one step 2, from the run that continued."""
-    pytest.importorskip("ray")
     wf = load_workflow_text(_workflow(tmp_path, at_call=4).read_text(), "acc.yaml")
     sch = Schedule(wf)
     be = RayBackend(wf, ("tests.",), sch.program.loops_of)
