@@ -57,7 +57,7 @@ components:
     state: {state}
   learner:
     impl: "tests.async_fakes:Learner"
-    args: {{sleeps: {sleeps['learner']}, run: "{run}", wait_for_next: {str(wait).lower()}}}
+    args: {{sleeps: {sleeps['learner']}, run: "{run}", wait_for_next: {str(wait).lower()}, last: {count - 1}}}
     state: [weights]
   scorer:
     impl: "tests.async_fakes:Scorer"
