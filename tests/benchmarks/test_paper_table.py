@@ -214,7 +214,9 @@ def test_a_round_killed_while_running_is_counted_as_missing() -> None:
 def test_weight_transfer_benchmark_smoke_loads_the_same_weights_both_ways(tmp_path: Path) -> None:
     """benchmarks/weight_transfer.py (the publish -> sync edge with torch's pickling and with rose's tensor
     transport) runs on the CPU at tiny sizes and finds both transports load bit-identical weights."""
-    pytest.importorskip("ray")
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():  # the benchmark starts a cluster of its own: the worker's shared one stops first
+        ray.shutdown()  # (`ray_session` starts it again for the next module that asks)
     from benchmarks.weight_transfer import main as transfer
 
     out = tmp_path / "wt.json"
