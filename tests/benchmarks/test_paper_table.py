@@ -134,7 +134,9 @@ def test_a_session_cut_short_keeps_its_finished_rounds(tmp_path: Path, monkeypat
 def test_smoke_metaworld_with_simulator_processes_on_ray(tmp_path: Path) -> None:
     """Several simulator processes (hybrid replicas through Ray) roll out what one process does."""
     pytest.importorskip("metaworld", reason="Meta-World is an optional extra (pip install -e '.[metaworld]')")
-    pytest.importorskip("ray")
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():  # the benchmark starts a cluster of its own: the worker's shared one stops first
+        ray.shutdown()
     results, runs = tmp_path / "results", tmp_path / "runs"
     code = main(["--smoke", "--workloads", "metaworld", "--configs", "declared,sim2", "--backend", "ray",
                  "--results", str(results), "--runs", str(runs)])
