@@ -47,16 +47,20 @@ settings.load_profile("default")
 
 def _e2e_first(items: list[pytest.Item]) -> list[pytest.Item]:
     """The collection with the modules holding `e2e` tests at the start of each half (modules whole: a
-    module-scoped fixture is set up once), the heaviest first, the other modules in their order between,
-    and the `exclusive` tests last (waiting for the machine, a test waits for the other worker's test in
-    progress: at the end, a short one)."""
+    module-scoped fixture is set up once), those with a Ray cluster of their own first, then the heaviest,
+    the other modules in their order between, and the `exclusive` tests last (waiting for the machine, a
+    test waits for the other worker's test in progress: at the end, a short one)."""
     modules: dict[str, list[pytest.Item]] = {}
     for item in items:
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)
     weight = {m: sum(i.get_closest_marker("e2e") is not None for i in its) for m, its in modules.items()}
+    # a module with a Ray cluster of its own (`own_ray`: a `ray_*` fixture other than `ray_session`) stops the
+    # worker's shared one, and the next module that asks for it starts it again: those go first in their half
+    own = {m for m, its in modules.items()
+           if any(f.startswith("ray_") and f != "ray_session" for i in its for f in getattr(i, "fixturenames", ()))}
     halves: tuple[list[pytest.Item], list[pytest.Item]] = ([], [])
     loads = [0, 0]
-    for m in sorted((m for m in modules if weight[m]), key=lambda m: -weight[m]):
+    for m in sorted((m for m in modules if weight[m]), key=lambda m: (m not in own, -weight[m])):
         side = loads.index(min(loads))
         loads[side] += weight[m]
         halves[side].extend(modules[m])
