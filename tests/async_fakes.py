@@ -10,6 +10,8 @@ durations a test draws, so that executions interleave differently; nothing is ch
 `Learner(wait_for_next=True)`: its update of iteration k waits (bounded: 30 s, or `wait_for_next` seconds
 when a number) until the generator has started iteration k+1's rollout and records whether it did (also
 as the metric `overlapped`) -- the overlap of a pipelined run observed as an event, not as a duration.
+`last=K` (the run's last iteration, which has no next rollout): the update of K waits 1 s only -- the
+bound is what a `False` costs, and 30 s of it were waiting for a rollout no iteration starts.
 """
 
 from __future__ import annotations
@@ -83,10 +85,10 @@ class Learner(_Napper):
     """`weights` holds the iteration of its last update."""
 
     def __init__(self, sleeps: list[float] | None = None, run: str = "", wait_for_next: bool | float = False,
-                 report: bool = False) -> None:
+                 report: bool = False, last: int = -1) -> None:
         super().__init__(sleeps)
         self.weights = torch.tensor([-1.0])
-        self.run, self.wait_for_next, self.report = run, wait_for_next, report
+        self.run, self.wait_for_next, self.report, self.last = run, wait_for_next, report, int(last)
         self.overlapped: list[bool] = []
         self._metrics: dict[str, float] = {}
 
@@ -94,6 +96,8 @@ class Learner(_Napper):
         k = int(it)
         if self.wait_for_next:
             timeout = 30.0 if self.wait_for_next is True else float(self.wait_for_next)
+            if k == self.last:
+                timeout = min(timeout, 1.0)
             self.overlapped.append(STARTED[self.run][k + 1].wait(timeout=timeout))
             self._metrics = {"overlapped": float(self.overlapped[-1])}
         self.nap()

@@ -13,6 +13,12 @@ workers share a readers-writer lock in pytest's base temporary directory: every 
 shared, an exclusive test holds it alone, and a turnstile in front of it lets a waiting exclusive test in
 before the other worker's next test (without it, the other worker could take the shared lock back between
 each of its tests for as long as it has tests). Without xdist the lock is not taken.
+
+Balance: a test marked `e2e` is an end-to-end run of tens of seconds (a runtime started, `rose` in a
+subprocess, an optimizer search). Their modules run first, half of them at the start of each worker's share
+(`--dist worksteal` gives the first worker the first half of the collection and the second the rest), so
+that the suite ends on short tests on both workers: a long test started last kept one worker busy for up to
+two minutes after the other had finished. The `exclusive` tests come last.
 """
 
 from __future__ import annotations
@@ -37,6 +43,35 @@ _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, Healt
 settings.register_profile("default", max_examples=200, **_COMMON)
 settings.register_profile("long", max_examples=3000, **_COMMON)
 settings.load_profile("default")
+
+
+def _e2e_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The collection with the modules holding `e2e` tests at the start of each half (modules whole: a
+    module-scoped fixture is set up once), those with a Ray cluster of their own first, then the heaviest,
+    the other modules in their order between, and the `exclusive` tests last (waiting for the machine, a
+    test waits for the other worker's test in progress: at the end, a short one)."""
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    weight = {m: sum(i.get_closest_marker("e2e") is not None for i in its) for m, its in modules.items()}
+    # a module with a Ray cluster of its own (`own_ray`: a `ray_*` fixture other than `ray_session`) stops the
+    # worker's shared one, and the next module that asks for it starts it again: those go first in their half
+    own = {m for m, its in modules.items()
+           if any(f.startswith("ray_") and f != "ray_session" for i in its for f in getattr(i, "fixturenames", ()))}
+    halves: tuple[list[pytest.Item], list[pytest.Item]] = ([], [])
+    loads = [0, 0]
+    for m in sorted((m for m in modules if weight[m]), key=lambda m: (m not in own, -weight[m])):
+        side = loads.index(min(loads))
+        loads[side] += weight[m]
+        halves[side].extend(modules[m])
+    rest = [i for m, its in modules.items() if not weight[m] for i in its if i.get_closest_marker("exclusive") is None]
+    last = [i for i in items if i.get_closest_marker("exclusive") is not None and not weight[i.nodeid.split("::")[0]]]
+    cut = max(0, len(items) // 2 - len(halves[0]))
+    return halves[0] + rest[:cut] + halves[1] + rest[cut:] + last
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items[:] = _e2e_first(items)
 
 
 @pytest.fixture(autouse=True)

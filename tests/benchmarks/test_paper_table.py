@@ -32,6 +32,7 @@ def _same_training(runs: Path, workload: str, names: list[str]) -> None:
         assert [[m.get(k) for k in keys] for m in got] == [[m.get(k) for k in keys] for m in ref], name
 
 
+@pytest.mark.e2e
 def test_smoke_mjx_writes_the_table_and_configurations_compute_the_same(tmp_path: Path) -> None:
     results, runs = tmp_path / "results", tmp_path / "runs"
     row_cmd = (f"mjx:stage1={ROSE} rewrite {{workflow}} {{sets}} --do 'split step 2' --do 'interleave step' "
@@ -133,7 +134,9 @@ def test_a_session_cut_short_keeps_its_finished_rounds(tmp_path: Path, monkeypat
 def test_smoke_metaworld_with_simulator_processes_on_ray(tmp_path: Path) -> None:
     """Several simulator processes (hybrid replicas through Ray) roll out what one process does."""
     pytest.importorskip("metaworld", reason="Meta-World is an optional extra (pip install -e '.[metaworld]')")
-    pytest.importorskip("ray")
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():  # the benchmark starts a cluster of its own: the worker's shared one stops first
+        ray.shutdown()
     results, runs = tmp_path / "results", tmp_path / "runs"
     code = main(["--smoke", "--workloads", "metaworld", "--configs", "declared,sim2", "--backend", "ray",
                  "--results", str(results), "--runs", str(runs)])
@@ -213,7 +216,9 @@ def test_a_round_killed_while_running_is_counted_as_missing() -> None:
 def test_weight_transfer_benchmark_smoke_loads_the_same_weights_both_ways(tmp_path: Path) -> None:
     """benchmarks/weight_transfer.py (the publish -> sync edge with torch's pickling and with rose's tensor
     transport) runs on the CPU at tiny sizes and finds both transports load bit-identical weights."""
-    pytest.importorskip("ray")
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():  # the benchmark starts a cluster of its own: the worker's shared one stops first
+        ray.shutdown()  # (`ray_session` starts it again for the next module that asks)
     from benchmarks.weight_transfer import main as transfer
 
     out = tmp_path / "wt.json"

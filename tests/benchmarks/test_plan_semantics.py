@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.plan_semantics import compare, main  # noqa: E402
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_a_temporal_split_trains_the_same_state_on_the_cpu(tmp_path: Path) -> None:
     out = tmp_path / "sem"

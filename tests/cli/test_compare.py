@@ -142,11 +142,17 @@ def test_every_finished_round_is_on_disk_when_a_run_is_cut_short(tmp_path: Path)
 SIM_PROCESSES = ROOT / "workflows" / "latency_sim_processes.yaml"
 
 
+@pytest.mark.e2e
 def test_a_layout_plan_runs_its_own_processes_on_each_switch_and_trains_like_the_declared_workflow(
-        tmp_path: Path) -> None:
+        tmp_path: Path, ray_session) -> None:
     """A plan written with a layout (`rose rewrite --layout sim_replicas=2`: two simulator processes) is
     compared on the same workers: on each switch to it and back, the simulator gets fresh processes (Ray,
-    chosen by itself), and the training through every switch is what the declared workflow computes."""
+    chosen by itself), and the training through every switch is what the declared workflow computes.
+    (`rose compare` in this process, typer's runner, on the worker's Ray cluster: a process of its own
+    started Ray again, 5-18 s on the 2-core machine; the other tests here run the command's process.)"""
+    from typer.testing import CliRunner
+
+    from rose_cli.main import app
     # (short calls: nothing here depends on how long they take)
     sets = ["--set", "iterations=30", "--set", "steps=5", "--set", "sim_per_row_ms=0.1", "--set", "per_row_ms=0.02",
             "--set", "fixed_ms=0.2"]
@@ -154,9 +160,9 @@ def test_a_layout_plan_runs_its_own_processes_on_each_switch_and_trains_like_the
     r = rose("rewrite", str(SIM_PROCESSES), *sets, "--layout", "sim_replicas=2", "-o", str(plan))
     assert r.returncode == 0, r.stderr
     run, js = tmp_path / "run", tmp_path / "c.json"
-    r = rose("compare", str(SIM_PROCESSES), *sets, "--plan", f"sim2={plan}", "--rounds", "2", "--out", str(run),
-             "--json", str(js), timeout=400)
-    assert r.returncode == 0, r.stderr
+    r = CliRunner().invoke(app, ["compare", str(SIM_PROCESSES), *sets, "--plan", f"sim2={plan}", "--rounds", "2",
+                                 "--out", str(run), "--json", str(js)])
+    assert r.exit_code == 0, (r.output, r.exception)
     assert "--backend ray" in r.stderr and r.stdout.count("new processes for sim") == 2  # A B, B A
     rows = {row["label"]: row for row in json.loads(js.read_text())["rows"]}
     assert len(rows["sim2"]["seconds"]) == len(rows["declared"]["seconds"]) == 2
@@ -250,6 +256,7 @@ iteration:
 """
 
 
+@pytest.mark.e2e
 def test_an_asynchronous_plan_is_measured_over_a_pipelined_window(tmp_path: Path) -> None:
     """An asynchronous plan's gain shows only with iterations in flight together: `rose compare` measures it
     over a window of consecutive pipelined iterations (after one filling the pipeline, before one more and

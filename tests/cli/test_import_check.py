@@ -8,6 +8,8 @@ import os
 import stat
 import sys
 
+import pytest
+
 from .clirun import ROOT, plain_failure, rose
 
 TWO = """rose: 1
@@ -28,6 +30,21 @@ def _write(tmp_path, impl_a="tests.mocks:Sleeper", impl_b="tests.mocks:Flaky", c
     wf = tmp_path / "wf.yaml"
     wf.write_text(TWO.replace("IMPL_A", impl_a).replace("IMPL_B", impl_b).replace("CALL_A", call_a))
     return wf
+
+
+def _in_process(*args: str) -> str:
+    """`rose` in this process (typer's runner), on the worker's Ray cluster where it runs on Ray (a process of
+    its own started Ray again: 5-18 s on the 2-core machine): the failure's output, checked as
+    `plain_failure` checks a process's (exit 2, no traceback, no internal error)."""
+    from typer.testing import CliRunner
+
+    from rose_cli.main import app
+
+    r = CliRunner().invoke(app, list(args))
+    text = r.stdout + r.stderr
+    assert r.exit_code == 2 and (r.exception is None or isinstance(r.exception, SystemExit)), (text, r.exception)
+    assert "Traceback" not in text and "internal error" not in text, text
+    return text
 
 
 def _check(wf, *extra):
@@ -91,28 +108,32 @@ def test_the_import_check_runs_in_the_components_own_interpreter(tmp_path) -> No
     assert marker.exists()
 
 
-def test_at_run_time_an_import_failure_is_said_at_its_impl(tmp_path) -> None:
+@pytest.mark.e2e
+def test_at_run_time_an_import_failure_is_said_at_its_impl(tmp_path, ray_session) -> None:
     """User-error sweep (2026-12-05, BUG_12's other half): a module that does not import was exit 3 naming
     the component, without line:col. The worker reports it (a Ray actor's constructor exception reaches the
-    driver as text only) and the run stops before any call, exit 2 at `components.b.impl`, on both backends."""
+    driver as text only) and the run stops before any call, exit 2 at `components.b.impl`, on both backends
+    (the local one in `rose`'s own process, Ray's in this one, on the worker's cluster)."""
     wf = _write(tmp_path, impl_b="tests.mockz:Flaky")
     for backend in ("local", "ray"):
-        text = plain_failure(rose("execute", str(wf), "--allow-module", "tests", "-q", "--backend", backend))
+        args = ("execute", str(wf), "--allow-module", "tests", "-q", "--backend", backend)
+        text = plain_failure(rose(*args)) if backend == "local" else _in_process(*args)
         assert f"{wf}:5:14: components.b.impl: cannot import 'tests.mockz'" in text, text
         assert "rose validate --import" in text and "component 'b' could not be started" in text
     assert os.path.exists(wf)
 
 
-def test_at_run_time_a_missing_method_is_found_before_the_first_call_at_each_call(tmp_path) -> None:
+@pytest.mark.e2e
+def test_at_run_time_a_missing_method_is_found_before_the_first_call_at_each_call(tmp_path, ray_session) -> None:
     """User-error sweep (2026-12-05, BUG_12): a misspelled method was found at its first call -- after other
     calls had run -- and said as a component failure (exit 3) with no position. The started component is
     asked for every method its nodes call before any call: exit 2 at each `call:`, as `--import` says it, on
-    both backends; nothing ran (no metrics written)."""
+    both backends (the local one in `rose`'s own process, Ray's in this one); nothing ran (no metrics)."""
     wf = _write(tmp_path, call_a="wrok")
     for backend in ("local", "ray"):
         out = tmp_path / f"run-{backend}"
-        text = plain_failure(rose("execute", str(wf), "--allow-module", "tests", "-q", "--backend", backend,
-                                  "--out", str(out)))
+        args = ("execute", str(wf), "--allow-module", "tests", "-q", "--backend", backend, "--out", str(out))
+        text = plain_failure(rose(*args)) if backend == "local" else _in_process(*args)
         assert f"{wf}:9:27: iteration.first.call: class 'tests.mocks:Sleeper' has no method 'wrok'" in text, text
         assert f"{wf}:11:27: iteration.third.call: class 'tests.mocks:Sleeper' has no method 'wrok'" in text
         assert text.count("hint: did you mean 'work'?") == 2

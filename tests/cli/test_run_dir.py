@@ -115,10 +115,10 @@ def test_the_runner_refuses_a_used_run_directory_too(tmp_path) -> None:
         be.shutdown()
 
 
-def test_a_restart_from_a_checkpoint_logs_each_iteration_once(tmp_path) -> None:
+@pytest.mark.e2e
+def test_a_restart_from_a_checkpoint_logs_each_iteration_once(tmp_path, ray_session) -> None:
     """A component dies in iteration 3; the last checkpoint is of iteration 1, so iteration 2 (already
     logged) runs again: metrics.jsonl and TensorBoard keep one step 2, from the run that continued."""
-    pytest.importorskip("ray")
     wf = load_workflow_text(_workflow(tmp_path, at_call=4).read_text(), "acc.yaml")
     sch = Schedule(wf)
     be = RayBackend(wf, ("tests.",), sch.program.loops_of)
@@ -257,6 +257,7 @@ def test_no_message_points_at_a_flag_that_would_not_have_helped(tmp_path) -> Non
     assert "holds no run to continue; start one without --resume" in plain_failure(_execute(wf, empty, "--resume"))
 
 
+@pytest.mark.e2e
 def test_a_second_process_on_a_locked_run_directory_exits_2_naming_the_holder(tmp_path) -> None:
     """Two resumes of one directory at once were both accepted and mixed their checkpoints (issue 42)."""
     import os

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from rose_cli.report import staleness_histogram
 
 from .clirun import ROOT, rose
@@ -52,6 +54,7 @@ def test_a_negative_lag_is_shown_not_dropped() -> None:
     assert staleness_histogram([{"ppo/staleness_hist_-1": 2.0, "ppo/staleness_hist_0": 1.0}]) == {"ppo": {-1: 2.0, 0: 1.0}}
 
 
+@pytest.mark.e2e
 def test_a_checkpoint_every_iteration_is_said_to_leave_nothing_overlapping(tmp_path: Path) -> None:
     """`--checkpoint-every 1` drains an asynchronous plan before every checkpoint: the run is synchronous
     (lag 0 throughout), and `rose execute` says so before it starts; a larger N gets a note, and a

@@ -156,6 +156,7 @@ def _values(metrics: list[dict[str, float]]) -> list[dict[str, float]]:
     return [{k: v for k, v in m.items() if not k.startswith("trips/")} for m in metrics]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_rose_plans_of_the_agent_compute_the_declared_values_on_local_and_ray(ray_session) -> None:
     """Row groups of the turn loop with their consumers, and those groups' turns interleaved: the declared

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import torch
 
 from interpreter.backends import LocalBackend
@@ -37,6 +38,7 @@ def _train(wf: Workflow, iterations: int) -> list[dict[str, float]]:
         be.shutdown()
 
 
+@pytest.mark.e2e
 def test_embodied_ppo_with_budget_one_learns_and_its_samples_are_at_most_one_update_old() -> None:
     torch.set_num_threads(1)
     iterations = 24

@@ -99,6 +99,7 @@ def one_process(ray_session) -> tuple[list[dict[str, torch.Tensor]], list[dict[s
     return _run(1, 8)
 
 
+@pytest.mark.e2e
 def test_two_replicas_train_like_one_with_all_envs(one_process) -> None:
     (single,), single_metrics = one_process
     pair, pair_metrics = _run(2, 4)
@@ -120,6 +121,7 @@ def test_two_replicas_train_like_one_with_all_envs(one_process) -> None:
     assert max(float((init[k].float() - single[k].float()).abs().max()) for k in single) > 1e-3
 
 
+@pytest.mark.e2e
 def test_hybrid_one_rollout_two_trainer_replicas_train_like_one(one_process) -> None:
     """Hybrid placement: one simulator/policy process with all 8 envs, two trainer replicas each taking
     a shard of 4 envs of every trajectory (`shard: 1`), the weights published back from trainer

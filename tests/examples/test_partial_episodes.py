@@ -67,6 +67,7 @@ def test_the_continuing_workflow_refuses_what_its_episodes_forbid() -> None:
     assert isinstance(split, Refused) and "dependent" in split.reason
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("epochs", [1, 2])
 def test_partial_episodes_under_a_deferred_sync_learn_within_the_budget(epochs: int) -> None:
     """`--set stale=1` and `defer sync 1`: the return rises (as the reset-per-epoch workflow's test asks,

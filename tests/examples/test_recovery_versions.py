@@ -72,6 +72,7 @@ def grpo_whole(ray_session, tmp_path_factory):
     return metrics, states
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("dies", ["generator", "learner"])
 def test_a_grpo_run_whose_process_dies_computes_what_an_uninterrupted_one_does(ray_session, grpo_whole, tmp_path,
                                                                               dies) -> None:
@@ -96,6 +97,7 @@ def test_a_grpo_run_whose_process_dies_computes_what_an_uninterrupted_one_does(r
     assert max(m["learner/staleness_max"] for m in got_metrics) == 1
 
 
+@pytest.mark.e2e
 def test_a_ppo_run_whose_policy_process_dies_computes_what_an_uninterrupted_one_does(ray_session, tmp_path) -> None:
     """The embodied PPO workflow (synchronous, the trainer refusing any stale sample): the rollout policy's
     process dies in iteration 3 and restarts from the checkpoint of iteration 1 while the trainer goes on;

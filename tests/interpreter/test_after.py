@@ -110,6 +110,7 @@ def test_random_orders_of_the_reference_interpreter_respect_after() -> None:
     assert any(o[0] == "iteration.late[0]" for o in orders)  # without it, `late` may go first
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("backend", ["local", "ray", "ray-compiled"])
 def test_the_runtime_starts_a_call_only_after_what_it_is_after(backend, request) -> None:
     if backend != "local":

@@ -68,6 +68,7 @@ def test_a_prefetch_that_reads_no_budgeted_state_is_legal_at_budget_zero() -> No
     assert not any(read_lags(plan.workflow).values())
 
 
+@pytest.mark.e2e
 def test_partial_rollouts_as_a_plan_learn_within_the_budget() -> None:
     """The shipped CPU long-tail workflow with `--set stale=1` and `ahead submit`: the next iteration's
     prompts decode beside this one's and cross its weight sync (completions of two versions), no sample is
@@ -119,6 +120,7 @@ def _draw_ahead_plan(doc: dict, data: Any, iterations: int) -> tuple[Any, Any, t
     return wf, plan.workflow, (comp, state), budget
 
 
+@pytest.mark.e2e
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(doc=workflows(max_nodes=8, max_depth=2), data=st.data())
 def test_random_workflows_run_ahead_within_budget_read_no_older_values_on_executions(doc, data) -> None:

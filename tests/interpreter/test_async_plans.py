@@ -57,7 +57,7 @@ components:
     state: {state}
   learner:
     impl: "tests.async_fakes:Learner"
-    args: {{sleeps: {sleeps['learner']}, run: "{run}", wait_for_next: {str(wait).lower()}}}
+    args: {{sleeps: {sleeps['learner']}, run: "{run}", wait_for_next: {str(wait).lower()}, last: {count - 1}}}
     state: [weights]
   scorer:
     impl: "tests.async_fakes:Scorer"
@@ -134,6 +134,7 @@ def test_an_accepted_deferral_never_reads_older_than_the_budget_on_executions(bu
     assert states["gen"]["weights"].item() == states["learner"]["weights"].item() == iterations - 1
 
 
+@pytest.mark.e2e
 def test_the_pipelined_runner_overlaps_the_next_rollout_with_this_update() -> None:
     """Each update waits (bounded) until the next rollout has started: only iterations in flight together
     let it see that -- a synchronous plan runs each update before the next rollout."""
@@ -391,6 +392,7 @@ def test_a_workflow_with_a_loop_that_ends_on_a_condition_runs_deferred_with_each
     assert max(lags) == 1 and states["gen"]["weights"].item() == 6.0
 
 
+@pytest.mark.e2e
 def test_a_pipelined_run_restarts_a_killed_process_from_the_last_checkpoint(tmp_path, ray_session) -> None:
     """SIGKILL inside a call of an asynchronous plan (Ray, iterations in flight): the iterations in flight
     are abandoned, the process restarted, every component put back at the last checkpoint (taken after a

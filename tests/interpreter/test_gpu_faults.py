@@ -47,6 +47,7 @@ def ray_one_gpu():
         yield ray
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mps", [True, False])
 @pytest.mark.parametrize("compiled", [False, True])
 def test_fatal_gpu_error_restarts_the_colocated_mps_clients(tmp_path, ray_one_gpu, compiled, mps) -> None:

@@ -69,6 +69,7 @@ def colocated(ray_four_gpus):
         be.shutdown()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("trainer_gpu", [2, 0])  # (2 first: see `colocated`)
 def test_processes_land_on_their_slots(ray_four_gpus, trainer_gpu, request) -> None:
     if trainer_gpu == 0:

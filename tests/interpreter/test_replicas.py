@@ -61,6 +61,7 @@ def weights(ray_session):
     return get
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("compiled", [False, True])
 def test_two_replicas_match_one_with_the_concatenated_batch(weights, compiled) -> None:
     (single,) = weights(1, 8, compiled)

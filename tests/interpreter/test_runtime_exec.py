@@ -62,6 +62,7 @@ def test_local_backend_matches_reference() -> None:
     _assert_same(_reference_states(wf), states)
 
 
+@pytest.mark.e2e
 def test_ray_backend_matches_reference_and_plan_matches_source(ray_session) -> None:
     wf = _ppo()
     ref = _reference_states(wf)
@@ -163,6 +164,7 @@ def test_checkpoint_and_resume_continue_the_same_run(tmp_path) -> None:
     _assert_same(straight, resumed)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(("compiled", "keep"), [(False, False), (True, False), (True, True)])
 def test_replacing_an_actor_keeps_its_state_and_applies_the_new_environment(ray_session, compiled, keep) -> None:
     """A quota change moves the component to a new process; training continues from the same state
@@ -243,6 +245,7 @@ iteration:
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("backend", ["ray", "ray-compiled"])
 def test_a_killed_component_is_restarted_from_the_last_checkpoint(tmp_path, backend, ray_session) -> None:
     """SIGKILL inside a call: the run reports it, restarts the process, restores every component from
@@ -301,18 +304,33 @@ def test_a_worker_that_dies_of_sigsegv_mid_run_ends_with_exit_3_not_a_hang(tmp_p
     assert "Traceback" not in said
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("backend", ["local", "ray", "ray-compiled"])
-def test_a_hanging_call_fires_the_watchdog_with_stacks(tmp_path, backend) -> None:
+def test_a_hanging_call_fires_the_watchdog_with_stacks(tmp_path, backend, request) -> None:
+    """`rose execute` with a call stuck past --call-timeout: exit 4 with the stuck process's stack. The local
+    backend's run is the command's own process; the Ray ones run in this process (typer's runner) on the
+    worker's Ray cluster (a process of its own started Ray again: 5-18 s on the 2-core machine)."""
     wf = tmp_path / "wf.yaml"
     wf.write_text(SLEEPERS.replace("args: {seconds: 0.3}}\n  b:", "args: {seconds: 600}}\n  b:"))  # never returns within the test
     # the stuck call is 600 s and _cli's timeout 300 s: a run that waited for it fails here, with no wall-clock
     # bound for a loaded machine to miss
-    proc = _cli("execute", str(wf), "--allow-module", "tests", "-n", "2", "--call-timeout", "3", "--backend",
-                backend.partition("-")[0], "--compiled" if backend == "ray-compiled" else "--no-compiled",
-                "--out", str(tmp_path / "run"))
-    assert proc.returncode == 4, proc.stderr
-    assert "raise --call-timeout" in proc.stderr and "stack of a" in proc.stderr
-    assert "mocks.py" in proc.stderr and "work" in proc.stderr  # the stuck frame: Sleeper.work
+    args = ["execute", str(wf), "--allow-module", "tests", "-n", "2", "--call-timeout", "3", "--backend",
+            backend.partition("-")[0], "--compiled" if backend == "ray-compiled" else "--no-compiled",
+            "--out", str(tmp_path / "run")]
+    if backend == "local":
+        proc = _cli(*args)
+        code, stderr = proc.returncode, proc.stderr
+    else:
+        from typer.testing import CliRunner
+
+        from rose_cli.main import app
+
+        request.getfixturevalue("ray_session")
+        r = CliRunner().invoke(app, args)
+        code, stderr = r.exit_code, r.stderr
+    assert code == 4, stderr
+    assert "raise --call-timeout" in stderr and "stack of a" in stderr
+    assert "mocks.py" in stderr and "work" in stderr  # the stuck frame: Sleeper.work
     assert "mocks.py" in (tmp_path / "run" / "stacks.txt").read_text()
 
 

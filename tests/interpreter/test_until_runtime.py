@@ -107,6 +107,7 @@ def test_a_done_row_is_not_computed_again(monkeypatch) -> None:
     assert any(narrowed) and not all(narrowed)
 
 
+@pytest.mark.e2e
 def test_an_agents_turns_split_and_interleaved_on_ray_equal_the_loops_by_hand(ray_session) -> None:
     """The turn workflow's row groups, their turns interleaved (one group's tool call between the other's
     decode steps), on Ray: the values of the loops written by hand, bit for bit."""
@@ -218,6 +219,7 @@ def test_a_condition_that_is_not_a_done_flag_stops_the_run_at_the_until_field(tm
     assert "point `until:` at an output that is a flag" in text
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("backend", ["local", "ray"])
 def test_a_deferred_call_reads_the_trips_its_own_iteration_ran(backend, request) -> None:
     """`defer` of a call that selects a trip of a loop ending on a condition (`decode[-1]`): the call runs

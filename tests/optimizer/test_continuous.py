@@ -25,6 +25,7 @@ CHAIN = re.compile(r"split-chain (sample )?generate score [248]$")
 SETS = ["--set", "at=120", "--set", "iterations=340", "--set", "fixed_ms=15", "--set", "later_per_row_ms=0.78125"]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_the_run_ends_on_the_plan_best_for_its_second_half(tmp_path: Path) -> None:
     from typer.testing import CliRunner

@@ -117,6 +117,7 @@ def _record(name: str, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, 
         "calls": [call for s in sessions for call in s.calls]})))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in FAST else pytest.mark.slow) for n in CASES])
 def test_the_driver_decides_and_measures_as_recorded(name: str, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:

@@ -90,6 +90,7 @@ def decode_declared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
     return declared, _given_decode_plan(tmp, DECODE_N)
 
 
+@pytest.mark.e2e
 def test_interaction_loop_trains_bit_identically_through_the_optimizer(tmp_path: Path) -> None:
     # 240 iterations and one round of search (`--rounds 1`): the search trains about 170 of them (each
     # interleaved trial's first iteration after a switch of plan is training, not a measurement; the epoch
@@ -97,9 +98,11 @@ def test_interaction_loop_trains_bit_identically_through_the_optimizer(tmp_path:
     # `Settings.local_max_fraction`; the decision rule takes candidates to five interleaved rounds at least),
     # and the plan's own run, resumed from the hand-over, trains the rest
     n = 240
-    # five steps per epoch instead of the workflow's ten: the same calls and overlap in half the time
-    shape = ["--set", "steps=5"]
-    timing = ["--set", "per_row_ms=0.2", "--set", "fixed_ms=0.5", *shape]
+    # five steps per epoch instead of the workflow's ten and 32 rows instead of 64, at 0.1 ms a row: the same
+    # calls, row groups and overlap in about half the time (the search's iterations are counted by its
+    # decision rule, not by their length; which plan it finds is not asserted here)
+    shape = ["--set", "steps=5", "--set", "num_envs=32"]
+    timing = ["--set", "per_row_ms=0.1", "--set", "fixed_ms=0.5", *shape]
     sets = ["--set", f"iterations={n}", *timing]
     # the declared workflow's training, all n iterations, computed without the calls' waits (they only
     # sleep); the timed declared run below (the speed reference) checks on its iterations that the waits
@@ -150,6 +153,7 @@ def test_interaction_loop_trains_bit_identically_through_the_optimizer(tmp_path:
             assert torch.equal(value, sb[comp][name]), f"{comp}.{name}"
 
 
+@pytest.mark.e2e
 def test_train_goes_on_with_the_plan_in_the_same_processes_bit_identically(tmp_path: Path, decode_declared) -> None:
     """`rose optimize --train`: after the plan and the report, training goes on with the plan in the
     optimizer's own processes to the workflow's last iteration -- no second start-up, no hand-over
@@ -212,6 +216,7 @@ def test_train_falls_back_to_the_hand_over_checkpoint_when_a_process_cannot_move
     assert (run / "checkpoints").is_dir()
 
 
+@pytest.mark.e2e
 def test_nested_loops_get_a_plan_that_validates_and_a_report_whose_books_add_up(tmp_path: Path) -> None:
     """(Which plan, and that it is faster and not over-split: benchmarks/optimize_cpu.py --check, `nested`.)"""
     plan = tmp_path / "plan.yaml"

@@ -186,10 +186,11 @@ def test_cpu_busy_fraction_tells_sleeping_from_computing() -> None:
     assert cpu.busy("nobody", t0, t1) is None
 
 
-def test_ray_compiled_executor_switches_plans_and_restores_state() -> None:
+@pytest.mark.e2e
+def test_ray_compiled_executor_switches_plans_and_restores_state(ray_session) -> None:
     """The GPU path's mechanics on the CPU: plans switched on one set of Ray actors (recompiled), a
-    temporal-split copy added as a new actor, a local trial that leaves training state as it was."""
-    pytest.importorskip("ray")
+    temporal-split copy added as a new actor, a local trial that leaves training state as it was. (On the
+    worker's Ray cluster, `ray_session`: a backend that finds none starts and stops its own.)"""
     wf = load_workflow(ROOT / "workflows" / "latency_interaction.yaml", FAST)
     s = TrialSession(wf, _executor(wf, "ray"), log=lambda m: None)
     try:
@@ -213,12 +214,12 @@ def test_ray_compiled_executor_switches_plans_and_restores_state() -> None:
         s.close()
 
 
-def test_training_goes_on_in_the_sessions_ray_processes(tmp_path: Path) -> None:
+@pytest.mark.e2e
+def test_training_goes_on_in_the_sessions_ray_processes(tmp_path: Path, ray_session) -> None:
     """`rose optimize --train` on Ray: after the optimizer's iterations (and a quota move that parked the
     old process), `train_on` trains the plan in the same actors to the last iteration -- the parked process
     stopped, the plan compiled -- and the run directory's metrics and final state are those of the declared
     workflow trained in one go."""
-    pytest.importorskip("ray")
     n = 12
     wf = load_workflow(ROOT / "workflows" / "latency_interaction.yaml", {**FAST, "iterations": n})
     plan = apply_request(wf, "split epoch.step 2").workflow

@@ -39,6 +39,7 @@ def _equal(a, b) -> bool:
     return a == b
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("requests", [("split epoch 2",), ("split epoch 2", "interleave epoch")], ids=" + ".join)
 def test_ppo_with_its_epoch_body_split_trains_bit_for_bit_like_the_declared_workflow(requests) -> None:
     wf = load_workflow(ROOT / "workflows" / "embodied_ppo.yaml", {"num_envs": 8, "steps": 4, "epochs": 2, "seed": 5})
