@@ -865,8 +865,7 @@ def _conclude(search: _Search, wf: Workflow, w: _Walked, profile: list[Iteration
             before, after = list(search.accepted_reference) + before, list(w.runs) + after
         if before and after:
             measured = True
-            n = min(len(before), len(after))
-            verdict = decide_sequence([r.seconds for r in before[:n]], [r.seconds for r in after[:n]], s.rule)
+            verdict = decide_sequence([r.seconds for r in before], [r.seconds for r in after], s.rule)
             validated = verdict.outcome == "faster"  # (a cut-short n < 5 never is)
             baseline_runs, final_runs = before, after
             log(f"before/after: {verdict.describe()}" + (f" (cut short: {cut})" if cut else ""))
